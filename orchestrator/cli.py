@@ -1,0 +1,154 @@
+"""The ``iclmem`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from trainables.errors import IclmemError
+
+DEFAULT_RUNS = Path("runs")
+
+
+def _default_run_dir(config: str) -> Path:
+    return DEFAULT_RUNS / f"{Path(config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from orchestrator.config import load_sweep
+    from orchestrator.pipeline import run_sweep
+
+    sweep = load_sweep(args.config)
+    if args.wandb:
+        sweep = sweep.model_copy(update={"wandb": sweep.wandb.model_copy(update={"mode": args.wandb})})
+    run_dir = Path(args.out) if args.out else _default_run_dir(args.config)
+    print(f"[iclmem] sweep {sweep.name!r} ({sweep.config_hash()}) -> {run_dir}")
+    results = run_sweep(None, run_dir, sweep=sweep, address=args.address, progress=not args.quiet,
+                        num_cpus=args.num_cpus)
+    print(f"[iclmem] done: {len(results)} checkpoint results; report at {run_dir / 'report.html'}")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from orchestrator.pipeline import run_sweep
+
+    results = run_sweep(None, args.run_dir, address=args.address, resume=True, progress=not args.quiet,
+                        num_cpus=args.num_cpus)
+    print(f"[iclmem] resumed: {len(results)} checkpoint results; report at {Path(args.run_dir) / 'report.html'}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from orchestrator.config import expand_grid, load_sweep
+
+    sweep = load_sweep(args.config)
+    trials = expand_grid(sweep)
+    print(f"{args.config}: valid; {len(trials)} fine-tuning runs, config hash {sweep.config_hash()}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from orchestrator.aggregate import aggregate
+
+    aggregate(Path(args.run_dir), wandb_mode=args.wandb)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from trainables.models import MODELS
+    from trainables.models.base import extra_status
+
+    for name in MODELS.names():
+        print(f"{name:14s} {extra_status(name)}")
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from orchestrator.audit import audit_checkpoint
+
+    row = audit_checkpoint(args.checkpoint, args.task, base_model=args.base_model, out=args.out,
+                           q=args.q, label_mode=args.label_mode, seed=args.seed, bootstrap=args.bootstrap)
+    keys = ["outcome", "score_kind", "auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "loss_ratio"]
+    print(json.dumps({k: row.get(k) for k in keys}, indent=1, default=str))
+    return 0
+
+
+def cmd_cluster_check(args: argparse.Namespace) -> int:
+    from orchestrator.cluster import check_cluster_file
+
+    problems = check_cluster_file(args.cluster_yaml)
+    if problems:
+        print(f"{args.cluster_yaml}: {len(problems)} problem(s):", file=sys.stderr)
+        for p in problems:
+            print(f"  - {p}", file=sys.stderr)
+        return 1
+    print(f"{args.cluster_yaml}: valid against Ray's cluster-config schema")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="iclmem", description="Audit tabular foundation models for memorization of their fine-tuning data.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def ray_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--address", default=None, help="join an existing Ray cluster ('auto'); default: embedded local Ray")
+        sp.add_argument("--num-cpus", type=int, default=None, help="CPUs of the embedded local Ray")
+        sp.add_argument("--quiet", action="store_true", help="no live progress lines")
+
+    r = sub.add_parser("run", help="Stage I, fine-tuning, probing and aggregation in one pipelined sweep")
+    r.add_argument("config")
+    r.add_argument("--out", default=None, help="run folder (default: ./runs/<config>-<time>)")
+    r.add_argument("--wandb", choices=["offline", "online", "disabled"], default=None)
+    ray_args(r)
+    r.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("resume", help="resume a sweep whose driver stopped; finished trials are not re-run")
+    s.add_argument("run_dir")
+    ray_args(s)
+    s.set_defaults(func=cmd_resume)
+
+    v = sub.add_parser("validate", help="check a sweep file, reporting every mistake at once")
+    v.add_argument("config")
+    v.set_defaults(func=cmd_validate)
+
+    rep = sub.add_parser("report", help="rebuild results table, reports and W&B summary from stored results")
+    rep.add_argument("run_dir")
+    rep.add_argument("--wandb", choices=["offline", "online", "disabled"], default=None)
+    rep.set_defaults(func=cmd_report)
+
+    m = sub.add_parser("models", help="registered model adapters and whether their extras are installed")
+    m.set_defaults(func=cmd_models)
+
+    pr = sub.add_parser("probe", help="audit one fine-tuned checkpoint folder against a base model")
+    pr.add_argument("checkpoint")
+    pr.add_argument("--task", required=True, help="built-in task name, a CARTE folder:name, or file.csv:target")
+    pr.add_argument("--base-model", default="pfn-mini")
+    pr.add_argument("--q", type=int, default=50)
+    pr.add_argument("--label-mode", default="normal")
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--bootstrap", type=int, default=1000)
+    pr.add_argument("--out", default=None)
+    pr.set_defaults(func=cmd_probe)
+
+    c = sub.add_parser("cluster-check", help="validate a cluster.yaml offline against Ray's schema")
+    c.add_argument("cluster_yaml")
+    c.set_defaults(func=cmd_cluster_check)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except IclmemError as exc:
+        print(f"iclmem: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

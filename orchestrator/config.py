@@ -1,0 +1,296 @@
+"""Sweep files: a small declarative YAML validated into typed config at the boundary.
+
+``load_sweep(path)`` reads the YAML (following ``include:`` of a shared base file), validates it with
+pydantic and reports *every* mistake at once, each with its path in the file. Inside, a sweep expands
+into frozen ``TrialSpec`` dataclasses, one per fine-tuning run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainables.errors import ConfigError
+
+REGIMES = ("single_fixed", "multi_fixed", "multi_random")
+LABEL_MODES = ("normal", "shuffled_members", "shuffled_all")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskConfig(_Strict):
+    name: str
+    builtin: str | None = None  # defaults to ``name`` when no other source is given
+    carte: str | None = None  # CARTE data folder (either layout)
+    path: str | None = None  # a CSV or parquet file
+    target: str | None = None
+    task: Literal["classification", "regression"] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "TaskConfig":
+        sources = [s for s in (self.builtin, self.carte, self.path) if s]
+        if len(sources) > 1:
+            raise ValueError("give one of builtin, carte or path, not several")
+        if self.path and not self.target:
+            raise ValueError("a table given by path needs `target` (the column to predict)")
+        return self
+
+
+class ModelConfig(_Strict):
+    name: str = "pfn-mini"
+    options: dict[str, Any] = Field(default_factory=lambda: {"weights": "shipped"})
+
+
+class GridConfig(_Strict):
+    regime: list[Literal["single_fixed", "multi_fixed", "multi_random"]] = ["single_fixed"]
+    lr: list[float] = [1e-3]
+    q: list[int] = [50]
+    label_mode: list[Literal["normal", "shuffled_members", "shuffled_all"]] = ["normal"]
+    seed: list[int] = [0]
+
+    @field_validator("lr")
+    @classmethod
+    def _positive_lr(cls, values: list[float]) -> list[float]:
+        for v in values:
+            if not v > 0:
+                raise ValueError(f"learning rates must be > 0, got {v}")
+        return values
+
+    @field_validator("q")
+    @classmethod
+    def _positive_q(cls, values: list[int]) -> list[int]:
+        for v in values:
+            if v < 1:
+                raise ValueError(f"Q (member rows) must be >= 1, got {v}")
+        return values
+
+    @field_validator("regime", "lr", "q", "label_mode", "seed")
+    @classmethod
+    def _non_empty(cls, values: list[Any]) -> list[Any]:
+        if not values:
+            raise ValueError("a grid axis needs at least one value")
+        if len(set(values)) != len(values):
+            raise ValueError(f"duplicate values on a grid axis: {values}")
+        return values
+
+
+class TrainingConfig(_Strict):
+    epochs: int = Field(50, ge=1)
+    checkpoint_epochs: list[int] = [1, 2, 5, 10, 25, 50, 100, 250, 500]
+    every_epoch: bool = False
+    grad_clip: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+
+    @model_validator(mode="after")
+    def _schedule_fits(self) -> "TrainingConfig":
+        if not self.checkpoint_epochs and not self.every_epoch:
+            raise ValueError("checkpoint_epochs is empty and every_epoch is false: nothing would be probed")
+        if any(e < 1 for e in self.checkpoint_epochs):
+            raise ValueError("checkpoint_epochs must be >= 1 (epoch 0 is the shared base model)")
+        if self.checkpoint_epochs and min(self.checkpoint_epochs) > self.epochs:
+            raise ValueError(
+                f"epochs ({self.epochs}) is smaller than every checkpoint epoch {self.checkpoint_epochs}"
+            )
+        return self
+
+
+class DataConfig(_Strict):
+    context_size: int = Field(128, ge=2)
+    regression_bins: int = Field(10, ge=2)
+    max_features: int = Field(16, ge=1)
+    cache_dir: str | None = None
+
+
+class ProbeConfig(_Strict):
+    suite: Literal["default"] | list[str | dict[str, Any]] = "default"
+    base_as_checkpoint: bool = True  # probe the untouched base model as a control run
+    bootstrap: int = Field(1000, ge=0)
+    candidates: Literal["bins", "native"] = "bins"
+
+    @field_validator("suite")
+    @classmethod
+    def _suite_valid(cls, value: Any) -> Any:
+        if value == "default":
+            return value
+        from probes.manipulations import suite_from_spec
+
+        suite_from_spec(value)  # raises ConfigError / UnknownNameError with the offending entry
+        return value
+
+
+class OutcomeConfig(_Strict):
+    collapse_loss_ratio: float = 5.0
+    collapse_output_std: float = 0.01
+    memorization_auc: float = 0.5
+    memorization_tpr_margin: float = 0.10
+    overfitting_mu: float = 0.01
+    overfitting_sigma: float = 0.01
+    strict: bool = False
+
+
+class ResourcesConfig(_Strict):
+    cpus_per_trial: float = Field(1.0, gt=0)
+    gpus_per_trial: float = Field(0.0, ge=0)
+    probe_actors: int = Field(1, ge=1)
+    cpus_per_probe_actor: float = Field(1.0, gt=0)
+    gpus_per_probe_actor: float = Field(0.0, ge=0)
+    max_concurrent_trials: int | None = Field(None, ge=1)
+    trial_resources: dict[str, float] = Field(default_factory=dict)  # custom resources, e.g. {worker: 1}
+    probe_resources: dict[str, float] = Field(default_factory=dict)
+
+
+class WandbConfig(_Strict):
+    mode: Literal["offline", "online", "disabled"] = "offline"
+    project: str = "iclmem"
+    entity: str | None = None
+
+
+class SweepConfig(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    tasks: list[TaskConfig]
+    models: list[ModelConfig] = [ModelConfig()]
+    grid: GridConfig = GridConfig()
+    training: TrainingConfig = TrainingConfig()
+    data: DataConfig = DataConfig()
+    probe: ProbeConfig = ProbeConfig()
+    outcome: OutcomeConfig = OutcomeConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+    wandb: WandbConfig = WandbConfig()
+    storage_path: str | None = None
+    max_failures: int = Field(2, ge=0)
+    log_records: bool = False
+    allow_download: bool = False
+
+    @field_validator("tasks")
+    @classmethod
+    def _unique_tasks(cls, tasks: list[TaskConfig]) -> list[TaskConfig]:
+        if not tasks:
+            raise ValueError("a sweep needs at least one task")
+        names = [t.name for t in tasks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate task names: {dupes}")
+        return tasks
+
+    @field_validator("models")
+    @classmethod
+    def _known_models(cls, models: list[ModelConfig]) -> list[ModelConfig]:
+        from trainables.models import MODELS
+
+        if not models:
+            raise ValueError("a sweep needs at least one model")
+        for m in models:
+            if m.name not in MODELS:
+                raise ValueError(f"unknown model {m.name!r}; known: {', '.join(MODELS.names())}")
+        return models
+
+    def config_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------- loading
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"sweep file not found: {path}")
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: include cycle through {[str(p) for p in seen]}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of settings")
+    include = data.pop("include", None)
+    if include is None:
+        return data
+    base = _read_yaml((path.parent / include).resolve(), seen + (path.resolve(),))
+    return _merge(base, data)
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def format_validation_error(source: str, exc: ValidationError) -> str:
+    lines = [f"{source}: {exc.error_count()} problem(s):"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown setting"
+        lines.append(f"  - {where}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepConfig:
+    try:
+        return SweepConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(source, exc)) from None
+
+
+def load_sweep(path: str | Path) -> SweepConfig:
+    path = Path(path)
+    sweep = parse_sweep(_read_yaml(path), str(path))
+    return resolve_paths(sweep, path.parent)
+
+
+def resolve_paths(sweep: SweepConfig, base_dir: Path) -> SweepConfig:
+    """Relative data paths in a sweep file are relative to the file, not to the working directory."""
+
+    def fix(p: str | None) -> str | None:
+        if p is None or "://" in p or Path(p).is_absolute():
+            return p
+        return str((base_dir / p).resolve())
+
+    tasks = [t.model_copy(update={"carte": fix(t.carte), "path": fix(t.path)}) for t in sweep.tasks]
+    return sweep.model_copy(update={"tasks": tasks})
+
+
+# ------------------------------------------------------------------------------------------- expansion
+@dataclass(frozen=True)
+class TrialSpec:
+    """One fine-tuning run of the grid."""
+
+    run_id: str
+    task: str
+    model: str
+    model_options: tuple[tuple[str, Any], ...]
+    regime: str
+    lr: float
+    q: int
+    label_mode: str
+    seed: int
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["model_options"] = dict(self.model_options)
+        return out
+
+
+def expand_grid(sweep: SweepConfig) -> list[TrialSpec]:
+    """tasks × models × regimes × lrs × Q × label modes × seeds; multi_fixed runs take all tasks at once."""
+    trials = []
+    g = sweep.grid
+    for model, regime, lr, q, mode, seed in itertools.product(sweep.models, g.regime, g.lr, g.q, g.label_mode, g.seed):
+        task_groups = ["+".join(t.name for t in sweep.tasks)] if regime == "multi_fixed" else [t.name for t in sweep.tasks]
+        for task in task_groups:
+            key = json.dumps([task, model.name, model.options, regime, lr, q, mode, seed], sort_keys=True, default=str)
+            run_id = f"{task[:24]}-{regime}-lr{lr:g}-q{q}-{mode}-s{seed}-{hashlib.sha1(key.encode()).hexdigest()[:6]}"
+            trials.append(TrialSpec(run_id, task, model.name, tuple(sorted(model.options.items())), regime, lr, q, mode, seed))
+    return trials

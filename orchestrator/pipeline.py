@@ -1,0 +1,262 @@
+"""Ray side of a sweep: Tune trials, probe pool fed by a checkpoint callback, results table.
+
+``run_sweep`` and ``resume_sweep`` are the entry points the CLI calls. Everything a run writes lives
+under ``RUN_DIR``: ``prepared/`` (Stage I cache), ``tune/`` (Tune storage, unless ``storage_path`` is
+remote), ``probes/`` (one result per checkpoint, written atomically), ``results.parquet`` and the
+reports, ``wandb/`` (offline runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from orchestrator.config import SweepConfig, load_sweep, parse_sweep
+from orchestrator.sweep import (
+    EXPERIMENT_NAME,
+    RESULTS_FILE,
+    PreparedSweep,
+    prepare_sweep,
+    provenance,
+    trial_config,
+)
+from trainables.errors import ConfigError
+
+SWEEP_FILE = "sweep.json"
+
+
+# ------------------------------------------------------------------------------------------- ray
+def ensure_ray(address: str | None, num_cpus: int | None = None, object_store_memory: int | None = None) -> bool:
+    """Join ``address`` (e.g. "auto") or start an embedded local Ray; True when this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                 object_store_memory=object_store_memory or 512 * 1024 * 1024, log_to_driver=False)
+    return True
+
+
+def check_storage(storage_path: str) -> None:
+    """Tune needs storage every node can reach: refuse a plain local path on a multi-host cluster."""
+    import ray
+
+    if "://" in storage_path:
+        return
+    hosts = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+    if len(hosts) > 1 and not os.environ.get("ICLMEM_SHARED_STORAGE"):
+        raise ConfigError(
+            f"storage_path {storage_path!r} is a local folder, but the cluster spans {len(hosts)} hosts: Tune "
+            "writes checkpoints on the worker that produced them and restores trials on other nodes, so every "
+            "node must see the same storage. Set storage_path to s3://..., gs://..., or an NFS mount present "
+            "on every node (and export ICLMEM_SHARED_STORAGE=1 to confirm a shared mount)."
+        )
+
+
+# ------------------------------------------------------------------------------------------- progress
+class Progress:
+    def __init__(self, n_trials: int, enabled: bool = True, log: Callable[[str], None] = print) -> None:
+        self.n_trials, self.enabled, self.log = n_trials, enabled, log
+        self.done = self.failed = self.running = 0
+        self.verdicts: dict[tuple[str, int], str] = {}  # (run_id, epoch) -> outcome; a re-probe counts once
+        self._last_line = ""
+        self._last_time = 0.0
+
+    def outcome(self, row: dict[str, Any]) -> None:
+        self.verdicts[(row["run_id"], int(row["epoch"]))] = row["outcome"]
+
+    def show(self, force: bool = False) -> None:
+        """Print a status line when something changed, and at least every 30 s while work goes on."""
+        counts: dict[str, int] = {}
+        for outcome in self.verdicts.values():
+            counts[outcome] = counts.get(outcome, 0) + 1
+        outcomes = " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "-"
+        line = (f"[iclmem] trials {self.done}/{self.n_trials} done, {self.running} running, {self.failed} failed | "
+                f"checkpoints probed {len(self.verdicts)} | outcomes {outcomes}")
+        now = time.monotonic()
+        if self.enabled and (force or line != self._last_line or now - self._last_time > 30):
+            self.log(line)
+            self._last_line, self._last_time = line, now
+
+
+def _make_callback(pool: Any, prepared: PreparedSweep, probes_dir: Path, progress: Progress):
+    from ray.tune import Callback
+
+    from probes.actors import ProbeJob
+
+    class ProbeOnCheckpoint(Callback):
+        """Hands each checkpoint to the probe pool the moment Tune has written it."""
+
+        def __init__(self) -> None:
+            self.submitted: set[str] = set()
+
+        def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+            epoch = int((trial.last_result or {}).get("epoch", -1))
+            job = job_for(_unwrap(trial.config), epoch, checkpoint, probes_dir)
+            if job.stem not in self.submitted:
+                self.submitted.add(job.stem)
+                pool.submit(job)
+
+        def on_step_end(self, iteration, trials, **info):
+            for row in pool.poll():
+                progress.outcome(row)
+            progress.running = sum(t.status == "RUNNING" for t in trials)
+            progress.done = sum(t.status == "TERMINATED" for t in trials)
+            progress.failed = sum(t.status == "ERROR" for t in trials)
+            progress.show()
+
+    return ProbeOnCheckpoint()
+
+
+def job_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Path):
+    from probes.actors import ProbeJob
+
+    identity = dict(config["identity"])
+    return ProbeJob(identity=identity, epoch=epoch, checkpoint=checkpoint, task_key=config["task_keys"][0],
+                    out_dir=str(probes_dir / identity["run_id"]), stem=f"e{epoch:04d}")
+
+
+# ------------------------------------------------------------------------------------------- the sweep
+def _tuner(prepared: PreparedSweep, run_dir: Path, callbacks: list, restore: bool):
+    from ray import tune
+
+    from trainables.trainable import finetune_trainable
+
+    sweep = prepared.sweep
+    storage = sweep.storage_path or str((run_dir / "tune").resolve())
+    check_storage(storage)
+    res = sweep.resources
+    trainable = tune.with_resources(
+        tune.with_parameters(finetune_trainable, prepared=prepared.tasks),
+        {"cpu": res.cpus_per_trial, "gpu": res.gpus_per_trial, **res.trial_resources},
+    )
+    if restore:
+        path = f"{storage.rstrip('/')}/{EXPERIMENT_NAME}"
+        if not tune.Tuner.can_restore(path):
+            raise ConfigError(f"nothing to resume at {path}: no Tune experiment state there")
+        return tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
+    configs = [trial_config(t, prepared) for t in prepared.trials]
+    failure = tune.FailureConfig(max_failures=sweep.max_failures)
+    run_config = tune.RunConfig(
+        name=EXPERIMENT_NAME, storage_path=storage, failure_config=failure, callbacks=callbacks,
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=None), verbose=0,
+    )
+    tune_config = tune.TuneConfig(max_concurrent_trials=res.max_concurrent_trials)
+    return tune.Tuner(trainable, param_space=_flat_space(configs), tune_config=tune_config, run_config=run_config)
+
+
+def _flat_space(configs: list[dict[str, Any]]) -> dict[str, Any]:
+    # One grid axis whose values are whole trial configs: Tune then names trials by index and each
+    # trial's config is exactly what ``trial_config`` built (no cross product we did not ask for).
+    from ray import tune
+
+    return {"__trial__": tune.grid_search(configs)}
+
+
+def _unwrap(config: dict[str, Any]) -> dict[str, Any]:
+    return config.get("__trial__", config)
+
+
+def wandb_callbacks(sweep: SweepConfig, run_dir: Path) -> list:
+    if sweep.wandb.mode == "disabled":
+        return []
+    from ray.air.integrations.wandb import WandbLoggerCallback
+
+    os.environ["WANDB_MODE"] = "online" if sweep.wandb.mode == "online" and os.environ.get("WANDB_API_KEY") else "offline"
+    os.environ.setdefault("WANDB_SILENT", "true")
+    (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
+    # Trial configs hold ids and hyperparameters only; prepared rows travel via with_parameters, not config.
+    return [WandbLoggerCallback(project=sweep.wandb.project, group=sweep.name, entity=sweep.wandb.entity,
+                                dir=str(run_dir), log_config=True)]
+
+
+def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: SweepConfig | None = None,
+              address: str | None = None, resume: bool = False, progress: bool = True,
+              num_cpus: int | None = None, log: Callable[[str], None] = print) -> pd.DataFrame:
+    """Run (or resume) a whole sweep; returns the results table (also at ``RUN_DIR/results.parquet``)."""
+    import ray
+
+    from orchestrator.aggregate import aggregate
+
+    run_dir = Path(run_dir).resolve()
+    if resume:
+        stored = run_dir / SWEEP_FILE
+        if not stored.is_file():
+            raise ConfigError(f"{run_dir} holds no {SWEEP_FILE}: not an iclmem run folder")
+        sweep = parse_sweep(json.loads(stored.read_text()), str(stored))
+    elif sweep is None:
+        sweep = load_sweep(config_path)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    prepared = prepare_sweep(sweep, run_dir / "prepared", log=log if progress else (lambda _m: None))
+    (run_dir / SWEEP_FILE).write_text(json.dumps(sweep.model_dump(mode="json"), indent=1, sort_keys=True))
+    (run_dir / "provenance.json").write_text(json.dumps(provenance(sweep), indent=1, sort_keys=True))
+
+    started = ensure_ray(address, num_cpus=num_cpus)
+    pool = None
+    try:
+        pool = start_probe_pool(prepared, run_dir)
+        probes_dir = run_dir / "probes"
+        prog = Progress(len(prepared.trials), enabled=progress, log=log)
+        for key, identity in prepared.controls:
+            from probes.actors import ProbeJob
+
+            pool.submit(ProbeJob(identity, 0, None, key, str(probes_dir / identity["run_id"]), "e0000"))
+        callbacks = [_make_callback(pool, prepared, probes_dir, prog)] + wandb_callbacks(sweep, run_dir)
+        tuner = _tuner(prepared, run_dir, callbacks, restore=resume)
+        grid = tuner.fit()
+        # Catch-up: every checkpoint on storage gets a result (already-probed ones return at once).
+        for result in grid:
+            config = _unwrap(result.config or {})
+            if not config:
+                continue
+            for checkpoint, metrics in result.best_checkpoints or []:
+                pool.submit(job_for(config, int(metrics["epoch"]), checkpoint, probes_dir))
+        for row in pool.drain():
+            prog.outcome(row)
+        prog.show(force=True)
+        if pool.failed:
+            log(f"[iclmem] {len(pool.failed)} probe job(s) failed after retries: {[j.stem for j, _ in pool.failed]}")
+        return aggregate(run_dir, prepared, log=log)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        if started:
+            ray.shutdown()
+
+
+def start_probe_pool(prepared: PreparedSweep, run_dir: Path):
+    import ray
+
+    from probes.actors import ProbePool
+    from probes.calibration import model_digest
+    from probes.outcomes import OutcomeThresholds
+    from probes.probe import ProbeSettings
+    from trainables.models import build_model
+
+    sweep = prepared.sweep
+    model_cfg = sweep.models[0]
+    base = build_model(model_cfg.name, **model_cfg.options)
+    thresholds = OutcomeThresholds.from_dict(sweep.outcome.model_dump())
+    settings = ProbeSettings(n_resamples=sweep.probe.bootstrap, thresholds=thresholds)
+    res = sweep.resources
+    options = {"num_cpus": res.cpus_per_probe_actor, "num_gpus": res.gpus_per_probe_actor}
+    if res.probe_resources:
+        options["resources"] = dict(res.probe_resources)
+    cache = run_dir / "reference"
+    cache.mkdir(parents=True, exist_ok=True)
+    return ProbePool(
+        res.probe_actors, options,
+        base_model_name=model_cfg.name, base_options=dict(model_cfg.options),
+        base_weights=ray.put(base.state_arrays()), base_digest=model_digest(base),
+        tasks=ray.put(prepared.tasks), suite_spec=sweep.probe.suite, settings=settings,
+        cache_dir=str(cache),
+    )

@@ -1,0 +1,151 @@
+"""Probe actors: a thin Ray shell around ``probes.probe.probe_checkpoint``.
+
+Each actor builds the reference (base) model once from weights fetched from the object store: the
+driver ``ray.put``s the weights as numpy arrays a single time and every actor on a node maps that same
+shared-memory copy, instead of each job shipping its own. Jobs are idempotent: a job whose result files
+exist (and pass their checksum) returns them without recomputing, and results are written atomically,
+so a retried job (actor died) or a resumed sweep never duplicates or corrupts a result.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from probes.manipulations import default_suite, suite_from_spec
+from probes.probe import ProbeResult, ProbeSettings, probe_checkpoint
+from probes.scoring import ProbePlan, ProbeQueries
+
+
+@dataclass(frozen=True)
+class ProbeJob:
+    """One checkpoint to probe. ``checkpoint`` is a ``tune.Checkpoint`` (any storage), a folder, or
+    None for the untouched base model probed as if it were a checkpoint (the control run)."""
+
+    identity: dict[str, Any]  # run_id, task, model, regime, lr, q, label_mode, seed, ...
+    epoch: int
+    checkpoint: Any
+    task_key: str  # fingerprint of the prepared task (the run's first task for multi-task regimes)
+    out_dir: str
+    stem: str
+
+
+def suite_for(spec: Any) -> tuple:
+    return default_suite() if spec in (None, "default") else suite_from_spec(spec)
+
+
+class ProbeWorker:
+    """Holds the reference model and per-task probe plans; scores checkpoints on request."""
+
+    def __init__(self, base_model_name: str, base_options: dict[str, Any], base_weights: Any,
+                 base_digest: str, tasks: dict[str, Any], suite_spec: Any, settings: ProbeSettings,
+                 cache_dir: str, torch_threads: int = 1) -> None:
+        import torch
+
+        from trainables.models import build_model
+
+        torch.set_num_threads(torch_threads)
+        self.base = build_model(base_model_name, **{**base_options, "weights": "random"})
+        # base_weights: numpy arrays from the object store (an ObjectRef argument is resolved by Ray).
+        self.base.load_state_arrays(base_weights)
+        self.base_digest = base_digest
+        self.base_options = base_options
+        self.tasks = tasks
+        self.suite = suite_for(suite_spec)
+        self.settings = settings
+        self.cache_dir = cache_dir
+        self._plans: dict[str, ProbePlan] = {}
+
+    def plan(self, task_key: str) -> ProbePlan:
+        if task_key not in self._plans:
+            task = self.tasks[task_key]
+            self._plans[task_key] = ProbePlan.build(ProbeQueries.from_task(task), self.suite, task.seed)
+        return self._plans[task_key]
+
+    def _model_for(self, job: ProbeJob):
+        from trainables.finetune import load_checkpoint_model
+
+        if job.checkpoint is None:
+            return self.base
+        if isinstance(job.checkpoint, (str, Path)):
+            return load_checkpoint_model(job.checkpoint)
+        with job.checkpoint.as_directory() as directory:  # downloads from remote storage if needed
+            return load_checkpoint_model(directory)
+
+    def run(self, job: ProbeJob) -> dict[str, Any]:
+        existing = ProbeResult.load(job.out_dir, job.stem)
+        if existing is not None:
+            return existing.row
+        started = time.perf_counter()
+        task = self.tasks[job.task_key]
+        result = probe_checkpoint(
+            self._model_for(job), task, self.plan(job.task_key), self.cache_dir, self.base_digest,
+            self.base, self.settings, job.identity, job.epoch,
+        )
+        result.row["probe_seconds"] = round(time.perf_counter() - started, 3)
+        result.row["probe_node"] = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        result.save(job.out_dir, job.stem)
+        return result.row
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def ping(self) -> bool:
+        return True
+
+
+ProbeActor = ray.remote(max_restarts=-1, max_task_retries=3)(ProbeWorker)
+
+
+class ProbePool:
+    """A fixed pool of probe actors fed round-robin; failed jobs are resubmitted to a live actor."""
+
+    def __init__(self, n_actors: int, actor_options: dict[str, Any], **worker_kwargs: Any) -> None:
+        self.actor_options = actor_options
+        self.worker_kwargs = worker_kwargs
+        self.actors = [ProbeActor.options(**actor_options).remote(**worker_kwargs) for _ in range(n_actors)]
+        self._next = 0
+        self.pending: dict[Any, tuple[ProbeJob, int]] = {}
+        self.done: list[dict[str, Any]] = []
+        self.failed: list[tuple[ProbeJob, str]] = []
+
+    def submit(self, job: ProbeJob, attempt: int = 0) -> None:
+        actor = self.actors[self._next % len(self.actors)]
+        self._next += 1
+        self.pending[actor.run.remote(job)] = (job, attempt)
+
+    def poll(self, timeout: float = 0.0, max_attempts: int = 3) -> list[dict[str, Any]]:
+        """Collect finished jobs; retry failures (a dead actor is restarted by Ray) up to max_attempts."""
+        if not self.pending:
+            return []
+        ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout)
+        rows = []
+        for ref in ready:
+            job, attempt = self.pending.pop(ref)
+            try:
+                rows.append(ray.get(ref))
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.WorkerCrashedError) as exc:
+                if attempt + 1 < max_attempts:
+                    self.submit(job, attempt + 1)
+                else:
+                    self.failed.append((job, repr(exc)))
+        self.done.extend(rows)
+        return rows
+
+    def drain(self, poll_every: float = 0.5) -> list[dict[str, Any]]:
+        rows = []
+        while self.pending:
+            rows.extend(self.poll(timeout=poll_every))
+        return rows
+
+    def nodes(self) -> list[str]:
+        return ray.get([a.node_id.remote() for a in self.actors])
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []

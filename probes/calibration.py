@@ -1,0 +1,70 @@
+"""Difficulty calibration against the reference (base) model, with reference scores computed once.
+
+Reference scores depend only on (task, split, label mode, seed, suite, base model): the prepared task's
+fingerprint covers the first four, the suite fingerprint the fifth and the base model's weight digest
+the last. Every run and epoch sharing those reuses one cached table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from probes.scoring import ProbePlan, score
+
+
+def model_digest(model: Any) -> str:
+    """Digest of a model's name, options and weights: two equal digests give equal reference scores."""
+    h = hashlib.sha256()
+    h.update(model.name.encode())
+    h.update(json.dumps(model.options, sort_keys=True, default=str).encode())
+    for key, value in sorted(model.state_arrays().items()):
+        h.update(key.encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    return h.hexdigest()[:16]
+
+
+def reference_key(task_fingerprint: str, plan: ProbePlan, base_digest: str) -> str:
+    raw = json.dumps([task_fingerprint, plan.suite_fingerprint, plan.seed, base_digest])
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
+    """Write to a temporary name and rename, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def read_parquet_checked(path: Path) -> pd.DataFrame | None:
+    """The table at ``path``, or None (with a warning naming the file) when it is corrupt or truncated."""
+    if not path.is_file():
+        return None
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several error types for damaged files
+        warnings.warn(f"ignoring unreadable file {path} ({exc}); it will be recomputed", stacklevel=2)
+        return None
+
+
+def reference_scores(
+    cache_dir: str | Path, task_fingerprint: str, plan: ProbePlan, base_digest: str,
+    base_model: Any | Callable[[], Any],
+) -> pd.DataFrame:
+    """Cached reference score table; ``base_model`` may be a zero-argument factory so a hit builds nothing."""
+    path = Path(cache_dir) / f"reference_{reference_key(task_fingerprint, plan, base_digest)}.parquet"
+    cached = read_parquet_checked(path)
+    if cached is not None and len(cached) == len(plan.planned):
+        return cached
+    model = base_model() if callable(base_model) and not hasattr(base_model, "log_probs") else base_model
+    table = score(model, plan)
+    write_parquet_atomic(table, path)
+    return table

@@ -1,0 +1,407 @@
+"""Outcome of a checkpoint (IclMem spec "Outcome of a checkpoint") and a run's headline checkpoint.
+
+The rules are evaluated in a fixed order and the first that holds decides:
+
+1. collapse      -- ``L_FT / L_base > collapse_loss_ratio`` or ``output_std < collapse_output_std``
+2. memorization  -- for some score kind, calibrated ``AUC > memorization_auc`` and
+                    ``TPR@alpha - alpha >= memorization_tpr_margin`` (alpha = ``memorization_alpha``);
+                    strict mode also needs the AUC interval's lower bound ``> memorization_auc``.
+                    If several kinds qualify the one with the highest AUC decides.
+3. inversion     -- mean member probe loss > mean non-member probe loss (fine-tuned, uncalibrated)
+                    AND the uncalibrated loss AUC's bootstrap interval lies entirely below
+                    ``inversion_auc`` (0.5, chance).
+4. overfitting   -- ``|mu_gap| <= overfitting_mu`` and ``sigma_gap <= overfitting_sigma`` (nats)
+5. no_signal     -- otherwise
+
+Every threshold is a field of :class:`OutcomeThresholds` and is recorded in each :class:`Verdict`.
+NaN evidence never satisfies a rule (every comparison with NaN is false).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from probes.metrics import (
+    SCORE_KINDS,
+    Calibration,
+    CheckpointMetrics,
+    GapStats,
+    MembershipInput,
+    ScoreKind,
+    gap_stats,
+    robustness_scores,
+)
+from trainables.errors import ConfigError, ProbeError
+
+__all__ = [
+    "Outcome",
+    "OutcomeThresholds",
+    "OutcomeEvidence",
+    "build_evidence",
+    "Verdict",
+    "rule_checks",
+    "classify",
+    "CheckpointOutcome",
+    "PeakCheckpoint",
+    "peak_checkpoint",
+]
+
+# absorbs float round-off in "TPR - alpha >= margin" (e.g. 0.3 - 0.1 = 0.19999999999999998)
+_TPR_EPS = 1e-12
+
+
+class Outcome(str, Enum):
+    COLLAPSE = "collapse"
+    MEMORIZATION = "memorization"
+    INVERSION = "inversion"
+    OVERFITTING = "overfitting"
+    NO_SIGNAL = "no_signal"
+
+
+# precedence: first rule that holds
+PRECEDENCE: tuple[Outcome, ...] = (
+    Outcome.COLLAPSE,
+    Outcome.MEMORIZATION,
+    Outcome.INVERSION,
+    Outcome.OVERFITTING,
+    Outcome.NO_SIGNAL,
+)
+
+
+@dataclass(frozen=True)
+class OutcomeThresholds:
+    """Outcome rule settings; defaults are the spec's."""
+
+    collapse_loss_ratio: float = 5.0
+    collapse_output_std: float = 0.01
+    memorization_auc: float = 0.5
+    memorization_tpr_margin: float = 0.10
+    memorization_alpha: float = 0.10
+    inversion_auc: float = 0.5
+    overfitting_mu: float = 0.01
+    overfitting_sigma: float = 0.01
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "strict":
+                if not isinstance(v, (bool, np.bool_)):
+                    raise ConfigError(f"outcome threshold 'strict' must be true or false, got {v!r}")
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)):
+                raise ConfigError(f"outcome threshold {f.name!r} must be a number, got {v!r}")
+            if math.isnan(v) or v < 0:
+                raise ConfigError(f"outcome threshold {f.name!r} must be >= 0, got {v!r}")
+        if not 0.0 < self.memorization_alpha < 1.0:
+            raise ConfigError(
+                f"outcome threshold 'memorization_alpha' must lie in (0, 1), got {self.memorization_alpha!r}"
+            )
+        for name in ("memorization_auc", "inversion_auc"):
+            if getattr(self, name) > 1.0:
+                raise ConfigError(f"outcome threshold {name!r} must lie in [0, 1], got {getattr(self, name)!r}")
+
+    def as_dict(self) -> dict[str, float | bool]:
+        return {
+            f.name: (bool(getattr(self, f.name)) if f.name == "strict" else float(getattr(self, f.name)))
+            for f in dataclasses.fields(self)
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "OutcomeThresholds":
+        d = dict(d or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown outcome threshold(s) {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class OutcomeEvidence:
+    """What the classifier reads for one checkpoint.
+
+    ``calibrated``: metrics of Delta S per score kind; must include TPR at ``memorization_alpha``.
+    ``uncalibrated_loss``: metrics of the fine-tuned loss S alone (oriented: members positive), with
+    a bootstrap interval. ``member_mean_probe_loss`` / ``nonmember_mean_probe_loss``: mean raw probe loss
+    S(q) (fine-tuned, uncalibrated). ``gap``: gap statistics of the fine-tuned scores table.
+    ``loss_ratio`` and ``output_std``: the collapse indicators (see probes.metrics)."""
+
+    calibrated: Mapping[ScoreKind, CheckpointMetrics]
+    uncalibrated_loss: CheckpointMetrics
+    member_mean_probe_loss: float
+    nonmember_mean_probe_loss: float
+    gap: GapStats
+    loss_ratio: float
+    output_std: float
+
+    def __post_init__(self) -> None:
+        cal = {ScoreKind(k): v for k, v in self.calibrated.items()}
+        if not cal:
+            raise ProbeError("outcome evidence needs calibrated metrics for at least one score kind")
+        for k, m in cal.items():
+            if m.kind is not k or m.calibration is not Calibration.CALIBRATED:
+                raise ProbeError(
+                    f"evidence.calibrated[{k.value!r}] holds {m.calibration.value} {m.kind.value} metrics"
+                )
+        u = self.uncalibrated_loss
+        if u.kind is not ScoreKind.LOSS or u.calibration is not Calibration.UNCALIBRATED:
+            raise ProbeError(
+                f"evidence.uncalibrated_loss holds {u.calibration.value} {u.kind.value} metrics"
+            )
+        object.__setattr__(self, "calibrated", cal)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k in SCORE_KINDS:
+            if k in self.calibrated:
+                out.update(self.calibrated[k].as_dict())
+        out.update(self.uncalibrated_loss.as_dict())
+        out["member_mean_probe_loss"] = self.member_mean_probe_loss
+        out["nonmember_mean_probe_loss"] = self.nonmember_mean_probe_loss
+        out.update(self.gap.as_dict())
+        out["loss_ratio"] = self.loss_ratio
+        out["output_std"] = self.output_std
+        return out
+
+    @classmethod
+    def from_scores(
+        cls,
+        fine_tuned: pd.DataFrame,
+        reference: pd.DataFrame,
+        loss_ratio: float,
+        output_std: float,
+        **kwargs: Any,
+    ) -> "OutcomeEvidence":
+        return build_evidence(fine_tuned, reference, loss_ratio, output_std, **kwargs)
+
+
+def build_evidence(
+    fine_tuned: pd.DataFrame,
+    reference: pd.DataFrame,
+    loss_ratio: float,
+    output_std: float,
+    *,
+    thresholds: OutcomeThresholds | None = None,
+    alphas: Sequence[float] = (0.01, 0.10),
+    n_resamples: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> OutcomeEvidence:
+    """Evidence from the fine-tuned and reference scores tables of one checkpoint plus the collapse
+    indicators. TPR is computed at ``alphas`` and at ``thresholds.memorization_alpha``."""
+    th = thresholds or OutcomeThresholds()
+    all_alphas = tuple(dict.fromkeys([*map(float, alphas), float(th.memorization_alpha)]))
+    mi = MembershipInput.from_scores_tables(fine_tuned, reference)
+    kw = dict(alphas=all_alphas, n_resamples=n_resamples, seed=seed, confidence=confidence)
+    s = robustness_scores(fine_tuned)
+    mem = s["member"].to_numpy(dtype=bool)
+    loss = s["loss"].to_numpy(dtype=np.float64)
+    return OutcomeEvidence(
+        calibrated=mi.calibrated(**kw),
+        uncalibrated_loss=mi.metrics(ScoreKind.LOSS, Calibration.UNCALIBRATED, **kw),
+        member_mean_probe_loss=float(loss[mem].mean()),
+        nonmember_mean_probe_loss=float(loss[~mem].mean()),
+        gap=gap_stats(fine_tuned),
+        loss_ratio=float(loss_ratio),
+        output_std=float(output_std),
+    )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: Outcome
+    score_kind: ScoreKind | None  # the deciding kind (memorization: best AUC; inversion: loss)
+    reasons: dict[str, float]  # the numbers that decided it
+    thresholds: dict[str, float | bool]
+    checks: dict[str, bool] = dataclasses.field(default_factory=dict)  # every rule, evaluated alone
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome.value,
+            "score_kind": None if self.score_kind is None else self.score_kind.value,
+            "reasons": dict(self.reasons),
+            "thresholds": dict(self.thresholds),
+            "checks": dict(self.checks),
+        }
+
+
+def _collapse(ev: OutcomeEvidence, th: OutcomeThresholds) -> tuple[bool, dict[str, float]]:
+    holds = bool(ev.loss_ratio > th.collapse_loss_ratio or ev.output_std < th.collapse_output_std)
+    return holds, {"loss_ratio": float(ev.loss_ratio), "output_std": float(ev.output_std)}
+
+
+def _memorization(
+    ev: OutcomeEvidence, th: OutcomeThresholds
+) -> tuple[bool, ScoreKind | None, dict[str, float]]:
+    best: tuple[float, int, ScoreKind, dict[str, float]] | None = None
+    for order, kind in enumerate(SCORE_KINDS):
+        m = ev.calibrated.get(kind)
+        if m is None:
+            continue
+        tpr = m.tpr_at(th.memorization_alpha).tpr
+        ok = m.auc > th.memorization_auc and tpr - th.memorization_alpha >= th.memorization_tpr_margin - _TPR_EPS
+        if th.strict:
+            ok = ok and m.auc_interval.low > th.memorization_auc
+        if ok and (best is None or m.auc > best[0]):
+            reasons = {
+                "auc": float(m.auc),
+                "auc_low": float(m.auc_interval.low),
+                "auc_high": float(m.auc_interval.high),
+                "tpr": float(tpr),
+                "alpha": float(th.memorization_alpha),
+                "tpr_minus_alpha": float(tpr - th.memorization_alpha),
+            }
+            best = (m.auc, order, kind, reasons)
+    if best is None:
+        return False, None, {}
+    return True, best[2], best[3]
+
+
+def _inversion(ev: OutcomeEvidence, th: OutcomeThresholds) -> tuple[bool, dict[str, float]]:
+    u = ev.uncalibrated_loss
+    holds = bool(
+        ev.member_mean_probe_loss > ev.nonmember_mean_probe_loss
+        and u.auc_interval.high < th.inversion_auc
+    )
+    return holds, {
+        "member_mean_probe_loss": float(ev.member_mean_probe_loss),
+        "nonmember_mean_probe_loss": float(ev.nonmember_mean_probe_loss),
+        "uncalibrated_loss_auc": float(u.auc),
+        "uncalibrated_loss_auc_low": float(u.auc_interval.low),
+        "uncalibrated_loss_auc_high": float(u.auc_interval.high),
+    }
+
+
+def _overfitting(ev: OutcomeEvidence, th: OutcomeThresholds) -> tuple[bool, dict[str, float]]:
+    holds = bool(abs(ev.gap.mu_gap) <= th.overfitting_mu and ev.gap.sigma_gap <= th.overfitting_sigma)
+    return holds, {"mu_gap": float(ev.gap.mu_gap), "sigma_gap": float(ev.gap.sigma_gap)}
+
+
+def rule_checks(evidence: OutcomeEvidence, thresholds: OutcomeThresholds | None = None) -> dict[Outcome, bool]:
+    """Every rule evaluated on its own, ignoring precedence (no_signal: none of the others holds)."""
+    th = thresholds or OutcomeThresholds()
+    c = {
+        Outcome.COLLAPSE: _collapse(evidence, th)[0],
+        Outcome.MEMORIZATION: _memorization(evidence, th)[0],
+        Outcome.INVERSION: _inversion(evidence, th)[0],
+        Outcome.OVERFITTING: _overfitting(evidence, th)[0],
+    }
+    c[Outcome.NO_SIGNAL] = not any(c.values())
+    return c
+
+
+def classify(evidence: OutcomeEvidence, thresholds: OutcomeThresholds | None = None) -> Verdict:
+    """Outcome of one checkpoint: the first rule (in :data:`PRECEDENCE` order) that holds."""
+    th = thresholds or OutcomeThresholds()
+    checks = {o.value: v for o, v in rule_checks(evidence, th).items()}
+    rec = th.as_dict()
+
+    def verdict(o: Outcome, kind: ScoreKind | None, reasons: dict[str, float]) -> Verdict:
+        return Verdict(outcome=o, score_kind=kind, reasons=reasons, thresholds=rec, checks=checks)
+
+    holds, r_col = _collapse(evidence, th)
+    if holds:
+        return verdict(Outcome.COLLAPSE, None, r_col)
+    holds, kind, r_mem = _memorization(evidence, th)
+    if holds:
+        return verdict(Outcome.MEMORIZATION, kind, r_mem)
+    holds, r_inv = _inversion(evidence, th)
+    if holds:
+        return verdict(Outcome.INVERSION, ScoreKind.LOSS, r_inv)
+    holds, r_ovf = _overfitting(evidence, th)
+    if holds:
+        return verdict(Outcome.OVERFITTING, None, r_ovf)
+    # no_signal: record the numbers every rule looked at
+    reasons: dict[str, float] = {**r_col, **r_inv, **r_ovf}
+    for kind, m in evidence.calibrated.items():
+        reasons[f"calibrated_{kind.value}_auc"] = float(m.auc)
+        reasons[f"calibrated_{kind.value}_tpr"] = float(m.tpr_at(th.memorization_alpha).tpr)
+    return verdict(Outcome.NO_SIGNAL, None, reasons)
+
+
+# --------------------------------------------------------------------------------------------------
+# headline: peak checkpoint of a run
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointOutcome:
+    """One checkpoint's evidence and verdict."""
+
+    epoch: int
+    evidence: OutcomeEvidence
+    verdict: Verdict
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "epoch": int(self.epoch),
+            "outcome": self.verdict.outcome.value,
+            "outcome_score_kind": None if self.verdict.score_kind is None else self.verdict.score_kind.value,
+        }
+        out.update(self.evidence.as_dict())
+        out.update({f"threshold_{k}": v for k, v in self.verdict.thresholds.items()})
+        return out
+
+
+@dataclass(frozen=True)
+class PeakCheckpoint:
+    index: int  # position of the row in the input sequence
+    epoch: int
+    score_kind: ScoreKind
+    auc: float
+    row: Any  # the input row itself
+
+
+def _row_aucs(row: Any) -> tuple[int, dict[ScoreKind, float]]:
+    if isinstance(row, CheckpointOutcome):
+        return int(row.epoch), {k: float(m.auc) for k, m in row.evidence.calibrated.items()}
+    if isinstance(row, Mapping):
+        d = row
+    elif isinstance(row, pd.Series):
+        d = row.to_dict()
+    elif hasattr(row, "as_dict"):
+        d = row.as_dict()
+    else:
+        raise ProbeError(f"peak_checkpoint: cannot read a row of type {type(row).__name__}")
+    if "epoch" not in d:
+        raise ProbeError("peak_checkpoint: row has no 'epoch'")
+    aucs = {}
+    for k in SCORE_KINDS:
+        key = f"calibrated_{k.value}_auc"
+        if key in d and d[key] is not None:
+            aucs[k] = float(d[key])
+    return int(d["epoch"]), aucs
+
+
+def peak_checkpoint(rows: Iterable[Any]) -> PeakCheckpoint:
+    """The run's headline: the checkpoint with the highest calibrated AUC over epochs and score kinds.
+
+    ``rows``: :class:`CheckpointOutcome` objects, or flat records (mappings / pandas rows) with an
+    ``epoch`` and ``calibrated_<kind>_auc`` keys (as written by :meth:`CheckpointOutcome.as_dict`).
+    NaN AUCs are skipped. Ties go to the earlier epoch, then to the kind order loss, entropy,
+    confidence."""
+    if isinstance(rows, pd.DataFrame):
+        rows = [r for _, r in rows.iterrows()]
+    best: tuple[float, int, int, int, ScoreKind, Any] | None = None
+    for i, row in enumerate(rows):
+        epoch, aucs = _row_aucs(row)
+        for order, k in enumerate(SCORE_KINDS):
+            a = aucs.get(k, float("nan"))
+            if math.isnan(a):
+                continue
+            # maximise auc; then minimise epoch, kind order
+            key = (a, -epoch, -order)
+            if best is None or key > (best[0], -best[1], -best[2]):
+                best = (a, epoch, order, i, k, row)
+    if best is None:
+        raise ProbeError("peak_checkpoint: no checkpoint with a calibrated AUC")
+    a, epoch, _, i, k, row = best
+    return PeakCheckpoint(index=i, epoch=epoch, score_kind=k, auc=a, row=row)

@@ -1,0 +1,246 @@
+"""Controlled fine-tuning, as pure torch: no Ray here, so every step is unit-testable.
+
+Regimes (ICLMEM_SPEC.md, "Stage I — controlled fine-tuning"):
+* ``single_fixed``: each epoch is one AdamW step on (context C', the Q member rows as queries).
+* ``multi_fixed``: one model, one such step per task per epoch.
+* ``multi_random``: each task's pool is its members together with C'; every epoch draws a fresh
+  uniform-label context of ``context_size`` rows and Q query rows from the pool.
+
+A ``Finetuner`` holds the model, optimizer and RNG; ``save``/``restore`` move all three through a
+checkpoint folder so a resumed run continues bit-exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from trainables.errors import CheckpointError, ConfigError
+from trainables.models import ModelAdapter, build_model, read_weights
+
+DEFAULT_CHECKPOINT_EPOCHS = (1, 2, 5, 10, 25, 50, 100, 250, 500)
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "trainer_state.pt"
+META_FILE = "checkpoint.json"
+
+
+class Regime(str, Enum):
+    SINGLE_FIXED = "single_fixed"
+    MULTI_FIXED = "multi_fixed"
+    MULTI_RANDOM = "multi_random"
+
+
+@dataclass(frozen=True)
+class FinetuneSpec:
+    """Everything that determines one run's weights, apart from the prepared tasks."""
+
+    model: str = "pfn-mini"
+    model_options: dict[str, Any] = field(default_factory=dict)
+    regime: Regime = Regime.SINGLE_FIXED
+    lr: float = 1e-3
+    epochs: int = 50
+    checkpoint_epochs: tuple[int, ...] = DEFAULT_CHECKPOINT_EPOCHS
+    every_epoch: bool = False
+    grad_clip: float = 1.0
+    weight_decay: float = 0.01
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "regime", Regime(self.regime))
+        object.__setattr__(self, "checkpoint_epochs", tuple(int(e) for e in self.checkpoint_epochs))
+        if self.lr <= 0 or not math.isfinite(self.lr):
+            raise ConfigError(f"lr must be a positive number, got {self.lr}")
+        if self.epochs < 1:
+            raise ConfigError(f"epochs must be at least 1, got {self.epochs}")
+
+    def schedule(self) -> tuple[int, ...]:
+        """Epochs at which a checkpoint is written: the schedule capped by the run's epochs, plus the last."""
+        if self.every_epoch:
+            return tuple(range(1, self.epochs + 1))
+        kept = sorted({e for e in self.checkpoint_epochs if 1 <= e <= self.epochs} | {self.epochs})
+        return tuple(kept)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["regime"] = self.regime.value
+        out["checkpoint_epochs"] = list(self.checkpoint_epochs)
+        return out
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One in-context training step's input. Shapes: N context rows, M query rows, F features."""
+
+    context_x: torch.Tensor  # float32 [1, N, F]
+    context_y: torch.Tensor  # int64 [1, N]
+    query_x: torch.Tensor  # float32 [1, M, F]
+    query_y: torch.Tensor  # int64 [1, M]
+    n_classes: int
+
+
+def fixed_batch(task: Any, query_idx: np.ndarray | None = None) -> Batch:
+    """(C', members as queries) of a prepared task, with the labels the run trains on."""
+    query_idx = task.member_idx if query_idx is None else query_idx
+    x = torch.from_numpy(np.array(task.features, dtype=np.float32))
+    y = torch.from_numpy(np.array(task.labels, dtype=np.int64))
+    ctx, qry = torch.from_numpy(np.asarray(task.context_idx)), torch.from_numpy(np.asarray(query_idx))
+    return Batch(x[ctx][None], y[ctx][None], x[qry][None], y[qry][None], task.n_classes)
+
+
+def uniform_context(labels: np.ndarray, size: int, n_classes: int, rng: np.random.Generator) -> np.ndarray:
+    """Positions (into ``labels``) of a context with the same number of rows of every label."""
+    per_class = size // n_classes
+    chosen = []
+    for c in range(n_classes):
+        candidates = np.flatnonzero(labels == c)
+        take = min(per_class, len(candidates))
+        chosen.append(rng.choice(candidates, size=take, replace=False))
+    return np.sort(np.concatenate(chosen))
+
+
+def random_batch(task: Any, epoch: int, seed: int) -> Batch:
+    """multi_random: a fresh uniform context and Q queries drawn from the pool (members ∪ C')."""
+    pool = np.concatenate([np.asarray(task.member_idx), np.asarray(task.context_idx)])
+    rng = np.random.default_rng([seed, epoch, int(task.fingerprint[:8], 16)])
+    labels = np.asarray(task.labels)[pool]
+    ctx_pos = uniform_context(labels, len(task.context_idx), task.n_classes, rng)
+    rest = np.setdiff1d(np.arange(len(pool)), ctx_pos)
+    q_pos = rng.choice(rest, size=min(len(task.member_idx), len(rest)), replace=False)
+    x = torch.from_numpy(np.array(task.features, dtype=np.float32))
+    y = torch.from_numpy(np.array(task.labels, dtype=np.int64))
+    ctx, qry = torch.from_numpy(pool[ctx_pos]), torch.from_numpy(pool[q_pos])
+    return Batch(x[ctx][None], y[ctx][None], x[qry][None], y[qry][None], task.n_classes)
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    epoch: int
+    train_loss: float
+    diverged: bool
+    metrics: dict[str, float]
+
+
+class Finetuner:
+    """Fine-tunes one adapter on one or more prepared tasks under a regime."""
+
+    def __init__(self, spec: FinetuneSpec, tasks: Sequence[Any], model: ModelAdapter | None = None) -> None:
+        if not tasks:
+            raise ConfigError("fine-tuning needs at least one task")
+        if spec.regime == Regime.SINGLE_FIXED and len(tasks) != 1:
+            raise ConfigError(f"regime single_fixed takes exactly one task, got {len(tasks)}")
+        self.spec = spec
+        self.tasks = list(tasks)
+        torch.manual_seed(spec.seed)
+        self.model = model or build_model(spec.model, **spec.model_options)
+        self.model.module.train()
+        self.optimizer = torch.optim.AdamW(
+            self.model.trainable_parameters(), lr=spec.lr, weight_decay=spec.weight_decay
+        )
+        self.epoch = 0
+        self._fixed = [fixed_batch(t) for t in self.tasks]
+        self._eval_members = [fixed_batch(t) for t in self.tasks]
+        self._eval_nonmembers = [fixed_batch(t, t.nonmember_idx) for t in self.tasks]
+
+    # ---------------------------------------------------------------------------------------- steps
+    def batches(self, epoch: int) -> list[Batch]:
+        if self.spec.regime == Regime.MULTI_RANDOM:
+            return [random_batch(t, epoch, self.spec.seed) for t in self.tasks]
+        return self._fixed
+
+    def step(self, batch: Batch) -> float:
+        log_probs = self.model.log_probs(batch.context_x, batch.context_y, batch.query_x, batch.n_classes)
+        loss = F.nll_loss(log_probs.reshape(-1, batch.n_classes), batch.query_y.reshape(-1))
+        if not torch.isfinite(loss):
+            return float("nan")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.trainable_parameters(), self.spec.grad_clip)
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def run_epoch(self) -> EpochResult:
+        """One epoch; a NaN/inf loss or non-finite weights marks the run diverged (weights untouched)."""
+        epoch = self.epoch + 1
+        losses = [self.step(b) for b in self.batches(epoch)]
+        diverged = not all(math.isfinite(v) for v in losses) or not self._weights_finite()
+        self.epoch = epoch
+        metrics = {} if diverged else self.evaluate()
+        return EpochResult(epoch, float(np.mean(losses)), diverged, metrics)
+
+    def _weights_finite(self) -> bool:
+        return all(torch.isfinite(p).all() for p in self.model.trainable_parameters())
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """In-context accuracy with the real context C', on members (their trained labels) and non-members."""
+        self.model.module.eval()
+        out: dict[str, float] = {}
+        for name, batches in (("member", self._eval_members), ("nonmember", self._eval_nonmembers)):
+            correct, total, nll = 0.0, 0, 0.0
+            for b in batches:
+                lp = self.model.log_probs(b.context_x, b.context_y, b.query_x, b.n_classes)
+                correct += float((lp.argmax(-1) == b.query_y).sum())
+                nll += float(F.nll_loss(lp.reshape(-1, b.n_classes), b.query_y.reshape(-1), reduction="sum"))
+                total += b.query_y.numel()
+            out[f"{name}_icl_accuracy"] = correct / total
+            out[f"{name}_icl_loss"] = nll / total
+        self.model.module.train()
+        return out
+
+    def train(self, callback=None) -> list[EpochResult]:
+        """Run to ``spec.epochs``; ``callback(result, finetuner)`` after each epoch may save checkpoints."""
+        results = []
+        while self.epoch < self.spec.epochs:
+            result = self.run_epoch()
+            results.append(result)
+            if callback is not None:
+                callback(result, self)
+            if result.diverged:
+                break
+        return results
+
+    # ---------------------------------------------------------------------------------------- checkpoints
+    def save(self, directory: str | Path, metrics: dict[str, Any] | None = None) -> Path:
+        """Weights (safetensors), optimizer and RNG state (tensors only) and a JSON manifest."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save(directory / MODEL_FILE)
+        state = {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "epoch": self.epoch}
+        tmp = directory / (STATE_FILE + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, directory / STATE_FILE)
+        manifest = {"epoch": self.epoch, "model": self.spec.model, "model_options": self.spec.model_options,
+                    "spec": self.spec.to_dict(), "metrics": metrics or {}}
+        (directory / META_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+        return directory
+
+    def restore(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        self.model.module.load_state_dict(read_weights(directory / MODEL_FILE))
+        try:
+            state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise CheckpointError(f"cannot read trainer state {directory / STATE_FILE}: {exc}") from exc
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        self.epoch = int(state["epoch"])
+
+
+def load_checkpoint_model(directory: str | Path) -> ModelAdapter:
+    """The fine-tuned model stored in a checkpoint folder written by ``Finetuner.save``."""
+    directory = Path(directory)
+    manifest_path = directory / META_FILE
+    if not manifest_path.is_file():
+        raise CheckpointError(f"not a checkpoint folder (no {META_FILE}): {directory}")
+    manifest = json.loads(manifest_path.read_text())
+    options = {**manifest.get("model_options", {}), "weights": str(directory / MODEL_FILE)}
+    return build_model(manifest["model"], **options)

@@ -1,0 +1,125 @@
+"""The model adapter layer: one small interface every LTM implements, and the model registry.
+
+Layers (after TabPFN's ``architectures/interface.py`` vs ``classifier.py``): the architecture is a plain
+``torch.nn.Module``; an adapter wraps it with the one call iclmem needs (batched in-context
+log-probabilities over a candidate set) plus weights I/O; orchestration never touches the module.
+
+Shapes: B contexts, N context rows, M query rows, F features, C = |Y| candidate labels.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from trainables.errors import CheckpointError, ModelError
+from trainables.registry import Registry
+
+
+class ModelAdapter(abc.ABC):
+    """A tabular in-context model seen through iclmem's eyes."""
+
+    name: str = ""
+    max_classes: int = 0
+    max_features: int = 0
+
+    def __init__(self, module: torch.nn.Module, options: dict[str, Any] | None = None) -> None:
+        self.module = module
+        self.options = dict(options or {})
+
+    # -------------------------------------------------------------------------------- prediction
+    @abc.abstractmethod
+    def _logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
+        """Unnormalised scores [B, M, >= C] of which the first C columns are the candidates."""
+
+    def log_probs(
+        self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor, n_classes: int
+    ) -> torch.Tensor:
+        """context_x [B, N, F] float32, context_y [B, N] int64, query_x [B, M, F] -> [B, M, C] log-probs.
+
+        Normalised over exactly the candidate set {0, ..., n_classes-1}; computed in float32 since member
+        and non-member scores can differ by little.
+        """
+        self.check_shapes(context_x, context_y, query_x, n_classes)
+        logits = self._logits(context_x.float(), context_y.long(), query_x.float())[..., :n_classes]
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def check_shapes(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor, n_classes: int) -> None:
+        if n_classes > self.max_classes:
+            raise ModelError(f"model {self.name!r} supports at most {self.max_classes} candidate labels, got {n_classes}")
+        if n_classes < 2:
+            raise ModelError(f"a candidate set needs at least 2 labels, got {n_classes}")
+        if context_x.ndim != 3 or query_x.ndim != 3 or context_y.ndim != 2:
+            raise ModelError(
+                f"expected context_x [B,N,F], context_y [B,N], query_x [B,M,F]; got {tuple(context_x.shape)}, "
+                f"{tuple(context_y.shape)}, {tuple(query_x.shape)}"
+            )
+        if context_x.shape[-1] > self.max_features:
+            raise ModelError(f"model {self.name!r} takes at most {self.max_features} features, got {context_x.shape[-1]}")
+
+    # -------------------------------------------------------------------------------- weights
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Weights as numpy arrays: what ``ray.put`` shares zero-copy between actors on a node."""
+        return {k: v.detach().cpu().numpy() for k, v in self.module.state_dict().items()}
+
+    def load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        # torch.from_numpy keeps the object store's read-only buffer; copy into the module's own tensors.
+        with torch.no_grad():
+            state = self.module.state_dict()
+            for key, value in arrays.items():
+                state[key].copy_(torch.from_numpy(np.asarray(value)))
+
+    def metadata(self) -> dict[str, str]:
+        return {"model": self.name, "options": json.dumps(self.options, sort_keys=True)}
+
+    def save(self, path: str | Path) -> None:
+        """safetensors file; tensors only, so loading can never execute code."""
+        from safetensors.torch import save_file
+
+        tensors = {k: v.detach().cpu().contiguous().clone() for k, v in self.module.state_dict().items()}
+        save_file(tensors, str(path), metadata=self.metadata())
+
+    def load(self, path: str | Path) -> None:
+        self.module.load_state_dict(read_weights(path))
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Load tensors from safetensors, or a torch file with ``weights_only=True`` (pickled code is refused)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path))
+        except Exception as exc:  # safetensors raises its own error types
+            raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from exc
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{path} is not a plain tensor file (refused to unpickle code): {exc}") from exc
+    if isinstance(loaded, dict) and "model" in loaded and isinstance(loaded["model"], dict):
+        loaded = loaded["model"]
+    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        raise CheckpointError(f"{path} does not hold a flat mapping of tensors")
+    return loaded
+
+
+ModelFactory = Callable[..., ModelAdapter]
+MODELS: Registry[ModelFactory] = Registry("model")
+
+
+def build_model(name: str, **options: Any) -> ModelAdapter:
+    """Build a registered model. Unknown names are answered with the registered ones."""
+    import trainables.models  # noqa: F401  (registers the built-in adapters)
+
+    return MODELS.get(name)(**options)

@@ -1,0 +1,50 @@
+"""Adapter for pfn-mini, the embedded model shipped with iclmem (weights under ``weights/``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainables.errors import CheckpointError
+from trainables.models.base import MODELS, ModelAdapter, read_weights
+from trainables.models.pfn_mini import PfnMini, PfnMiniConfig
+
+SHIPPED_WEIGHTS = Path(__file__).resolve().parent / "weights" / "pfn_mini.safetensors"
+
+
+class PfnMiniAdapter(ModelAdapter):
+    name = "pfn-mini"
+
+    def __init__(self, module: PfnMini, options: dict[str, Any] | None = None) -> None:
+        super().__init__(module, options)
+        self.max_classes = module.config.max_classes
+        self.max_features = module.config.max_features
+
+    def _logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
+        return self.module(context_x, context_y, query_x)
+
+
+@MODELS.decorator("pfn-mini")
+def build_pfn_mini(weights: str | None = "shipped", seed: int = 0, **config: Any) -> PfnMiniAdapter:
+    """``weights``: "shipped" (the packaged pretrained checkpoint), "random" (seeded init), or a file path."""
+    torch.manual_seed(seed)
+    module = PfnMini(PfnMiniConfig(**config))
+    if weights == "shipped":
+        if not SHIPPED_WEIGHTS.is_file():
+            raise CheckpointError(
+                f"the shipped pfn-mini weights are missing at {SHIPPED_WEIGHTS}; reinstall iclmem or run "
+                "`python -m trainables.models.pretrain_pfn_mini --export`"
+            )
+        module.load_state_dict(read_weights(SHIPPED_WEIGHTS))
+    elif weights not in (None, "random"):
+        module.load_state_dict(read_weights(weights))
+    module.eval()
+    return PfnMiniAdapter(module, {"weights": weights, "seed": seed, **config})
+
+
+def shipped_provenance() -> dict[str, Any]:
+    meta = SHIPPED_WEIGHTS.with_suffix(".json")
+    return json.loads(meta.read_text()) if meta.is_file() else {}
