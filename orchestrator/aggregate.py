@@ -73,18 +73,23 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
 
 def write_reports(run_dir: Path, results: pd.DataFrame, wandb_mode: str | None = None,
                   log: Callable[[str], None] = print) -> Path | None:
+    """HTML report (with figures) always; the W&B sweep summary unless W&B is disabled."""
     from orchestrator import reports
+    from orchestrator.wandb_logger import make_results_logger, resolve_wandb_mode
 
+    if results.empty:
+        return None
     report = reports.write_html_report(run_dir)
     sweep_file = run_dir / "sweep.json"
     sweep = json.loads(sweep_file.read_text()) if sweep_file.is_file() else {}
-    mode = wandb_mode or sweep.get("wandb", {}).get("mode", "offline")
-    if mode != "disabled" and not results.empty:
-        from orchestrator.wandb_logger import make_logger
-
-        logger = make_logger(mode=mode, project=sweep.get("wandb", {}).get("project", "iclmem"),
-                             group=sweep.get("name", run_dir.name), run_dir=run_dir)
-        figures = sorted((run_dir / "figures").glob("*.png"))
+    wandb_cfg = sweep.get("wandb", {})
+    mode = resolve_wandb_mode(wandb_mode or wandb_cfg.get("mode", "offline"))
+    kind = "none" if mode == "disabled" else "wandb"
+    logger = make_results_logger(kind, project=wandb_cfg.get("project", "iclmem"), entity=wandb_cfg.get("entity"),
+                                 group=sweep.get("name", run_dir.name), mode=mode) if kind == "wandb" else make_results_logger(kind)
+    figures = {p.stem: p for p in sorted((run_dir / "figures").glob("*.png"))}
+    try:
         logger.log_summary(run_dir, results, figures)
+    finally:
         logger.finish()
     return report

@@ -171,7 +171,12 @@ def wandb_callbacks(sweep: SweepConfig, run_dir: Path) -> list:
         return []
     from ray.air.integrations.wandb import WandbLoggerCallback
 
-    os.environ["WANDB_MODE"] = "online" if sweep.wandb.mode == "online" and os.environ.get("WANDB_API_KEY") else "offline"
+    from orchestrator.wandb_logger import resolve_wandb_mode
+
+    mode = resolve_wandb_mode(sweep.wandb.mode)
+    if mode == "disabled":
+        return []
+    os.environ["WANDB_MODE"] = mode  # the key itself stays in the environment only, never in a file
     os.environ.setdefault("WANDB_SILENT", "true")
     (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
     # Trial configs hold ids and hyperparameters only; prepared rows travel via with_parameters, not config.

@@ -92,7 +92,7 @@ def fixed_batch(task: Any, query_idx: np.ndarray | None = None) -> Batch:
     query_idx = task.member_idx if query_idx is None else query_idx
     x = torch.from_numpy(np.array(task.features, dtype=np.float32))
     y = torch.from_numpy(np.array(task.labels, dtype=np.int64))
-    ctx, qry = torch.from_numpy(np.asarray(task.context_idx)), torch.from_numpy(np.asarray(query_idx))
+    ctx, qry = torch.from_numpy(np.array(task.context_idx)), torch.from_numpy(np.array(query_idx))
     return Batch(x[ctx][None], y[ctx][None], x[qry][None], y[qry][None], task.n_classes)
 
 

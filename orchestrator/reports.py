@@ -1,0 +1,722 @@
+"""The aggregator's reports: one pure pandas function per table or figure of the paper, and an HTML page.
+
+Inputs live in a run directory (``RUN_DIR``) written by the sweep:
+
+* ``results.parquet`` (required): one row per (run, checkpoint) with the outcome and metrics.
+* ``split_report.parquet``, ``manipulation_auc.parquet``, ``roc/roc_<run_id>_e<epoch>.parquet`` and
+  ``provenance.json`` (optional): a report section whose input is missing is skipped with a note.
+
+Privacy: reports carry ids, metrics and configuration only, never a raw feature value or label. That is
+enforced by construction, not by scrubbing: every reader keeps an explicit allow-list of columns
+(:func:`public_results`, :func:`public_split_report`, ...), every report selects named columns, and
+provenance is reduced to a fixed set of keys. A column or provenance field that is not on a list never
+reaches a report, the HTML page or W&B.
+
+Choices the spec leaves open (see ``ICLMEM_SPEC.md``, "Outcome" and "Reports"):
+
+* A checkpoint's AUC for peak selection is the highest calibrated AUC over the score kinds present
+  (``auc_loss``, ``auc_entropy``, ``auc_confidence`` and the deciding kind's ``auc``), so the peak is
+  "highest calibrated AUC over epochs and score kinds". The reported ``auc``/TPR columns stay those of the
+  row's ``score_kind`` (the deciding kind); ``peak_auc``/``peak_kind`` are reported beside them.
+* Epoch 0 is the base model: it is never a run's peak unless the run has no other checkpoint.
+  Ties between checkpoints go to the earliest epoch.
+* A run is keyed by ``(run_id, task)``: a ``multi_fixed`` run fine-tunes one model on several tasks and
+  has one row per task and checkpoint.
+* Run-level reports (rates per Q, Tabs. 8, 10–12, Fig. 6) use each run's peak checkpoint (its headline).
+  By-epoch reports (Fig. 2) use every checkpoint; the share at an epoch is over the runs that have a
+  checkpoint at that epoch (a diverged run stops contributing), or with ``cumulative=True`` the share of
+  all runs flagged at any checkpoint up to that epoch.
+* The main-regime reports default to ``regime="single_fixed"`` (the paper's main regime); pass ``None``
+  to pool every regime. The realistic-regime comparison (Tab. 12) always spans all regimes.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterable, Literal, Mapping
+
+import numpy as np
+import pandas as pd
+
+from trainables.errors import DataError
+
+OUTCOMES: tuple[str, ...] = ("collapse", "memorization", "inversion", "overfitting", "no_signal")
+REGIMES: tuple[str, ...] = ("single_fixed", "multi_fixed", "multi_random")
+SCORE_KINDS: tuple[str, ...] = ("loss", "entropy", "confidence")
+MAIN_REGIME = "single_fixed"
+DETECTABLE = "memorization"
+RUN_KEY: tuple[str, ...] = ("run_id", "task")
+
+RESULTS_FILE = "results.parquet"
+SPLIT_REPORT_FILE = "split_report.parquet"
+MANIPULATION_AUC_FILE = "manipulation_auc.parquet"
+PROVENANCE_FILE = "provenance.json"
+ROC_DIR = "roc"
+FIGURES_DIR = "figures"
+REPORT_FILE = "report.html"
+
+# --------------------------------------------------------------------------------------------------
+# Allow-lists: the only columns / fields any report, page or logger ever sees.
+# --------------------------------------------------------------------------------------------------
+
+RESULT_COLUMNS: tuple[str, ...] = (
+    "run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed", "epoch",
+    "outcome", "score_kind", "auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct",
+    "loss_ratio", "output_std", "mu_gap", "sigma_gap", "raw_auc", "ref_auc", "raw_outcome",
+    "config_hash", "git_commit",
+    # optional extras a sweep may add; all ids, flags or metrics
+    "diverged", "status", "strict_outcome", "n_members", "n_nonmembers", "raw_score_kind",
+)
+_RESULT_PATTERNS = (
+    re.compile(r"^(auc|auc_low|auc_high|raw_auc|ref_auc|tpr_at_1pct|tpr_at_10pct)_(loss|entropy|confidence)$"),
+    re.compile(r"^(tpr|fpr|threshold|raw_tpr|ref_tpr)_at_\d+pct(_low|_high)?(_(loss|entropy|confidence))?$"),
+)
+SPLIT_COLUMNS: tuple[str, ...] = (
+    "task", "label_mode", "seed", "q", "n_rows", "n_classes", "majority_share", "numeric_share",
+    "tvd", "ks", "ks_pvalue", "wasserstein", "redraws", "exact_duplicates", "feature_duplicates",
+)
+MANIPULATION_COLUMNS: tuple[str, ...] = ("run_id", "task", "epoch", "manipulation", "category", "auc")
+ROC_COLUMNS: tuple[str, ...] = ("fpr", "tpr")
+# provenance.json: scalar fields shown verbatim, plus a {package: version} mapping.
+PROVENANCE_SCALARS: tuple[str, ...] = (
+    "config_hash", "git_commit", "git_dirty", "sweep_name", "created_at", "iclmem_version", "python",
+    "platform",
+)
+PROVENANCE_PACKAGES = "packages"
+_MAX_PROVENANCE_STR = 200
+
+
+def _allowed_result_column(name: str) -> bool:
+    return name in RESULT_COLUMNS or any(p.match(name) for p in _RESULT_PATTERNS)
+
+
+def public_results(results: pd.DataFrame) -> pd.DataFrame:
+    """The results table reduced to allow-listed columns (ids, config, metrics, verdicts)."""
+    keep = [c for c in results.columns if isinstance(c, str) and _allowed_result_column(c)]
+    return results.loc[:, keep].copy()
+
+
+def public_split_report(split: pd.DataFrame) -> pd.DataFrame:
+    return split.loc[:, [c for c in SPLIT_COLUMNS if c in split.columns]].copy()
+
+
+def public_manipulation_auc(manip: pd.DataFrame) -> pd.DataFrame:
+    return manip.loc[:, [c for c in MANIPULATION_COLUMNS if c in manip.columns]].copy()
+
+
+def public_provenance(raw: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Provenance reduced to the allow-listed scalar fields and ``packages`` (name -> version strings)."""
+    out: dict[str, Any] = {}
+    if not isinstance(raw, Mapping):
+        return out
+    for key in PROVENANCE_SCALARS:
+        value = raw.get(key)
+        if isinstance(value, (bool, int, float)) and not isinstance(value, complex):
+            out[key] = value
+        elif isinstance(value, str):
+            out[key] = value[:_MAX_PROVENANCE_STR]
+    packages = raw.get(PROVENANCE_PACKAGES)
+    if isinstance(packages, Mapping):
+        pk = {
+            str(name)[:80]: str(version)[:80]
+            for name, version in packages.items()
+            if isinstance(version, (str, int, float)) and re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+", str(name))
+        }
+        if pk:
+            out[PROVENANCE_PACKAGES] = dict(sorted(pk.items()))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Readers (tolerant: optional inputs give None)
+# --------------------------------------------------------------------------------------------------
+
+
+def load_results(run_dir: str | Path) -> pd.DataFrame:
+    """``RUN_DIR/results.parquet`` reduced to its public columns. Raises DataError if missing."""
+    path = Path(run_dir) / RESULTS_FILE
+    if not path.is_file():
+        raise DataError(f"{path}: results table not found (the sweep writes it after probing)")
+    df = public_results(pd.read_parquet(path))
+    missing = [c for c in ("run_id", "task", "epoch", "outcome") if c not in df.columns]
+    if missing:
+        raise DataError(f"{path}: missing required column(s) {missing}")
+    return df
+
+
+def load_split_report(run_dir: str | Path) -> pd.DataFrame | None:
+    path = Path(run_dir) / SPLIT_REPORT_FILE
+    return public_split_report(pd.read_parquet(path)) if path.is_file() else None
+
+
+def load_manipulation_auc(run_dir: str | Path) -> pd.DataFrame | None:
+    path = Path(run_dir) / MANIPULATION_AUC_FILE
+    return public_manipulation_auc(pd.read_parquet(path)) if path.is_file() else None
+
+
+def load_provenance(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / PROVENANCE_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return public_provenance(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+_ROC_NAME = re.compile(r"^roc_(?P<run_id>.+)_e(?P<epoch>\d+)\.parquet$")
+
+
+def roc_path(run_dir: str | Path, run_id: str, epoch: int) -> Path:
+    return Path(run_dir) / ROC_DIR / f"roc_{run_id}_e{int(epoch)}.parquet"
+
+
+def list_roc_files(run_dir: str | Path) -> pd.DataFrame:
+    """Columns run_id, epoch, path for every ``roc/roc_<run_id>_e<epoch>.parquet`` present."""
+    roc_dir = Path(run_dir) / ROC_DIR
+    rows = []
+    if roc_dir.is_dir():
+        for p in sorted(roc_dir.glob("roc_*.parquet")):
+            m = _ROC_NAME.match(p.name)
+            if m:
+                rows.append({"run_id": m["run_id"], "epoch": int(m["epoch"]), "path": p})
+    return pd.DataFrame(rows, columns=["run_id", "epoch", "path"])
+
+
+def load_roc(run_dir: str | Path, run_id: str, epoch: int) -> pd.DataFrame | None:
+    path = roc_path(run_dir, run_id, epoch)
+    if not path.is_file():
+        return None
+    return pd.read_parquet(path, columns=list(ROC_COLUMNS))
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoint and run selection
+# --------------------------------------------------------------------------------------------------
+
+
+def _kind_auc_columns(df: pd.DataFrame) -> list[str]:
+    return [f"auc_{k}" for k in SCORE_KINDS if f"auc_{k}" in df.columns]
+
+
+def checkpoint_auc(df: pd.DataFrame) -> pd.Series:
+    """Highest calibrated AUC of each checkpoint over the score kinds present (NaN-safe)."""
+    cols = _kind_auc_columns(df) + (["auc"] if "auc" in df.columns else [])
+    if not cols:
+        raise DataError("results have no calibrated AUC column (auc or auc_<kind>)")
+    return df[cols].astype(float).max(axis=1, skipna=True)
+
+
+def checkpoint_kind(df: pd.DataFrame) -> pd.Series:
+    """The score kind that gives :func:`checkpoint_auc` (the deciding ``score_kind`` when it ties)."""
+    cols = _kind_auc_columns(df)
+    best = checkpoint_auc(df)
+    fallback = df["score_kind"].astype(object) if "score_kind" in df.columns else pd.Series(None, index=df.index)
+    if not cols:
+        return fallback
+    out = fallback.copy()
+    vals = df[cols].astype(float)
+    for i in df.index:
+        sk = fallback.get(i)
+        row = vals.loc[i]
+        if isinstance(sk, str) and f"auc_{sk}" in cols and row[f"auc_{sk}"] == best[i]:
+            continue
+        if "auc" in df.columns and isinstance(sk, str) and df.at[i, "auc"] == best[i]:
+            continue
+        if row.notna().any():
+            out[i] = str(row.idxmax())[len("auc_"):]
+    return out
+
+
+def _filter_regime(results: pd.DataFrame, regime: str | None) -> pd.DataFrame:
+    if regime is None or "regime" not in results.columns:
+        return results
+    return results[results["regime"] == regime]
+
+
+def _run_key(df: pd.DataFrame) -> list[str]:
+    return [c for c in RUN_KEY if c in df.columns]
+
+
+def peak_checkpoints(results: pd.DataFrame, *, regime: str | None = None) -> pd.DataFrame:
+    """One row per run: its peak checkpoint (highest calibrated AUC over epochs and score kinds).
+
+    Adds ``peak_auc``, ``peak_kind``, ``n_checkpoints`` and ``last_epoch``. The base checkpoint (epoch 0)
+    is a candidate only for runs without any other; ties go to the earliest epoch.
+    """
+    df = _filter_regime(results, regime).copy()
+    if df.empty:
+        return df.assign(peak_auc=pd.Series(dtype=float), peak_kind=pd.Series(dtype=object),
+                         n_checkpoints=pd.Series(dtype=int), last_epoch=pd.Series(dtype=int))
+    key = _run_key(df)
+    df["peak_auc"] = checkpoint_auc(df)
+    df["peak_kind"] = checkpoint_kind(df)
+    grp = df.groupby(key, sort=False, dropna=False)
+    df["n_checkpoints"] = grp["epoch"].transform("size")
+    df["last_epoch"] = grp["epoch"].transform("max")
+    has_trained = grp["epoch"].transform(lambda e: bool((e > 0).any()))
+    df["_demote"] = (df["epoch"] == 0) & has_trained
+    df["_neg_auc"] = -df["peak_auc"].fillna(-np.inf)
+    df = df.sort_values(key + ["_demote", "_neg_auc", "epoch"], kind="mergesort")
+    peaks = df.drop_duplicates(subset=key, keep="first").drop(columns=["_demote", "_neg_auc"])
+    return peaks.reset_index(drop=True)
+
+
+def last_checkpoints(results: pd.DataFrame, *, regime: str | None = None) -> pd.DataFrame:
+    df = _filter_regime(results, regime)
+    key = _run_key(df)
+    return df.sort_values(key + ["epoch"], kind="mergesort").drop_duplicates(key, keep="last").reset_index(drop=True)
+
+
+def _outcome_order(values: Iterable[str]) -> list[str]:
+    extra = sorted({str(v) for v in values if pd.notna(v)} - set(OUTCOMES))
+    return list(OUTCOMES) + extra
+
+
+def _headline(results: pd.DataFrame, at: str, regime: str | None) -> pd.DataFrame:
+    if at == "peak":
+        return peak_checkpoints(results, regime=regime)
+    if at == "last":
+        return last_checkpoints(results, regime=regime)
+    raise ValueError(f"at must be 'peak' or 'last', not {at!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Paper reports
+# --------------------------------------------------------------------------------------------------
+
+
+def outcome_counts_per_q(
+    results: pd.DataFrame, *, regime: str | None = MAIN_REGIME, at: Literal["peak", "last"] = "peak"
+) -> pd.DataFrame:
+    """Runs per outcome for each Q (index ``q``; columns ``n_runs`` then one per outcome)."""
+    runs = _headline(results, at, regime)
+    outcomes = _outcome_order(runs["outcome"]) if not runs.empty else list(OUTCOMES)
+    table = pd.crosstab(runs["q"], runs["outcome"]).reindex(columns=outcomes, fill_value=0)
+    table.columns.name = None
+    table.insert(0, "n_runs", table.sum(axis=1))
+    return table.sort_index().astype(int)
+
+
+def outcome_rates_per_q(
+    results: pd.DataFrame, *, regime: str | None = MAIN_REGIME, at: Literal["peak", "last"] = "peak"
+) -> pd.DataFrame:
+    """Share of runs per outcome for each Q (rows sum to 1), with ``n_runs``."""
+    counts = outcome_counts_per_q(results, regime=regime, at=at)
+    rates = counts.drop(columns="n_runs").div(counts["n_runs"].replace(0, np.nan), axis=0)
+    rates.insert(0, "n_runs", counts["n_runs"])
+    return rates
+
+
+TASK_TABLE_COLUMNS = (
+    "task", "q", "lr", "model", "regime", "label_mode", "seed", "run_id", "outcome", "auc", "auc_low",
+    "auc_high", "tpr_at_1pct", "tpr_at_10pct", "epoch", "score_kind", "peak_auc", "peak_kind",
+)
+
+
+def task_lr_q_table(results: pd.DataFrame, *, regime: str | None = MAIN_REGIME) -> pd.DataFrame:
+    """Tabs. 10–11: per run (task × lr × Q [× model, label mode, seed]) at its peak checkpoint."""
+    peaks = peak_checkpoints(results, regime=regime)
+    cols = [c for c in TASK_TABLE_COLUMNS if c in peaks.columns]
+    order = [c for c in ("task", "q", "lr", "model", "label_mode", "seed", "run_id") if c in peaks.columns]
+    return peaks.loc[:, cols].sort_values(order, kind="mergesort").reset_index(drop=True)
+
+
+def detectable_share_by_epoch(
+    results: pd.DataFrame, *, regime: str | None = MAIN_REGIME, cumulative: bool = False
+) -> pd.DataFrame:
+    """Fig. 2: share of runs whose checkpoint is flagged ``memorization``, per (Q, epoch)."""
+    df = _filter_regime(results, regime).copy()
+    key = _run_key(df)
+    df["_flag"] = df["outcome"] == DETECTABLE
+    rows = []
+    for q, dq in df.groupby("q", sort=True):
+        epochs = sorted(dq["epoch"].unique())
+        n_all = dq.drop_duplicates(key).shape[0]
+        for e in epochs:
+            if cumulative:
+                upto = dq[dq["epoch"] <= e]
+                flagged = upto[upto["_flag"]].drop_duplicates(key).shape[0]
+                n = n_all
+            else:
+                at = dq[dq["epoch"] == e]
+                n = at.drop_duplicates(key).shape[0]
+                flagged = at[at["_flag"]].drop_duplicates(key).shape[0]
+            rows.append({"q": q, "epoch": int(e), "n_runs": int(n), "n_detectable": int(flagged),
+                         "share": flagged / n if n else np.nan})
+    return pd.DataFrame(rows, columns=["q", "epoch", "n_runs", "n_detectable", "share"])
+
+
+def peak_vulnerability_per_task(results: pd.DataFrame, *, regime: str | None = MAIN_REGIME) -> pd.DataFrame:
+    """Tab. 8: per task, the run/checkpoint with the highest calibrated AUC, and the detectable share.
+
+    ``detectable_share`` = share of the task's runs whose peak checkpoint is flagged memorization.
+    """
+    peaks = peak_checkpoints(results, regime=regime)
+    rows = []
+    for task, d in peaks.groupby("task", sort=True):
+        best = d.sort_values(["peak_auc", "epoch"], ascending=[False, True], kind="mergesort",
+                             na_position="last").iloc[0]
+        n_mem = int((d["outcome"] == DETECTABLE).sum())
+        row = {"task": task, "n_runs": len(d), "n_memorization": n_mem, "detectable_share": n_mem / len(d),
+               "peak_auc": best["peak_auc"], "peak_kind": best.get("peak_kind")}
+        for c in ("auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "outcome", "lr", "q", "epoch", "run_id"):
+            if c in d.columns:
+                row[c] = best[c]
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    return out.sort_values(["peak_auc", "task"], ascending=[False, True], kind="mergesort").reset_index(drop=True)
+
+
+def split_validation(split_report: pd.DataFrame, *, tvd_max: float = 0.05, ks_max: float = 0.05) -> pd.DataFrame:
+    """Tab. 6: member vs non-member distribution checks, one row per (task, label mode, seed, Q).
+
+    ``statistic`` names the check that applies (TVD for classification, KS for regression) and
+    ``passed`` whether it is under its threshold.
+    """
+    df = public_split_report(split_report)
+    tvd = df["tvd"].astype(float) if "tvd" in df.columns else pd.Series(np.nan, index=df.index)
+    ks = df["ks"].astype(float) if "ks" in df.columns else pd.Series(np.nan, index=df.index)
+    df["statistic"] = np.where(tvd.notna(), "tvd", np.where(ks.notna(), "ks", "none"))
+    df["passed"] = np.where(tvd.notna(), tvd < tvd_max, np.where(ks.notna(), ks < ks_max, False))
+    order = [c for c in ("task", "label_mode", "seed", "q") if c in df.columns]
+    return df.sort_values(order, kind="mergesort").reset_index(drop=True)
+
+
+def calibration_impact(
+    results: pd.DataFrame, *, regime: str | None = MAIN_REGIME, level: Literal["checkpoint", "run"] = "checkpoint",
+    include_base: bool = False,
+) -> pd.DataFrame:
+    """App. 7.4: memorization flags with and without difficulty calibration, per Q and overall.
+
+    Calibrated flag: ``outcome == memorization``; raw flag: ``raw_outcome == memorization``.
+    ``level="run"`` counts a run as flagged if any of its checkpoints is. Also the mean AUC of the
+    calibrated, uncalibrated and reference-only scores.
+    """
+    df = _filter_regime(results, regime).copy()
+    if not include_base:
+        df = df[df["epoch"] > 0]
+    if "raw_outcome" not in df.columns:
+        raise DataError("results have no raw_outcome column: calibration impact needs it")
+    df["_cal"] = df["outcome"] == DETECTABLE
+    df["_raw"] = df["raw_outcome"] == DETECTABLE
+    key = _run_key(df)
+    if level == "run":
+        agg = {"_cal": "any", "_raw": "any", "q": "first"}
+        for c in ("auc", "raw_auc", "ref_auc"):
+            if c in df.columns:
+                agg[c] = "max"
+        df = df.groupby(key, sort=False).agg(agg).reset_index()
+    elif level != "checkpoint":
+        raise ValueError(f"level must be 'checkpoint' or 'run', not {level!r}")
+
+    def summarise(d: pd.DataFrame) -> dict[str, Any]:
+        row = {"n": len(d), "calibrated_flags": int(d["_cal"].sum()), "raw_flags": int(d["_raw"].sum()),
+               "both": int((d["_cal"] & d["_raw"]).sum()), "calibrated_only": int((d["_cal"] & ~d["_raw"]).sum()),
+               "raw_only": int((~d["_cal"] & d["_raw"]).sum())}
+        for c in ("auc", "raw_auc", "ref_auc"):
+            row[f"mean_{c}"] = float(d[c].mean()) if c in d.columns else np.nan
+        return row
+
+    rows = [{"q": str(q), **summarise(d)} for q, d in df.groupby("q", sort=True)]
+    rows.append({"q": "all", **summarise(df)})
+    return pd.DataFrame(rows).set_index("q")
+
+
+def perturbation_ranking(
+    manipulation_auc: pd.DataFrame, *, results: pd.DataFrame | None = None, at_peak: bool = False,
+    include_base: bool = False, by: Literal["manipulation", "category"] = "manipulation",
+) -> pd.DataFrame:
+    """App. 7.3: manipulations (or categories) ranked by mean per-manipulation AUC (rank 1 = highest).
+
+    ``at_peak`` keeps only each run's peak checkpoint (needs ``results``); otherwise every checkpoint
+    except the base model (epoch 0) unless ``include_base``.
+    """
+    df = public_manipulation_auc(manipulation_auc)
+    if not include_base and "epoch" in df.columns:
+        df = df[df["epoch"] > 0]
+    if at_peak:
+        if results is None:
+            raise ValueError("at_peak=True needs the results table")
+        peaks = peak_checkpoints(results, regime=None)[["run_id", "epoch"]].drop_duplicates()
+        df = df.merge(peaks, on=["run_id", "epoch"], how="inner")
+    if by == "manipulation":
+        keys = ["manipulation"] + (["category"] if "category" in df.columns else [])
+    elif by == "category":
+        keys = ["category"]
+    else:
+        raise ValueError(f"by must be 'manipulation' or 'category', not {by!r}")
+    g = df.groupby(keys, sort=False)["auc"]
+    out = pd.DataFrame({"mean_auc": g.mean(), "std_auc": g.std(ddof=1), "median_auc": g.median(), "n": g.size()})
+    out = out.reset_index().sort_values(["mean_auc", keys[0]], ascending=[False, True], kind="mergesort")
+    out.insert(0, "rank", np.arange(1, len(out) + 1))
+    return out.reset_index(drop=True)
+
+
+def task_characteristics(
+    results: pd.DataFrame, split_report: pd.DataFrame, *, regime: str | None = MAIN_REGIME
+) -> pd.DataFrame:
+    """Fig. 6: per task, cardinality / majority-class share / size / numeric share against outcomes.
+
+    Characteristics are the median over the task's split reports (they do not depend on the split);
+    outcome shares are over the task's runs at their peak checkpoints.
+    """
+    split = public_split_report(split_report)
+    chars = [c for c in ("n_classes", "majority_share", "n_rows", "numeric_share") if c in split.columns]
+    ch = split.groupby("task")[chars].median()
+    peaks = peak_checkpoints(results, regime=regime)
+    outcomes = _outcome_order(peaks["outcome"]) if not peaks.empty else list(OUTCOMES)
+    rates = pd.crosstab(peaks["task"], peaks["outcome"], normalize="index").reindex(columns=outcomes, fill_value=0.0)
+    rates.columns = [f"{o}_share" for o in rates.columns]
+    per = peaks.groupby("task").agg(n_runs=("outcome", "size"), max_peak_auc=("peak_auc", "max"))
+    out = ch.join(per, how="inner").join(rates, how="left")
+    if "n_classes" in out.columns:
+        out["n_classes"] = out["n_classes"].round().astype(int)
+    out.index.name = "task"
+    return out.reset_index().sort_values(["memorization_share", "task"], ascending=[False, True],
+                                         kind="mergesort").reset_index(drop=True)
+
+
+def regime_comparison(results: pd.DataFrame, *, by_task: bool = False) -> pd.DataFrame:
+    """Tab. 12: single_fixed vs multi_fixed vs multi_random, per (regime[, task], Q) at peak checkpoints."""
+    peaks = peak_checkpoints(results, regime=None)
+    if "regime" not in peaks.columns:
+        peaks = peaks.assign(regime=MAIN_REGIME)
+    keys = ["regime"] + (["task"] if by_task else []) + ["q"]
+    outcomes = _outcome_order(peaks["outcome"]) if not peaks.empty else list(OUTCOMES)
+    rows = []
+    for k, d in peaks.groupby(keys, sort=False):
+        row = dict(zip(keys, k if isinstance(k, tuple) else (k,)))
+        row["n_runs"] = len(d)
+        for o in outcomes:
+            row[f"{o}_rate"] = float((d["outcome"] == o).mean())
+        row["mean_peak_auc"] = float(d["peak_auc"].mean())
+        row["max_peak_auc"] = float(d["peak_auc"].max())
+        for c in ("tpr_at_1pct", "tpr_at_10pct"):
+            if c in d.columns:
+                row[f"max_{c}"] = float(d[c].max())
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    rank = {r: i for i, r in enumerate(REGIMES)}
+    out["_r"] = out["regime"].map(lambda r: rank.get(r, len(REGIMES)))
+    return out.sort_values(["_r"] + keys, kind="mergesort").drop(columns="_r").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# HTML page
+# --------------------------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em;color:#222;max-width:1400px}
+h1{margin-bottom:.2em} h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+table.data{border-collapse:collapse;font-size:13px;margin:.5em 0}
+table.data th,table.data td{border:1px solid #ddd;padding:3px 7px;text-align:right}
+table.data th{background:#f3f3f3} table.data tr:nth-child(even) td{background:#fafafa}
+.note{color:#8a5a00;background:#fff7e0;border-left:4px solid #f0b400;padding:.4em .8em}
+.scroll{overflow-x:auto;max-width:100%}
+.caption{color:#555;font-size:13px} figure{margin:1em 0} figure img{max-width:100%;border:1px solid #eee}
+dl.prov{display:grid;grid-template-columns:max-content auto;gap:2px 12px;font-size:13px}
+dl.prov dt{font-weight:600} dl.prov dd{margin:0;font-family:monospace}
+"""
+
+# Sets data-img-total / data-img-loaded on <body> once every image has loaded (or failed), so a headless
+# browser can check that the page is complete (`chromium --dump-dom`).
+_IMG_CHECK_JS = """
+window.addEventListener('load', function () {
+  var imgs = document.images, ok = 0;
+  for (var i = 0; i < imgs.length; i++) {
+    if (imgs[i].complete && imgs[i].naturalWidth > 0) { ok++; imgs[i].setAttribute('data-loaded', '1'); }
+    else { imgs[i].setAttribute('data-loaded', '0'); }
+  }
+  document.body.setAttribute('data-img-total', String(imgs.length));
+  document.body.setAttribute('data-img-loaded', String(ok));
+});
+"""
+
+
+def _fmt_value(col: str, v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, (float, np.floating)):
+        if col == "lr" or col.endswith("_pvalue"):
+            return f"{float(v):.3g}"
+        if float(v).is_integer() and col in ("q", "seed", "epoch", "n_rows", "n_classes"):
+            return str(int(v))
+        return f"{float(v):.3f}"
+    return str(v)
+
+
+def df_to_html(df: pd.DataFrame, *, index: bool = False) -> str:
+    """A small, escaped HTML table (floats to 3 decimals, learning rates in %g)."""
+    d = df.reset_index() if index else df
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in d.columns)
+    body = []
+    for row in d.itertuples(index=False, name=None):
+        cells = "".join(f"<td>{html.escape(_fmt_value(str(c), v))}</td>" for c, v in zip(d.columns, row))
+        body.append(f"<tr>{cells}</tr>")
+    return f'<div class="scroll"><table class="data"><thead><tr>{head}</tr></thead>' \
+           f'<tbody>{"".join(body)}</tbody></table></div>'
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{html.escape(text)}</p>'
+
+
+def _img(run_dir: Path, path: Path, alt: str, embed: bool) -> str:
+    if embed:
+        src = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+    else:
+        src = path.relative_to(run_dir).as_posix()
+    return f'<figure><img src="{html.escape(src)}" alt="{html.escape(alt)}"><figcaption class="caption">' \
+           f"{html.escape(alt)}</figcaption></figure>"
+
+
+def _provenance_html(prov: Mapping[str, Any], results: pd.DataFrame) -> str:
+    items: list[tuple[str, str]] = []
+    for k in PROVENANCE_SCALARS:
+        if k in prov:
+            items.append((k, str(prov[k])))
+    for col in ("config_hash", "git_commit"):
+        if col in results.columns and col not in prov:
+            vals = sorted({str(v) for v in results[col].dropna().unique()})
+            if vals:
+                shown = ", ".join(vals[:5]) + (f" (+{len(vals) - 5} more)" if len(vals) > 5 else "")
+                items.append((f"{col} (results)", shown))
+    for name, version in prov.get(PROVENANCE_PACKAGES, {}).items():
+        items.append((f"package {name}", version))
+    items.append(("report generated", _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")))
+    dl = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items)
+    return f'<dl class="prov">{dl}</dl>'
+
+
+def write_html_report(
+    run_dir: str | Path, *, title: str | None = None, make_figures: bool = True, embed_images: bool = False,
+    regime: str | None = "auto",
+) -> Path:
+    """Write ``RUN_DIR/report.html``: every paper table, the figures and a provenance block.
+
+    Figures are written to ``RUN_DIR/figures/`` and referenced by relative path (they load from
+    ``file://``), or embedded as base64 with ``embed_images``. ``regime="auto"`` uses single_fixed for
+    the main-regime sections when the sweep has it, else pools every regime. Missing optional inputs skip
+    their section with a note. Only allow-listed columns are read, so no raw value can reach the page.
+    """
+    run_dir = Path(run_dir)
+    results = load_results(run_dir)
+    split = load_split_report(run_dir)
+    manip = load_manipulation_auc(run_dir)
+    prov = load_provenance(run_dir)
+    if regime == "auto":
+        regime = MAIN_REGIME if "regime" in results.columns and (results["regime"] == MAIN_REGIME).any() else None
+
+    figs: dict[str, Path | None] = {}
+    fig_notes: dict[str, str] = {}
+    if make_figures:
+        from orchestrator import figures as _figures  # matplotlib only when figures are wanted
+
+        figs, fig_notes = _figures.make_all_figures(run_dir, results, manipulation_auc=manip, regime=regime)
+
+    parts: list[str] = []
+
+    def section(hid: str, heading: str, caption: str, body: str) -> None:
+        parts.append(f'<section id="{hid}"><h2>{html.escape(heading)}</h2>'
+                     f'<p class="caption">{html.escape(caption)}</p>{body}</section>')
+
+    def figure(name: str, alt: str) -> str:
+        p = figs.get(name)
+        if p is not None and Path(p).is_file():
+            return _img(run_dir, Path(p), alt, embed_images)
+        if not make_figures:
+            return ""
+        return _note(f"Figure '{name}' not drawn: {fig_notes.get(name, 'no data')}.")
+
+    def optional(fn, *args, **kwargs) -> tuple[pd.DataFrame | None, str | None]:
+        try:
+            return fn(*args, **kwargs), None
+        except (KeyError, ValueError, TypeError, DataError) as exc:  # malformed optional input
+            return None, f"section could not be built ({type(exc).__name__})"
+
+    scope = f"regime {regime}" if regime else "all regimes"
+    peaks = peak_checkpoints(results, regime=regime)
+    n_runs, n_ckpt = len(peaks), len(_filter_regime(results, regime))
+    parts.append(f"<p>{n_runs} runs, {n_ckpt} checkpoints ({html.escape(scope)}). A run's headline is its "
+                 "peak checkpoint: the highest calibrated AUC over epochs and score kinds.</p>")
+
+    section("provenance", "Provenance", "Configuration hash, code version and package versions.",
+            _provenance_html(prov, results) + ("" if prov else _note("provenance.json not found; values "
+                                                                       "shown come from the results table.")))
+    counts = outcome_counts_per_q(results, regime=regime)
+    rates = outcome_rates_per_q(results, regime=regime)
+    section("outcome-rates", "Outcome rates per Q", f"Runs at their peak checkpoint ({scope}): counts, then shares.",
+            df_to_html(counts, index=True) + df_to_html(rates, index=True))
+    section("task-table", "Task × learning rate × Q (Tabs. 10–11)",
+            "Outcome, AUC (deciding kind, with 95% interval), TPR@1%, TPR@10% and epoch at each run's peak.",
+            df_to_html(task_lr_q_table(results, regime=regime)) + figure("outcome_heatmap", "Outcome at peak"))
+    section("detectable-by-epoch", "Detectable runs by epoch (Fig. 2)",
+            "Share of runs flagged memorization at each checkpoint epoch, per Q.",
+            df_to_html(detectable_share_by_epoch(results, regime=regime))
+            + figure("detectable_share", "Share of detectable runs by epoch"))
+    section("peak-vulnerability", "Peak vulnerability per task (Tab. 8)",
+            "Highest calibrated AUC of each task over its runs, and the share of runs flagged memorization.",
+            df_to_html(peak_vulnerability_per_task(results, regime=regime)))
+    section("auc-epochs", "AUC over epochs", "Calibrated AUC (best score kind) per checkpoint, by learning rate.",
+            figure("auc_over_epochs", "AUC over epochs per learning rate"))
+    section("roc", "ROC curves", "Calibrated deciding score at each run's peak checkpoint, log-log axes.",
+            figure("roc_curves", "ROC curves at peak checkpoints"))
+
+    if split is None:
+        body = _note(f"{SPLIT_REPORT_FILE} not found; section skipped.")
+    else:
+        t, err = optional(split_validation, split)
+        body = _note(err) if err else df_to_html(t)
+    section("split-validation", "Split validation (Tab. 6)",
+            "Members vs non-members: TVD (classification) or KS with p-value and Wasserstein (regression).", body)
+
+    t, err = optional(calibration_impact, results, regime=regime)
+    section("calibration", "Calibration impact (App. 7.4)",
+            "Memorization flags from the calibrated score ΔS vs the uncalibrated score S, per checkpoint.",
+            _note(err) if err else df_to_html(t, index=True))
+
+    if manip is None:
+        body = _note(f"{MANIPULATION_AUC_FILE} not found; section skipped.")
+    else:
+        t, err = optional(perturbation_ranking, manip)
+        t2, err2 = optional(perturbation_ranking, manip, by="category")
+        body = (_note(err) if err else df_to_html(t)) + (_note(err2) if err2 else df_to_html(t2)) \
+            + figure("perturbation_ranking", "Mean per-manipulation AUC")
+    section("perturbations", "Perturbation effectiveness (App. 7.3)",
+            "Manipulations and categories ranked by mean per-manipulation AUC over fine-tuned checkpoints.", body)
+
+    if split is None:
+        body = _note(f"{SPLIT_REPORT_FILE} not found; section skipped.")
+    else:
+        t, err = optional(task_characteristics, results, split, regime=regime)
+        body = _note(err) if err else df_to_html(t)
+    section("task-characteristics", "Task characteristics vs outcome (Fig. 6)",
+            "Cardinality, majority-class share, size and numeric share against outcome shares at peak.", body)
+
+    section("regimes", "Realistic regimes (Tab. 12)",
+            "single_fixed vs multi_fixed vs multi_random at peak checkpoints, per Q.",
+            df_to_html(regime_comparison(results)))
+
+    page_title = title or f"IclMem report — {run_dir.name}"
+    doc = (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(page_title)}</title><style>{_CSS}</style>"
+        f"<script>{_IMG_CHECK_JS}</script></head>"
+        f"<body><h1>{html.escape(page_title)}</h1>{''.join(parts)}</body></html>\n"
+    )
+    out = run_dir / REPORT_FILE
+    out.write_text(doc, encoding="utf-8")
+    return out

@@ -1,0 +1,432 @@
+"""Sweep-level result logging: a small logger interface, a no-op default and a W&B implementation.
+
+* ``wandb`` is imported only inside methods, so importing this module (and running a sweep without
+  W&B) never loads it.
+* Offline by default: a run goes online only if the caller asks for ``mode="online"`` *and*
+  ``WANDB_API_KEY`` is set in the environment. The key is never read beyond that presence check,
+  never logged, never written; wandb itself picks it up from the environment.
+* Files land under ``RUN_DIR/wandb/`` (``wandb.init(dir=RUN_DIR)``: wandb appends ``wandb/`` itself,
+  giving ``RUN_DIR/wandb/offline-run-*/``). The exported results artifact is written to
+  ``RUN_DIR/wandb/export/`` and referenced in place (immutable policy), so the run directory is complete
+  for a later ``wandb sync``.
+* Privacy: only the allow-listed public tables of :mod:`orchestrator.reports` are logged. The W&B
+  config is built here from ids and provenance allow-lists, never from a caller's free-form config,
+  so a raw record cannot reach W&B.
+
+:func:`build_wandb_report` constructs (without saving) a W&B Report over the same keys the logger
+writes: the peak-checkpoint table, ROC charts and AUC-over-epochs line plots.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
+
+import numpy as np
+import pandas as pd
+
+from orchestrator import reports as R
+
+log = logging.getLogger(__name__)
+
+RESULTS_TABLE_KEY = "results_table"
+PEAK_TABLE_KEY = "peak_table"
+ROC_PREFIX = "roc"
+AUC_PREFIX = "auc"
+SHARE_PREFIX = "detectable_share"
+FIGURE_PREFIX = "figures"
+EPOCH_KEY = "epoch"
+_MAX_TABLE_ROWS = 10_000
+
+
+# --------------------------------------------------------------------------------------------------
+# Keys shared by the logger and the report builder
+# --------------------------------------------------------------------------------------------------
+
+
+def _safe(part: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9_.\-=]+", "_", str(part))
+
+
+def roc_key(run_id: str, epoch: int) -> str:
+    """History/summary key of one ROC chart; its table is logged as ``<key>_table``."""
+    return f"{ROC_PREFIX}/{_safe(run_id)}_e{int(epoch)}"
+
+
+def roc_table_key(run_id: str, epoch: int) -> str:
+    return roc_key(run_id, epoch) + "_table"
+
+
+def auc_key(task: str, lr: float, q: int, *, model: str | None = None, regime: str | None = None,
+            label_mode: str | None = None) -> str:
+    """History key of one AUC-over-epochs line: mean calibrated AUC over seeds of one configuration."""
+    parts = [AUC_PREFIX, _safe(task)]
+    parts += [_safe(x) for x in (model, regime, label_mode) if x is not None]
+    parts += [f"lr={float(lr):g}", f"q={int(q)}"]
+    return "/".join(parts)
+
+
+def share_key(q: int) -> str:
+    return f"{SHARE_PREFIX}/q={int(q)}"
+
+
+_LINE_GROUP = ("task", "model", "regime", "label_mode", "lr", "q")
+
+
+def _line_keys(df: pd.DataFrame) -> list[str]:
+    return [c for c in _LINE_GROUP if c in df.columns]
+
+
+def _auc_key_for(row: Mapping[str, Any]) -> str:
+    return auc_key(row["task"], row["lr"], row["q"], model=row.get("model"), regime=row.get("regime"),
+                   label_mode=row.get("label_mode"))
+
+
+def auc_history(results: pd.DataFrame) -> pd.DataFrame:
+    """Wide table: one row per epoch, one column per :func:`auc_key` (mean checkpoint AUC over seeds)."""
+    df = R.public_results(results)
+    df["_auc"] = R.checkpoint_auc(df)
+    keys = _line_keys(df)
+    g = df.groupby(keys + ["epoch"], dropna=False)["_auc"].mean().reset_index()
+    g["key"] = [_auc_key_for(r) for r in g.to_dict("records")]
+    return g.pivot_table(index="epoch", columns="key", values="_auc", aggfunc="mean").sort_index()
+
+
+def roc_selection(run_dir: str | Path, results: pd.DataFrame, max_curves: int) -> pd.DataFrame:
+    """Peak checkpoints with a ROC file, highest peak AUC first (at most ``max_curves``)."""
+    peaks = R.peak_checkpoints(R.public_results(results), regime=None)
+    files = R.list_roc_files(run_dir)
+    if peaks.empty or files.empty:
+        return peaks.iloc[0:0]
+    peaks = peaks.merge(files[["run_id", "epoch"]], on=["run_id", "epoch"], how="inner")
+    peaks = peaks.drop_duplicates(["run_id", "epoch"])
+    return peaks.sort_values(["peak_auc", "run_id"], ascending=[False, True]).head(max_curves)
+
+
+# --------------------------------------------------------------------------------------------------
+# Logger interface
+# --------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class ResultsLogger(Protocol):
+    def log_summary(self, run_dir: str | Path, results_df: pd.DataFrame,
+                    figures: Mapping[str, str | Path | None] | None = None) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class NullResultsLogger:
+    """The default: logs nothing."""
+
+    def log_summary(self, run_dir: str | Path, results_df: pd.DataFrame,
+                    figures: Mapping[str, str | Path | None] | None = None) -> None:
+        return None
+
+    def finish(self) -> None:
+        return None
+
+
+def resolve_wandb_mode(requested: str | None = "offline", environ: Mapping[str, str] | None = None) -> str:
+    """``online`` only when asked for and ``WANDB_API_KEY`` is present; ``disabled`` if asked; else offline.
+
+    An environment ``WANDB_MODE`` of offline/disabled also wins over a request for online.
+    """
+    env = os.environ if environ is None else environ
+    req = (requested or "offline").lower()
+    env_mode = str(env.get("WANDB_MODE", "")).lower()
+    if req == "disabled" or env_mode == "disabled":
+        return "disabled"
+    if req == "online":
+        if env_mode in ("offline", "dryrun"):
+            return "offline"
+        if env.get("WANDB_API_KEY"):
+            return "online"
+        log.warning("W&B online mode requested but WANDB_API_KEY is not set; logging offline")
+        return "offline"
+    if req not in ("offline", "dryrun"):
+        raise ValueError(f"W&B mode must be 'offline', 'online' or 'disabled', not {requested!r}")
+    return "offline"
+
+
+def _json_scalar(v: Any) -> Any:
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating,)):
+        return None if np.isnan(v) else float(v)
+    if isinstance(v, (np.bool_,)):
+        return bool(v)
+    return v
+
+
+class WandbResultsLogger:
+    """One W&B run per sweep (``job_type="sweep-summary"``) holding the sweep's results.
+
+    ``log_summary`` logs: the public results table and the peak-checkpoint table (``wandb.Table``), the
+    figures (``wandb.Image``), ROC charts of the top peak checkpoints, AUC-over-epochs and
+    detectable-share histories against ``epoch``, outcome counts and rates in the summary, and the public
+    results parquet as an artifact.
+    """
+
+    def __init__(self, project: str, group: str | None = None, *, entity: str | None = None,
+                 name: str | None = None, mode: str = "offline", job_type: str = "sweep-summary",
+                 tags: Iterable[str] = (), max_roc_curves: int = 20, teardown_on_finish: bool = True) -> None:
+        self.project = project
+        self.group = group
+        self.entity = entity
+        self.name = name
+        self.mode = resolve_wandb_mode(mode)
+        self.job_type = job_type
+        self.tags = tuple(str(t) for t in tags)
+        self.max_roc_curves = int(max_roc_curves)
+        self.teardown_on_finish = bool(teardown_on_finish)
+        self._run = None
+        self.logged_keys: set[str] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    @property
+    def run(self):
+        return self._run
+
+    def _start(self, run_dir: Path, config: Mapping[str, Any]):
+        import wandb  # lazy: only a sweep that logs to W&B loads it
+
+        settings = wandb.Settings(console="off", save_code=False, disable_git=True, x_disable_stats=True,
+                                  silent=True)
+        self._run = wandb.init(project=self.project, entity=self.entity, group=self.group, name=self.name,
+                               job_type=self.job_type, tags=list(self.tags), dir=str(run_dir),
+                               mode=self.mode, config=dict(config), settings=settings, reinit="create_new")
+        return self._run
+
+    def finish(self) -> None:
+        """Finish the summary run. With ``teardown_on_finish`` (default) also shut the wandb service down:
+        ``run.finish()`` can return before the service has flushed the offline transaction log
+        (``run-*.wandb``), and only the service's exit guarantees the file is complete on disk. Pass
+        ``teardown_on_finish=False`` when other W&B runs in this process are still active."""
+        if self._run is not None:
+            import wandb
+
+            self._run.finish()
+            self._run = None
+            if self.teardown_on_finish:
+                wandb.teardown()
+
+    def __enter__(self) -> "WandbResultsLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.finish()
+
+    # -- logging -----------------------------------------------------------------------------------
+
+    def _config(self, run_dir: Path, public: pd.DataFrame) -> dict[str, Any]:
+        cfg: dict[str, Any] = {"run_dir_name": run_dir.name, "n_checkpoints": int(len(public))}
+        for col in ("task", "model", "regime", "label_mode", "lr", "q", "seed", "config_hash", "git_commit"):
+            if col in public.columns:
+                vals = sorted({_json_scalar(v) for v in public[col].dropna().unique()}, key=str)
+                cfg[f"{col}_values"] = vals
+        prov = R.load_provenance(run_dir)
+        if prov:
+            cfg["provenance"] = prov
+        return cfg
+
+    def log_summary(self, run_dir: str | Path, results_df: pd.DataFrame,
+                    figures: Mapping[str, str | Path | None] | None = None) -> None:
+        import wandb
+
+        run_dir = Path(run_dir)
+        public = R.public_results(results_df)
+        run = self._run or self._start(run_dir, self._config(run_dir, public))
+        if run is None or self.mode == "disabled":
+            return
+        peaks = R.peak_checkpoints(public, regime=None)
+        peak_table = R.task_lr_q_table(public, regime=None)
+
+        # per-epoch histories: AUC per configuration, detectable share per Q (main regime if present)
+        run.define_metric(EPOCH_KEY)
+        run.define_metric(f"{AUC_PREFIX}/*", step_metric=EPOCH_KEY)
+        run.define_metric(f"{SHARE_PREFIX}/*", step_metric=EPOCH_KEY)
+        hist = auc_history(public)
+        main = R.MAIN_REGIME if "regime" in public.columns and (public["regime"] == R.MAIN_REGIME).any() else None
+        share = R.detectable_share_by_epoch(public, regime=main)
+        for epoch in sorted(set(hist.index.tolist()) | set(share["epoch"].tolist())):
+            row: dict[str, Any] = {EPOCH_KEY: int(epoch)}
+            if epoch in hist.index:
+                row.update({k: float(v) for k, v in hist.loc[epoch].items() if pd.notna(v)})
+            for r in share[share["epoch"] == epoch].itertuples(index=False):
+                if pd.notna(r.share):
+                    row[share_key(r.q)] = float(r.share)
+            run.log(row)
+            self.logged_keys.update(row)
+
+        payload: dict[str, Any] = {}
+        if len(public) <= _MAX_TABLE_ROWS:
+            payload[RESULTS_TABLE_KEY] = wandb.Table(dataframe=_table_frame(public))
+        else:
+            log.warning("results table has %d rows (> %d): logging the peak table only; the artifact holds "
+                        "every row", len(public), _MAX_TABLE_ROWS)
+        payload[PEAK_TABLE_KEY] = wandb.Table(dataframe=_table_frame(peak_table))
+        for fname, path in (figures or {}).items():
+            if path is not None and Path(path).is_file():
+                payload[f"{FIGURE_PREFIX}/{_safe(fname)}"] = wandb.Image(str(path), caption=str(fname))
+        for r in roc_selection(run_dir, public, self.max_roc_curves).itertuples(index=False):
+            roc = R.load_roc(run_dir, r.run_id, int(r.epoch))
+            if roc is None or roc.empty:
+                continue
+            title = f"ROC {r.task} lr={float(r.lr):g} Q={r.q} epoch {int(r.epoch)} (AUC {float(r.auc):.3f})"
+            table = wandb.Table(dataframe=roc.astype(float).sort_values(["fpr", "tpr"]))
+            payload[roc_key(r.run_id, r.epoch)] = wandb.plot.line(table, "fpr", "tpr", title=title)
+        run.log(payload)
+        self.logged_keys.update(payload)
+
+        summary: dict[str, Any] = {"n_runs": int(len(peaks)), "n_checkpoints": int(len(public))}
+        counts = peaks["outcome"].value_counts()
+        for o in R._outcome_order(peaks["outcome"]):
+            summary[f"outcome_counts/{o}"] = int(counts.get(o, 0))
+        for regime in sorted(peaks["regime"].unique()) if "regime" in peaks.columns else [None]:
+            for q, rates in R.outcome_rates_per_q(public, regime=regime).iterrows():
+                for o, v in rates.drop("n_runs").items():
+                    key = f"outcome_rate/{regime}/q={q}/{o}" if regime else f"outcome_rate/q={q}/{o}"
+                    summary[key] = float(v)
+        if not peaks.empty:
+            summary["max_peak_auc"] = float(peaks["peak_auc"].max())
+        for k, v in summary.items():
+            run.summary[k] = v
+        self.logged_keys.update(summary)
+
+        run.log_artifact(self._artifact(run_dir, public, peak_table))
+
+    def _artifact(self, run_dir: Path, public: pd.DataFrame, peak_table: pd.DataFrame):
+        import wandb
+
+        export = run_dir / "wandb" / "export"
+        export.mkdir(parents=True, exist_ok=True)
+        files = {"results.parquet": public, "peak_checkpoints.parquet": peak_table}
+        split = R.load_split_report(run_dir)
+        if split is not None:
+            files["split_report.parquet"] = split
+        manip = R.load_manipulation_auc(run_dir)
+        if manip is not None:
+            files["manipulation_auc.parquet"] = manip
+        name = _safe(f"iclmem-results-{self.group or run_dir.name}").replace("=", "-")
+        art = wandb.Artifact(name=name, type="iclmem-results",
+                             description="IclMem results (public columns only: ids, config, metrics)",
+                             metadata={"n_checkpoints": int(len(public))})
+        for fname, df in files.items():
+            path = export / fname
+            df.to_parquet(path, index=False)
+            art.add_file(str(path), name=fname, policy="immutable", skip_cache=True)
+        return art
+
+
+def _table_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """wandb.Table-friendly copy: plain Python scalars, NaN kept as None."""
+    out = df.copy()
+    for c in out.columns:
+        if out[c].dtype == object:
+            out[c] = out[c].map(lambda v: None if v is None or (isinstance(v, float) and np.isnan(v)) else str(v))
+    return out.reset_index(drop=True)
+
+
+def make_results_logger(kind: str | None = None, **kwargs: Any) -> ResultsLogger:
+    """``None``/``"none"`` -> :class:`NullResultsLogger`; ``"wandb"`` -> :class:`WandbResultsLogger`."""
+    if kind in (None, "", "none", "null"):
+        return NullResultsLogger()
+    if kind == "wandb":
+        return WandbResultsLogger(**kwargs)
+    raise ValueError(f"unknown results logger {kind!r}: use 'none' or 'wandb'")
+
+
+# --------------------------------------------------------------------------------------------------
+# W&B Report
+# --------------------------------------------------------------------------------------------------
+
+
+def build_wandb_report(
+    entity: str, project: str, group: str, results_df: pd.DataFrame | None = None, *,
+    run_dir: str | Path | None = None, roc_keys: Iterable[str] | None = None,
+    auc_keys: Mapping[str, Iterable[str]] | None = None, title: str = "IclMem memorization audit",
+    description: str = "", max_roc_panels: int = 8, publish: bool = False,
+):
+    """Construct a W&B Report (``wandb_workspaces.reports.v2``) over the sweep-summary run of ``group``.
+
+    Blocks: an outcome section (peak-checkpoint table panel, outcome-count bar plot), a ROC section
+    (one custom line chart per ROC table the logger wrote) and an AUC-over-epochs section (one line plot
+    per task, x = ``epoch``). Keys come from ``roc_keys`` / ``auc_keys`` ({panel title: keys}) or are
+    derived from ``results_df`` (and ``run_dir`` for the ROC files) with the logger's own key functions.
+    Nothing touches the network unless ``publish`` is true, which calls ``report.save()``.
+    """
+    if any(c in str(group) for c in "'\"\\"):
+        raise ValueError(f"W&B group name {group!r} must not contain quotes or backslashes")
+    import wandb_workspaces.reports.v2 as wr
+    from wandb_workspaces import expr
+
+    if results_df is not None:
+        public = R.public_results(results_df)
+        if roc_keys is None and run_dir is not None:
+            sel = roc_selection(run_dir, public, max_roc_panels)
+            roc_keys = [roc_key(r.run_id, r.epoch) for r in sel.itertuples(index=False)]
+        if auc_keys is None:
+            hist = auc_history(public)
+            by_task: dict[str, list[str]] = {}
+            for task in sorted(public["task"].unique()):
+                prefix = f"{AUC_PREFIX}/{_safe(task)}/"
+                by_task[str(task)] = [k for k in hist.columns if k.startswith(prefix)]
+            auc_keys = by_task
+        outcomes = R._outcome_order(public["outcome"])
+        qs = sorted(int(q) for q in public["q"].unique()) if "q" in public.columns else []
+    else:
+        outcomes, qs = list(R.OUTCOMES), []
+    roc_keys = list(roc_keys or [])[:max_roc_panels]
+    auc_keys = {str(k): list(v) for k, v in (auc_keys or {}).items()}
+
+    def runset() -> Any:
+        return wr.Runset(entity=entity, project=project, name=f"group {group}",
+                         filters=expr.And(expr.Metric("Group") == group))
+
+    intro = description or (
+        f"Sweep group `{group}`. Each run's headline is its peak checkpoint (highest calibrated AUC over "
+        "epochs and score kinds). Outcomes: collapse, memorization, inversion, overfitting, no_signal.")
+    outcome_panels: list[Any] = [
+        wr.WeavePanelSummaryTable(table_name=PEAK_TABLE_KEY, layout=wr.Layout(x=0, y=0, w=24, h=12)),
+        wr.BarPlot(title="Outcome counts at peak", metrics=[f"outcome_counts/{o}" for o in outcomes],
+                   layout=wr.Layout(x=0, y=12, w=12, h=8)),
+    ]
+    if qs:
+        outcome_panels.append(wr.LinePlot(title="Detectable share by epoch", x=EPOCH_KEY,
+                                          y=[share_key(q) for q in qs], title_x="epoch", title_y="share",
+                                          log_x=False, layout=wr.Layout(x=12, y=12, w=12, h=8)))
+    roc_panels = [
+        wr.CustomChart(query={"summaryTable": {"tableKey": f"{k}_table"}}, chart_name="wandb/line/v0",
+                       chart_fields={"x": "fpr", "y": "tpr"}, chart_strings={"title": k},
+                       layout=wr.Layout(x=(i % 2) * 12, y=(i // 2) * 8, w=12, h=8))
+        for i, k in enumerate(roc_keys)
+    ]
+    auc_panels = [
+        wr.LinePlot(title=f"AUC over epochs: {task}", x=EPOCH_KEY, y=keys, title_x="epoch",
+                    title_y="AUC(ΔS)", layout=wr.Layout(x=(i % 2) * 12, y=(i // 2) * 8, w=12, h=8))
+        for i, (task, keys) in enumerate(auc_keys.items()) if keys
+    ]
+    blocks: list[Any] = [wr.MarkdownBlock(text=intro), wr.H2(text="Outcomes"),
+                         wr.PanelGrid(runsets=[runset()], panels=outcome_panels)]
+    blocks += [wr.H2(text="ROC curves (log-log in the HTML report)")]
+    blocks += [wr.PanelGrid(runsets=[runset()], panels=roc_panels)] if roc_panels else \
+              [wr.P(text="No ROC tables were logged.")]
+    blocks += [wr.H2(text="AUC over epochs")]
+    blocks += [wr.PanelGrid(runsets=[runset()], panels=auc_panels)] if auc_panels else \
+              [wr.P(text="No AUC histories were logged.")]
+    report = wr.Report(project=project, entity=entity, title=title[:128],
+                       description=f"IclMem sweep {group}", blocks=blocks)
+    if publish:
+        publish_wandb_report(report)
+    return report
+
+
+def publish_wandb_report(report: Any) -> str:
+    """Save a report built by :func:`build_wandb_report` to W&B (needs network and credentials)."""
+    report.save()
+    return str(getattr(report, "url", ""))
