@@ -53,12 +53,15 @@ def check_storage(storage_path: str) -> None:
     if "://" in storage_path:
         return
     hosts = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
-    if len(hosts) > 1 and not os.environ.get("ICLMEM_SHARED_STORAGE"):
+    declared_shared = os.environ.get("ICLMEM_SHARED_STORAGE") or (
+        os.environ.get("ICLMEM_STORAGE") and storage_path.startswith(os.environ["ICLMEM_STORAGE"].rstrip("/")))
+    if len(hosts) > 1 and not declared_shared:
         raise ConfigError(
             f"storage_path {storage_path!r} is a local folder, but the cluster spans {len(hosts)} hosts: Tune "
             "writes checkpoints on the worker that produced them and restores trials on other nodes, so every "
             "node must see the same storage. Set storage_path to s3://..., gs://..., or an NFS mount present "
-            "on every node (and export ICLMEM_SHARED_STORAGE=1 to confirm a shared mount)."
+            "on every node (export ICLMEM_STORAGE=<shared root> as cluster.yaml does, or ICLMEM_SHARED_STORAGE=1 to "
+            "confirm that storage_path is a shared mount)."
         )
 
 
@@ -132,7 +135,7 @@ def _tuner(prepared: PreparedSweep, run_dir: Path, callbacks: list, restore: boo
     from trainables.trainable import finetune_trainable
 
     sweep = prepared.sweep
-    storage = sweep.storage_path or str((run_dir / "tune").resolve())
+    storage = storage_for(sweep, run_dir)
     check_storage(storage)
     res = sweep.resources
     trainable = tune.with_resources(
@@ -152,6 +155,16 @@ def _tuner(prepared: PreparedSweep, run_dir: Path, callbacks: list, restore: boo
     )
     tune_config = tune.TuneConfig(max_concurrent_trials=res.max_concurrent_trials)
     return tune.Tuner(trainable, param_space=_flat_space(configs), tune_config=tune_config, run_config=run_config)
+
+
+def storage_for(sweep: SweepConfig, run_dir: Path) -> str:
+    """The sweep's storage_path; else $ICLMEM_STORAGE/<sweep>-<config hash> (set on clusters); else RUN_DIR/tune."""
+    if sweep.storage_path:
+        return sweep.storage_path
+    shared = os.environ.get("ICLMEM_STORAGE")
+    if shared:
+        return f"{shared.rstrip('/')}/{sweep.name}-{sweep.config_hash()}"
+    return str((run_dir / "tune").resolve())
 
 
 def _flat_space(configs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -76,10 +76,9 @@ class ProbeWorker:
         with job.checkpoint.as_directory() as directory:  # downloads from remote storage if needed
             return load_checkpoint_model(directory)
 
-    def run(self, job: ProbeJob) -> dict[str, Any]:
-        existing = ProbeResult.load(job.out_dir, job.stem)
-        if existing is not None:
-            return existing.row
+    def run(self, job: ProbeJob) -> ProbeResult:
+        """Probe one checkpoint and return the whole result; the driver stores it on its own disk, so
+        results never depend on which node an actor ran on."""
         started = time.perf_counter()
         task = self.tasks[job.task_key]
         result = probe_checkpoint(
@@ -88,8 +87,7 @@ class ProbeWorker:
         )
         result.row["probe_seconds"] = round(time.perf_counter() - started, 3)
         result.row["probe_node"] = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-        result.save(job.out_dir, job.stem)
-        return result.row
+        return result
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -112,32 +110,42 @@ class ProbePool:
         self.pending: dict[Any, tuple[ProbeJob, int]] = {}
         self.done: list[dict[str, Any]] = []
         self.failed: list[tuple[ProbeJob, str]] = []
+        self._ready: list[dict[str, Any]] = []  # stored results found at submit time, reported by the next poll
 
     def submit(self, job: ProbeJob, attempt: int = 0) -> None:
+        """Queue a job unless its result is already stored (idempotent across retries and resumes)."""
+        if attempt == 0:
+            existing = ProbeResult.load(job.out_dir, job.stem)
+            if existing is not None:
+                self.done.append(existing.row)
+                self._ready.append(existing.row)
+                return
         actor = self.actors[self._next % len(self.actors)]
         self._next += 1
         self.pending[actor.run.remote(job)] = (job, attempt)
 
     def poll(self, timeout: float = 0.0, max_attempts: int = 3) -> list[dict[str, Any]]:
         """Collect finished jobs; retry failures (a dead actor is restarted by Ray) up to max_attempts."""
+        rows, self._ready = self._ready, []
         if not self.pending:
-            return []
+            return rows
         ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout)
-        rows = []
         for ref in ready:
             job, attempt = self.pending.pop(ref)
             try:
-                rows.append(ray.get(ref))
+                result = ray.get(ref)
+                result.save(job.out_dir, job.stem)  # atomic, on the driver's storage
+                self.done.append(result.row)
+                rows.append(result.row)
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.WorkerCrashedError) as exc:
                 if attempt + 1 < max_attempts:
                     self.submit(job, attempt + 1)
                 else:
                     self.failed.append((job, repr(exc)))
-        self.done.extend(rows)
         return rows
 
     def drain(self, poll_every: float = 0.5) -> list[dict[str, Any]]:
-        rows = []
+        rows = self.poll()
         while self.pending:
             rows.extend(self.poll(timeout=poll_every))
         return rows

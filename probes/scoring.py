@@ -139,8 +139,8 @@ def icl_predictions(model: Any, task: Any) -> tuple[np.ndarray, np.ndarray]:
     """
     model.module.eval()
     queries = ProbeQueries.from_task(task)
-    features = torch.from_numpy(np.asarray(task.features, dtype=np.float32))
-    labels = torch.from_numpy(np.asarray(task.labels, dtype=np.int64))
+    features = torch.from_numpy(np.array(task.features, dtype=np.float32))
+    labels = torch.from_numpy(np.array(task.labels, dtype=np.int64))
     ctx = torch.from_numpy(np.array(task.context_idx))
     log_probs = model.log_probs(
         features[ctx][None], labels[ctx][None], torch.from_numpy(queries.features)[None], queries.n_classes

@@ -8,7 +8,6 @@ the reference model is shared by every run instead.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,19 +16,17 @@ from ray import tune
 
 from trainables.finetune import FinetuneSpec, Finetuner
 
-FAULT_ENV = "ICLMEM_FAULT_ONCE_AT_EPOCH"  # test hook: raise once at this epoch, recorded in a marker file
-
-
 def _maybe_inject_fault(epoch: int, config: dict[str, Any]) -> None:
-    at = os.environ.get(FAULT_ENV)
-    marker_dir = config.get("_fault_marker_dir")
-    if not at or not marker_dir or int(at) != epoch:
+    """Test hook for fault-injection tests: raise once at ``_fault_once_at_epoch`` (a marker file in
+    ``_fault_marker_dir`` remembers it fired, so the retried trial runs through)."""
+    at, marker_dir = config.get("_fault_once_at_epoch"), config.get("_fault_marker_dir")
+    if at is None or marker_dir is None or int(at) != epoch:
         return
     marker = Path(marker_dir) / f"fault_{config['run_id']}"
     if marker.exists():
         return
     marker.write_text(str(epoch))
-    raise RuntimeError(f"injected fault at epoch {epoch} (test hook {FAULT_ENV})")
+    raise RuntimeError(f"injected fault at epoch {epoch}")
 
 
 def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None = None) -> None:
