@@ -91,33 +91,54 @@ class Progress:
             self._last_line, self._last_time = line, now
 
 
-def _make_callback(pool: Any, prepared: PreparedSweep, probes_dir: Path, progress: Progress):
+class ProbeOnCheckpoint:
+    """Tune callback that hands each checkpoint to the probe pool the moment Tune has written it.
+
+    Tune pickles its callbacks into the experiment state; the pool (live actor handles) is left out of
+    that state and re-attached by ``iclmem resume``, since handles of a dead driver cannot be restored.
+    """
+
+    def __init__(self, pool: Any, probes_dir: Path, progress: Progress) -> None:
+        self.attach(pool, probes_dir, progress)
+
+    def attach(self, pool: Any, probes_dir: Path, progress: Progress) -> None:
+        self.pool, self.probes_dir, self.progress = pool, probes_dir, progress
+        self.submitted: set[tuple[str, str]] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"probes_dir": self.probes_dir}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.pool, self.progress, self.probes_dir, self.submitted = None, None, state["probes_dir"], set()
+
+    # Tune's Callback interface (duck-typed so this class stays importable without a Tune subclass).
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        if self.pool is None:
+            return
+        epoch = int((trial.last_result or {}).get("epoch", -1))
+        job = job_for(_unwrap(trial.config), epoch, checkpoint, self.probes_dir)
+        if (job.out_dir, job.stem) not in self.submitted:
+            self.submitted.add((job.out_dir, job.stem))
+            self.pool.submit(job)
+
+    def on_step_end(self, iteration, trials, **info):
+        if self.pool is None:
+            return
+        for row in self.pool.poll():
+            self.progress.outcome(row)
+        self.progress.running = sum(t.status == "RUNNING" for t in trials)
+        self.progress.done = sum(t.status == "TERMINATED" for t in trials)
+        self.progress.failed = sum(t.status == "ERROR" for t in trials)
+        self.progress.show()
+
+
+def _tune_callback(pool: Any, probes_dir: Path, progress: Progress):
     from ray.tune import Callback
 
-    from probes.actors import ProbeJob
+    class _ProbeOnCheckpoint(ProbeOnCheckpoint, Callback):
+        pass
 
-    class ProbeOnCheckpoint(Callback):
-        """Hands each checkpoint to the probe pool the moment Tune has written it."""
-
-        def __init__(self) -> None:
-            self.submitted: set[str] = set()
-
-        def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
-            epoch = int((trial.last_result or {}).get("epoch", -1))
-            job = job_for(_unwrap(trial.config), epoch, checkpoint, probes_dir)
-            if job.stem not in self.submitted:
-                self.submitted.add(job.stem)
-                pool.submit(job)
-
-        def on_step_end(self, iteration, trials, **info):
-            for row in pool.poll():
-                progress.outcome(row)
-            progress.running = sum(t.status == "RUNNING" for t in trials)
-            progress.done = sum(t.status == "TERMINATED" for t in trials)
-            progress.failed = sum(t.status == "ERROR" for t in trials)
-            progress.show()
-
-    return ProbeOnCheckpoint()
+    return _ProbeOnCheckpoint(pool, probes_dir, progress)
 
 
 def job_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Path):
@@ -155,6 +176,18 @@ def _tuner(prepared: PreparedSweep, run_dir: Path, callbacks: list, restore: boo
     )
     tune_config = tune.TuneConfig(max_concurrent_trials=res.max_concurrent_trials)
     return tune.Tuner(trainable, param_space=_flat_space(configs), tune_config=tune_config, run_config=run_config)
+
+
+def reattach(tuner: Any, pool: Any, probes_dir: Path, progress: Progress) -> None:
+    """Give the restored probe callback the new driver's pool. Tune offers no public hook for this;
+    if its internals move, probing still completes in the catch-up pass after ``fit``."""
+    try:
+        callbacks = tuner._local_tuner.get_run_config().callbacks or []
+    except AttributeError:
+        return
+    for callback in callbacks:
+        if isinstance(callback, ProbeOnCheckpoint):
+            callback.attach(pool, probes_dir, progress)
 
 
 def storage_for(sweep: SweepConfig, run_dir: Path) -> str:
@@ -228,8 +261,10 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
             from probes.actors import ProbeJob
 
             pool.submit(ProbeJob(identity, 0, None, key, str(probes_dir / identity["run_id"]), "e0000"))
-        callbacks = [_make_callback(pool, prepared, probes_dir, prog)] + wandb_callbacks(sweep, run_dir)
+        callbacks = [_tune_callback(pool, probes_dir, prog)] + wandb_callbacks(sweep, run_dir)
         tuner = _tuner(prepared, run_dir, callbacks, restore=resume)
+        if resume:
+            reattach(tuner, pool, probes_dir, prog)
         grid = tuner.fit()
         # Catch-up: every checkpoint on storage gets a result (already-probed ones return at once).
         for result in grid:

@@ -19,6 +19,7 @@ import torch
 
 from trainables.errors import CheckpointError, ModelError
 from trainables.registry import Registry
+from trainables.models.extras import extra_status  # noqa: F401  (re-exported for `iclmem models`)
 
 
 class ModelAdapter(abc.ABC):

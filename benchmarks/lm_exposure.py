@@ -1,0 +1,132 @@
+"""Entities per second of batched exposure vs one entity per forward pass (same model, same entities).
+
+    python3 benchmarks/lm_exposure.py [--entities 512] [--batch-size 64] [--threads 1]
+
+The model is a GPT-2 of the given size with random weights and a byte-level BPE tokenizer trained on
+the synthetic corpus (probes/lm/synthetic.py): exposure cost does not depend on what the weights know.
+Both runs go through ``compute_exposure`` (tokenization included); only ``batch_size`` differs. The
+results must agree (checked), so the comparison is like for like. Target: >= 10x on CPU.
+
+The section is appended to benchmarks/RESULTS.md when that file exists, else written to
+benchmarks/RESULTS_lm.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def build(n_layer: int, n_embd: int, n_head: int, vocab: int, seed: int = 0):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from probes.lm.model import LanguageModel
+    from probes.lm.synthetic import build_tokenizer, corpus_sentences, make_world
+
+    world = make_world(seed)
+    tok = build_tokenizer([s.text for s in corpus_sentences(world, seed=seed + 1)], vocab)
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=256, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+                     bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    model = GPT2LMHeadModel(cfg).eval()
+    return LanguageModel(model, tok, name=f"gpt2-{n_layer}x{n_embd}", max_length=256), world
+
+
+def entities(world, n: int, seed: int = 0) -> list[str]:
+    import numpy as np
+
+    from probes.lm.synthetic import random_strings
+
+    pool = [e for es in world.planted.values() for e in es] + [e for es in world.held_out.values() for e in es]
+    pool += list(world.recombined) + list(world.random)
+    rng = np.random.default_rng(seed)
+    pool += [" ".join(random_strings(rng, int(rng.integers(1, 4)), int(rng.integers(4, 10)))) for _ in range(n)]
+    return pool[:n]
+
+
+def timed(fn, repeat: int) -> tuple[float, object]:
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def measure(lm, ents: list[str], batch_size: int, repeat: int) -> dict:
+    import numpy as np
+
+    from probes.lm.exposure import compute_exposure
+
+    compute_exposure(lm, ents[:8], batch_size=8)  # warm-up
+    t_batch, a = timed(lambda: compute_exposure(lm, ents, batch_size=batch_size), repeat)
+    t_one, b = timed(lambda: compute_exposure(lm, ents, batch_size=1), repeat)
+    cols = ["word_exposure", "log_perplexity"]
+    np.testing.assert_allclose(a[cols].to_numpy(), b[cols].to_numpy(), rtol=1e-3, atol=1e-8)
+    return {"model": lm.name, "tokens": int(a["n_tokens"].sum()), "batched": len(ents) / t_batch,
+            "one": len(ents) / t_one, "ratio": t_one / t_batch}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--entities", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: the CPU is shared)")
+    p.add_argument("--sizes", default="2x64,2x32,4x128",
+                   help="GPT-2 sizes as LAYERSxDIMS, comma-separated; the first is the headline "
+                        "(2x64 is the tests' model)")
+    p.add_argument("--vocab", type=int, default=1000)
+    p.add_argument("--repeat", type=int, default=3, help="best of N timings per mode")
+    p.add_argument("--no-write", action="store_true", help="print only")
+    args = p.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    rows = []
+    for size in args.sizes.split(","):
+        layers, embd = (int(x) for x in size.lower().split("x"))
+        lm, world = build(layers, embd, max(1, embd // 32), args.vocab)
+        ents = entities(world, args.entities)
+        r = measure(lm, ents, args.batch_size, args.repeat)
+        rows.append(r)
+        print(f"{r['model']}: batched (batch {args.batch_size}) {r['batched']:,.0f} entities/s, "
+              f"one per forward {r['one']:,.0f} entities/s, speed-up {r['ratio']:.1f}x")
+    head = rows[0]
+    verdict = "met" if head["ratio"] >= 10 else "NOT met"
+    print(f"speed-up ({head['model']}): {head['ratio']:.1f}x - target >= 10x {verdict}")
+
+    if not args.no_write:
+        results = ROOT / "benchmarks" / "RESULTS.md"
+        target = results if results.is_file() else ROOT / "benchmarks" / "RESULTS_lm.md"
+        table = "".join(f"| {r['model']} | {r['batched']:,.0f} | {r['one']:,.0f} | {r['ratio']:.1f}x |\n" for r in rows)
+        section = (
+            f"\n## LM exposure: batched vs one entity per forward pass\n\n"
+            f"`python3 benchmarks/lm_exposure.py` ({time.strftime('%Y-%m-%d')}, {platform.machine()}, "
+            f"torch {torch.__version__}, {args.threads} thread(s) on a 2-core CPU shared with other jobs). "
+            f"GPT-2 with random weights, BPE vocab {len(lm.tokenizer)}; {args.entities} entities "
+            f"({head['tokens']} tokens), both modes through `compute_exposure` (tokenization included), "
+            f"identical exposures; best of {args.repeat}.\n\n"
+            f"| model (layers x dims) | batched {args.batch_size} (entities/s) | one per forward (entities/s) "
+            f"| speed-up |\n| --- | ---: | ---: | ---: |\n{table}\n"
+            f"Headline ({head['model']}, the tests' model size): **{head['ratio']:.1f}x**; target >= 10x {verdict}.\n"
+        )
+        if target == results:
+            with target.open("a", encoding="utf-8") as fh:
+                fh.write(section)
+        else:
+            target.write_text("# LM probe benchmarks\n" + section, encoding="utf-8")
+        print(f"wrote {target.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""The shipped sweep files validate, expand to the paper's grids, and `iclmem validate` reports every mistake."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.config import expand_grid, load_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+# lm_*.yaml belong to the language-model probe module and have their own schema.
+SWEEP_FILES = sorted(p for p in CONFIGS.glob("*.yaml") if not p.name.startswith("lm_"))
+
+PAPER_TASKS = ["beer_ratings", "buy_buy_baby", "babies_r_us", "bikedekho", "bikewale", "chocolate_bar_ratings",
+               "clear_corpus", "anime_planet", "cardekho", "coffee_ratings"]
+PAPER_LRS = [1e-1, 1e-2, 1e-3, 1e-4]
+PAPER_QS = [50, 512]
+LABEL_MODES = ["normal", "shuffled_members", "shuffled_all"]
+CHECKPOINTS = [1, 2, 5, 10, 25, 50, 100, 250, 500]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_expected_files_exist():
+    names = {p.name for p in SWEEP_FILES}
+    assert {"base.yaml", "paper.yaml", "realistic.yaml", "quickstart.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.name)
+def test_every_sweep_file_validates(path):
+    sweep = load_sweep(path)
+    assert expand_grid(sweep)
+
+
+def test_paper_grid():
+    sweep = load_sweep(CONFIGS / "paper.yaml")
+    assert [t.name for t in sweep.tasks] == PAPER_TASKS
+    g = sweep.grid
+    assert g.regime == ["single_fixed"]
+    assert g.lr == PAPER_LRS and g.q == PAPER_QS and g.label_mode == LABEL_MODES
+    assert sweep.training.epochs == 500 and sweep.training.checkpoint_epochs == CHECKPOINTS
+    assert sweep.probe.suite == "default"
+    # fractional GPUs: several trials and probe actors share one GPU
+    assert 0 < sweep.resources.gpus_per_trial < 1 and 0 < sweep.resources.gpus_per_probe_actor < 1
+    expected = len(PAPER_TASKS) * len(PAPER_LRS) * len(PAPER_QS) * len(LABEL_MODES) * len(g.seed)
+    assert expected == 240
+    trials = expand_grid(sweep)
+    assert len(trials) == expected
+    assert len({t.run_id for t in trials}) == expected
+
+
+def test_paper_tasks_read_carte_relative_to_the_sweep_file():
+    sweep = load_sweep(CONFIGS / "paper.yaml")
+    assert {t.carte for t in sweep.tasks} == {str((CONFIGS / "../data/carte").resolve())}
+    raw = yaml.safe_load((CONFIGS / "base.yaml").read_text())
+    assert all(not Path(t["carte"]).is_absolute() and "shared" not in t["carte"] for t in raw["tasks"])
+
+
+def test_realistic_regimes():
+    sweep = load_sweep(CONFIGS / "realistic.yaml")
+    assert sweep.grid.regime == ["single_fixed", "multi_fixed", "multi_random"]
+    assert sweep.grid.q == [512]
+    trials = expand_grid(sweep)
+    per_regime = {r: sum(t.regime == r for t in trials) for r in sweep.grid.regime}
+    combos = len(sweep.grid.lr) * len(sweep.grid.label_mode) * len(sweep.grid.seed)
+    assert per_regime == {"single_fixed": 10 * combos, "multi_fixed": combos, "multi_random": 10 * combos}
+    assert all("+" in t.task for t in trials if t.regime == "multi_fixed")
+
+
+def test_paper_and_realistic_share_the_base():
+    paper, realistic = load_sweep(CONFIGS / "paper.yaml"), load_sweep(CONFIGS / "realistic.yaml")
+    for part in ("tasks", "models", "training", "data", "probe", "resources", "wandb"):
+        assert getattr(paper, part) == getattr(realistic, part), part
+    assert paper.name != realistic.name
+
+
+def test_no_secrets_or_storage_in_sweep_files():
+    for path in SWEEP_FILES:
+        text = path.read_text()
+        assert "WANDB_API_KEY=" not in text and "RAY_AUTH_TOKEN=" not in text
+        assert yaml.safe_load(text).get("storage_path") is None, path.name
+
+
+def test_validate_cli_accepts_paper(capsys):
+    from orchestrator.cli import main
+
+    assert main(["validate", str(CONFIGS / "paper.yaml")]) == 0
+    assert "240 fine-tuning runs" in capsys.readouterr().out
+
+
+def test_validate_reports_three_mistakes_at_once(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(
+        "include: " + str(CONFIGS / "paper.yaml") + "\n"
+        "name: broken\n"
+        "grid:\n"
+        "  lr: [fast, 1.0e-3]\n"      # not a number
+        "training:\n"
+        "  epochs: 0\n"               # must be >= 1
+        "probes:\n"                   # unknown key (the setting is `probe`)
+        "  suite: default\n"
+    )
+    proc = _cli("validate", str(broken))
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "3 problem(s)" in err
+    assert "grid.lr.0:" in err
+    assert "training.epochs:" in err
+    assert "probes: unknown setting" in err
+
+
+def test_documented_cluster_overlays_validate(tmp_path):
+    """docs/CLUSTER.md writes an overlay from $ICLMEM_STORAGE on the head; it must be a valid sweep."""
+    import re
+    import shutil
+
+    text = (ROOT / "docs" / "CLUSTER.md").read_text()
+    overlays = re.findall(r"cat > configs/_cluster\.yaml <<EOF\n(.*?)\nEOF", text, re.S)
+    assert len(overlays) >= 2
+    configs = tmp_path / "configs"
+    shutil.copytree(CONFIGS, configs)
+    for i, body in enumerate(overlays):
+        path = configs / f"_cluster{i}.yaml"
+        path.write_text(body.replace("$ICLMEM_STORAGE", "s3://bucket/iclmem") + "\n")
+        sweep = load_sweep(path)
+        assert sweep.name == "paper" and sweep.storage_path == "s3://bucket/iclmem/paper"
+        assert len(expand_grid(sweep)) == 240
+        if sweep.resources.probe_resources:
+            assert sweep.resources.probe_resources == {"iclmem_head": 1}
+            assert sweep.resources.gpus_per_probe_actor == 0
+            assert sweep.resources.gpus_per_trial == 0.25  # merged, not replaced

@@ -1,0 +1,112 @@
+"""Faults survived on real Ray Tune: a crashed trial resumes bit-exactly; a killed driver resumes its sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from trainables.data import TaskSource, prepare_task
+from trainables.models import read_weights
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _trial(task, run_id: str, **extra):
+    return {
+        "run_id": run_id, "task_keys": [task.fingerprint], "identity": {"run_id": run_id},
+        "finetune": {"model": "pfn-mini", "model_options": {"weights": "shipped"}, "regime": "single_fixed",
+                     "lr": 1e-3, "epochs": 6, "checkpoint_epochs": [], "every_epoch": True, "seed": 7},
+        **extra,
+    }
+
+
+def _final_weights(result) -> dict[str, torch.Tensor]:
+    with result.checkpoint.as_directory() as directory:
+        return read_weights(Path(directory) / "model.safetensors")
+
+
+def test_a_trial_that_crashes_resumes_from_its_last_checkpoint_bit_exactly(ray_session, tmp_path):
+    from ray import tune
+
+    from trainables.trainable import finetune_trainable
+
+    task = prepare_task(TaskSource("iris", "builtin"), seed=0, q=30, context_size=60)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    configs = [
+        _trial(task, "faulty", _fault_once_at_epoch=4, _fault_marker_dir=str(markers)),
+        _trial(task, "clean"),
+    ]
+    tuner = tune.Tuner(
+        tune.with_parameters(finetune_trainable, prepared={task.fingerprint: task}),
+        param_space={"__trial__": tune.grid_search(configs)},
+        run_config=tune.RunConfig(name="faults", storage_path=str(tmp_path / "tune"), verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=1)),
+    )
+    grid = tuner.fit()
+    assert not grid.errors
+    by_id = {r.config["__trial__"]["run_id"]: r for r in grid}
+    assert (markers / "fault_faulty").read_text() == "4"  # the fault really fired
+    faulty, clean = by_id["faulty"], by_id["clean"]
+    assert faulty.metrics["epoch"] == clean.metrics["epoch"] == 6
+    # The retried trial restarted from its epoch-3 checkpoint, not from scratch: no epoch reported twice.
+    reported = (Path(faulty.path) / "result.json").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in reported if line.strip()] == [1, 2, 3, 4, 5, 6]
+    for key, value in _final_weights(clean).items():
+        assert torch.equal(value, _final_weights(faulty)[key]), key
+
+
+def _cli(*args: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0", "WANDB_MODE": "offline"}
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, tmp_path):
+    """The driver joins the session's Ray, is SIGKILLed after the first trial finished, and
+    ``iclmem resume`` completes the sweep; the finished trial reported each epoch exactly once."""
+    address = ray_session.get_runtime_context().gcs_address
+    config = tmp_path / "sweep.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "killme",
+        "tasks": [{"name": "iris"}],
+        "grid": {"lr": [1e-3, 1e-2, 3e-3], "q": [30]},
+        "data": {"context_size": 60},
+        "training": {"epochs": 8, "checkpoint_epochs": [2, 8]},
+        "probe": {"bootstrap": 50, "suite": ["base", "position_first", "skew_true_x2"], "base_as_checkpoint": False},
+        "resources": {"max_concurrent_trials": 1, "cpus_per_probe_actor": 0.5},
+        "wandb": {"mode": "disabled"},
+    }))
+    run_dir = tmp_path / "run"
+    driver = _cli("run", str(config), "--out", str(run_dir), "--address", address, start_new_session=True)
+    deadline = time.monotonic() + 300
+    finished = None
+    while time.monotonic() < deadline and finished is None:
+        for result in (run_dir / "tune").rglob("result.json"):
+            lines = [json.loads(line) for line in result.read_text().splitlines() if line.strip()]
+            if lines and lines[-1].get("epoch") == 8:
+                finished = result
+        time.sleep(0.5)
+    assert finished is not None, driver.communicate(timeout=5)[0] if driver.poll() is not None else "no trial finished"
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait(timeout=30)
+
+    resumed = _cli("resume", str(run_dir), "--address", address)
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out
+    epochs = [json.loads(line)["epoch"] for line in finished.read_text().splitlines() if line.strip()]
+    assert epochs == list(range(1, 9))  # not one epoch re-run
+    import pandas as pd
+
+    results = pd.read_parquet(run_dir / "results.parquet")
+    assert results["run_id"].nunique() == 3
+    assert sorted(results.groupby("run_id")["epoch"].apply(list).map(sorted).map(tuple).unique()) == [(2, 8)]

@@ -1,0 +1,225 @@
+"""Adapter for TabICL (Qu et al.), through the installed ``tabicl`` package's own model class.
+
+* Weights: an official checkpoint file (``.ckpt`` with ``config`` + ``state_dict``, loaded with
+  ``weights_only=True``), a safetensors file written by this adapter, ``"random"`` (seeded init of the
+  real architecture, any constructor option), or ``"hub"``: the official checkpoint from the local
+  Hugging Face cache, downloaded only with ``allow_download=True``. A missing local file fails at once.
+* Scores: the raw module below ``TabICLClassifier`` -- no ensembling, feature shuffles or preprocessing
+  (iclmem fits preprocessing once per task). The forward composes the module's column embedder, row
+  interactor and ICL predictor exactly as ``TabICL._train_forward`` does, in float32 with autocast off
+  (TabICL's inference path autocasts to bf16 on CPU), and returns all ``max_classes`` logits so label
+  ``j`` is always output column ``j``: the wrapper's label encoder and its slicing to the classes
+  present in the context are bypassed, so duplicating or dropping context rows never moves a label.
+  The result equals ``TabICL.forward`` in eval mode with AMP off whenever every label is present.
+* Regression checkpoints (``max_classes == 0``) predict quantiles; ``candidate_log_probs`` turns them
+  into TabICL's own ``QuantileDistribution`` and scores candidate values (``candidates: native``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainables.errors import CheckpointError, ModelError
+from trainables.models.base import MODELS, ModelAdapter, read_weights
+from trainables.models.extras import (
+    check_candidates,
+    float32_compute,
+    hub_checkpoint,
+    local_checkpoint,
+    register_extra,
+    require_extra,
+    saved_options,
+    target_standardization,
+)
+
+NAME = "tabicl"
+EXTRA = "tabicl"
+HUB_REPO = "jingang/TabICL"
+DEFAULT_CHECKPOINTS = {
+    "classification": "tabicl-classifier-v2-20260212.ckpt",
+    "regression": "tabicl-regressor-v2-20260212.ckpt",
+}
+# TabICL has no architectural feature limit; this caps what a sweep may ask of it.
+DEFAULT_MAX_FEATURES = 500
+TASKS = ("classification", "regression")
+
+register_extra(NAME, EXTRA, ("tabicl",), ("tabicl",))
+
+
+class TabICLAdapter(ModelAdapter):
+    name = NAME
+
+    def __init__(self, module: torch.nn.Module, options: dict[str, Any] | None = None) -> None:
+        super().__init__(module, options)
+        self.task = "regression" if int(module.max_classes) == 0 else "classification"
+        self.max_classes = int(module.max_classes)
+        self.max_features = int(self.options.get("max_features", DEFAULT_MAX_FEATURES))
+        self.softmax_temperature = float(self.options.get("softmax_temperature", 1.0))
+
+    # -------------------------------------------------------------------------------- forward
+    def _forward(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
+        """[B, M, out_dim] raw outputs (class logits or quantiles), float32, autocast off."""
+        n_context = context_y.shape[1]
+        x = torch.cat([context_x, query_x], dim=1)
+        y = context_y.float()
+        m = self.module
+        with float32_compute(x.device):
+            # TabICL._train_forward, called per stage so the module's train/eval flag only toggles dropout
+            # (its eval path would route through the autocasting InferenceManager).
+            embeddings = m.col_embedder._train_forward(x, y, None, False)
+            representations = m.row_interactor._train_forward(embeddings, None)
+            out = m.icl_predictor._icl_predictions(representations, y)
+        return out[:, n_context:].float()
+
+    def log_probs(
+        self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor, n_classes: int
+    ) -> torch.Tensor:
+        self._require_classifier()
+        return super().log_probs(context_x, context_y, query_x, n_classes)
+
+    def _logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
+        self._require_classifier()
+        return self._forward(context_x, context_y, query_x) / self.softmax_temperature
+
+    def _require_classifier(self) -> None:
+        if self.task != "classification":
+            raise ModelError(
+                "this TabICL checkpoint is a regressor (max_classes=0): score target values with "
+                "candidate_log_probs (candidates: native), or load a classifier checkpoint for binned targets"
+            )
+
+    def label_ids(self, context_y: torch.Tensor) -> torch.Tensor:
+        """The class ids the network sees for ``context_y``: the labels themselves (one fixed mapping)."""
+        return context_y.long()
+
+    def candidate_log_probs(
+        self,
+        context_x: torch.Tensor,
+        context_y_values: torch.Tensor,
+        query_x: torch.Tensor,
+        candidate_values: torch.Tensor,
+        *,
+        target_loc: float | torch.Tensor | None = None,
+        target_scale: float | torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Log-density of each candidate target value, normalised over the candidates: [B, M, C].
+
+        ``context_y_values`` [B, N] are float targets; they (and the candidates) are standardised with
+        the context mean/std as ``TabICLRegressor`` does, unless ``target_loc``/``target_scale`` are given.
+        The density comes from TabICL's ``QuantileDistribution`` over the predicted quantiles.
+        """
+        if self.task != "regression":
+            raise ModelError("candidate_log_probs needs a TabICL regression checkpoint (max_classes=0)")
+        candidates = check_candidates(context_x, context_y_values, query_x, candidate_values)
+        if context_x.shape[-1] > self.max_features:
+            raise ModelError(f"model {self.name!r} takes at most {self.max_features} features, got {context_x.shape[-1]}")
+        loc, scale = target_standardization(context_y_values, target_loc, target_scale)
+        y = ((context_y_values.double() - loc[:, None]) / scale[:, None]).float()
+        z = ((candidates.double() - loc[:, None, None]) / scale[:, None, None]).float()
+        quantiles = self._forward(context_x.float(), y, query_x.float())  # [B, M, Q]
+        with float32_compute(quantiles.device):
+            log_density = self.module.quantile_dist(quantiles).log_prob(z)  # [B, M, C]
+        return torch.log_softmax(log_density.float(), dim=-1)
+
+
+# ------------------------------------------------------------------------------------------ loading
+def _full_config(tabicl_cls: type, config: dict[str, Any]) -> dict[str, Any]:
+    """Constructor arguments with the installed tabicl's defaults filled in (stored with saved weights)."""
+    params = inspect.signature(tabicl_cls.__init__).parameters
+    unknown = sorted(set(config) - set(params) - {"self"})
+    if unknown:
+        raise ModelError(f"unknown TabICL option(s) {unknown}; TabICL takes {sorted(set(params) - {'self'})}")
+    full = {k: p.default for k, p in params.items() if k != "self" and p.default is not inspect.Parameter.empty}
+    full.update(config)
+    return full
+
+
+def _read_checkpoint(path: Path) -> tuple[dict[str, Any] | None, dict[str, torch.Tensor]]:
+    """(architecture config or None, state dict) from an official .ckpt or an iclmem safetensors file."""
+    if path.suffix == ".safetensors":
+        options = saved_options(path, NAME)
+        return options.get("config"), read_weights(path)
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{path} is not a TabICL checkpoint readable with weights_only=True: {exc}") from exc
+    if not isinstance(checkpoint, dict) or "config" not in checkpoint or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{path} is not a TabICL checkpoint (expected a dict with 'config' and 'state_dict')")
+    return dict(checkpoint["config"]), checkpoint["state_dict"]
+
+
+@MODELS.decorator(NAME)
+def build_tabicl(
+    weights: str | None = "hub",
+    task: str | None = None,
+    checkpoint_version: str | None = None,
+    allow_download: bool = False,
+    seed: int = 0,
+    softmax_temperature: float = 1.0,
+    max_features: int = DEFAULT_MAX_FEATURES,
+    **config: Any,
+) -> TabICLAdapter:
+    """TabICL classifier or regressor.
+
+    ``weights``: a checkpoint path, ``"random"`` (seeded init; ``config`` = TabICL constructor options,
+    e.g. ``embed_dim=16, icl_num_blocks=1``), or ``"hub"`` (``checkpoint_version`` of
+    ``jingang/TabICL`` from the local HF cache; fetched only with ``allow_download=True``).
+    ``task`` defaults to what the checkpoint is (``max_classes == 0`` means regression).
+    ``softmax_temperature`` divides the logits (TabICLClassifier uses 0.9; default 1 = raw logits).
+    """
+    if task is not None and task not in TASKS:
+        raise ModelError(f"task must be one of {TASKS}, got {task!r}")
+    if softmax_temperature <= 0:
+        raise ModelError(f"softmax_temperature must be positive, got {softmax_temperature}")
+    weights = "random" if weights is None else str(weights)
+    path = None if weights in ("random", "hub") else local_checkpoint(weights)  # fail before any import
+    require_extra("tabicl", EXTRA)
+    from tabicl._model.tabicl import TabICL
+
+    if weights == "random":
+        cfg = dict(config)
+        if task == "regression":
+            cfg.setdefault("max_classes", 0)
+        cfg = _full_config(TabICL, cfg)
+        state = None
+    else:
+        if weights == "hub":
+            filename = checkpoint_version or DEFAULT_CHECKPOINTS[task or "classification"]
+            path = hub_checkpoint(HUB_REPO, filename, allow_download=allow_download)
+        assert path is not None
+        stored, state = _read_checkpoint(path)
+        if stored is None and not config:
+            raise CheckpointError(f"{path} carries no TabICL config; pass the architecture options it was built with")
+        cfg = _full_config(TabICL, stored if stored is not None else config)
+        clashes = {k: (v, cfg.get(k)) for k, v in config.items() if k in cfg and cfg[k] != v}
+        if clashes:
+            raise ModelError(f"options {clashes} (given, stored) disagree with the checkpoint {path}")
+    checkpoint_task = "regression" if int(cfg["max_classes"]) == 0 else "classification"
+    if task is not None and task != checkpoint_task:
+        raise ModelError(f"task={task!r} but the TabICL {'checkpoint' if state is not None else 'config'} is a "
+                         f"{checkpoint_task} model (max_classes={cfg['max_classes']})")
+
+    torch.manual_seed(seed)
+    module = TabICL(**cfg)
+    if state is not None:
+        try:
+            module.load_state_dict(state)
+        except RuntimeError as exc:
+            raise CheckpointError(f"{path} does not match the TabICL architecture: {exc}") from exc
+    module.eval()
+    options = {
+        "weights": weights,
+        "task": checkpoint_task,
+        "seed": seed,
+        "softmax_temperature": softmax_temperature,
+        "max_features": max_features,
+        "config": json.loads(json.dumps(cfg, default=str)),
+    }
+    if weights == "hub":
+        options["checkpoint_version"] = checkpoint_version or DEFAULT_CHECKPOINTS[checkpoint_task]
+    return TabICLAdapter(module, options)

@@ -1,0 +1,338 @@
+"""Adapter for TabPFN v2 (Hollmann et al., Nature 2025), through the installed ``tabpfn`` package.
+
+* Weights: an official v2 checkpoint file loaded by ``tabpfn.model_loading.load_model`` (the package's
+  own loader: architecture from the checkpoint config, key translation, criterion borders), a
+  safetensors file written by this adapter, ``"random"`` (seeded init of the real ``TabPFNV2``
+  architecture with any config option), or ``"hub"``: the default v2 checkpoint from TabPFN's model
+  cache or the local Hugging Face cache, downloaded (by tabpfn's own code) only with
+  ``allow_download=True``. A missing local file fails at once. tabpfn 9.x has no telemetry module; the
+  adapter still sets ``TABPFN_DISABLE_TELEMETRY=1`` (honoured by older releases) before importing it.
+* Scores: raw logits of the architecture below ``TabPFNClassifier`` -- no ensemble, preprocessing
+  pipeline, class permutation or temperature (``softmax_temperature`` option, default 1), so batching,
+  preprocessing and label order stay iclmem's. Computed in float32 with autocast off.
+* Labels: TabPFN v2 densifies class labels by rank among the labels present in the context. With
+  ``densify_labels=False`` (default) that step is skipped, so label ``j`` always enters the target
+  encoder as ``j`` and leaves as output column ``j``; when every label is present in the context the
+  two are identical, and when one is missing the others keep their index.
+* Caveat (architecture, not wrapper): the v2 encoder removes features that are constant over all rows
+  and standardises features on the context rows; a probe context of identical rows therefore carries
+  its information in the labels and the varying (distractor) columns only.
+* Regression checkpoints output a bar distribution; ``candidate_log_probs`` scores candidate values
+  with tabpfn's ``FullSupportBarDistribution`` (``candidates: native``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainables.errors import CheckpointError, ModelError
+from trainables.models.base import MODELS, ModelAdapter, read_weights
+from trainables.models.extras import (
+    check_candidates,
+    float32_compute,
+    local_checkpoint,
+    register_extra,
+    require_extra,
+    safetensors_metadata,
+    saved_options,
+    target_standardization,
+)
+
+NAME = "tabpfn-v2"
+EXTRA = "tabpfn"
+ARCHITECTURE = "tabpfn_v2"
+# TabPFN v2's documented limits (the architecture itself has no hard feature cap).
+DEFAULT_MAX_FEATURES = 500
+TASKS = ("classification", "regression")
+ESTIMATOR = {"classification": "classifier", "regression": "regressor"}
+
+register_extra(NAME, EXTRA, ("tabpfn",), ("tabpfn",))
+
+
+def _import_tabpfn() -> None:
+    os.environ.setdefault("TABPFN_DISABLE_TELEMETRY", "1")
+    require_extra("tabpfn", EXTRA)
+
+
+class TabPFNV2Adapter(ModelAdapter):
+    name = NAME
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        options: dict[str, Any] | None = None,
+        criterion: torch.nn.Module | None = None,
+    ) -> None:
+        super().__init__(module, options)
+        self.task = str(self.options.get("task", "classification"))
+        self.criterion = criterion  # FullSupportBarDistribution for regressors, not part of the weights
+        config = self.options.get("config", {})
+        self.max_classes = int(config.get("max_num_classes", 0)) if self.task == "classification" else 0
+        self.max_features = int(self.options.get("max_features", DEFAULT_MAX_FEATURES))
+        self.softmax_temperature = float(self.options.get("softmax_temperature", 1.0))
+        module.use_multiclass_target_encoding = bool(self.options.get("densify_labels", False)) and self.task == "classification"
+
+    # -------------------------------------------------------------------------------- forward
+    def _forward(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
+        """[B, M, n_out] raw decoder outputs, float32, autocast off."""
+        x = torch.cat([context_x, query_x], dim=1).transpose(0, 1)  # [N+M, B, F], TabPFN is rows-first
+        y = context_y.float().transpose(0, 1)  # [N, B]
+        with float32_compute(x.device):
+            out = self.module(x, y, only_return_standard_out=True)  # [M, B, n_out]
+        return out.transpose(0, 1).float()
+
+    def log_probs(
+        self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor, n_classes: int
+    ) -> torch.Tensor:
+        self._require_classifier()
+        return super().log_probs(context_x, context_y, query_x, n_classes)
+
+    def _logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
+        self._require_classifier()
+        return self._forward(context_x, context_y, query_x) / self.softmax_temperature
+
+    def _require_classifier(self) -> None:
+        if self.task != "classification":
+            raise ModelError(
+                "this TabPFN v2 model is a regressor: score target values with candidate_log_probs "
+                "(candidates: native), or load a classifier checkpoint for binned targets"
+            )
+
+    def label_ids(self, context_y: torch.Tensor) -> torch.Tensor:
+        """The class ids the network sees for ``context_y`` (the labels themselves unless densifying)."""
+        if not self.module.use_multiclass_target_encoding:
+            return context_y.long()
+        return torch.stack([torch.searchsorted(torch.unique(row), row) for row in context_y.long()])
+
+    def candidate_log_probs(
+        self,
+        context_x: torch.Tensor,
+        context_y_values: torch.Tensor,
+        query_x: torch.Tensor,
+        candidate_values: torch.Tensor,
+        *,
+        target_loc: float | torch.Tensor | None = None,
+        target_scale: float | torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Log-density of each candidate target value, normalised over the candidates: [B, M, C].
+
+        Targets and candidates are z-normalised with the context mean/std as ``TabPFNRegressor`` does
+        (unless ``target_loc``/``target_scale`` are given); the density is tabpfn's bar distribution.
+        """
+        if self.task != "regression" or self.criterion is None:
+            raise ModelError("candidate_log_probs needs a TabPFN v2 regression checkpoint")
+        candidates = check_candidates(context_x, context_y_values, query_x, candidate_values)
+        if context_x.shape[-1] > self.max_features:
+            raise ModelError(f"model {self.name!r} takes at most {self.max_features} features, got {context_x.shape[-1]}")
+        loc, scale = target_standardization(context_y_values, target_loc, target_scale)
+        y = ((context_y_values.double() - loc[:, None]) / scale[:, None]).float()
+        z = ((candidates.double() - loc[:, None, None]) / scale[:, None, None]).float()
+        logits = self._forward(context_x.float(), y, query_x.float())  # [B, M, buckets]
+        criterion = self.criterion.to(logits.device)
+        with float32_compute(logits.device):
+            # One call per candidate keeps memory at [B, M, buckets]; the criterion returns -log density.
+            log_density = torch.stack([-criterion(logits, z[..., c]) for c in range(z.shape[-1])], dim=-1)
+        return torch.log_softmax(log_density.float(), dim=-1)
+
+    # -------------------------------------------------------------------------------- weights
+    def metadata(self) -> dict[str, str]:
+        meta = super().metadata()
+        meta["architecture_name"] = ARCHITECTURE
+        if self.criterion is not None:
+            borders = self.criterion.borders.detach().cpu()
+            meta["regression_borders"] = json.dumps({"dtype": str(borders.dtype).removeprefix("torch."),
+                                                     "values": borders.tolist()})
+        return meta
+
+
+# ------------------------------------------------------------------------------------------ loading
+def _parse_config(config: dict[str, Any]) -> Any:
+    from tabpfn.architectures import tabpfn_v2
+
+    try:
+        parsed, _unused = tabpfn_v2.parse_config(config)
+    except Exception as exc:  # pydantic.ValidationError
+        raise ModelError(f"invalid TabPFN v2 config {config}: {exc}") from exc
+    return parsed
+
+
+def _config_dict(parsed: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return json.loads(json.dumps(dataclasses.asdict(parsed), default=str))
+
+
+def _random_borders(num_buckets: int) -> torch.Tensor:
+    """Borders for a randomly initialised regressor: equal-width buckets over [-4, 4] (z-scored targets)."""
+    return torch.linspace(-4.0, 4.0, num_buckets + 1)
+
+
+def _hub_path(task: str, allow_download: bool) -> Path:
+    """The default v2 checkpoint from TabPFN's cache or the local HF cache; tabpfn downloads it if allowed."""
+    from tabpfn.constants import ModelVersion
+    from tabpfn.model_loading import ModelSource, download_model, get_cache_dir
+
+    source = ModelSource.get_classifier_v2() if task == "classification" else ModelSource.get_regressor_v2()
+    path = get_cache_dir() / source.default_filename
+    if path.is_file():
+        return path
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(source.repo_id, source.default_filename, local_files_only=True))
+    except Exception:
+        pass
+    if not allow_download:
+        raise CheckpointError(
+            f"TabPFN v2 {ESTIMATOR[task]} checkpoint {source.default_filename!r} is neither at {path} nor in the "
+            "local Hugging Face cache, and downloads are off (allow_download=False); pass weights=<path to the "
+            "file> or allow_download=True"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    result = download_model(path, version=ModelVersion.V2, which=ESTIMATOR[task], model_name=source.default_filename)
+    if result != "ok" or not path.is_file():
+        raise CheckpointError(f"could not download the TabPFN v2 {ESTIMATOR[task]} checkpoint to {path}: {result}")
+    return path
+
+
+def _load_official(path: Path, task: str | None) -> tuple[torch.nn.Module, Any, dict[str, Any], str]:
+    """(module, criterion or None, config dict, task) via tabpfn's own checkpoint loader."""
+    from tabpfn import model_loading
+    from tabpfn.architectures.tabpfn_v2 import TabPFNV2
+    from tabpfn.checkpoint import Checkpoint
+
+    try:
+        resolved = str(path.resolve())
+        # Read through tabpfn's own (LRU-cached) reader so load_model below does not read the file again.
+        cached = getattr(model_loading, "_load_checkpoint_cached", None)
+        checkpoint = cached(resolved, Checkpoint(resolved).identity()) if cached else Checkpoint(resolved).load()
+    except Exception as exc:
+        raise CheckpointError(f"{path} is not a readable TabPFN checkpoint: {exc}") from exc
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "config" not in checkpoint:
+        raise CheckpointError(f"{path} is not a TabPFN checkpoint (expected 'config' and 'state_dict')")
+    architecture = checkpoint.get("architecture_name", ARCHITECTURE)
+    if architecture != ARCHITECTURE:
+        raise ModelError(f"{path} is a TabPFN {architecture!r} checkpoint; the {NAME!r} adapter loads v2 checkpoints only")
+    if task is None:
+        has_borders = any("criterion." in k for k in checkpoint["state_dict"])
+        task = "regression" if has_borders else "classification"
+    try:
+        module, criterion, config, _inference_config = model_loading.load_model(
+            path=path, estimator_type=ESTIMATOR[task]
+        )
+    except Exception as exc:
+        raise CheckpointError(f"tabpfn could not load {path} as a {ESTIMATOR[task]}: {exc}") from exc
+    finally:
+        if cached is not None:
+            cached.cache_clear()  # the raw checkpoint need not outlive the built module
+    cache_size = getattr(model_loading, "_get_built_model_cache_size", lambda: 0)()
+    if cache_size > 0:
+        # tabpfn's built-model cache (TABPFN_MODEL_CACHE_SIZE) shares modules by reference; fine-tuning
+        # this one must not reach other holders.
+        module = copy.deepcopy(module)
+    if not isinstance(module, TabPFNV2):
+        raise ModelError(f"{path} did not load as a TabPFN v2 architecture (got {type(module).__name__})")
+    return module, criterion if task == "regression" else None, _config_dict(config), task
+
+
+def _load_saved(path: Path, task: str | None) -> tuple[torch.nn.Module, Any, dict[str, Any], str]:
+    """A safetensors file written by this adapter: config and borders in the metadata."""
+    from tabpfn.architectures import tabpfn_v2
+    from tabpfn.architectures.shared.bar_distribution import FullSupportBarDistribution
+
+    options = saved_options(path, NAME)
+    if "config" not in options:
+        raise CheckpointError(f"{path} carries no TabPFN v2 config in its metadata (not written by the {NAME} adapter?)")
+    stored_task = options.get("task", "classification")
+    if task is not None and task != stored_task:
+        raise ModelError(f"task={task!r} but {path} holds a TabPFN v2 {stored_task} model")
+    module = tabpfn_v2.get_architecture(_parse_config(options["config"]))
+    try:
+        module.load_state_dict(read_weights(path))
+    except RuntimeError as exc:
+        raise CheckpointError(f"{path} does not match the TabPFN v2 architecture: {exc}") from exc
+    criterion = None
+    if stored_task == "regression":
+        raw = safetensors_metadata(path).get("regression_borders")
+        if raw is None:
+            raise CheckpointError(f"{path} is a TabPFN v2 regressor without regression_borders in its metadata")
+        spec = json.loads(raw)
+        borders = torch.tensor(spec["values"], dtype=getattr(torch, spec.get("dtype", "float32")))
+        criterion = FullSupportBarDistribution(borders)
+    return module, criterion, dict(options["config"]), stored_task
+
+
+@MODELS.decorator(NAME)
+def build_tabpfn_v2(
+    weights: str | None = "hub",
+    task: str | None = None,
+    allow_download: bool = False,
+    seed: int = 0,
+    softmax_temperature: float = 1.0,
+    densify_labels: bool = False,
+    max_features: int = DEFAULT_MAX_FEATURES,
+    **config: Any,
+) -> TabPFNV2Adapter:
+    """TabPFN v2 classifier or regressor.
+
+    ``weights``: a checkpoint path (official ``.ckpt``/``.safetensors`` or one saved by this adapter),
+    ``"random"`` (seeded init; ``config`` = ``TabPFNV2Config`` fields, e.g. ``emsize=16, nlayers=1,
+    nhead=2``; regressors take ``num_buckets`` and get equal-width borders on [-4, 4]), or ``"hub"``.
+    ``task`` defaults to what the checkpoint is. ``softmax_temperature`` divides the logits
+    (TabPFNClassifier uses 0.9; default 1 = raw logits). ``densify_labels=True`` restores TabPFN's
+    rank-of-present-labels encoding (breaks the fixed label-to-index mapping when a label is absent).
+    """
+    if task is not None and task not in TASKS:
+        raise ModelError(f"task must be one of {TASKS}, got {task!r}")
+    if softmax_temperature <= 0:
+        raise ModelError(f"softmax_temperature must be positive, got {softmax_temperature}")
+    weights = "random" if weights is None else str(weights)
+    path = None if weights in ("random", "hub") else local_checkpoint(weights)  # fail before any import
+    _import_tabpfn()
+
+    if weights == "random":
+        from tabpfn.architectures import tabpfn_v2
+        from tabpfn.architectures.shared.bar_distribution import FullSupportBarDistribution
+
+        task = task or "classification"
+        cfg = dict(config)
+        if task == "classification":
+            cfg.setdefault("max_num_classes", 10)
+        else:
+            cfg.setdefault("max_num_classes", 0)  # TabPFNV2 takes n_out = max_num_classes or num_buckets
+            cfg.setdefault("num_buckets", 5000)
+        parsed = _parse_config(cfg)
+        if task == "regression" and (parsed.max_num_classes != 0 or parsed.num_buckets < 2):
+            raise ModelError("a TabPFN v2 regressor needs max_num_classes=0 and num_buckets >= 2")
+        if task == "classification" and parsed.max_num_classes < 2:
+            raise ModelError("a TabPFN v2 classifier needs max_num_classes >= 2")
+        torch.manual_seed(seed)
+        module = tabpfn_v2.get_architecture(parsed)
+        criterion = FullSupportBarDistribution(_random_borders(parsed.num_buckets)) if task == "regression" else None
+        cfg = _config_dict(parsed)
+    else:
+        if weights == "hub":
+            path = _hub_path(task or "classification", allow_download)
+        assert path is not None
+        is_ours = path.suffix == ".safetensors" and safetensors_metadata(path).get("model") == NAME
+        module, criterion, cfg, task = (_load_saved if is_ours else _load_official)(path, task)
+        clashes = {k: (v, cfg.get(k)) for k, v in config.items() if cfg.get(k) != v}
+        if clashes:
+            raise ModelError(f"options {clashes} (given, stored) disagree with the checkpoint {path}")
+    module.float().eval()
+    options = {
+        "weights": weights,
+        "task": task,
+        "seed": seed,
+        "softmax_temperature": softmax_temperature,
+        "densify_labels": densify_labels,
+        "max_features": max_features,
+        "config": cfg,
+    }
+    return TabPFNV2Adapter(module, options, criterion=criterion)
