@@ -43,11 +43,31 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    import tempfile
+
     from orchestrator.config import expand_grid, load_sweep
+    from orchestrator.sweep import prepare_sweep
 
     sweep = load_sweep(args.config)
     trials = expand_grid(sweep)
+    if not args.schema_only:  # Stage I as a dry run: every table loads, splits and fits the models
+        with tempfile.TemporaryDirectory() as scratch:
+            prepared = prepare_sweep(sweep, Path(scratch), log=lambda _m: None)
+        print(f"{args.config}: {len(prepared.tasks)} prepared task(s) pass the split checks")
     print(f"{args.config}: valid; {len(trials)} fine-tuning runs, config hash {sweep.config_hash()}")
+    return 0
+
+
+def cmd_lm(args: argparse.Namespace) -> int:
+    from probes.lm.sweep import load_lm_sweep, run_lm_sweep
+
+    if args.action == "validate":
+        load_lm_sweep(args.config)
+        print(f"{args.config}: valid")
+        return 0
+    run_dir = Path(args.out) if args.out else _default_run_dir(args.config)
+    results = run_lm_sweep(args.config, run_dir)
+    print(f"[iclmem] language-model probes: {len(results)} result rows; report at {run_dir / 'lm_report.html'}")
     return 0
 
 
@@ -71,7 +91,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from orchestrator.audit import audit_checkpoint
 
     row = audit_checkpoint(args.checkpoint, args.task, base_model=args.base_model, out=args.out,
-                           q=args.q, label_mode=args.label_mode, seed=args.seed, bootstrap=args.bootstrap)
+                           q=args.q, label_mode=args.label_mode, seed=args.seed, bootstrap=args.bootstrap,
+                           members=args.members, context_size=args.context_size)
     keys = ["outcome", "score_kind", "auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "loss_ratio"]
     print(json.dumps({k: row.get(k) for k in keys}, indent=1, default=str))
     return 0
@@ -113,7 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="check a sweep file, reporting every mistake at once")
     v.add_argument("config")
+    v.add_argument("--schema-only", action="store_true", help="check the file only, without loading any table")
     v.set_defaults(func=cmd_validate)
+
+    lm = sub.add_parser("lm", help="language-model probes: entity exposure, zero-shot typing, few-shot NER")
+    lm.add_argument("action", choices=["run", "validate"])
+    lm.add_argument("config")
+    lm.add_argument("--out", default=None)
+    lm.set_defaults(func=cmd_lm)
 
     rep = sub.add_parser("report", help="rebuild results table, reports and W&B summary from stored results")
     rep.add_argument("run_dir")
@@ -131,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--label-mode", default="normal")
     pr.add_argument("--seed", type=int, default=0)
     pr.add_argument("--bootstrap", type=int, default=1000)
+    pr.add_argument("--context-size", type=int, default=128)
+    pr.add_argument("--members", default=None, help="file of member row ids (one per line) for a model fine-tuned elsewhere")
     pr.add_argument("--out", default=None)
     pr.set_defaults(func=cmd_probe)
 

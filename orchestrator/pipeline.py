@@ -246,8 +246,7 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
         sweep = parse_sweep(json.loads(stored.read_text()), str(stored))
     elif sweep is None:
         sweep = load_sweep(config_path)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    prepared = prepare_sweep(sweep, run_dir / "prepared", log=log if progress else (lambda _m: None))
+    prepared = prepare_in_place_or_staged(sweep, run_dir, log=log if progress else (lambda _m: None))
     (run_dir / SWEEP_FILE).write_text(json.dumps(sweep.model_dump(mode="json"), indent=1, sort_keys=True))
     (run_dir / "provenance.json").write_text(json.dumps(provenance(sweep), indent=1, sort_keys=True))
 
@@ -284,6 +283,25 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
             pool.shutdown()
         if started:
             ray.shutdown()
+
+
+def prepare_in_place_or_staged(sweep: SweepConfig, run_dir: Path, log: Callable[[str], None]) -> PreparedSweep:
+    """Stage I for a new run folder happens in a staging folder renamed into place on success, so a
+    sweep refused for bad input leaves no partial output behind."""
+    import shutil
+
+    if run_dir.exists():
+        return prepare_sweep(sweep, run_dir / "prepared", log=log)
+    staging = run_dir.with_name(f".{run_dir.name}.staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        prepared = prepare_sweep(sweep, staging / "prepared", log=log)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging.rename(run_dir)
+    return prepared
 
 
 def start_probe_pool(prepared: PreparedSweep, run_dir: Path):

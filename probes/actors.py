@@ -50,8 +50,9 @@ class ProbeWorker:
 
         torch.set_num_threads(torch_threads)
         self.base = build_model(base_model_name, **{**base_options, "weights": "random"})
-        # base_weights: numpy arrays from the object store (an ObjectRef argument is resolved by Ray).
-        self.base.load_state_arrays(base_weights)
+        # base_weights: numpy arrays from the object store (an ObjectRef argument is resolved by Ray);
+        # used in place, so the actors of a node share one copy of the reference model.
+        self.base.load_state_arrays(base_weights, copy=False)
         self.base_digest = base_digest
         self.base_options = base_options
         self.tasks = tasks

@@ -98,3 +98,17 @@ def test_a_pickled_payload_in_a_checkpoint_is_refused(tmp_path):
         pickle.dump({"w": Payload()}, fh)
     with pytest.raises(CheckpointError, match="refused to unpickle"):
         read_weights(path)
+
+
+def test_shared_state_arrays_are_used_in_place_without_a_copy():
+    model = build_model("pfn-mini", weights="random", seed=1)
+    arrays = model.state_arrays()
+    for value in arrays.values():
+        value.setflags(write=False)
+    other = build_model("pfn-mini", weights="random", seed=2)
+    other.load_state_arrays(arrays, copy=False)
+    first = next(iter(arrays))
+    assert other.module.state_dict()[first].data_ptr() == arrays[first].__array_interface__["data"][0]
+    cx, cy, qx = _batch()
+    with torch.no_grad():
+        torch.testing.assert_close(other.log_probs(cx, cy, qx, 3), model.log_probs(cx, cy, qx, 3))

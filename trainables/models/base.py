@@ -71,12 +71,26 @@ class ModelAdapter(abc.ABC):
         """Weights as numpy arrays: what ``ray.put`` shares zero-copy between actors on a node."""
         return {k: v.detach().cpu().numpy() for k, v in self.module.state_dict().items()}
 
-    def load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        # torch.from_numpy keeps the object store's read-only buffer; copy into the module's own tensors.
-        with torch.no_grad():
-            state = self.module.state_dict()
-            for key, value in arrays.items():
-                state[key].copy_(torch.from_numpy(np.asarray(value)))
+    def load_state_arrays(self, arrays: dict[str, np.ndarray], copy: bool = True) -> None:
+        """Load numpy weights. ``copy=False`` (inference only) makes the module use the arrays' own
+        memory: arrays from ``ray.get`` live in the node's shared object store, so every probe actor on
+        a node then reads one physical copy of the reference model instead of holding its own."""
+        if copy:
+            with torch.no_grad():
+                state = self.module.state_dict()
+                for key, value in arrays.items():
+                    state[key].copy_(torch.from_numpy(np.asarray(value)))
+            return
+        import warnings
+
+        with warnings.catch_warnings():
+            # The object store hands out read-only buffers; nothing writes to a frozen reference model.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            shared = {k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()}
+        for parameter in self.module.parameters():
+            parameter.requires_grad_(False)
+        self.module.load_state_dict(shared, assign=True)
+        self.module.eval()
 
     def metadata(self) -> dict[str, str]:
         return {"model": self.name, "options": json.dumps(self.options, sort_keys=True)}

@@ -1,0 +1,66 @@
+"""`iclmem probe`: audit a single checkpoint against the base model, no sweep and no Ray."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.audit import audit_checkpoint, parse_task
+from trainables.data import TaskSource, prepare_task
+from trainables.errors import ConfigError
+from trainables.finetune import FinetuneSpec, Finetuner
+from trainables.models.embedded import SHIPPED_WEIGHTS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def memorizing_checkpoint(tmp_path_factory):
+    task = prepare_task(TaskSource("breast_cancer", "builtin"), label_mode="shuffled_members", seed=0, q=50, context_size=128)
+    finetuner = Finetuner(FinetuneSpec(lr=1e-3, epochs=30, seed=0), [task])
+    finetuner.train()
+    return finetuner.save(tmp_path_factory.mktemp("ckpt") / "e30"), task
+
+
+def test_task_specs_name_builtin_carte_and_file_sources():
+    assert parse_task("iris") == TaskSource("iris", "builtin")
+    assert parse_task("data/carte:spotify") == TaskSource("spotify", "carte", "data/carte")
+    assert parse_task("x/t.csv:label") == TaskSource("t", "table", "x/t.csv", "label")
+
+
+def test_auditing_a_memorizing_checkpoint_finds_memorization(memorizing_checkpoint, tmp_path):
+    checkpoint, _ = memorizing_checkpoint
+    row = audit_checkpoint(str(checkpoint), "breast_cancer", label_mode="shuffled_members", bootstrap=200,
+                           out=str(tmp_path / "audit"))
+    assert row["outcome"] == "memorization" and row["auc"] > 0.6
+    assert json.loads((tmp_path / "audit" / "verdict.json").read_text())["outcome"] == "memorization"
+
+
+def test_external_member_ids_give_the_same_members_as_the_ground_truth_log(memorizing_checkpoint, tmp_path):
+    checkpoint, task = memorizing_checkpoint
+    ids = tmp_path / "members.txt"
+    ids.write_text("\n".join(str(r) for r in task.row_ids[task.member_idx]))
+    row = audit_checkpoint(str(checkpoint), "breast_cancer", label_mode="shuffled_members", bootstrap=100,
+                           members=str(ids), out=str(tmp_path / "audit"))
+    assert row["n_members"] == 50 and row["outcome"] == "memorization"
+
+
+def test_the_untouched_base_weights_audit_as_no_signal_through_the_cli(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "probe", str(SHIPPED_WEIGHTS), "--task", "iris", "--q", "30",
+         "--context-size", "60", "--bootstrap", "50", "--out", str(tmp_path / "a")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    verdict = json.loads(out.stdout[out.stdout.index("{"):])
+    assert verdict["outcome"] == "no_signal" and verdict["auc"] == 0.5
+
+
+def test_a_missing_checkpoint_is_refused_before_any_work(tmp_path):
+    with pytest.raises(ConfigError, match="nope"):
+        audit_checkpoint(str(tmp_path / "nope"), "iris")
