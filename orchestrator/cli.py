@@ -27,7 +27,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sweep = sweep.model_copy(update={"wandb": sweep.wandb.model_copy(update={"mode": args.wandb})})
     run_dir = Path(args.out) if args.out else _default_run_dir(args.config)
     print(f"[iclmem] sweep {sweep.name!r} ({sweep.config_hash()}) -> {run_dir}")
-    results = run_sweep(None, run_dir, sweep=sweep, address=args.address, progress=not args.quiet,
+    results = run_sweep(args.config, run_dir, sweep=sweep, address=args.address, progress=not args.quiet,
                         num_cpus=args.num_cpus)
     print(f"[iclmem] done: {len(results)} checkpoint results; report at {run_dir / 'report.html'}")
     return 0
@@ -52,7 +52,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     trials = expand_grid(sweep)
     if not args.schema_only:  # Stage I as a dry run: every table loads, splits and fits the models
         with tempfile.TemporaryDirectory() as scratch:
-            prepared = prepare_sweep(sweep, Path(scratch), log=lambda _m: None)
+            prepared = prepare_sweep(sweep, Path(scratch), log=lambda _m: None, source=args.config)
         print(f"{args.config}: {len(prepared.tasks)} prepared task(s) pass the split checks")
     print(f"{args.config}: valid; {len(trials)} fine-tuning runs, config hash {sweep.config_hash()}")
     return 0

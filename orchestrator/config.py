@@ -123,7 +123,12 @@ class ProbeConfig(_Strict):
             return value
         from probes.manipulations import suite_from_spec
 
-        suite_from_spec(value)  # raises ConfigError / UnknownNameError with the offending entry
+        from trainables.errors import IclmemError
+
+        try:
+            suite_from_spec(value)
+        except IclmemError as exc:  # pydantic reports ValueErrors with the field's path
+            raise ValueError(str(exc)) from None
         return value
 
 

@@ -246,7 +246,8 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
         sweep = parse_sweep(json.loads(stored.read_text()), str(stored))
     elif sweep is None:
         sweep = load_sweep(config_path)
-    prepared = prepare_in_place_or_staged(sweep, run_dir, log=log if progress else (lambda _m: None))
+    source = str(config_path) if config_path else str(run_dir / SWEEP_FILE) if resume else f"sweep {sweep.name!r}"
+    prepared = prepare_in_place_or_staged(sweep, run_dir, log=log if progress else (lambda _m: None), source=source)
     (run_dir / SWEEP_FILE).write_text(json.dumps(sweep.model_dump(mode="json"), indent=1, sort_keys=True))
     (run_dir / "provenance.json").write_text(json.dumps(provenance(sweep), indent=1, sort_keys=True))
 
@@ -285,17 +286,18 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
             ray.shutdown()
 
 
-def prepare_in_place_or_staged(sweep: SweepConfig, run_dir: Path, log: Callable[[str], None]) -> PreparedSweep:
+def prepare_in_place_or_staged(sweep: SweepConfig, run_dir: Path, log: Callable[[str], None],
+                               source: str = "sweep") -> PreparedSweep:
     """Stage I for a new run folder happens in a staging folder renamed into place on success, so a
     sweep refused for bad input leaves no partial output behind."""
     import shutil
 
     if run_dir.exists():
-        return prepare_sweep(sweep, run_dir / "prepared", log=log)
+        return prepare_sweep(sweep, run_dir / "prepared", log=log, source=source)
     staging = run_dir.with_name(f".{run_dir.name}.staging")
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        prepared = prepare_sweep(sweep, staging / "prepared", log=log)
+        prepared = prepare_sweep(sweep, staging / "prepared", log=log, source=source)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -79,13 +79,15 @@ class PreparedSweep:
     controls: tuple[tuple[str, dict[str, Any]], ...] = field(default=())  # (fingerprint, identity) per base-model control
 
 
-def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None] = print) -> PreparedSweep:
+def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None] = print,
+                  source: str = "sweep") -> PreparedSweep:
     """Stage I for every (task, Q, label mode, seed) of the grid; fails before any Ray work."""
     from trainables.models import build_model
 
     settings = PrepSettings(regression_bins=sweep.data.regression_bins, max_features=sweep.data.max_features,
                             context_size=sweep.data.context_size)
     by_name = {t.name: t for t in sweep.tasks}
+    index_of = {t.name: i for i, t in enumerate(sweep.tasks)}
     tasks: dict[str, PreparedTask] = {}
     memo: dict[tuple, str] = {}
     trials = expand_grid(sweep)
@@ -101,7 +103,8 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
                                            trial.seed, q=trial.q, cache_dir=cache_dir)
                 except Exception as exc:  # collect every task's problem, then fail once
                     if isinstance(exc, (ConfigError, ModelError)) or exc.__class__.__module__.startswith("trainables"):
-                        errors.append(f"task {name!r} (q={trial.q}, label_mode={trial.label_mode}, seed={trial.seed}): {exc}")
+                        errors.append(f"tasks.{index_of[name]} ({name!r}, q={trial.q}, label_mode={trial.label_mode}, "
+                                      f"seed={trial.seed}): {exc}")
                         memo[memo_key] = ""
                         continue
                     raise
@@ -112,16 +115,16 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
             keys.append(memo[memo_key])
         trial_tasks[trial.run_id] = tuple(keys)
     if errors:
-        raise ConfigError("Stage I failed before any cluster work:\n  - " + "\n  - ".join(dict.fromkeys(errors)))
+        raise ConfigError(f"{source}: Stage I failed before any cluster work:\n  - " + "\n  - ".join(dict.fromkeys(errors)))
     for model_cfg in sweep.models:
         model = build_model(model_cfg.name, **{**model_cfg.options, "weights": "random"})
         for task in tasks.values():
             if task.n_classes > model.max_classes:
-                errors.append(f"task {task.name!r} has {task.n_classes} candidate labels; model {model_cfg.name!r} supports at most {model.max_classes}")
+                errors.append(f"tasks ({task.name!r}) has {task.n_classes} candidate labels; models ({model_cfg.name!r}) supports at most {model.max_classes}: lower data.regression_bins or choose another model")
             if task.n_features + 2 > model.max_features:  # the suite's distractors add up to 2 columns
                 errors.append(f"task {task.name!r} has {task.n_features} features (+2 distractors); model {model_cfg.name!r} takes at most {model.max_features}: lower data.max_features")
     if errors:
-        raise ConfigError("tasks do not fit the models:\n  - " + "\n  - ".join(dict.fromkeys(errors)))
+        raise ConfigError(f"{source}: tasks do not fit the models:\n  - " + "\n  - ".join(dict.fromkeys(errors)))
     controls = []
     if sweep.probe.base_as_checkpoint:
         seen = set()

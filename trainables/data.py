@@ -645,6 +645,21 @@ class _Table:
     counts: dict[str, Any]
 
 
+def _check_leakage(frame: pd.DataFrame, target: str, task_name: str) -> None:
+    """Refuse a feature column that is the target again (same values, or same name up to case):
+    a model would read the label off the features and every membership signal would be an artifact."""
+    target_values = frame[target]
+    for column in frame.columns:
+        if column == target:
+            continue
+        same_name = column.strip().lower() == target.strip().lower()
+        if same_name or (len(frame) > 0 and frame[column].astype(str).equals(target_values.astype(str))):
+            raise DataError(
+                f"task {task_name!r}: target leakage: feature column {column!r} "
+                f"{'has the same name as' if same_name else 'repeats'} the target column {target!r}; drop it"
+            )
+
+
 def _build_table(resolved: _ResolvedSource, settings: PrepSettings) -> _Table:
     name = resolved.source.name
     frame = _read_frame(resolved)
@@ -658,6 +673,7 @@ def _build_table(resolved: _ResolvedSource, settings: PrepSettings) -> _Table:
 
     target_missing = frame[target].isna()
     frame = frame.loc[~target_missing]
+    _check_leakage(frame, target, name)
     feature_columns = [c for c in frame.columns if c != target]
 
     dropped = tuple(c for c in feature_columns if frame[c].isna().all())

@@ -1,0 +1,142 @@
+"""Bad input is refused early: each malformed sweep file or table fails before any Ray work, with a
+message naming the file and the field at fault, and leaves no partial output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from orchestrator.pipeline import run_sweep
+from trainables.errors import IclmemError
+
+BASE = {
+    "name": "bad",
+    "tasks": [{"name": "iris"}],
+    "grid": {"q": [30]},
+    "data": {"context_size": 60},
+    "training": {"epochs": 2, "checkpoint_epochs": [1, 2]},
+    "wandb": {"mode": "disabled"},
+}
+
+
+def _merge(base: dict, patch: dict) -> dict:
+    out = dict(base)
+    for key, value in patch.items():
+        if value is _DROP:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+_DROP = object()
+
+
+def _tables(root: Path) -> dict[str, Path]:
+    rng = np.random.default_rng(0)
+    n = 240
+    good = pd.DataFrame({"a": rng.normal(size=n), "b": rng.normal(size=n), "label": rng.integers(0, 2, n)})
+    paths = {}
+    for name, frame in {
+        "good": good,
+        "one_class": good.assign(label=1),
+        "text_target": good.assign(label=[f"v{i % 7}x" for i in range(n)]),
+        "leak": good.assign(label_copy=good["label"]),
+        "all_nan": good.assign(empty=np.nan),
+    }.items():
+        paths[name] = root / f"{name}.csv"
+        frame.to_csv(paths[name], index=False)
+    paths["garbage"] = root / "garbage.parquet"
+    paths["garbage"].write_bytes(b"PAR1 this is not a parquet file")
+    return paths
+
+
+def _table_task(path_key: str, target: str = "label", task: str | None = None) -> dict:
+    spec = {"name": "t", "path": f"@{path_key}", "target": target}
+    if task:
+        spec["task"] = task
+    return {"tasks": [spec], "grid": {"q": [40]}}
+
+
+# (id, patch to the base sweep, substrings the message must contain)
+CASES = [
+    ("lr-zero", {"grid": {"lr": [0.0]}}, ["grid.lr", "> 0"]),
+    ("lr-negative", {"grid": {"lr": [-1e-3]}}, ["grid.lr", "> 0"]),
+    ("lr-wrong-type", {"grid": {"lr": ["fast"]}}, ["grid.lr.0"]),
+    ("q-zero", {"grid": {"q": [0]}}, ["grid.q", ">= 1"]),
+    ("q-negative", {"grid": {"q": [-5]}}, ["grid.q", ">= 1"]),
+    ("q-wrong-type", {"grid": {"q": ["fifty"]}}, ["grid.q.0"]),
+    ("epochs-zero", {"training": {"epochs": 0}}, ["training.epochs"]),
+    ("epochs-below-checkpoints", {"training": {"epochs": 3, "checkpoint_epochs": [5, 10]}}, ["training", "epochs (3)"]),
+    ("unknown-top-level-key", {"probes": {"suite": "default"}}, ["probes", "unknown setting"]),
+    ("unknown-nested-key", {"grid": {"learning_rate": [1e-3]}}, ["grid.learning_rate", "unknown setting"]),
+    ("duplicate-task-names", {"tasks": [{"name": "iris"}, {"name": "iris"}]}, ["tasks", "duplicate task names"]),
+    ("no-tasks", {"tasks": []}, ["tasks", "at least one task"]),
+    ("empty-suite", {"probe": {"suite": []}}, ["probe.suite", "empty"]),
+    ("unknown-manipulation", {"probe": {"suite": ["base", "skew_tru_x2"]}}, ["probe.suite", "skew_tru_x2"]),
+    ("unknown-model", {"models": [{"name": "tabpfn-v9"}]}, ["models", "tabpfn-v9", "pfn-mini"]),
+    ("unknown-label-mode", {"grid": {"label_mode": ["shuffled"]}}, ["grid.label_mode.0"]),
+    ("unknown-regime", {"grid": {"regime": ["single"]}}, ["grid.regime.0"]),
+    ("negative-bootstrap", {"probe": {"bootstrap": -1}}, ["probe.bootstrap"]),
+    ("bad-sweep-name", {"name": "has spaces"}, ["name"]),
+    ("duplicate-grid-value", {"grid": {"lr": [1e-3, 1e-3]}}, ["grid.lr", "duplicate"]),
+    ("unknown-builtin-table", {"tasks": [{"name": "irises"}]}, ["tasks.0", "irises", "breast_cancer"]),
+    ("missing-table-file", {"tasks": [{"name": "t", "path": "nowhere.csv", "target": "label"}]}, ["tasks.0", "nowhere.csv"]),
+    ("unreadable-parquet", _table_task("garbage"), ["tasks.0", "garbage.parquet"]),
+    ("misspelled-target", _table_task("good", target="lable"), ["tasks.0", "lable", "label"]),
+    ("one-class-target", _table_task("one_class"), ["tasks.0", "single class"]),
+    ("too-few-rows", {"grid": {"q": [500]}}, ["tasks.0", "1060"]),
+    ("non-numeric-regression-target", _table_task("text_target", task="regression"), ["tasks.0", "label", "numeric"]),
+    ("target-leakage", _table_task("leak"), ["tasks.0", "leakage", "label_copy"]),
+    ("too-many-candidate-labels", {"data": {"regression_bins": 12}, "tasks": [{"name": "diabetes"}], "grid": {"q": [50]}},
+     ["diabetes", "12 candidate labels", "at most 10"]),
+    ("table-without-target", {"tasks": [{"name": "t", "path": "x.csv"}]}, ["tasks.0", "target"]),
+]
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory):
+    return _tables(tmp_path_factory.mktemp("tables"))
+
+
+def _resolve(obj, tables):
+    if isinstance(obj, dict):
+        return {k: _resolve(v, tables) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_resolve(v, tables) for v in obj]
+    if isinstance(obj, str) and obj.startswith("@"):
+        return str(tables[obj[1:]])
+    return obj
+
+
+def test_the_table_holds_at_least_25_distinct_mistakes():
+    assert len({case[0] for case in CASES}) == len(CASES) >= 25
+
+
+@pytest.mark.parametrize("case_id,patch,expected", CASES, ids=[c[0] for c in CASES])
+def test_malformed_input_is_refused_before_any_ray_work_naming_file_and_field(case_id, patch, expected, tables, tmp_path):
+    sweep_file = tmp_path / f"{case_id}.yaml"
+    sweep_file.write_text(yaml.safe_dump(_resolve(_merge(BASE, patch), tables), sort_keys=False))
+    run_dir = tmp_path / "run"
+    with pytest.raises(IclmemError) as info:
+        run_sweep(sweep_file, run_dir, progress=False, address="ray://must-not-be-contacted:1")
+    message = str(info.value)
+    assert str(sweep_file) in message, message
+    for fragment in expected:
+        assert fragment in message, f"{fragment!r} not in:\n{message}"
+    assert not run_dir.exists(), "a refused sweep left partial output"
+    assert not list(tmp_path.glob(".run*")), "staging folder left behind"
+
+
+def test_all_nan_columns_are_dropped_with_a_warning_naming_them(tables, tmp_path):
+    from trainables.data import TaskSource, prepare_task
+
+    with pytest.warns(UserWarning, match="empty"):
+        task = prepare_task(TaskSource("t", "table", str(tables["all_nan"]), "label"), q=40, context_size=60)
+    assert task.n_features == 2
