@@ -74,7 +74,20 @@ def cmd_lm(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from orchestrator.aggregate import aggregate
 
-    aggregate(Path(args.run_dir), wandb_mode=args.wandb)
+    run_dir = Path(args.run_dir)
+    results = aggregate(run_dir, wandb_mode=args.wandb)
+    if args.wandb_report:
+        from orchestrator.wandb_logger import build_wandb_report, resolve_wandb_mode
+
+        if resolve_wandb_mode(args.wandb or "online") != "online":
+            raise IclmemError("--wandb-report publishes to W&B: pass --wandb online and export WANDB_API_KEY")
+        sweep = json.loads((run_dir / "sweep.json").read_text())
+        entity = sweep["wandb"].get("entity") or os.environ.get("WANDB_ENTITY")
+        if not entity:
+            raise IclmemError("--wandb-report needs a W&B entity: set wandb.entity in the sweep or WANDB_ENTITY")
+        report = build_wandb_report(entity, sweep["wandb"]["project"], sweep["name"], results, run_dir=run_dir,
+                                    publish=True)
+        print(f"[iclmem] W&B report: {getattr(report, 'url', '')}")
     return 0
 
 
@@ -146,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="rebuild results table, reports and W&B summary from stored results")
     rep.add_argument("run_dir")
     rep.add_argument("--wandb", choices=["offline", "online", "disabled"], default=None)
+    rep.add_argument("--wandb-report", action="store_true", help="also publish a W&B Report (online mode, key in env)")
     rep.set_defaults(func=cmd_report)
 
     m = sub.add_parser("models", help="registered model adapters and whether their extras are installed")

@@ -141,6 +141,11 @@ class OutcomeEvidence:
     gap: GapStats
     loss_ratio: float
     output_std: float
+    # False for the untouched base model probed as if it were a checkpoint (the control run). Inversion
+    # and overfitting describe what fine-tuning did ("members have the higher probe loss *after
+    # fine-tuning*"); without fine-tuning a raw member/non-member gap is the task's own (e.g. shuffled
+    # member labels are harder for any model), so those two rules cannot hold for the control.
+    fine_tuned: bool = True
 
     def __post_init__(self) -> None:
         cal = {ScoreKind(k): v for k, v in self.calibrated.items()}
@@ -169,6 +174,7 @@ class OutcomeEvidence:
         out.update(self.gap.as_dict())
         out["loss_ratio"] = self.loss_ratio
         out["output_std"] = self.output_std
+        out["fine_tuned"] = self.fine_tuned
         return out
 
     @classmethod
@@ -194,6 +200,7 @@ def build_evidence(
     n_resamples: int = 1000,
     seed: int = 0,
     confidence: float = 0.95,
+    model_was_fine_tuned: bool = True,
 ) -> OutcomeEvidence:
     """Evidence from the fine-tuned and reference scores tables of one checkpoint plus the collapse
     indicators. TPR is computed at ``alphas`` and at ``thresholds.memorization_alpha``."""
@@ -212,6 +219,7 @@ def build_evidence(
         gap=gap_stats(fine_tuned),
         loss_ratio=float(loss_ratio),
         output_std=float(output_std),
+        fine_tuned=bool(model_was_fine_tuned),
     )
 
 
@@ -268,7 +276,8 @@ def _memorization(
 def _inversion(ev: OutcomeEvidence, th: OutcomeThresholds) -> tuple[bool, dict[str, float]]:
     u = ev.uncalibrated_loss
     holds = bool(
-        ev.member_mean_probe_loss > ev.nonmember_mean_probe_loss
+        ev.fine_tuned
+        and ev.member_mean_probe_loss > ev.nonmember_mean_probe_loss
         and u.auc_interval.high < th.inversion_auc
     )
     return holds, {
@@ -281,7 +290,7 @@ def _inversion(ev: OutcomeEvidence, th: OutcomeThresholds) -> tuple[bool, dict[s
 
 
 def _overfitting(ev: OutcomeEvidence, th: OutcomeThresholds) -> tuple[bool, dict[str, float]]:
-    holds = bool(abs(ev.gap.mu_gap) <= th.overfitting_mu and ev.gap.sigma_gap <= th.overfitting_sigma)
+    holds = bool(ev.fine_tuned and abs(ev.gap.mu_gap) <= th.overfitting_mu and ev.gap.sigma_gap <= th.overfitting_sigma)
     return holds, {"mu_gap": float(ev.gap.mu_gap), "sigma_gap": float(ev.gap.sigma_gap)}
 
 

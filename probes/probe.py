@@ -114,8 +114,8 @@ def probe_checkpoint(
     ratio = loss_ratio(float(np.mean(loss_ft)), float(np.mean(loss_base)))
     std = output_std(p_true_ft)
     th = settings.thresholds
-    evidence = build_evidence(finetuned, reference, ratio, std, thresholds=th,
-                              n_resamples=settings.n_resamples, seed=settings.bootstrap_seed)
+    evidence = build_evidence(finetuned, reference, ratio, std, thresholds=th, n_resamples=settings.n_resamples,
+                              seed=settings.bootstrap_seed, model_was_fine_tuned=model is not base_model)
     verdict = classify(evidence, th)
     outcome = CheckpointOutcome(epoch, evidence, verdict)
 

@@ -312,3 +312,16 @@ def test_peak_checkpoint_ties_go_to_the_earlier_epoch_and_accepts_checkpoint_out
 def test_peak_checkpoint_without_any_auc_is_an_error():
     with pytest.raises(ProbeError):
         peak_checkpoint([{"epoch": 1}])
+
+
+def test_the_untouched_base_model_cannot_be_inverted_or_overfitted():
+    """The control run: a raw member/non-member gap that fine-tuning did not cause is not inversion,
+    and a flat gap profile without fine-tuning is not context overfitting."""
+    import dataclasses
+
+    inverted = _inverted_loss()
+    assert classify(inverted).outcome == Outcome.INVERSION
+    assert classify(dataclasses.replace(inverted, fine_tuned=False)).outcome == Outcome.NO_SIGNAL
+    flat = _quiet(gap=GapStats(0.0, 0.0, {}))
+    assert classify(flat).outcome == Outcome.OVERFITTING
+    assert classify(dataclasses.replace(flat, fine_tuned=False)).outcome == Outcome.NO_SIGNAL
