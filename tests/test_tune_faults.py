@@ -34,7 +34,8 @@ def _final_weights(result) -> dict[str, torch.Tensor]:
         return read_weights(Path(directory) / "model.safetensors")
 
 
-def test_a_trial_that_crashes_resumes_from_its_last_checkpoint_bit_exactly(ray_session, tmp_path):
+@pytest.mark.parametrize("fault", ["exception", "sigkill"])
+def test_a_trial_that_crashes_resumes_from_its_last_checkpoint_bit_exactly(ray_session, tmp_path, fault):
     from ray import tune
 
     from trainables.trainable import finetune_trainable
@@ -43,7 +44,7 @@ def test_a_trial_that_crashes_resumes_from_its_last_checkpoint_bit_exactly(ray_s
     markers = tmp_path / "markers"
     markers.mkdir()
     configs = [
-        _trial(task, "faulty", _fault_once_at_epoch=4, _fault_marker_dir=str(markers)),
+        _trial(task, "faulty", _fault_once_at_epoch=4, _fault_marker_dir=str(markers), _fault_kind=fault),
         _trial(task, "clean"),
     ]
     tuner = tune.Tuner(
@@ -110,3 +111,28 @@ def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, 
     results = pd.read_parquet(run_dir / "results.parquet")
     assert results["run_id"].nunique() == 3
     assert sorted(results.groupby("run_id")["epoch"].apply(list).map(sorted).map(tuple).unique()) == [(2, 8)]
+
+
+def test_a_probe_actor_killed_mid_job_is_replaced_and_its_job_rerun(ray_session, tmp_path):
+    import ray
+
+    from probes.actors import ProbeJob, ProbePool
+    from probes.calibration import model_digest
+    from probes.probe import ProbeSettings
+    from trainables.models import build_model
+
+    task = prepare_task(TaskSource("iris", "builtin"), seed=0, q=30, context_size=60)
+    base = build_model("pfn-mini")
+    pool = ProbePool(1, {"num_cpus": 0.5}, base_model_name="pfn-mini", base_options={"weights": "shipped"},
+                     base_weights=ray.put(base.state_arrays()), base_digest=model_digest(base),
+                     tasks=ray.put({task.fingerprint: task}), suite_spec="default",
+                     settings=ProbeSettings(n_resamples=50), cache_dir=str(tmp_path / "ref"))
+    try:
+        pool.submit(ProbeJob({"run_id": "k"}, 0, None, task.fingerprint, str(tmp_path / "p"), "e0"))
+        time.sleep(1.0)  # the job is under way
+        ray.kill(pool.actors[0], no_restart=False)  # the actor process dies; Ray restarts it
+        rows = pool.drain()
+    finally:
+        pool.shutdown()
+    assert len(rows) == 1 and rows[0]["outcome"] == "no_signal" and not pool.failed
+    assert (tmp_path / "p" / "e0.json").is_file()

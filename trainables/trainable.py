@@ -26,6 +26,11 @@ def _maybe_inject_fault(epoch: int, config: dict[str, Any]) -> None:
     if marker.exists():
         return
     marker.write_text(str(epoch))
+    if config.get("_fault_kind") == "sigkill":  # the worker process dies as if the node's OOM killer struck
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
     raise RuntimeError(f"injected fault at epoch {epoch}")
 
 
