@@ -92,10 +92,19 @@ def test_no_secrets_or_storage_in_sweep_files():
 
 
 def test_validate_cli_accepts_paper(capsys):
+    """The paper's CARTE tables are not shipped, so only the file itself is checked here."""
     from orchestrator.cli import main
 
-    assert main(["validate", str(CONFIGS / "paper.yaml")]) == 0
+    assert main(["validate", "--schema-only", str(CONFIGS / "paper.yaml")]) == 0
     assert "240 fine-tuning runs" in capsys.readouterr().out
+
+
+def test_validate_runs_stage_one_and_names_the_missing_carte_folder(capsys):
+    from orchestrator.cli import main
+
+    assert main(["validate", str(CONFIGS / "paper.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "paper.yaml: Stage I failed before any cluster work" in err and "CARTE directory not found" in err
 
 
 def test_validate_reports_three_mistakes_at_once(tmp_path):
