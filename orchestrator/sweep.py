@@ -9,10 +9,6 @@ and each is computed once.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,33 +19,13 @@ import pandas as pd
 from orchestrator.config import SweepConfig, TaskConfig, TrialSpec, expand_grid
 from trainables.data import LabelMode, PreparedTask, PrepSettings, TaskSource, load_or_prepare
 from trainables.errors import ConfigError, ModelError
+from trainables.provenance import git_commit, package_versions
 
 RESULTS_FILE = "results.parquet"
 EXPERIMENT_NAME = "tune"
 
 
 # ------------------------------------------------------------------------------------------- provenance
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def package_versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {"python": sys.version.split()[0]}
-    for pkg in ("iclmem", "torch", "ray", "numpy", "pandas", "scikit-learn", "wandb", "pyarrow"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    return out
-
-
 def provenance(sweep: SweepConfig) -> dict[str, Any]:
     from trainables.models.embedded import shipped_provenance
 

@@ -461,15 +461,9 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata as md
+    from trainables.provenance import package_versions
 
-    out = {"python": sys.version.split()[0]}
-    for pkg in ("torch", "transformers", "tokenizers", "ray", "pandas"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    return out
+    return package_versions(("torch", "transformers", "tokenizers", "ray", "pandas"))
 
 
 def main(argv: list[str] | None = None) -> int:

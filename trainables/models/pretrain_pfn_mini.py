@@ -164,15 +164,9 @@ def evaluate(model: PfnMini, seeds: tuple[int, ...] = (0,)) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------------------- training
 def package_versions() -> dict[str, str]:
-    import importlib.metadata as md
+    from trainables.provenance import package_versions as versions
 
-    out = {"python": sys.version.split()[0]}
-    for pkg in ("torch", "numpy", "tabicl", "scikit-learn", "xgboost-cpu"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    return out
+    return versions(("torch", "numpy", "tabicl", "scikit-learn", "xgboost-cpu"))
 
 
 def export(model: PfnMini, workdir: Path, meta: dict) -> Path:
