@@ -77,7 +77,7 @@ def main(sweep_json: str, run_dir: str) -> int:
             "workers": worker_ids,
             "alive_nodes": {nid: {"resources": n.get("Resources", {}), "address": n.get("NodeManagerAddress")}
                             for nid, n in alive.items()},
-            "results": results[["run_id", "regime", "epoch", "outcome", "probe_node"]].to_dict(orient="records"),
+            "results": results[["run_id", "regime", "epoch", "outcome", "auc", "probe_node"]].to_dict(orient="records"),
             "trial_nodes": trial_nodes,
             "probe_actor_nodes": probe_actor_nodes,
             "actor_classes": sorted({a["ActorClassName"] for a in actors}),

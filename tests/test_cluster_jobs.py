@@ -1,7 +1,7 @@
 """Cluster-shaped runs, each on a Ray of its own in separate processes (the session's embedded Ray is left alone).
 
 1. A scaled-down quickstart submitted with ``ray job submit`` to a real local head (``ray start --head``)
-   that listens on loopback and requires token authentication, the way docs/CLUSTER.md does it.
+   whose dashboard (Jobs API) listens on loopback and requires token authentication, as in docs/CLUSTER.md.
 2. A sweep on a simulated three-node cluster (``ray.cluster_utils.Cluster``: a head and two workers on
    this host) whose ``trial_resources``/``probe_resources`` pin trials and probe actors to the workers.
 
@@ -133,8 +133,12 @@ def _check_results(results: pd.DataFrame, checkpoint_epochs: list[int]) -> None:
     assert results["auc"].notna().all()
 
 
+RAY = str(Path(sys.executable).with_name("ray")) if Path(sys.executable).with_name("ray").is_file() else "ray"
+
+
 def _ray_cli(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(["ray", *args], env=env, cwd="/", capture_output=True, text=True, timeout=timeout)
+    """The `ray` command of this interpreter, run outside the repository (the job must not rely on our cwd)."""
+    return subprocess.run([RAY, *args], env=env, cwd="/", capture_output=True, text=True, timeout=timeout)
 
 
 # ------------------------------------------------------------------------------------------- 1: ray job submit
@@ -199,6 +203,13 @@ def test_quickstart_submitted_with_ray_job_submit_finishes_and_writes_results(is
     # Token authentication is really on: the Jobs API refuses a request without the token, and a wrong one.
     assert _dashboard_status(url, None) == 401
     assert _dashboard_status(url, "0" * 64) == 403
+    # The dashboard (Jobs API) listens on loopback only. `--node-ip-address=127.0.0.1` does not make the
+    # node itself loopback-only: `ray start` replaces a loopback node address with the host's routable
+    # one (services.resolve_ip_for_localhost), so the GCS is reachable there, guarded by the token.
+    node_ip = _state_api(url, token, "nodes")[0]["node_ip"]
+    if node_ip != "127.0.0.1":
+        with pytest.raises(OSError):
+            socket.create_connection((node_ip, dash_port), timeout=5).close()
 
     sweep_file = tmp_path / "quickstart_small.yaml"
     sweep_file.write_text(yaml.safe_dump(_sweep(
@@ -229,10 +240,10 @@ def test_quickstart_submitted_with_ray_job_submit_finishes_and_writes_results(is
     _check_results(results, [1, 4])
     assert (run_dir / "report.html").is_file() and (run_dir / "provenance.json").is_file()
     # The trials ran in actors of this test's head, not on any other Ray of the machine. (Tune's `node_ip`
-    # is no help: a worker reports the host's routable address, not its raylet's 127.0.0.1.) The head's
-    # state API, asked with the token, lists its actors with pid and node, dead ones included.
+    # is no help: it is the host's address, shared by every Ray here.) The head's state API, asked with
+    # the token, lists its actors with pid and node, dead ones included.
     nodes = _state_api(url, token, "nodes")
-    assert [(n["node_ip"], n["is_head_node"]) for n in nodes] == [("127.0.0.1", True)], nodes
+    assert [n["is_head_node"] for n in nodes] == [True], nodes
     actors = _state_api(url, token, "actors")
     on_head = {a["pid"]: a["class_name"] for a in actors if a.get("node_id") == nodes[0]["node_id"]}
     trial_pids = {json.loads(line)["pid"] for f in (run_dir / "tune").rglob("result.json")
@@ -240,3 +251,44 @@ def test_quickstart_submitted_with_ray_job_submit_finishes_and_writes_results(is
     assert trial_pids and trial_pids <= set(on_head), (trial_pids, on_head)
     assert {on_head[pid] for pid in trial_pids} == {"ImplicitFunc"}, on_head
     assert "ProbeWorker" in on_head.values(), on_head
+
+
+# ------------------------------------------------------------------------------------------- 2: three nodes
+def test_sweep_on_a_simulated_three_node_cluster_places_trials_and_probe_actors_on_workers(isolated_ray_env, tmp_path):
+    env, _root, _token = isolated_ray_env
+    sweep_file = tmp_path / "three_nodes.json"
+    sweep_file.write_text(json.dumps(_sweep("three-nodes", resources={
+        "cpus_per_trial": 1, "probe_actors": 2, "cpus_per_probe_actor": 0.5,
+        "trial_resources": {"worker": 1}, "probe_resources": {"worker": 0.5},
+    })))
+    run_dir = tmp_path / "run"
+    driver = subprocess.Popen([sys.executable, str(REPO / "tests" / "cluster_sweep_driver.py"), str(sweep_file),
+                               str(run_dir)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True)
+    try:
+        out, _ = driver.communicate(timeout=230)
+    except subprocess.TimeoutExpired:
+        os.killpg(driver.pid, signal.SIGKILL)
+        out, _ = driver.communicate(timeout=30)
+        pytest.fail(f"the three-node sweep did not finish in time:\n{out[-6000:]}")
+    assert driver.returncode == 0, out[-6000:]
+    lines = [line for line in out.splitlines() if line.startswith("CLUSTER_RESULT ")]
+    assert lines, out[-6000:]
+    got = json.loads(lines[-1].removeprefix("CLUSTER_RESULT "))
+
+    head, workers = got["head"], set(got["workers"])
+    assert len(workers) == 2 and head not in workers
+    assert set(got["alive_nodes"]) == workers | {head}
+    assert "worker" not in got["alive_nodes"][head]["resources"]  # only the workers can satisfy the requests
+
+    results = pd.DataFrame(got["results"])
+    _check_results(results, [1, 4])
+    # Every checkpoint, the base-model control included, was probed by an actor on a worker.
+    assert set(results["probe_node"]) <= workers, (set(results["probe_node"]), workers, head)
+    assert got["probe_actor_nodes"] and set(got["probe_actor_nodes"]) <= workers, got["probe_actor_nodes"]
+    # Every trial (each attempt, by the pid Tune recorded) ran in an actor on a worker.
+    assert len(got["trial_nodes"]) == 2, got["trial_nodes"]
+    for run_id, attempts in got["trial_nodes"].items():
+        assert attempts, run_id
+        for attempt in attempts:
+            assert attempt["node_id"] in workers, (run_id, attempt, head, got["actor_classes"])
