@@ -71,12 +71,15 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
     errors: list[str] = []
     for trial in trials:
         keys = []
+        # multi_random trains on a pool of Q + context_size member rows (all of them members), so its
+        # split draws that many members and as many non-members.
+        members = trial.q + sweep.data.context_size if trial.regime == "multi_random" else trial.q
         for name in trial.task.split("+"):
-            memo_key = (name, trial.q, trial.label_mode, trial.seed)
+            memo_key = (name, members, trial.label_mode, trial.seed)
             if memo_key not in memo:
                 try:
                     task = load_or_prepare(task_source(by_name[name]), settings, LabelMode(trial.label_mode),
-                                           trial.seed, q=trial.q, cache_dir=cache_dir)
+                                           trial.seed, q=members, cache_dir=cache_dir)
                 except Exception as exc:  # collect every task's problem, then fail once
                     if isinstance(exc, (ConfigError, ModelError)) or exc.__class__.__module__.startswith("trainables"):
                         errors.append(f"tasks.{index_of[name]} ({name!r}, q={trial.q}, label_mode={trial.label_mode}, "
@@ -86,7 +89,7 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
                     raise
                 tasks[task.fingerprint] = task
                 memo[memo_key] = task.fingerprint
-                log(f"prepared {name} q={trial.q} {trial.label_mode} seed={trial.seed}: "
+                log(f"prepared {name} members={members} {trial.label_mode} seed={trial.seed}: "
                     f"{task.features.shape[0]} rows, {task.n_features} features, {task.n_classes} classes")
             keys.append(memo[memo_key])
         trial_tasks[trial.run_id] = tuple(keys)
@@ -105,11 +108,12 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
     if sweep.probe.base_as_checkpoint:
         seen = set()
         for trial in trials:
-            key = (trial.task, trial.model, trial.q, trial.label_mode, trial.seed)
+            key = (trial.task, trial.model, trial.q, trial.label_mode, trial.seed, trial.regime == "multi_random")
             if trial.regime == "multi_fixed" or key in seen:
                 continue
             seen.add(key)
-            run_id = f"{trial.task[:24]}-base-q{trial.q}-{trial.label_mode}-s{trial.seed}"
+            pool = "-pool" if trial.regime == "multi_random" else ""
+            run_id = f"{trial.task[:24]}-base{pool}-q{trial.q}-{trial.label_mode}-s{trial.seed}"
             identity = {**_identity(trial, sweep), "run_id": run_id, "regime": "base", "lr": 0.0}
             controls.append((trial_tasks[trial.run_id][0], identity))
     return PreparedSweep(sweep, tuple(trials), tasks, trial_tasks, tuple(controls))
@@ -131,5 +135,5 @@ def trial_config(trial: TrialSpec, prepared: PreparedSweep) -> dict[str, Any]:
         "finetune": {"model": trial.model, "model_options": dict(trial.model_options), "regime": trial.regime,
                      "lr": trial.lr, "epochs": t.epochs, "checkpoint_epochs": list(t.checkpoint_epochs),
                      "every_epoch": t.every_epoch, "grad_clip": t.grad_clip, "weight_decay": t.weight_decay,
-                     "seed": trial.seed},
+                     "seed": trial.seed, "queries_per_step": trial.q if trial.regime == "multi_random" else None},
     }

@@ -53,14 +53,17 @@ def test_single_fixed_steps_on_the_fixed_context_and_member_queries(shuffled_tas
     np.testing.assert_array_equal(batch.context_y[0].numpy(), shuffled_task.labels[shuffled_task.context_idx])
 
 
-def test_multi_random_draws_a_fresh_uniform_context_from_the_pool_every_epoch(iris_task):
-    first, second = random_batch(iris_task, 1, 0), random_batch(iris_task, 2, 0)
+def test_multi_random_draws_a_fresh_uniform_context_and_q_queries_from_the_member_pool_every_epoch():
+    # Stage I gives multi_random Q + context_size members (here 20 + 60) and as many non-members.
+    pool_task = prepare_task(TaskSource("breast_cancer", "builtin"), seed=0, q=80, context_size=60)
+    first, second = random_batch(pool_task, 1, 0, n_queries=20), random_batch(pool_task, 2, 0, n_queries=20)
     assert not torch.equal(first.context_x, second.context_x)
-    counts = np.bincount(first.context_y[0].numpy(), minlength=3)
-    assert counts.tolist() == [20, 20, 20]
-    pool = {tuple(r) for r in np.asarray(iris_task.features)[np.concatenate([iris_task.member_idx, iris_task.context_idx])]}
-    assert all(tuple(r) in pool for r in first.query_x[0].numpy())
-    assert torch.equal(random_batch(iris_task, 1, 0).context_x, first.context_x)  # seeded
+    assert first.query_x.shape[1] == 20 and first.context_x.shape[1] == 60
+    assert np.bincount(first.context_y[0].numpy(), minlength=2).tolist() == [30, 30]
+    members = {tuple(r) for r in np.asarray(pool_task.features)[pool_task.member_idx]}
+    for rows in (first.context_x[0], first.query_x[0]):
+        assert all(tuple(r) in members for r in rows.numpy())  # every row drawn is a member
+    assert torch.equal(random_batch(pool_task, 1, 0, n_queries=20).context_x, first.context_x)  # seeded
 
 
 def test_single_fixed_refuses_several_tasks(iris_task):

@@ -3,8 +3,9 @@
 Regimes (ICLMEM_SPEC.md, "Stage I — controlled fine-tuning"):
 * ``single_fixed``: each epoch is one AdamW step on (context C', the Q member rows as queries).
 * ``multi_fixed``: one model, one such step per task per epoch.
-* ``multi_random``: each task's pool is its members together with C'; every epoch draws a fresh
-  uniform-label context of ``context_size`` rows and Q query rows from the pool.
+* ``multi_random``: each task's pool is its member rows (Stage I draws Q + context_size of them, and as
+  many non-members); every epoch draws a fresh uniform-label context of ``context_size`` rows and Q
+  query rows from the pool, so every pool row is a member (spec: "every pool row is a member").
 
 A ``Finetuner`` holds the model, optimizer and RNG; ``save``/``restore`` move all three through a
 checkpoint folder so a resumed run continues bit-exactly.
@@ -53,6 +54,7 @@ class FinetuneSpec:
     grad_clip: float = 1.0
     weight_decay: float = 0.01
     seed: int = 0
+    queries_per_step: int | None = None  # multi_random: Q query rows drawn per epoch (default: all but the context)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "regime", Regime(self.regime))
@@ -107,14 +109,14 @@ def uniform_context(labels: np.ndarray, size: int, n_classes: int, rng: np.rando
     return np.sort(np.concatenate(chosen))
 
 
-def random_batch(task: Any, epoch: int, seed: int) -> Batch:
-    """multi_random: a fresh uniform context and Q queries drawn from the pool (members ∪ C')."""
-    pool = np.concatenate([np.asarray(task.member_idx), np.asarray(task.context_idx)])
+def random_batch(task: Any, epoch: int, seed: int, n_queries: int | None = None) -> Batch:
+    """multi_random: a fresh uniform context and Q queries drawn from the member pool."""
+    pool = np.array(task.member_idx)
     rng = np.random.default_rng([seed, epoch, int(task.fingerprint[:8], 16)])
     labels = np.asarray(task.labels)[pool]
     ctx_pos = uniform_context(labels, len(task.context_idx), task.n_classes, rng)
     rest = np.setdiff1d(np.arange(len(pool)), ctx_pos)
-    q_pos = rng.choice(rest, size=min(len(task.member_idx), len(rest)), replace=False)
+    q_pos = rng.choice(rest, size=min(n_queries or len(rest), len(rest)), replace=False)
     x = torch.from_numpy(np.array(task.features, dtype=np.float32))
     y = torch.from_numpy(np.array(task.labels, dtype=np.int64))
     ctx, qry = torch.from_numpy(pool[ctx_pos]), torch.from_numpy(pool[q_pos])
@@ -153,7 +155,7 @@ class Finetuner:
     # ---------------------------------------------------------------------------------------- steps
     def batches(self, epoch: int) -> list[Batch]:
         if self.spec.regime == Regime.MULTI_RANDOM:
-            return [random_batch(t, epoch, self.spec.seed) for t in self.tasks]
+            return [random_batch(t, epoch, self.spec.seed, self.spec.queries_per_step) for t in self.tasks]
         return self._fixed
 
     def step(self, batch: Batch) -> float:
