@@ -24,3 +24,25 @@ def ray_session():
                  log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+# ------------------------------------------------------------------------------------------ fault ledger
+FAULT_LEDGER = {"faults injected": 0, "sweeps completed": 0, "results identical": 0}
+
+
+@pytest.fixture
+def fault_ledger():
+    """Fault tests record what they injected and whether the sweep finished with identical results."""
+
+    def record(injected: int = 1, completed: bool = True, identical: bool = True) -> None:
+        FAULT_LEDGER["faults injected"] += injected
+        FAULT_LEDGER["sweeps completed"] += int(completed)
+        FAULT_LEDGER["results identical"] += int(identical)
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FAULT_LEDGER["faults injected"]:
+        line = " / ".join(f"{k}: {v}" for k, v in FAULT_LEDGER.items())
+        terminalreporter.write_line(f"fault suite: {line}")

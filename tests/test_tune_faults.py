@@ -35,7 +35,7 @@ def _final_weights(result) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("fault", ["exception", "sigkill"])
-def test_a_trial_that_crashes_resumes_from_its_last_checkpoint_bit_exactly(ray_session, tmp_path, fault):
+def test_a_trial_that_crashes_resumes_from_its_last_checkpoint_bit_exactly(ray_session, tmp_path, fault, fault_ledger):
     from ray import tune
 
     from trainables.trainable import finetune_trainable
@@ -64,6 +64,7 @@ def test_a_trial_that_crashes_resumes_from_its_last_checkpoint_bit_exactly(ray_s
     assert [json.loads(line)["epoch"] for line in reported if line.strip()] == [1, 2, 3, 4, 5, 6]
     for key, value in _final_weights(clean).items():
         assert torch.equal(value, _final_weights(faulty)[key]), key
+    fault_ledger(injected=1, completed=True, identical=True)
 
 
 def _cli(*args: str, **kwargs) -> subprocess.Popen:
@@ -72,7 +73,7 @@ def _cli(*args: str, **kwargs) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
 
-def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, tmp_path):
+def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, tmp_path, fault_ledger):
     """The driver joins the session's Ray, is SIGKILLed after the first trial finished, and
     ``iclmem resume`` completes the sweep; the finished trial reported each epoch exactly once."""
     address = ray_session.get_runtime_context().gcs_address
@@ -112,8 +113,18 @@ def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, 
     assert results["run_id"].nunique() == 3
     assert sorted(results.groupby("run_id")["epoch"].apply(list).map(sorted).map(tuple).unique()) == [(2, 8)]
 
+    # The resumed sweep's results equal an uninterrupted run of the same config and seed.
+    from orchestrator.pipeline import run_sweep
 
-def test_a_probe_actor_killed_mid_job_is_replaced_and_its_job_rerun(ray_session, tmp_path):
+    clean = run_sweep(config, tmp_path / "clean", progress=False)
+    volatile = ["probe_seconds", "probe_node"]
+    a = results.drop(columns=volatile).sort_values(["run_id", "epoch"]).reset_index(drop=True)
+    b = clean.drop(columns=volatile).sort_values(["run_id", "epoch"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(a, b)
+    fault_ledger(injected=1, completed=True, identical=True)
+
+
+def test_a_probe_actor_killed_mid_job_is_replaced_and_its_job_rerun(ray_session, tmp_path, fault_ledger):
     import ray
 
     from probes.actors import ProbeJob, ProbePool
@@ -136,3 +147,4 @@ def test_a_probe_actor_killed_mid_job_is_replaced_and_its_job_rerun(ray_session,
         pool.shutdown()
     assert len(rows) == 1 and rows[0]["outcome"] == "no_signal" and not pool.failed
     assert (tmp_path / "p" / "e0.json").is_file()
+    fault_ledger(injected=1, completed=True, identical=rows[0]["auc"] == 0.5)
