@@ -1,7 +1,7 @@
 """Forward and fine-tuning-step time of every model adapter at one fixed problem size.
 
     python3 benchmarks/adapters.py [--scale production|tiny|both] [--reps 3] [--threads N]
-                                   [--out benchmarks/RESULTS_adapters.md]
+                                   [--out FILE]   (default: the "Adapter benchmark" section of benchmarks/RESULTS.md)
 
 Problem: B=8 contexts of N=64 rows, M=16 queries, F=8 features, C=3 candidate labels (regressors: 3
 candidate values). Weights are randomly initialised (no checkpoints are downloaded): ``production`` uses
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--only", nargs="*", default=None, help="registered model names to run")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS_adapters.md"))
+    parser.add_argument("--out", default=None, help="write the table to this file instead of RESULTS.md's section")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -166,7 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join(header + rows) + "\n"
     print()
     print(table)
-    Path(args.out).write_text(table)
+    if args.out:
+        Path(args.out).write_text(table)
+    else:
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        from _common import write_section
+
+        write_section("Adapter benchmark", table)
     return 0
 
 

@@ -7,8 +7,7 @@ the synthetic corpus (probes/lm/synthetic.py): exposure cost does not depend on 
 Both runs go through ``compute_exposure`` (tokenization included); only ``batch_size`` differs. The
 results must agree (checked), so the comparison is like for like. Target: >= 10x on CPU.
 
-The section is appended to benchmarks/RESULTS.md when that file exists, else written to
-benchmarks/RESULTS_lm.md.
+The result replaces this benchmark's section of benchmarks/RESULTS.md (``--no-write`` to skip).
 """
 
 from __future__ import annotations
@@ -105,26 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"speed-up ({head['model']}): {head['ratio']:.1f}x - target >= 10x {verdict}")
 
     if not args.no_write:
-        results = ROOT / "benchmarks" / "RESULTS.md"
-        target = results if results.is_file() else ROOT / "benchmarks" / "RESULTS_lm.md"
         table = "".join(f"| {r['model']} | {r['batched']:,.0f} | {r['one']:,.0f} | {r['ratio']:.1f}x |\n" for r in rows)
-        section = (
-            f"\n## LM exposure: batched vs one entity per forward pass\n\n"
-            f"`python3 benchmarks/lm_exposure.py` ({time.strftime('%Y-%m-%d')}, {platform.machine()}, "
-            f"torch {torch.__version__}, {args.threads} thread(s) on a 2-core CPU shared with other jobs). "
+        body = (
             f"GPT-2 with random weights, BPE vocab {len(lm.tokenizer)}; {args.entities} entities "
             f"({head['tokens']} tokens), both modes through `compute_exposure` (tokenization included), "
-            f"identical exposures; best of {args.repeat}.\n\n"
+            f"identical exposures; best of {args.repeat}; {args.threads} thread(s).\n\n"
             f"| model (layers x dims) | batched {args.batch_size} (entities/s) | one per forward (entities/s) "
             f"| speed-up |\n| --- | ---: | ---: | ---: |\n{table}\n"
             f"Headline ({head['model']}, the tests' model size): **{head['ratio']:.1f}x**; target >= 10x {verdict}.\n"
         )
-        if target == results:
-            with target.open("a", encoding="utf-8") as fh:
-                fh.write(section)
-        else:
-            target.write_text("# LM probe benchmarks\n" + section, encoding="utf-8")
-        print(f"wrote {target.relative_to(ROOT)}")
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from _common import write_section
+
+        print(f"wrote {write_section('LM exposure: batched vs one entity per forward pass', body, extra_packages=('transformers',))}")
     return 0
 
 

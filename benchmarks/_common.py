@@ -1,0 +1,189 @@
+"""Shared helpers of the benchmark scripts: provenance, timing and the sections of ``benchmarks/RESULTS.md``.
+
+Every script prints a markdown table and replaces (or appends) its own ``## <name>`` section of
+RESULTS.md with ``write_section``; the section starts with the exact command that produced it, the date,
+the machine and the package versions, so a figure can always be traced to a run.
+
+The benchmark machines are shared (a test run or a pretraining job may hold the CPUs at the same time),
+so the scripts report **ratios measured within one run**, both sides interleaved, and never assert an
+absolute time.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata as _md
+import os
+import platform
+import re
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+RESULTS = REPO / "benchmarks" / "RESULTS.md"
+RESULTS_TITLE = "# Benchmarks"
+RESULTS_INTRO = (
+    "Each section below was written by the script named in its first line (`python3 benchmarks/<script>.py`; "
+    "rerun it to refresh that section only). The machines are shared, so the figures that matter are "
+    "**ratios measured within one run** (both sides interleaved); absolute times are this machine's, "
+    "under whatever else was running (load average given per section)."
+)
+
+PACKAGES = ("torch", "numpy", "pandas", "scikit-learn", "ray", "psutil")
+
+
+# ------------------------------------------------------------------------------------------ provenance
+def versions(extra: Iterable[str] = ()) -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in (*PACKAGES, *extra):
+        try:
+            out[pkg] = _md.version(pkg)
+        except _md.PackageNotFoundError:
+            pass
+    return out
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command as typed from the repository root: ``python3 benchmarks/x.py --flag``."""
+    argv = list(sys.argv if argv is None else argv)
+    script = Path(argv[0]).resolve()
+    try:
+        script_text = str(script.relative_to(REPO))
+    except ValueError:
+        script_text = argv[0]
+    return " ".join(["python3", script_text, *(shlex.quote(a) for a in argv[1:])])
+
+
+def machine() -> str:
+    cpus = os.cpu_count()
+    try:
+        load = "load average %.1f / %.1f / %.1f" % os.getloadavg()
+    except OSError:  # pragma: no cover - not on Linux
+        load = "load average n/a"
+    return f"{platform.machine()}, {cpus} CPU(s), {load}"
+
+
+def provenance(argv: Sequence[str] | None = None, extra_packages: Iterable[str] = ()) -> str:
+    """One markdown paragraph: command, date, machine, versions."""
+    v = ", ".join(f"{k} {val}" for k, val in versions(extra_packages).items())
+    now = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    return f"Command: `{command_line(argv)}` — {now}; {machine()} (at the end of the run); {v}."
+
+
+# ------------------------------------------------------------------------------------------ RESULTS.md
+_HEADER = re.compile(r"^## (.+?)\s*$")
+
+
+def split_sections(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """(preamble, [(section name, section text including its header line)])."""
+    preamble: list[str] = []
+    sections: list[tuple[str, list[str]]] = []
+    in_fence = False
+    for line in text.splitlines(keepends=True):
+        if line.lstrip().startswith("```"):
+            in_fence = not in_fence
+        match = None if in_fence else _HEADER.match(line.rstrip("\n"))
+        if match:
+            sections.append((match.group(1), [line]))
+        elif sections:
+            sections[-1][1].append(line)
+        else:
+            preamble.append(line)
+    return "".join(preamble), [(name, "".join(lines)) for name, lines in sections]
+
+
+def write_section(name: str, markdown: str, results: Path | None = None, argv: Sequence[str] | None = None,
+                  extra_packages: Iterable[str] = (), with_provenance: bool = True) -> Path:
+    """Replace the ``## name`` section of RESULTS.md (or append it), atomically.
+
+    ``markdown`` is the body; a provenance line (command, date, machine, versions) goes first unless
+    ``with_provenance`` is False (sections folded in from elsewhere carry their own).
+    """
+    results = Path(results or RESULTS)
+    text = results.read_text(encoding="utf-8") if results.is_file() else f"{RESULTS_TITLE}\n\n{RESULTS_INTRO}\n\n"
+    preamble, sections = split_sections(text)
+    body = markdown.strip("\n")
+    if with_provenance:
+        body = provenance(argv, extra_packages) + "\n\n" + body
+    block = f"## {name}\n\n{body}\n\n"
+    replaced = False
+    out = []
+    for sec_name, sec_text in sections:
+        if sec_name == name and not replaced:
+            out.append(block)
+            replaced = True
+        elif sec_name != name:
+            out.append(sec_text if sec_text.endswith("\n\n") else sec_text.rstrip("\n") + "\n\n")
+    if not replaced:
+        out.append(block)
+    new = preamble if preamble.strip() else f"{RESULTS_TITLE}\n\n{RESULTS_INTRO}\n\n"
+    new = new.rstrip("\n") + "\n\n" + "".join(out)
+    fd, tmp = tempfile.mkstemp(dir=results.parent, prefix=".RESULTS.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(new.rstrip("\n") + "\n")
+    os.replace(tmp, results)
+    return results
+
+
+# ------------------------------------------------------------------------------------------ tables
+def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str | None = None) -> str:
+    """Markdown table; ``align`` one char per column, 'l' or 'r' (default: first left, rest right)."""
+    header = list(header)
+    align = align or ("l" + "r" * (len(header) - 1))
+    sep = ["---" if a == "l" else "---:" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"]
+    for row in rows:
+        lines.append("| " + " | ".join(str(c) for c in row) + " |")
+    return "\n".join(lines)
+
+
+def fmt(value: float, digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "**NOT met**"
+
+
+# ------------------------------------------------------------------------------------------ timing
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def interleave(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Run every function once per round, alternating the order each round (A B, B A, ...), so a
+    change of load during the run hits both sides alike. Returns the seconds of each run."""
+    names = list(fns)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for n in order:
+            seconds, _ = timed(fns[n])
+            times[n].append(seconds)
+    return times
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def set_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set once in this process
+        pass

@@ -1,0 +1,257 @@
+"""Probe scoring throughput: the batched engine against one context per forward pass.
+
+    python3 benchmarks/probe_throughput.py [--quick] [--tasks breast_cancer digits] [--q 50] [--naive-queries 10]
+                                           [--rounds 3] [--threads 1] [--no-write]
+
+Same model (the shipped pfn-mini), same task and queries (each of ``--tasks`` prepared by Stage I, its Q
+members and Q non-members), same 48-manipulation default suite, same seed:
+
+* **batched**: ``ProbePlan.build`` once (timed on its own: it is built once per task and reused for every
+  checkpoint of every run on that task and for the reference model), then ``probes.scoring.score``, which
+  stacks contexts of one shape into batches and runs one forward pass per batch;
+* **naive**: for each (query, manipulation) in turn: draw its plan (``rng_for`` + ``apply``), build its
+  arrays (``materialize``), one forward pass of that single context, the three scores. It runs on the
+  first ``--naive-queries`` queries (x 48 manipulations) and its per-context rate stands for the whole set
+  (the cost per context does not depend on how many there are); its scores are checked against the
+  batched engine's for the same contexts.
+
+Both sides alternate over ``--rounds`` rounds (batched, naive, naive, batched, ...); the rates are medians.
+Reported: (query x manipulation) scores per second of each and their ratio (target >= 20x on CPU), and the
+share of ``score`` time spent outside the model's forward pass (``log_probs`` calls timed by wrapping the
+adapter's method; target <= 25 %).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import fmt, md_table, median, set_threads, verdict, write_section  # noqa: E402
+
+SECTION = "Probe throughput: batched engine vs one context per forward"
+TARGET_SPEEDUP = 20.0
+TARGET_OUTSIDE = 0.25
+
+
+class ForwardTimer:
+    """Wraps ``model.log_probs`` (instance attribute over the class method) and sums its wall time."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.seconds = 0.0
+        self.calls = 0
+        self._orig = model.log_probs
+
+    def __enter__(self) -> "ForwardTimer":
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            out = self._orig(*args, **kwargs)
+            self.seconds += time.perf_counter() - start
+            self.calls += 1
+            return out
+
+        self.model.log_probs = timed
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.model.log_probs  # back to the class method
+
+
+def batched(model, queries, suite, seed: int, plan=None) -> dict:
+    from probes.scoring import ProbePlan, score
+
+    out = {}
+    if plan is None:
+        start = time.perf_counter()
+        plan = ProbePlan.build(queries, suite, seed)
+        out["plan_seconds"] = time.perf_counter() - start
+    with ForwardTimer(model) as timer:
+        start = time.perf_counter()
+        table = score(model, plan)
+        out["score_seconds"] = time.perf_counter() - start
+    out.update(forward_seconds=timer.seconds, forward_calls=timer.calls, contexts=len(table), table=table, plan=plan)
+    return out
+
+
+def naive(model, queries, suite, seed: int, n_queries: int) -> dict:
+    import torch
+
+    from probes.manipulations import apply, materialize, rng_for
+    from probes.scoring import distribution_scores
+
+    import warnings
+
+    model.module.eval()
+    loss = []
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")  # frozen plan arrays, read only
+    with ForwardTimer(model) as timer, torch.no_grad():
+        start = time.perf_counter()
+        for qi in range(n_queries):
+            qid, label, x_q = int(queries.query_ids[qi]), int(queries.labels[qi]), queries.features[qi]
+            for manipulation in suite:
+                plan = apply(manipulation, label, queries.n_classes, x_q.shape[0], rng_for(seed, qid, manipulation.name))
+                context_x, query_x = materialize(plan, x_q)
+                lp = model.log_probs(torch.from_numpy(context_x)[None], torch.from_numpy(plan.labels)[None],
+                                     torch.from_numpy(query_x)[None, None], queries.n_classes)[:, 0]
+                scores = distribution_scores(lp, torch.tensor([label]))
+                loss.append(float(scores["loss"][0]))
+        seconds = time.perf_counter() - start
+    return {"seconds": seconds, "forward_seconds": timer.seconds, "contexts": n_queries * len(suite),
+            "loss": np.array(loss, dtype=np.float32)}
+
+
+def token_redundancy(plan) -> float:
+    """Context tokens per context / distinct tokens per context. Every context row carries the query's
+    features, so rows with one label and no distractor column are identical tokens."""
+    total = distinct = 0
+    for entry in plan.planned:
+        labels = entry.plan.labels
+        total += labels.size + 1
+        distinct += (len(np.unique(labels)) if entry.plan.distractors.shape[1] == 0 else labels.size) + 1
+    return total / distinct
+
+
+def measure(task_name: str, args, model) -> dict:
+    from probes.manipulations import default_suite
+    from probes.scoring import ProbeQueries
+    from trainables.data import TaskSource, prepare_task
+
+    task = prepare_task(TaskSource(task_name, "builtin"), seed=args.seed, q=args.q, context_size=args.context)
+    queries = ProbeQueries.from_task(task)
+    suite = default_suite()
+    n_naive = min(args.naive_queries, len(queries.query_ids))
+    print(f"{task_name}: {len(queries.query_ids)} queries x {len(suite)} manipulations = "
+          f"{len(queries.query_ids) * len(suite)} contexts; naive on {n_naive} queries", flush=True)
+
+    # Warm-up (imports, allocator, kernels), then alternate.
+    naive(model, queries, suite, args.seed, 1)
+    b_runs, n_runs = [], []
+    for r in range(args.rounds):
+        order = ("batched", "naive") if r % 2 == 0 else ("naive", "batched")
+        for side in order:
+            if side == "batched":
+                b = batched(model, queries, suite, args.seed)
+                b_runs.append(b)
+                print(f"  round {r}: plan {b['plan_seconds']:.2f} s, score {b['score_seconds']:.2f} s "
+                      f"(forward {b['forward_seconds']:.2f} s in {b['forward_calls']} calls) -> "
+                      f"{b['contexts'] / b['score_seconds']:,.0f} contexts/s", flush=True)
+            else:
+                n = naive(model, queries, suite, args.seed, n_naive)
+                n_runs.append(n)
+                print(f"  round {r}: naive {n['seconds']:.2f} s for {n['contexts']} contexts -> "
+                      f"{n['contexts'] / n['seconds']:,.0f} contexts/s", flush=True)
+
+    # The naive loop scored the same contexts: its losses must match the batched table's.
+    head = b_runs[0]["table"]["loss"].to_numpy()[: n_runs[0]["contexts"]]
+    max_diff = float(np.max(np.abs(head - n_runs[0]["loss"])))
+    assert max_diff < 1e-3, f"naive and batched scores differ by {max_diff}"
+
+    out = {"task": task_name, "queries": len(queries.query_ids), "classes": queries.n_classes,
+           "features": queries.features.shape[1], "contexts": b_runs[0]["contexts"], "n_naive": n_naive,
+           "naive_contexts": n_runs[0]["contexts"], "max_diff": max_diff, "suite": len(suite),
+           "groups": len(b_runs[0]["plan"].groups), "calls": b_runs[0]["forward_calls"],
+           "redundancy": token_redundancy(b_runs[0]["plan"]),
+           "tokens": float(np.mean([e.plan.labels.size + 1 for e in b_runs[0]["plan"].planned]))}
+    out["plan_s"] = median([b["plan_seconds"] for b in b_runs])
+    out["score_s"] = median([b["score_seconds"] for b in b_runs])
+    out["fwd_share"] = median([b["forward_seconds"] / b["score_seconds"] for b in b_runs])
+    out["b_rate"] = median([b["contexts"] / b["score_seconds"] for b in b_runs])
+    out["b_fwd_ms"] = median([b["forward_seconds"] / b["contexts"] * 1e3 for b in b_runs])
+    out["b_rate_first"] = median([b["contexts"] / (b["score_seconds"] + b["plan_seconds"]) for b in b_runs])
+    out["n_rate"] = median([n["contexts"] / n["seconds"] for n in n_runs])
+    out["n_fwd_ms"] = median([n["forward_seconds"] / n["contexts"] * 1e3 for n in n_runs])
+    out["n_fwd_share"] = median([n["forward_seconds"] / n["seconds"] for n in n_runs])
+    out["speedup"] = out["b_rate"] / out["n_rate"]
+    out["outside"] = 1 - out["fwd_share"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="first task only, 1 round, naive on 4 queries (< 1 min)")
+    p.add_argument("--tasks", nargs="+", default=["breast_cancer", "digits"],
+                   help="built-in tasks; the first gives the headline (digits: 10 classes, like binned regression)")
+    p.add_argument("--q", type=int, default=50, help="members (and as many non-members): 2Q queries")
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--naive-queries", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (probe actors run with 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-write", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.naive_queries, args.tasks = 1, 4, args.tasks[:1]
+    set_threads(args.threads)
+
+    import torch
+
+    from trainables.models import build_model
+
+    model = build_model("pfn-mini")
+    results = [measure(name, args, model) for name in args.tasks]
+    h = results[0]
+    ok_speed, ok_outside = h["speedup"] >= TARGET_SPEEDUP, h["outside"] <= TARGET_OUTSIDE
+
+    rows = []
+    for r in results:
+        rows += [
+            (r["task"], "batched `score` (plan reused)", f"{r['b_rate']:,.0f}", f"**{r['speedup']:.1f}x**",
+             fmt(r["score_s"], 3), f"{r['b_fwd_ms']:.3f}", f"{r['fwd_share']:.1%}",
+             f"{r['calls']} forward calls ({r['groups']} shapes)"),
+            (r["task"], "batched, first use (`ProbePlan.build` + `score`)", f"{r['b_rate_first']:,.0f}",
+             f"{r['b_rate_first'] / r['n_rate']:.1f}x", fmt(r["score_s"] + r["plan_s"], 3), "–", "–",
+             f"plan build {r['plan_s']:.3f} s, once per task"),
+            (r["task"], "naive: one context per forward", f"{r['n_rate']:,.0f}", "1.0x",
+             f"{r['contexts'] / r['n_rate']:.3f} (extrapolated)", f"{r['n_fwd_ms']:.3f}", f"{r['n_fwd_share']:.1%}",
+             f"measured on {r['naive_contexts']} contexts"),
+        ]
+    table = md_table(["task", "engine", "scores / s", "speed-up", "s for all contexts", "forward ms / context",
+                      "time in forward", "note"], rows, align="llrrrrrl")
+    tasks_text = "; ".join(
+        f"`{r['task']}`: {r['queries']} queries, {r['classes']} classes, {r['features']} features, {r['contexts']} "
+        f"contexts of {r['tokens']:.1f} tokens on average, naive on the first {r['n_naive']} queries (max |diff| of "
+        f"the losses vs batched {r['max_diff']:.1e})" for r in results)
+    text = "\n".join([
+        f"**Headline** (`{h['task']}`): batched / naive = **{h['speedup']:.1f}x** (target >= {TARGET_SPEEDUP:.0f}x: "
+        f"{verdict(ok_speed)}); share of `score` time outside the forward pass = **{h['outside']:.1%}** (target <= "
+        f"{TARGET_OUTSIDE:.0%}: {verdict(ok_outside)}); plan building {h['plan_s']:.2f} s once per task "
+        f"({h['plan_s'] / h['score_s']:.2f}x one `score` call, amortised over every checkpoint and the reference)."
+        + "".join(f" `{r['task']}`: {r['speedup']:.1f}x, {r['outside']:.1%} outside." for r in results[1:]),
+        "",
+        f"Shipped pfn-mini x the default suite of {h['suite']} manipulations, tasks prepared by Stage I with Q={args.q} "
+        f"(2Q queries) and context {args.context}: {tasks_text}. torch {torch.__version__}, {args.threads} thread(s); "
+        f"{args.rounds} alternating round(s), medians.",
+        "",
+        table,
+        "",
+        "Time in forward = wall time inside the adapter's `log_probs` (wrapped with a timer) / total; the rest of "
+        "`score` is stacking plans into arrays (`materialize_batch`), the scores and the result table. Plan "
+        "building (`ProbePlan.build`: one RNG draw and plan per context) is per task, not per checkpoint: a run "
+        "probed at 9 checkpoints plus the shared reference builds it once per probe actor.",
+        "",
+        "Why the speed-up is what it is: the batched engine spends "
+        f"{h['fwd_share']:.0%} of its time in the forward pass and does one call per context shape, so it is bound by "
+        f"the model's arithmetic ({h['b_fwd_ms']:.3f} ms of forward per context on `{h['task']}`), while the naive "
+        f"loop pays a fixed per-call cost of the framework and of pfn-mini's dozens of small ops ({h['n_fwd_ms']:.3f} ms "
+        "per context, almost independent of the context's size). The ratio is therefore the per-call overhead over "
+        "the per-context arithmetic: larger for tiny contexts (binary tasks), smaller for 10-class contexts of up to "
+        "100 rows. Token redundancy (context tokens / distinct tokens, since every row carries the query's features "
+        "and rows of one label without distractors are identical): "
+        + ", ".join(f"`{r['task']}` {r['redundancy']:.2f}x" for r in results)
+        + " — the most a pfn-mini-specific deduplication (one token per distinct row, log-count attention bias) "
+        "could cut the arithmetic by, token-wise.",
+    ])
+    print()
+    print(text)
+    if not args.no_write:
+        print("wrote", write_section(SECTION, text, argv=[sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
