@@ -15,6 +15,7 @@ import os
 import re
 import tempfile
 import warnings
+import zipfile
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -1123,8 +1124,9 @@ def load_prepared(fingerprint: str, cache_dir: str | os.PathLike[str]) -> Prepar
             target_values=arrays.get("target_values"),
             **{name: arrays[name] for name in _ARRAY_FIELDS},
         )
-    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, json.JSONDecodeError) as err:
         # A damaged entry is recomputed, not trusted.
+        warnings.warn(f"ignoring damaged prepared-task cache entry {npz_path} ({err}); recomputing it", stacklevel=2)
         return None
 
 

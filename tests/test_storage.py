@@ -1,0 +1,58 @@
+"""Atomic, checksummed storage: damaged results are detected, named, and recomputed rather than trusted."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from probes.probe import ProbeResult
+
+
+def _result() -> ProbeResult:
+    row = {"run_id": "r", "epoch": 3, "outcome": "no_signal", "auc": 0.5}
+    manip = pd.DataFrame({"run_id": ["r"], "epoch": [3], "manipulation": ["base"], "category": ["base"], "auc": [0.5]})
+    return ProbeResult(row, manip, pd.DataFrame({"fpr": [0.0, 1.0], "tpr": [0.0, 1.0]}))
+
+
+def test_a_saved_result_round_trips(tmp_path):
+    _result().save(tmp_path, "e0003")
+    loaded = ProbeResult.load(tmp_path, "e0003")
+    assert loaded.row == _result().row and loaded.manipulation_auc.equals(_result().manipulation_auc)
+    assert not list(tmp_path.glob(".*tmp"))  # no temporary file left behind
+
+
+def test_a_tampered_result_fails_its_checksum_and_is_named_in_a_warning(tmp_path):
+    _result().save(tmp_path, "e0003")
+    path = tmp_path / "e0003.json"
+    stored = json.loads(path.read_text())
+    stored["row"]["auc"] = 0.9  # bit rot or a hand edit
+    path.write_text(json.dumps(stored))
+    with pytest.warns(UserWarning, match="e0003.json"):
+        assert ProbeResult.load(tmp_path, "e0003") is None
+
+
+def test_a_truncated_part_of_a_result_makes_it_recomputed(tmp_path):
+    _result().save(tmp_path, "e0003")
+    manip = tmp_path / "e0003.manip.parquet"
+    manip.write_bytes(manip.read_bytes()[:50])
+    with pytest.warns(UserWarning, match="e0003.manip.parquet"):
+        assert ProbeResult.load(tmp_path, "e0003") is None
+
+
+def test_a_half_written_result_is_invisible(tmp_path):
+    (tmp_path / "e0001.json").write_text('{"row": {"run_id": "r"')  # a crash mid-write of a non-atomic writer
+    assert ProbeResult.load(tmp_path, "e0001") is None
+
+
+def test_a_damaged_prepared_task_cache_entry_is_recomputed(tmp_path):
+    from trainables.data import TaskSource, load_or_prepare
+
+    source = TaskSource("iris", "builtin")
+    first = load_or_prepare(source, q=30, context_size=60, cache_dir=tmp_path)
+    npz = next(tmp_path.glob("*.npz"))
+    npz.write_bytes(npz.read_bytes()[:100])
+    with pytest.warns(UserWarning, match=npz.name):
+        again = load_or_prepare(source, q=30, context_size=60, cache_dir=tmp_path)
+    assert again == first
