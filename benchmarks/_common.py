@@ -187,3 +187,11 @@ def set_threads(n: int) -> None:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already set once in this process
         pass
+
+
+def publish(section: str, text: str, no_write: bool, argv: Sequence[str] | None) -> None:
+    """Print a benchmark's markdown and, unless ``no_write``, replace its section of RESULTS.md."""
+    print()
+    print(text)
+    if not no_write:
+        print("wrote", write_section(section, text, argv=[sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, fmt, md_table, set_threads, verdict, write_section  # noqa: E402
+from _common import REPO, fmt, md_table, set_threads, verdict, publish  # noqa: E402
 
 SECTION = "Embedded model: pfn-mini in-context accuracy"
 BAR = 0.9
@@ -246,10 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     sk = sklearn_tables(model, args.seeds_list)
     carte = carte_tables(model, Path(args.carte_dir), args.carte_q, args.carte_context, args.carte_seeds_list)
     text = render(sk, carte, meta, curve, curve_path, args)
-    print()
-    print(text)
-    if not args.no_write:
-        print("wrote", write_section(SECTION, text, argv=[sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
+    publish(SECTION, text, args.no_write, argv)
     return 0
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt, md_table, median, set_threads, verdict, write_section  # noqa: E402
+from _common import fmt, md_table, median, set_threads, verdict, publish  # noqa: E402
 
 SECTION = "Fine-tuning overhead: Ray Tune vs plain torch"
 TARGET = 0.15
@@ -344,10 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         f"paper's 500 epochs the same costs would add "
         f"{(fixed_extra + epoch_extra * 500 / 1e3) / (median([o['median_iter'] for o in plain]) * 500 + median([o['first_iter'] for o in plain])):+.0%}.",
     ] + diagnosis(args, schedule, plain, t_med, plain0, sparse, worker_nice))
-    print()
-    print(text)
-    if not args.no_write:
-        print("wrote", write_section(SECTION, text, argv=[sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
+    publish(SECTION, text, args.no_write, argv)
     return 0
 
 

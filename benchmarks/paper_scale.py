@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, md_table, median, set_threads, write_section  # noqa: E402
+from _common import REPO, md_table, median, set_threads, publish  # noqa: E402
 
 SECTION = "Paper scale: the work of configs/paper.yaml and its wall time"
 
@@ -313,10 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         f"per-context scoring cost is measured at Q={qs[0]} and applied to every Q (a context's shape does not "
         f"depend on Q); the rest of a probe is measured at each Q with the score tables stubbed.",
     ])
-    print()
-    print(text)
-    if not args.no_write:
-        print("wrote", write_section(SECTION, text, argv=[sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
+    publish(SECTION, text, args.no_write, argv)
     return 0
 
 

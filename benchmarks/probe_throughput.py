@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt, md_table, median, set_threads, verdict, write_section  # noqa: E402
+from _common import fmt, md_table, median, set_threads, verdict, publish  # noqa: E402
 
 SECTION = "Probe throughput: batched engine vs one context per forward"
 TARGET_SPEEDUP = 20.0
@@ -246,10 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         + " — the most a pfn-mini-specific deduplication (one token per distinct row, log-count attention bias) "
         "could cut the arithmetic by, token-wise.",
     ])
-    print()
-    print(text)
-    if not args.no_write:
-        print("wrote", write_section(SECTION, text, argv=[sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
+    publish(SECTION, text, args.no_write, argv)
     return 0
 
 

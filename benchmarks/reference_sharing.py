@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import md_table, verdict, write_section  # noqa: E402
+from _common import md_table, verdict, publish  # noqa: E402
 
 SECTION = "Reference sharing: probe actors' memory, shared vs private reference model"
 TARGET = 1.5
@@ -347,10 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         today,
     ])
-    print()
-    print(text)
-    if not args.no_write:
-        print("wrote", write_section(SECTION, text, argv=[sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
+    publish(SECTION, text, args.no_write, argv)
     return 0
 
 
