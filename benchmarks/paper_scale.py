@@ -128,7 +128,7 @@ def measure(task_name: str, q: int, context: int, sweep, model, epochs: int, sco
     # Probe plan: built once per task per probe actor.
     queries = ProbeQueries.from_task(task)
     start = time.perf_counter()
-    plan = ProbePlan.build(queries, default_suite(), task.seed)
+    plan = ProbePlan.build(queries, default_suite(), task.seed, compress_rows=model.supports_context_weights)
     out["plan_s"] = time.perf_counter() - start
     out["contexts"] = len(plan.planned)
 

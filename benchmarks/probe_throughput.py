@@ -68,7 +68,7 @@ def batched(model, queries, suite, seed: int, plan=None) -> dict:
     out = {}
     if plan is None:
         start = time.perf_counter()
-        plan = ProbePlan.build(queries, suite, seed)
+        plan = ProbePlan.build(queries, suite, seed, compress_rows=model.supports_context_weights)  # as probe actors do
         out["plan_seconds"] = time.perf_counter() - start
     with ForwardTimer(model) as timer:
         start = time.perf_counter()

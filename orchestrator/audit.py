@@ -77,7 +77,8 @@ def audit_checkpoint(checkpoint: str, task: str, *, base_model: str = "pfn-mini"
         model = load_checkpoint_model(path)
     else:
         model = build_model(base_model, **{**(base_options or {}), "weights": str(path)})
-    plan = ProbePlan.build(ProbeQueries.from_task(prepared), default_suite(), seed)
+    plan = ProbePlan.build(ProbeQueries.from_task(prepared), default_suite(), seed,
+                           compress_rows=base.supports_context_weights)
     settings = ProbeSettings(n_resamples=bootstrap, thresholds=OutcomeThresholds())
     identity = {"run_id": f"audit-{path.name}", "task": source.name, "model": base_model, "regime": "external",
                 "lr": float("nan"), "q": len(prepared.member_idx), "label_mode": label_mode, "seed": seed}

@@ -64,7 +64,8 @@ class ProbeWorker:
     def plan(self, task_key: str) -> ProbePlan:
         if task_key not in self._plans:
             task = self.tasks[task_key]
-            self._plans[task_key] = ProbePlan.build(ProbeQueries.from_task(task), self.suite, task.seed)
+            self._plans[task_key] = ProbePlan.build(ProbeQueries.from_task(task), self.suite, task.seed,
+                                                    compress_rows=self.base.supports_context_weights)
         return self._plans[task_key]
 
     def _model_for(self, job: ProbeJob):

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 
 from probes.manipulations import (
+    ContextPlan,
     Manipulation,
     PlannedContext,
     build_plans,
@@ -56,25 +57,52 @@ class ProbeQueries:
 
 @dataclass(frozen=True)
 class ProbePlan:
-    """All contexts of one probe, grouped by shape; independent of the model being probed."""
+    """All contexts of one probe, grouped by shape; independent of the model being probed.
+
+    With ``row_weights`` (for models with ``supports_context_weights``) every context without
+    distractor columns is stored as its distinct rows and their multiplicities: a context of all-identical
+    features differs only in labels, so "true label x5, every row x10" becomes m rows and m counts.
+    """
 
     queries: ProbeQueries
     suite: tuple[Manipulation, ...]
     seed: int
     planned: tuple[PlannedContext, ...]
     groups: tuple[tuple[Any, tuple[int, ...]], ...]  # (shape, indices into planned)
+    row_weights: tuple[np.ndarray, ...] | None = None  # float32 [N] per planned context, or None
 
     @property
     def suite_fingerprint(self) -> str:
         return suite_fingerprint(self.suite)
 
     @classmethod
-    def build(cls, queries: ProbeQueries, suite: Sequence[Manipulation], seed: int) -> "ProbePlan":
+    def build(cls, queries: ProbeQueries, suite: Sequence[Manipulation], seed: int,
+              compress_rows: bool = False) -> "ProbePlan":
         planned = build_plans(
             suite, seed, queries.query_ids, queries.labels, queries.n_classes, queries.features.shape[1]
         )
+        weights = None
+        if compress_rows:
+            planned, weights = _compress(planned)
         groups = tuple((shape, tuple(idx)) for shape, idx in group_by_shape(planned).items())
-        return cls(queries, tuple(suite), seed, tuple(planned), groups)
+        return cls(queries, tuple(suite), seed, tuple(planned), groups, weights)
+
+
+def _compress(planned: Sequence[PlannedContext]) -> tuple[list[PlannedContext], tuple[np.ndarray, ...]]:
+    """Distinct rows with multiplicities for every context whose rows differ only in their label."""
+    out, weights = [], []
+    for entry in planned:
+        plan = entry.plan
+        if plan.n_distractors:
+            out.append(entry)
+            weights.append(np.ones(plan.n_rows, dtype=np.float32))
+            continue
+        labels, counts = np.unique(plan.labels, return_counts=True)
+        compact = ContextPlan(labels=labels.astype(np.int64), keep_columns=plan.keep_columns,
+                              distractors=np.zeros((len(labels) + 1, 0), dtype=np.float32))
+        out.append(PlannedContext(entry.query_index, entry.manipulation_index, compact))
+        weights.append(counts.astype(np.float32))
+    return out, tuple(weights)
 
 
 def distribution_scores(log_probs: torch.Tensor, true_labels: torch.Tensor) -> dict[str, np.ndarray]:
@@ -106,11 +134,15 @@ def score(model: Any, plan: ProbePlan, max_batch: int = 2048) -> pd.DataFrame:
             entries = [plan.planned[i] for i in chunk]
             query_rows = np.fromiter((e.query_index for e in entries), dtype=np.int64, count=len(entries))
             context_x, context_y, query_x = materialize_batch([e.plan for e in entries], q.features[query_rows])
+            weight = None
+            if plan.row_weights is not None:
+                weight = torch.from_numpy(np.stack([plan.row_weights[i] for i in chunk]))  # [B, N]
             log_probs = model.log_probs(
                 torch.from_numpy(context_x),  # [B, N, F']
                 torch.from_numpy(context_y),  # [B, N]
                 torch.from_numpy(query_x)[:, None, :],  # [B, 1, F']
                 q.n_classes,
+                context_weight=weight,
             )[:, 0]  # [B, C]
             scores = distribution_scores(log_probs, torch.from_numpy(q.labels[query_rows]))
             for key, values in scores.items():

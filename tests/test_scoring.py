@@ -119,3 +119,25 @@ def test_batched_scores_equal_one_context_at_a_time(task):
                                  torch.from_numpy(qx)[None, None], queries.n_classes)[0, 0]
             single.append(float(-lp[queries.labels[entry.query_index]]))
     np.testing.assert_allclose(batched["loss"].to_numpy(), np.array(single, dtype=np.float32), rtol=1e-4, atol=1e-5)
+
+
+def test_compressed_rows_with_multiplicities_score_like_the_repeated_rows(task):
+    """Skewed and scaled contexts scored as distinct rows + counts equal the full contexts."""
+    queries = ProbeQueries.from_task(task)
+    full = ProbePlan.build(queries, default_suite(), 0)
+    compact = ProbePlan.build(queries, default_suite(), 0, compress_rows=True)
+    assert sum(p.plan.n_rows for p in compact.planned) < 0.7 * sum(p.plan.n_rows for p in full.planned)
+    assert len(compact.groups) < len(full.groups)
+    model = build_model("pfn-mini")
+    a, b = score(model, full), score(model, compact)
+    pd.testing.assert_frame_equal(a[["query_id", "member", "manipulation"]], b[["query_id", "member", "manipulation"]])
+    np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(a["entropy"], b["entropy"], rtol=1e-4, atol=1e-5)
+
+
+def test_models_without_row_multiplicities_refuse_them():
+    from trainables.errors import ModelError
+
+    with pytest.raises(ModelError, match="multiplicities"):
+        ContextBlindAdapter().log_probs(torch.zeros(1, 2, 1), torch.zeros(1, 2, dtype=torch.long),
+                                        torch.zeros(1, 1, 1), 2, context_weight=torch.ones(1, 2))

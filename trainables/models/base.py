@@ -28,6 +28,10 @@ class ModelAdapter(abc.ABC):
     name: str = ""
     max_classes: int = 0
     max_features: int = 0
+    # True when the model is invariant to the order of context rows and accepts row multiplicities
+    # (``context_weight``) in place of repeated identical rows; the probe engine then scores skewed
+    # and scaled contexts with one token per distinct row.
+    supports_context_weights: bool = False
 
     def __init__(self, module: torch.nn.Module, options: dict[str, Any] | None = None) -> None:
         self.module = module
@@ -38,17 +42,26 @@ class ModelAdapter(abc.ABC):
     def _logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
         """Unnormalised scores [B, M, >= C] of which the first C columns are the candidates."""
 
+    def _weighted_logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
+                         context_weight: torch.Tensor) -> torch.Tensor:
+        raise ModelError(f"model {self.name!r} does not take context row multiplicities")
+
     def log_probs(
-        self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor, n_classes: int
+        self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor, n_classes: int,
+        context_weight: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """context_x [B, N, F] float32, context_y [B, N] int64, query_x [B, M, F] -> [B, M, C] log-probs.
 
         Normalised over exactly the candidate set {0, ..., n_classes-1}; computed in float32 since member
-        and non-member scores can differ by little.
+        and non-member scores can differ by little. ``context_weight`` [B, N] (multiplicity of each
+        context row) only for models with ``supports_context_weights``.
         """
         self.check_shapes(context_x, context_y, query_x, n_classes)
-        logits = self._logits(context_x.float(), context_y.long(), query_x.float())[..., :n_classes]
-        return torch.log_softmax(logits.float(), dim=-1)
+        if context_weight is None:
+            logits = self._logits(context_x.float(), context_y.long(), query_x.float())
+        else:
+            logits = self._weighted_logits(context_x.float(), context_y.long(), query_x.float(), context_weight)
+        return torch.log_softmax(logits[..., :n_classes].float(), dim=-1)
 
     def check_shapes(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor, n_classes: int) -> None:
         if n_classes > self.max_classes:

@@ -17,6 +17,7 @@ SHIPPED_WEIGHTS = Path(__file__).resolve().parent / "weights" / "pfn_mini.safete
 
 class PfnMiniAdapter(ModelAdapter):
     name = "pfn-mini"
+    supports_context_weights = True  # no positional encoding: context rows are a multiset
 
     def __init__(self, module: PfnMini, options: dict[str, Any] | None = None) -> None:
         super().__init__(module, options)
@@ -25,6 +26,10 @@ class PfnMiniAdapter(ModelAdapter):
 
     def _logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
         return self.module(context_x, context_y, query_x)
+
+    def _weighted_logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
+                         context_weight: torch.Tensor) -> torch.Tensor:
+        return self.module(context_x, context_y, query_x, context_weight)
 
 
 @MODELS.decorator("pfn-mini")

@@ -48,8 +48,9 @@ class ContextAttentionBlock(nn.Module):
         self.norm_ff = nn.LayerNorm(d_model)
         self.ff = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
 
-    def forward(self, tokens: torch.Tensor, n_context: int) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, n_context: int, key_bias: torch.Tensor | None = None) -> torch.Tensor:
         # tokens: [B, N+M, D]; the first n_context tokens are the context rows.
+        # key_bias: [B, 1, 1, N] added to the attention logits (log row multiplicities), or None.
         batch, length, width = tokens.shape
         head_dim = width // self.n_heads
         q, k, v = self.qkv(self.norm_attn(tokens)).chunk(3, dim=-1)  # each [B, N+M, D]
@@ -58,7 +59,7 @@ class ContextAttentionBlock(nn.Module):
             return t.view(batch, t.shape[1], self.n_heads, head_dim).transpose(1, 2)  # [B, H, L, Dh]
 
         attended = F.scaled_dot_product_attention(
-            heads(q), heads(k[:, :n_context]), heads(v[:, :n_context])
+            heads(q), heads(k[:, :n_context]), heads(v[:, :n_context]), attn_mask=key_bias
         )  # [B, H, N+M, Dh]
         attended = attended.transpose(1, 2).reshape(batch, length, width)
         tokens = tokens + self.out(attended)
@@ -88,12 +89,17 @@ class PfnMini(nn.Module):
         padded = F.pad(x, (0, self.config.max_features - n_features))
         return self.x_encoder(padded * math.sqrt(self.config.max_features / max(n_features, 1)))
 
-    def forward(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
+    def forward(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
+                context_weight: torch.Tensor | None = None) -> torch.Tensor:
         # context_x: [B, N, F]; context_y: [B, N] int64; query_x: [B, M, F] -> logits [B, M, max_classes]
+        # context_weight: [B, N] row multiplicities, or None. Identical context rows stay identical
+        # through every layer (they see the same keys), so one row with multiplicity c plus a log(c)
+        # bias on its attention logit computes exactly what c copies of it would, with fewer tokens.
         n_context = context_x.shape[1]
+        key_bias = None if context_weight is None else context_weight.float().log()[:, None, None, :]
         context_tokens = self._encode_features(context_x) + self.y_embedding(context_y)
         query_tokens = self._encode_features(query_x)
         tokens = torch.cat([context_tokens, query_tokens], dim=1)  # [B, N+M, D]
         for block in self.blocks:
-            tokens = block(tokens, n_context)
+            tokens = block(tokens, n_context, key_bias)
         return self.head(tokens[:, n_context:])
