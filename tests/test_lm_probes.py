@@ -473,6 +473,14 @@ def test_run_lm_sweep_runs_net_and_ner_and_writes_report_tables(planted, tmp_pat
 
     page = (run / REPORT_FILE).read_text()
     assert "Table 2" in page and "Table 5" in page and "Table 6" in page
+
+    # The W&B summary run (offline) holds the results table and the report artifact.
+    from synthetic_run_dir import read_wandb_records
+
+    logs = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(logs) == 1
+    text = "\n".join(str(r) for r in read_wandb_records(logs[0]))
+    assert "lm_results" in text and "mean_f1/net" in text and "iclmem-lm-" in text
     # raw data stays out of the report: no template sentence, no entity string
     assert "bought some bread" not in page and planted.world.planted["person"][0] not in page
     lists = list((run / "lm_exposure").glob("*.tsv"))

@@ -168,6 +168,7 @@ class LMSweepConfig(_Strict):
     device: str = "cpu"
     cpus_per_task: float = Field(1.0, gt=0)
     ray_address: str | None = None  # join this cluster; default: an initialized Ray, else a local one
+    wandb: dict[str, str] = Field(default_factory=lambda: {"mode": "offline", "project": "iclmem-lm"})
 
     @field_validator("probes")
     @classmethod
@@ -432,8 +433,34 @@ def run_lm_sweep(config_path: str | Path, run_dir: str | Path, *, config: LMSwee
     write_lm_report(results, run_dir / REPORT_FILE, title=f"LM probes - {cfg.name}")
     _write_json(run_dir / "lm_sweep.json", {"config": cfg.model_dump(mode="json"), "versions": _versions(),
                                             "ner_settings": asdict(settings), "seconds": round(time.time() - t0, 1)})
+    log_lm_results_to_wandb(results, run_dir, cfg)
     log.info("lm sweep %s: %d result row(s) in %.0fs -> %s", cfg.name, len(results), time.time() - t0, run_dir)
     return results
+
+
+def log_lm_results_to_wandb(results: Any, run_dir: Path, cfg: LMSweepConfig) -> None:
+    """One W&B summary run per LM sweep (offline unless online is asked for and a key is in the
+    environment): the results table (metrics, names and counts only), F1 summaries and the HTML report."""
+    from orchestrator.wandb_logger import resolve_wandb_mode
+
+    mode = resolve_wandb_mode(cfg.wandb.get("mode", "offline"))
+    if mode == "disabled" or results.empty:
+        return
+    import wandb
+
+    run = wandb.init(project=cfg.wandb.get("project", "iclmem-lm"), group=cfg.name, job_type="lm-summary",
+                     dir=str(run_dir), mode=mode, config={"sweep": cfg.name, "probes": list(cfg.probes),
+                                                          "seeds": list(cfg.seeds)}, reinit="finish_previous")
+    try:
+        run.log({"lm_results": wandb.Table(dataframe=results.reset_index(drop=True))})
+        for (probe, variant), group in results.groupby(["probe", "variant"], dropna=False):
+            run.summary[f"mean_f1/{probe}/{variant}"] = float(group["f1"].mean())
+        artifact = wandb.Artifact(f"iclmem-lm-{cfg.name}", type="lm-results")
+        artifact.add_file(str(run_dir / REPORT_FILE))
+        artifact.add_file(str(run_dir / RESULTS_FILE))
+        run.log_artifact(artifact)
+    finally:
+        run.finish()
 
 
 def _results_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
