@@ -277,8 +277,17 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
             prog.outcome(row)
         prog.show(force=True)
         if pool.failed:
-            log(f"[iclmem] {len(pool.failed)} probe job(s) failed after retries: {[j.stem for j, _ in pool.failed]}")
-        return aggregate(run_dir, prepared, log=log)
+            failed = [f"{j.identity.get('run_id', '?')}/{j.stem}" for j, _ in pool.failed]
+            log(f"[iclmem] {len(pool.failed)} probe job(s) failed after retries: {failed}; first error: {pool.failed[0][1][:2000]}")
+        results = aggregate(run_dir, prepared, log=log)
+        if pool.failed:
+            from trainables.errors import ProbeError
+
+            raise ProbeError(
+                f"{len(pool.failed)} checkpoint(s) could not be probed (first error above); every other result is "
+                f"saved in {run_dir}. `iclmem resume {run_dir}` probes the missing ones again."
+            )
+        return results
     finally:
         if pool is not None:
             pool.shutdown()

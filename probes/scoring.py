@@ -134,15 +134,15 @@ def score(model: Any, plan: ProbePlan, max_batch: int = 2048) -> pd.DataFrame:
             entries = [plan.planned[i] for i in chunk]
             query_rows = np.fromiter((e.query_index for e in entries), dtype=np.int64, count=len(entries))
             context_x, context_y, query_x = materialize_batch([e.plan for e in entries], q.features[query_rows])
-            weight = None
+            weights = {}  # only models that take row multiplicities get the keyword
             if plan.row_weights is not None:
-                weight = torch.from_numpy(np.stack([plan.row_weights[i] for i in chunk]))  # [B, N]
+                weights["context_weight"] = torch.from_numpy(np.stack([plan.row_weights[i] for i in chunk]))  # [B, N]
             log_probs = model.log_probs(
                 torch.from_numpy(context_x),  # [B, N, F']
                 torch.from_numpy(context_y),  # [B, N]
                 torch.from_numpy(query_x)[:, None, :],  # [B, 1, F']
                 q.n_classes,
-                context_weight=weight,
+                **weights,
             )[:, 0]  # [B, C]
             scores = distribution_scores(log_probs, torch.from_numpy(q.labels[query_rows]))
             for key, values in scores.items():
