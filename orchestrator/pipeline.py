@@ -254,7 +254,7 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
     started = ensure_ray(address, num_cpus=num_cpus)
     pool = None
     try:
-        pool = start_probe_pool(prepared, run_dir)
+        pool = start_probe_pools(prepared, run_dir)
         probes_dir = run_dir / "probes"
         prog = Progress(len(prepared.trials), enabled=progress, log=log)
         for key, identity in prepared.controls:
@@ -315,7 +315,32 @@ def prepare_in_place_or_staged(sweep: SweepConfig, run_dir: Path, log: Callable[
     return prepared
 
 
-def start_probe_pool(prepared: PreparedSweep, run_dir: Path):
+class ProbePools:
+    """One probe pool per model of the sweep, each holding that model's own base as the reference;
+    jobs are routed by the (model, options) of the run they come from."""
+
+    def __init__(self, pools: dict[tuple[str, str], Any]) -> None:
+        self.pools = pools
+
+    def submit(self, job: Any) -> None:
+        self.pools[(job.identity["model"], job.identity["model_options"])].submit(job)
+
+    def poll(self, timeout: float = 0.0) -> list[dict[str, Any]]:
+        return [row for pool in self.pools.values() for row in pool.poll(timeout=timeout / len(self.pools))]
+
+    def drain(self) -> list[dict[str, Any]]:
+        return [row for pool in self.pools.values() for row in pool.drain()]
+
+    @property
+    def failed(self) -> list:
+        return [f for pool in self.pools.values() for f in pool.failed]
+
+    def shutdown(self) -> None:
+        for pool in self.pools.values():
+            pool.shutdown()
+
+
+def start_probe_pools(prepared: PreparedSweep, run_dir: Path) -> ProbePools:
     import ray
 
     from probes.actors import ProbePool
@@ -325,8 +350,6 @@ def start_probe_pool(prepared: PreparedSweep, run_dir: Path):
     from trainables.models import build_model
 
     sweep = prepared.sweep
-    model_cfg = sweep.models[0]
-    base = build_model(model_cfg.name, **model_cfg.options)
     thresholds = OutcomeThresholds.from_dict(sweep.outcome.model_dump())
     settings = ProbeSettings(n_resamples=sweep.probe.bootstrap, thresholds=thresholds)
     res = sweep.resources
@@ -335,10 +358,17 @@ def start_probe_pool(prepared: PreparedSweep, run_dir: Path):
         options["resources"] = dict(res.probe_resources)
     cache = run_dir / "reference"
     cache.mkdir(parents=True, exist_ok=True)
-    return ProbePool(
-        res.probe_actors, options,
-        base_model_name=model_cfg.name, base_options=dict(model_cfg.options),
-        base_weights=ray.put(base.state_arrays()), base_digest=model_digest(base),
-        tasks=ray.put(prepared.tasks), suite_spec=sweep.probe.suite, settings=settings,
-        cache_dir=str(cache),
-    )
+    tasks = ray.put(prepared.tasks)  # one copy in the object store for every pool
+    pools = {}
+    for model_cfg in sweep.models:
+        key = (model_cfg.name, json.dumps(dict(model_cfg.options), sort_keys=True))
+        if key in pools:
+            continue
+        base = build_model(model_cfg.name, **model_cfg.options)
+        pools[key] = ProbePool(
+            res.probe_actors, options,
+            base_model_name=model_cfg.name, base_options=dict(model_cfg.options),
+            base_weights=ray.put(base.state_arrays()), base_digest=model_digest(base),
+            tasks=tasks, suite_spec=sweep.probe.suite, settings=settings, cache_dir=str(cache),
+        )
+    return ProbePools(pools)

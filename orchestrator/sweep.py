@@ -9,6 +9,8 @@ and each is computed once.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,14 +115,17 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
                 continue
             seen.add(key)
             pool = "-pool" if trial.regime == "multi_random" else ""
-            run_id = f"{trial.task[:24]}-base{pool}-q{trial.q}-{trial.label_mode}-s{trial.seed}"
+            model_key = hashlib.sha1(json.dumps([trial.model, dict(trial.model_options)], sort_keys=True,
+                                                default=str).encode()).hexdigest()[:6]
+            run_id = f"{trial.task[:24]}-base{pool}-q{trial.q}-{trial.label_mode}-s{trial.seed}-{trial.model}-{model_key}"
             identity = {**_identity(trial, sweep), "run_id": run_id, "regime": "base", "lr": 0.0}
             controls.append((trial_tasks[trial.run_id][0], identity))
     return PreparedSweep(sweep, tuple(trials), tasks, trial_tasks, tuple(controls))
 
 
 def _identity(trial: TrialSpec, sweep: SweepConfig) -> dict[str, Any]:
-    return {"run_id": trial.run_id, "task": trial.task, "model": trial.model, "regime": trial.regime,
+    return {"run_id": trial.run_id, "task": trial.task, "model": trial.model,
+            "model_options": json.dumps(dict(trial.model_options), sort_keys=True), "regime": trial.regime,
             "lr": trial.lr, "q": trial.q, "label_mode": trial.label_mode, "seed": trial.seed,
             "config_hash": sweep.config_hash(), "git_commit": git_commit()}
 

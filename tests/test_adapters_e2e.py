@@ -42,3 +42,27 @@ def test_the_quickstart_pipeline_runs_end_to_end_with_each_adapter(name, ray_ses
     assert tuned["outcome"] in {"collapse", "memorization", "inversion", "overfitting", "no_signal"}
     assert 0.0 <= tuned["auc"] <= 1.0 and tuned["loss_ratio"] > 0
     assert tuned["loss_ratio"] != 1.0  # fine-tuning changed the model
+
+
+def test_a_sweep_over_two_models_probes_each_against_its_own_base_model(ray_session, tmp_path):
+    """Routing check: were a model's control probed against the other model's reference, its ΔS
+    would not be zero and its AUC not exactly 0.5."""
+    if not extra_is_installed("tabpfn-v2"):
+        pytest.skip("tabpfn-v2: its optional extra is not installed")
+    sweep = parse_sweep({
+        "name": "two-models",
+        "tasks": [{"name": "iris"}],
+        "models": [{"name": "pfn-mini", "options": {"weights": "shipped"}},
+                   {"name": "tabpfn-v2", "options": ADAPTERS["tabpfn-v2"]}],
+        "grid": {"lr": [1e-3], "q": [30]},
+        "data": {"context_size": 60},
+        "training": {"epochs": 1, "checkpoint_epochs": [1]},
+        "probe": {"suite": ["base", "skew_true_x2"], "bootstrap": 10},
+        "resources": {"cpus_per_probe_actor": 0.25, "cpus_per_trial": 0.5},
+        "wandb": {"mode": "disabled"},
+    })
+    results = run_sweep(None, tmp_path / "run", sweep=sweep, progress=False)
+    controls = results[results["epoch"] == 0]
+    assert sorted(controls["model"]) == ["pfn-mini", "tabpfn-v2"]
+    assert (controls["auc"] == 0.5).all() and (controls["loss_ratio"] == 1.0).all()
+    assert sorted(results[results["epoch"] == 1]["model"]) == ["pfn-mini", "tabpfn-v2"]
