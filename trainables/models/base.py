@@ -42,6 +42,10 @@ class ModelAdapter(abc.ABC):
     def _logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
         """Unnormalised scores [B, M, >= C] of which the first C columns are the candidates."""
 
+    def _require_classifier(self) -> None:
+        """Hook: adapters whose checkpoint may be a regressor refuse class log-probabilities here, before
+        the shape checks, so the error names the remedy rather than "at most 0 candidate labels"."""
+
     def _weighted_logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
                          context_weight: torch.Tensor) -> torch.Tensor:
         raise ModelError(f"model {self.name!r} does not take context row multiplicities")
@@ -56,6 +60,7 @@ class ModelAdapter(abc.ABC):
         and non-member scores can differ by little. ``context_weight`` [B, N] (multiplicity of each
         context row) only for models with ``supports_context_weights``.
         """
+        self._require_classifier()
         self.check_shapes(context_x, context_y, query_x, n_classes)
         if context_weight is None:
             logits = self._logits(context_x.float(), context_y.long(), query_x.float())

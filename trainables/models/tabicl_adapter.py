@@ -76,14 +76,7 @@ class TabICLAdapter(ModelAdapter):
             out = m.icl_predictor._icl_predictions(representations, y)
         return out[:, n_context:].float()
 
-    def log_probs(
-        self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor, n_classes: int
-    ) -> torch.Tensor:
-        self._require_classifier()
-        return super().log_probs(context_x, context_y, query_x, n_classes)
-
     def _logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
-        self._require_classifier()
         return self._forward(context_x, context_y, query_x) / self.softmax_temperature
 
     def _require_classifier(self) -> None:
