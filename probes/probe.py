@@ -18,9 +18,18 @@ import numpy as np
 import pandas as pd
 
 from probes.calibration import model_digest, read_parquet_checked, reference_scores, write_parquet_atomic
-from probes.metrics import ScoreKind, membership_score, per_manipulation_auc, roc_curve, loss_ratio, output_std
+from probes.metrics import (
+    Calibration,
+    MembershipInput,
+    ScoreKind,
+    auc,
+    loss_ratio,
+    output_std,
+    per_manipulation_auc,
+    roc_curve,
+)
 from probes.outcomes import CheckpointOutcome, OutcomeThresholds, build_evidence, classify
-from probes.scoring import ProbePlan, ProbeQueries, icl_predictions, score
+from probes.scoring import ProbePlan, icl_predictions, score
 
 
 @dataclass(frozen=True)
@@ -140,12 +149,9 @@ def probe_checkpoint(
     for k, km in evidence.calibrated.items():
         row[f"auc_{ScoreKind(k).value}"] = km.auc
     # Reference alone and raw-vs-calibrated flags (paper App. 7.4), on the loss kind.
-    ref_loss = reference.groupby("query_id", sort=False)[["member", "loss"]].mean()
-    from probes.metrics import auc as auc_fn
-
-    ref_members = ref_loss["member"].to_numpy(dtype=bool)
-    ref_score = membership_score(ScoreKind.LOSS, ref_loss["loss"].to_numpy())
-    row["ref_auc"] = auc_fn(ref_score[ref_members], ref_score[~ref_members])
+    scores = MembershipInput.from_scores_tables(finetuned, reference)
+    ref = scores.membership_scores(ScoreKind.LOSS, Calibration.REFERENCE_ONLY)
+    row["ref_auc"] = auc(ref.members, ref.nonmembers)
     row["raw_memorization_flag"] = bool(
         raw_m.auc > th.memorization_auc
         and raw_m.tpr_at(th.memorization_alpha).tpr - th.memorization_alpha >= th.memorization_tpr_margin
@@ -158,18 +164,10 @@ def probe_checkpoint(
     manip.insert(0, "epoch", epoch)
     manip.insert(0, "run_id", identity.get("run_id", ""))
 
-    s = finetuned.groupby("query_id", sort=False)[["member", "loss", "entropy", "confidence"]].mean()
-    r = reference.groupby("query_id", sort=False)[["loss", "entropy", "confidence"]].mean()
-    kv = ScoreKind(kind).value
-    calibrated_score = membership_score(kind, (s[kv] - r[kv]).to_numpy())
-    members = s["member"].to_numpy(dtype=bool)
-    curve = roc_curve(calibrated_score[members], calibrated_score[~members])
+    calibrated = scores.membership_scores(kind, Calibration.CALIBRATED)
+    curve = roc_curve(calibrated.members, calibrated.nonmembers)
     roc = pd.DataFrame({"fpr": curve.fpr, "tpr": curve.tpr})
     return ProbeResult(row, manip, roc)
-
-
-def probe_queries_for(task: Any) -> ProbeQueries:
-    return ProbeQueries.from_task(task)
 
 
 __all__ = ["ProbeResult", "ProbeSettings", "probe_checkpoint", "base_icl", "model_digest"]
