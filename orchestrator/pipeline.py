@@ -146,7 +146,9 @@ def job_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Pat
 
     identity = dict(config["identity"])
     return ProbeJob(identity=identity, epoch=epoch, checkpoint=checkpoint, task_key=config["task_keys"][0],
-                    out_dir=str(probes_dir / identity["run_id"]), stem=f"e{epoch:04d}")
+                    out_dir=str(probes_dir / identity["run_id"]), stem=f"e{epoch:04d}",
+                    recipe={"finetune": config["finetune"], "task_keys": list(config["task_keys"]),
+                            "torch_threads": int(config.get("torch_threads", 1))})
 
 
 # ------------------------------------------------------------------------------------------- the sweep
@@ -276,6 +278,8 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
         for row in pool.drain():
             prog.outcome(row)
         prog.show(force=True)
+        for note in pool.notes:
+            log(f"[iclmem] WARNING {note}")
         if pool.failed:
             failed = [f"{j.identity.get('run_id', '?')}/{j.stem}" for j, _ in pool.failed]
             log(f"[iclmem] {len(pool.failed)} probe job(s) failed after retries: {failed}; first error: {pool.failed[0][1][:2000]}")
@@ -334,6 +338,10 @@ class ProbePools:
     @property
     def failed(self) -> list:
         return [f for pool in self.pools.values() for f in pool.failed]
+
+    @property
+    def notes(self) -> list[str]:
+        return [n for pool in self.pools.values() for n in pool.notes]
 
     def shutdown(self) -> None:
         for pool in self.pools.values():

@@ -10,7 +10,8 @@ so a retried job (actor died) or a resumed sweep never duplicates or corrupts a 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,9 @@ class ProbeJob:
     task_key: str  # fingerprint of the prepared task (the run's first task for multi-task regimes)
     out_dir: str
     stem: str
+    # How the run was fine-tuned ({"finetune": FinetuneSpec kwargs, "task_keys": [...], "torch_threads": n}): lets an actor
+    # recompute a checkpoint that fails its checksum instead of failing the job.
+    recipe: dict[str, Any] | None = None
 
 
 def suite_for(spec: Any) -> tuple:
@@ -68,28 +72,52 @@ class ProbeWorker:
                                                     compress_rows=self.base.supports_context_weights)
         return self._plans[task_key]
 
-    def _model_for(self, job: ProbeJob):
-        from trainables.finetune import load_checkpoint_model
-
+    def _model_for(self, job: ProbeJob, notes: list[str]):
         if job.checkpoint is None:
             return self.base
         if isinstance(job.checkpoint, (str, Path)):
-            return load_checkpoint_model(job.checkpoint)
+            return self._load_or_recompute(job, job.checkpoint, notes)
         with job.checkpoint.as_directory() as directory:  # downloads from remote storage if needed
+            return self._load_or_recompute(job, directory, notes)
+
+    def _load_or_recompute(self, job: ProbeJob, directory: Any, notes: list[str]):
+        """The checkpoint's model; one that fails its checksum is recomputed from the run's recipe (and
+        must then hash as the manifest recorded, when the manifest survived)."""
+        from trainables.errors import CorruptCheckpointError
+        from trainables.finetune import (FinetuneSpec, checkpoint_manifest, load_checkpoint_model,
+                                         recompute_checkpoint_model)
+
+        try:
             return load_checkpoint_model(directory)
+        except CorruptCheckpointError as exc:
+            if job.recipe is None:
+                raise
+            expected = None
+            try:
+                expected = checkpoint_manifest(directory)["weights_sha256"]
+            except (CorruptCheckpointError, KeyError, TypeError):
+                pass
+            model = recompute_checkpoint_model(FinetuneSpec(**job.recipe["finetune"]),
+                                               [self.tasks[k] for k in job.recipe["task_keys"]], job.epoch, expected,
+                                               torch_threads=job.recipe.get("torch_threads"))
+            check = "weights match the recorded checksum" if expected else "no intact manifest to check against"
+            notes.append(f"run {job.identity.get('run_id')} epoch {job.epoch}: {exc}; recomputed the checkpoint "
+                         f"from the run's config ({check})")
+            return model
 
     def run(self, job: ProbeJob) -> ProbeResult:
         """Probe one checkpoint and return the whole result; the driver stores it on its own disk, so
         results never depend on which node an actor ran on."""
         started = time.perf_counter()
         task = self.tasks[job.task_key]
+        notes: list[str] = []
         result = probe_checkpoint(
-            self._model_for(job), task, self.plan(job.task_key), self.cache_dir, self.base_digest,
+            self._model_for(job, notes), task, self.plan(job.task_key), self.cache_dir, self.base_digest,
             self.base, self.settings, job.identity, job.epoch,
         )
         result.row["probe_seconds"] = round(time.perf_counter() - started, 3)
         result.row["probe_node"] = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-        return result
+        return replace(result, notes=tuple(notes)) if notes else result
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -112,6 +140,7 @@ class ProbePool:
         self.pending: dict[Any, tuple[ProbeJob, int]] = {}
         self.done: list[dict[str, Any]] = []
         self.failed: list[tuple[ProbeJob, str]] = []
+        self.notes: list[str] = []  # warnings from the actors (e.g. a corrupt checkpoint recomputed)
         self._ready: list[dict[str, Any]] = []  # stored results found at submit time, reported by the next poll
 
     def submit(self, job: ProbeJob, attempt: int = 0) -> None:
@@ -136,10 +165,13 @@ class ProbePool:
             job, attempt = self.pending.pop(ref)
             try:
                 result = ray.get(ref)
+                for note in result.notes:  # shown by the driver: the actor's own log may be on another node
+                    warnings.warn(note, stacklevel=2)
+                    self.notes.append(note)
                 result.save(job.out_dir, job.stem)  # atomic, on the driver's storage
                 self.done.append(result.row)
                 rows.append(result.row)
-            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.WorkerCrashedError) as exc:
+            except ray.exceptions.RayError as exc:  # actor died, job raised, object lost, node gone, ...
                 if attempt + 1 < max_attempts:
                     self.submit(job, attempt + 1)
                 else:

@@ -44,6 +44,7 @@ class ProbeResult:
     row: dict[str, Any]  # one row of results.parquet
     manipulation_auc: pd.DataFrame  # manipulation, category, auc (calibrated loss)
     roc: pd.DataFrame  # fpr, tpr of the deciding (or loss) calibrated score
+    notes: tuple[str, ...] = ()  # warnings for the driver's log (not stored: results do not depend on them)
 
     def save(self, directory: str | Path, stem: str) -> Path:
         """Atomic, idempotent: the same inputs write the same files under the same names."""

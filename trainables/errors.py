@@ -38,5 +38,17 @@ class CheckpointError(ModelError):
     """A checkpoint is missing, corrupt, or not a plain tensor file."""
 
 
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint file is missing, truncated or altered: its size or sha256 differs from the manifest
+    written with it. ``path`` names the file at fault."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __reduce__(self):  # keeps ``path`` when Ray ships the error from an actor to the driver
+        return (type(self), (str(self), self.path))
+
+
 class ProbeError(IclmemError):
     """A probe could not be built or scored."""

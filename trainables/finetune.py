@@ -13,6 +13,7 @@ checkpoint folder so a resumed run continues bit-exactly.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainables.errors import CheckpointError, ConfigError
+from trainables.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from trainables.models import ModelAdapter, build_model, read_weights
 
 DEFAULT_CHECKPOINT_EPOCHS = (1, 2, 5, 10, 25, 50, 100, 250, 500)
@@ -212,21 +213,35 @@ class Finetuner:
 
     # ---------------------------------------------------------------------------------------- checkpoints
     def save(self, directory: str | Path, metrics: dict[str, Any] | None = None) -> Path:
-        """Weights (safetensors), optimizer and RNG state (tensors only) and a JSON manifest."""
+        """Weights (safetensors), optimizer and RNG state (tensors only) and a JSON manifest that records
+        each file's size and sha256, so a truncated or altered file is caught on resume
+        (:func:`verify_checkpoint`). Every file is written under a temporary name and renamed; the
+        manifest goes last, so a folder with a manifest holds every file the manifest names."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save(directory / MODEL_FILE)
+        tmp_model = directory / (MODEL_FILE + ".tmp")
+        self.model.save(tmp_model)
+        os.replace(tmp_model, directory / MODEL_FILE)
         state = {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "epoch": self.epoch}
         tmp = directory / (STATE_FILE + ".tmp")
         torch.save(state, tmp)
         os.replace(tmp, directory / STATE_FILE)
         manifest = {"epoch": self.epoch, "model": self.spec.model, "model_options": self.spec.model_options,
-                    "spec": self.spec.to_dict(), "metrics": metrics or {}}
-        (directory / META_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+                    "spec": self.spec.to_dict(), "metrics": metrics or {},
+                    "files": {name: file_record(directory / name) for name in (MODEL_FILE, STATE_FILE)},
+                    # the file digest guards the bytes; this one the weights themselves (safetensors may
+                    # order its header differently on each write, so equal weights can give unequal files)
+                    "weights_sha256": weights_digest(self.model.module.state_dict())}
+        tmp_meta = directory / (META_FILE + ".tmp")
+        tmp_meta.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+        os.replace(tmp_meta, directory / META_FILE)
         return directory
 
     def restore(self, directory: str | Path) -> None:
+        """Continue from a checkpoint folder; raises :class:`CorruptCheckpointError` (naming the file)
+        before touching any state when a file fails its recorded size or checksum."""
         directory = Path(directory)
+        verify_checkpoint(directory)
         self.model.module.load_state_dict(read_weights(directory / MODEL_FILE))
         try:
             state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
@@ -237,12 +252,100 @@ class Finetuner:
         self.epoch = int(state["epoch"])
 
 
-def load_checkpoint_model(directory: str | Path) -> ModelAdapter:
-    """The fine-tuned model stored in a checkpoint folder written by ``Finetuner.save``."""
+def file_record(path: Path) -> dict[str, Any]:
+    """Size and sha256 of a file, as stored in a checkpoint manifest."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def weights_digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def checkpoint_manifest(directory: str | Path) -> dict[str, Any]:
+    """The manifest of a checkpoint folder; :class:`CorruptCheckpointError` if it is missing or unreadable."""
+    path = Path(directory) / META_FILE
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"checkpoint manifest missing: {path}", str(path)) from None
+    except (OSError, ValueError) as exc:
+        raise CorruptCheckpointError(f"checkpoint manifest {path} is unreadable or truncated: {exc}", str(path)) from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) or "model" not in manifest:
+        raise CorruptCheckpointError(f"checkpoint manifest {path} lacks the model name or file checksums", str(path))
+    return manifest
+
+
+def verify_checkpoint(directory: str | Path) -> dict[str, Any]:
+    """Check every file a checkpoint's manifest names against its recorded size and sha256.
+
+    Returns the manifest; raises :class:`CorruptCheckpointError` naming the first file that is missing,
+    truncated (size differs) or altered (checksum differs)."""
     directory = Path(directory)
-    manifest_path = directory / META_FILE
-    if not manifest_path.is_file():
+    manifest = checkpoint_manifest(directory)
+    for name, expected in sorted(manifest["files"].items()):
+        path = directory / name
+        if not path.is_file():
+            raise CorruptCheckpointError(f"checkpoint file missing: {path}", str(path))
+        size = path.stat().st_size
+        if size != expected.get("bytes"):
+            raise CorruptCheckpointError(
+                f"checkpoint file {path} is truncated or altered: {size} bytes, the manifest recorded "
+                f"{expected.get('bytes')}", str(path))
+        actual = file_record(path)["sha256"]
+        if actual != expected.get("sha256"):
+            raise CorruptCheckpointError(
+                f"checkpoint file {path} fails its checksum (sha256 {actual[:12]}..., the manifest recorded "
+                f"{str(expected.get('sha256'))[:12]}...)", str(path))
+    return manifest
+
+
+def load_checkpoint_model(directory: str | Path) -> ModelAdapter:
+    """The fine-tuned model stored in a checkpoint folder written by ``Finetuner.save`` (verified first:
+    :class:`CorruptCheckpointError` names a missing, truncated or altered file)."""
+    directory = Path(directory)
+    if not (directory / META_FILE).is_file() and not (directory / MODEL_FILE).is_file():
         raise CheckpointError(f"not a checkpoint folder (no {META_FILE}): {directory}")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = verify_checkpoint(directory)
     options = {**manifest.get("model_options", {}), "weights": str(directory / MODEL_FILE)}
     return build_model(manifest["model"], **options)
+
+
+def recompute_checkpoint_model(spec: FinetuneSpec, tasks: Sequence[Any], epoch: int,
+                               expected_sha256: str | None = None, torch_threads: int | None = None) -> ModelAdapter:
+    """Re-run a run's fine-tuning from its config up to ``epoch`` (training is a deterministic function
+    of spec, tasks and seed) and return the model, for a checkpoint that was lost or corrupted.
+
+    With ``expected_sha256`` (``weights_sha256`` from the lost checkpoint's manifest, see
+    :func:`weights_digest`) the recomputed weights must hash the same, or :class:`CheckpointError` says the recomputation differs.
+    ``torch_threads`` is the thread count the run trained with (the trainable's default is 1): CPU
+    reductions split over another number of threads may round differently."""
+
+    previous = torch.get_num_threads()
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    try:
+        finetuner = Finetuner(spec, list(tasks))
+        while finetuner.epoch < epoch:
+            result = finetuner.run_epoch()
+            if result.diverged:
+                raise CheckpointError(f"recomputing epoch {epoch}: the run diverged at epoch {result.epoch}")
+    finally:
+        torch.set_num_threads(previous)
+    if expected_sha256 is not None:
+        actual = weights_digest(finetuner.model.module.state_dict())
+        if actual != expected_sha256:
+            raise CheckpointError(
+                f"recomputed epoch {epoch} weights hash {actual[:12]}..., not the {expected_sha256[:12]}... "
+                "recorded with the lost checkpoint: fine-tuning is not reproducible here (another thread "
+                "count, other package versions or other hardware?)")
+    return finetuner.model

@@ -8,13 +8,17 @@ the reference model is shared by every run instead.
 
 from __future__ import annotations
 
+import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
 from ray import tune
 
+from trainables.errors import CorruptCheckpointError
 from trainables.finetune import FinetuneSpec, Finetuner
+
 
 def _maybe_inject_fault(epoch: int, config: dict[str, Any]) -> None:
     """Test hook for fault-injection tests: raise once at ``_fault_once_at_epoch`` (a marker file in
@@ -26,12 +30,45 @@ def _maybe_inject_fault(epoch: int, config: dict[str, Any]) -> None:
     if marker.exists():
         return
     marker.write_text(str(epoch))
+    if config.get("_fault_kind") == "truncate_latest_checkpoint":  # a half-written upload, then a crash
+        _truncate_latest_checkpoint(Path(config["_fault_storage"]), config["run_id"])
     if config.get("_fault_kind") == "sigkill":  # the worker process dies as if the node's OOM killer struck
         import os
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
     raise RuntimeError(f"injected fault at epoch {epoch}")
+
+
+def _truncate_latest_checkpoint(storage: Path, run_id: str) -> None:
+    """Test hook: cut this run's newest persisted checkpoint weights in half (found by the run id in the
+    manifests under Tune's storage folder)."""
+    import json
+
+    from trainables.finetune import META_FILE, MODEL_FILE
+
+    mine = []
+    for manifest in storage.rglob(META_FILE):
+        meta = json.loads(manifest.read_text())
+        if meta.get("metrics", {}).get("run_id") == run_id:
+            mine.append((int(meta["epoch"]), manifest.parent / MODEL_FILE))
+    _epoch, weights = max(mine)
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+
+
+def resume_or_recompute(finetuner: Finetuner, directory: str | Path, run_id: str) -> bool:
+    """Restore ``finetuner`` from a checkpoint folder. A checkpoint that fails its checksum is not used:
+    the run is recomputed from epoch 0 (fine-tuning is deterministic in its config and seed, so the
+    recomputed checkpoints equal the lost ones) with a warning naming the file. Returns True if restored."""
+    try:
+        finetuner.restore(directory)
+        return True
+    except CorruptCheckpointError as exc:
+        message = f"run {run_id}: {exc}; recomputing the run from epoch 0 instead of resuming from it"
+        warnings.warn(message, stacklevel=2)
+        print(f"[iclmem] WARNING {message}", file=sys.stderr, flush=True)
+        return False
 
 
 def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None = None) -> None:
@@ -46,7 +83,7 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            finetuner.restore(directory)
+            resume_or_recompute(finetuner, directory, config["run_id"])
     schedule = set(spec.schedule())
     identity = {"run_id": config["run_id"]}
 
