@@ -228,8 +228,41 @@ def wandb_callbacks(sweep: SweepConfig, run_dir: Path) -> list:
     os.environ.setdefault("WANDB_SILENT", "true")
     (run_dir / "wandb").mkdir(parents=True, exist_ok=True)
     # Trial configs hold ids and hyperparameters only; prepared rows travel via with_parameters, not config.
-    return [WandbLoggerCallback(project=sweep.wandb.project, group=sweep.name, entity=sweep.wandb.entity,
-                                dir=str(run_dir), log_config=True)]
+    return [key_safe_wandb_callback(online=mode == "online")(
+        project=sweep.wandb.project, group=sweep.name, entity=sweep.wandb.entity, dir=str(run_dir), log_config=True)]
+
+
+def key_safe_wandb_callback(online: bool) -> type:
+    """Ray's ``WandbLoggerCallback`` with the API key kept out of every log.
+
+    Ray hands ``WANDB_API_KEY`` to its logging actors as a runtime-env variable, and Ray's
+    runtime-env agent writes each runtime env, variables included, in plain text to
+    ``/tmp/ray/session_*/logs/runtime_env_agent.log`` on the node. This subclass hides the key from
+    Ray while the actor is created; offline, the actor gets no key at all (it needs none); online, the key
+    travels as an actor-constructor argument (serialized with the task, never logged) and the actor
+    puts it in its own environment before ``wandb.init``."""
+    from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
+
+    class _LoggingActor(_WandbLoggingActor):
+        def __init__(self, *args: Any, iclmem_wandb_key: str | None = None, **kwargs: Any) -> None:
+            if iclmem_wandb_key:
+                os.environ["WANDB_API_KEY"] = iclmem_wandb_key
+            super().__init__(*args, **kwargs)
+
+    class KeySafeWandbLoggerCallback(WandbLoggerCallback):
+        _logger_actor_cls = _LoggingActor
+
+        def _start_logging_actor(self, trial: Any, exclude_results: list, **wandb_init_kwargs: Any) -> None:
+            key = os.environ.pop("WANDB_API_KEY", None)
+            try:
+                if key and online:
+                    wandb_init_kwargs["iclmem_wandb_key"] = key
+                super()._start_logging_actor(trial, exclude_results, **wandb_init_kwargs)
+            finally:
+                if key is not None:
+                    os.environ["WANDB_API_KEY"] = key
+
+    return KeySafeWandbLoggerCallback
 
 
 def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: SweepConfig | None = None,

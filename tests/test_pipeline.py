@@ -18,6 +18,7 @@ from orchestrator.config import parse_sweep
 from orchestrator.pipeline import run_sweep
 
 CANARY = "CANARY-q7x3-do-not-leak"
+FAKE_WANDB_KEY = "local-0123456789abcdef0123456789abcdef01234567"  # shaped like a real key; never sent
 
 
 def _canary_table(path: Path) -> Path:
@@ -45,7 +46,9 @@ def sweep_run(tmp_path_factory, ray_session):
     })
     run_dir = root / "run"
     logs: list[str] = []
-    results = run_sweep(None, run_dir, sweep=sweep, log=logs.append)
+    with pytest.MonkeyPatch.context() as env:  # a W&B key in the environment, as on a real cluster
+        env.setenv("WANDB_API_KEY", FAKE_WANDB_KEY)
+        results = run_sweep(None, run_dir, sweep=sweep, log=logs.append)
     return run_dir, results, logs
 
 
@@ -139,6 +142,24 @@ def test_each_trial_logged_its_config_and_epoch_metrics_to_wandb_offline(sweep_r
             summary = True
     assert found_trials == 4
     assert summary
+
+
+def test_the_wandb_key_from_the_environment_appears_in_no_file_the_sweep_wrote(sweep_run, ray_session):
+    """Every file under the run folder (prepared tasks, Tune storage, W&B offline runs, reports), the
+    Ray session's logs and the W&B settings in the home folder are free of the key."""
+    run_dir, _, logs = sweep_run
+    assert not any(FAKE_WANDB_KEY in line for line in logs)
+    session_dir = Path(ray_session._private.worker._global_node.get_session_dir_path())
+    roots = [run_dir, session_dir / "logs", Path.home() / ".netrc", Path.home() / ".config" / "wandb"]
+    scanned, leaks = 0, []
+    for root in roots:
+        for path in ([root] if root.is_file() else root.rglob("*") if root.is_dir() else []):
+            if path.is_file():
+                scanned += 1
+                if FAKE_WANDB_KEY.encode() in path.read_bytes():
+                    leaks.append(str(path))
+    assert leaks == []
+    assert scanned > 50  # the sweep really wrote files (W&B runs, Tune trials, probes, reports)
 
 
 def test_no_raw_record_reaches_wandb_logs_or_report(sweep_run):

@@ -229,3 +229,48 @@ def test_report_is_saved_only_when_asked(wr, monkeypatch):
     assert saved == []
     report = W.build_wandb_report("e", "p", "g", roc_keys=["roc/r_e1"], publish=True)
     assert saved == [report]
+
+
+# -- the Tune logging actors -------------------------------------------------------------------------
+
+
+class _StubTrial:
+    """What WandbLoggerCallback._start_logging_actor reads of a trial."""
+
+    def __init__(self, path: Path) -> None:
+        self.local_path = str(path)
+
+
+@pytest.mark.parametrize("online", [True, False])
+def test_tune_logging_actors_get_the_key_only_online_and_never_as_a_logged_runtime_env_variable(
+        ray_session, tmp_path, monkeypatch, online):
+    """Ray's own callback ships WANDB_API_KEY as a runtime-env variable, which Ray's runtime-env agent
+    writes to its log in plain text; ours passes it as an actor argument, and only when online."""
+    import os
+
+    import ray
+
+    from orchestrator.pipeline import key_safe_wandb_callback
+
+    shipped = key_safe_wandb_callback(online=online)
+
+    class KeyReportingActor(shipped._logger_actor_cls):
+        def run(self):  # instead of wandb.init: report the key this actor process sees
+            return os.environ.get("WANDB_API_KEY")
+
+    class Callback(shipped):
+        _logger_actor_cls = KeyReportingActor
+
+    monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
+    callback = Callback(project="p", dir=str(tmp_path))
+    callback.setup()
+    trial = _StubTrial(tmp_path)
+    callback._start_logging_actor(trial, [], id="t", name="t", project="p", config={"lr": 0.1}, reinit=True)
+    assert os.environ["WANDB_API_KEY"] == FAKE_KEY  # the driver's environment is left as it was
+    assert not callback._remote_logger_class._default_options.get("runtime_env", {}).get("env_vars")
+    seen = ray.get(callback._trial_logging_futures[trial], timeout=120)
+    assert seen == (FAKE_KEY if online else None)  # the session's Ray started without a key in its environment
+    callback._cleanup_logging_actors(timeout=5, kill_on_timeout=True)
+    session_logs = Path(ray_session._private.worker._global_node.get_session_dir_path()) / "logs"
+    leaks = [str(p) for p in session_logs.rglob("*") if p.is_file() and FAKE_KEY.encode() in p.read_bytes()]
+    assert leaks == []
