@@ -1,11 +1,16 @@
 """Entities per second of batched exposure vs one entity per forward pass (same model, same entities).
 
-    python3 benchmarks/lm_exposure.py [--entities 512] [--batch-size 64] [--threads 1]
+    python3 benchmarks/lm_exposure.py [--entities 512] [--batch-size 32] [--threads 1,2]
 
 The model is a GPT-2 of the given size with random weights and a byte-level BPE tokenizer trained on
 the synthetic corpus (probes/lm/synthetic.py): exposure cost does not depend on what the weights know.
 Both runs go through ``compute_exposure`` (tokenization included); only ``batch_size`` differs. The
 results must agree (checked), so the comparison is like for like. Target: >= 10x on CPU.
+
+Each model size is timed at every torch thread count in ``--threads`` (default: 1 and all cores). The
+batched forward is compute-bound and uses extra cores; a one-entity forward is dominated by fixed
+per-call cost (~1-2 ms for a small GPT-2 on CPU) that more cores do not shrink, so the ratio grows with
+cores. Both figures are reported; the headline is the tests' model size on all cores.
 
 The result replaces this benchmark's section of benchmarks/RESULTS.md (``--no-write`` to skip).
 """
@@ -77,8 +82,10 @@ def measure(lm, ents: list[str], batch_size: int, repeat: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--entities", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1: the CPU is shared)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="entities per forward (default: the library's DEFAULT_BATCH_SIZE)")
+    p.add_argument("--threads", default=None,
+                   help="torch thread counts, comma-separated (default: 1 and all cores)")
     p.add_argument("--sizes", default="2x64,2x32,4x128",
                    help="GPT-2 sizes as LAYERSxDIMS, comma-separated; the first is the headline "
                         "(2x64 is the tests' model)")
@@ -87,31 +94,48 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-write", action="store_true", help="print only")
     args = p.parse_args(argv)
 
+    import os
+
     import torch
 
-    torch.set_num_threads(args.threads)
+    from probes.lm.model import DEFAULT_BATCH_SIZE
+
+    batch_size = args.batch_size or DEFAULT_BATCH_SIZE
+    cores = os.cpu_count() or 1
+    thread_counts = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, cores})
     rows = []
     for size in args.sizes.split(","):
         layers, embd = (int(x) for x in size.lower().split("x"))
         lm, world = build(layers, embd, max(1, embd // 32), args.vocab)
         ents = entities(world, args.entities)
-        r = measure(lm, ents, args.batch_size, args.repeat)
-        rows.append(r)
-        print(f"{r['model']}: batched (batch {args.batch_size}) {r['batched']:,.0f} entities/s, "
-              f"one per forward {r['one']:,.0f} entities/s, speed-up {r['ratio']:.1f}x")
-    head = rows[0]
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            r = {**measure(lm, ents, batch_size, args.repeat), "threads": threads}
+            rows.append(r)
+            print(f"{r['model']} ({threads} thread(s)): batched (batch {batch_size}) {r['batched']:,.0f} entities/s, "
+                  f"one per forward {r['one']:,.0f} entities/s, speed-up {r['ratio']:.1f}x", flush=True)
+    head_model = rows[0]["model"]
+    head = max((r for r in rows if r["model"] == head_model), key=lambda r: r["threads"])
+    single = next(r for r in rows if r["model"] == head_model and r["threads"] == min(thread_counts))
     verdict = "met" if head["ratio"] >= 10 else "NOT met"
-    print(f"speed-up ({head['model']}): {head['ratio']:.1f}x - target >= 10x {verdict}")
+    print(f"speed-up ({head['model']}, {head['threads']} threads): {head['ratio']:.1f}x - target >= 10x {verdict}; "
+          f"{single['threads']} thread(s): {single['ratio']:.1f}x")
 
     if not args.no_write:
-        table = "".join(f"| {r['model']} | {r['batched']:,.0f} | {r['one']:,.0f} | {r['ratio']:.1f}x |\n" for r in rows)
+        table = "".join(f"| {r['model']} | {r['threads']} | {r['batched']:,.0f} | {r['one']:,.0f} | {r['ratio']:.1f}x |\n"
+                        for r in rows)
         body = (
             f"GPT-2 with random weights, BPE vocab {len(lm.tokenizer)}; {args.entities} entities "
             f"({head['tokens']} tokens), both modes through `compute_exposure` (tokenization included), "
-            f"identical exposures; best of {args.repeat}; {args.threads} thread(s).\n\n"
-            f"| model (layers x dims) | batched {args.batch_size} (entities/s) | one per forward (entities/s) "
-            f"| speed-up |\n| --- | ---: | ---: | ---: |\n{table}\n"
-            f"Headline ({head['model']}, the tests' model size): **{head['ratio']:.1f}x**; target >= 10x {verdict}.\n"
+            f"identical exposures; best of {args.repeat}; {cores} CPU core(s).\n\n"
+            f"| model (layers x dims) | torch threads | batched {batch_size} (entities/s) | one per forward (entities/s) "
+            f"| speed-up |\n| --- | ---: | ---: | ---: | ---: |\n{table}\n"
+            f"Headline ({head['model']}, the tests' model size, {head['threads']} threads = all cores): "
+            f"**{head['ratio']:.1f}x**; target >= 10x {verdict}. On {single['threads']} thread(s): "
+            f"{single['ratio']:.1f}x. The batched forward is compute-bound (it is what extra cores speed up); "
+            f"one entity per forward pays a fixed per-call cost of the model's Python and kernel launches "
+            f"that cores do not shrink, so the ratio grows with the core count and shrinks with model size "
+            f"(larger models are compute-bound in both modes).\n"
         )
         sys.path.insert(0, str(ROOT / "benchmarks"))
         from _common import write_section

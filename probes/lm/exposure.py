@@ -144,9 +144,11 @@ def tokenize_entities(lm: LanguageModel, entities: Sequence[str], leading_space:
     tok = lm.tokenizer
     out: list[EntityTokens] = []
     if getattr(tok, "is_fast", False):
-        enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True) if texts else \
-            {"input_ids": [], "offset_mapping": []}
-        for text, words, ids, offsets in zip(texts, word_lists, enc["input_ids"], enc["offset_mapping"]):
+        # the Rust tokenizer directly: same ids and offsets, without transformers' per-call overhead
+        # (a third of the tokenization time for short entities)
+        encodings = tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False) if texts else []
+        for text, words, encoding in zip(texts, word_lists, encodings):
+            ids, offsets = encoding.ids, encoding.offsets
             if not ids:
                 raise ProbeError("an entity encoded to no token")
             out.append(EntityTokens(tuple(ids), tuple(_word_index(text, words, lead, offsets)), len(words)))
