@@ -130,22 +130,39 @@ ProbeActor = ray.remote(max_restarts=-1, max_task_retries=3)(ProbeWorker)
 
 
 class ProbePool:
-    """A fixed pool of probe actors fed round-robin; failed jobs are resubmitted to a live actor."""
+    """A fixed pool of probe actors fed round-robin; failed jobs are resubmitted to a live actor.
 
-    def __init__(self, n_actors: int, actor_options: dict[str, Any], **worker_kwargs: Any) -> None:
+    Two kinds of failure are told apart. A job that raised, or whose actor died, is retried up to
+    ``max_attempts`` times. A job whose actor is *unavailable* (its node stopped answering and Ray has
+    not yet declared it dead, which takes tens of seconds; then Ray restarts the actor elsewhere) is
+    resent without spending an attempt, for up to ``unavailable_timeout`` seconds from its first
+    submission. A job is never in flight twice, and a success clears its earlier failures."""
+
+    def __init__(self, n_actors: int, actor_options: dict[str, Any], unavailable_timeout: float = 600.0,
+                 **worker_kwargs: Any) -> None:
         self.actor_options = actor_options
         self.worker_kwargs = worker_kwargs
+        self.unavailable_timeout = unavailable_timeout
         self.actors = [ProbeActor.options(**actor_options).remote(**worker_kwargs) for _ in range(n_actors)]
         self._next = 0
-        self.pending: dict[Any, tuple[ProbeJob, int]] = {}
+        self.pending: dict[Any, tuple[ProbeJob, int, float]] = {}  # ref -> (job, attempt, first submitted)
+        self._in_flight: set[tuple[str, str]] = set()  # (out_dir, stem) of pending jobs
         self.done: list[dict[str, Any]] = []
         self.failed: list[tuple[ProbeJob, str]] = []
         self.notes: list[str] = []  # warnings from the actors (e.g. a corrupt checkpoint recomputed)
+        self.resent_unavailable = 0  # jobs resent because their actor's node stopped answering
         self._ready: list[dict[str, Any]] = []  # stored results found at submit time, reported by the next poll
 
-    def submit(self, job: ProbeJob, attempt: int = 0) -> None:
-        """Queue a job unless its result is already stored (idempotent across retries and resumes)."""
-        if attempt == 0:
+    @staticmethod
+    def _key(job: ProbeJob) -> tuple[str, str]:
+        return (job.out_dir, job.stem)
+
+    def submit(self, job: ProbeJob, attempt: int = 0, since: float | None = None) -> None:
+        """Queue a job unless its result is already stored or it is already in flight (idempotent
+        across retries, resumes and the sweep's catch-up pass)."""
+        if attempt == 0 and since is None:
+            if self._key(job) in self._in_flight:
+                return
             existing = ProbeResult.load(job.out_dir, job.stem)
             if existing is not None:
                 self.done.append(existing.row)
@@ -153,7 +170,8 @@ class ProbePool:
                 return
         actor = self.actors[self._next % len(self.actors)]
         self._next += 1
-        self.pending[actor.run.remote(job)] = (job, attempt)
+        self.pending[actor.run.remote(job)] = (job, attempt, time.monotonic() if since is None else since)
+        self._in_flight.add(self._key(job))
 
     def poll(self, timeout: float = 0.0, max_attempts: int = 3) -> list[dict[str, Any]]:
         """Collect finished jobs; retry failures (a dead actor is restarted by Ray) up to max_attempts."""
@@ -162,18 +180,27 @@ class ProbePool:
             return rows
         ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout)
         for ref in ready:
-            job, attempt = self.pending.pop(ref)
+            job, attempt, since = self.pending.pop(ref)
+            self._in_flight.discard(self._key(job))
             try:
                 result = ray.get(ref)
                 for note in result.notes:  # shown by the driver: the actor's own log may be on another node
                     warnings.warn(note, stacklevel=2)
                     self.notes.append(note)
                 result.save(job.out_dir, job.stem)  # atomic, on the driver's storage
+                self.failed = [(j, e) for j, e in self.failed if self._key(j) != self._key(job)]
                 self.done.append(result.row)
                 rows.append(result.row)
-            except ray.exceptions.RayError as exc:  # actor died, job raised, object lost, node gone, ...
+            except ray.exceptions.ActorUnavailableError as exc:
+                # the node is unreachable, not known dead: Ray restarts the actor once it is declared dead
+                if time.monotonic() - since < self.unavailable_timeout:
+                    self.resent_unavailable += 1
+                    self.submit(job, attempt, since)
+                else:
+                    self.failed.append((job, f"actor unavailable for {self.unavailable_timeout:.0f} s: {exc!r}"))
+            except ray.exceptions.RayError as exc:  # actor died, job raised, object lost, ...
                 if attempt + 1 < max_attempts:
-                    self.submit(job, attempt + 1)
+                    self.submit(job, attempt + 1, since)
                 else:
                     self.failed.append((job, repr(exc)))
         return rows

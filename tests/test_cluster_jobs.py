@@ -17,13 +17,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -31,13 +28,11 @@ import uuid
 from pathlib import Path
 
 import pandas as pd
-import psutil
 import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 OUTCOMES = {"collapse", "memorization", "inversion", "overfitting", "no_signal"}
-MARKER = "ICLMEM_TEST_CLUSTER"
 SUITE = ["base", "position_first", "skew_true_x2"]
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
@@ -47,64 +42,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _marked(marker: str) -> list[psutil.Process]:
-    procs = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            if proc.environ().get(MARKER) == marker:
-                procs.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
-    return procs
-
-
-def _kill_marked(marker: str, grace: float = 10.0) -> list[int]:
-    """SIGTERM, then SIGKILL, every process that carries this test's marker; returns survivors' pids."""
-    for attempt in range(3):  # a dying raylet may still spawn a worker: sweep again
-        procs = _marked(marker)
-        if not procs:
-            return []
-        for proc in procs:
-            try:
-                proc.send_signal(signal.SIGTERM if attempt == 0 else signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=grace if attempt == 0 else 5)
-        for proc in alive:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=5)
-    return [p.pid for p in _marked(marker)]
-
-
-@pytest.fixture
-def isolated_ray_env():
-    """Environment for a private Ray: own temp dir and token, token auth on, a marker for teardown."""
-    root = Path(tempfile.mkdtemp(prefix="icj-", dir="/tmp"))  # short: AF_UNIX socket paths must stay < 108 chars
-    token_file = root / "auth_token"
-    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))  # what `ray get-auth-token --generate` writes
-    marker = uuid.uuid4().hex
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
-    env.update({
-        "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file), "RAY_TMPDIR": str(root),
-        "RAY_USAGE_STATS_ENABLED": "0", "WANDB_MODE": "disabled", "WANDB_SILENT": "true",
-        "PYTHONUNBUFFERED": "1", MARKER: marker,
-    })
-    try:
-        yield env, root, token_file.read_text()
-    finally:
-        survivors = _kill_marked(marker)
-        shutil.rmtree(root, ignore_errors=True)
-        assert not survivors, f"processes of the test cluster survived teardown: {survivors}"
 
 
 def _sweep(name: str, **overrides) -> dict:

@@ -148,3 +148,31 @@ def test_a_probe_actor_killed_mid_job_is_replaced_and_its_job_rerun(ray_session,
     assert len(rows) == 1 and rows[0]["outcome"] == "no_signal" and not pool.failed
     assert (tmp_path / "p" / "e0.json").is_file()
     fault_ledger(injected=1, completed=True, identical=rows[0]["auc"] == 0.5)
+
+
+def test_a_probe_job_already_in_flight_is_not_submitted_twice(ray_session, tmp_path):
+    """The sweep's catch-up pass resubmits every checkpoint; one still being probed must not run twice."""
+    import ray
+
+    from probes.actors import ProbeJob, ProbePool
+    from probes.calibration import model_digest
+    from probes.probe import ProbeSettings
+    from trainables.models import build_model
+
+    task = prepare_task(TaskSource("iris", "builtin"), seed=0, q=30, context_size=60)
+    base = build_model("pfn-mini")
+    pool = ProbePool(2, {"num_cpus": 0.5}, base_model_name="pfn-mini", base_options={"weights": "shipped"},
+                     base_weights=ray.put(base.state_arrays()), base_digest=model_digest(base),
+                     tasks=ray.put({task.fingerprint: task}), suite_spec=["base"],
+                     settings=ProbeSettings(n_resamples=20), cache_dir=str(tmp_path / "ref"))
+    job = ProbeJob({"run_id": "k"}, 0, None, task.fingerprint, str(tmp_path / "p"), "e0")
+    try:
+        pool.submit(job)
+        pool.submit(job)  # in flight: ignored
+        assert len(pool.pending) == 1
+        rows = pool.drain()
+        pool.submit(job)  # stored now: answered from disk, no actor call
+        assert not pool.pending and len(pool.poll()) == 1
+    finally:
+        pool.shutdown()
+    assert len(rows) == 1 and not pool.failed
