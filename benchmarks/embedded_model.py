@@ -142,7 +142,7 @@ def render(sk: list[dict], carte: list[dict], meta: dict, curve: list[dict], cur
         + (" — fewer than the 6000 of the full pretraining run; rerun this script once the re-export lands"
            if isinstance(steps, int) and steps < 6000 else "") + ").",
         "",
-        f"**Headline:** pfn-mini / LR = " + ", ".join(f"{r['table']} {r['ratio']:.3f}" for r in sk)
+        "**Headline:** pfn-mini / LR = " + ", ".join(f"{r['table']} {r['ratio']:.3f}" for r in sk)
         + f"; bar >= {BAR} x LR met on {sum(r['ok'] for r in sk)}/{len(sk)} tables"
         + ("" if not carte else "; CARTE (accuracy vs chance / majority): " + ", ".join(
             f"{r['table']} {r['model']:.3f} vs chance {r['chance']:.2f} / majority {r['majority']:.3f}" for r in carte))

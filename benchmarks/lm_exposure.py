@@ -18,7 +18,6 @@ The result replaces this benchmark's section of benchmarks/RESULTS.md (``--no-wr
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import time
 from pathlib import Path

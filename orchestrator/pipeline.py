@@ -19,7 +19,6 @@ import pandas as pd
 from orchestrator.config import SweepConfig, load_sweep, parse_sweep
 from orchestrator.sweep import (
     EXPERIMENT_NAME,
-    RESULTS_FILE,
     PreparedSweep,
     prepare_sweep,
     provenance,
@@ -217,8 +216,6 @@ def _unwrap(config: dict[str, Any]) -> dict[str, Any]:
 def wandb_callbacks(sweep: SweepConfig, run_dir: Path) -> list:
     if sweep.wandb.mode == "disabled":
         return []
-    from ray.air.integrations.wandb import WandbLoggerCallback
-
     from orchestrator.wandb_logger import resolve_wandb_mode
 
     mode = resolve_wandb_mode(sweep.wandb.mode)

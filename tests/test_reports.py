@@ -246,7 +246,7 @@ def test_html_report_sections_and_images(run_dir, report_path):
     for sec in ("provenance", "outcome-rates", "task-table", "detectable-by-epoch", "peak-vulnerability",
                 "split-validation", "calibration", "perturbations", "task-characteristics", "regimes", "roc"):
         assert f'id="{sec}"' in text, sec
-    assert "cfg123" in text and "abc123" in text and f"package numpy" in text
+    assert "cfg123" in text and "abc123" in text and "package numpy" in text
     srcs = _img_srcs(text)
     assert len(srcs) == 5
     for src in srcs:
