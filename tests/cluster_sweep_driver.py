@@ -38,20 +38,14 @@ def _trial_pids(tune_dir: Path) -> dict[str, list[int]]:
 def main(sweep_json: str, run_dir: str) -> int:
     import ray
     from ray._private import state
-    from ray.cluster_utils import Cluster
 
     from orchestrator.config import parse_sweep
     from orchestrator.pipeline import run_sweep
+    from simulated_cluster import start_cluster
 
     started = time.monotonic()
-    # Head: CPUs (so a request that ignored the custom resource could land here) but no `worker`.
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "include_dashboard": False, "object_store_memory": 120 * 1024 * 1024})
+    cluster, workers = start_cluster()
     try:
-        workers = [cluster.add_node(num_cpus=2, resources={"worker": 2}, object_store_memory=120 * 1024 * 1024)
-                   for _ in range(2)]
-        cluster.wait_for_nodes(timeout=120)
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         head_id = cluster.head_node.node_id
         worker_ids = [w.node_id for w in workers]
         alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}

@@ -208,7 +208,7 @@ def _alive_nodes() -> list[str]:
 
 def main(sweep_json: str, run_dir: str, reference_dir: str) -> int:
     import ray
-    from ray.cluster_utils import Cluster
+    from simulated_cluster import start_cluster
 
     from orchestrator.config import parse_sweep
     from orchestrator.pipeline import run_sweep
@@ -217,15 +217,8 @@ def main(sweep_json: str, run_dir: str, reference_dir: str) -> int:
     started = time.monotonic()
     sweep = parse_sweep(json.loads(Path(sweep_json).read_text()), sweep_json)
     run_path, reference_path = Path(run_dir).resolve(), Path(reference_dir).resolve()
-    # Head: CPUs (so a request that ignored the custom resource could land here) but no `worker`.
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "include_dashboard": False, "object_store_memory": 120 * 1024 * 1024,
-        "_system_config": HEAD_SYSTEM_CONFIG})
+    cluster, workers = start_cluster(HEAD_SYSTEM_CONFIG)
     try:
-        workers = [cluster.add_node(num_cpus=2, resources={"worker": 2}, object_store_memory=120 * 1024 * 1024)
-                   for _ in range(2)]
-        cluster.wait_for_nodes(timeout=120)
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         head_id = cluster.head_node.node_id
         worker_ids = [w.node_id for w in workers]
         cluster_up = time.monotonic() - started
