@@ -37,19 +37,22 @@ def reference_key(task_fingerprint: str, plan: ProbePlan, base_digest: str) -> s
 
 
 def write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
-    """Write to a temporary name and rename, so a reader never sees half a file."""
+    """Write to a temporary name and rename, so a reader never sees half a file. Every data page carries
+    a CRC32 (Parquet's page checksum), which :func:`read_parquet_checked` verifies: without it a flipped
+    byte in a page reads back as a silently wrong number."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    frame.to_parquet(tmp, index=False)
+    frame.to_parquet(tmp, index=False, write_page_checksum=True)
     os.replace(tmp, path)
 
 
 def read_parquet_checked(path: Path) -> pd.DataFrame | None:
-    """The table at ``path``, or None (with a warning naming the file) when it is corrupt or truncated."""
+    """The table at ``path``, or None (with a warning naming the file) when it is truncated or fails a
+    page checksum."""
     if not path.is_file():
         return None
     try:
-        return pd.read_parquet(path)
+        return pd.read_parquet(path, page_checksum_verification=True)
     except Exception as exc:  # pyarrow raises several error types for damaged files
         warnings.warn(f"ignoring unreadable file {path} ({exc}); it will be recomputed", stacklevel=2)
         return None

@@ -56,3 +56,27 @@ def test_a_damaged_prepared_task_cache_entry_is_recomputed(tmp_path):
     with pytest.warns(UserWarning, match=npz.name):
         again = load_or_prepare(source, q=30, context_size=60, cache_dir=tmp_path)
     assert again == first
+
+
+def test_a_flipped_bit_anywhere_in_a_score_tables_data_pages_is_caught_and_named(tmp_path):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from probes.calibration import read_parquet_checked, write_parquet_atomic
+
+    table = pd.DataFrame({"score": np.linspace(-3.0, 3.0, 4000), "row": np.arange(4000)})
+    path = tmp_path / "reference_x.parquet"
+    write_parquet_atomic(table, path)
+    pd.testing.assert_frame_equal(read_parquet_checked(path), table)
+    clean = path.read_bytes()
+    columns = pq.ParquetFile(path).metadata.row_group(0)
+    chunks = [columns.column(i) for i in range(2)]  # each: an optional dictionary page, then data pages
+    pages = [(min(o for o in (c.dictionary_page_offset, c.data_page_offset) if o is not None), c.total_compressed_size)
+             for c in chunks]
+    positions = [start + k * size // 7 for start, size in pages for k in range(1, 7)]
+    for position in positions:  # bit rot at 12 places across both columns' pages
+        data = bytearray(clean)
+        data[position] ^= 0x01
+        path.write_bytes(bytes(data))
+        with pytest.warns(UserWarning, match="reference_x.parquet"):
+            assert read_parquet_checked(path) is None, position
