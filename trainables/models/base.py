@@ -19,6 +19,7 @@ import torch
 
 from trainables.errors import CheckpointError, ModelError
 from trainables.registry import Registry
+from trainables.models.extras import check_candidates, float32_compute, target_standardization
 from trainables.models.extras import extra_status  # noqa: F401  (re-exported for `iclmem models`)
 
 
@@ -122,6 +123,66 @@ class ModelAdapter(abc.ABC):
 
     def load(self, path: str | Path) -> None:
         self.module.load_state_dict(read_weights(path))
+
+
+class NativeRegressionAdapter(ModelAdapter):
+    """An adapter whose checkpoint is a classifier or a native regressor (TabICL, TabPFN v2).
+
+    A classifier scores labels through ``log_probs``: the raw outputs divided by ``softmax_temperature``.
+    A regressor refuses that (``regressor_hint`` names the remedy) and scores candidate target values
+    through ``candidate_log_probs``, with the model's own predictive density over standardised targets.
+    Subclasses give the forward pass, the regressor check and the density."""
+
+    task: str = "classification"
+    softmax_temperature: float = 1.0
+    regressor_hint: str = ""
+
+    @abc.abstractmethod
+    def _forward(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
+        """[B, M, out] raw outputs (class logits, quantiles or bucket logits), float32, autocast off."""
+
+    @abc.abstractmethod
+    def _require_regressor(self) -> None:
+        """Raise :class:`ModelError` unless the checkpoint can score candidate target values."""
+
+    @abc.abstractmethod
+    def _candidate_log_density(self, outputs: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """outputs [B, M, out] from ``_forward``, standardised candidates z [B, M, C] -> log-density
+        [B, M, C]; called in float32 compute."""
+
+    def _logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
+        return self._forward(context_x, context_y, query_x) / self.softmax_temperature
+
+    def _require_classifier(self) -> None:
+        if self.task != "classification":
+            raise ModelError(self.regressor_hint)
+
+    def candidate_log_probs(
+        self,
+        context_x: torch.Tensor,
+        context_y_values: torch.Tensor,
+        query_x: torch.Tensor,
+        candidate_values: torch.Tensor,
+        *,
+        target_loc: float | torch.Tensor | None = None,
+        target_scale: float | torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Log-density of each candidate target value, normalised over the candidates: [B, M, C].
+
+        ``context_y_values`` [B, N] are float targets; they and the candidates are standardised with the
+        context mean/std as the packages' sklearn regressors do, unless ``target_loc``/``target_scale``
+        are given."""
+        self._require_regressor()
+        candidates = check_candidates(context_x, context_y_values, query_x, candidate_values)
+        if context_x.shape[-1] > self.max_features:
+            raise ModelError(f"model {self.name!r} takes at most {self.max_features} features, got {context_x.shape[-1]}")
+        loc, scale = target_standardization(context_y_values, target_loc, target_scale)
+        y = ((context_y_values.double() - loc[:, None]) / scale[:, None]).float()
+        z = ((candidates.double() - loc[:, None, None]) / scale[:, None, None]).float()
+        outputs = self._forward(context_x.float(), y, query_x.float())  # [B, M, out]
+        with float32_compute(outputs.device):
+            log_density = self._candidate_log_density(outputs, z)  # [B, M, C]
+        return torch.log_softmax(log_density.float(), dim=-1)
 
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:

@@ -25,16 +25,14 @@ from typing import Any
 import torch
 
 from trainables.errors import CheckpointError, ModelError
-from trainables.models.base import MODELS, ModelAdapter, read_weights
+from trainables.models.base import MODELS, NativeRegressionAdapter, read_weights
 from trainables.models.extras import (
-    check_candidates,
     float32_compute,
     hub_checkpoint,
     local_checkpoint,
     register_extra,
     require_extra,
     saved_options,
-    target_standardization,
 )
 
 NAME = "tabicl"
@@ -51,8 +49,10 @@ TASKS = ("classification", "regression")
 register_extra(NAME, EXTRA, ("tabicl",), ("tabicl",))
 
 
-class TabICLAdapter(ModelAdapter):
+class TabICLAdapter(NativeRegressionAdapter):
     name = NAME
+    regressor_hint = ("this TabICL checkpoint is a regressor (max_classes=0): score target values with "
+                      "candidate_log_probs (candidates: native), or load a classifier checkpoint for binned targets")
 
     def __init__(self, module: torch.nn.Module, options: dict[str, Any] | None = None) -> None:
         super().__init__(module, options)
@@ -76,48 +76,17 @@ class TabICLAdapter(ModelAdapter):
             out = m.icl_predictor._icl_predictions(representations, y)
         return out[:, n_context:].float()
 
-    def _logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
-        return self._forward(context_x, context_y, query_x) / self.softmax_temperature
-
-    def _require_classifier(self) -> None:
-        if self.task != "classification":
-            raise ModelError(
-                "this TabICL checkpoint is a regressor (max_classes=0): score target values with "
-                "candidate_log_probs (candidates: native), or load a classifier checkpoint for binned targets"
-            )
+    def _require_regressor(self) -> None:
+        if self.task != "regression":
+            raise ModelError("candidate_log_probs needs a TabICL regression checkpoint (max_classes=0)")
 
     def label_ids(self, context_y: torch.Tensor) -> torch.Tensor:
         """The class ids the network sees for ``context_y``: the labels themselves (one fixed mapping)."""
         return context_y.long()
 
-    def candidate_log_probs(
-        self,
-        context_x: torch.Tensor,
-        context_y_values: torch.Tensor,
-        query_x: torch.Tensor,
-        candidate_values: torch.Tensor,
-        *,
-        target_loc: float | torch.Tensor | None = None,
-        target_scale: float | torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Log-density of each candidate target value, normalised over the candidates: [B, M, C].
-
-        ``context_y_values`` [B, N] are float targets; they (and the candidates) are standardised with
-        the context mean/std as ``TabICLRegressor`` does, unless ``target_loc``/``target_scale`` are given.
-        The density comes from TabICL's ``QuantileDistribution`` over the predicted quantiles.
-        """
-        if self.task != "regression":
-            raise ModelError("candidate_log_probs needs a TabICL regression checkpoint (max_classes=0)")
-        candidates = check_candidates(context_x, context_y_values, query_x, candidate_values)
-        if context_x.shape[-1] > self.max_features:
-            raise ModelError(f"model {self.name!r} takes at most {self.max_features} features, got {context_x.shape[-1]}")
-        loc, scale = target_standardization(context_y_values, target_loc, target_scale)
-        y = ((context_y_values.double() - loc[:, None]) / scale[:, None]).float()
-        z = ((candidates.double() - loc[:, None, None]) / scale[:, None, None]).float()
-        quantiles = self._forward(context_x.float(), y, query_x.float())  # [B, M, Q]
-        with float32_compute(quantiles.device):
-            log_density = self.module.quantile_dist(quantiles).log_prob(z)  # [B, M, C]
-        return torch.log_softmax(log_density.float(), dim=-1)
+    def _candidate_log_density(self, outputs: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """TabICL's ``QuantileDistribution`` over the predicted quantiles [B, M, Q]."""
+        return self.module.quantile_dist(outputs).log_prob(z)
 
 
 # ------------------------------------------------------------------------------------------ loading

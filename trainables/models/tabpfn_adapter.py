@@ -32,16 +32,14 @@ from typing import Any
 import torch
 
 from trainables.errors import CheckpointError, ModelError
-from trainables.models.base import MODELS, ModelAdapter, read_weights
+from trainables.models.base import MODELS, NativeRegressionAdapter, read_weights
 from trainables.models.extras import (
-    check_candidates,
     float32_compute,
     local_checkpoint,
     register_extra,
     require_extra,
     safetensors_metadata,
     saved_options,
-    target_standardization,
 )
 
 NAME = "tabpfn-v2"
@@ -60,8 +58,10 @@ def _import_tabpfn() -> None:
     require_extra("tabpfn", EXTRA)
 
 
-class TabPFNV2Adapter(ModelAdapter):
+class TabPFNV2Adapter(NativeRegressionAdapter):
     name = NAME
+    regressor_hint = ("this TabPFN v2 model is a regressor: score target values with candidate_log_probs "
+                      "(candidates: native), or load a classifier checkpoint for binned targets")
 
     def __init__(
         self,
@@ -87,15 +87,9 @@ class TabPFNV2Adapter(ModelAdapter):
             out = self.module(x, y, only_return_standard_out=True)  # [M, B, n_out]
         return out.transpose(0, 1).float()
 
-    def _logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
-        return self._forward(context_x, context_y, query_x) / self.softmax_temperature
-
-    def _require_classifier(self) -> None:
-        if self.task != "classification":
-            raise ModelError(
-                "this TabPFN v2 model is a regressor: score target values with candidate_log_probs "
-                "(candidates: native), or load a classifier checkpoint for binned targets"
-            )
+    def _require_regressor(self) -> None:
+        if self.task != "regression" or self.criterion is None:
+            raise ModelError("candidate_log_probs needs a TabPFN v2 regression checkpoint")
 
     def label_ids(self, context_y: torch.Tensor) -> torch.Tensor:
         """The class ids the network sees for ``context_y`` (the labels themselves unless densifying)."""
@@ -103,35 +97,11 @@ class TabPFNV2Adapter(ModelAdapter):
             return context_y.long()
         return torch.stack([torch.searchsorted(torch.unique(row), row) for row in context_y.long()])
 
-    def candidate_log_probs(
-        self,
-        context_x: torch.Tensor,
-        context_y_values: torch.Tensor,
-        query_x: torch.Tensor,
-        candidate_values: torch.Tensor,
-        *,
-        target_loc: float | torch.Tensor | None = None,
-        target_scale: float | torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Log-density of each candidate target value, normalised over the candidates: [B, M, C].
-
-        Targets and candidates are z-normalised with the context mean/std as ``TabPFNRegressor`` does
-        (unless ``target_loc``/``target_scale`` are given); the density is tabpfn's bar distribution.
-        """
-        if self.task != "regression" or self.criterion is None:
-            raise ModelError("candidate_log_probs needs a TabPFN v2 regression checkpoint")
-        candidates = check_candidates(context_x, context_y_values, query_x, candidate_values)
-        if context_x.shape[-1] > self.max_features:
-            raise ModelError(f"model {self.name!r} takes at most {self.max_features} features, got {context_x.shape[-1]}")
-        loc, scale = target_standardization(context_y_values, target_loc, target_scale)
-        y = ((context_y_values.double() - loc[:, None]) / scale[:, None]).float()
-        z = ((candidates.double() - loc[:, None, None]) / scale[:, None, None]).float()
-        logits = self._forward(context_x.float(), y, query_x.float())  # [B, M, buckets]
-        criterion = self.criterion.to(logits.device)
-        with float32_compute(logits.device):
-            # One call per candidate keeps memory at [B, M, buckets]; the criterion returns -log density.
-            log_density = torch.stack([-criterion(logits, z[..., c]) for c in range(z.shape[-1])], dim=-1)
-        return torch.log_softmax(log_density.float(), dim=-1)
+    def _candidate_log_density(self, outputs: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """tabpfn's bar distribution over the bucket logits [B, M, buckets]; the criterion returns
+        -log density, one call per candidate to keep memory at [B, M, buckets]."""
+        criterion = self.criterion.to(outputs.device)
+        return torch.stack([-criterion(outputs, z[..., c]) for c in range(z.shape[-1])], dim=-1)
 
     # -------------------------------------------------------------------------------- weights
     def metadata(self) -> dict[str, str]:
