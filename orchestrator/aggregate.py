@@ -14,7 +14,7 @@ import pandas as pd
 
 from probes.calibration import write_parquet_atomic
 from probes.probe import ProbeResult
-from orchestrator.sweep import RESULTS_FILE
+from orchestrator.reports import MANIPULATION_AUC_FILE, RESULTS_FILE, SPLIT_REPORT_FILE, roc_path
 
 ID_COLUMNS = ["run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed", "epoch"]
 
@@ -59,11 +59,11 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
     run_dir = Path(run_dir)
     results, manipulation_auc, rocs = collect(run_dir)
     write_parquet_atomic(results, run_dir / RESULTS_FILE)
-    write_parquet_atomic(manipulation_auc, run_dir / "manipulation_auc.parquet")
+    write_parquet_atomic(manipulation_auc, run_dir / MANIPULATION_AUC_FILE)
     for (run_id, epoch), roc in rocs.items():
-        write_parquet_atomic(roc, run_dir / "roc" / f"roc_{run_id}_e{epoch}.parquet")
+        write_parquet_atomic(roc, roc_path(run_dir, run_id, epoch))
     if prepared is not None:
-        write_parquet_atomic(split_report_table(prepared), run_dir / "split_report.parquet")
+        write_parquet_atomic(split_report_table(prepared), run_dir / SPLIT_REPORT_FILE)
     report = write_reports(run_dir, results, wandb_mode=wandb_mode, log=log)
     log(f"[iclmem] {len(results)} checkpoint results -> {run_dir / RESULTS_FILE}")
     if report is not None:

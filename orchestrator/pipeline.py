@@ -17,6 +17,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from orchestrator.config import SweepConfig, load_sweep, parse_sweep
+from orchestrator.reports import PROVENANCE_FILE
 from orchestrator.sweep import (
     EXPERIMENT_NAME,
     PreparedSweep,
@@ -281,7 +282,7 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
     source = str(config_path) if config_path else str(run_dir / SWEEP_FILE) if resume else f"sweep {sweep.name!r}"
     prepared = prepare_in_place_or_staged(sweep, run_dir, log=log if progress else (lambda _m: None), source=source)
     (run_dir / SWEEP_FILE).write_text(json.dumps(sweep.model_dump(mode="json"), indent=1, sort_keys=True))
-    (run_dir / "provenance.json").write_text(json.dumps(provenance(sweep), indent=1, sort_keys=True))
+    (run_dir / PROVENANCE_FILE).write_text(json.dumps(provenance(sweep), indent=1, sort_keys=True))
 
     started = ensure_ray(address, num_cpus=num_cpus)
     pool = None

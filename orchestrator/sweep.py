@@ -22,7 +22,6 @@ from trainables.data import LabelMode, PreparedTask, PrepSettings, TaskSource, l
 from trainables.errors import ConfigError, ModelError
 from trainables.provenance import git_commit, package_versions
 
-RESULTS_FILE = "results.parquet"
 EXPERIMENT_NAME = "tune"
 
 

@@ -305,13 +305,13 @@ class WandbResultsLogger:
 
         export = run_dir / "wandb" / "export"
         export.mkdir(parents=True, exist_ok=True)
-        files = {"results.parquet": public, "peak_checkpoints.parquet": peak_table}
+        files = {R.RESULTS_FILE: public, "peak_checkpoints.parquet": peak_table}
         split = R.load_split_report(run_dir)
         if split is not None:
-            files["split_report.parquet"] = split
+            files[R.SPLIT_REPORT_FILE] = split
         manip = R.load_manipulation_auc(run_dir)
         if manip is not None:
-            files["manipulation_auc.parquet"] = manip
+            files[R.MANIPULATION_AUC_FILE] = manip
         name = _safe(f"iclmem-results-{self.group or run_dir.name}").replace("=", "-")
         art = wandb.Artifact(name=name, type="iclmem-results",
                              description="IclMem results (public columns only: ids, config, metrics)",
