@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-
 from orchestrator.config import SweepConfig, TaskConfig, TrialSpec, expand_grid
 from trainables.data import LabelMode, PreparedTask, PrepSettings, TaskSource, load_or_prepare
 from trainables.errors import ConfigError, ModelError
