@@ -14,21 +14,17 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import pandas as pd
 
 from probes.scoring import ProbePlan, score
+from trainables.models.base import weights_digest
 
 
 def model_digest(model: Any) -> str:
     """Digest of a model's name, options and weights: two equal digests give equal reference scores."""
-    h = hashlib.sha256()
-    h.update(model.name.encode())
-    h.update(json.dumps(model.options, sort_keys=True, default=str).encode())
-    for key, value in sorted(model.state_arrays().items()):
-        h.update(key.encode())
-        h.update(np.ascontiguousarray(value).tobytes())
-    return h.hexdigest()[:16]
+    identity = json.dumps([model.name, model.options, weights_digest(model.module.state_dict())], sort_keys=True,
+                          default=str)
+    return hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 
 def reference_key(task_fingerprint: str, plan: ProbePlan, base_digest: str) -> str:

@@ -81,6 +81,17 @@ def test_a_damaged_checkpoint_file_is_named_by_the_error(checkpoint, damage, fil
         load_checkpoint_model(checkpoint)
 
 
+def test_the_weights_digest_covers_scalar_and_bfloat16_tensors_and_every_value():
+    from trainables.models.base import weights_digest
+
+    state = {"scale": torch.tensor(1.5), "w": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)}
+    digest = weights_digest(state)
+    assert digest == weights_digest({k: v.clone() for k, v in reversed(state.items())})  # order-free
+    assert digest != weights_digest({**state, "scale": torch.tensor(1.25)})
+    assert digest != weights_digest({**state, "w": state["w"].reshape(3, 2)})  # same bytes, other shape
+    assert digest != weights_digest({**state, "w": state["w"].float()})  # same values, other dtype
+
+
 def test_a_folder_that_is_no_checkpoint_at_all_gets_a_plain_checkpoint_error(tmp_path):
     with pytest.raises(CheckpointError, match="not a checkpoint folder"):
         load_checkpoint_model(tmp_path)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from trainables.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from trainables.models import ModelAdapter, build_model, read_weights
+from trainables.models.base import weights_digest
 
 DEFAULT_CHECKPOINT_EPOCHS = (1, 2, 5, 10, 25, 50, 100, 250, 500)
 MODEL_FILE = "model.safetensors"
@@ -261,16 +262,6 @@ def file_record(path: Path) -> dict[str, Any]:
     return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
-def weights_digest(state: dict[str, torch.Tensor]) -> str:
-    """sha256 over every tensor's name, dtype, shape and bytes, in name order."""
-    digest = hashlib.sha256()
-    for name in sorted(state):
-        tensor = state[name].detach().cpu().contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-    return digest.hexdigest()
-
-
 def checkpoint_manifest(directory: str | Path) -> dict[str, Any]:
     """The manifest of a checkpoint folder; :class:`CorruptCheckpointError` if it is missing or unreadable."""
     path = Path(directory) / META_FILE
@@ -326,7 +317,8 @@ def recompute_checkpoint_model(spec: FinetuneSpec, tasks: Sequence[Any], epoch: 
     of spec, tasks and seed) and return the model, for a checkpoint that was lost or corrupted.
 
     With ``expected_sha256`` (``weights_sha256`` from the lost checkpoint's manifest, see
-    :func:`weights_digest`) the recomputed weights must hash the same, or :class:`CheckpointError` says the recomputation differs.
+    :func:`weights_digest`) the recomputed weights must hash the same, or :class:`CheckpointError` says
+    the recomputation differs.
     ``torch_threads`` is the thread count the run trained with (the trainable's default is 1): CPU
     reductions split over another number of threads may round differently."""
 

@@ -10,6 +10,7 @@ Shapes: B contexts, N context rows, M query rows, F features, C = |Y| candidate 
 from __future__ import annotations
 
 import abc
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Callable
@@ -183,6 +184,17 @@ class NativeRegressionAdapter(ModelAdapter):
         with float32_compute(outputs.device):
             log_density = self._candidate_log_density(outputs, z)  # [B, M, C]
         return torch.log_softmax(log_density.float(), dim=-1)
+
+
+def weights_digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order (the weights themselves,
+    unlike a file digest: safetensors may order its header differently on each write)."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())  # reshape: 0-dim tensors too
+    return digest.hexdigest()
 
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
