@@ -146,11 +146,9 @@ class ProbePool:
         self.actors = [ProbeActor.options(**actor_options).remote(**worker_kwargs) for _ in range(n_actors)]
         self._next = 0
         self.pending: dict[Any, tuple[ProbeJob, int, float]] = {}  # ref -> (job, attempt, first submitted)
-        self._in_flight: set[tuple[str, str]] = set()  # (out_dir, stem) of pending jobs
         self.done: list[dict[str, Any]] = []
         self.failed: list[tuple[ProbeJob, str]] = []
         self.notes: list[str] = []  # warnings from the actors (e.g. a corrupt checkpoint recomputed)
-        self.resent_unavailable = 0  # jobs resent because their actor's node stopped answering
         self._ready: list[dict[str, Any]] = []  # stored results found at submit time, reported by the next poll
 
     @staticmethod
@@ -161,7 +159,7 @@ class ProbePool:
         """Queue a job unless its result is already stored or it is already in flight (idempotent
         across retries, resumes and the sweep's catch-up pass)."""
         if attempt == 0 and since is None:
-            if self._key(job) in self._in_flight:
+            if any(self._key(pending) == self._key(job) for pending, _, _ in self.pending.values()):
                 return
             existing = ProbeResult.load(job.out_dir, job.stem)
             if existing is not None:
@@ -171,7 +169,6 @@ class ProbePool:
         actor = self.actors[self._next % len(self.actors)]
         self._next += 1
         self.pending[actor.run.remote(job)] = (job, attempt, time.monotonic() if since is None else since)
-        self._in_flight.add(self._key(job))
 
     def poll(self, timeout: float = 0.0, max_attempts: int = 3) -> list[dict[str, Any]]:
         """Collect finished jobs; retry failures (a dead actor is restarted by Ray) up to max_attempts."""
@@ -181,7 +178,6 @@ class ProbePool:
         ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=timeout)
         for ref in ready:
             job, attempt, since = self.pending.pop(ref)
-            self._in_flight.discard(self._key(job))
             try:
                 result = ray.get(ref)
                 for note in result.notes:  # shown by the driver: the actor's own log may be on another node
@@ -194,7 +190,6 @@ class ProbePool:
             except ray.exceptions.ActorUnavailableError as exc:
                 # the node is unreachable, not known dead: Ray restarts the actor once it is declared dead
                 if time.monotonic() - since < self.unavailable_timeout:
-                    self.resent_unavailable += 1
                     self.submit(job, attempt, since)
                 else:
                     self.failed.append((job, f"actor unavailable for {self.unavailable_timeout:.0f} s: {exc!r}"))
