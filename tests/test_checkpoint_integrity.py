@@ -194,7 +194,7 @@ def test_a_trial_whose_latest_checkpoint_was_truncated_is_recomputed_by_tune(ray
         run_config=tune.RunConfig(name="corrupt", storage_path=str(storage), verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=1)),
     ).fit()
-    assert not grid.errors
+    assert not grid.errors, grid.errors
     by_id = {r.config["__trial__"]["run_id"]: r for r in grid}
     assert (markers / "fault_damaged").read_text() == "4"
     reported = [json.loads(line)["epoch"] for line in (Path(by_id["damaged"].path) / "result.json").read_text().splitlines()
@@ -209,5 +209,5 @@ def test_a_trial_whose_latest_checkpoint_was_truncated_is_recomputed_by_tune(ray
 
     clean, damaged = final(by_id["clean"]), final(by_id["damaged"])
     identical = all(torch.equal(value, damaged[key]) for key, value in clean.items())
-    assert identical
+    assert identical, [key for key, value in clean.items() if not torch.equal(value, damaged[key])]
     fault_ledger(injected=1, completed=True, identical=identical)
