@@ -22,7 +22,7 @@ from probes.outcomes import OutcomeThresholds
 from probes.probe import ProbeSettings, probe_checkpoint
 from probes.scoring import ProbePlan, ProbeQueries
 from trainables.data import PrepSettings, TaskSource, load_or_prepare
-from trainables.errors import ConfigError, DataError
+from iclmem.errors import ConfigError, DataError
 from trainables.finetune import META_FILE, load_checkpoint_model
 from trainables.models import build_model
 

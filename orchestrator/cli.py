@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainables.errors import IclmemError
+from iclmem.errors import IclmemError
 
 DEFAULT_RUNS = Path("runs")
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainables.errors import ConfigError
+from iclmem.errors import ConfigError
 
 REGIMES = ("single_fixed", "multi_fixed", "multi_random")
 LABEL_MODES = ("normal", "shuffled_members", "shuffled_all")
@@ -123,7 +123,7 @@ class ProbeConfig(_Strict):
             return value
         from probes.manipulations import suite_from_spec
 
-        from trainables.errors import IclmemError
+        from iclmem.errors import IclmemError
 
         try:
             suite_from_spec(value)

@@ -25,7 +25,7 @@ from orchestrator.sweep import (
     provenance,
     trial_config,
 )
-from trainables.errors import ConfigError
+from iclmem.errors import ConfigError
 
 SWEEP_FILE = "sweep.json"
 
@@ -316,7 +316,7 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
             log(f"[iclmem] {len(pool.failed)} probe job(s) failed after retries: {failed}; first error: {pool.failed[0][1][:2000]}")
         results = aggregate(run_dir, prepared, log=log)
         if pool.failed:
-            from trainables.errors import ProbeError
+            from iclmem.errors import ProbeError
 
             raise ProbeError(
                 f"{len(pool.failed)} checkpoint(s) could not be probed (first error above); every other result is "

@@ -44,7 +44,7 @@ from typing import Any, Iterable, Literal, Mapping
 import numpy as np
 import pandas as pd
 
-from trainables.errors import DataError
+from iclmem.errors import DataError
 
 OUTCOMES: tuple[str, ...] = ("collapse", "memorization", "inversion", "overfitting", "no_signal")
 REGIMES: tuple[str, ...] = ("single_fixed", "multi_fixed", "multi_random")

@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 from orchestrator.config import SweepConfig, TaskConfig, TrialSpec, expand_grid
 from trainables.data import LabelMode, PreparedTask, PrepSettings, TaskSource, load_or_prepare
-from trainables.errors import ConfigError, ModelError
-from trainables.provenance import git_commit, package_versions
+from iclmem.errors import ConfigError, IclmemError
+from iclmem.provenance import git_commit, package_versions
 
 EXPERIMENT_NAME = "tune"
 
@@ -80,7 +80,7 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
                     task = load_or_prepare(task_source(by_name[name]), settings, LabelMode(trial.label_mode),
                                            trial.seed, q=members, cache_dir=cache_dir)
                 except Exception as exc:  # collect every task's problem, then fail once
-                    if isinstance(exc, (ConfigError, ModelError)) or exc.__class__.__module__.startswith("trainables"):
+                    if isinstance(exc, IclmemError):
                         errors.append(f"tasks.{index_of[name]} ({name!r}, q={trial.q}, label_mode={trial.label_mode}, "
                                       f"seed={trial.seed}): {exc}")
                         memo[memo_key] = ""

@@ -83,7 +83,7 @@ class ProbeWorker:
     def _load_or_recompute(self, job: ProbeJob, directory: Any, notes: list[str]):
         """The checkpoint's model; one that fails its checksum is recomputed from the run's recipe (and
         must then hash as the manifest recorded, when the manifest survived)."""
-        from trainables.errors import CorruptCheckpointError
+        from iclmem.errors import CorruptCheckpointError
         from trainables.finetune import (FinetuneSpec, checkpoint_manifest, load_checkpoint_model,
                                          recompute_checkpoint_model)
 

@@ -95,8 +95,8 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from trainables.errors import ConfigError, ProbeError, UnknownNameError
-from trainables.registry import Registry
+from iclmem.errors import ConfigError, ProbeError, UnknownNameError
+from iclmem.registry import Registry
 
 __all__ = [
     "Phase",

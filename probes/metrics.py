@@ -14,7 +14,7 @@ Conventions used everywhere in this module
 * **Bootstrap** intervals are stratified (members and non-members resampled separately, with
   replacement, each to its own size), seeded, and fully vectorised over resamples; the interval is the
   percentile interval of the resampled statistic.
-* NaN scores are refused with :class:`~trainables.errors.ProbeError` (a NaN would silently poison ranks);
+* NaN scores are refused with :class:`~iclmem.errors.ProbeError` (a NaN would silently poison ranks);
   ``+-inf`` is allowed and ranks like any other value.
 """
 
@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from trainables.errors import ProbeError
+from iclmem.errors import ProbeError
 
 __all__ = [
     "ScoreKind",

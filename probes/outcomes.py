@@ -38,7 +38,7 @@ from probes.metrics import (
     gap_stats,
     robustness_scores,
 )
-from trainables.errors import ConfigError, ProbeError
+from iclmem.errors import ConfigError, ProbeError
 
 __all__ = [
     "Outcome",

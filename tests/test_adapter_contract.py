@@ -18,7 +18,7 @@ import trainables.models  # noqa: F401  (registers the built-in adapters)
 import trainables.models.contexttab_adapter  # noqa: F401  (registers contexttab, whatever __init__ imports)
 import trainables.models.tabicl_adapter  # noqa: F401
 import trainables.models.tabpfn_adapter  # noqa: F401
-from trainables.errors import CheckpointError, ModelError
+from iclmem.errors import CheckpointError, ModelError
 from trainables.models import MODELS, build_model
 from trainables.models.extras import extra_is_installed, extra_status, require_extra
 

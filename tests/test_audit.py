@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.audit import audit_checkpoint, parse_task
 from trainables.data import TaskSource, prepare_task
-from trainables.errors import ConfigError
+from iclmem.errors import ConfigError
 from trainables.finetune import FinetuneSpec, Finetuner
 from trainables.models.embedded import SHIPPED_WEIGHTS
 

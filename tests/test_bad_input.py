@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from orchestrator.pipeline import run_sweep
-from trainables.errors import IclmemError
+from iclmem.errors import IclmemError
 
 BASE = {
     "name": "bad",

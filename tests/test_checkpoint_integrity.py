@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainables.data import TaskSource, prepare_task
-from trainables.errors import CheckpointError, CorruptCheckpointError
+from iclmem.errors import CheckpointError, CorruptCheckpointError
 from trainables.finetune import (
     META_FILE,
     MODEL_FILE,

@@ -22,7 +22,7 @@ from trainables.data import (
     prepare_task,
     task_fingerprint,
 )
-from trainables.errors import ConfigError, DataError, SplitError
+from iclmem.errors import ConfigError, DataError, SplitError
 
 CARTE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "carte"
 CARTE_TASKS = ["spotify", "wine_dot_com_prices", "wine_vivino_price"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainables.data import TaskSource, prepare_task
-from trainables.errors import ConfigError
+from iclmem.errors import ConfigError
 from trainables.finetune import (
     FinetuneSpec,
     Finetuner,

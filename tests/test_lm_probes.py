@@ -46,7 +46,7 @@ from probes.lm.ner import (
     sample_test,
 )
 from probes.lm.net import f1_table, predict_types
-from trainables.errors import ConfigError, DataError
+from iclmem.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -27,7 +27,7 @@ from probes.manipulations import (
     suite_from_spec,
     suite_to_spec,
 )
-from trainables.errors import ConfigError, ProbeError, UnknownNameError
+from iclmem.errors import ConfigError, ProbeError, UnknownNameError
 
 # Hand-made example: 3 candidate labels, 4 features, true label 1.
 M, F, TRUE = 3, 4, 1

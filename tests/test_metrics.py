@@ -30,7 +30,7 @@ from probes.metrics import (
     tpr_at_fpr,
 )
 from probes.metrics import _member_rank_sums
-from trainables.errors import ProbeError
+from iclmem.errors import ProbeError
 
 # tiny hand-made fixtures sit far below 10 allowed false positives; tests that care use pytest.warns
 pytestmark = pytest.mark.filterwarnings("ignore::probes.metrics.LowResolutionWarning")

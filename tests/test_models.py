@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from trainables.errors import CheckpointError, ModelError, UnknownNameError
+from iclmem.errors import CheckpointError, ModelError, UnknownNameError
 from trainables.models import MODELS, build_model, read_weights
 
 
@@ -68,7 +68,7 @@ def test_unknown_model_name_lists_the_known_ones():
 
 
 def test_registry_rejects_duplicate_names():
-    from trainables.errors import DuplicateNameError
+    from iclmem.errors import DuplicateNameError
 
     with pytest.raises(DuplicateNameError):
         MODELS.register("pfn-mini", lambda **_: None)

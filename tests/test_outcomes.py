@@ -26,7 +26,7 @@ from probes.outcomes import (
     peak_checkpoint,
     rule_checks,
 )
-from trainables.errors import ConfigError, ProbeError
+from iclmem.errors import ConfigError, ProbeError
 
 pytestmark = pytest.mark.filterwarnings("ignore::probes.metrics.LowResolutionWarning")
 

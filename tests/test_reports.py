@@ -16,7 +16,7 @@ from orchestrator import reports as R
 from synthetic_run_dir import (
     CANARY, ENTROPY_PEAK_RUN, EXPECTED, MANIPULATIONS, PLAN, TIE_RUN, make_synthetic_run_dir, run_id,
 )
-from trainables.errors import DataError
+from iclmem.errors import DataError
 
 CHROMIUM = Path("/usr/bin/chromium")
 

@@ -136,7 +136,7 @@ def test_compressed_rows_with_multiplicities_score_like_the_repeated_rows(task):
 
 
 def test_models_without_row_multiplicities_refuse_them():
-    from trainables.errors import ModelError
+    from iclmem.errors import ModelError
 
     with pytest.raises(ModelError, match="multiplicities"):
         ContextBlindAdapter().log_probs(torch.zeros(1, 2, 1), torch.zeros(1, 2, dtype=torch.long),

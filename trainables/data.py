@@ -24,8 +24,8 @@ from typing import Any, Callable, Literal, Mapping
 import numpy as np
 import pandas as pd
 
-from trainables.errors import ConfigError, DataError, SplitError
-from trainables.registry import Registry
+from iclmem.errors import ConfigError, DataError, SplitError
+from iclmem.registry import Registry
 
 __all__ = [
     "TaskKind",

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainables.errors import CheckpointError, ConfigError, CorruptCheckpointError
+from iclmem.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from trainables.models import ModelAdapter, build_model, read_weights
 from trainables.models.base import weights_digest
 

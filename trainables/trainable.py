@@ -16,7 +16,7 @@ from typing import Any
 
 from ray import tune
 
-from trainables.errors import CorruptCheckpointError
+from iclmem.errors import CorruptCheckpointError
 from trainables.finetune import FinetuneSpec, Finetuner
 
 

@@ -34,8 +34,8 @@ from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from trainables.errors import DataError
-from trainables.registry import Registry
+from iclmem.errors import DataError
+from iclmem.registry import Registry
 
 __all__ = [
     "Span",

@@ -33,7 +33,7 @@ import pandas as pd
 
 from probes.lm.model import DEFAULT_BATCH_SIZE, LanguageModel, token_logprobs
 from probes.metrics import auc
-from trainables.errors import ConfigError, ProbeError
+from iclmem.errors import ConfigError, ProbeError
 
 __all__ = [
     "EntityTokens",

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from trainables.errors import ModelError, ProbeError
+from iclmem.errors import ModelError, ProbeError
 
 __all__ = [
     "LanguageModel",

@@ -45,7 +45,7 @@ import pandas as pd
 
 from probes.lm.data import Sentence
 from probes.lm.model import LanguageModel, greedy_generate, next_token_logprobs
-from trainables.errors import ProbeError
+from iclmem.errors import ProbeError
 
 __all__ = [
     "VARIANTS",

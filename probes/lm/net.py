@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from probes.lm.model import DEFAULT_BATCH_SIZE, LanguageModel, token_logprobs
-from trainables.errors import ProbeError
+from iclmem.errors import ProbeError
 
 __all__ = ["NET_KEYWORDS", "MACRO", "keywords_for", "net_query", "predict_types", "f1_table"]
 

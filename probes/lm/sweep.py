@@ -46,8 +46,8 @@ from probes.lm.model import load_lm
 from probes.lm.ner import VARIANTS, NerSettings, run_ner
 from probes.lm.net import f1_table, predict_types
 from probes.lm.report import write_lm_report
-from trainables.errors import ConfigError, DataError, ProbeError
-from trainables.registry import Registry
+from iclmem.errors import ConfigError, DataError, ProbeError
+from iclmem.registry import Registry
 
 __all__ = [
     "LMSweepConfig",
@@ -488,7 +488,7 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def _versions() -> dict[str, str]:
-    from trainables.provenance import package_versions
+    from iclmem.provenance import package_versions
 
     return package_versions(("torch", "transformers", "tokenizers", "ray", "pandas"))
 

@@ -18,8 +18,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from trainables.errors import CheckpointError, ModelError
-from trainables.registry import Registry
+from iclmem.errors import CheckpointError, ModelError
+from iclmem.registry import Registry
 from trainables.models.extras import check_candidates, float32_compute, target_standardization
 from trainables.models.extras import extra_status  # noqa: F401  (re-exported for `iclmem models`)
 

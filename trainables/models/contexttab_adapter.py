@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 import torch
 
-from trainables.errors import CheckpointError, ModelError
+from iclmem.errors import CheckpointError, ModelError
 from trainables.models.base import MODELS, ModelAdapter, read_weights
 from trainables.models.extras import (
     float32_compute,

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from trainables.errors import CheckpointError
+from iclmem.errors import CheckpointError
 from trainables.models.base import MODELS, ModelAdapter, read_weights
 from trainables.models.pfn_mini import PfnMini, PfnMiniConfig
 

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import torch
 
-from trainables.errors import CheckpointError, ModelError
+from iclmem.errors import CheckpointError, ModelError
 
 
 @dataclass(frozen=True)

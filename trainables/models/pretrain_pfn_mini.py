@@ -164,7 +164,7 @@ def evaluate(model: PfnMini, seeds: tuple[int, ...] = (0,)) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------------------- training
 def package_versions() -> dict[str, str]:
-    from trainables.provenance import package_versions as versions
+    from iclmem.provenance import package_versions as versions
 
     return versions(("torch", "numpy", "tabicl", "scikit-learn", "xgboost-cpu"))
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from trainables.errors import CheckpointError, ModelError
+from iclmem.errors import CheckpointError, ModelError
 from trainables.models.base import MODELS, NativeRegressionAdapter, read_weights
 from trainables.models.extras import (
     float32_compute,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Generic, Iterator, TypeVar
 
-from trainables.errors import DuplicateNameError, UnknownNameError
+from iclmem.errors import DuplicateNameError, UnknownNameError
 
 T = TypeVar("T")
 
