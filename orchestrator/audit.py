@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from iclmem.errors import ConfigError, DataError
 from probes.calibration import model_digest
 from probes.manipulations import default_suite
 from probes.outcomes import OutcomeThresholds
 from probes.probe import ProbeSettings, probe_checkpoint
 from probes.scoring import ProbePlan, ProbeQueries
 from trainables.data import PrepSettings, TaskSource, load_or_prepare
-from iclmem.errors import ConfigError, DataError
 from trainables.finetune import META_FILE, load_checkpoint_model
 from trainables.models import build_model
 

@@ -15,12 +15,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from iclmem.errors import ConfigError
-
-REGIMES = ("single_fixed", "multi_fixed", "multi_random")
-LABEL_MODES = ("normal", "shuffled_members", "shuffled_all")
+from iclmem.vocab import Candidates, LabelMode, Regime, TaskKind, WandbMode
 
 
 class _Strict(BaseModel):
@@ -33,7 +31,7 @@ class TaskConfig(_Strict):
     carte: str | None = None  # CARTE data folder (either layout)
     path: str | None = None  # a CSV or parquet file
     target: str | None = None
-    task: Literal["classification", "regression"] | None = None
+    task: TaskKind | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> "TaskConfig":
@@ -51,10 +49,10 @@ class ModelConfig(_Strict):
 
 
 class GridConfig(_Strict):
-    regime: list[Literal["single_fixed", "multi_fixed", "multi_random"]] = ["single_fixed"]
+    regime: list[Regime] = [Regime.SINGLE_FIXED]
     lr: list[float] = [1e-3]
     q: list[int] = [50]
-    label_mode: list[Literal["normal", "shuffled_members", "shuffled_all"]] = ["normal"]
+    label_mode: list[LabelMode] = [LabelMode.NORMAL]
     seed: list[int] = [0]
 
     @field_validator("lr")
@@ -114,16 +112,15 @@ class ProbeConfig(_Strict):
     suite: Literal["default"] | list[str | dict[str, Any]] = "default"
     base_as_checkpoint: bool = True  # probe the untouched base model as a control run
     bootstrap: int = Field(1000, ge=0)
-    candidates: Literal["bins", "native"] = "bins"
+    candidates: Candidates = Candidates.BINS
 
     @field_validator("suite")
     @classmethod
     def _suite_valid(cls, value: Any) -> Any:
         if value == "default":
             return value
-        from probes.manipulations import suite_from_spec
-
         from iclmem.errors import IclmemError
+        from probes.manipulations import suite_from_spec
 
         try:
             suite_from_spec(value)
@@ -132,14 +129,30 @@ class ProbeConfig(_Strict):
         return value
 
 
-class OutcomeConfig(_Strict):
-    collapse_loss_ratio: float = 5.0
-    collapse_output_std: float = 0.01
-    memorization_auc: float = 0.5
-    memorization_tpr_margin: float = 0.10
-    overfitting_mu: float = 0.01
-    overfitting_sigma: float = 0.01
-    strict: bool = False
+def _outcome_config() -> type[BaseModel]:
+    """The sweep's ``outcome:`` block, derived field by field from ``OutcomeThresholds`` (the one place
+    the rule's settings and defaults are declared); values are checked by that class at the boundary."""
+    import dataclasses
+    import typing
+
+    from probes.outcomes import OutcomeThresholds
+
+    hints = typing.get_type_hints(OutcomeThresholds)
+    fields: dict[str, Any] = {f.name: (hints[f.name], f.default) for f in dataclasses.fields(OutcomeThresholds)}
+
+    def _thresholds_valid(self: BaseModel) -> BaseModel:
+        try:
+            OutcomeThresholds.from_dict(self.model_dump())
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    return create_model("OutcomeConfig", __base__=_Strict,
+                        __validators__={"_thresholds_valid": model_validator(mode="after")(_thresholds_valid)},
+                        **fields)
+
+
+OutcomeConfig = _outcome_config()
 
 
 class ResourcesConfig(_Strict):
@@ -154,7 +167,7 @@ class ResourcesConfig(_Strict):
 
 
 class WandbConfig(_Strict):
-    mode: Literal["offline", "online", "disabled"] = "offline"
+    mode: WandbMode = WandbMode.OFFLINE
     project: str = "iclmem"
     entity: str | None = None
 
@@ -293,7 +306,7 @@ def expand_grid(sweep: SweepConfig) -> list[TrialSpec]:
     trials = []
     g = sweep.grid
     for model, regime, lr, q, mode, seed in itertools.product(sweep.models, g.regime, g.lr, g.q, g.label_mode, g.seed):
-        task_groups = ["+".join(t.name for t in sweep.tasks)] if regime == "multi_fixed" else [t.name for t in sweep.tasks]
+        task_groups = ["+".join(t.name for t in sweep.tasks)] if regime == Regime.MULTI_FIXED else [t.name for t in sweep.tasks]
         for task in task_groups:
             key = json.dumps([task, model.name, model.options, regime, lr, q, mode, seed], sort_keys=True, default=str)
             run_id = f"{task[:24]}-{regime}-lr{lr:g}-q{q}-{mode}-s{seed}-{hashlib.sha1(key.encode()).hexdigest()[:6]}"

@@ -18,14 +18,15 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from iclmem.vocab import Outcome
 from orchestrator import reports as R
 
 OUTCOME_COLORS: dict[str, str] = {
-    "collapse": "#7f7f7f",
-    "memorization": "#d62728",
-    "inversion": "#1f77b4",
-    "overfitting": "#ff7f0e",
-    "no_signal": "#c7e9c0",
+    Outcome.COLLAPSE.value: "#7f7f7f",
+    Outcome.MEMORIZATION.value: "#d62728",
+    Outcome.INVERSION.value: "#1f77b4",
+    Outcome.OVERFITTING.value: "#ff7f0e",
+    Outcome.NO_SIGNAL.value: "#c7e9c0",
 }
 _OTHER_COLOR = "#e0e0e0"
 _DPI = 100

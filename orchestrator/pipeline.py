@@ -16,16 +16,10 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from iclmem.errors import ConfigError
 from orchestrator.config import SweepConfig, load_sweep, parse_sweep
 from orchestrator.reports import PROVENANCE_FILE
-from orchestrator.sweep import (
-    EXPERIMENT_NAME,
-    PreparedSweep,
-    prepare_sweep,
-    provenance,
-    trial_config,
-)
-from iclmem.errors import ConfigError
+from orchestrator.sweep import EXPERIMENT_NAME, PreparedSweep, prepare_sweep, provenance, trial_config
 
 SWEEP_FILE = "sweep.json"
 

@@ -45,12 +45,15 @@ import numpy as np
 import pandas as pd
 
 from iclmem.errors import DataError
+from iclmem.vocab import DETECTABLE as _DETECTABLE
+from iclmem.vocab import MAIN_REGIME as _MAIN_REGIME
+from iclmem.vocab import Outcome, Regime, ScoreKind, values
 
-OUTCOMES: tuple[str, ...] = ("collapse", "memorization", "inversion", "overfitting", "no_signal")
-REGIMES: tuple[str, ...] = ("single_fixed", "multi_fixed", "multi_random")
-SCORE_KINDS: tuple[str, ...] = ("loss", "entropy", "confidence")
-MAIN_REGIME = "single_fixed"
-DETECTABLE = "memorization"
+OUTCOMES: tuple[str, ...] = values(Outcome)
+REGIMES: tuple[str, ...] = values(Regime)
+SCORE_KINDS: tuple[str, ...] = values(ScoreKind)
+MAIN_REGIME: str = _MAIN_REGIME.value
+DETECTABLE: str = _DETECTABLE.value
 RUN_KEY: tuple[str, ...] = ("run_id", "task")
 
 RESULTS_FILE = "results.parquet"
@@ -73,9 +76,10 @@ RESULT_COLUMNS: tuple[str, ...] = (
     # optional extras a sweep may add; all ids, flags or metrics
     "diverged", "status", "strict_outcome", "n_members", "n_nonmembers", "raw_score_kind",
 )
+_KINDS = "|".join(SCORE_KINDS)
 _RESULT_PATTERNS = (
-    re.compile(r"^(auc|auc_low|auc_high|raw_auc|ref_auc|tpr_at_1pct|tpr_at_10pct)_(loss|entropy|confidence)$"),
-    re.compile(r"^(tpr|fpr|threshold|raw_tpr|ref_tpr)_at_\d+pct(_low|_high)?(_(loss|entropy|confidence))?$"),
+    re.compile(rf"^(auc|auc_low|auc_high|raw_auc|ref_auc|tpr_at_1pct|tpr_at_10pct)_({_KINDS})$"),
+    re.compile(rf"^(tpr|fpr|threshold|raw_tpr|ref_tpr)_at_\d+pct(_low|_high)?(_({_KINDS}))?$"),
 )
 SPLIT_COLUMNS: tuple[str, ...] = (
     "task", "label_mode", "seed", "q", "n_rows", "n_classes", "majority_share", "numeric_share",

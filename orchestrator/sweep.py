@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator.config import SweepConfig, TaskConfig, TrialSpec, expand_grid
-from trainables.data import LabelMode, PreparedTask, PrepSettings, TaskSource, load_or_prepare
 from iclmem.errors import ConfigError, IclmemError
 from iclmem.provenance import git_commit, package_versions
+from iclmem.vocab import BASE_MODEL_ROW, Regime
+from orchestrator.config import SweepConfig, TaskConfig, TrialSpec, expand_grid
+from trainables.data import LabelMode, PreparedTask, PrepSettings, TaskSource, load_or_prepare
 
 EXPERIMENT_NAME = "tune"
 
@@ -72,7 +73,7 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
         keys = []
         # multi_random trains on a pool of Q + context_size member rows (all of them members), so its
         # split draws that many members and as many non-members.
-        members = trial.q + sweep.data.context_size if trial.regime == "multi_random" else trial.q
+        members = trial.q + sweep.data.context_size if trial.regime == Regime.MULTI_RANDOM else trial.q
         for name in trial.task.split("+"):
             memo_key = (name, members, trial.label_mode, trial.seed)
             if memo_key not in memo:
@@ -107,15 +108,15 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
     if sweep.probe.base_as_checkpoint:
         seen = set()
         for trial in trials:
-            key = (trial.task, trial.model, trial.q, trial.label_mode, trial.seed, trial.regime == "multi_random")
-            if trial.regime == "multi_fixed" or key in seen:
+            key = (trial.task, trial.model, trial.q, trial.label_mode, trial.seed, trial.regime == Regime.MULTI_RANDOM)
+            if trial.regime == Regime.MULTI_FIXED or key in seen:
                 continue
             seen.add(key)
-            pool = "-pool" if trial.regime == "multi_random" else ""
+            pool = "-pool" if trial.regime == Regime.MULTI_RANDOM else ""
             model_key = hashlib.sha1(json.dumps([trial.model, dict(trial.model_options)], sort_keys=True,
                                                 default=str).encode()).hexdigest()[:6]
             run_id = f"{trial.task[:24]}-base{pool}-q{trial.q}-{trial.label_mode}-s{trial.seed}-{trial.model}-{model_key}"
-            identity = {**_identity(trial, sweep), "run_id": run_id, "regime": "base", "lr": 0.0}
+            identity = {**_identity(trial, sweep), "run_id": run_id, "regime": BASE_MODEL_ROW, "lr": 0.0}
             controls.append((trial_tasks[trial.run_id][0], identity))
     return PreparedSweep(sweep, tuple(trials), tasks, trial_tasks, tuple(controls))
 
@@ -137,5 +138,5 @@ def trial_config(trial: TrialSpec, prepared: PreparedSweep) -> dict[str, Any]:
         "finetune": {"model": trial.model, "model_options": dict(trial.model_options), "regime": trial.regime,
                      "lr": trial.lr, "epochs": t.epochs, "checkpoint_epochs": list(t.checkpoint_epochs),
                      "every_epoch": t.every_epoch, "grad_clip": t.grad_clip, "weight_decay": t.weight_decay,
-                     "seed": trial.seed, "queries_per_step": trial.q if trial.regime == "multi_random" else None},
+                     "seed": trial.seed, "queries_per_step": trial.q if trial.regime == Regime.MULTI_RANDOM else None},
     }

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
 
+from iclmem.atomic import write_parquet_atomic
 from probes.scoring import ProbePlan, score
 from trainables.models.base import weights_digest
 
@@ -30,16 +30,6 @@ def model_digest(model: Any) -> str:
 def reference_key(task_fingerprint: str, plan: ProbePlan, base_digest: str) -> str:
     raw = json.dumps([task_fingerprint, plan.suite_fingerprint, plan.seed, base_digest])
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
-
-
-def write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
-    """Write to a temporary name and rename, so a reader never sees half a file. Every data page carries
-    a CRC32 (Parquet's page checksum), which :func:`read_parquet_checked` verifies: without it a flipped
-    byte in a page reads back as a silently wrong number."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    frame.to_parquet(tmp, index=False, write_page_checksum=True)
-    os.replace(tmp, path)
 
 
 def read_parquet_checked(path: Path) -> pd.DataFrame | None:

@@ -23,13 +23,13 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from iclmem.errors import ProbeError
+from iclmem.vocab import SCORE_KINDS, Calibration, ScoreKind
 
 __all__ = [
     "ScoreKind",
@@ -68,25 +68,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------
 # vocabularies and orientation
 # --------------------------------------------------------------------------------------------------
-
-
-class ScoreKind(str, Enum):
-    """The three per-(query, manipulation) scores of the probe (spec "Scores")."""
-
-    LOSS = "loss"  # -log p(y*)
-    ENTROPY = "entropy"  # H(p) over the candidate set
-    CONFIDENCE = "confidence"  # p(y*)
-
-
-SCORE_KINDS: tuple[ScoreKind, ...] = (ScoreKind.LOSS, ScoreKind.ENTROPY, ScoreKind.CONFIDENCE)
-
-
-class Calibration(str, Enum):
-    """Which per-query score a metric is computed on (spec "Metrics", paper App. 7.4)."""
-
-    CALIBRATED = "calibrated"  # Delta S = S - S_ref
-    UNCALIBRATED = "uncalibrated"  # S alone (fine-tuned model)
-    REFERENCE_ONLY = "reference_only"  # S_ref alone (base model)
 
 
 SCORES_TABLE_COLUMNS: tuple[str, ...] = (

@@ -22,12 +22,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+from iclmem.errors import ConfigError, ProbeError
+from iclmem.vocab import PRECEDENCE, Outcome
 from probes.metrics import (
     SCORE_KINDS,
     Calibration,
@@ -38,7 +39,6 @@ from probes.metrics import (
     gap_stats,
     robustness_scores,
 )
-from iclmem.errors import ConfigError, ProbeError
 
 __all__ = [
     "Outcome",
@@ -55,24 +55,6 @@ __all__ = [
 
 # absorbs float round-off in "TPR - alpha >= margin" (e.g. 0.3 - 0.1 = 0.19999999999999998)
 _TPR_EPS = 1e-12
-
-
-class Outcome(str, Enum):
-    COLLAPSE = "collapse"
-    MEMORIZATION = "memorization"
-    INVERSION = "inversion"
-    OVERFITTING = "overfitting"
-    NO_SIGNAL = "no_signal"
-
-
-# precedence: first rule that holds
-PRECEDENCE: tuple[Outcome, ...] = (
-    Outcome.COLLAPSE,
-    Outcome.MEMORIZATION,
-    Outcome.INVERSION,
-    Outcome.OVERFITTING,
-    Outcome.NO_SIGNAL,
-)
 
 
 @dataclass(frozen=True)
@@ -246,19 +228,27 @@ def _collapse(ev: OutcomeEvidence, th: OutcomeThresholds) -> tuple[bool, dict[st
     return holds, {"loss_ratio": float(ev.loss_ratio), "output_std": float(ev.output_std)}
 
 
+def memorization_holds(m: Any, th: OutcomeThresholds) -> bool:
+    """The memorization rule on one score kind's metrics (calibrated, or raw for ``raw_outcome``):
+    AUC above the threshold, TPR at alpha at least alpha + margin, and in strict mode the AUC interval's
+    lower bound above the threshold too. The one place this rule is written."""
+    tpr = m.tpr_at(th.memorization_alpha).tpr
+    ok = m.auc > th.memorization_auc and tpr - th.memorization_alpha >= th.memorization_tpr_margin - _TPR_EPS
+    if th.strict:
+        ok = ok and m.auc_interval.low > th.memorization_auc
+    return bool(ok)
+
+
 def _memorization(
     ev: OutcomeEvidence, th: OutcomeThresholds
 ) -> tuple[bool, ScoreKind | None, dict[str, float]]:
     best: tuple[float, int, ScoreKind, dict[str, float]] | None = None
     for order, kind in enumerate(SCORE_KINDS):
         m = ev.calibrated.get(kind)
-        if m is None:
+        if m is None or not memorization_holds(m, th):
             continue
-        tpr = m.tpr_at(th.memorization_alpha).tpr
-        ok = m.auc > th.memorization_auc and tpr - th.memorization_alpha >= th.memorization_tpr_margin - _TPR_EPS
-        if th.strict:
-            ok = ok and m.auc_interval.low > th.memorization_auc
-        if ok and (best is None or m.auc > best[0]):
+        if best is None or m.auc > best[0]:
+            tpr = m.tpr_at(th.memorization_alpha).tpr
             reasons = {
                 "auc": float(m.auc),
                 "auc_low": float(m.auc_interval.low),
@@ -294,46 +284,47 @@ def _overfitting(ev: OutcomeEvidence, th: OutcomeThresholds) -> tuple[bool, dict
     return holds, {"mu_gap": float(ev.gap.mu_gap), "sigma_gap": float(ev.gap.sigma_gap)}
 
 
+def _rules(evidence: OutcomeEvidence, th: OutcomeThresholds) -> dict[Outcome, tuple[bool, ScoreKind | None, dict[str, float]]]:
+    """Every rule but no_signal, evaluated on its own: (holds, deciding score kind, the numbers it read)."""
+    collapse, r_col = _collapse(evidence, th)
+    inversion, r_inv = _inversion(evidence, th)
+    overfitting, r_ovf = _overfitting(evidence, th)
+    return {
+        Outcome.COLLAPSE: (collapse, None, r_col),
+        Outcome.MEMORIZATION: _memorization(evidence, th),
+        Outcome.INVERSION: (inversion, ScoreKind.LOSS, r_inv),
+        Outcome.OVERFITTING: (overfitting, None, r_ovf),
+    }
+
+
 def rule_checks(evidence: OutcomeEvidence, thresholds: OutcomeThresholds | None = None) -> dict[Outcome, bool]:
     """Every rule evaluated on its own, ignoring precedence (no_signal: none of the others holds)."""
-    th = thresholds or OutcomeThresholds()
-    c = {
-        Outcome.COLLAPSE: _collapse(evidence, th)[0],
-        Outcome.MEMORIZATION: _memorization(evidence, th)[0],
-        Outcome.INVERSION: _inversion(evidence, th)[0],
-        Outcome.OVERFITTING: _overfitting(evidence, th)[0],
-    }
+    c = {o: holds for o, (holds, _k, _r) in _rules(evidence, thresholds or OutcomeThresholds()).items()}
     c[Outcome.NO_SIGNAL] = not any(c.values())
     return c
 
 
 def classify(evidence: OutcomeEvidence, thresholds: OutcomeThresholds | None = None) -> Verdict:
-    """Outcome of one checkpoint: the first rule (in :data:`PRECEDENCE` order) that holds."""
+    """Outcome of one checkpoint: the first rule, in :data:`PRECEDENCE` order, that holds."""
     th = thresholds or OutcomeThresholds()
-    checks = {o.value: v for o, v in rule_checks(evidence, th).items()}
+    rules = _rules(evidence, th)
+    checks = {o.value: holds for o, (holds, _k, _r) in rules.items()}
+    checks[Outcome.NO_SIGNAL.value] = not any(checks.values())
     rec = th.as_dict()
-
-    def verdict(o: Outcome, kind: ScoreKind | None, reasons: dict[str, float]) -> Verdict:
-        return Verdict(outcome=o, score_kind=kind, reasons=reasons, thresholds=rec, checks=checks)
-
-    holds, r_col = _collapse(evidence, th)
-    if holds:
-        return verdict(Outcome.COLLAPSE, None, r_col)
-    holds, kind, r_mem = _memorization(evidence, th)
-    if holds:
-        return verdict(Outcome.MEMORIZATION, kind, r_mem)
-    holds, r_inv = _inversion(evidence, th)
-    if holds:
-        return verdict(Outcome.INVERSION, ScoreKind.LOSS, r_inv)
-    holds, r_ovf = _overfitting(evidence, th)
-    if holds:
-        return verdict(Outcome.OVERFITTING, None, r_ovf)
+    for outcome in PRECEDENCE:
+        if outcome is Outcome.NO_SIGNAL:
+            break
+        holds, kind, reasons = rules[outcome]
+        if holds:
+            return Verdict(outcome=outcome, score_kind=kind, reasons=reasons, thresholds=rec, checks=checks)
     # no_signal: record the numbers every rule looked at
-    reasons: dict[str, float] = {**r_col, **r_inv, **r_ovf}
+    no_signal: dict[str, float] = {}
+    for outcome in (Outcome.COLLAPSE, Outcome.INVERSION, Outcome.OVERFITTING):
+        no_signal.update(rules[outcome][2])
     for kind, m in evidence.calibrated.items():
-        reasons[f"calibrated_{kind.value}_auc"] = float(m.auc)
-        reasons[f"calibrated_{kind.value}_tpr"] = float(m.tpr_at(th.memorization_alpha).tpr)
-    return verdict(Outcome.NO_SIGNAL, None, reasons)
+        no_signal[f"calibrated_{kind.value}_auc"] = float(m.auc)
+        no_signal[f"calibrated_{kind.value}_tpr"] = float(m.tpr_at(th.memorization_alpha).tpr)
+    return Verdict(outcome=Outcome.NO_SIGNAL, score_kind=None, reasons=no_signal, thresholds=rec, checks=checks)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -17,7 +16,9 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from probes.calibration import model_digest, read_parquet_checked, reference_scores, write_parquet_atomic
+from iclmem.atomic import write_json_atomic, write_parquet_atomic
+from iclmem.vocab import Outcome
+from probes.calibration import model_digest, read_parquet_checked, reference_scores
 from probes.metrics import (
     Calibration,
     MembershipInput,
@@ -28,7 +29,7 @@ from probes.metrics import (
     per_manipulation_auc,
     roc_curve,
 )
-from probes.outcomes import CheckpointOutcome, OutcomeThresholds, build_evidence, classify
+from probes.outcomes import CheckpointOutcome, OutcomeThresholds, build_evidence, classify, memorization_holds
 from probes.scoring import ProbePlan, icl_predictions, score
 
 
@@ -54,11 +55,8 @@ class ProbeResult:
         write_parquet_atomic(self.roc, directory / f"{stem}.roc.parquet")
         payload = json.dumps(self.row, sort_keys=True, default=_jsonable)
         digest = hashlib.sha256(payload.encode()).hexdigest()
-        target = directory / f"{stem}.json"
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"row": json.loads(payload), "sha256": digest}, sort_keys=True))
-        os.replace(tmp, target)
-        return target
+        return write_json_atomic(directory / f"{stem}.json", {"row": json.loads(payload), "sha256": digest},
+                                 indent=None, allow_nan=True)
 
     @classmethod
     def load(cls, directory: str | Path, stem: str) -> "ProbeResult | None":
@@ -153,12 +151,9 @@ def probe_checkpoint(
     scores = MembershipInput.from_scores_tables(finetuned, reference)
     ref = scores.membership_scores(ScoreKind.LOSS, Calibration.REFERENCE_ONLY)
     row["ref_auc"] = auc(ref.members, ref.nonmembers)
-    row["raw_memorization_flag"] = bool(
-        raw_m.auc > th.memorization_auc
-        and raw_m.tpr_at(th.memorization_alpha).tpr - th.memorization_alpha >= th.memorization_tpr_margin
-    )
-    row["calibrated_memorization_flag"] = bool(verdict.checks.get("memorization", False))
-    row["raw_outcome"] = "memorization" if row["raw_memorization_flag"] else "no_signal"
+    row["raw_memorization_flag"] = memorization_holds(raw_m, th)
+    row["calibrated_memorization_flag"] = bool(verdict.checks.get(Outcome.MEMORIZATION.value, False))
+    row["raw_outcome"] = (Outcome.MEMORIZATION if row["raw_memorization_flag"] else Outcome.NO_SIGNAL).value
 
     manip = per_manipulation_auc(finetuned, reference)
     manip = manip.reset_index()[["manipulation", "category", ScoreKind.LOSS.value]].rename(columns={ScoreKind.LOSS.value: "auc"})

@@ -62,7 +62,8 @@ def test_a_flipped_bit_anywhere_in_a_score_tables_data_pages_is_caught_and_named
     import numpy as np
     import pyarrow.parquet as pq
 
-    from probes.calibration import read_parquet_checked, write_parquet_atomic
+    from iclmem.atomic import write_parquet_atomic
+    from probes.calibration import read_parquet_checked
 
     table = pd.DataFrame({"score": np.linspace(-3.0, 3.0, 4000), "row": np.arange(4000)})
     path = tmp_path / "reference_x.parquet"

@@ -13,19 +13,19 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import warnings
 import zipfile
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
 
+from iclmem.atomic import atomic_write, write_json_atomic
 from iclmem.errors import ConfigError, DataError, SplitError
 from iclmem.registry import Registry
+from iclmem.vocab import LabelMode, SourceKind, TaskKind, values
 
 __all__ = [
     "TaskKind",
@@ -70,19 +70,7 @@ INFER_REGRESSION_MIN_UNIQUE = 20
 _MISSING_CATEGORY = "<missing>"
 
 
-class TaskKind(str, Enum):
-    CLASSIFICATION = "classification"
-    REGRESSION = "regression"
-
-
-class LabelMode(str, Enum):
-    NORMAL = "normal"
-    SHUFFLED_MEMBERS = "shuffled_members"
-    SHUFFLED_ALL = "shuffled_all"
-
-
-SourceKind = Literal["carte", "table", "builtin"]
-_SOURCE_KINDS: tuple[str, ...] = ("carte", "table", "builtin")
+_SOURCE_KINDS: tuple[str, ...] = values(SourceKind)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1058,22 +1046,6 @@ def ground_truth_log(task: PreparedTask) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 
 
-def _atomic_write(path: Path, write: Callable[[Any], None], mode: str) -> None:
-    # Temp file in the same directory, then os.replace: readers see the old entry or the whole new
-    # one, never a half-written file, even with several workers preparing the same task at once.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode) as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def save_prepared(task: PreparedTask, cache_dir: str | os.PathLike[str]) -> Path:
     """Write `<cache_dir>/<fingerprint>.npz` and `.json`; the json is written last and marks completion."""
     directory = Path(cache_dir)
@@ -1094,8 +1066,9 @@ def save_prepared(task: PreparedTask, cache_dir: str | os.PathLike[str]) -> Path
     }
     npz_path = directory / f"{task.fingerprint}.npz"
     json_path = directory / f"{task.fingerprint}.json"
-    _atomic_write(npz_path, lambda h: np.savez(h, **arrays), "wb")
-    _atomic_write(json_path, lambda h: h.write(json.dumps(meta, indent=1, sort_keys=True)), "w")
+    # several workers may prepare the same task at once: each file is replaced whole
+    atomic_write(npz_path, lambda h: np.savez(h, **arrays))
+    write_json_atomic(json_path, meta)
     return npz_path
 
 

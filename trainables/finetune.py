@@ -16,9 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -26,7 +24,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from iclmem.atomic import atomic_write, write_json_atomic
 from iclmem.errors import CheckpointError, ConfigError, CorruptCheckpointError
+from iclmem.vocab import Regime
 from trainables.models import ModelAdapter, build_model, read_weights
 from trainables.models.base import weights_digest
 
@@ -34,12 +34,6 @@ DEFAULT_CHECKPOINT_EPOCHS = (1, 2, 5, 10, 25, 50, 100, 250, 500)
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "trainer_state.pt"
 META_FILE = "checkpoint.json"
-
-
-class Regime(str, Enum):
-    SINGLE_FIXED = "single_fixed"
-    MULTI_FIXED = "multi_fixed"
-    MULTI_RANDOM = "multi_random"
 
 
 @dataclass(frozen=True)
@@ -220,22 +214,16 @@ class Finetuner:
         manifest goes last, so a folder with a manifest holds every file the manifest names."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        tmp_model = directory / (MODEL_FILE + ".tmp")
-        self.model.save(tmp_model)
-        os.replace(tmp_model, directory / MODEL_FILE)
+        atomic_write(directory / MODEL_FILE, self.model.save, to_path=True)
         state = {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "epoch": self.epoch}
-        tmp = directory / (STATE_FILE + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, directory / STATE_FILE)
+        atomic_write(directory / STATE_FILE, lambda tmp: torch.save(state, tmp), to_path=True)
         manifest = {"epoch": self.epoch, "model": self.spec.model, "model_options": self.spec.model_options,
                     "spec": self.spec.to_dict(), "metrics": metrics or {},
                     "files": {name: file_record(directory / name) for name in (MODEL_FILE, STATE_FILE)},
                     # the file digest guards the bytes; this one the weights themselves (safetensors may
                     # order its header differently on each write, so equal weights can give unequal files)
                     "weights_sha256": weights_digest(self.model.module.state_dict())}
-        tmp_meta = directory / (META_FILE + ".tmp")
-        tmp_meta.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
-        os.replace(tmp_meta, directory / META_FILE)
+        write_json_atomic(directory / META_FILE, manifest, indent=2, default=str, allow_nan=True)
         return directory
 
     def restore(self, directory: str | Path) -> None:

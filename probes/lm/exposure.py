@@ -31,9 +31,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from iclmem.errors import ConfigError, ProbeError
 from probes.lm.model import DEFAULT_BATCH_SIZE, LanguageModel, token_logprobs
 from probes.metrics import auc
-from iclmem.errors import ConfigError, ProbeError
 
 __all__ = [
     "EntityTokens",

@@ -43,9 +43,9 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from iclmem.errors import ProbeError
 from probes.lm.data import Sentence
 from probes.lm.model import LanguageModel, greedy_generate, next_token_logprobs
-from iclmem.errors import ProbeError
 
 __all__ = [
     "VARIANTS",

@@ -23,8 +23,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from probes.lm.model import DEFAULT_BATCH_SIZE, LanguageModel, token_logprobs
 from iclmem.errors import ProbeError
+from probes.lm.model import DEFAULT_BATCH_SIZE, LanguageModel, token_logprobs
 
 __all__ = ["NET_KEYWORDS", "MACRO", "keywords_for", "net_query", "predict_types", "f1_table"]
 

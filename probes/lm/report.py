@@ -13,12 +13,13 @@ The HTML holds numbers and entity-type names only, never sentences or entity str
 from __future__ import annotations
 
 import html
-import os
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 import pandas as pd
+
+from iclmem.atomic import write_text_atomic
 
 __all__ = ["lm_tables", "lm_report_section", "write_lm_report", "TABLE_TITLES"]
 
@@ -150,7 +151,4 @@ def write_lm_report(results: pd.DataFrame, path: str | Path, title: str = "LM pr
             "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}"
             "td:first-child,th:first-child{text-align:left}</style></head><body>"
             f"<h1>{html.escape(title)}</h1>\n{lm_report_section(results)}\n</body></html>\n")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, page)

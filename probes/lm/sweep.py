@@ -33,6 +33,8 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from iclmem.errors import ConfigError, DataError, ProbeError
+from iclmem.registry import Registry
 from probes.lm.data import DATASET_FORMATS, LMDataset, canonical_type, load_dataset
 from probes.lm.exposure import (
     ThresholdRule,
@@ -46,8 +48,6 @@ from probes.lm.model import load_lm
 from probes.lm.ner import VARIANTS, NerSettings, run_ner
 from probes.lm.net import f1_table, predict_types
 from probes.lm.report import write_lm_report
-from iclmem.errors import ConfigError, DataError, ProbeError
-from iclmem.registry import Registry
 
 __all__ = [
     "LMSweepConfig",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from iclmem.atomic import atomic_write
 from trainables.models.pfn_mini import PfnMini, PfnMiniConfig
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
@@ -53,9 +53,8 @@ def generate_pool(pool: Path, seed: int, batch_size: int, max_batches: int) -> N
     while index < max_batches:
         kind = "mlp_scm" if index % 3 else "tree_scm"
         x, y, d, seq_lens, _ = priors[kind].get_batch()
-        tmp = pool / f".tmp_{index}.pt"
-        torch.save({"x": x.float(), "y": y.long(), "d": d.long(), "seq_len": seq_lens.long()}, tmp)
-        os.replace(tmp, pool / f"batch_{index:06d}.pt")
+        batch = {"x": x.float(), "y": y.long(), "d": d.long(), "seq_len": seq_lens.long()}
+        atomic_write(pool / f"batch_{index:06d}.pt", lambda tmp, batch=batch: torch.save(batch, tmp), to_path=True)
         index += 1
 
 
@@ -238,10 +237,9 @@ def train(args: argparse.Namespace) -> None:
                 with curve.open("a") as fh:
                     fh.write(json.dumps(record) + "\n")
                 print(json.dumps(record), flush=True)
-                tmp = workdir / "state.tmp"
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                            "generator": gen.get_state(), "step": step}, tmp)
-                os.replace(tmp, state_path)
+                state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                         "generator": gen.get_state(), "step": step}
+                atomic_write(state_path, lambda tmp, state=state: torch.save(state, tmp), to_path=True)
     finally:
         for proc in generator_proc or []:
             proc.terminate()

@@ -1,0 +1,61 @@
+"""Atomic file writes: the one helper behind every file iclmem promises to write whole.
+
+A file is written under a temporary name in its own folder (same file system, so the rename is atomic),
+flushed and fsynced, then renamed over the target: a reader, or a run killed mid-write, sees the old file
+or the new one, never half of either. The temporary file is removed if the write fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Any, Callable
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[Any]], None] | Callable[[str], None], *,
+                 binary: bool = True, to_path: bool = False) -> Path:
+    """Write ``path`` atomically. ``write`` receives an open file handle (``binary`` selects the mode), or
+    with ``to_path`` the temporary file's path, for writers that open files themselves (Parquet,
+    safetensors, torch.save)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        if to_path:
+            os.close(fd)
+            write(tmp)  # type: ignore[arg-type]
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+        else:
+            with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else "utf-8") as handle:
+                write(handle)  # type: ignore[arg-type]
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return target
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    return atomic_write(path, lambda handle: handle.write(data))
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, **dumps: Any) -> Path:
+    """JSON with sorted keys; non-finite floats are refused (bare ``NaN`` is not valid JSON)."""
+    options: dict[str, Any] = {"indent": 1, "sort_keys": True, "allow_nan": False, **dumps}
+    return write_text_atomic(path, json.dumps(obj, **options))
+
+
+def write_parquet_atomic(frame: Any, path: str | os.PathLike[str]) -> Path:
+    """A DataFrame as Parquet with a CRC32 on every data page (verified on read by
+    ``probes.calibration.read_parquet_checked``: without it a flipped byte reads back as a wrong number)."""
+    return atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False, write_page_checksum=True), to_path=True)

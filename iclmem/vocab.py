@@ -1,0 +1,105 @@
+"""Closed vocabularies, declared once. Config ``Literal``s, report columns, W&B keys and the math all
+derive from these enums; a string that is not a member is refused where it enters (pydantic at the config
+boundary, ``Enum(value)`` elsewhere). They are ``str`` enums so that a value compares equal to, hashes and
+serialises as its plain string: a sweep's config hash does not change when a field becomes an enum."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Vocab(str, Enum):
+    """A closed vocabulary whose members print, format and serialise as their plain value (so an
+    f-string or a path built from one reads ``single_fixed``, not ``Regime.SINGLE_FIXED``)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class TaskKind(Vocab):
+    CLASSIFICATION = "classification"
+    REGRESSION = "regression"
+
+
+class LabelMode(Vocab):
+    """Which labels fine-tuning sees (spec "Label randomization")."""
+
+    NORMAL = "normal"
+    SHUFFLED_MEMBERS = "shuffled_members"
+    SHUFFLED_ALL = "shuffled_all"
+
+
+class SourceKind(Vocab):
+    """Where a table comes from."""
+
+    CARTE = "carte"
+    TABLE = "table"
+    BUILTIN = "builtin"
+
+
+class Regime(Vocab):
+    """Fine-tuning regimes (spec "Fine-tuning", paper App. 10)."""
+
+    SINGLE_FIXED = "single_fixed"
+    MULTI_FIXED = "multi_fixed"
+    MULTI_RANDOM = "multi_random"
+
+
+MAIN_REGIME = Regime.SINGLE_FIXED  # the paper's main regime
+# The ``regime`` of a results row for the untouched base model probed as epoch 0 (the pipeline sanity
+# check, ΔS ≡ 0 by construction): a row label, never a training regime.
+BASE_MODEL_ROW = "base"
+
+
+class ScoreKind(Vocab):
+    """The three per-(query, manipulation) scores of the probe (spec "Scores")."""
+
+    LOSS = "loss"  # -log p(y*)
+    ENTROPY = "entropy"  # H(p) over the candidate set
+    CONFIDENCE = "confidence"  # p(y*)
+
+
+SCORE_KINDS: tuple[ScoreKind, ...] = tuple(ScoreKind)
+
+
+class Calibration(Vocab):
+    """Which per-query score a metric is computed on (spec "Metrics", paper App. 7.4)."""
+
+    CALIBRATED = "calibrated"  # Delta S = S - S_ref
+    UNCALIBRATED = "uncalibrated"  # S alone (fine-tuned model)
+    REFERENCE_ONLY = "reference_only"  # S_ref alone (base model)
+
+
+class Outcome(Vocab):
+    """Checkpoint outcomes, declared in the spec's precedence order: the first rule that holds wins."""
+
+    COLLAPSE = "collapse"
+    MEMORIZATION = "memorization"
+    INVERSION = "inversion"
+    OVERFITTING = "overfitting"
+    NO_SIGNAL = "no_signal"
+
+
+PRECEDENCE: tuple[Outcome, ...] = tuple(Outcome)  # the order the classifier tries the rules in
+DETECTABLE = Outcome.MEMORIZATION
+
+
+class Candidates(Vocab):
+    """How regression targets become the candidate set: quantile bins, or the model's native density."""
+
+    BINS = "bins"
+    NATIVE = "native"
+
+
+class WandbMode(Vocab):
+    OFFLINE = "offline"
+    ONLINE = "online"
+    DISABLED = "disabled"
+
+
+def values(enum: type[Enum]) -> tuple[str, ...]:
+    """The plain string values of a vocabulary, in declaration order (for report columns and messages)."""
+    return tuple(str(member.value) for member in enum)
