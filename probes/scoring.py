@@ -10,8 +10,9 @@ Scores (ICLMEM_SPEC.md, Stage II) for candidate distribution p over Y and true l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from math import gcd
+from typing import Any, Collection, Sequence
 
 import numpy as np
 import pandas as pd
@@ -70,10 +71,48 @@ class ProbePlan:
     planned: tuple[PlannedContext, ...]
     groups: tuple[tuple[Any, tuple[int, ...]], ...]  # (shape, indices into planned)
     row_weights: tuple[np.ndarray, ...] | None = None  # float32 [N] per planned context, or None
+    # representatives / unique groups per set of invariances, computed on first use
+    _shortcuts: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def suite_fingerprint(self) -> str:
         return suite_fingerprint(self.suite)
+
+    def representatives(self, invariances: Collection[Any] = ()) -> np.ndarray:
+        """int64 [len(planned)]: for each context, the first context of the same query that is identical
+        to it under ``invariances`` (a model's :class:`~trainables.models.base.Invariance` set; none:
+        byte-identical contexts only). A context is its own representative when no earlier one matches.
+        Scoring the representatives and copying their scores gives every context its own scores, up to
+        float rounding, for a model that has those invariances."""
+        return self._shortcut(invariances)[0]
+
+    def unique_groups(self, invariances: Collection[Any] = ()) -> tuple[tuple[Any, tuple[int, ...]], ...]:
+        """Like ``groups``, over the representatives only."""
+        return self._shortcut(invariances)[1]
+
+    def forwards_saved(self, invariances: Collection[Any] = ()) -> float:
+        """Share of contexts whose scores are copied from a representative instead of computed."""
+        rep = self.representatives(invariances)
+        return float(np.mean(rep != np.arange(rep.size))) if rep.size else 0.0
+
+    def _shortcut(self, invariances: Collection[Any]) -> tuple[np.ndarray, tuple]:
+        names = frozenset(str(getattr(i, "value", i)) for i in invariances)
+        if names not in self._shortcuts:
+            first: dict[tuple[int, bytes], int] = {}
+            rep = np.empty(len(self.planned), dtype=np.int64)
+            for i, entry in enumerate(self.planned):
+                weights = None if self.row_weights is None else self.row_weights[i]
+                key = (entry.query_index, canonical_context(entry.plan, weights, names))
+                rep[i] = first.setdefault(key, i)
+            unique = np.flatnonzero(rep == np.arange(rep.size))
+            groups = []
+            for shape, indices in self.groups:
+                kept = tuple(i for i in indices if rep[i] == i)
+                if kept:
+                    groups.append((shape, kept))
+            self._shortcuts[names] = (rep, tuple(groups))
+            assert sum(len(g) for _, g in groups) == unique.size
+        return self._shortcuts[names]
 
     @classmethod
     def build(cls, queries: ProbeQueries, suite: Sequence[Manipulation], seed: int,
@@ -105,48 +144,94 @@ def _compress(planned: Sequence[PlannedContext]) -> tuple[list[PlannedContext], 
     return out, tuple(weights)
 
 
+def canonical_context(plan: ContextPlan, weights: np.ndarray | None, invariances: Collection[str] = ()) -> bytes:
+    """Bytes equal for two contexts (of one query) exactly when they are identical under ``invariances``
+    (``"row_order"``, ``"uniform_multiplicity"``; the latter only counts together with the former).
+
+    A context is its kept columns, the query's distractor values and its rows (label, distractor
+    values), each row with a multiplicity (``weights``, 1 when None). Under row order it is the multiset
+    of rows: equal rows merged with their counts added, in a fixed order; under uniform multiplicity as
+    well, the counts divided by their greatest common divisor (whole counts only)."""
+    n = plan.n_rows
+    w = np.ones(n, dtype=np.float64) if weights is None else np.asarray(weights, dtype=np.float64)
+    head = (np.asarray(plan.shape[1:], dtype=np.int64).tobytes() + plan.keep_columns.tobytes()
+            + plan.distractors[-1].tobytes())
+    if "row_order" not in invariances:
+        return head + plan.labels.tobytes() + plan.distractors[:-1].tobytes() + w.tobytes()
+    rows = np.concatenate([plan.labels.astype("<i8").view(np.uint8).reshape(n, 8),
+                           np.ascontiguousarray(plan.distractors[:-1]).view(np.uint8).reshape(n, -1)], axis=1)
+    rows = np.ascontiguousarray(rows).view(np.dtype((np.void, rows.shape[1]))).ravel()
+    distinct, inverse = np.unique(rows, return_inverse=True)  # sorted: a fixed order of the multiset
+    counts = np.bincount(inverse.ravel(), weights=w, minlength=distinct.size)
+    if "uniform_multiplicity" in invariances and np.all(counts == np.round(counts)) and counts.min() >= 1:
+        whole = counts.astype(np.int64)
+        divisor = 0
+        for c in whole.tolist():
+            divisor = gcd(divisor, c)
+        counts = (whole // divisor).astype(np.float64)
+    return head + distinct.tobytes() + counts.tobytes()
+
+
 def distribution_scores(log_probs: torch.Tensor, true_labels: torch.Tensor) -> dict[str, np.ndarray]:
     """log_probs [B, C] float32, true_labels [B] -> loss, entropy, confidence, each float32 [B]."""
     log_probs = log_probs.float()
+    true_labels = true_labels.to(log_probs.device)
     probs = log_probs.exp()
     true_lp = log_probs.gather(1, true_labels[:, None]).squeeze(1)
     entropy = -(probs * log_probs).sum(dim=1)
     return {
-        "loss": (-true_lp).numpy().astype(np.float32),
-        "entropy": entropy.numpy().astype(np.float32),
-        "confidence": true_lp.exp().numpy().astype(np.float32),
+        "loss": (-true_lp).cpu().numpy().astype(np.float32),
+        "entropy": entropy.cpu().numpy().astype(np.float32),
+        "confidence": true_lp.exp().cpu().numpy().astype(np.float32),
     }
 
 
+CPU_MAX_BATCH = 2048
+CUDA_MAX_BATCH = 65536  # first try on a GPU; halved on every out-of-memory error
+
+
+def model_device(model: Any) -> torch.device:
+    device = getattr(model, "device", None)
+    return device if isinstance(device, torch.device) else torch.device("cpu")
+
+
 @torch.no_grad()
-def score(model: Any, plan: ProbePlan, max_batch: int = 2048) -> pd.DataFrame:
+def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: bool = True) -> pd.DataFrame:
     """One row per (query, manipulation): query_id, member, manipulation, category, loss, entropy, confidence.
 
     Rows come back in plan order (query-major, suite order), so tables from two models align row by row.
+    With ``shortcut`` (the default) contexts identical under the model's declared ``invariances`` are
+    scored once and their scores copied (:meth:`ProbePlan.representatives`). Runs on the model's device;
+    ``max_batch`` contexts per forward (default: 2048 on CPU; on CUDA as many as fit, starting from
+    ``CUDA_MAX_BATCH`` and halving on an out-of-memory error). Scores are float32 whatever the device.
     """
     model.module.eval()
     q = plan.queries
     n = len(plan.planned)
+    device = model_device(model)
     out = {k: np.empty(n, dtype=np.float32) for k in SCORE_COLUMNS}
-    for _shape, indices in plan.groups:
-        for start in range(0, len(indices), max_batch):
-            chunk = indices[start : start + max_batch]
-            entries = [plan.planned[i] for i in chunk]
-            query_rows = np.fromiter((e.query_index for e in entries), dtype=np.int64, count=len(entries))
-            context_x, context_y, query_x = materialize_batch([e.plan for e in entries], q.features[query_rows])
-            weights = {}  # only models that take row multiplicities get the keyword
-            if plan.row_weights is not None:
-                weights["context_weight"] = torch.from_numpy(np.stack([plan.row_weights[i] for i in chunk]))  # [B, N]
-            log_probs = model.log_probs(
-                torch.from_numpy(context_x),  # [B, N, F']
-                torch.from_numpy(context_y),  # [B, N]
-                torch.from_numpy(query_x)[:, None, :],  # [B, 1, F']
-                q.n_classes,
-                **weights,
-            )[:, 0]  # [B, C]
-            scores = distribution_scores(log_probs, torch.from_numpy(q.labels[query_rows]))
+    invariances = frozenset(getattr(model, "invariances", ())) if shortcut else None
+    groups = plan.unique_groups(invariances) if shortcut else plan.groups
+    batch = max_batch or (CUDA_MAX_BATCH if device.type == "cuda" else CPU_MAX_BATCH)
+    for _shape, indices in groups:
+        start = 0
+        while start < len(indices):
+            chunk = indices[start : start + batch]
+            try:
+                scores = _score_chunk(model, plan, chunk, device)
+            except torch.OutOfMemoryError:
+                if batch == 1 or max_batch is not None:
+                    raise
+                batch = max(1, min(batch, len(chunk)) // 2)  # batches sized to what the device holds
+                torch.cuda.empty_cache()
+                continue
             for key, values in scores.items():
                 out[key][np.asarray(chunk)] = values
+            start += len(chunk)
+    if shortcut:
+        rep = plan.representatives(invariances)
+        for key in SCORE_COLUMNS:
+            out[key] = out[key][rep]
     query_index = np.fromiter((p.query_index for p in plan.planned), dtype=np.int64, count=n)
     manip_index = np.fromiter((p.manipulation_index for p in plan.planned), dtype=np.int64, count=n)
     names = np.array([m.name for m in plan.suite], dtype=object)
@@ -162,6 +247,24 @@ def score(model: Any, plan: ProbePlan, max_batch: int = 2048) -> pd.DataFrame:
     )
 
 
+def _score_chunk(model: Any, plan: ProbePlan, chunk: Sequence[int], device: torch.device) -> dict[str, np.ndarray]:
+    q = plan.queries
+    entries = [plan.planned[i] for i in chunk]
+    query_rows = np.fromiter((e.query_index for e in entries), dtype=np.int64, count=len(entries))
+    context_x, context_y, query_x = materialize_batch([e.plan for e in entries], q.features[query_rows])
+    weights = {}  # only models that take row multiplicities get the keyword
+    if plan.row_weights is not None:
+        weights["context_weight"] = torch.from_numpy(np.stack([plan.row_weights[i] for i in chunk])).to(device)  # [B, N]
+    log_probs = model.log_probs(
+        torch.from_numpy(context_x).to(device),  # [B, N, F']
+        torch.from_numpy(context_y).to(device),  # [B, N]
+        torch.from_numpy(query_x)[:, None, :].to(device),  # [B, 1, F']
+        q.n_classes,
+        **weights,
+    )[:, 0]  # [B, C]
+    return distribution_scores(log_probs, torch.from_numpy(q.labels[query_rows]))
+
+
 @torch.no_grad()
 def icl_predictions(model: Any, task: Any) -> tuple[np.ndarray, np.ndarray]:
     """Ordinary in-context prediction of members and non-members with the fine-tuning context C'.
@@ -170,12 +273,14 @@ def icl_predictions(model: Any, task: Any) -> tuple[np.ndarray, np.ndarray]:
     loss ratio L_FT / L_base and of output_std.
     """
     model.module.eval()
+    device = model_device(model)
     queries = ProbeQueries.from_task(task)
     features = torch.from_numpy(np.array(task.features, dtype=np.float32))
     labels = torch.from_numpy(np.array(task.labels, dtype=np.int64))
     ctx = torch.from_numpy(np.array(task.context_idx))
     log_probs = model.log_probs(
-        features[ctx][None], labels[ctx][None], torch.from_numpy(queries.features)[None], queries.n_classes
+        features[ctx][None].to(device), labels[ctx][None].to(device),
+        torch.from_numpy(queries.features)[None].to(device), queries.n_classes,
     )[0]  # [2Q, C]
     scores = distribution_scores(log_probs, torch.from_numpy(queries.labels))
     return scores["loss"], scores["confidence"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +25,22 @@ from trainables.models.extras import check_candidates, float32_compute, target_s
 from trainables.models.extras import extra_status  # noqa: F401  (re-exported for `iclmem models`)
 
 
+class Invariance(str, Enum):
+    """An exact symmetry of a model's prediction for a query, declared by its adapter.
+
+    ``ROW_ORDER``: permuting the context rows leaves the prediction unchanged (no positional encoding
+    over rows). ``UNIFORM_MULTIPLICITY``: repeating every context row the same number of times leaves it
+    unchanged (attention over a context in which every row has k copies weighs each row k-fold in both
+    numerator and denominator; with ``context_weight`` a log-count bias of log k on every key cancels in
+    the softmax); declared only together with ``ROW_ORDER``. The probe engine scores contexts that are
+    identical under the declared invariances once (:meth:`probes.scoring.ProbePlan.representatives`).
+    Declare only what holds for every input, up to float rounding: tests/test_invariance.py checks each
+    declaration on the adapters' real architectures."""
+
+    ROW_ORDER = "row_order"
+    UNIFORM_MULTIPLICITY = "uniform_multiplicity"
+
+
 class ModelAdapter(abc.ABC):
     """A tabular in-context model seen through iclmem's eyes."""
 
@@ -34,6 +51,8 @@ class ModelAdapter(abc.ABC):
     # (``context_weight``) in place of repeated identical rows; the probe engine then scores skewed
     # and scaled contexts with one token per distinct row.
     supports_context_weights: bool = False
+    # Exact symmetries of the model (see :class:`Invariance`); none unless an adapter declares them.
+    invariances: frozenset[Invariance] = frozenset()
 
     def __init__(self, module: torch.nn.Module, options: dict[str, Any] | None = None) -> None:
         self.module = module
@@ -82,6 +101,18 @@ class ModelAdapter(abc.ABC):
             )
         if context_x.shape[-1] > self.max_features:
             raise ModelError(f"model {self.name!r} takes at most {self.max_features} features, got {context_x.shape[-1]}")
+
+    @property
+    def device(self) -> torch.device:
+        """Where the module's weights live (inputs must be moved there)."""
+        for tensor in self.module.parameters():
+            return tensor.device
+        return torch.device("cpu")
+
+    def to(self, device: str | torch.device) -> "ModelAdapter":
+        """Move the module to ``device`` (in place); returns self."""
+        self.module.to(torch.device(device))
+        return self
 
     # -------------------------------------------------------------------------------- weights
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
@@ -184,6 +215,35 @@ class NativeRegressionAdapter(ModelAdapter):
         with float32_compute(outputs.device):
             log_density = self._candidate_log_density(outputs, z)  # [B, M, C]
         return torch.log_softmax(log_density.float(), dim=-1)
+
+
+def resolve_device(requested: str | torch.device | None = None) -> torch.device:
+    """The device fine-tuning and probing run on.
+
+    ``"cpu"``, ``"cuda"``, ``"cuda:N"`` are taken as given (CUDA must then be present). ``None`` or
+    ``"auto"`` (the default; the ``ICLMEM_DEVICE`` environment variable may set another) follows the
+    resources: inside a Ray task or actor, CUDA exactly when Ray gave it GPUs (``ray.get_gpu_ids()``;
+    Ray also hides the GPUs of a worker that asked for none); outside Ray, CUDA when torch sees one."""
+    import os
+
+    requested = requested if requested is not None else os.environ.get("ICLMEM_DEVICE", "auto")
+    if isinstance(requested, torch.device):
+        requested = str(requested)
+    if requested != "auto":
+        device = torch.device(requested)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ModelError(f"device {requested!r} asked for, but torch sees no CUDA device")
+        return device
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    try:
+        import ray
+
+        if ray.is_initialized() and not ray.get_gpu_ids():
+            return torch.device("cpu")
+    except ImportError:  # pragma: no cover - ray is a dependency
+        pass
+    return torch.device("cuda")
 
 
 def weights_digest(state: dict[str, torch.Tensor]) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from iclmem.errors import CheckpointError
-from trainables.models.base import MODELS, ModelAdapter, read_weights
+from trainables.models.base import MODELS, Invariance, ModelAdapter, read_weights
 from trainables.models.pfn_mini import PfnMini, PfnMiniConfig
 
 SHIPPED_WEIGHTS = Path(__file__).resolve().parent / "weights" / "pfn_mini.safetensors"
@@ -18,6 +18,9 @@ SHIPPED_WEIGHTS = Path(__file__).resolve().parent / "weights" / "pfn_mini.safete
 class PfnMiniAdapter(ModelAdapter):
     name = "pfn-mini"
     supports_context_weights = True  # no positional encoding: context rows are a multiset
+    # Rows are a multiset (no positional encoding), and k copies of every row weigh each key k-fold in
+    # numerator and denominator of every softmax (with context_weight: a log k bias on every key).
+    invariances = frozenset({Invariance.ROW_ORDER, Invariance.UNIFORM_MULTIPLICITY})
 
     def __init__(self, module: PfnMini, options: dict[str, Any] | None = None) -> None:
         super().__init__(module, options)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from iclmem.errors import CheckpointError, ModelError
-from trainables.models.base import MODELS, NativeRegressionAdapter, read_weights
+from trainables.models.base import MODELS, Invariance, NativeRegressionAdapter, read_weights
 from trainables.models.extras import (
     float32_compute,
     hub_checkpoint,
@@ -51,6 +51,9 @@ register_extra(NAME, EXTRA, ("tabicl",), ("tabicl",))
 
 class TabICLAdapter(NativeRegressionAdapter):
     name = NAME
+    # No positional encoding over rows (RoPE in the row interactor runs over columns). Repeating every
+    # row is not a symmetry: the column embedder's outputs move (tests/test_invariance.py measures it).
+    invariances = frozenset({Invariance.ROW_ORDER})
     regressor_hint = ("this TabICL checkpoint is a regressor (max_classes=0): score target values with "
                       "candidate_log_probs (candidates: native), or load a classifier checkpoint for binned targets")
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from iclmem.errors import CheckpointError, ModelError
-from trainables.models.base import MODELS, NativeRegressionAdapter, read_weights
+from trainables.models.base import MODELS, Invariance, NativeRegressionAdapter, read_weights
 from trainables.models.extras import (
     float32_compute,
     local_checkpoint,
@@ -60,6 +60,9 @@ def _import_tabpfn() -> None:
 
 class TabPFNV2Adapter(NativeRegressionAdapter):
     name = NAME
+    # Attention between items has no positional encoding, and densified labels rank the labels present,
+    # which no reordering changes. Only row order is declared.
+    invariances = frozenset({Invariance.ROW_ORDER})
     regressor_hint = ("this TabPFN v2 model is a regressor: score target values with candidate_log_probs "
                       "(candidates: native), or load a classifier checkpoint for binned targets")
 
