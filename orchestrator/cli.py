@@ -114,13 +114,18 @@ def cmd_probe(args: argparse.Namespace) -> int:
 def cmd_cluster_check(args: argparse.Namespace) -> int:
     from orchestrator.cluster import check_cluster_file
 
-    problems = check_cluster_file(args.cluster_yaml)
-    if problems:
-        print(f"{args.cluster_yaml}: {len(problems)} problem(s):", file=sys.stderr)
-        for p in problems:
+    result = check_cluster_file(args.cluster_yaml, args.sweep)  # a sweep that does not load: ConfigError, exit 2
+    for note in result.notes:
+        print(f"note: {note}")
+    if result.problems:
+        print(f"{args.cluster_yaml}: {len(result.problems)} problem(s):", file=sys.stderr)
+        for p in result.problems:
             print(f"  - {p}", file=sys.stderr)
         return 1
-    print(f"{args.cluster_yaml}: valid against Ray's cluster-config schema")
+    checked = "Ray's validation, shared storage, secrets"
+    if args.sweep:
+        checked += f"; storage, secrets and resources of {', '.join(args.sweep)}"
+    print(f"{args.cluster_yaml}: valid ({checked})")
     return 0
 
 
@@ -178,8 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", default=None)
     pr.set_defaults(func=cmd_probe)
 
-    c = sub.add_parser("cluster-check", help="validate a cluster.yaml offline against Ray's schema")
+    c = sub.add_parser("cluster-check", help="validate a cluster.yaml offline: Ray's own checks, shared storage, "
+                       "secrets, and with --sweep the sweep's resources against the node types")
     c.add_argument("cluster_yaml")
+    c.add_argument("--sweep", action="append", default=[], metavar="SWEEP_YAML",
+                   help="also check this sweep's storage_path, secrets and resource requests (repeatable)")
     c.set_defaults(func=cmd_cluster_check)
     return p
 

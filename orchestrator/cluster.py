@@ -1,406 +1,398 @@
-"""Offline checks of a ``ray up`` cluster file (``iclmem cluster-check cluster.yaml``).
+"""Offline checks of a ``ray up`` cluster file (``iclmem cluster-check cluster.yaml [--sweep SWEEP]``).
 
-``check_cluster_file(path)`` returns a list of problems (empty: the file is fine). It never starts Ray,
-never calls a cloud API and never imports ``ray`` (the schema is read from the installed package's files):
+Ray validates the file itself: ``check_cluster_file`` runs the steps ``ray up`` runs before it contacts
+the provider (``ray.autoscaler._private.commands._bootstrap_config``): ``prepare_config`` (provider
+defaults, the on-premise node type, per-type worker bounds) and ``validate_config`` (Ray's JSON schema,
+``head_node_type``, ``min_workers`` within ``max_workers``). Ray's messages are passed on, prefixed with
+the file. What needs the provider's API is left to ``ray up``: instance types, images, credentials, and
+on AWS the CPUs/GPUs of a node type that declares no ``resources`` (Ray reads them from EC2).
 
-1. The file must exist and be a YAML mapping (duplicate keys are reported: YAML silently keeps the last).
-2. The file is filled out the way ``ray up`` does before it validates (the provider's shipped
-   ``defaults.yaml`` supplies top-level keys the file leaves out; an on-prem ``provider: type: local``
-   file gets Ray's single internal node type), then validated against Ray's own cluster-config JSON
-   schema (``ray/autoscaler/ray-schema.json``) with ``jsonschema``. Every error is reported with its
-   path, e.g. ``available_node_types.ray.worker.gpu: Additional properties are not allowed ('bogus'
-   was unexpected)``.
-3. Semantic checks the schema cannot express, mirroring ``ray up``: ``head_node_type`` names a key of
-   ``available_node_types``; per node type ``min_workers <= max_workers``; the ``min_workers`` of all
-   node types fit in the global ``max_workers``; an on-prem cluster names ``head_ip`` and
-   ``worker_ips`` (or a ``coordinator_address``) and no node types.
-4. iclmem's own needs: a cluster that can have worker nodes must give Ray Tune shared storage
-   (``ICLMEM_STORAGE`` exported in the setup or start commands, see docs/CLUSTER.md), and the file must
-   not hold credentials (cloud keys, ``WANDB_API_KEY=...``, ``RAY_AUTH_TOKEN=...``, private keys).
+On top of that, iclmem checks only what Ray cannot know about:
 
-``cluster_notes(path)`` gives advice that does not make a file invalid (placeholder bucket, token
-authentication not switched on, no GPU node type, iclmem not installed by the setup commands).
+* shared storage: a cluster that can have worker nodes must export ``ICLMEM_STORAGE`` naming storage
+  every node reaches (Tune restores trials on other nodes; probe actors read checkpoints written
+  elsewhere), and a sweep's own ``storage_path`` must be shared too;
+* secrets: no credential written into the cluster file or the sweep (docs/CLUSTER.md: the W&B key
+  lives in a 0600 file on the head and reaches only the driver);
+* resources: each sweep's trial and probe-actor requests fit a node type the cluster can start, all
+  probe actors can be placed at once, and they leave room for a trial.
+
+Every problem starts with the file at fault, then the key (Ray's own non-schema messages name the key in
+their text).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import importlib.util
+import io
 import json
+import logging
+import math
 import re
-from functools import lru_cache
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, Sequence
 
+import click
+import jsonschema
 import yaml
+from ray.autoscaler._private import util as ray_util
+
+from orchestrator.config import SweepConfig, load_sweep
 
 STORAGE_ENV = "ICLMEM_STORAGE"
-PLACEHOLDER_BUCKETS = ("your-bucket", "my-bucket", "example-bucket")
-LOCAL_NODE_TYPE = "local.cluster.node"  # the node type Ray gives every on-prem (provider: local) cluster
-# Providers whose node resources `ray up` detects itself, so a node type may omit `resources`.
-AUTODETECTS_RESOURCES = ("aws", "kuberay")
-# Providers that ship a defaults.yaml inside the ray package (ray/autoscaler/<dir>/defaults.yaml).
-PROVIDER_DEFAULTS = {"aws": "aws", "gcp": "gcp", "azure": "azure", "local": "local", "vsphere": "vsphere",
-                     "spark": "spark"}
+SHARED_ENV = "ICLMEM_SHARED_STORAGE"  # confirms that a local-looking storage_path is a shared mount
+# Remote file systems Tune reaches through pyarrow from every node; file:// is node-local.
+SHARED_SCHEMES = ("s3", "gs", "gcs", "hdfs", "abfs", "abfss")
+# Resources that `ray up` on AWS reads from the EC2 instance type when a node type does not declare them.
+_EC2_DETECTED = ("CPU", "GPU", "memory")
+_EPS = 1e-6  # fractional requests (4 x 0.25 GPU) add up with float error; Ray itself counts in 1e-4 units
 
 _COMMAND_KEYS = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
                  "head_start_ray_commands", "worker_start_ray_commands")
 
-# What a credential looks like when someone pastes one into a cluster file.
+_LITERAL = r"['\"]?\s*[=:]\s*['\"]?(?=[^$'\"\s])"  # "=value", ": 'value'" (JSON), but not "=$VAR"
 _SECRET_PATTERNS = (
     (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), "an AWS access key id"),
-    (re.compile(r"aws_secret_access_key\s*[=:]\s*\S", re.I), "an AWS secret access key"),
-    (re.compile(r"AWS_SECRET_ACCESS_KEY\s*=\s*[^\s$'\"]"), "an AWS secret access key"),
-    (re.compile(r"AWS_SESSION_TOKEN\s*=\s*[^\s$'\"]"), "an AWS session token"),
-    (re.compile(r"WANDB_API_KEY\s*=\s*['\"]?[^\s$'\"]"), "a W&B API key (export WANDB_API_KEY locally instead)"),
-    (re.compile(r"RAY_AUTH_TOKEN\s*=\s*['\"]?[^\s$'\"]"), "a Ray auth token (use ~/.ray/auth_token instead)"),
+    (re.compile(r"\b(WANDB_API_KEY|[A-Z][A-Z0-9_]*(?:_TOKEN|_SECRET|SECRET_ACCESS_KEY|_API_KEY|PASSWORD))"
+                + _LITERAL, re.I), "a literal {0}"),
     (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
     (re.compile(r"\"private_key\"\s*:"), "a service-account private key"),
 )
 _SECRET_KEYS = re.compile(r"^(aws_secret_access_key|aws_session_token|secret_access_key|wandb_api_key|"
-                          r"ray_auth_token|password|private_key)$", re.I)
+                          r"ray_auth_token|password|private_key|api_key|token)$", re.I)
+# Where `wandb login` keeps the key, or a file named for it: file_mounts would copy it to every node.
+_WANDB_KEY_FILE = re.compile(r"(^|/)\.?netrc$|wandb[^/]*key|key[^/]*wandb", re.I)
 
 
-# ------------------------------------------------------------------------------------------- ray files
-def ray_package_dir() -> Path | None:
-    """The installed ray package folder, found without importing ray (importing it takes seconds)."""
-    spec = importlib.util.find_spec("ray")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
+@dataclass
+class ClusterCheck:
+    """``problems`` make the file unusable (exit 1); ``notes`` are what could not be checked offline."""
+
+    path: str
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
 
 
-def ray_schema_path() -> Path | None:
-    root = ray_package_dir()
-    if root is None:
-        return None
-    path = root / "autoscaler" / "ray-schema.json"
-    return path if path.is_file() else None
+def check_cluster_file(path: str | Path, sweeps: Sequence[str | Path] = ()) -> ClusterCheck:
+    """Ray's validation of ``path`` plus iclmem's storage, secret and (per sweep file) resource checks.
+    A sweep file that does not load raises ConfigError (from ``load_sweep``), naming that file."""
+    where = str(path)
+    loaded = [(str(p), load_sweep(p)) for p in sweeps]
+    result = ClusterCheck(where)
+    config, problem = _read(Path(path))
+    if problem:
+        result.problems.append(f"{where}: {problem}")
+        return result
+    # Secrets first and regardless of Ray's verdict: a key in the file is a leak however else it is wrong.
+    result.problems += secret_problems(config, where)
+    for sweep_path, sweep in loaded:
+        result.problems += secret_problems(sweep.model_dump(mode="json"), sweep_path)
+    prepared, ray_problems, ray_notes = ray_validate(config, where)
+    result.problems += ray_problems
+    result.notes += ray_notes
+    if prepared is None:
+        if loaded:
+            result.notes.append(f"{where}: storage and resources not checked until Ray accepts the file")
+        return result
+    result.problems += storage_problems(config, prepared, where, loaded)
+    for sweep_path, sweep in loaded:
+        problems, notes = resource_problems(prepared, where, sweep, sweep_path)
+        result.problems += problems
+        result.notes += notes
+    return result
 
 
-@lru_cache(maxsize=1)
-def load_ray_schema() -> dict[str, Any]:
-    path = ray_schema_path()
-    if path is None:
-        raise FileNotFoundError("Ray's cluster-config schema (ray/autoscaler/ray-schema.json) was not found: "
-                                "install ray[default]")
-    return json.loads(path.read_text())
-
-
-def _provider_defaults(provider_type: str) -> dict[str, Any]:
-    folder = PROVIDER_DEFAULTS.get(provider_type)
-    root = ray_package_dir()
-    if folder is None or root is None:
-        return {}
-    path = root / "autoscaler" / folder / "defaults.yaml"
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-# ------------------------------------------------------------------------------------------- reading
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that records duplicate mapping keys instead of silently keeping the last one."""
-
-    duplicates: list[str]
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set[Any] = set()
-    for key_node, _value in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            if key in seen:
-                loader.duplicates.append(f"line {key_node.start_mark.line + 1}: duplicate key {key!r} "
-                                         "(YAML keeps only the last value)")
-            seen.add(key)
-        except TypeError:  # an unhashable key; the schema check reports it
-            pass
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def read_cluster_yaml(path: str | Path) -> tuple[Any, list[str]]:
-    """(parsed document, problems). Problems: missing file, unreadable file, invalid YAML, duplicate keys."""
-    path = Path(path)
-    if not path.exists():
-        return None, [f"file not found: {path}"]
+def _read(path: Path) -> tuple[Any, str | None]:
     if not path.is_file():
-        return None, [f"not a file: {path}"]
+        return None, "file not found" if not path.exists() else "not a file"
     try:
-        text = path.read_text()
+        data = yaml.safe_load(path.read_text())  # what `ray up` reads the file with
     except (OSError, UnicodeDecodeError) as exc:
-        return None, [f"cannot read {path}: {exc}"]
-    loader = _UniqueKeyLoader(text)
-    loader.duplicates = []
-    try:
-        data = loader.get_single_data()
+        return None, f"cannot read: {exc}"
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        what = getattr(exc, "problem", None) or " ".join(str(exc).split())
-        context = getattr(exc, "context", None)
-        return None, [f"not valid YAML{where}: {f'{context}: ' if context else ''}{what}"]
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        return None, f"not valid YAML{at}: {getattr(exc, 'problem', None) or ' '.join(str(exc).split())}"
+    if not isinstance(data, dict):  # Ray's helpers call .get on it and would fail with an AttributeError
+        return None, f"(top level): a cluster config is a mapping of settings, not {type(data).__name__}"
+    return data, None
+
+
+# ------------------------------------------------------------------------------------------- Ray
+@contextlib.contextmanager
+def _ray_output(notes: list[str], where: str) -> Iterator[None]:
+    """Collect what Ray prints while it prepares the config: its warnings become notes; its info lines
+    and the PANIC line of an abort (whose text is the exception we report) are dropped."""
+    buffer = io.StringIO()
+    ray_logger = logging.getLogger("ray.autoscaler")
+    level = ray_logger.level
+    ray_logger.setLevel(logging.WARNING)  # "setting max workers for head node type to 0" and the like
+    try:
+        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+            yield
     finally:
-        loader.dispose()
-    return data, list(loader.duplicates)
+        ray_logger.setLevel(level)
+        for line in re.sub(r"\x1b\[[0-9;]*m", "", buffer.getvalue()).splitlines():
+            match = re.search(r"\t(WARN|ERR)\S* \S+ -- (.*)", line)  # cli_logger's record format (WARN, ERR)
+            if match:
+                notes.append(f"{where}: Ray: {match.group(2).strip()}")
 
 
-# ------------------------------------------------------------------------------------------- checks
-def check_cluster_file(path: str | Path) -> list[str]:
-    """Every problem with a ``ray up`` cluster file, each with its path in the file; empty: valid."""
-    data, problems = read_cluster_yaml(path)
-    if data is None and problems:
-        return problems
-    return problems + check_cluster_config(data)
+def ray_validate(config: dict[str, Any], where: str) -> tuple[dict[str, Any] | None, list[str], list[str]]:
+    """(prepared config or None, problems, notes): what ``ray up`` does before contacting the provider."""
+    notes: list[str] = []
+    with _ray_output(notes, where):
+        try:
+            prepared = ray_util.prepare_config(copy.deepcopy(config))
+        except click.ClickException as exc:  # cli_logger.abort, e.g. node types on an on-premise cluster
+            return None, [f"{where}: {exc.format_message()} (Ray's prepare_config)"], notes
+        except NotImplementedError as exc:  # Ray's lookup of the provider's defaults.yaml
+            return None, [f"{where}: provider.type: {exc} (Ray's prepare_config)"], notes
+        except Exception as exc:  # Ray indexes keys its schema requires (config["provider"]): find which
+            return None, [_schema_cause(config, where) or f"{where}: Ray cannot prepare the config: "
+                          f"{type(exc).__name__}: {exc} (ray.autoscaler._private.util.prepare_config)"], notes
+        if prepared.get("provider", {}).get("type") == "aws":
+            # ray up fills a node type's missing `resources` from EC2 before validating; offline we cannot.
+            for node in prepared.get("available_node_types", {}).values():
+                if isinstance(node, dict):
+                    node.setdefault("resources", {})
+        try:
+            ray_util.validate_config(prepared)
+        except jsonschema.ValidationError as exc:
+            return None, [_schema_problem(exc, where)], notes
+        except (ValueError, RuntimeError, KeyError, TypeError) as exc:
+            return None, [f"{where}: {exc} (Ray's validate_config)"], notes
+        except ImportError as exc:
+            return None, [f"{where}: not checked: Ray's validator needs jsonschema ({exc}); "
+                          "pip install 'ray[default]'"], notes
+    return prepared, [], notes
 
 
-def check_cluster_config(config: Any) -> list[str]:
-    """Problems with an already-parsed cluster config (see the module docstring)."""
-    if config is None:
-        return ["the file is empty: a cluster config needs at least cluster_name and provider"]
-    if not isinstance(config, dict):
-        return [f"the top level must be a mapping of settings, not {type(config).__name__}"]
-    problems: list[str] = []
-    filled, fill_problems = _fill_like_ray_up(config)
-    problems += fill_problems
-    problems += schema_problems(filled)
-    problems += semantic_problems(filled, None if _provider_type(config) == "local" else config)
-    problems += storage_problems(filled)
-    problems += secret_problems(config)
-    return problems
+def _schema_problem(exc: jsonschema.ValidationError, where: str) -> str:
+    key = ".".join(str(p) for p in exc.absolute_path) or "(top level)"
+    return f"{where}: {key}: {exc.message} (Ray's cluster-config schema)"
 
 
-def _provider_type(config: dict[str, Any]) -> str | None:
-    provider = config.get("provider")
-    if isinstance(provider, dict) and isinstance(provider.get("type"), str):
-        return provider["type"]
+def _schema_cause(config: dict[str, Any], where: str) -> str | None:
+    """Ray's schema error for a file too malformed to prepare (e.g. no provider), if the schema sees one."""
+    try:
+        ray_util.validate_config(copy.deepcopy(config))
+    except jsonschema.ValidationError as exc:
+        return _schema_problem(exc, where)
+    except Exception:  # past the schema, an unprepared file fails for want of defaults: not the cause
+        return None
     return None
 
 
-def _fill_like_ray_up(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """What ``ray up`` validates: the file over the provider's defaults (top-level keys only)."""
-    problems: list[str] = []
-    ptype = _provider_type(config)
-    filled = copy.deepcopy(config)
-    if ptype == "local":
-        # ray up gives an on-prem cluster one internal node type and refuses user-defined ones.
-        for key in ("head_node", "worker_nodes", "available_node_types"):
-            value = filled.get(key)
-            if value and not (key == "available_node_types" and isinstance(value, dict) and LOCAL_NODE_TYPE in value):
-                problems.append(f"{key}: not supported for on-premise clusters (provider type local); "
-                                "list the machines under provider.head_ip and provider.worker_ips instead")
-        provider = filled["provider"]
-        if "coordinator_address" not in provider and ("head_ip" not in provider or "worker_ips" not in provider):
-            problems.append("provider: an on-premise cluster needs head_ip and a list of worker_ips "
-                            "(or a coordinator_address)")
-        if "coordinator_address" in provider and "max_workers" not in filled:
-            problems.append("max_workers: required when an on-premise cluster uses a coordinator_address")
-        min_workers = filled.pop("min_workers", None)  # ray up moves it onto the internal node type
-        if not (isinstance(filled.get("available_node_types"), dict) and LOCAL_NODE_TYPE in filled["available_node_types"]):
-            node = {"node_config": {}, "resources": {}}
-            if isinstance(min_workers, int):
-                node["min_workers"] = min_workers
-            filled["available_node_types"] = {LOCAL_NODE_TYPE: node}
-            filled["head_node_type"] = LOCAL_NODE_TYPE
-    defaults = _provider_defaults(ptype) if ptype else {}
-    if defaults:
-        merged = copy.deepcopy(defaults)
-        merged.update(filled)
-        filled = merged
-    if ptype in AUTODETECTS_RESOURCES and isinstance(filled.get("available_node_types"), dict):
-        for node in filled["available_node_types"].values():
-            if isinstance(node, dict):
-                node.setdefault("resources", {})  # ray up detects CPUs and GPUs from the instance type
-    return filled, problems
+# ------------------------------------------------------------------------------------------- storage
+def _commands(config: dict[str, Any]) -> Iterable[tuple[str, str]]:
+    """(key path, command) for every shell command the cluster file runs, node-type commands included."""
+    places = [("", config)] + [(f"available_node_types.{name}.", node)
+                               for name, node in (config.get("available_node_types") or {}).items()
+                               if isinstance(node, dict)]
+    for prefix, holder in places:
+        for key in _COMMAND_KEYS:
+            value = holder.get(key)
+            for i, command in enumerate(value if isinstance(value, list) else []):
+                if isinstance(command, str):
+                    yield f"{prefix}{key}.{i}", command
 
 
-def _where(parts: Iterable[Any]) -> str:
-    return ".".join(str(p) for p in parts) or "(top level)"
-
-
-def schema_problems(config: dict[str, Any]) -> list[str]:
-    """Ray's cluster-config JSON schema, every error with its path in the file."""
-    try:
-        import jsonschema
-    except ImportError:
-        return ["jsonschema is not installed, so the file cannot be checked against Ray's schema "
-                "(pip install jsonschema; `ray up` needs it too)"]
-    try:
-        schema = load_ray_schema()
-    except (FileNotFoundError, json.JSONDecodeError) as exc:
-        return [str(exc)]
-    validator_cls = jsonschema.validators.validator_for(schema)
-    validator = validator_cls(schema)
-    errors = sorted(validator.iter_errors(config), key=lambda e: ([str(p) for p in e.absolute_path], e.message))
-    return [f"{_where(err.absolute_path)}: {err.message}" for err in errors]
-
-
-def _node_types(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    types = config.get("available_node_types")
-    if not isinstance(types, dict):
-        return {}
-    return {str(k): v for k, v in types.items() if isinstance(v, dict)}
-
-
-def semantic_problems(config: dict[str, Any], original: dict[str, Any] | None = None) -> list[str]:
-    """What ``ray up`` refuses beyond the schema (ray.autoscaler._private.util.validate_config).
-
-    ``config`` is the filled-out config; ``original`` (the file as written) tells a head_node_type the
-    file left out from one the provider defaults supplied.
-    """
-    problems: list[str] = []
-    types = _node_types(config)
-    raw_types = config.get("available_node_types")
-    head = config.get("head_node_type")
-    if original is not None and "available_node_types" in original and "head_node_type" not in original:
-        head = None
-    if isinstance(raw_types, dict):
-        if head is None:
-            problems.append("head_node_type: required when available_node_types is set")
-        elif isinstance(head, str) and head not in raw_types:
-            known = ", ".join(sorted(map(str, raw_types))) or "none"
-            problems.append(f"head_node_type: {head!r} is not a key of available_node_types (known: {known})")
-    for name, node in types.items():
-        lo, hi = node.get("min_workers"), node.get("max_workers")
-        if _is_int(lo) and _is_int(hi) and lo > hi:
-            problems.append(f"available_node_types.{name}: min_workers ({lo}) > max_workers ({hi})")
-        if _is_int(lo) and lo < 0:
-            problems.append(f"available_node_types.{name}.min_workers: must be >= 0, got {lo}")
-        if _is_int(hi) and hi < 0:
-            problems.append(f"available_node_types.{name}.max_workers: must be >= 0, got {hi}")
-    global_max = config.get("max_workers")
-    if _is_int(global_max) and types:
-        total_min = sum(n.get("min_workers", 0) for n in types.values() if _is_int(n.get("min_workers", 0)))
-        if total_min > global_max:
-            problems.append(f"max_workers: the global max_workers ({global_max}) is smaller than the sum of "
-                            f"min_workers of all node types ({total_min})")
-    return problems
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _commands(config: dict[str, Any]) -> list[str]:
-    out: list[str] = []
-    for key in _COMMAND_KEYS:
-        value = config.get(key)
-        if isinstance(value, list):
-            out += [c for c in value if isinstance(c, str)]
-    for node in _node_types(config).values():
-        for key in ("initialization_commands", "worker_setup_commands"):
-            value = node.get(key)
-            if isinstance(value, list):
-                out += [c for c in value if isinstance(c, str)]
-    return out
-
-
-def storage_value(config: dict[str, Any]) -> str | None:
-    """The value given to ``ICLMEM_STORAGE`` in the setup or start commands, if any."""
-    pattern = re.compile(rf"\b{STORAGE_ENV}=(['\"]?)([^'\"\s;&|]+)\1")
-    for command in _commands(config):
+def exported(config: dict[str, Any], name: str) -> tuple[str, str] | None:
+    """(key path, value) of the first ``NAME=value`` in the file's commands; None if none sets it."""
+    pattern = re.compile(rf"\b{name}=(['\"]?)([^'\"\s;&|]+)\1")
+    for key, command in _commands(config):
         match = pattern.search(command)
         if match:
-            return match.group(2)
+            return key, match.group(2)
     return None
 
 
-def can_have_workers(config: dict[str, Any]) -> bool:
-    head = config.get("head_node_type")
-    global_max = config.get("max_workers")
-    if _is_int(global_max) and global_max == 0:
-        return False
-    provider = config.get("provider") if isinstance(config.get("provider"), dict) else {}
-    if _provider_type(config) == "local":
-        return bool(provider.get("worker_ips")) or "coordinator_address" in provider
-    for name, node in _node_types(config).items():
-        if name == head:
-            continue
-        hi = node.get("max_workers", global_max if _is_int(global_max) else 1)
-        if not _is_int(hi) or hi > 0:
-            return True
-    return False
+def multi_node(prepared: dict[str, Any]) -> bool:
+    """Whether the cluster can start a node besides the head (Ray has filled every max_workers)."""
+    nodes = prepared.get("available_node_types", {}).values()
+    return prepared.get("max_workers", 0) > 0 and any(n.get("max_workers", 0) > 0 for n in nodes)
 
 
-def storage_problems(config: dict[str, Any]) -> list[str]:
-    """iclmem on several nodes needs storage every node reaches (Tune checkpoints move between nodes)."""
-    if not can_have_workers(config):
+def _not_shared(value: str) -> str | None:
+    """Why ``value`` is not storage every node reaches; None for a remote URI or an absolute path (taken
+    as a shared mount: for ICLMEM_STORAGE that is what exporting it declares)."""
+    if "://" in value:
+        scheme = value.split("://", 1)[0].lower()
+        if scheme in SHARED_SCHEMES:
+            return None
+        return (f"is {scheme}:// storage, which is not shared between nodes: use "
+                f"{', '.join(s + '://' for s in SHARED_SCHEMES)} or the absolute path of a mount every node has")
+    if "$" in value:
+        return ("holds a shell variable, which iclmem passes to Tune unexpanded: write the value out (the "
+                "overlay in docs/CLUSTER.md lets the shell expand $ICLMEM_STORAGE)")
+    if not value.startswith("/"):
+        return ("is a folder on the node the driver runs on (a relative or ~ path); Tune writes checkpoints on "
+                "the node of each trial and restores them on others: use s3://, gs:// or an NFS mount")
+    return None
+
+
+def storage_problems(config: dict[str, Any], prepared: dict[str, Any], where: str,
+                     sweeps: Sequence[tuple[str, SweepConfig]] = ()) -> list[str]:
+    """On a cluster that can have workers: ICLMEM_STORAGE and each sweep's storage_path must be shared."""
+    if not multi_node(prepared):
         return []
-    value = storage_value(config)
-    if value is None:
-        return [f"no shared storage for Ray Tune: this cluster can have worker nodes, so export "
-                f"{STORAGE_ENV}=s3://<bucket>/<prefix> (or gs://..., or an NFS path mounted on every node) in "
-                "setup_commands; see docs/CLUSTER.md"]
-    if "://" not in value and not value.startswith("/"):
-        return [f"{STORAGE_ENV}={value}: give an s3:// or gs:// URI, or an absolute path of a mount "
-                "shared by every node"]
-    return []
+    problems = []
+    setting = exported(config, STORAGE_ENV)
+    if setting is None:
+        problems.append(
+            f"{where}: setup_commands: no command exports {STORAGE_ENV}, but the cluster can have worker nodes "
+            f"(max_workers {prepared['max_workers']}); name storage every node reaches, e.g. "
+            f"echo 'export {STORAGE_ENV}=s3://<bucket>/iclmem' > ~/.iclmem_env (docs/CLUSTER.md)")
+    elif (reason := _not_shared(setting[1])) is not None:
+        problems.append(f"{where}: {setting[0]}: {STORAGE_ENV}={setting[1]} {reason}")
+    root = setting[1].rstrip("/") if setting else None
+    confirmed = exported(config, SHARED_ENV) is not None
+    for sweep_path, sweep in sweeps:
+        path = sweep.storage_path
+        if path is None:  # iclmem then uses $ICLMEM_STORAGE/<sweep>-<hash>, checked above
+            continue
+        reason = _not_shared(path)
+        under_root = root is not None and (path + "/").startswith(root + "/")
+        if reason is None and "://" not in path and not confirmed and not under_root:
+            # The rule the sweep driver applies at start (check_storage): a local path is shared only
+            # if it lies under ICLMEM_STORAGE or ICLMEM_SHARED_STORAGE says so.
+            reason = (f"is an absolute path that nothing marks as a shared mount: put it under {STORAGE_ENV}"
+                      f"{f' ({root})' if root else ''} or export {SHARED_ENV}=1 in the setup_commands of {where}")
+        if reason:
+            problems.append(f"{sweep_path}: storage_path: {path!r} {reason} ({where} can have worker nodes)")
+    return problems
 
 
-def _walk_strings(value: Any, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], Any, str]]:
-    """(path, key, string) for every string in the document; key is the mapping key holding it."""
+# ------------------------------------------------------------------------------------------- secrets
+def _walk(value: Any, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], Any, str]]:
+    """(path, mapping key holding it or None, text) for every string in the document."""
     if isinstance(value, dict):
         for k, v in value.items():
             if isinstance(v, str):
                 yield path + (k,), k, v
             else:
-                yield from _walk_strings(v, path + (k,))
+                yield from _walk(v, path + (k,))
     elif isinstance(value, list):
         for i, v in enumerate(value):
             if isinstance(v, str):
                 yield path + (i,), None, v
             else:
-                yield from _walk_strings(v, path + (i,))
+                yield from _walk(v, path + (i,))
 
 
-def secret_problems(config: dict[str, Any]) -> list[str]:
-    """A cluster file is shared and committed: it must not hold credentials."""
+def secret_problems(config: dict[str, Any], where: str) -> list[str]:
+    """A cluster or sweep file is committed and copied to every node: it must hold no credential."""
     problems = []
-    for path, key, text in _walk_strings(config):
+    advice = ("keep secrets out of the file: the cloud's credential chain, ~/.ray/auth_token, and for W&B a "
+              "0600 file read on the head (docs/CLUSTER.md, W&B)")
+    for path, key, text in _walk(config):
+        at = ".".join(map(str, path))
         if isinstance(key, str) and _SECRET_KEYS.match(key) and text.strip() and not text.strip().startswith("$"):
-            problems.append(f"{_where(path)}: looks like a credential; keep secrets out of the cluster file "
-                            "(use the cloud's credential chain, ~/.ray/auth_token, or a local environment variable)")
+            problems.append(f"{where}: {at}: holds a credential; {advice}")
             continue
         for pattern, what in _SECRET_PATTERNS:
-            if pattern.search(text):
-                problems.append(f"{_where(path)}: looks like it holds {what}; keep secrets out of the cluster file")
+            match = pattern.search(text)
+            if match:
+                problems.append(f"{where}: {at}: holds {what.format(*match.groups())}; {advice}")
                 break
+    mounts = config.get("file_mounts")
+    for remote, local in (mounts.items() if isinstance(mounts, dict) else []):
+        if any(isinstance(p, str) and _WANDB_KEY_FILE.search(p) for p in (remote, local)):
+            problems.append(f"{where}: file_mounts.{remote}: copies a W&B key file to every node; only the driver "
+                            "needs it: keep it in a 0600 file on the head (docs/CLUSTER.md, W&B)")
     return problems
 
 
-# ------------------------------------------------------------------------------------------- advice
-def cluster_notes(path: str | Path) -> list[str]:
-    """Advice that does not make the file invalid. Empty for an unreadable file (see check_cluster_file)."""
-    data, _problems = read_cluster_yaml(path)
-    if not isinstance(data, dict):
-        return []
-    notes: list[str] = []
-    value = storage_value(data)
-    if value and any(p in value for p in PLACEHOLDER_BUCKETS):
-        notes.append(f"{STORAGE_ENV}={value} is the shipped placeholder: set your own bucket or shared mount")
-    commands = " ".join(_commands(data))
-    if "RAY_AUTH_MODE=token" not in commands:
-        notes.append("token authentication is not switched on for the cluster (RAY_AUTH_MODE=token in the start "
-                     "commands, the token file in file_mounts): anyone who reaches the dashboard port can run code")
-    if "pip install" not in commands or "iclmem" not in commands:
-        notes.append("the setup commands do not seem to install iclmem (pip install -e ~/iclmem)")
-    types = _node_types(data)
-    if types and not any((n.get("resources") or {}).get("GPU", 0) for n in types.values()
-                         if isinstance(n.get("resources"), dict)):
-        if _provider_type(data) not in AUTODETECTS_RESOURCES:
-            notes.append("no node type advertises a GPU (resources: {GPU: n}); trials with gpus_per_trial > 0 "
-                         "would never be scheduled")
-    if _provider_type(data) == "aws":
-        missing = [name for name, n in types.items() if not (n.get("node_config") or {}).get("ImageId")]
-        if missing:
-            notes.append(f"no ImageId for {', '.join(missing)}: ray up then falls back to an old Deep Learning "
-                         "AMI whose NVIDIA driver may be too old for current CUDA builds of torch; set a current "
-                         "'Deep Learning Base OSS Nvidia Driver GPU AMI' for your region")
-    return notes
+# ------------------------------------------------------------------------------------------- resources
+def _bundle(cpus: float, gpus: float, custom: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in {"CPU": cpus, "GPU": gpus, **custom}.items() if v > 0}
+
+
+def _fmt(bundle: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in bundle.items()) or "none"
+
+
+def resource_problems(prepared: dict[str, Any], where: str, sweep: SweepConfig,
+                      sweep_path: str) -> tuple[list[str], list[str]]:
+    """Whether the sweep's trials and probe actors can run on the node types the cluster can start."""
+    res = sweep.resources
+    trial = _bundle(res.cpus_per_trial, res.gpus_per_trial, res.trial_resources)
+    probe = _bundle(res.cpus_per_probe_actor, res.gpus_per_probe_actor, res.probe_resources)
+    # One pool of probe_actors per distinct base model (as the sweep driver builds them), all created at the start.
+    n_models = len({(m.name, json.dumps(dict(m.options), sort_keys=True)) for m in sweep.models})
+    wanted = res.probe_actors * n_models
+    provider = prepared["provider"].get("type")
+    if provider == "local":
+        return [], [f"{where}: provider local: Ray detects each machine's resources when it starts, so the "
+                    f"requests of {sweep_path} are not checked offline"]
+
+    head, global_max = prepared["head_node_type"], prepared["max_workers"]
+    nodes: dict[str, tuple[int, dict[str, float]]] = {}  # node types the cluster can start: (count, resources)
+    notes = []
+    for name, node in prepared["available_node_types"].items():
+        count = (name == head) + min(node.get("max_workers", 0), global_max)
+        if count:
+            nodes[name] = (count, dict(node.get("resources", {})))
+            undeclared = [r for r in _EC2_DETECTED if r not in node["resources"] and r in {**trial, **probe}]
+            if provider == "aws" and undeclared:
+                notes.append(f"{where}: available_node_types.{name}: no {'/'.join(undeclared)} in resources; ray up "
+                             "reads them from EC2, which this offline check does not, so it counts them as enough")
+
+    def have(declared: dict[str, float], name: str) -> float:
+        if name in declared:
+            return declared[name]
+        return math.inf if provider == "aws" and name in _EC2_DETECTED else 0.0
+
+    def how_many(declared: dict[str, float], bundle: dict[str, float], reserved: dict[str, float]) -> float:
+        """How many copies of ``bundle`` fit on one node next to ``reserved`` (-1: not even ``reserved``)."""
+        if any(have(declared, r) + _EPS < v for r, v in reserved.items()):
+            return -1
+        room = [(have(declared, r) - reserved.get(r, 0) + _EPS) / v for r, v in bundle.items()]
+        return min((x if x == math.inf else math.floor(x) for x in room), default=math.inf)
+
+    def describe(declared: dict[str, float]) -> str:
+        asked = {**trial, **probe}
+        from_ec2 = [r for r in _EC2_DETECTED if r not in declared and r in asked] if provider == "aws" else []
+        return _fmt(declared) + (f" ({'/'.join(from_ec2)} from EC2)" if from_ec2 else "")
+
+    listing = "; ".join(f"{n} x{c}: {describe(d)}" for n, (c, d) in nodes.items())
+    sweep_keys = {"trial": {"CPU": "cpus_per_trial", "GPU": "gpus_per_trial"},
+                  "probe actor": {"CPU": "cpus_per_probe_actor", "GPU": "gpus_per_probe_actor"}}
+    problems = []
+    for what, bundle, custom in (("trial", trial, "trial_resources"), ("probe actor", probe, "probe_resources")):
+        if not any(how_many(d, bundle, {}) >= 1 for _, d in nodes.values()):
+            # The key at fault: what every node type lacks, else (a combination) what any of them lacks.
+            lacking = {r: [have(d, r) + _EPS < v for _, d in nodes.values()] for r, v in bundle.items()}
+            short = [r for r, miss in lacking.items() if all(miss)] or [r for r, miss in lacking.items() if any(miss)]
+            keys = ", ".join(f"resources.{sweep_keys[what].get(r, f'{custom}.{r}')}" for r in short)
+            problems.append(f"{sweep_path}: {keys}: a {what} needs {{{_fmt(bundle)}}}, but no node type of {where} "
+                            f"has that ({listing})")
+    if problems:
+        return problems, notes
+
+    per_node = {n: how_many(d, probe, {}) for n, (_, d) in nodes.items()}
+    capacity = sum(per_node[n] * c for n, (c, _) in nodes.items() if per_node[n] > 0)
+    if capacity < wanted:
+        return [f"{sweep_path}: resources.probe_actors: {res.probe_actors} probe actor(s) x {n_models} model(s) "
+                f"= {wanted}, each {{{_fmt(probe)}}}, but at most {capacity} fit on the nodes {where} can start "
+                f"({listing}); the driver feeds every actor in turn, so one never placed stalls the sweep"], notes
+    # Probe actors hold their resources for the whole sweep: some node must still take one trial.
+    for name, (count, declared) in nodes.items():
+        beside = how_many(declared, probe, trial)  # probe actors on the node that runs the trial
+        if beside < 0:
+            continue
+        elsewhere = sum(per_node[n] * c for n, (c, _) in nodes.items() if n != name and per_node[n] > 0)
+        if count > 1 and per_node[name] > 0:
+            elsewhere += per_node[name] * (count - 1)
+        if beside + elsewhere >= wanted:
+            return [], notes
+    return [f"{sweep_path}: resources: the {wanted} probe actor(s) {{{_fmt(probe)}}} hold their resources for the "
+            f"whole sweep and leave no node of {where} room for a trial {{{_fmt(trial)}}} ({listing}): lower "
+            "probe_actors or their resources, or allow more workers"], notes

@@ -1,7 +1,7 @@
-"""cluster.yaml and `iclmem cluster-check`: Ray's own schema, offline, plus the checks the schema misses.
+"""`iclmem cluster-check`: Ray's own validation of the cluster file, then iclmem's storage, secret and
+resource checks. Every test writes a real file and runs the real check (some through the CLI).
 
-No Ray cluster is started here; the only Ray code imported is the autoscaler's config helpers, to confirm
-that Ray itself agrees with the offline check.
+No Ray cluster is started and nothing reaches a cloud provider: Ray's validation runs offline.
 """
 
 from __future__ import annotations
@@ -9,20 +9,17 @@ from __future__ import annotations
 import copy
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from ray.autoscaler._private import util as ray_util
 
-from orchestrator.cluster import (
-    check_cluster_config,
-    check_cluster_file,
-    cluster_notes,
-    load_ray_schema,
-    storage_value,
-)
+from iclmem.errors import ConfigError
+from orchestrator.cluster import STORAGE_ENV, check_cluster_file, exported
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "cluster.yaml"
@@ -39,21 +36,52 @@ def _write(tmp_path: Path, config: dict, name: str = "cluster.yaml") -> Path:
     return path
 
 
+def _sweep(tmp_path: Path, name: str = "sweep.yaml", **settings) -> Path:
+    """A minimal valid sweep file (one built-in task) with the given top-level settings."""
+    return _write(tmp_path, {"name": "t", "tasks": [{"name": "breast_cancer"}], **settings}, name)
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=120)
 
 
-# ------------------------------------------------------------------------------------------- shipped file
-def test_shipped_cluster_yaml_is_valid():
-    assert check_cluster_file(CLUSTER) == []
+def _ray_message(config: dict) -> str:
+    """What Ray itself says about a config (the steps `ray up` runs before contacting the provider)."""
+    with pytest.raises(Exception) as info:
+        ray_util.validate_config(ray_util.prepare_config(copy.deepcopy(config)))
+    return getattr(info.value, "message", None) or str(info.value)
 
 
-def test_cli_cluster_check_accepts_shipped_file():
-    proc = _cli("cluster-check", "cluster.yaml")
+def _cpu_only(config: dict) -> dict:
+    """The shipped cluster with its GPU worker types replaced by one CPU-only type."""
+    config["available_node_types"] = {
+        "head": config["available_node_types"]["head"],
+        "cpu.8x": {"min_workers": 0, "max_workers": 4, "resources": {"CPU": 8, "GPU": 0},
+                   "node_config": {"InstanceType": "m5.2xlarge"}},
+    }
+    return config
+
+
+def _head_only(config: dict) -> dict:
+    config["max_workers"] = 0
+    for node in config["available_node_types"].values():
+        node["max_workers"] = 0
+    return config
+
+
+# ------------------------------------------------------------------------------------------- shipped files
+def test_shipped_cluster_yaml_passes_with_the_shipped_sweeps():
+    sweeps = [ROOT / "configs" / f"{n}.yaml" for n in ("paper", "realistic", "quickstart")]
+    result = check_cluster_file(CLUSTER, sweeps)
+    assert result.problems == [] and result.ok
+
+
+def test_cli_accepts_shipped_file():
+    proc = _cli("cluster-check", "cluster.yaml", "--sweep", "configs/paper.yaml")
     assert proc.returncode == 0, proc.stderr
-    assert "valid" in proc.stdout
+    assert "cluster.yaml: valid" in proc.stdout and "configs/paper.yaml" in proc.stdout
 
 
 def test_shipped_file_shape():
@@ -68,7 +96,7 @@ def test_shipped_file_shape():
     # shared storage named exactly once, and token authentication on every node
     text = CLUSTER.read_text()
     assert len(re.findall(r"ICLMEM_STORAGE=", text)) == 1
-    assert storage_value(config).startswith("s3://")
+    assert exported(config, STORAGE_ENV) == ("setup_commands.0", "s3://your-bucket/iclmem")
     assert any("RAY_AUTH_MODE=token" in c for c in config["setup_commands"])
     assert "~/.ray/auth_token" in config["file_mounts"]
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
@@ -76,144 +104,277 @@ def test_shipped_file_shape():
     assert any("torch==2.13.0" in c and "pip install" in c and "-e ~/iclmem" in c for c in config["setup_commands"])
 
 
-def test_ray_itself_accepts_shipped_file():
-    """The offline check and Ray's own prepare/validate (what `ray up` runs first) agree."""
-    util = pytest.importorskip("ray.autoscaler._private.util")
-    util.validate_config(util.prepare_config(_shipped()))
-
-
-def test_schema_comes_from_the_ray_package():
-    schema = load_ray_schema()
-    assert "available_node_types" in schema["properties"]
-    assert schema["additionalProperties"] is False
-
-
-# ------------------------------------------------------------------------------------------- broken copies
-def test_unknown_key_reported_with_path_and_name(tmp_path):
+# ------------------------------------------------------------------------------------------- Ray's validation
+def test_misspelled_top_level_key_refused_with_rays_message(tmp_path):
     config = _shipped()
-    config["available_node_types"]["gpu.1x"]["bogus"] = 1
-    problems = check_cluster_file(_write(tmp_path, config))
-    assert problems == ["available_node_types.gpu.1x: Additional properties are not allowed ('bogus' was unexpected)"]
-    proc = _cli("cluster-check", str(tmp_path / "cluster.yaml"))
+    config["max_worker"] = config.pop("max_workers")
+    path = _write(tmp_path, config)
+    message = _ray_message(config)
+    assert "'max_worker' was unexpected" in message
+    assert check_cluster_file(path).problems == [f"{path}: (top level): {message} (Ray's cluster-config schema)"]
+    proc = _cli("cluster-check", str(path))
     assert proc.returncode == 1
-    assert "'bogus' was unexpected" in proc.stderr and "available_node_types.gpu.1x" in proc.stderr
+    assert f"{path}: (top level): {message}" in proc.stderr
 
 
-def test_missing_head_node_type_is_named(tmp_path):
+def test_schema_error_names_the_nested_key(tmp_path):
     config = _shipped()
-    config["head_node_type"] = "ray.head.missing"
-    problems = check_cluster_file(_write(tmp_path, config))
-    assert len(problems) == 1
-    assert "head_node_type" in problems[0] and "'ray.head.missing'" in problems[0]
-    proc = _cli("cluster-check", str(tmp_path / "cluster.yaml"))
-    assert proc.returncode == 1 and "ray.head.missing" in proc.stderr
+    config["available_node_types"]["gpu.1x"]["resources"]["GPU"] = 0.5   # Ray wants whole GPUs per node
+    path = _write(tmp_path, config)
+    assert check_cluster_file(path).problems == [
+        f"{path}: available_node_types.gpu.1x.resources.GPU: 0.5 is not of type 'integer' "
+        "(Ray's cluster-config schema)"]
 
 
-def test_every_error_reported_at_once():
+@pytest.mark.parametrize("break_it", [
+    lambda c: c.update(head_node_type="ray.head.missing"),
+    lambda c: (c["available_node_types"]["gpu.1x"].update(min_workers=9),
+               c["available_node_types"]["gpu.4x"].update(min_workers=2)),   # 11 > max_workers 10
+], ids=["head_node_type", "sum_of_min_workers"])
+def test_rays_own_checks_beyond_the_schema(tmp_path, break_it):
     config = _shipped()
-    config["bogus_top"] = True
-    config["available_node_types"]["gpu.1x"]["resources"]["GPU"] = 0.5   # Ray wants integers here
-    config["available_node_types"]["gpu.4x"]["min_workers"] = 5           # > its max_workers (2)
-    config["max_workers"] = "ten"
-    problems = check_cluster_config(config)
-    joined = "\n".join(problems)
-    assert "(top level): Additional properties are not allowed ('bogus_top' was unexpected)" in joined
-    assert "available_node_types.gpu.1x.resources.GPU: 0.5 is not of type 'integer'" in joined
-    assert "available_node_types.gpu.4x: min_workers (5) > max_workers (2)" in joined
-    assert "max_workers: 'ten' is not of type 'integer'" in joined
+    break_it(config)
+    path = _write(tmp_path, config)
+    assert check_cluster_file(path).problems == [f"{path}: {_ray_message(config)} (Ray's validate_config)"]
 
 
-def test_min_workers_must_fit_global_max():
+def test_malformed_file_is_explained_by_rays_schema(tmp_path):
+    """Ray's prepare_config indexes config["provider"]; the error names the missing key, not a KeyError."""
     config = _shipped()
-    config["max_workers"] = 1
-    config["available_node_types"]["gpu.1x"]["min_workers"] = 2
-    assert any("sum of min_workers" in p for p in check_cluster_config(config))
-
-
-def test_head_node_type_required_with_node_types():
+    del config["provider"]
+    path = _write(tmp_path, config)
+    assert check_cluster_file(path).problems == [
+        f"{path}: (top level): 'provider' is a required property (Ray's cluster-config schema)"]
     config = _shipped()
-    del config["head_node_type"]
-    assert check_cluster_config(config) == ["head_node_type: required when available_node_types is set"]
+    config["provider"]["type"] = "awz"
+    path = _write(tmp_path, config)
+    assert check_cluster_file(path).problems == [
+        f"{path}: provider.type: Unsupported node provider: awz (Ray's prepare_config)"]
 
 
-def test_defaults_filled_like_ray_up():
-    """cluster_name may be left out (ray up fills 'default'); AWS detects node resources itself."""
+def test_node_resources_left_to_ec2_on_aws_but_required_elsewhere(tmp_path):
     config = _shipped()
-    del config["cluster_name"]
-    del config["available_node_types"]["gpu.4x"]["resources"]
-    assert check_cluster_config(config) == []
+    del config["available_node_types"]["gpu.4x"]["resources"]   # ray up reads them from EC2
+    assert check_cluster_file(_write(tmp_path, config)).ok
+    gcp = copy.deepcopy(_doc_cluster_configs()["gcp"])
+    del gcp["available_node_types"]["gpu.1x"]["resources"]
+    path = _write(tmp_path, gcp, "gcp.yaml")
+    assert check_cluster_file(path).problems == [
+        f"{path}: available_node_types.gpu.1x: 'resources' is a required property (Ray's cluster-config schema)"]
 
 
-def test_missing_file_and_bad_yaml(tmp_path):
-    assert check_cluster_file(tmp_path / "nope.yaml") == [f"file not found: {tmp_path / 'nope.yaml'}"]
+def test_on_premise_node_types_refused_by_ray(tmp_path):
+    config = copy.deepcopy(_doc_cluster_configs()["local"])
+    config["available_node_types"] = {"gpu": {"resources": {"GPU": 1}, "node_config": {}}}
+    path = _write(tmp_path, config)
+    assert check_cluster_file(path).problems == [
+        f"{path}: The field available_node_types is not supported for on-premise clusters. (Ray's prepare_config)"]
+
+
+def test_rays_warnings_become_notes(tmp_path):
+    config = copy.deepcopy(_doc_cluster_configs()["local"])
+    config["min_workers"] = config["max_workers"] = 5   # three worker_ips listed
+    path = _write(tmp_path, config)
+    result = check_cluster_file(path)
+    assert result.ok
+    assert (f"{path}: Ray: The value of `max_workers` supplied (5) is greater than the number of available "
+            "worker ips (3). Setting `max_workers=3`.") in result.notes
+
+
+def test_unreadable_files(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    assert check_cluster_file(missing).problems == [f"{missing}: file not found"]
     bad = tmp_path / "bad.yaml"
     bad.write_text("cluster_name: x\nprovider: [type: aws\n")
-    (problem,) = check_cluster_file(bad)
-    assert problem.startswith("not valid YAML (line ")
+    (problem,) = check_cluster_file(bad).problems
+    assert problem.startswith(f"{bad}: not valid YAML (line ")
     listed = tmp_path / "list.yaml"
     listed.write_text("- cluster_name\n")
-    assert check_cluster_file(listed) == ["the top level must be a mapping of settings, not list"]
+    assert check_cluster_file(listed).problems == [
+        f"{listed}: (top level): a cluster config is a mapping of settings, not list"]
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
-    assert "empty" in check_cluster_file(empty)[0]
-    proc = _cli("cluster-check", str(tmp_path / "nope.yaml"))
-    assert proc.returncode == 1 and "file not found" in proc.stderr
+    assert check_cluster_file(empty).problems == [
+        f"{empty}: (top level): a cluster config is a mapping of settings, not NoneType"]
+    proc = _cli("cluster-check", str(missing))
+    assert proc.returncode == 1 and f"{missing}: file not found" in proc.stderr
 
 
-def test_duplicate_keys_reported(tmp_path):
-    path = tmp_path / "dup.yaml"
-    path.write_text(CLUSTER.read_text() + "\ncluster_name: again\n")
-    problems = check_cluster_file(path)
-    assert len(problems) == 1 and "duplicate key 'cluster_name'" in problems[0]
-
-
-# ------------------------------------------------------------------------------------------- iclmem checks
-def test_multi_node_needs_shared_storage():
+# ------------------------------------------------------------------------------------------- shared storage
+def test_multi_node_needs_shared_storage(tmp_path):
     config = _shipped()
-    config["setup_commands"] = [c for c in config["setup_commands"] if "ICLMEM_STORAGE" not in c]
-    problems = check_cluster_config(config)
-    assert len(problems) == 1 and "shared storage" in problems[0]
-    # a head-only cluster does not
-    config["max_workers"] = 0
-    for name, node in config["available_node_types"].items():
-        if name != config["head_node_type"]:
-            node["max_workers"] = 0
-    assert check_cluster_config(config) == []
+    config["setup_commands"] = [c for c in config["setup_commands"] if STORAGE_ENV not in c]
+    path = _write(tmp_path, config)
+    (problem,) = check_cluster_file(path).problems
+    assert problem.startswith(f"{path}: setup_commands: no command exports ICLMEM_STORAGE")
+    # a head-only cluster has nowhere else to restore a trial
+    assert check_cluster_file(_write(tmp_path, _head_only(config))).ok
 
 
-def test_relative_storage_path_refused():
-    config = _shipped()
-    config["setup_commands"][0] = "echo 'export ICLMEM_STORAGE=runs/tune' > ~/.iclmem_env"
-    (problem,) = check_cluster_config(config)
-    assert "ICLMEM_STORAGE=runs/tune" in problem
-
-
-@pytest.mark.parametrize("command", [
-    "export WANDB_API_KEY=0123456789abcdef0123456789abcdef01234567",
-    "export AWS_ACCESS_KEY_ID=AKIAABCDEFGHIJKLMNOP",
-    "echo 'export RAY_AUTH_TOKEN=abcdef' >> ~/.bashrc",
+@pytest.mark.parametrize("value, shared", [
+    ("s3://bucket/iclmem", True), ("gs://bucket/iclmem", True), ("/mnt/nfs/iclmem", True),
+    ("runs/tune", False), ("~/tune", False), ("file:///mnt/nfs/iclmem", False),
 ])
-def test_credentials_refused(command):
+def test_cluster_storage_must_be_shared(tmp_path, value, shared):
+    config = _shipped()
+    config["setup_commands"][0] = f"echo 'export ICLMEM_STORAGE={value}' > ~/.iclmem_env"
+    path = _write(tmp_path, config)
+    problems = check_cluster_file(path).problems
+    if shared:
+        assert problems == []
+    else:
+        (problem,) = problems
+        assert problem.startswith(f"{path}: setup_commands.0: ICLMEM_STORAGE={value} is ")
+
+
+@pytest.mark.parametrize("storage_path, extra_export, hint", [
+    ("s3://bucket/paper", None, None),
+    ("/mnt/nfs/iclmem/paper", None, None),                         # under ICLMEM_STORAGE
+    ("/home/ray/tune", "ICLMEM_SHARED_STORAGE=1", None),            # declared a shared mount
+    ("/home/ray/tune", None, "nothing marks as a shared mount"),
+    ("runs/tune", None, "a folder on the node the driver runs on"),
+    ("$ICLMEM_STORAGE/paper", None, "shell variable"),
+    ("file:///mnt/nfs/iclmem/paper", None, "not shared between nodes"),
+])
+def test_sweep_storage_path_must_be_shared(tmp_path, storage_path, extra_export, hint):
+    config = _shipped()
+    config["setup_commands"][0] = "echo 'export ICLMEM_STORAGE=/mnt/nfs/iclmem' > ~/.iclmem_env"
+    if extra_export:
+        config["setup_commands"].insert(1, f"echo 'export {extra_export}' >> ~/.iclmem_env")
+    path = _write(tmp_path, config)
+    sweep = _sweep(tmp_path, storage_path=storage_path)
+    problems = check_cluster_file(path, [sweep]).problems
+    if hint is None:
+        assert problems == []
+    else:
+        (problem,) = problems
+        assert problem.startswith(f"{sweep}: storage_path: {storage_path!r} ") and hint in problem
+
+
+def test_local_storage_path_is_fine_on_one_node(tmp_path):
+    path = _write(tmp_path, _head_only(_shipped()))
+    assert check_cluster_file(path, [_sweep(tmp_path, storage_path="runs/tune")]).ok
+
+
+# ------------------------------------------------------------------------------------------- secrets
+@pytest.mark.parametrize("command, name", [
+    ("export WANDB_API_KEY=0123456789abcdef0123456789abcdef01234567", "WANDB_API_KEY"),
+    ("echo 'export RAY_AUTH_TOKEN=abcdef' >> ~/.bashrc", "RAY_AUTH_TOKEN"),
+    ("export HF_TOKEN=hf_abcdef", "HF_TOKEN"),
+    # the runtime-env route that docs/CLUSTER.md warns about: Ray logs runtime envs in plain text
+    ("""ray job submit --runtime-env-json '{"env_vars": {"WANDB_API_KEY": "0123456789abcdef"}}' -- iclmem run x""",
+     "WANDB_API_KEY"),
+])
+def test_literal_secrets_refused(tmp_path, command, name):
     config = _shipped()
     config["setup_commands"].append(command)
-    problems = check_cluster_config(config)
-    assert len(problems) == 1 and problems[0].startswith(f"setup_commands.{len(config['setup_commands']) - 1}:")
+    path = _write(tmp_path, config)
+    (problem,) = check_cluster_file(path).problems
+    assert problem.startswith(f"{path}: setup_commands.{len(config['setup_commands']) - 1}: holds a literal {name};")
 
 
-def test_environment_references_are_not_credentials():
+def test_other_credentials_refused(tmp_path):
     config = _shipped()
+    config["head_setup_commands"].append("export AWS_ACCESS_KEY_ID=AKIAABCDEFGHIJKLMNOP")
+    config["docker"]["run_options"].append("-e WANDB_API_KEY=0123456789abcdef")
+    config["provider"]["aws_secret_access_key"] = "abc/def"
+    config["file_mounts"]["~/.wandb_key"] = "~/.wandb_key"   # copies the key to every node
+    path = _write(tmp_path, config)
+    problems = check_cluster_file(path).problems
+    assert [p.split(": ")[1] for p in problems] == [
+        "provider.aws_secret_access_key", "docker.run_options.1", "head_setup_commands.1", "file_mounts.~/.wandb_key"]
+    assert all(p.startswith(f"{path}: ") for p in problems)
+
+
+def test_environment_references_are_not_secrets(tmp_path):
+    config = _shipped()
+    config["head_setup_commands"].append("""WANDB_API_KEY="$(cat ~/.wandb_key)" iclmem run x --wandb online""")
     config["head_setup_commands"].append('echo "WANDB_API_KEY=$WANDB_API_KEY" > /dev/null')
-    assert check_cluster_config(config) == []
+    config["docker"]["run_options"].append("-e WANDB_API_KEY")   # passes the caller's value through
+    assert check_cluster_file(_write(tmp_path, config)).ok
 
 
-def test_notes_flag_the_placeholder_bucket(tmp_path):
-    notes = cluster_notes(CLUSTER)
-    assert any("your-bucket" in n for n in notes)
+def test_secret_reported_even_when_ray_refuses_the_file(tmp_path):
     config = _shipped()
-    config["setup_commands"] = [c.replace("RAY_AUTH_MODE=token", "RAY_AUTH_MODE_UNSET=1") for c in config["setup_commands"]]
-    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
-        config[key] = [c.replace(". ~/.iclmem_env && ", "") for c in config[key]]
-    assert any("token authentication" in n for n in cluster_notes(_write(tmp_path, config)))
+    config["bogus"] = 1
+    config["setup_commands"].append("export WANDB_API_KEY=0123456789abcdef")
+    path = _write(tmp_path, config)
+    problems = check_cluster_file(path).problems
+    assert len(problems) == 2
+    assert "holds a literal WANDB_API_KEY" in problems[0] and "'bogus' was unexpected" in problems[1]
+
+
+def test_secret_in_the_sweep_refused(tmp_path):
+    sweep = _sweep(tmp_path, models=[{"name": "pfn-mini", "options": {"weights": "shipped", "token": "hf_abcdef"}}])
+    (problem,) = check_cluster_file(CLUSTER, [sweep]).problems
+    assert problem.startswith(f"{sweep}: models.0.options.token: holds a credential")
+
+
+# ------------------------------------------------------------------------------------------- resources
+def test_gpu_trials_on_a_cpu_only_cluster_refused(tmp_path):
+    path = _write(tmp_path, _cpu_only(_shipped()))
+    sweep = _sweep(tmp_path, resources={"cpus_per_trial": 1, "gpus_per_trial": 1})
+    (problem,) = check_cluster_file(path, [sweep]).problems
+    assert problem.startswith(f"{sweep}: resources.gpus_per_trial: a trial needs {{CPU 1, GPU 1}}, "
+                              f"but no node type of {path} has that")
+    proc = _cli("cluster-check", str(path), "--sweep", str(sweep))
+    assert proc.returncode == 1 and f"{sweep}: resources.gpus_per_trial" in proc.stderr
+    # the shipped GPU cluster runs it
+    assert check_cluster_file(CLUSTER, [sweep]).ok
+
+
+def test_custom_trial_resource_must_be_declared(tmp_path):
+    sweep = _sweep(tmp_path, resources={"gpus_per_trial": 0.25, "trial_resources": {"worker": 1}})
+    (problem,) = check_cluster_file(CLUSTER, [sweep]).problems
+    assert problem.startswith(f"{sweep}: resources.trial_resources.worker: a trial needs {{CPU 1, GPU 0.25, worker 1}}")
+    config = _shipped()
+    config["available_node_types"]["gpu.1x"]["resources"]["worker"] = 1
+    assert check_cluster_file(_write(tmp_path, config), [sweep]).ok
+
+
+@pytest.mark.parametrize("actors, n_models, fits", [(8, 1, True), (9, 1, False), (4, 2, True), (5, 2, False)])
+def test_every_probe_actor_must_be_placed(tmp_path, actors, n_models, fits):
+    """The head offers iclmem_head 8; each distinct base model gets its own pool of probe_actors."""
+    models = [{"name": "pfn-mini", "options": {"weights": "shipped", "seed": i}} for i in range(n_models)]
+    sweep = _sweep(tmp_path, models=models, resources={"probe_actors": actors, "gpus_per_probe_actor": 0,
+                                                       "probe_resources": {"iclmem_head": 1}})
+    problems = check_cluster_file(CLUSTER, [sweep]).problems
+    if fits:
+        assert problems == []
+    else:
+        (problem,) = problems
+        assert problem.startswith(f"{sweep}: resources.probe_actors: {actors} probe actor(s) x {n_models} model(s) "
+                                  f"= {actors * n_models}, each {{CPU 1, iclmem_head 1}}, but at most 8 fit")
+
+
+def test_probe_actors_must_leave_room_for_a_trial(tmp_path):
+    config = _shipped()
+    del config["available_node_types"]["gpu.4x"]
+    config["max_workers"] = config["available_node_types"]["gpu.1x"]["max_workers"] = 1   # one GPU in all
+    sweep = _sweep(tmp_path, resources={"gpus_per_trial": 0.25, "probe_actors": 4, "gpus_per_probe_actor": 0.25})
+    path = _write(tmp_path, config)
+    (problem,) = check_cluster_file(path, [sweep]).problems
+    assert problem.startswith(f"{sweep}: resources: the 4 probe actor(s) {{CPU 1, GPU 0.25}} hold their resources")
+    config["max_workers"] = config["available_node_types"]["gpu.1x"]["max_workers"] = 2
+    assert check_cluster_file(_write(tmp_path, config), [sweep]).ok
+
+
+def test_undeclared_aws_resources_are_noted_not_refused(tmp_path):
+    config = _shipped()
+    for name in ("gpu.1x", "gpu.4x"):
+        del config["available_node_types"][name]["resources"]
+    sweep = _sweep(tmp_path, resources={"gpus_per_trial": 1})
+    result = check_cluster_file(_write(tmp_path, config), [sweep])
+    assert result.problems == []
+    assert any("available_node_types.gpu.1x: no CPU/GPU in resources" in n for n in result.notes)
+
+
+def test_sweep_that_does_not_load_is_a_config_error(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="sweep file not found"):
+        check_cluster_file(CLUSTER, [missing])
+    proc = _cli("cluster-check", "cluster.yaml", "--sweep", str(missing))
+    assert proc.returncode == 2 and f"sweep file not found: {missing}" in proc.stderr
 
 
 # ------------------------------------------------------------------------------------------- documented variants
@@ -232,26 +393,32 @@ def test_docs_hold_gcp_and_local_variants():
 
 
 @pytest.mark.parametrize("provider", ["gcp", "local"])
-def test_documented_variants_are_valid(provider):
-    config = _doc_cluster_configs()[provider]
-    assert check_cluster_config(config) == []
-    util = pytest.importorskip("ray.autoscaler._private.util")
-    util.validate_config(util.prepare_config(copy.deepcopy(config)))
+def test_documented_variants_pass(tmp_path, provider):
+    path = _write(tmp_path, _doc_cluster_configs()[provider])
+    result = check_cluster_file(path, [ROOT / "configs" / "paper.yaml"])
+    assert result.problems == []
+    if provider == "local":   # Ray detects each machine's resources when it starts
+        assert any("not checked offline" in n for n in result.notes)
 
 
-def test_local_provider_refuses_node_types():
-    config = copy.deepcopy(_doc_cluster_configs()["local"])
-    config["available_node_types"] = {"gpu": {"resources": {"GPU": 1}, "node_config": {}}}
-    del config["provider"]["head_ip"]
-    problems = check_cluster_config(config)
-    assert any(p.startswith("available_node_types: not supported for on-premise") for p in problems)
-    assert any("head_ip" in p for p in problems)
+def test_documented_overlays_pass_against_the_shipped_cluster(tmp_path):
+    """The sweeps docs/CLUSTER.md submits (storage from $ICLMEM_STORAGE, probe actors pinned to the head)."""
+    overlays = re.findall(r"cat > configs/_cluster\.yaml <<EOF\n(.*?)\nEOF", DOCS.read_text(), re.S)
+    assert len(overlays) >= 2
+    configs = tmp_path / "configs"
+    shutil.copytree(ROOT / "configs", configs)
+    paths = []
+    for i, body in enumerate(overlays):   # the shell on the head expands $ICLMEM_STORAGE before iclmem reads it
+        paths.append(configs / f"_cluster{i}.yaml")
+        paths[-1].write_text(body.replace("$ICLMEM_STORAGE", "s3://your-bucket/iclmem") + "\n")
+    assert check_cluster_file(CLUSTER, paths).problems == []
 
 
 def test_docs_describe_jobs_and_token_auth():
     text = DOCS.read_text()
     for needle in ("ray job submit --working-dir . -- iclmem run configs/paper.yaml --address auto",
                    "ray job logs -f", "ray job status", "RAY_AUTH_MODE=token", "~/.ray/auth_token",
-                   "RAY_AUTH_TOKEN", "ray get-auth-token --generate", "WANDB_API_KEY", "s3://", "gs://", "NFS"):
+                   "RAY_AUTH_TOKEN", "ray get-auth-token --generate", "WANDB_API_KEY", "s3://", "gs://", "NFS",
+                   "iclmem cluster-check cluster.yaml --sweep configs/paper.yaml"):
         assert needle in text, needle
     assert "RAY_AUTH_MODE=disabled" not in text
