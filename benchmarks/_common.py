@@ -195,3 +195,66 @@ def publish(section: str, text: str, no_write: bool, argv: Sequence[str] | None)
     print(text)
     if not no_write:
         print("wrote", write_section(section, text, argv=[sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
+
+
+# ------------------------------------------------------------------------------------------ the machine's limit
+def count_flops(fn: Callable[[], Any], module: Any = None) -> tuple[int, Any]:
+    """(floating-point operations of ``fn``'s matrix products, its result), counted by torch's
+    ``FlopCounterMode`` (matmuls, batched matmuls, linear layers, attention: 2 per multiply-add).
+    Elementwise work (norms, activations, softmax) is not counted: the figure is the model's
+    matrix arithmetic, the part a matmul rate bounds. ``module``'s parameters are frozen meanwhile
+    (the counter's module tracker hooks tensors that require grad, which fails on views of
+    parameters taken under ``no_grad`` inside TabICL)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    params = [p for p in module.parameters() if p.requires_grad] if module is not None else []
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        with FlopCounterMode(display=False) as counter:
+            out = fn()
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+    return int(counter.get_total_flops()), out
+
+
+def matmul_rate(m: int, k: int, n: int, device: Any = "cpu", seconds: float = 0.5, batch: int = 1) -> float:
+    """The machine's float32 matrix-product rate (FLOP/s) for ``[batch, m, k] @ [batch, k, n]`` at the
+    current torch thread count (CUDA: TF32 off, as iclmem's float32 scores run): the median of timed
+    repetitions after a warm-up, each repetition long enough to time."""
+    import torch
+
+    device = torch.device(device)
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(batch, m, k, generator=generator).to(device)
+    b = torch.randn(batch, k, n, generator=generator).to(device)
+    flops = 2.0 * batch * m * k * n
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    try:
+        torch.matmul(a, b)
+        sync()
+        reps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / 5 or reps < 3:
+            torch.matmul(a, b)
+            reps += 1
+        sync()
+        per_call = (time.perf_counter() - start) / reps
+        inner = max(1, int(seconds / 5 / max(per_call, 1e-9)))
+        rates = []
+        for _ in range(5):
+            sync()
+            start = time.perf_counter()
+            for _ in range(inner):
+                torch.matmul(a, b)
+            sync()
+            rates.append(flops * inner / (time.perf_counter() - start))
+        return float(statistics.median(rates))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous

@@ -47,16 +47,24 @@ class ProbeWorker:
 
     def __init__(self, base_model_name: str, base_options: dict[str, Any], base_weights: Any,
                  base_digest: str, tasks: dict[str, Any], suite_spec: Any, settings: ProbeSettings,
-                 cache_dir: str, torch_threads: int = 1) -> None:
+                 cache_dir: str, torch_threads: int = 1, device: str | None = None) -> None:
         import torch
 
         from trainables.models import build_model
+        from trainables.models.base import resolve_device
 
         torch.set_num_threads(torch_threads)
+        # None = auto: CUDA exactly when Ray gave this actor GPUs (actor_options num_gpus)
+        self.device = resolve_device(device)
         self.base = build_model(base_model_name, **{**base_options, "weights": "random"})
-        # base_weights: numpy arrays from the object store (an ObjectRef argument is resolved by Ray);
-        # used in place, so the actors of a node share one copy of the reference model.
-        self.base.load_state_arrays(base_weights, copy=False)
+        if self.device.type == "cpu":
+            # base_weights: numpy arrays from the object store (an ObjectRef argument is resolved by Ray);
+            # used in place, so the actors of a node share one copy of the reference model.
+            self.base.load_state_arrays(base_weights, copy=False)
+        else:  # on a GPU each actor holds its own device copy
+            self.base.load_state_arrays(base_weights, copy=True)
+            self.base.to(self.device)
+            self.base.module.eval()
         self.base_digest = base_digest
         self.base_options = base_options
         self.tasks = tasks
@@ -76,9 +84,9 @@ class ProbeWorker:
         if job.checkpoint is None:
             return self.base
         if isinstance(job.checkpoint, (str, Path)):
-            return self._load_or_recompute(job, job.checkpoint, notes)
+            return self._load_or_recompute(job, job.checkpoint, notes).to(self.device)
         with job.checkpoint.as_directory() as directory:  # downloads from remote storage if needed
-            return self._load_or_recompute(job, directory, notes)
+            return self._load_or_recompute(job, directory, notes).to(self.device)
 
     def _load_or_recompute(self, job: ProbeJob, directory: Any, notes: list[str]):
         """The checkpoint's model; one that fails its checksum is recomputed from the run's recipe (and

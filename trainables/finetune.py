@@ -28,7 +28,7 @@ from iclmem.atomic import atomic_write, write_json_atomic
 from iclmem.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from iclmem.vocab import Regime
 from trainables.models import ModelAdapter, build_model, read_weights
-from trainables.models.base import weights_digest
+from trainables.models.base import resolve_device, weights_digest
 
 DEFAULT_CHECKPOINT_EPOCHS = (1, 2, 5, 10, 25, 50, 100, 250, 500)
 MODEL_FILE = "model.safetensors"
@@ -84,6 +84,10 @@ class Batch:
     query_y: torch.Tensor  # int64 [1, M]
     n_classes: int
 
+    def to(self, device: torch.device) -> "Batch":
+        return Batch(self.context_x.to(device), self.context_y.to(device), self.query_x.to(device),
+                     self.query_y.to(device), self.n_classes)
+
 
 def fixed_batch(task: Any, query_idx: np.ndarray | None = None) -> Batch:
     """(C', members as queries) of a prepared task, with the labels the run trains on."""
@@ -128,9 +132,14 @@ class EpochResult:
 
 
 class Finetuner:
-    """Fine-tunes one adapter on one or more prepared tasks under a regime."""
+    """Fine-tunes one adapter on one or more prepared tasks under a regime.
 
-    def __init__(self, spec: FinetuneSpec, tasks: Sequence[Any], model: ModelAdapter | None = None) -> None:
+    ``device`` (see :func:`~trainables.models.base.resolve_device`; default: CUDA when the process was
+    given a GPU) holds the model, the optimizer state and every batch; checkpoints are written from CPU
+    copies, so a checkpoint trained on one device loads on any."""
+
+    def __init__(self, spec: FinetuneSpec, tasks: Sequence[Any], model: ModelAdapter | None = None,
+                 device: str | torch.device | None = None) -> None:
         if not tasks:
             raise ConfigError("fine-tuning needs at least one task")
         if spec.regime == Regime.SINGLE_FIXED and len(tasks) != 1:
@@ -139,19 +148,22 @@ class Finetuner:
         self.tasks = list(tasks)
         torch.manual_seed(spec.seed)
         self.model = model or build_model(spec.model, **spec.model_options)
+        self.device = resolve_device(device)
+        self.model.to(self.device)
         self.model.module.train()
         self.optimizer = torch.optim.AdamW(
             self.model.trainable_parameters(), lr=spec.lr, weight_decay=spec.weight_decay
         )
         self.epoch = 0
-        self._fixed = [fixed_batch(t) for t in self.tasks]
-        self._eval_members = [fixed_batch(t) for t in self.tasks]
-        self._eval_nonmembers = [fixed_batch(t, t.nonmember_idx) for t in self.tasks]
+        self._fixed = [fixed_batch(t).to(self.device) for t in self.tasks]
+        self._eval_members = self._fixed
+        self._eval_nonmembers = [fixed_batch(t, t.nonmember_idx).to(self.device) for t in self.tasks]
 
     # ---------------------------------------------------------------------------------------- steps
     def batches(self, epoch: int) -> list[Batch]:
         if self.spec.regime == Regime.MULTI_RANDOM:
-            return [random_batch(t, epoch, self.spec.seed, self.spec.queries_per_step) for t in self.tasks]
+            return [random_batch(t, epoch, self.spec.seed, self.spec.queries_per_step).to(self.device)
+                    for t in self.tasks]
         return self._fixed
 
     def step(self, batch: Batch) -> float:
