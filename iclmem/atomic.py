@@ -55,6 +55,19 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, **dumps: Any) -> P
     return write_text_atomic(path, json.dumps(obj, **options))
 
 
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, inf) replaced by None, for JSON that other tools can read."""
+    import math
+
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
 def write_parquet_atomic(frame: Any, path: str | os.PathLike[str]) -> Path:
     """A DataFrame as Parquet with a CRC32 on every data page (verified on read by
     ``probes.calibration.read_parquet_checked``: without it a flipped byte reads back as a wrong number)."""

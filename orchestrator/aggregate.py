@@ -13,7 +13,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from iclmem.atomic import write_parquet_atomic
-from orchestrator.reports import MANIPULATION_AUC_FILE, RESULTS_FILE, SPLIT_REPORT_FILE, roc_path
+from iclmem.runfolder import MANIPULATION_AUC_FILE, RESULTS_FILE, SPLIT_REPORT_FILE, roc_path
 from probes.probe import ProbeResult
 
 ID_COLUMNS = ["run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed", "epoch"]

@@ -10,13 +10,14 @@ rows with the same label distribution.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from iclmem.atomic import json_safe, write_json_atomic
 from iclmem.errors import ConfigError, DataError
+from iclmem.runfolder import VERDICT_FILE
 from probes.calibration import model_digest
 from probes.manipulations import default_suite
 from probes.outcomes import OutcomeThresholds
@@ -85,5 +86,5 @@ def audit_checkpoint(checkpoint: str, task: str, *, base_model: str = "pfn-mini"
     result = probe_checkpoint(model, prepared, plan, out_dir / "reference", model_digest(base), base, settings,
                               identity, epoch=-1)
     result.save(out_dir / "probes", path.name)
-    (out_dir / "verdict.json").write_text(json.dumps(result.row, indent=1, sort_keys=True, default=str))
+    write_json_atomic(out_dir / VERDICT_FILE, json_safe(result.row), default=str)
     return result.row

@@ -20,7 +20,7 @@ def _default_run_dir(config: str) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.config import load_sweep
-    from orchestrator.pipeline import run_sweep
+    from orchestrator.sweep import run_sweep
 
     sweep = load_sweep(args.config)
     if args.wandb:
@@ -34,7 +34,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from orchestrator.pipeline import run_sweep
+    from orchestrator.sweep import run_sweep
 
     results = run_sweep(None, args.run_dir, address=args.address, resume=True, progress=not args.quiet,
                         num_cpus=args.num_cpus)
@@ -46,7 +46,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     import tempfile
 
     from orchestrator.config import expand_grid, load_sweep
-    from orchestrator.sweep import prepare_sweep
+    from orchestrator.prepare import prepare_sweep
 
     sweep = load_sweep(args.config)
     trials = expand_grid(sweep)

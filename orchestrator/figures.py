@@ -18,6 +18,8 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from iclmem.atomic import atomic_write
+from iclmem.runfolder import FIGURES_DIR, MANIPULATION_AUC_FILE, ROC_DIR
 from iclmem.vocab import Outcome
 from orchestrator import reports as R
 
@@ -33,7 +35,7 @@ _DPI = 100
 
 
 def _figures_dir(run_dir: str | Path) -> Path:
-    d = Path(run_dir) / R.FIGURES_DIR
+    d = Path(run_dir) / FIGURES_DIR
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -41,8 +43,7 @@ def _figures_dir(run_dir: str | Path) -> Path:
 def _save(fig: Figure, run_dir: str | Path, name: str) -> Path:
     FigureCanvasAgg(fig)
     path = _figures_dir(run_dir) / f"{name}.png"
-    fig.savefig(path, dpi=_DPI, bbox_inches="tight", format="png")
-    return path
+    return atomic_write(path, lambda handle: fig.savefig(handle, dpi=_DPI, bbox_inches="tight", format="png"))
 
 
 def _lr_colors(lrs) -> dict[float, Any]:
@@ -303,8 +304,8 @@ def make_all_figures(
             notes[name] = f"could not be drawn ({type(exc).__name__})"
             continue
         if paths[name] is None:
-            notes[name] = "no input data" if name != "roc_curves" else f"no files under {R.ROC_DIR}/"
+            notes[name] = "no input data" if name != "roc_curves" else f"no files under {ROC_DIR}/"
     if manipulation_auc is None:
         paths["perturbation_ranking"] = None
-        notes["perturbation_ranking"] = f"{R.MANIPULATION_AUC_FILE} not found"
+        notes["perturbation_ranking"] = f"{MANIPULATION_AUC_FILE} not found"
     return paths, notes

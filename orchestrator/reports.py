@@ -35,7 +35,6 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
-import json
 import math
 import re
 from pathlib import Path
@@ -44,7 +43,10 @@ from typing import Any, Iterable, Literal, Mapping
 import numpy as np
 import pandas as pd
 
+from iclmem.atomic import write_text_atomic
 from iclmem.errors import DataError
+from iclmem.provenance import PUBLIC_FIELDS, Provenance
+from iclmem.runfolder import MANIPULATION_AUC_FILE, REPORT_FILE, RESULTS_FILE, ROC_DIR, SPLIT_REPORT_FILE, roc_path
 from iclmem.vocab import DETECTABLE as _DETECTABLE
 from iclmem.vocab import MAIN_REGIME as _MAIN_REGIME
 from iclmem.vocab import Outcome, Regime, ScoreKind, values
@@ -56,13 +58,6 @@ MAIN_REGIME: str = _MAIN_REGIME.value
 DETECTABLE: str = _DETECTABLE.value
 RUN_KEY: tuple[str, ...] = ("run_id", "task")
 
-RESULTS_FILE = "results.parquet"
-SPLIT_REPORT_FILE = "split_report.parquet"
-MANIPULATION_AUC_FILE = "manipulation_auc.parquet"
-PROVENANCE_FILE = "provenance.json"
-ROC_DIR = "roc"
-FIGURES_DIR = "figures"
-REPORT_FILE = "report.html"
 
 # --------------------------------------------------------------------------------------------------
 # Allow-lists: the only columns / fields any report, page or logger ever sees.
@@ -87,13 +82,6 @@ SPLIT_COLUMNS: tuple[str, ...] = (
 )
 MANIPULATION_COLUMNS: tuple[str, ...] = ("run_id", "task", "epoch", "manipulation", "category", "auc")
 ROC_COLUMNS: tuple[str, ...] = ("fpr", "tpr")
-# provenance.json: scalar fields shown verbatim, plus a {package: version} mapping.
-PROVENANCE_SCALARS: tuple[str, ...] = (
-    "config_hash", "git_commit", "git_dirty", "sweep_name", "created_at", "iclmem_version", "python",
-    "platform",
-)
-PROVENANCE_PACKAGES = "packages"
-_MAX_PROVENANCE_STR = 200
 
 
 def _allowed_result_column(name: str) -> bool:
@@ -112,29 +100,6 @@ def public_split_report(split: pd.DataFrame) -> pd.DataFrame:
 
 def public_manipulation_auc(manip: pd.DataFrame) -> pd.DataFrame:
     return manip.loc[:, [c for c in MANIPULATION_COLUMNS if c in manip.columns]].copy()
-
-
-def public_provenance(raw: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Provenance reduced to the allow-listed scalar fields and ``packages`` (name -> version strings)."""
-    out: dict[str, Any] = {}
-    if not isinstance(raw, Mapping):
-        return out
-    for key in PROVENANCE_SCALARS:
-        value = raw.get(key)
-        if isinstance(value, (bool, int, float)) and not isinstance(value, complex):
-            out[key] = value
-        elif isinstance(value, str):
-            out[key] = value[:_MAX_PROVENANCE_STR]
-    packages = raw.get(PROVENANCE_PACKAGES)
-    if isinstance(packages, Mapping):
-        pk = {
-            str(name)[:80]: str(version)[:80]
-            for name, version in packages.items()
-            if isinstance(version, (str, int, float)) and re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+", str(name))
-        }
-        if pk:
-            out[PROVENANCE_PACKAGES] = dict(sorted(pk.items()))
-    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -165,20 +130,12 @@ def load_manipulation_auc(run_dir: str | Path) -> pd.DataFrame | None:
 
 
 def load_provenance(run_dir: str | Path) -> dict[str, Any]:
-    path = Path(run_dir) / PROVENANCE_FILE
-    if not path.is_file():
-        return {}
-    try:
-        return public_provenance(json.loads(path.read_text()))
-    except (OSError, ValueError):
-        return {}
+    """The public fields of the run's provenance record (``{}`` when the folder has none)."""
+    record = Provenance.read(run_dir)
+    return record.public() if record is not None else {}
 
 
-_ROC_NAME = re.compile(r"^roc_(?P<run_id>.+)_e(?P<epoch>\d+)\.parquet$")
-
-
-def roc_path(run_dir: str | Path, run_id: str, epoch: int) -> Path:
-    return Path(run_dir) / ROC_DIR / f"roc_{run_id}_e{int(epoch)}.parquet"
+_ROC_NAME = re.compile(r"^roc_(?P<run_id>.+)_e(?P<epoch>\d+)\.parquet$")  # the names roc_path gives
 
 
 def list_roc_files(run_dir: str | Path) -> pd.DataFrame:
@@ -589,7 +546,7 @@ def _img(run_dir: Path, path: Path, alt: str, embed: bool) -> str:
 
 def _provenance_html(prov: Mapping[str, Any], results: pd.DataFrame) -> str:
     items: list[tuple[str, str]] = []
-    for k in PROVENANCE_SCALARS:
+    for k in PUBLIC_FIELDS:
         if k in prov:
             items.append((k, str(prov[k])))
     for col in ("config_hash", "git_commit"):
@@ -598,7 +555,7 @@ def _provenance_html(prov: Mapping[str, Any], results: pd.DataFrame) -> str:
             if vals:
                 shown = ", ".join(vals[:5]) + (f" (+{len(vals) - 5} more)" if len(vals) > 5 else "")
                 items.append((f"{col} (results)", shown))
-    for name, version in prov.get(PROVENANCE_PACKAGES, {}).items():
+    for name, version in prov.get("packages", {}).items():
         items.append((f"package {name}", version))
     items.append(("report generated", _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")))
     dl = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items)
@@ -721,6 +678,4 @@ def write_html_report(
         f"<script>{_IMG_CHECK_JS}</script></head>"
         f"<body><h1>{html.escape(page_title)}</h1>{''.join(parts)}</body></html>\n"
     )
-    out = run_dir / REPORT_FILE
-    out.write_text(doc, encoding="utf-8")
-    return out
+    return write_text_atomic(run_dir / REPORT_FILE, doc)

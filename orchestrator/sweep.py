@@ -1,142 +1,392 @@
-"""The sweep driver: Stage I, fine-tuning on Ray Tune, probing as checkpoints land, aggregation.
+"""Ray side of a sweep: Tune trials, probe pool fed by a checkpoint callback, results table.
 
-Order of work, chosen so that mistakes cost nothing: the sweep file is validated and every task is
-prepared (and checked against every model's limits) *before* Ray starts; then Tune runs the trials and a
-callback hands each checkpoint to the probe pool the moment Tune has written it; at the end a catch-up
-pass probes any checkpoint that has no result yet (after a crash or a resume), so results are complete
-and each is computed once.
+``run_sweep`` and ``resume_sweep`` are the entry points the CLI calls. Everything a run writes lives
+under ``RUN_DIR``: ``prepared/`` (Stage I cache), ``tune/`` (Tune storage, unless ``storage_path`` is
+remote), ``probes/`` (one result per checkpoint, written atomically), ``results.parquet`` and the
+reports, ``wandb/`` (offline runs).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from iclmem.errors import ConfigError, IclmemError
-from iclmem.provenance import git_commit, package_versions
-from iclmem.vocab import BASE_MODEL_ROW, Regime
-from orchestrator.config import SweepConfig, TaskConfig, TrialSpec, expand_grid
-from trainables.data import LabelMode, PreparedTask, PrepSettings, TaskSource, load_or_prepare
+import pandas as pd
 
-EXPERIMENT_NAME = "tune"
-
-
-# ------------------------------------------------------------------------------------------- provenance
-def provenance(sweep: SweepConfig) -> dict[str, Any]:
-    from trainables.models.embedded import shipped_provenance
-
-    return {
-        "config": sweep.model_dump(mode="json"), "config_hash": sweep.config_hash(), "git_commit": git_commit(),
-        "versions": package_versions(), "seeds": sweep.grid.seed,
-        "embedded_model": {k: v for k, v in shipped_provenance().items() if k in ("command", "seed", "steps", "versions")},
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+from iclmem.atomic import write_json_atomic
+from iclmem.errors import ConfigError
+from iclmem.raysession import ensure_ray
+from iclmem.runfolder import PREPARED_DIR, PROBES_DIR, REFERENCE_DIR, SWEEP_FILE, TUNE_DIR, WANDB_DIR
+from orchestrator.config import SweepConfig, load_sweep, parse_sweep
+from orchestrator.prepare import EXPERIMENT_NAME, PreparedSweep, prepare_sweep, provenance, trial_config
 
 
-# ------------------------------------------------------------------------------------------- Stage I
-def task_source(task: TaskConfig) -> TaskSource:
-    if task.carte:
-        return TaskSource(task.name, "carte", task.carte, task.target, task.task)
-    if task.path:
-        return TaskSource(task.name, "table", task.path, task.target, task.task)
-    return TaskSource(task.builtin or task.name, "builtin", None, task.target, task.task)
+# ------------------------------------------------------------------------------------------- storage
+def check_storage(storage_path: str) -> None:
+    """Tune needs storage every node can reach: refuse a plain local path on a multi-host cluster."""
+    import ray
+
+    if "://" in storage_path:
+        return
+    hosts = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+    declared_shared = os.environ.get("ICLMEM_SHARED_STORAGE") or (
+        os.environ.get("ICLMEM_STORAGE") and storage_path.startswith(os.environ["ICLMEM_STORAGE"].rstrip("/")))
+    if len(hosts) > 1 and not declared_shared:
+        raise ConfigError(
+            f"storage_path {storage_path!r} is a local folder, but the cluster spans {len(hosts)} hosts: Tune "
+            "writes checkpoints on the worker that produced them and restores trials on other nodes, so every "
+            "node must see the same storage. Set storage_path to s3://..., gs://..., or an NFS mount present "
+            "on every node (export ICLMEM_STORAGE=<shared root> as cluster.yaml does, or ICLMEM_SHARED_STORAGE=1 to "
+            "confirm that storage_path is a shared mount)."
+        )
 
 
-@dataclass(frozen=True)
-class PreparedSweep:
-    sweep: SweepConfig
-    trials: tuple[TrialSpec, ...]
-    tasks: dict[str, PreparedTask]  # fingerprint -> prepared task
-    trial_tasks: dict[str, tuple[str, ...]]  # run_id -> fingerprints of its tasks
-    controls: tuple[tuple[str, dict[str, Any]], ...] = field(default=())  # (fingerprint, identity) per base-model control
+# ------------------------------------------------------------------------------------------- progress
+class Progress:
+    def __init__(self, n_trials: int, enabled: bool = True, log: Callable[[str], None] = print) -> None:
+        self.n_trials, self.enabled, self.log = n_trials, enabled, log
+        self.done = self.failed = self.running = 0
+        self.verdicts: dict[tuple[str, int], str] = {}  # (run_id, epoch) -> outcome; a re-probe counts once
+        self._last_line = ""
+        self._last_time = 0.0
+
+    def outcome(self, row: dict[str, Any]) -> None:
+        self.verdicts[(row["run_id"], int(row["epoch"]))] = row["outcome"]
+
+    def show(self, force: bool = False) -> None:
+        """Print a status line when something changed, and at least every 30 s while work goes on."""
+        counts: dict[str, int] = {}
+        for outcome in self.verdicts.values():
+            counts[outcome] = counts.get(outcome, 0) + 1
+        outcomes = " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "-"
+        line = (f"[iclmem] trials {self.done}/{self.n_trials} done, {self.running} running, {self.failed} failed | "
+                f"checkpoints probed {len(self.verdicts)} | outcomes {outcomes}")
+        now = time.monotonic()
+        if self.enabled and (force or line != self._last_line or now - self._last_time > 30):
+            self.log(line)
+            self._last_line, self._last_time = line, now
 
 
-def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None] = print,
-                  source: str = "sweep") -> PreparedSweep:
-    """Stage I for every (task, Q, label mode, seed) of the grid; fails before any Ray work."""
+class ProbeOnCheckpoint:
+    """Tune callback that hands each checkpoint to the probe pool the moment Tune has written it.
+
+    Tune pickles its callbacks into the experiment state; the pool (live actor handles) is left out of
+    that state and re-attached by ``iclmem resume``, since handles of a dead driver cannot be restored.
+    """
+
+    def __init__(self, pool: Any, probes_dir: Path, progress: Progress) -> None:
+        self.attach(pool, probes_dir, progress)
+
+    def attach(self, pool: Any, probes_dir: Path, progress: Progress) -> None:
+        self.pool, self.probes_dir, self.progress = pool, probes_dir, progress
+        self.submitted: set[tuple[str, str]] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"probes_dir": self.probes_dir}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.pool, self.progress, self.probes_dir, self.submitted = None, None, state["probes_dir"], set()
+
+    # Tune's Callback interface (duck-typed so this class stays importable without a Tune subclass).
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        if self.pool is None:
+            return
+        epoch = int((trial.last_result or {}).get("epoch", -1))
+        job = job_for(_unwrap(trial.config), epoch, checkpoint, self.probes_dir)
+        if (job.out_dir, job.stem) not in self.submitted:
+            self.submitted.add((job.out_dir, job.stem))
+            self.pool.submit(job)
+
+    def on_step_end(self, iteration, trials, **info):
+        if self.pool is None:
+            return
+        for row in self.pool.poll():
+            self.progress.outcome(row)
+        self.progress.running = sum(t.status == "RUNNING" for t in trials)
+        self.progress.done = sum(t.status == "TERMINATED" for t in trials)
+        self.progress.failed = sum(t.status == "ERROR" for t in trials)
+        self.progress.show()
+
+
+def _tune_callback(pool: Any, probes_dir: Path, progress: Progress):
+    from ray.tune import Callback
+
+    class _ProbeOnCheckpoint(ProbeOnCheckpoint, Callback):
+        pass
+
+    return _ProbeOnCheckpoint(pool, probes_dir, progress)
+
+
+def job_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Path):
+    from probes.actors import ProbeJob
+
+    identity = dict(config["identity"])
+    return ProbeJob(identity=identity, epoch=epoch, checkpoint=checkpoint, task_key=config["task_keys"][0],
+                    out_dir=str(probes_dir / identity["run_id"]), stem=f"e{epoch:04d}",
+                    recipe={"finetune": config["finetune"], "task_keys": list(config["task_keys"]),
+                            "torch_threads": int(config.get("torch_threads", 1))})
+
+
+# ------------------------------------------------------------------------------------------- the sweep
+def _tuner(prepared: PreparedSweep, run_dir: Path, callbacks: list, restore: bool):
+    from ray import tune
+
+    from trainables.trainable import finetune_trainable
+
+    sweep = prepared.sweep
+    storage = storage_for(sweep, run_dir)
+    check_storage(storage)
+    res = sweep.resources
+    trainable = tune.with_resources(
+        tune.with_parameters(finetune_trainable, prepared=prepared.tasks),
+        {"cpu": res.cpus_per_trial, "gpu": res.gpus_per_trial, **res.trial_resources},
+    )
+    if restore:
+        path = f"{storage.rstrip('/')}/{EXPERIMENT_NAME}"
+        if not tune.Tuner.can_restore(path):
+            raise ConfigError(f"nothing to resume at {path}: no Tune experiment state there")
+        return tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
+    configs = [trial_config(t, prepared) for t in prepared.trials]
+    failure = tune.FailureConfig(max_failures=sweep.max_failures)
+    run_config = tune.RunConfig(
+        name=EXPERIMENT_NAME, storage_path=storage, failure_config=failure, callbacks=callbacks,
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=None), verbose=0,
+    )
+    tune_config = tune.TuneConfig(max_concurrent_trials=res.max_concurrent_trials)
+    return tune.Tuner(trainable, param_space=_flat_space(configs), tune_config=tune_config, run_config=run_config)
+
+
+def reattach(tuner: Any, pool: Any, probes_dir: Path, progress: Progress) -> None:
+    """Give the restored probe callback the new driver's pool. Tune offers no public hook for this;
+    if its internals move, probing still completes in the catch-up pass after ``fit``."""
+    try:
+        callbacks = tuner._local_tuner.get_run_config().callbacks or []
+    except AttributeError:
+        return
+    for callback in callbacks:
+        if isinstance(callback, ProbeOnCheckpoint):
+            callback.attach(pool, probes_dir, progress)
+
+
+def storage_for(sweep: SweepConfig, run_dir: Path) -> str:
+    """The sweep's storage_path; else $ICLMEM_STORAGE/<sweep>-<config hash> (set on clusters); else RUN_DIR/tune."""
+    if sweep.storage_path:
+        return sweep.storage_path
+    shared = os.environ.get("ICLMEM_STORAGE")
+    if shared:
+        return f"{shared.rstrip('/')}/{sweep.name}-{sweep.config_hash()}"
+    return str((run_dir / TUNE_DIR).resolve())
+
+
+def _flat_space(configs: list[dict[str, Any]]) -> dict[str, Any]:
+    # One grid axis whose values are whole trial configs: Tune then names trials by index and each
+    # trial's config is exactly what ``trial_config`` built (no cross product we did not ask for).
+    from ray import tune
+
+    return {"__trial__": tune.grid_search(configs)}
+
+
+def _unwrap(config: dict[str, Any]) -> dict[str, Any]:
+    return config.get("__trial__", config)
+
+
+def wandb_callbacks(sweep: SweepConfig, run_dir: Path) -> list:
+    if sweep.wandb.mode == "disabled":
+        return []
+    from orchestrator.wandb_logger import resolve_wandb_mode
+
+    mode = resolve_wandb_mode(sweep.wandb.mode)
+    if mode == "disabled":
+        return []
+    os.environ["WANDB_MODE"] = mode  # the key itself stays in the environment only, never in a file
+    os.environ.setdefault("WANDB_SILENT", "true")
+    (run_dir / WANDB_DIR).mkdir(parents=True, exist_ok=True)
+    # Trial configs hold ids and hyperparameters only; prepared rows travel via with_parameters, not config.
+    return [key_safe_wandb_callback(online=mode == "online")(
+        project=sweep.wandb.project, group=sweep.name, entity=sweep.wandb.entity, dir=str(run_dir), log_config=True)]
+
+
+def key_safe_wandb_callback(online: bool) -> type:
+    """Ray's ``WandbLoggerCallback`` with the API key kept out of every log.
+
+    Ray hands ``WANDB_API_KEY`` to its logging actors as a runtime-env variable, and Ray's
+    runtime-env agent writes each runtime env, variables included, in plain text to
+    ``/tmp/ray/session_*/logs/runtime_env_agent.log`` on the node. This subclass hides the key from
+    Ray while the actor is created; offline, the actor gets no key at all (it needs none); online, the key
+    travels as an actor-constructor argument (serialized with the task, never logged) and the actor
+    puts it in its own environment before ``wandb.init``."""
+    from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
+
+    class _LoggingActor(_WandbLoggingActor):
+        def __init__(self, *args: Any, iclmem_wandb_key: str | None = None, **kwargs: Any) -> None:
+            if iclmem_wandb_key:
+                os.environ["WANDB_API_KEY"] = iclmem_wandb_key
+            super().__init__(*args, **kwargs)
+
+    class KeySafeWandbLoggerCallback(WandbLoggerCallback):
+        _logger_actor_cls = _LoggingActor
+
+        def _start_logging_actor(self, trial: Any, exclude_results: list, **wandb_init_kwargs: Any) -> None:
+            key = os.environ.pop("WANDB_API_KEY", None)
+            try:
+                if key and online:
+                    wandb_init_kwargs["iclmem_wandb_key"] = key
+                super()._start_logging_actor(trial, exclude_results, **wandb_init_kwargs)
+            finally:
+                if key is not None:
+                    os.environ["WANDB_API_KEY"] = key
+
+    return KeySafeWandbLoggerCallback
+
+
+def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: SweepConfig | None = None,
+              address: str | None = None, resume: bool = False, progress: bool = True,
+              num_cpus: int | None = None, log: Callable[[str], None] = print) -> pd.DataFrame:
+    """Run (or resume) a whole sweep; returns the results table (also at ``RUN_DIR/results.parquet``)."""
+    import ray
+
+    from orchestrator.aggregate import aggregate
+
+    run_dir = Path(run_dir).resolve()
+    if resume:
+        stored = run_dir / SWEEP_FILE
+        if not stored.is_file():
+            raise ConfigError(f"{run_dir} holds no {SWEEP_FILE}: not an iclmem run folder")
+        sweep = parse_sweep(json.loads(stored.read_text()), str(stored))
+    elif sweep is None:
+        sweep = load_sweep(config_path)
+    source = str(config_path) if config_path else str(run_dir / SWEEP_FILE) if resume else f"sweep {sweep.name!r}"
+    prepared = prepare_in_place_or_staged(sweep, run_dir, log=log if progress else (lambda _m: None), source=source)
+    write_json_atomic(run_dir / SWEEP_FILE, sweep.model_dump(mode="json"))
+    provenance(sweep).write(run_dir)
+
+    started = ensure_ray(address, num_cpus=num_cpus)
+    pool = None
+    try:
+        pool = start_probe_pools(prepared, run_dir)
+        probes_dir = run_dir / PROBES_DIR
+        prog = Progress(len(prepared.trials), enabled=progress, log=log)
+        for key, identity in prepared.controls:
+            from probes.actors import ProbeJob
+
+            pool.submit(ProbeJob(identity, 0, None, key, str(probes_dir / identity["run_id"]), "e0000"))
+        callbacks = [_tune_callback(pool, probes_dir, prog)] + wandb_callbacks(sweep, run_dir)
+        tuner = _tuner(prepared, run_dir, callbacks, restore=resume)
+        if resume:
+            reattach(tuner, pool, probes_dir, prog)
+        grid = tuner.fit()
+        # Catch-up: every checkpoint on storage gets a result (already-probed ones return at once).
+        for result in grid:
+            config = _unwrap(result.config or {})
+            if not config:
+                continue
+            for checkpoint, metrics in result.best_checkpoints or []:
+                pool.submit(job_for(config, int(metrics["epoch"]), checkpoint, probes_dir))
+        for row in pool.drain():
+            prog.outcome(row)
+        prog.show(force=True)
+        for note in pool.notes:
+            log(f"[iclmem] WARNING {note}")
+        if pool.failed:
+            failed = [f"{j.identity.get('run_id', '?')}/{j.stem}" for j, _ in pool.failed]
+            log(f"[iclmem] {len(pool.failed)} probe job(s) failed after retries: {failed}; first error: {pool.failed[0][1][:2000]}")
+        results = aggregate(run_dir, prepared, log=log)
+        if pool.failed:
+            from iclmem.errors import ProbeError
+
+            raise ProbeError(
+                f"{len(pool.failed)} checkpoint(s) could not be probed (first error above); every other result is "
+                f"saved in {run_dir}. `iclmem resume {run_dir}` probes the missing ones again."
+            )
+        return results
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        if started:
+            ray.shutdown()
+
+
+def prepare_in_place_or_staged(sweep: SweepConfig, run_dir: Path, log: Callable[[str], None],
+                               source: str = "sweep") -> PreparedSweep:
+    """Stage I for a new run folder happens in a staging folder renamed into place on success, so a
+    sweep refused for bad input leaves no partial output behind."""
+    import shutil
+
+    if run_dir.exists():
+        return prepare_sweep(sweep, run_dir / PREPARED_DIR, log=log, source=source)
+    staging = run_dir.with_name(f".{run_dir.name}.staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        prepared = prepare_sweep(sweep, staging / PREPARED_DIR, log=log, source=source)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging.rename(run_dir)
+    return prepared
+
+
+class ProbePools:
+    """One probe pool per model of the sweep, each holding that model's own base as the reference;
+    jobs are routed by the (model, options) of the run they come from."""
+
+    def __init__(self, pools: dict[tuple[str, str], Any]) -> None:
+        self.pools = pools
+
+    def submit(self, job: Any) -> None:
+        self.pools[(job.identity["model"], job.identity["model_options"])].submit(job)
+
+    def poll(self, timeout: float = 0.0) -> list[dict[str, Any]]:
+        return [row for pool in self.pools.values() for row in pool.poll(timeout=timeout / len(self.pools))]
+
+    def drain(self) -> list[dict[str, Any]]:
+        return [row for pool in self.pools.values() for row in pool.drain()]
+
+    @property
+    def failed(self) -> list:
+        return [f for pool in self.pools.values() for f in pool.failed]
+
+    @property
+    def notes(self) -> list[str]:
+        return [n for pool in self.pools.values() for n in pool.notes]
+
+    def shutdown(self) -> None:
+        for pool in self.pools.values():
+            pool.shutdown()
+
+
+def start_probe_pools(prepared: PreparedSweep, run_dir: Path) -> ProbePools:
+    import ray
+
+    from probes.actors import ProbePool
+    from probes.calibration import model_digest
+    from probes.outcomes import OutcomeThresholds
+    from probes.probe import ProbeSettings
     from trainables.models import build_model
 
-    settings = PrepSettings(regression_bins=sweep.data.regression_bins, max_features=sweep.data.max_features,
-                            context_size=sweep.data.context_size)
-    by_name = {t.name: t for t in sweep.tasks}
-    index_of = {t.name: i for i, t in enumerate(sweep.tasks)}
-    tasks: dict[str, PreparedTask] = {}
-    memo: dict[tuple, str] = {}
-    trials = expand_grid(sweep)
-    trial_tasks: dict[str, tuple[str, ...]] = {}
-    errors: list[str] = []
-    for trial in trials:
-        keys = []
-        # multi_random trains on a pool of Q + context_size member rows (all of them members), so its
-        # split draws that many members and as many non-members.
-        members = trial.q + sweep.data.context_size if trial.regime == Regime.MULTI_RANDOM else trial.q
-        for name in trial.task.split("+"):
-            memo_key = (name, members, trial.label_mode, trial.seed)
-            if memo_key not in memo:
-                try:
-                    task = load_or_prepare(task_source(by_name[name]), settings, LabelMode(trial.label_mode),
-                                           trial.seed, q=members, cache_dir=cache_dir)
-                except Exception as exc:  # collect every task's problem, then fail once
-                    if isinstance(exc, IclmemError):
-                        errors.append(f"tasks.{index_of[name]} ({name!r}, q={trial.q}, label_mode={trial.label_mode}, "
-                                      f"seed={trial.seed}): {exc}")
-                        memo[memo_key] = ""
-                        continue
-                    raise
-                tasks[task.fingerprint] = task
-                memo[memo_key] = task.fingerprint
-                log(f"prepared {name} members={members} {trial.label_mode} seed={trial.seed}: "
-                    f"{task.features.shape[0]} rows, {task.n_features} features, {task.n_classes} classes")
-            keys.append(memo[memo_key])
-        trial_tasks[trial.run_id] = tuple(keys)
-    if errors:
-        raise ConfigError(f"{source}: Stage I failed before any cluster work:\n  - " + "\n  - ".join(dict.fromkeys(errors)))
-    for model_cfg in sweep.models:
-        model = build_model(model_cfg.name, **{**model_cfg.options, "weights": "random"})
-        for task in tasks.values():
-            if task.n_classes > model.max_classes:
-                errors.append(f"tasks ({task.name!r}) has {task.n_classes} candidate labels; models ({model_cfg.name!r}) supports at most {model.max_classes}: lower data.regression_bins or choose another model")
-            if task.n_features + 2 > model.max_features:  # the suite's distractors add up to 2 columns
-                errors.append(f"task {task.name!r} has {task.n_features} features (+2 distractors); model {model_cfg.name!r} takes at most {model.max_features}: lower data.max_features")
-    if errors:
-        raise ConfigError(f"{source}: tasks do not fit the models:\n  - " + "\n  - ".join(dict.fromkeys(errors)))
-    controls = []
-    if sweep.probe.base_as_checkpoint:
-        seen = set()
-        for trial in trials:
-            key = (trial.task, trial.model, trial.q, trial.label_mode, trial.seed, trial.regime == Regime.MULTI_RANDOM)
-            if trial.regime == Regime.MULTI_FIXED or key in seen:
-                continue
-            seen.add(key)
-            pool = "-pool" if trial.regime == Regime.MULTI_RANDOM else ""
-            model_key = hashlib.sha1(json.dumps([trial.model, dict(trial.model_options)], sort_keys=True,
-                                                default=str).encode()).hexdigest()[:6]
-            run_id = f"{trial.task[:24]}-base{pool}-q{trial.q}-{trial.label_mode}-s{trial.seed}-{trial.model}-{model_key}"
-            identity = {**_identity(trial, sweep), "run_id": run_id, "regime": BASE_MODEL_ROW, "lr": 0.0}
-            controls.append((trial_tasks[trial.run_id][0], identity))
-    return PreparedSweep(sweep, tuple(trials), tasks, trial_tasks, tuple(controls))
-
-
-def _identity(trial: TrialSpec, sweep: SweepConfig) -> dict[str, Any]:
-    return {"run_id": trial.run_id, "task": trial.task, "model": trial.model,
-            "model_options": json.dumps(dict(trial.model_options), sort_keys=True), "regime": trial.regime,
-            "lr": trial.lr, "q": trial.q, "label_mode": trial.label_mode, "seed": trial.seed,
-            "config_hash": sweep.config_hash(), "git_commit": git_commit()}
-
-
-def trial_config(trial: TrialSpec, prepared: PreparedSweep) -> dict[str, Any]:
     sweep = prepared.sweep
-    t = sweep.training
-    return {
-        "run_id": trial.run_id,
-        "task_keys": list(prepared.trial_tasks[trial.run_id]),
-        "identity": _identity(trial, sweep),
-        "finetune": {"model": trial.model, "model_options": dict(trial.model_options), "regime": trial.regime,
-                     "lr": trial.lr, "epochs": t.epochs, "checkpoint_epochs": list(t.checkpoint_epochs),
-                     "every_epoch": t.every_epoch, "grad_clip": t.grad_clip, "weight_decay": t.weight_decay,
-                     "seed": trial.seed, "queries_per_step": trial.q if trial.regime == Regime.MULTI_RANDOM else None},
-    }
+    thresholds = OutcomeThresholds.from_dict(sweep.outcome.model_dump())
+    settings = ProbeSettings(n_resamples=sweep.probe.bootstrap, thresholds=thresholds)
+    res = sweep.resources
+    options = {"num_cpus": res.cpus_per_probe_actor, "num_gpus": res.gpus_per_probe_actor}
+    if res.probe_resources:
+        options["resources"] = dict(res.probe_resources)
+    cache = run_dir / REFERENCE_DIR
+    cache.mkdir(parents=True, exist_ok=True)
+    tasks = ray.put(prepared.tasks)  # one copy in the object store for every pool
+    pools = {}
+    for model_cfg in sweep.models:
+        key = (model_cfg.name, json.dumps(dict(model_cfg.options), sort_keys=True))
+        if key in pools:
+            continue
+        base = build_model(model_cfg.name, **model_cfg.options)
+        pools[key] = ProbePool(
+            res.probe_actors, options,
+            base_model_name=model_cfg.name, base_options=dict(model_cfg.options),
+            base_weights=ray.put(base.state_arrays()), base_digest=model_digest(base),
+            tasks=tasks, suite_spec=sweep.probe.suite, settings=settings, cache_dir=str(cache),
+        )
+    return ProbePools(pools)

@@ -28,6 +28,8 @@ from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 import numpy as np
 import pandas as pd
 
+from iclmem.atomic import write_parquet_atomic
+from iclmem.runfolder import MANIPULATION_AUC_FILE, RESULTS_FILE, SPLIT_REPORT_FILE
 from orchestrator import reports as R
 
 log = logging.getLogger(__name__)
@@ -305,20 +307,20 @@ class WandbResultsLogger:
 
         export = run_dir / "wandb" / "export"
         export.mkdir(parents=True, exist_ok=True)
-        files = {R.RESULTS_FILE: public, "peak_checkpoints.parquet": peak_table}
+        files = {RESULTS_FILE: public, "peak_checkpoints.parquet": peak_table}
         split = R.load_split_report(run_dir)
         if split is not None:
-            files[R.SPLIT_REPORT_FILE] = split
+            files[SPLIT_REPORT_FILE] = split
         manip = R.load_manipulation_auc(run_dir)
         if manip is not None:
-            files[R.MANIPULATION_AUC_FILE] = manip
+            files[MANIPULATION_AUC_FILE] = manip
         name = _safe(f"iclmem-results-{self.group or run_dir.name}").replace("=", "-")
         art = wandb.Artifact(name=name, type="iclmem-results",
                              description="IclMem results (public columns only: ids, config, metrics)",
                              metadata={"n_checkpoints": int(len(public))})
         for fname, df in files.items():
             path = export / fname
-            df.to_parquet(path, index=False)
+            write_parquet_atomic(df, path)
             art.add_file(str(path), name=fname, policy="immutable", skip_cache=True)
         return art
 

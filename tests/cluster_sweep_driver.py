@@ -40,7 +40,7 @@ def main(sweep_json: str, run_dir: str) -> int:
     from ray._private import state
 
     from orchestrator.config import parse_sweep
-    from orchestrator.pipeline import run_sweep
+    from orchestrator.sweep import run_sweep
     from simulated_cluster import start_cluster
 
     started = time.monotonic()

@@ -11,12 +11,14 @@ column in every parquet, and a raw-record config field in ``provenance.json``.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import struct
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from iclmem.provenance import Provenance
 
 CANARY = "CANARY-raw-row-7f3a9c-DO-NOT-LEAK"
 EPOCHS = (0, 1, 2, 5, 10)
@@ -212,12 +214,10 @@ def make_synthetic_run_dir(root: str | Path, *, with_optional: bool = True) -> P
             continue
         _roc(min(max(r.auc, 0.05), 0.95)).to_parquet(roc_dir / f"roc_{r.run_id}_e{r.epoch}.parquet", index=False)
 
-    (run_dir / "provenance.json").write_text(json.dumps({
-        "config_hash": "cfg123", "git_commit": "abc123", "sweep_name": "synthetic",
-        "packages": {"numpy": np.__version__, "pandas": pd.__version__},
-        "sweep_config": {"tasks": [{"name": "bin_task", "raw_records": [CANARY]}]},
-        "raw_record": CANARY,
-    }))
+    # Made by the real writer; the config holds a raw record, which must not reach any report.
+    record = Provenance.collect(kind="tabular", sweep_name="synthetic", config_hash="cfg123", seeds=[0],
+                                config={"tasks": [{"name": "bin_task", "raw_records": [CANARY]}]})
+    dataclasses.replace(record, git_commit="abc123").write(run_dir)
     return run_dir
 
 

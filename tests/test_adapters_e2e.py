@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config import parse_sweep
-from orchestrator.pipeline import run_sweep
+from orchestrator.sweep import run_sweep
 from trainables.models.extras import extra_is_installed
 
 TABICL_TINY = dict(embed_dim=16, col_num_blocks=1, col_nhead=2, col_num_inds=8, row_num_blocks=1, row_nhead=2,

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from orchestrator.pipeline import run_sweep
+from orchestrator.sweep import run_sweep
 from iclmem.errors import IclmemError
 
 BASE = {

@@ -173,7 +173,7 @@ def test_a_probe_actor_recomputes_a_corrupt_checkpoint_from_its_recipe_and_score
 def test_a_trial_whose_latest_checkpoint_was_truncated_is_recomputed_by_tune(ray_session, iris_task, tmp_path, fault_ledger):
     from ray import tune
 
-    from trainables.trainable import finetune_trainable
+    from fault_injection import faulty_trainable
 
     storage = tmp_path / "tune"
     markers = tmp_path / "markers"
@@ -189,7 +189,7 @@ def test_a_trial_whose_latest_checkpoint_was_truncated_is_recomputed_by_tune(ray
                      _fault_kind="truncate_latest_checkpoint", _fault_storage=str(storage)),
                trial("clean")]
     grid = tune.Tuner(
-        tune.with_parameters(finetune_trainable, prepared={iris_task.fingerprint: iris_task}),
+        tune.with_parameters(faulty_trainable, prepared={iris_task.fingerprint: iris_task}),
         param_space={"__trial__": tune.grid_search(configs)},
         run_config=tune.RunConfig(name="corrupt", storage_path=str(storage), verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=1)),

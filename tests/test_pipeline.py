@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from orchestrator.config import parse_sweep
-from orchestrator.pipeline import run_sweep
+from orchestrator.sweep import run_sweep
 
 CANARY = "CANARY-q7x3-do-not-leak"
 FAKE_WANDB_KEY = "local-0123456789abcdef0123456789abcdef01234567"  # shaped like a real key; never sent
@@ -120,6 +120,33 @@ def test_reports_and_figures_are_written(sweep_run):
     assert any("report" in line for line in logs)
     split = pd.read_parquet(run_dir / "split_report.parquet")
     assert (split["tvd"] < 0.05).all()
+
+
+def test_provenance_written_by_the_sweep_reaches_the_report_and_the_wandb_summary(sweep_run):
+    """One writer, one reader: the record a real sweep wrote is read back whole, and its package
+    versions (and config hash) are shown in report.html and logged with the W&B summary run."""
+    from synthetic_run_dir import read_wandb_records
+
+    from iclmem.provenance import Provenance
+
+    run_dir, results, _ = sweep_run
+    record = Provenance.read(run_dir)
+    assert record is not None and record.kind == "tabular" and record.sweep_name == "e2e"
+    assert record.config_hash == results["config_hash"].iloc[0] and record.seeds == (0,)
+    assert record.packages["torch"] == torch_version() and "ray" in record.packages
+    page = (run_dir / "report.html").read_text()
+    for name in ("torch", "ray", "numpy"):
+        assert f"package {name}</dt><dd>{record.packages[name]}</dd>" in page, name
+    summary = [r for p in _wandb_runs(run_dir) for r in [read_wandb_records(p)] if "results_table" in str(r)]
+    assert len(summary) == 1
+    config_items = "\n".join(str(r.config) for r in summary[0] if r.HasField("config"))
+    assert record.packages["torch"] in config_items and record.config_hash in config_items
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 def _wandb_runs(run_dir: Path) -> list[Path]:

@@ -38,7 +38,7 @@ def _final_weights(result) -> dict[str, torch.Tensor]:
 def test_a_trial_that_crashes_resumes_from_its_last_checkpoint_bit_exactly(ray_session, tmp_path, fault, fault_ledger):
     from ray import tune
 
-    from trainables.trainable import finetune_trainable
+    from fault_injection import faulty_trainable
 
     task = prepare_task(TaskSource("iris", "builtin"), seed=0, q=30, context_size=60)
     markers = tmp_path / "markers"
@@ -48,7 +48,7 @@ def test_a_trial_that_crashes_resumes_from_its_last_checkpoint_bit_exactly(ray_s
         _trial(task, "clean"),
     ]
     tuner = tune.Tuner(
-        tune.with_parameters(finetune_trainable, prepared={task.fingerprint: task}),
+        tune.with_parameters(faulty_trainable, prepared={task.fingerprint: task}),
         param_space={"__trial__": tune.grid_search(configs)},
         run_config=tune.RunConfig(name="faults", storage_path=str(tmp_path / "tune"), verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=1)),
@@ -114,7 +114,7 @@ def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, 
     assert sorted(results.groupby("run_id")["epoch"].apply(list).map(sorted).map(tuple).unique()) == [(2, 8)]
 
     # The resumed sweep's results equal an uninterrupted run of the same config and seed.
-    from orchestrator.pipeline import run_sweep
+    from orchestrator.sweep import run_sweep
 
     clean = run_sweep(config, tmp_path / "clean", progress=False)
     volatile = ["probe_seconds", "probe_node"]

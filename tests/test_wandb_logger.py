@@ -250,7 +250,7 @@ def test_tune_logging_actors_get_the_key_only_online_and_never_as_a_logged_runti
 
     import ray
 
-    from orchestrator.pipeline import key_safe_wandb_callback
+    from orchestrator.sweep import key_safe_wandb_callback
 
     shipped = key_safe_wandb_callback(online=online)
 

@@ -17,44 +17,7 @@ from typing import Any
 from ray import tune
 
 from iclmem.errors import CorruptCheckpointError
-from trainables.finetune import FinetuneSpec, Finetuner
-
-
-def _maybe_inject_fault(epoch: int, config: dict[str, Any]) -> None:
-    """Test hook for fault-injection tests: raise once at ``_fault_once_at_epoch`` (a marker file in
-    ``_fault_marker_dir`` remembers it fired, so the retried trial runs through)."""
-    at, marker_dir = config.get("_fault_once_at_epoch"), config.get("_fault_marker_dir")
-    if at is None or marker_dir is None or int(at) != epoch:
-        return
-    marker = Path(marker_dir) / f"fault_{config['run_id']}"
-    if marker.exists():
-        return
-    marker.write_text(str(epoch))
-    if config.get("_fault_kind") == "truncate_latest_checkpoint":  # a half-written upload, then a crash
-        _truncate_latest_checkpoint(Path(config["_fault_storage"]), config["run_id"])
-    if config.get("_fault_kind") == "sigkill":  # the worker process dies as if the node's OOM killer struck
-        import os
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
-    raise RuntimeError(f"injected fault at epoch {epoch}")
-
-
-def _truncate_latest_checkpoint(storage: Path, run_id: str) -> None:
-    """Test hook: cut this run's newest persisted checkpoint weights in half (found by the run id in the
-    manifests under Tune's storage folder)."""
-    import json
-
-    from trainables.finetune import META_FILE, MODEL_FILE
-
-    mine = []
-    for manifest in storage.rglob(META_FILE):
-        meta = json.loads(manifest.read_text())
-        if meta.get("metrics", {}).get("run_id") == run_id:
-            mine.append((int(meta["epoch"]), manifest.parent / MODEL_FILE))
-    _epoch, weights = max(mine)
-    data = weights.read_bytes()
-    weights.write_bytes(data[: len(data) // 2])
+from trainables.finetune import Finetuner, FinetuneSpec
 
 
 def resume_or_recompute(finetuner: Finetuner, directory: str | Path, run_id: str) -> bool:
@@ -89,7 +52,6 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
     identity = {"run_id": config["run_id"]}
 
     while finetuner.epoch < spec.epochs:
-        _maybe_inject_fault(finetuner.epoch + 1, config)
         result = finetuner.run_epoch()
         metrics = {**identity, "epoch": result.epoch, "train_loss": result.train_loss,
                    "diverged": result.diverged, **result.metrics}

@@ -1,0 +1,73 @@
+"""Fault injection for the fault suite, from the test side: production code has no hooks for it.
+
+``faulty_trainable`` is the production trainable with ``Finetuner.run_epoch`` wrapped, in the worker
+process only, so that a trial whose config carries ``_fault_once_at_epoch`` fails once just before that
+epoch (an exception, a SIGKILL of its worker, or a truncated latest checkpoint and then a crash). A marker
+file in ``_fault_marker_dir`` remembers that the fault fired, so the retried trial runs through.
+This module is pickled by value, so Ray workers need not import it from the tests folder.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import ray.cloudpickle
+
+from trainables.finetune import Finetuner
+from trainables.trainable import finetune_trainable
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def faulty_trainable(config: dict[str, Any], prepared: dict[str, Any] | None = None) -> None:
+    trial = config.get("__trial__", config)
+    original = Finetuner.run_epoch
+
+    def run_epoch(self: Finetuner) -> Any:
+        maybe_inject_fault(self.epoch + 1, trial)
+        return original(self)
+
+    Finetuner.run_epoch = run_epoch  # type: ignore[method-assign]
+    try:
+        finetune_trainable(config, prepared)
+    finally:
+        Finetuner.run_epoch = original  # type: ignore[method-assign]
+
+
+def maybe_inject_fault(epoch: int, config: dict[str, Any]) -> None:
+    """Raise once at ``_fault_once_at_epoch`` (a marker file in
+    ``_fault_marker_dir`` remembers it fired, so the retried trial runs through)."""
+    at, marker_dir = config.get("_fault_once_at_epoch"), config.get("_fault_marker_dir")
+    if at is None or marker_dir is None or int(at) != epoch:
+        return
+    marker = Path(marker_dir) / f"fault_{config['run_id']}"
+    if marker.exists():
+        return
+    marker.write_text(str(epoch))
+    if config.get("_fault_kind") == "truncate_latest_checkpoint":  # a half-written upload, then a crash
+        _truncate_latest_checkpoint(Path(config["_fault_storage"]), config["run_id"])
+    if config.get("_fault_kind") == "sigkill":  # the worker process dies as if the node's OOM killer struck
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError(f"injected fault at epoch {epoch}")
+
+
+def _truncate_latest_checkpoint(storage: Path, run_id: str) -> None:
+    """Cut this run's newest persisted checkpoint weights in half (found by the run id in the
+    manifests under Tune's storage folder)."""
+    import json
+
+    from trainables.finetune import META_FILE, MODEL_FILE
+
+    mine = []
+    for manifest in storage.rglob(META_FILE):
+        meta = json.loads(manifest.read_text())
+        if meta.get("metrics", {}).get("run_id") == run_id:
+            mine.append((int(meta["epoch"]), manifest.parent / MODEL_FILE))
+    _epoch, weights = max(mine)
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
