@@ -87,13 +87,6 @@ PRECEDENCE: tuple[Outcome, ...] = tuple(Outcome)  # the order the classifier tri
 DETECTABLE = Outcome.MEMORIZATION
 
 
-class Candidates(Vocab):
-    """How regression targets become the candidate set: quantile bins, or the model's native density."""
-
-    BINS = "bins"
-    NATIVE = "native"
-
-
 class WandbMode(Vocab):
     OFFLINE = "offline"
     ONLINE = "online"

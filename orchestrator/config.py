@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from iclmem.errors import ConfigError
-from iclmem.vocab import Candidates, LabelMode, Regime, TaskKind, WandbMode
+from iclmem.vocab import LabelMode, Regime, TaskKind, WandbMode
 
 
 class _Strict(BaseModel):
@@ -105,6 +105,8 @@ class DataConfig(_Strict):
     context_size: int = Field(128, ge=2)
     regression_bins: int = Field(10, ge=2)
     max_features: int = Field(16, ge=1)
+    # Stage I cache shared across run folders (prepared tasks are immutable and named by a hash of every
+    # input); default: RUN_DIR/prepared.
     cache_dir: str | None = None
 
 
@@ -112,7 +114,6 @@ class ProbeConfig(_Strict):
     suite: Literal["default"] | list[str | dict[str, Any]] = "default"
     base_as_checkpoint: bool = True  # probe the untouched base model as a control run
     bootstrap: int = Field(1000, ge=0)
-    candidates: Candidates = Candidates.BINS
 
     @field_validator("suite")
     @classmethod
@@ -157,6 +158,9 @@ OutcomeConfig = _outcome_config()
 
 class ResourcesConfig(_Strict):
     cpus_per_trial: float = Field(1.0, gt=0)
+    # torch threads of each fine-tuning trial (and of a probe actor recomputing a damaged checkpoint, which
+    # must repeat the run's arithmetic exactly); keep it <= cpus_per_trial
+    torch_threads_per_trial: int = Field(1, ge=1)
     gpus_per_trial: float = Field(0.0, ge=0)
     probe_actors: int = Field(1, ge=1)
     cpus_per_probe_actor: float = Field(1.0, gt=0)
@@ -185,8 +189,6 @@ class SweepConfig(_Strict):
     wandb: WandbConfig = WandbConfig()
     storage_path: str | None = None
     max_failures: int = Field(2, ge=0)
-    log_records: bool = False
-    allow_download: bool = False
 
     @field_validator("tasks")
     @classmethod

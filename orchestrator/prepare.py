@@ -131,6 +131,7 @@ def trial_config(trial: TrialSpec, prepared: PreparedSweep) -> dict[str, Any]:
         "run_id": trial.run_id,
         "task_keys": list(prepared.trial_tasks[trial.run_id]),
         "identity": _identity(trial, sweep),
+        "torch_threads": sweep.resources.torch_threads_per_trial,
         "finetune": {"model": trial.model, "model_options": dict(trial.model_options), "regime": trial.regime,
                      "lr": trial.lr, "epochs": t.epochs, "checkpoint_epochs": list(t.checkpoint_epochs),
                      "every_epoch": t.every_epoch, "grad_clip": t.grad_clip, "weight_decay": t.weight_decay,

@@ -312,9 +312,14 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
 def prepare_in_place_or_staged(sweep: SweepConfig, run_dir: Path, log: Callable[[str], None],
                                source: str = "sweep") -> PreparedSweep:
     """Stage I for a new run folder happens in a staging folder renamed into place on success, so a
-    sweep refused for bad input leaves no partial output behind."""
+    sweep refused for bad input leaves no partial output behind. With ``data.cache_dir`` the prepared
+    tasks are read from (and added to) that shared cache instead of ``RUN_DIR/prepared``."""
     import shutil
 
+    if sweep.data.cache_dir:
+        prepared = prepare_sweep(sweep, Path(sweep.data.cache_dir).expanduser().resolve(), log=log, source=source)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return prepared
     if run_dir.exists():
         return prepare_sweep(sweep, run_dir / PREPARED_DIR, log=log, source=source)
     staging = run_dir.with_name(f".{run_dir.name}.staging")

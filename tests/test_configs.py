@@ -148,3 +148,40 @@ def test_documented_cluster_overlays_validate(tmp_path):
             assert sweep.resources.probe_resources == {"iclmem_head": 1}
             assert sweep.resources.gpus_per_probe_actor == 0
             assert sweep.resources.gpus_per_trial == 0.25  # merged, not replaced
+
+
+# --------------------------------------------------------------------------- every accepted key is read
+@pytest.mark.parametrize("setting", [{"log_records": True}, {"allow_download": True},
+                                     {"probe": {"candidates": "native"}}])
+def test_a_setting_no_code_reads_is_refused_as_unknown(setting):
+    from iclmem.errors import ConfigError
+    from orchestrator.config import parse_sweep
+
+    with pytest.raises(ConfigError, match="unknown setting"):
+        parse_sweep({"name": "s", "tasks": [{"name": "iris"}], **setting})
+
+
+def test_data_cache_dir_holds_the_prepared_tasks_instead_of_the_run_folder(tmp_path):
+    from orchestrator.config import parse_sweep
+    from orchestrator.sweep import prepare_in_place_or_staged
+
+    cache = tmp_path / "shared-cache"
+    sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"q": [20]},
+                         "data": {"context_size": 30, "cache_dir": str(cache)}})
+    prepared = prepare_in_place_or_staged(sweep, tmp_path / "run", log=lambda _m: None)
+    (fingerprint,) = prepared.tasks
+    assert (cache / f"{fingerprint}.npz").is_file() and (cache / f"{fingerprint}.json").is_file()
+    assert (tmp_path / "run").is_dir() and not (tmp_path / "run" / "prepared").exists()
+
+
+def test_torch_threads_per_trial_reaches_the_trainable_and_the_recompute_recipe(tmp_path):
+    from orchestrator.config import parse_sweep
+    from orchestrator.prepare import prepare_sweep, trial_config
+    from orchestrator.sweep import job_for
+
+    sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"q": [20]},
+                         "data": {"context_size": 30}, "resources": {"torch_threads_per_trial": 2}})
+    prepared = prepare_sweep(sweep, tmp_path / "prepared", log=lambda _m: None)
+    config = trial_config(prepared.trials[0], prepared)
+    assert config["torch_threads"] == 2
+    assert job_for(config, 1, None, tmp_path / "probes").recipe["torch_threads"] == 2

@@ -178,7 +178,7 @@ def check_candidates(
             f"{tuple(context_y_values.shape)}, {tuple(query_x.shape)}"
         )
     if not torch.is_floating_point(context_y_values):
-        raise ModelError("context_y_values must be the float target values (candidates: native), not bin indices")
+        raise ModelError("context_y_values must be the float target values (native candidates), not bin indices")
     candidates = torch.as_tensor(candidate_values, dtype=torch.float32, device=query_x.device)
     if candidates.ndim == 0 or candidates.shape[-1] < 2:
         raise ModelError(f"a candidate set needs at least 2 values, got shape {tuple(candidates.shape)}")
