@@ -12,7 +12,7 @@
   present in the context are bypassed, so duplicating or dropping context rows never moves a label.
   The result equals ``TabICL.forward`` in eval mode with AMP off whenever every label is present.
 * Regression checkpoints (``max_classes == 0``) predict quantiles; ``candidate_log_probs`` turns them
-  into TabICL's own ``QuantileDistribution`` and scores candidate values (``candidates: native``).
+  into TabICL's own ``QuantileDistribution`` and scores candidate values (``candidate_log_probs``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class TabICLAdapter(NativeRegressionAdapter):
     # row is not a symmetry: the column embedder's outputs move (tests/test_invariance.py measures it).
     invariances = frozenset({Invariance.ROW_ORDER})
     regressor_hint = ("this TabICL checkpoint is a regressor (max_classes=0): score target values with "
-                      "candidate_log_probs (candidates: native), or load a classifier checkpoint for binned targets")
+                      "candidate_log_probs (the adapter API; sweeps score regression targets as quantile bins), or load a classifier checkpoint for binned targets")
 
     def __init__(self, module: torch.nn.Module, options: dict[str, Any] | None = None) -> None:
         super().__init__(module, options)

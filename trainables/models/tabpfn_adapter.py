@@ -18,7 +18,7 @@
   and standardises features on the context rows; a probe context of identical rows therefore carries
   its information in the labels and the varying (distractor) columns only.
 * Regression checkpoints output a bar distribution; ``candidate_log_probs`` scores candidate values
-  with tabpfn's ``FullSupportBarDistribution`` (``candidates: native``).
+  with tabpfn's ``FullSupportBarDistribution`` (``candidate_log_probs``).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class TabPFNV2Adapter(NativeRegressionAdapter):
     # which no reordering changes. Only row order is declared.
     invariances = frozenset({Invariance.ROW_ORDER})
     regressor_hint = ("this TabPFN v2 model is a regressor: score target values with candidate_log_probs "
-                      "(candidates: native), or load a classifier checkpoint for binned targets")
+                      "(the adapter API; sweeps score regression targets as quantile bins), or load a classifier checkpoint for binned targets")
 
     def __init__(
         self,
@@ -264,7 +264,9 @@ def build_tabpfn_v2(
 
     if weights == "random":
         from tabpfn.architectures import tabpfn_v2
-        from tabpfn.architectures.shared.bar_distribution import FullSupportBarDistribution
+        from tabpfn.architectures.shared.bar_distribution import (
+            FullSupportBarDistribution,
+        )
 
         task = task or "classification"
         cfg = dict(config)
