@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP_INSTALL = $(PYTHON) -m pip install --disable-pip-version-check -q
 
-.PHONY: install quickstart test
+.PHONY: install quickstart test test-fast lint
 
 install:
 	$(PIP_INSTALL) torch==2.13.0
@@ -11,5 +11,16 @@ install:
 quickstart: install
 	RAY_USAGE_STATS_ENABLED=0 WANDB_MODE=offline iclmem run configs/quickstart.yaml --out runs/quickstart
 
-test: install
-	RAY_USAGE_STATS_ENABLED=0 WANDB_MODE=offline WANDB_SILENT=true $(PYTHON) -m pytest -q -p no:cacheprovider tests
+PYTEST = RAY_USAGE_STATS_ENABLED=0 WANDB_MODE=offline WANDB_SILENT=true $(PYTHON) -m pytest -q -p no:cacheprovider
+
+test: install lint
+	$(PYTEST) tests
+
+# For development: everything but the end-to-end sweeps (tests marked slow); `make test` runs them all.
+test-fast: install
+	$(PYTEST) -m "not slow" tests
+
+# ruff on the tree; mypy --strict on the core and the math (configured in pyproject.toml)
+lint:
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m mypy

@@ -46,7 +46,7 @@ class CorruptCheckpointError(CheckpointError):
         super().__init__(message)
         self.path = path
 
-    def __reduce__(self):  # keeps ``path`` when Ray ships the error from an actor to the driver
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # keeps ``path`` when Ray ships the error from an actor to the driver
         return (type(self), (str(self), self.path))
 
 

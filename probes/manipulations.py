@@ -366,7 +366,7 @@ def _primitive(name: str, phase: Phase, *params: ParamSpec) -> Callable[[Primiti
 
 def _incorrect_labels(ctx: StepContext) -> np.ndarray:
     labels = np.arange(ctx.n_classes, dtype=np.int64)
-    return labels[labels != ctx.true_label]
+    return np.asarray(labels[labels != ctx.true_label])
 
 
 @_primitive("skew_true", Phase.COUNTS, ParamSpec("repeat"))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -148,13 +148,13 @@ def _member_rank_sums(member: np.ndarray, nonmember: np.ndarray) -> np.ndarray:
     first = np.maximum.accumulate(np.where(starts_group, pos, 0), axis=1)
     last = np.minimum.accumulate(np.where(ends_group, pos, n - 1)[:, ::-1], axis=1)[:, ::-1]
     avg_rank = (first + last) / 2.0 + 1.0
-    return np.where(order < n_m, avg_rank, 0.0).sum(axis=1)
+    return np.asarray(np.where(order < n_m, avg_rank, 0.0).sum(axis=1), dtype=np.float64)
 
 
 def _auc_rows(member: np.ndarray, nonmember: np.ndarray) -> np.ndarray:
     n_m, n_n = member.shape[1], nonmember.shape[1]
     r = _member_rank_sums(member, nonmember)
-    return (r - n_m * (n_m + 1) / 2.0) / (n_m * n_n)
+    return np.asarray((r - n_m * (n_m + 1) / 2.0) / (n_m * n_n), dtype=np.float64)
 
 
 def auc(member_scores: Any, nonmember_scores: Any) -> float:
@@ -416,7 +416,10 @@ def _alpha_label(alpha: float) -> str:
     return f"{alpha * 100:g}pct"
 
 
-def _lookup_alpha(table: Mapping[float, Any], alpha: float, what: str) -> Any:
+_V = TypeVar("_V")
+
+
+def _lookup_alpha(table: Mapping[float, _V], alpha: float, what: str) -> _V:
     for a, v in table.items():
         if math.isclose(a, alpha, rel_tol=0.0, abs_tol=1e-12):
             return v
@@ -763,8 +766,8 @@ def per_manipulation_auc(
     With ``reference`` the per-(query, manipulation) score is calibrated (``S - S_ref`` under the same
     manipulation); without it the fine-tuned score is used alone. Returns a DataFrame indexed by
     ``manipulation`` (suite order of first appearance) with ``category`` and one AUC column per kind."""
-    kinds = [_kind(k) for k in kinds]
-    cols = [k.value for k in kinds]
+    kind_list = [_kind(k) for k in kinds]
+    cols = [k.value for k in kind_list]
     d = validate_scores_table(scores, "fine-tuned scores table")
     if reference is not None:
         r = validate_scores_table(reference, "reference scores table")
@@ -788,7 +791,7 @@ def per_manipulation_auc(
     for manip, grp in d.groupby("manipulation", sort=False):
         mem = grp["member"].to_numpy(dtype=bool)
         row: dict[str, Any] = {"manipulation": manip, "category": grp["category"].iloc[0]}
-        for k in kinds:
+        for k in kind_list:
             s = membership_score(k, grp[k.value].to_numpy())
             row[k.value] = auc(s[mem], s[~mem]) if mem.any() and (~mem).any() else float("nan")
         rows.append(row)

@@ -9,6 +9,8 @@ from orchestrator.config import parse_sweep
 from orchestrator.sweep import run_sweep
 from trainables.models.extras import extra_is_installed
 
+pytestmark = pytest.mark.slow  # end to end: real Ray Tune sweeps (`make test-fast` leaves them out)
+
 TABICL_TINY = dict(embed_dim=16, col_num_blocks=1, col_nhead=2, col_num_inds=8, row_num_blocks=1, row_nhead=2,
                    row_num_cls=2, icl_num_blocks=1, icl_nhead=2, zero_init=False)
 ADAPTERS = {

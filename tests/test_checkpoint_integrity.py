@@ -170,6 +170,7 @@ def test_a_probe_actor_recomputes_a_corrupt_checkpoint_from_its_recipe_and_score
     assert intact == recomputed and intact["auc"] != 0.5  # a real fine-tuned checkpoint, scored the same
 
 
+@pytest.mark.slow
 def test_a_trial_whose_latest_checkpoint_was_truncated_is_recomputed_by_tune(ray_session, iris_task, tmp_path, fault_ledger):
     from ray import tune
 

@@ -31,6 +31,8 @@ import pandas as pd
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # end to end: real Ray Tune sweeps (`make test-fast` leaves them out)
+
 REPO = Path(__file__).resolve().parents[1]
 OUTCOMES = {"collapse", "memorization", "inversion", "overfitting", "no_signal"}
 SUITE = ["base", "position_first", "skew_true_x2"]

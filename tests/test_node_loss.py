@@ -26,6 +26,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+pytestmark = pytest.mark.slow  # end to end: real Ray Tune sweeps (`make test-fast` leaves them out)
+
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "tests" / "node_loss_driver.py"
 OUTCOMES = {"collapse", "memorization", "inversion", "overfitting", "no_signal"}

@@ -17,6 +17,8 @@ import pytest
 from orchestrator.config import parse_sweep
 from orchestrator.sweep import run_sweep
 
+pytestmark = pytest.mark.slow  # end to end: real Ray Tune sweeps (`make test-fast` leaves them out)
+
 CANARY = "CANARY-q7x3-do-not-leak"
 FAKE_WANDB_KEY = "local-0123456789abcdef0123456789abcdef01234567"  # shaped like a real key; never sent
 

@@ -17,6 +17,8 @@ import yaml
 from trainables.data import TaskSource, prepare_task
 from trainables.models import read_weights
 
+pytestmark = pytest.mark.slow  # end to end: real Ray Tune sweeps (`make test-fast` leaves them out)
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -36,9 +38,8 @@ def _final_weights(result) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("fault", ["exception", "sigkill"])
 def test_a_trial_that_crashes_resumes_from_its_last_checkpoint_bit_exactly(ray_session, tmp_path, fault, fault_ledger):
-    from ray import tune
-
     from fault_injection import faulty_trainable
+    from ray import tune
 
     task = prepare_task(TaskSource("iris", "builtin"), seed=0, q=30, context_size=60)
     markers = tmp_path / "markers"
