@@ -13,7 +13,15 @@ from typing import Any, Callable
 import pandas as pd
 
 from iclmem.atomic import write_parquet_atomic
-from iclmem.runfolder import MANIPULATION_AUC_FILE, RESULTS_FILE, SPLIT_REPORT_FILE, roc_path
+from iclmem.runfolder import (
+    FIGURES_DIR,
+    MANIPULATION_AUC_FILE,
+    PROBES_DIR,
+    RESULTS_FILE,
+    SPLIT_REPORT_FILE,
+    SWEEP_FILE,
+    roc_path,
+)
 from probes.probe import ProbeResult
 
 ID_COLUMNS = ["run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed", "epoch"]
@@ -21,7 +29,7 @@ ID_COLUMNS = ["run_id", "task", "model", "regime", "lr", "q", "label_mode", "see
 
 def collect(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[tuple[str, int], pd.DataFrame]]:
     rows, manips, rocs = [], [], {}
-    for stored in sorted((run_dir / "probes").glob("*/e*.json")):
+    for stored in sorted((run_dir / PROBES_DIR).glob("*/e*.json")):
         result = ProbeResult.load(stored.parent, stored.stem)
         if result is None:
             continue
@@ -80,14 +88,14 @@ def write_reports(run_dir: Path, results: pd.DataFrame, wandb_mode: str | None =
     if results.empty:
         return None
     report = reports.write_html_report(run_dir)
-    sweep_file = run_dir / "sweep.json"
+    sweep_file = run_dir / SWEEP_FILE
     sweep = json.loads(sweep_file.read_text()) if sweep_file.is_file() else {}
     wandb_cfg = sweep.get("wandb", {})
     mode = resolve_wandb_mode(wandb_mode or wandb_cfg.get("mode", "offline"))
     kind = "none" if mode == "disabled" else "wandb"
     logger = make_results_logger(kind, project=wandb_cfg.get("project", "iclmem"), entity=wandb_cfg.get("entity"),
                                  group=sweep.get("name", run_dir.name), mode=mode) if kind == "wandb" else make_results_logger(kind)
-    figures = {p.stem: p for p in sorted((run_dir / "figures").glob("*.png"))}
+    figures = {p.stem: p for p in sorted((run_dir / FIGURES_DIR).glob("*.png"))}
     try:
         logger.log_summary(run_dir, results, figures)
     finally:

@@ -19,7 +19,7 @@ import pandas as pd
 from iclmem.atomic import write_json_atomic
 from iclmem.errors import ConfigError
 from iclmem.raysession import ensure_ray
-from iclmem.runfolder import PREPARED_DIR, PROBES_DIR, REFERENCE_DIR, SWEEP_FILE, TUNE_DIR, WANDB_DIR
+from iclmem.runfolder import PREPARED_DIR, PROBES_DIR, REFERENCE_DIR, SWEEP_FILE, TUNE_DIR
 from orchestrator.config import SweepConfig, load_sweep, parse_sweep
 from orchestrator.prepare import EXPERIMENT_NAME, PreparedSweep, prepare_sweep, provenance, trial_config
 
@@ -77,11 +77,12 @@ class ProbeOnCheckpoint:
     that state and re-attached by ``iclmem resume``, since handles of a dead driver cannot be restored.
     """
 
-    def __init__(self, pool: Any, probes_dir: Path, progress: Progress) -> None:
-        self.attach(pool, probes_dir, progress)
+    def __init__(self, pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any) -> None:
+        self.attach(pool, probes_dir, progress, trial_logger)
 
-    def attach(self, pool: Any, probes_dir: Path, progress: Progress) -> None:
-        self.pool, self.probes_dir, self.progress = pool, probes_dir, progress
+    def attach(self, pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any) -> None:
+        """``trial_logger`` (a :class:`orchestrator.wandb_logger.TrialLogger`) gets every probe row polled."""
+        self.pool, self.probes_dir, self.progress, self.trial_logger = pool, probes_dir, progress, trial_logger
         self.submitted: set[tuple[str, str]] = set()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -89,6 +90,7 @@ class ProbeOnCheckpoint:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.pool, self.progress, self.probes_dir, self.submitted = None, None, state["probes_dir"], set()
+        self.trial_logger = None
 
     # Tune's Callback interface (duck-typed so this class stays importable without a Tune subclass).
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
@@ -105,19 +107,48 @@ class ProbeOnCheckpoint:
             return
         for row in self.pool.poll():
             self.progress.outcome(row)
+            self.trial_logger.log_probe(row)
         self.progress.running = sum(t.status == "RUNNING" for t in trials)
         self.progress.done = sum(t.status == "TERMINATED" for t in trials)
         self.progress.failed = sum(t.status == "ERROR" for t in trials)
         self.progress.show()
 
 
-def _tune_callback(pool: Any, probes_dir: Path, progress: Progress):
+def _tune_callback(pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any):
     from ray.tune import Callback
 
     class _ProbeOnCheckpoint(ProbeOnCheckpoint, Callback):
         pass
 
-    return _ProbeOnCheckpoint(pool, probes_dir, progress)
+    return _ProbeOnCheckpoint(pool, probes_dir, progress, trial_logger)
+
+
+class LogTrialResults:
+    """Tune callback that hands each result a trial reports (its epoch's training metrics) to the trial
+    logger, in the driver. Like :class:`ProbeOnCheckpoint`, the logger (open W&B runs) is left out of
+    Tune's pickled experiment state and re-attached by ``iclmem resume``."""
+
+    def __init__(self, trial_logger: Any) -> None:
+        self.trial_logger = trial_logger
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.trial_logger = None
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if self.trial_logger is not None:
+            self.trial_logger.log_training(_unwrap(trial.config)["identity"], result)
+
+
+def _trial_results_callback(trial_logger: Any):
+    from ray.tune import Callback
+
+    class _LogTrialResults(LogTrialResults, Callback):
+        pass
+
+    return _LogTrialResults(trial_logger)
 
 
 def job_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Path):
@@ -159,16 +190,19 @@ def _tuner(prepared: PreparedSweep, run_dir: Path, callbacks: list, restore: boo
     return tune.Tuner(trainable, param_space=_flat_space(configs), tune_config=tune_config, run_config=run_config)
 
 
-def reattach(tuner: Any, pool: Any, probes_dir: Path, progress: Progress) -> None:
-    """Give the restored probe callback the new driver's pool. Tune offers no public hook for this;
-    if its internals move, probing still completes in the catch-up pass after ``fit``."""
+def reattach(tuner: Any, pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any) -> None:
+    """Give the restored callbacks the new driver's pool and trial logger. Tune offers no public hook
+    for this; if its internals move, probing still completes (and probe rows still reach the trial
+    logger) in the catch-up pass after ``fit``, while training metrics of the resumed epochs go unlogged."""
     try:
         callbacks = tuner._local_tuner.get_run_config().callbacks or []
     except AttributeError:
         return
     for callback in callbacks:
         if isinstance(callback, ProbeOnCheckpoint):
-            callback.attach(pool, probes_dir, progress)
+            callback.attach(pool, probes_dir, progress, trial_logger)
+        elif isinstance(callback, LogTrialResults):
+            callback.trial_logger = trial_logger
 
 
 def storage_for(sweep: SweepConfig, run_dir: Path) -> str:
@@ -193,53 +227,17 @@ def _unwrap(config: dict[str, Any]) -> dict[str, Any]:
     return config.get("__trial__", config)
 
 
-def wandb_callbacks(sweep: SweepConfig, run_dir: Path) -> list:
-    if sweep.wandb.mode == "disabled":
-        return []
-    from orchestrator.wandb_logger import resolve_wandb_mode
+def trial_logger_for(sweep: SweepConfig, run_dir: Path):
+    """The sweep's per-trial logger: W&B runs opened by this driver (offline unless the sweep asks for
+    online and ``WANDB_API_KEY`` is set), or a no-op when W&B is disabled. wandb reads the key from this
+    process's environment; nothing passes it to Ray."""
+    from orchestrator.wandb_logger import make_trial_logger, resolve_wandb_mode
 
     mode = resolve_wandb_mode(sweep.wandb.mode)
     if mode == "disabled":
-        return []
-    os.environ["WANDB_MODE"] = mode  # the key itself stays in the environment only, never in a file
-    os.environ.setdefault("WANDB_SILENT", "true")
-    (run_dir / WANDB_DIR).mkdir(parents=True, exist_ok=True)
-    # Trial configs hold ids and hyperparameters only; prepared rows travel via with_parameters, not config.
-    return [key_safe_wandb_callback(online=mode == "online")(
-        project=sweep.wandb.project, group=sweep.name, entity=sweep.wandb.entity, dir=str(run_dir), log_config=True)]
-
-
-def key_safe_wandb_callback(online: bool) -> type:
-    """Ray's ``WandbLoggerCallback`` with the API key kept out of every log.
-
-    Ray hands ``WANDB_API_KEY`` to its logging actors as a runtime-env variable, and Ray's
-    runtime-env agent writes each runtime env, variables included, in plain text to
-    ``/tmp/ray/session_*/logs/runtime_env_agent.log`` on the node. This subclass hides the key from
-    Ray while the actor is created; offline, the actor gets no key at all (it needs none); online, the key
-    travels as an actor-constructor argument (serialized with the task, never logged) and the actor
-    puts it in its own environment before ``wandb.init``."""
-    from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
-
-    class _LoggingActor(_WandbLoggingActor):
-        def __init__(self, *args: Any, iclmem_wandb_key: str | None = None, **kwargs: Any) -> None:
-            if iclmem_wandb_key:
-                os.environ["WANDB_API_KEY"] = iclmem_wandb_key
-            super().__init__(*args, **kwargs)
-
-    class KeySafeWandbLoggerCallback(WandbLoggerCallback):
-        _logger_actor_cls = _LoggingActor
-
-        def _start_logging_actor(self, trial: Any, exclude_results: list, **wandb_init_kwargs: Any) -> None:
-            key = os.environ.pop("WANDB_API_KEY", None)
-            try:
-                if key and online:
-                    wandb_init_kwargs["iclmem_wandb_key"] = key
-                super()._start_logging_actor(trial, exclude_results, **wandb_init_kwargs)
-            finally:
-                if key is not None:
-                    os.environ["WANDB_API_KEY"] = key
-
-    return KeySafeWandbLoggerCallback
+        return make_trial_logger(None)
+    return make_trial_logger("wandb", run_dir=run_dir, project=sweep.wandb.project, group=sweep.name,
+                             entity=sweep.wandb.entity, mode=mode, config_hash=sweep.config_hash())
 
 
 def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: SweepConfig | None = None,
@@ -260,9 +258,9 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
         sweep = load_sweep(config_path)
     source = str(config_path) if config_path else str(run_dir / SWEEP_FILE) if resume else f"sweep {sweep.name!r}"
     prepared = prepare_in_place_or_staged(sweep, run_dir, log=log if progress else (lambda _m: None), source=source)
-    write_json_atomic(run_dir / SWEEP_FILE, sweep.model_dump(mode="json"))
-    provenance(sweep).write(run_dir)
+    record_sweep(run_dir, sweep)
 
+    trial_logger = trial_logger_for(sweep, run_dir)  # opens nothing until the first result
     started = ensure_ray(address, num_cpus=num_cpus)
     pool = None
     try:
@@ -273,10 +271,10 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
             from probes.actors import ProbeJob
 
             pool.submit(ProbeJob(identity, 0, None, key, str(probes_dir / identity["run_id"]), "e0000"))
-        callbacks = [_tune_callback(pool, probes_dir, prog)] + wandb_callbacks(sweep, run_dir)
+        callbacks = [_tune_callback(pool, probes_dir, prog, trial_logger), _trial_results_callback(trial_logger)]
         tuner = _tuner(prepared, run_dir, callbacks, restore=resume)
         if resume:
-            reattach(tuner, pool, probes_dir, prog)
+            reattach(tuner, pool, probes_dir, prog, trial_logger)
         grid = tuner.fit()
         # Catch-up: every checkpoint on storage gets a result (already-probed ones return at once).
         for result in grid:
@@ -287,6 +285,8 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
                 pool.submit(job_for(config, int(metrics["epoch"]), checkpoint, probes_dir))
         for row in pool.drain():
             prog.outcome(row)
+            trial_logger.log_probe(row)
+        trial_logger.finish()  # every row is in: close the trial runs before the summary run starts
         prog.show(force=True)
         for note in pool.notes:
             log(f"[iclmem] WARNING {note}")
@@ -303,10 +303,17 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
             )
         return results
     finally:
+        trial_logger.finish()  # no-op once finished; on an error, flushes what the runs hold
         if pool is not None:
             pool.shutdown()
         if started:
             ray.shutdown()
+
+
+def record_sweep(run_dir: Path, sweep: SweepConfig) -> None:
+    """``sweep.json`` (the validated config ``iclmem resume`` reads back) and ``provenance.json``."""
+    write_json_atomic(run_dir / SWEEP_FILE, sweep.model_dump(mode="json"))
+    provenance(sweep).write(run_dir)
 
 
 def prepare_in_place_or_staged(sweep: SweepConfig, run_dir: Path, log: Callable[[str], None],

@@ -34,6 +34,7 @@ from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from iclmem.atomic import write_text_atomic
 from iclmem.errors import DataError
 from iclmem.registry import Registry
 
@@ -278,8 +279,7 @@ def write_bio(sentences: Sequence[Sentence], path: str | Path, tag_prefix: Mappi
         for w, t in zip(s.tokens, tags):
             out.append(f"{w} X X {t}" if conll_columns else f"{w}\t{t}")
         out.append("")
-    path.write_text("\n".join(out) + "\n", encoding="utf-8")
-    return path
+    return write_text_atomic(path, "\n".join(out) + "\n")
 
 
 # ------------------------------------------------------------------------------------------- entity lists

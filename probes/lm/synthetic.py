@@ -9,7 +9,6 @@ transition exposure should be low).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -19,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from iclmem.atomic import write_json_atomic
 from probes.lm.data import Sentence, Span, write_bio
 
 __all__ = ["SyntheticWorld", "make_world", "corpus_sentences", "dataset_sentences", "train_tiny_gpt2",
@@ -232,8 +232,7 @@ def build_synthetic_assets(root: str | Path, seed: int = 0, steps: int = 300) ->
     train_tiny_gpt2(texts, tmp / "model", seed=seed, steps=steps)
     write_bio(dataset_sentences(world, 120, seed + 2), tmp / "conll" / "train.txt")
     write_bio(dataset_sentences(world, 60, seed + 3), tmp / "conll" / "test.txt")
-    (tmp / "assets.json").write_text(json.dumps({"seed": seed, "steps": steps,
-                                                  "train_seconds": round(time.time() - t0, 2)}))
+    write_json_atomic(tmp / "assets.json", {"seed": seed, "steps": steps, "train_seconds": round(time.time() - t0, 2)})
     root.parent.mkdir(parents=True, exist_ok=True)
     if root.exists():
         shutil.rmtree(root)

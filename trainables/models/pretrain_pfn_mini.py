@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from iclmem.atomic import atomic_write
+from iclmem.atomic import atomic_write, write_text_atomic
 from trainables.models.pfn_mini import PfnMini, PfnMiniConfig
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
@@ -175,7 +175,7 @@ def export(model: PfnMini, workdir: Path, meta: dict) -> Path:
     target = WEIGHTS_DIR / "pfn_mini.safetensors"
     tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     save_file(tensors, str(target), metadata={"config": json.dumps(model.config.to_dict())})
-    (WEIGHTS_DIR / "pfn_mini.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(WEIGHTS_DIR / "pfn_mini.json", json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return target
 
 
