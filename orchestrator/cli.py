@@ -111,6 +111,15 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from orchestrator.estimate import estimate, render
+
+    est = estimate(args.config, args.workers, device=args.device, task=args.task, epochs=args.epochs,
+                   threads=args.threads, log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(render(est, markdown=args.markdown))
+    return 0
+
+
 def cmd_cluster_check(args: argparse.Namespace) -> int:
     from orchestrator.cluster import check_cluster_file
 
@@ -182,6 +191,17 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--members", default=None, help="file of member row ids (one per line) for a model fine-tuned elsewhere")
     pr.add_argument("--out", default=None)
     pr.set_defaults(func=cmd_probe)
+
+    e = sub.add_parser("estimate", help="the grid's work, unit costs measured on this device, and the predicted "
+                       "wall time and device-hours on N workers, before anything is launched")
+    e.add_argument("config")
+    e.add_argument("--workers", type=int, default=1, help="parallel slots: cores of a CPU sweep, GPUs of a CUDA one")
+    e.add_argument("--device", default=None, help="auto (default: CUDA when present), cpu or cuda")
+    e.add_argument("--task", default=None, help="measure on this task (default: the sweep's first; any built-in name)")
+    e.add_argument("--epochs", type=int, default=4, help="fine-tuning epochs timed per model and Q")
+    e.add_argument("--threads", type=int, default=1, help="torch threads, as each trial uses")
+    e.add_argument("--markdown", action="store_true", help="tables as markdown")
+    e.set_defaults(func=cmd_estimate)
 
     c = sub.add_parser("cluster-check", help="validate a cluster.yaml offline: Ray's own checks, shared storage, "
                        "secrets, and with --sweep the sweep's resources against the node types")

@@ -1,0 +1,504 @@
+"""What a sweep will cost, before anything is launched: ``iclmem estimate CONFIG --workers N``.
+
+1. **Count** the grid's work with the sweep's own expansion (``expand_grid``): runs, fine-tuning steps,
+   checkpoints probed, probe contexts (checkpoints x 2Q x |suite| per run, plus the base-model control per
+   reference when ``probe.base_as_checkpoint``), references (one per task x model x Q x label mode x seed,
+   computed once and shared) and the contexts sharing saves.
+2. **Measure** unit costs of each configured model on the local device (CPU, or CUDA when present or
+   asked for), at each Q of the grid, on the sweep's first task (or ``task``): Stage I preparation, a few
+   fine-tuning epochs as the trainable runs them (AdamW step + member/non-member evaluation), a checkpoint
+   save, the probe plan with its invariance-shortcut table, one probe batch (``score`` of every context of
+   the plan, per context scored), and the rest of a checkpoint's probe (ICL predictions, bootstrap
+   intervals, AUCs, ROC; both score tables stubbed; the checkpoint's load and the result's save). The
+   machinery around the work is measured on a local Ray too: the driver's start (imports), Ray's start
+   and stop, a worker actor's start (a process importing torch, Tune and iclmem, as every probe actor
+   does), and a Tune trial that imports what iclmem's trainable imports and reports once per epoch
+   (its cost per trial, and a Tune experiment's fixed cost).
+3. **Predict** device-seconds per kind of work and the wall time on N workers (N parallel slots: cores for
+   a CPU sweep, GPUs for a CUDA one): driver start + Ray start + Stage I + the Tune experiment's fixed cost
+   + max(parallel work / N, the longest chain: one run's trial overhead, epochs and saves, then the probe
+   of its last checkpoint). The parallel
+   work packs perfectly (fine-tuning and probing overlap, as the pipeline's checkpoint callback makes
+   them). Not modelled: data transfer between nodes, W&B upload, report rendering.
+
+Costs are measured at the torch thread count a trial uses (``torch_threads``, default 1).
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------------ counting
+@dataclass(frozen=True)
+class Work:
+    """The work a grid implies; per-(model, Q) counts are keyed by (model name, Q)."""
+
+    runs: int
+    epochs: int
+    schedule: tuple[int, ...]
+    suite: int
+    tasks: tuple[str, ...]
+    runs_by: dict[tuple[str, int], int]
+    steps: int
+    eval_forwards: int
+    checkpoint_jobs: dict[tuple[str, int], int]
+    probe_contexts: dict[tuple[str, int], int]
+    controls: dict[tuple[str, int], int]
+    control_contexts: dict[tuple[str, int], int]
+    references: dict[tuple[str, int], int]
+    reference_contexts: dict[tuple[str, int], int]
+    reference_contexts_saved: int
+    prepared_tasks: int
+    model_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def checkpoints(self) -> int:
+        return len(self.schedule)
+
+    def total(self, name: str) -> int:
+        return sum(getattr(self, name).values())
+
+
+def count_work(sweep: Any) -> Work:
+    """Count the work of a loaded sweep (``orchestrator.config.load_sweep``)."""
+    from orchestrator.config import expand_grid
+    from trainables.finetune import FinetuneSpec
+
+    trials = expand_grid(sweep)
+    t = sweep.training
+    suite = len(_suite(sweep.probe.suite))
+    schedule = FinetuneSpec(epochs=t.epochs, checkpoint_epochs=tuple(t.checkpoint_epochs),
+                            every_epoch=t.every_epoch).schedule()
+    n_tasks = len(sweep.tasks)
+    runs_by = Counter((tr.model, tr.q) for tr in trials)
+    refs = Counter((tr.task, tr.model, tr.q, tr.label_mode, tr.seed) for tr in trials)
+    references = Counter((key[1], key[2]) for key in refs)
+    controls = references if sweep.probe.base_as_checkpoint else Counter()
+    steps = sum(t.epochs * (n_tasks if str(tr.regime) == "multi_fixed" else 1) for tr in trials)
+    contexts = lambda counter, per: {k: n * per * 2 * k[1] * suite for k, n in counter.items()}  # noqa: E731
+    prepared = {(task, tr.q, tr.label_mode, tr.seed) for tr in trials for task in tr.task.split("+")}
+    return Work(
+        runs=len(trials), epochs=t.epochs, schedule=tuple(schedule), suite=suite,
+        tasks=tuple(tk.name for tk in sweep.tasks), runs_by=dict(runs_by), steps=steps,
+        eval_forwards=2 * t.epochs * len(trials),
+        checkpoint_jobs={k: n * len(schedule) for k, n in runs_by.items()},
+        probe_contexts=contexts(runs_by, len(schedule)), controls=dict(controls),
+        control_contexts=contexts(controls, 1), references=dict(references),
+        reference_contexts=contexts(references, 1),
+        reference_contexts_saved=sum((runs - 1) * 2 * key[2] * suite for key, runs in refs.items()),
+        prepared_tasks=len(prepared),
+        model_options={m.name: dict(m.options) for m in sweep.models},
+    )
+
+
+# ------------------------------------------------------------------------------------------------ measuring
+@dataclass(frozen=True)
+class UnitCosts:
+    """Measured costs of one model at one Q on one device, in seconds."""
+
+    model: str
+    q: int
+    device: str
+    task: str
+    prepare_s: float  # Stage I for one (task, Q, label mode, seed)
+    epoch_s: float  # one fine-tuning epoch: AdamW step + member/non-member ICL evaluation
+    save_s: float  # one checkpoint save (weights, optimizer state, manifest)
+    plan_s: float  # ProbePlan.build + the invariance-shortcut table, once per task per probe actor
+    contexts: int  # contexts in one probe (2Q x suite)
+    forwards_saved: float  # share of them the invariance shortcut does not forward
+    score_per_context_s: float  # probe batch: score time / contexts scored
+    rest_s: float  # the rest of one checkpoint's probe (score tables stubbed), its checkpoint's load and result save
+
+
+def _suite(spec: Any) -> tuple:
+    """The sweep's manipulation suite, as the probe actors build it."""
+    from probes.manipulations import default_suite, suite_from_spec
+
+    return default_suite() if spec in (None, "default") else suite_from_spec(spec)
+
+
+def _task_source(task: Any) -> Any:
+    from trainables.data import TaskSource
+
+    if task.carte:
+        return TaskSource(task.name, "carte", task.carte, task.target, task.task)
+    if task.path:
+        return TaskSource(task.name, "table", task.path, task.target, task.task)
+    return TaskSource(task.builtin or task.name, "builtin", None, task.target, task.task)
+
+
+def _median_time(fn: Any, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(statistics.median(times))
+
+
+def _stub_table(plan: Any, rng: np.random.Generator) -> Any:
+    """A score table of the plan's shape with random scores."""
+    import pandas as pd
+
+    q = plan.queries
+    qi = np.fromiter((p.query_index for p in plan.planned), dtype=np.int64, count=len(plan.planned))
+    mi = np.fromiter((p.manipulation_index for p in plan.planned), dtype=np.int64, count=len(plan.planned))
+    loss = rng.gamma(2.0, 0.5, size=len(qi)).astype(np.float32)
+    return pd.DataFrame({
+        "query_id": q.query_ids[qi], "member": q.member[qi],
+        "manipulation": np.array([m.name for m in plan.suite], dtype=object)[mi],
+        "category": np.array([m.category for m in plan.suite], dtype=object)[mi],
+        "loss": loss, "entropy": rng.uniform(0, np.log(q.n_classes), size=len(qi)).astype(np.float32),
+        "confidence": np.exp(-loss).astype(np.float32),
+    })
+
+
+def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any], q: int, task_config: Any,
+                       device: Any, epochs: int = 4, score_rounds: int = 1) -> UnitCosts:
+    """Unit costs of one model at one Q on ``device`` (see the module docstring)."""
+    import warnings
+
+    import probes.probe as probe_mod
+    from probes.calibration import model_digest
+    from probes.outcomes import OutcomeThresholds
+    from probes.probe import ProbeSettings
+    from probes.scoring import ProbePlan, ProbeQueries, score
+    from trainables.data import PrepSettings, prepare_task
+    from trainables.finetune import Finetuner, FinetuneSpec, load_checkpoint_model
+    from trainables.models import build_model
+
+    settings = PrepSettings(context_size=sweep.data.context_size, regression_bins=sweep.data.regression_bins,
+                            max_features=sweep.data.max_features)
+    start = time.perf_counter()
+    task = prepare_task(_task_source(task_config), settings, seed=0, q=q)
+    prepare_s = time.perf_counter() - start
+
+    spec = FinetuneSpec(model=model_name, model_options=model_options, lr=1e-4, epochs=epochs + 1,
+                        grad_clip=sweep.training.grad_clip, weight_decay=sweep.training.weight_decay)
+    finetuner = Finetuner(spec, [task], device=device)
+    finetuner.run_epoch()  # warm-up: kernels, allocator
+    epoch_s = _median_time(finetuner.run_epoch, epochs)
+    with tempfile.TemporaryDirectory(prefix="iclmem-estimate-") as tmp:
+        saves = iter(range(10))
+        save_s = _median_time(lambda: finetuner.save(Path(tmp) / f"c{next(saves)}", {"epoch": finetuner.epoch}), 3)
+        # a probe job loads its checkpoint (manifest checksums verified) before scoring
+        load_s = _median_time(lambda: load_checkpoint_model(Path(tmp) / "c0").to(finetuner.device), 2)
+
+    base = build_model(model_name, **model_options).to(finetuner.device)
+    suite = _suite(sweep.probe.suite)
+    holder: dict[str, Any] = {}
+
+    def build_plan() -> None:
+        holder["plan"] = ProbePlan.build(ProbeQueries.from_task(task), suite, task.seed,
+                                         compress_rows=base.supports_context_weights)
+        holder["plan"].representatives(base.invariances)
+
+    plan_s = _median_time(build_plan, 1)
+    plan = holder["plan"]
+    score(base, plan)  # warm-up
+    score_s = _median_time(lambda: score(base, plan), max(1, score_rounds))
+
+    rng = np.random.default_rng(0)
+    finetuned, reference = _stub_table(plan, rng), _stub_table(plan, rng)
+    probe_settings = ProbeSettings(n_resamples=sweep.probe.bootstrap,
+                                   thresholds=OutcomeThresholds.from_dict(sweep.outcome.model_dump()))
+    saved = probe_mod.score, probe_mod.reference_scores
+    probe_mod.score = lambda _model, _plan: finetuned
+    probe_mod.reference_scores = lambda *_a, **_k: reference
+    try:
+        with tempfile.TemporaryDirectory(prefix="iclmem-estimate-") as cache, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # coarse-TPR notes on small Q are expected here
+            digest = model_digest(base)
+            probe_mod.base_icl(cache, task, digest, base)  # cached once per task in a sweep
+            result: dict[str, Any] = {}
+
+            def probe_rest() -> None:
+                result["r"] = probe_mod.probe_checkpoint(finetuner.model, task, plan, cache, digest, base,
+                                                         probe_settings, {"run_id": "estimate"}, 1)
+
+            rest_s = _median_time(probe_rest, 2)
+            writes = iter(range(10))
+            rest_s += load_s + _median_time(lambda: result["r"].save(cache, f"job{next(writes)}"), 2)
+    finally:
+        probe_mod.score, probe_mod.reference_scores = saved
+    return UnitCosts(model=model_name, q=q, device=str(finetuner.device), task=task_config.name, prepare_s=prepare_s,
+                     epoch_s=epoch_s, save_s=save_s, plan_s=plan_s, contexts=len(plan.planned),
+                     forwards_saved=plan.forwards_saved(base.invariances),
+                     score_per_context_s=score_s / len(plan.planned), rest_s=rest_s)
+
+
+_WORKER_IMPORTS = "import ray.tune, torch, trainables.finetune, probes.probe, probes.scoring"
+# The driver's own start (imports of the sweep machinery) and its end (aggregation, figures, report).
+_DRIVER_IMPORTS = ("import ray, ray.tune, torch, pandas, pyarrow, matplotlib.pyplot; import orchestrator.config, "
+                   "orchestrator.reports, orchestrator.figures, probes.probe, trainables.trainable")
+# Ray's start and stop, and the start of actors like a Tune trial's and a probe actor's (a worker process
+# that imports torch, Tune and iclmem), timed one after the other on an otherwise idle local Ray.
+_RAY_START = """
+import json, time
+start = time.perf_counter()
+import ray
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+init = time.perf_counter() - start
+
+@ray.remote(num_cpus=1)
+class Worker:
+    def __init__(self):
+        import ray.tune, torch, trainables.finetune, probes.probe, probes.scoring  # noqa: F401
+    def ready(self):
+        return True
+
+actors = []
+for _ in range(2):
+    t = time.perf_counter()
+    actor = Worker.remote()
+    ray.get(actor.ready.remote())
+    actors.append(time.perf_counter() - t)
+    ray.kill(actor)
+
+
+# Tune's own cost per trial: a trial that imports what iclmem's trainable imports and reports REPORTS
+# times (one per epoch, as the trainable does), in an experiment of 1 trial and of 3 trials run one
+# after the other; the difference over the 2 extra trials is the cost of one trial, the rest the
+# experiment's fixed cost (setup, state files, teardown).
+import tempfile
+from ray import tune
+
+def trainable(config):
+    import torch, trainables.finetune, probes.probe  # noqa: F401
+    for epoch in range(config["reports"]):
+        tune.report({"epoch": epoch})
+
+def fit(samples):
+    with tempfile.TemporaryDirectory() as storage:
+        t = time.perf_counter()
+        tune.Tuner(trainable, param_space={"reports": REPORTS},
+                   tune_config=tune.TuneConfig(num_samples=samples, max_concurrent_trials=1),
+                   run_config=tune.RunConfig(storage_path=storage, verbose=0)).fit()
+        return time.perf_counter() - t
+
+one, three = fit(1), fit(3)
+trial = max((three - one) / 2, 0.0)
+t = time.perf_counter()
+ray.shutdown()
+print(json.dumps({"ray_start_s": init + time.perf_counter() - t, "actor_start_s": min(actors),
+                  "tune_trial_s": trial, "tune_fixed_s": max(one - trial, 0.0)}))
+"""
+
+
+def measure_process(code: str, repeats: int = 1) -> float:
+    """Wall seconds of a fresh Python process running ``code`` from the repository root."""
+    return _median_time(lambda: run_python(code), repeats)
+
+
+def run_python(code: str) -> str:
+    """stdout of a fresh Python process running ``code`` from the repository root (on its path)."""
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "RAY_USAGE_STATS_ENABLED": "0"}
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True, text=True,
+                          env=env).stdout
+
+
+def measure_ray(reports: int = 1) -> dict[str, float]:
+    """Seconds, measured on a local Ray: ``ray_start_s`` (start + stop), ``actor_start_s`` (one worker
+    actor), ``tune_trial_s`` (one Tune trial reporting ``reports`` times, its actor's start included) and
+    ``tune_fixed_s`` (a Tune experiment's own cost)."""
+    import json
+
+    code = _RAY_START.replace("REPORTS", str(max(1, int(reports))))
+    return {k: float(v) for k, v in json.loads(run_python(code).strip().splitlines()[-1]).items()}
+
+
+# ------------------------------------------------------------------------------------------------ estimate
+@dataclass(frozen=True)
+class Overheads:
+    """Measured costs of the machinery around the work, in seconds."""
+
+    driver_start_s: float = 0.0  # the driver's imports
+    ray_start_s: float = 0.0  # a local Ray's start and stop
+    actor_start_s: float = 0.0  # a worker actor importing torch, Tune and iclmem (each probe actor)
+    tune_trial_s: float = 0.0  # a Tune trial around the work: its actor's start, its reports (each run)
+    tune_fixed_s: float = 0.0  # a Tune experiment's own cost (setup, state, teardown), once
+
+    @property
+    def trial_s(self) -> float:
+        return self.tune_trial_s or self.actor_start_s
+
+
+@dataclass(frozen=True)
+class Estimate:
+    work: Work
+    costs: dict[tuple[str, int], UnitCosts]
+    overheads: Overheads
+    workers: int
+    compute_s: dict[str, float]  # device-seconds per kind of work, run in parallel on the workers
+    serial_s: dict[str, float]  # on the driver, before the parallel work
+    longest_s: float
+    plan_builds: int
+
+    @property
+    def parallel_s(self) -> float:
+        return sum(self.compute_s.values())
+
+    @property
+    def wall_s(self) -> float:
+        return sum(self.serial_s.values()) + max(self.parallel_s / self.workers, self.longest_s)
+
+    @property
+    def device_hours(self) -> float:
+        """Device-hours held: N workers for the parallel phase (the busy share is parallel / (N x wall))."""
+        return self.workers * max(self.parallel_s / self.workers, self.longest_s) / 3600
+
+    @property
+    def device(self) -> str:
+        return next(iter(self.costs.values())).device
+
+    def on(self, workers: int) -> "Estimate":
+        """The same measured grid on another number of workers."""
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        return replace(self, workers=workers)
+
+
+def predict(work: Work, costs: dict[tuple[str, int], UnitCosts], workers: int, overheads: Overheads,
+            probe_actors: int = 1) -> Estimate:
+    """Device-seconds and wall time from counted work and measured unit costs (module docstring, step 3)."""
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    keys = sorted(work.runs_by)
+    epochs, ck = work.epochs, work.checkpoints
+    o = overheads
+    run_s = {k: o.trial_s + epochs * costs[k].epoch_s + ck * costs[k].save_s for k in keys}
+    probe_s = {k: costs[k].contexts * costs[k].score_per_context_s + costs[k].rest_s for k in keys}
+    references = sum(work.references.values())
+    plan_builds = sum(work.references.get(k, 0) * min(probe_actors, work.checkpoint_jobs[k]) for k in keys)
+    compute = {
+        "Tune trials (actor start, imports, reports)": sum(work.runs_by[k] * o.trial_s for k in keys),
+        "fine-tuning (epochs + checkpoint saves)": sum(work.runs_by[k] * (epochs * costs[k].epoch_s + ck * costs[k].save_s)
+                                                       for k in keys),
+        "probe scoring (checkpoints + controls)": sum((work.probe_contexts[k] + work.control_contexts.get(k, 0))
+                                                      * costs[k].score_per_context_s for k in keys),
+        "rest of probes (ICL, bootstrap, AUCs)": sum((work.checkpoint_jobs[k] + work.controls.get(k, 0)) * costs[k].rest_s
+                                                     for k in keys),
+        "reference scoring (once per reference)": sum(work.reference_contexts[k] * costs[k].score_per_context_s
+                                                      for k in keys),
+        "probe plans (per task and probe actor)": sum(work.references.get(k, 0) * min(probe_actors, work.checkpoint_jobs[k])
+                                                      * costs[k].plan_s for k in keys),
+        "probe actor start": probe_actors * len({k[0] for k in keys}) * o.actor_start_s,
+    }
+    mean_prepare = statistics.mean(c.prepare_s for c in costs.values())
+    serial = {"driver start (imports)": o.driver_start_s, "Ray start and stop": o.ray_start_s,
+              "Stage I (driver)": work.prepared_tasks * mean_prepare, "Tune experiment (setup, teardown)": o.tune_fixed_s}
+    longest = max(run_s[k] + probe_s[k] for k in keys)
+    del references
+    return Estimate(work, costs, o, workers, compute, serial, longest, plan_builds)
+
+
+def estimate(config: str | Path, workers: int, device: str | None = None, task: str | None = None,
+             epochs: int = 4, score_rounds: int = 1, threads: int | None = None,
+             with_ray: bool = True, log: Any = None) -> Estimate:
+    """Count, measure and predict for a sweep file (see the module docstring)."""
+    import torch
+
+    from orchestrator.config import TaskConfig, load_sweep
+    from trainables.models.base import resolve_device
+
+    sweep = load_sweep(config)
+    work = count_work(sweep)
+    dev = resolve_device(device)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(int(threads or 1))
+    task_config = next((t for t in sweep.tasks if t.name == task), None) or (
+        TaskConfig(name=task) if task else sweep.tasks[0])
+    costs: dict[tuple[str, int], UnitCosts] = {}
+    try:
+        for model_name, q in sorted(work.runs_by):
+            if log:
+                log(f"measuring {model_name} at Q={q} on {dev} ({task_config.name}) ...")
+            costs[(model_name, q)] = measure_unit_costs(sweep, model_name, work.model_options.get(model_name, {}), q,
+                                                        task_config, dev, epochs=epochs, score_rounds=score_rounds)
+    finally:
+        torch.set_num_threads(previous)
+    if log:
+        log("measuring the driver's start, Ray's start and a worker actor's start ...")
+    driver_start = measure_process(_DRIVER_IMPORTS)
+    if with_ray:
+        overheads = Overheads(driver_start_s=driver_start, **measure_ray(reports=min(work.epochs, 100)))
+    else:
+        overheads = Overheads(driver_start_s=driver_start, actor_start_s=measure_process(_WORKER_IMPORTS))
+    return predict(work, costs, workers, overheads, sweep.resources.probe_actors)
+
+
+# ------------------------------------------------------------------------------------------------ output
+def human(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], markdown: bool) -> str:
+    rows = [[str(c) for c in r] for r in rows]
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)])
+
+
+def render(est: Estimate, markdown: bool = False) -> str:
+    """The estimate as text (or markdown tables): work, unit costs, compute and wall time."""
+    w = est.work
+    work_rows = [
+        ("fine-tuning runs", f"{w.runs:,}"),
+        ("fine-tuning steps", f"{w.steps:,}"),
+        ("ICL evaluation forwards", f"{w.eval_forwards:,}"),
+        ("checkpoints probed", f"{w.total('checkpoint_jobs'):,} (epochs {', '.join(map(str, w.schedule))})"),
+        ("probe contexts (checkpoints)", f"{w.total('probe_contexts'):,}"),
+        ("probe contexts (base-model controls)", f"{w.total('control_contexts'):,}"),
+        ("references (computed once, shared)", f"{w.total('references'):,}"),
+        ("reference contexts", f"{w.total('reference_contexts'):,} (sharing saves {w.reference_contexts_saved:,})"),
+    ]
+    cost_rows = [(f"{c.model} Q={c.q}", f"{c.epoch_s * 1e3:.1f}", f"{c.save_s * 1e3:.1f}", f"{c.plan_s:.2f}",
+                  f"{c.contexts:,} ({c.forwards_saved:.0%} not forwarded)", f"{c.score_per_context_s * 1e3:.4f}",
+                  f"{c.rest_s:.2f}", f"{c.prepare_s:.2f}") for c in est.costs.values()]
+    compute_rows = [(k, human(v), f"{v / 3600:.3f}") for k, v in est.compute_s.items()]
+    compute_rows += [(f"{k} (serial)", human(v), "") for k, v in est.serial_s.items()]
+    text = [
+        f"Grid: {w.runs} runs x {w.epochs} epochs on {', '.join(w.tasks)}; suite of {w.suite} manipulations.",
+        "",
+        _table(["work", "count"], work_rows, markdown),
+        "",
+        f"Unit costs measured on {est.device} (task {next(iter(est.costs.values())).task}); driver start "
+        f"{est.overheads.driver_start_s:.1f} s, Ray start and stop {est.overheads.ray_start_s:.1f} s, worker actor "
+        f"start {est.overheads.actor_start_s:.1f} s, Tune trial around the work {est.overheads.tune_trial_s:.1f} s, "
+        f"Tune experiment {est.overheads.tune_fixed_s:.1f} s:",
+        "",
+        _table(["model", "epoch ms (step+eval)", "save ms", "plan s", "contexts per probe", "score ms/context",
+                "rest of probe s", "Stage I s"], cost_rows, markdown),
+        "",
+        _table(["compute", "device time", "device-hours"], compute_rows, markdown),
+        "",
+        f"Predicted on {est.workers} worker(s): wall time {human(est.wall_s)} ({est.wall_s:.0f} s; "
+        + ("bound by the longest run" if est.longest_s * est.workers >= est.parallel_s else "bound by total work / N")
+        + f"), {est.device_hours:.3f} device-hours held, {est.parallel_s / 3600:.3f} busy.",
+    ]
+    return "\n".join(text)

@@ -1,0 +1,122 @@
+"""`iclmem estimate`: the grid's work counted, unit costs measured, wall time predicted."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import orchestrator.estimate as estimate_mod
+from orchestrator.cli import main
+from orchestrator.config import load_sweep
+from orchestrator.estimate import Overheads, UnitCosts, count_work, estimate, predict, render
+
+OVERHEADS = Overheads(driver_start_s=1.0, ray_start_s=4.0, actor_start_s=1.5, tune_trial_s=2.0, tune_fixed_s=0.5)
+
+SWEEP = """
+name: tiny
+tasks:
+  - name: breast_cancer
+models:
+  - name: pfn-mini
+    options: {weights: shipped}
+grid:
+  regime: [single_fixed]
+  lr: [1.0e-1, 1.0e-3]
+  q: [20]
+  label_mode: [normal, shuffled_members]
+  seed: [0]
+training:
+  epochs: 5
+  checkpoint_epochs: [1, 5]
+data:
+  context_size: 64
+probe:
+  suite: [base, position_first, scale_uniform_x2]
+  bootstrap: 50
+resources:
+  probe_actors: 1
+wandb:
+  mode: disabled
+"""
+
+
+@pytest.fixture()
+def config(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(SWEEP)
+    return path
+
+
+def test_work_is_counted_from_the_grid_as_by_hand(config):
+    work = count_work(load_sweep(config))
+    key = ("pfn-mini", 20)
+    assert work.runs == 4  # 2 lr x 1 Q x 2 label modes
+    assert work.steps == 4 * 5 and work.eval_forwards == 2 * 5 * 4
+    assert work.schedule == (1, 5) and work.checkpoint_jobs == {key: 8}
+    assert work.probe_contexts == {key: 4 * 2 * (2 * 20) * 3}  # runs x checkpoints x 2Q x suite
+    assert work.references == {key: 2} and work.controls == {key: 2}  # one per label mode
+    assert work.reference_contexts == {key: 2 * 40 * 3} and work.control_contexts == {key: 2 * 40 * 3}
+    assert work.reference_contexts_saved == 2 * (2 - 1) * 40 * 3  # each reference shared by 2 runs
+    assert work.prepared_tasks == 2
+
+
+def _costs(**changes) -> dict:
+    base = UnitCosts(model="pfn-mini", q=20, device="cpu", task="breast_cancer", prepare_s=0.5, epoch_s=0.1,
+                     save_s=0.05, plan_s=0.2, contexts=120, forwards_saved=0.3, score_per_context_s=1e-3, rest_s=0.4)
+    return {("pfn-mini", 20): dataclasses.replace(base, **changes)}
+
+
+def test_prediction_adds_each_kind_of_work_and_divides_the_parallel_part_by_the_workers(config):
+    work = count_work(load_sweep(config))
+    one = predict(work, _costs(), 1, OVERHEADS)
+    c = one.compute_s
+    assert c["fine-tuning (epochs + checkpoint saves)"] == pytest.approx(4 * (5 * 0.1 + 2 * 0.05))
+    assert c["Tune trials (actor start, imports, reports)"] == pytest.approx(4 * 2.0)
+    assert c["probe actor start"] == pytest.approx(1 * 1.5)
+    assert c["probe scoring (checkpoints + controls)"] == pytest.approx((960 + 240) * 1e-3)
+    assert c["reference scoring (once per reference)"] == pytest.approx(240 * 1e-3)
+    assert c["rest of probes (ICL, bootstrap, AUCs)"] == pytest.approx((8 + 2) * 0.4)
+    assert one.serial_s == {"driver start (imports)": 1.0, "Ray start and stop": 4.0, "Stage I (driver)": 2 * 0.5,
+                            "Tune experiment (setup, teardown)": 0.5}
+    assert one.wall_s == pytest.approx(6.5 + one.parallel_s)
+    two = predict(work, _costs(), 2, OVERHEADS)
+    assert two.wall_s == pytest.approx(6.5 + one.parallel_s / 2)
+    assert one.on(2).wall_s == pytest.approx(two.wall_s)
+    # many workers: bound by the longest chain (a run's start, epochs, saves, then its last probe)
+    many = predict(work, _costs(), 1000, OVERHEADS)
+    assert many.longest_s == pytest.approx(2.0 + 5 * 0.1 + 2 * 0.05 + 120 * 1e-3 + 0.4)
+    assert many.wall_s == pytest.approx(6.5 + many.longest_s)
+    assert many.device_hours == pytest.approx(1000 * many.longest_s / 3600)
+
+
+def test_slower_unit_costs_predict_a_longer_sweep(config):
+    work = count_work(load_sweep(config))
+    fast = predict(work, _costs(), 2, OVERHEADS)
+    slow = predict(work, _costs(epoch_s=1.0, score_per_context_s=1e-2), 2, OVERHEADS)
+    assert slow.wall_s > fast.wall_s
+
+
+def test_estimate_measures_the_configured_model_on_this_device_and_renders_it(config):
+    est = estimate(config, workers=3, device="cpu", epochs=1, with_ray=False)
+    (costs,) = est.costs.values()
+    assert costs.device == "cpu" and costs.contexts == 40 * 3
+    assert costs.forwards_saved == pytest.approx(2 / 3)  # pfn-mini: position_first and scale_uniform_x2 = base
+    for name in ("prepare_s", "epoch_s", "save_s", "plan_s", "score_per_context_s", "rest_s"):
+        assert getattr(costs, name) > 0, name
+    o = est.overheads
+    assert o.actor_start_s > 0 and o.driver_start_s > 0 and o.ray_start_s == 0 and o.trial_s == o.actor_start_s
+    text = render(est)
+    assert "Predicted on 3 worker(s)" in text and "fine-tuning runs" in text
+    assert "| fine-tuning runs | 4 |" in render(est, markdown=True)
+
+
+def test_cli_estimate_prints_work_and_predicted_wall_time(config, capsys, monkeypatch):
+    monkeypatch.setattr(estimate_mod, "measure_process", lambda code, repeats=1: 1.5)  # no subprocesses here
+    monkeypatch.setattr(estimate_mod, "measure_ray", lambda reports: {
+        "ray_start_s": 4.5, "actor_start_s": 2.5, "tune_trial_s": 3.0 + reports / 100, "tune_fixed_s": 1.0})
+    assert main(["estimate", str(config), "--workers", "2", "--epochs", "1", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "Predicted on 2 worker(s): wall time" in out
+    assert ("driver start 1.5 s, Ray start and stop 4.5 s, worker actor start 2.5 s, Tune trial around the work "
+            "3.0 s, Tune experiment 1.0 s") in out
