@@ -19,22 +19,28 @@ writes: the peak-checkpoint table, ROC charts and AUC-over-epochs line plots.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import re
+import secrets
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
 
-from iclmem.atomic import write_parquet_atomic
-from iclmem.runfolder import MANIPULATION_AUC_FILE, RESULTS_FILE, SPLIT_REPORT_FILE
+from iclmem.atomic import write_json_atomic, write_parquet_atomic
+from iclmem.errors import ConfigError
+from iclmem.runfolder import MANIPULATION_AUC_FILE, RESULTS_FILE, SPLIT_REPORT_FILE, WANDB_DIR
 from orchestrator import reports as R
 
 log = logging.getLogger(__name__)
 
 RESULTS_TABLE_KEY = "results_table"
+LM_RESULTS_TABLE_KEY = "lm_results"  # the LM probe sweep's summary run
+LM_F1_PREFIX = "mean_f1"
 PEAK_TABLE_KEY = "peak_table"
 ROC_PREFIX = "roc"
 AUC_PREFIX = "auc"
@@ -154,6 +160,13 @@ def resolve_wandb_mode(requested: str | None = "offline", environ: Mapping[str, 
     return "offline"
 
 
+def _quiet_settings() -> Any:
+    """What every iclmem W&B run shares: no console capture, code, git state or system stats."""
+    import wandb
+
+    return wandb.Settings(console="off", save_code=False, disable_git=True, x_disable_stats=True, silent=True)
+
+
 def _json_scalar(v: Any) -> Any:
     if isinstance(v, (np.integer,)):
         return int(v)
@@ -197,11 +210,10 @@ class WandbResultsLogger:
     def _start(self, run_dir: Path, config: Mapping[str, Any]):
         import wandb  # lazy: only a sweep that logs to W&B loads it
 
-        settings = wandb.Settings(console="off", save_code=False, disable_git=True, x_disable_stats=True,
-                                  silent=True)
         self._run = wandb.init(project=self.project, entity=self.entity, group=self.group, name=self.name,
                                job_type=self.job_type, tags=list(self.tags), dir=str(run_dir),
-                               mode=self.mode, config=dict(config), settings=settings, reinit="create_new")
+                               mode=self.mode, config=dict(config), settings=_quiet_settings(),
+                               reinit="create_new")
         return self._run
 
     def finish(self) -> None:
@@ -324,6 +336,30 @@ class WandbResultsLogger:
             art.add_file(str(path), name=fname, policy="immutable", skip_cache=True)
         return art
 
+    def log_lm_summary(self, run_dir: str | Path, results: pd.DataFrame, files: Iterable[Path] = ()) -> None:
+        """The LM probe sweep's summary run: its results table (metrics, model, dataset and entity-type
+        names and counts: no sentence or entity string), mean F1 per probe and variant in the summary, and
+        ``files`` (the report and results table) as an artifact."""
+        import wandb
+
+        run_dir = Path(run_dir)
+        config: dict[str, Any] = {"run_dir_name": run_dir.name, "n_rows": int(len(results))}
+        for col in ("model", "dataset", "probe", "seed"):
+            config[f"{col}_values"] = sorted({_json_scalar(v) for v in results[col].unique()}, key=str)
+        prov = R.load_provenance(run_dir)
+        if prov:
+            config["provenance"] = prov
+        run = self._run or self._start(run_dir, config)
+        run.log({LM_RESULTS_TABLE_KEY: wandb.Table(dataframe=_table_frame(results))})
+        for (probe, variant), group in results.groupby(["probe", "variant"]):
+            mean = group["f1"].mean()
+            if pd.notna(mean):
+                run.summary[f"{LM_F1_PREFIX}/{probe}/{variant}"] = float(mean)
+        art = wandb.Artifact(_safe(f"iclmem-lm-{self.group or run_dir.name}").replace("=", "-"), type="lm-results")
+        for path in files:
+            art.add_file(str(path), name=Path(path).name)
+        run.log_artifact(art)
+
 
 def _table_frame(df: pd.DataFrame) -> pd.DataFrame:
     """wandb.Table-friendly copy: plain Python scalars, NaN kept as None."""
@@ -332,6 +368,242 @@ def _table_frame(df: pd.DataFrame) -> pd.DataFrame:
         if out[c].dtype == object:
             out[c] = out[c].map(lambda v: None if v is None or (isinstance(v, float) and np.isnan(v)) else str(v))
     return out.reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-trial runs: one W&B run per trial (and per base-model control), written by the sweep driver
+# --------------------------------------------------------------------------------------------------
+
+TRIAL_JOB_TYPE = "trial"
+PROBE_PREFIX = "probe"
+PEAK_PREFIX = "peak"
+TRIAL_RUNS_FILE = "trial_runs.json"  # under RUN_DIR/wandb/: W&B run ids and what each run already holds
+# Top-level config of a trial's run: what W&B's run table groups and filters by.
+TRIAL_CONFIG_KEYS: tuple[str, ...] = ("run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed",
+                                      "config_hash", "git_commit")
+# Keys Tune adds to every reported result: bookkeeping, not training metrics (``time_this_iter_s`` and
+# ``time_total_s`` are kept: per-epoch timing is worth plotting).
+_TUNE_BOOKKEEPING = frozenset({
+    "run_id", EPOCH_KEY, "config", "trial_id", "experiment_tag", "done", "should_checkpoint",
+    "checkpoint_dir_name", "timestamp", "date", "pid", "hostname", "node_ip", "training_iteration",
+    "timesteps_total", "episodes_total", "timesteps_since_restore", "iterations_since_restore",
+    "time_since_restore",
+})
+
+
+@runtime_checkable
+class TrialLogger(Protocol):
+    """Receives, in the sweep driver, each trial's training results and each checkpoint's probe row."""
+
+    def log_training(self, identity: Mapping[str, Any], result: Mapping[str, Any]) -> None: ...
+
+    def log_probe(self, row: Mapping[str, Any]) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class NullTrialLogger:
+    """The default: logs nothing."""
+
+    def log_training(self, identity: Mapping[str, Any], result: Mapping[str, Any]) -> None:
+        return None
+
+    def log_probe(self, row: Mapping[str, Any]) -> None:
+        return None
+
+    def finish(self) -> None:
+        return None
+
+
+def trial_run_config(identity: Mapping[str, Any], group: str | None) -> dict[str, Any]:
+    """The flat W&B config of one trial's run: its ids and hyperparameters, and the sweep's name."""
+    cfg = {k: _json_scalar(identity[k]) for k in TRIAL_CONFIG_KEYS if k in identity}
+    if group is not None:
+        cfg["sweep"] = group
+    return cfg
+
+
+def training_metrics(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The numeric training metrics of one Tune result (Tune's bookkeeping and any non-number dropped,
+    so no free text can reach W&B)."""
+    out: dict[str, Any] = {}
+    for k, v in result.items():
+        if isinstance(k, str) and k not in _TUNE_BOOKKEEPING and isinstance(v, (bool, int, float, np.number)):
+            out[k] = _json_scalar(v)
+    return out
+
+
+def probe_metrics(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One probe row reduced to the public allow-list of :mod:`orchestrator.reports`, ids removed
+    (they are the run's config), keys prefixed ``probe/``; missing values (None, NaN) left out."""
+    public = R.public_results(pd.DataFrame([dict(row)]))
+    out: dict[str, Any] = {}
+    for k, v in public.iloc[0].items():
+        if k in TRIAL_CONFIG_KEYS or k == EPOCH_KEY:
+            continue
+        v = _json_scalar(v)
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            continue
+        out[f"{PROBE_PREFIX}/{k}"] = v
+    return out
+
+
+def run_headline(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Summary of one run from its probe rows: the last probed checkpoint's metrics (``probe/*``) and its
+    peak checkpoint (``peak/*``, chosen by :func:`orchestrator.reports.peak_checkpoints`, as in the
+    sweep summary's peak table)."""
+    public = R.public_results(pd.DataFrame([dict(r) for r in rows]))
+    if public.empty:
+        return {}
+    last = public.loc[public[EPOCH_KEY].astype(int).idxmax()]
+    out = probe_metrics(last.to_dict())
+    out[f"{PROBE_PREFIX}/last_epoch"] = int(last[EPOCH_KEY])
+    peak = R.peak_checkpoints(public, regime=None).iloc[0]
+    out[f"{PEAK_PREFIX}/epoch"] = int(peak[EPOCH_KEY])
+    out[f"{PEAK_PREFIX}/outcome"] = str(peak["outcome"])
+    if pd.notna(peak["peak_auc"]):
+        out[f"{PEAK_PREFIX}/auc"] = float(peak["peak_auc"])
+    if isinstance(peak.get("peak_kind"), str):
+        out[f"{PEAK_PREFIX}/score_kind"] = peak["peak_kind"]
+    return out
+
+
+class TrialRunsLedger:
+    """``RUN_DIR/wandb/trial_runs.json``: the W&B run id of every trial and the epochs each run already
+    holds, so that a restarted driver (``iclmem resume``) continues the same runs and logs each epoch's
+    training metrics and each checkpoint's probe row once.
+
+    Run ids are ``<config hash>-<token>-<hash of run_id>``: deterministic within a run folder (the token
+    is drawn once and stored here), and distinct between two run folders of the same sweep config, which
+    would otherwise be merged into the same W&B runs by ``wandb sync`` or online resume.
+    """
+
+    def __init__(self, path: Path, config_hash: str) -> None:
+        self.path = path
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        self.token: str = data.get("token") or f"{str(config_hash)[:8]}-{secrets.token_hex(3)}"
+        self.runs: dict[str, dict[str, Any]] = data.get("runs", {})
+
+    def entry(self, run_id: str) -> dict[str, Any]:
+        if run_id not in self.runs:
+            digest = hashlib.sha1(run_id.encode()).hexdigest()[:10]
+            self.runs[run_id] = {"wandb_id": f"{self.token}-{digest}", "trained_to": 0, "probed": []}
+        return self.runs[run_id]
+
+    def save(self) -> None:
+        write_json_atomic(self.path, {"token": self.token, "runs": self.runs}, indent=1, sort_keys=True)
+
+
+class WandbTrialLogger:
+    """One W&B run per trial (``job_type="trial"``, grouped by sweep), opened by the sweep driver.
+
+    Each run holds its trial's flat config (:data:`TRIAL_CONFIG_KEYS` and ``sweep``), its per-epoch
+    training metrics (fed by a Tune callback's ``on_trial_result``) and its checkpoints' probe metrics and
+    outcome as ``probe/*`` (fed by the driver's probe-pool polls), all against ``epoch``
+    (``define_metric(step_metric="epoch")``), and in its summary the last checkpoint's ``probe/*`` and
+    the peak checkpoint's ``peak/*``. Base-model controls get a run each too (regime ``base``, no
+    training), so the run table holds every row of the results table.
+
+    Why in the driver, not Ray's ``WandbLoggerCallback`` (a logging actor per trial): probe results
+    arrive in the driver, often after the trial has finished (the actor is gone by then) and after a
+    driver restart; only a logger that lives where the rows arrive can put them into the trial's own
+    run. It also keeps the W&B key out of Ray: wandb reads it from the driver's environment, while Ray's
+    callback hands it to its actors through the runtime env, which Ray's agent logs in plain text.
+    wandb ≥ 0.19 runs several runs in one process (``reinit="create_new"``); each stays open until
+    :meth:`finish` (after the probe pool is drained), since a late probe row may still come. Run ids are
+    deterministic per run folder (:class:`TrialRunsLedger`) and opened with ``resume="allow"``: online,
+    a resumed sweep continues the same runs; offline, each driver writes its own
+    ``offline-run-*-<id>`` folder under ``RUN_DIR/wandb/`` and ``wandb sync`` appends them in order.
+    Probe rows are reduced to the public allow-list (:func:`probe_metrics`), training results to numbers.
+    """
+
+    def __init__(self, run_dir: str | Path, *, project: str, group: str | None, config_hash: str,
+                 entity: str | None = None, mode: str = "offline", tags: Iterable[str] = ()) -> None:
+        self.run_dir = Path(run_dir)
+        self.project, self.group, self.entity = project, group, entity
+        self.config_hash = str(config_hash)
+        self.mode = resolve_wandb_mode(mode)
+        self.tags = tuple(str(t) for t in tags)
+        self._ledger: TrialRunsLedger | None = None  # read on first use: constructing touches no file
+        self._runs: dict[str, Any] = {}
+        self._rows: dict[str, dict[int, dict[str, Any]]] = {}  # run_id -> epoch -> public probe row
+
+    @property
+    def ledger(self) -> TrialRunsLedger:
+        if self._ledger is None:
+            self._ledger = TrialRunsLedger(self.run_dir / WANDB_DIR / TRIAL_RUNS_FILE, self.config_hash)
+        return self._ledger
+
+    @property
+    def runs(self) -> Mapping[str, Any]:
+        """The open W&B runs, by iclmem run_id."""
+        return dict(self._runs)
+
+    def _run_for(self, identity: Mapping[str, Any]) -> Any:
+        run_id = str(identity["run_id"])
+        if run_id in self._runs:
+            return self._runs[run_id]
+        import wandb  # lazy: only a sweep that logs to W&B loads it
+
+        entry = self.ledger.entry(run_id)
+        self.ledger.save()  # the id is fixed before the run exists, so a restart reuses it
+        run = wandb.init(project=self.project, entity=self.entity, group=self.group, name=run_id,
+                         id=entry["wandb_id"], resume="allow", job_type=TRIAL_JOB_TYPE, tags=list(self.tags),
+                         dir=str(self.run_dir), mode=self.mode, config=trial_run_config(identity, self.group),
+                         settings=_quiet_settings(), reinit="create_new")
+        run.define_metric(EPOCH_KEY)
+        run.define_metric("*", step_metric=EPOCH_KEY)
+        self._runs[run_id] = run
+        return run
+
+    def log_training(self, identity: Mapping[str, Any], result: Mapping[str, Any]) -> None:
+        if self.mode == "disabled" or result.get(EPOCH_KEY) is None:
+            return
+        epoch = int(result[EPOCH_KEY])
+        entry = self.ledger.entry(str(identity["run_id"]))
+        if epoch <= int(entry["trained_to"]):
+            return  # already in the run: logged before a driver restart, or re-run after a trial failure
+        self._run_for(identity).log({EPOCH_KEY: epoch, **training_metrics(result)})
+        entry["trained_to"] = epoch
+        self.ledger.save()
+
+    def log_probe(self, row: Mapping[str, Any]) -> None:
+        if self.mode == "disabled":
+            return
+        run_id, epoch = str(row["run_id"]), int(row[EPOCH_KEY])
+        public = R.public_results(pd.DataFrame([dict(row)])).iloc[0].to_dict()
+        self._rows.setdefault(run_id, {})[epoch] = public
+        run = self._run_for(public)
+        entry = self.ledger.entry(run_id)
+        if epoch not in entry["probed"]:  # a stored result comes back on every resume's catch-up pass
+            run.log({EPOCH_KEY: epoch, **probe_metrics(public)})
+            entry["probed"] = sorted([*entry["probed"], epoch])
+            self.ledger.save()
+        # Rows may arrive in any epoch order; the summary is recomputed from every row this driver saw
+        # (a resumed driver sees them all again: its catch-up pass resubmits every checkpoint).
+        for k, v in run_headline(self._rows[run_id].values()).items():
+            run.summary[k] = v
+
+    def finish(self) -> None:
+        """Finish every open run, then shut the wandb service down so the offline transaction logs are
+        complete on disk (``run.finish()`` can return before the service has flushed them)."""
+        if not self._runs:
+            return
+        import wandb
+
+        runs, self._runs = list(self._runs.values()), {}
+        for run in runs:
+            run.finish()
+        wandb.teardown()
+
+
+def make_trial_logger(kind: str | None = None, **kwargs: Any) -> TrialLogger:
+    """``None``/``"none"`` -> :class:`NullTrialLogger`; ``"wandb"`` -> :class:`WandbTrialLogger`."""
+    if kind in (None, "", "none", "null"):
+        return NullTrialLogger()
+    if kind == "wandb":
+        return WandbTrialLogger(**kwargs)
+    raise ConfigError(f"unknown trial logger {kind!r}: use 'none' or 'wandb'")
 
 
 def make_results_logger(kind: str | None = None, **kwargs: Any) -> ResultsLogger:

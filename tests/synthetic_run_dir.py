@@ -12,6 +12,7 @@ column in every parquet, and a raw-record config field in ``provenance.json``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import struct
 from pathlib import Path
 
@@ -265,3 +266,37 @@ def read_wandb_records(path: str | Path) -> list:
         r.ParseFromString(c)
         records.append(r)
     return records
+
+
+def _item_key(item) -> str:
+    return item.key or "/".join(item.nested_key)
+
+
+def wandb_history(records) -> list[dict]:
+    """The history rows of a transaction log, in logging order."""
+    return [{_item_key(i): json.loads(i.value_json) for i in r.history.item}
+            for r in records if r.WhichOneof("record_type") == "history"]
+
+
+def wandb_config(records) -> dict:
+    """The run's config as it stands at the end of the log (the run record's, then later updates)."""
+    out = {}
+    for r in records:
+        kind = r.WhichOneof("record_type")
+        for item in r.run.config.update if kind == "run" else r.config.update if kind == "config" else []:
+            out[_item_key(item)] = json.loads(item.value_json)
+    return out
+
+
+def wandb_summary(records) -> dict:
+    """The run's summary at the end of the log; nested keys (e.g. a table's metadata) become nested dicts."""
+    out: dict = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "summary":
+            for item in r.summary.update:
+                path = [item.key] if item.key else list(item.nested_key)
+                node = out
+                for part in path[:-1]:
+                    node = node.setdefault(part, {})
+                node[path[-1]] = json.loads(item.value_json)
+    return out

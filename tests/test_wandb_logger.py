@@ -1,18 +1,29 @@
-"""The results logger: no-op default, offline W&B summary run (inspected on disk) and the W&B Report."""
+"""The results loggers: no-op defaults, offline W&B summary and per-trial runs (inspected on disk), the W&B Report."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from synthetic_run_dir import (
+    CANARY,
+    PLAN,
+    make_synthetic_run_dir,
+    read_wandb_records,
+    run_id,
+    wandb_config,
+    wandb_history,
+    wandb_summary,
+)
 
+from iclmem.errors import ConfigError
 from orchestrator import reports as R
 from orchestrator import wandb_logger as W
-from synthetic_run_dir import CANARY, PLAN, make_synthetic_run_dir, read_wandb_records, run_id
 
 FAKE_KEY = "fakekey-canary-0123456789abcdef0123456789abcdef"
 GROUP = "synthetic-sweep"
@@ -35,6 +46,8 @@ def test_mode_is_offline_unless_online_and_key_present():
 def test_importing_the_module_does_not_import_wandb():
     code = ("import sys, orchestrator.wandb_logger as w; w.WandbResultsLogger('p', 'g'); "
             "w.make_results_logger('none').log_summary('.', None); "
+            "w.WandbTrialLogger('.', project='p', group='g', config_hash='h').finish(); "
+            "w.make_trial_logger('none').log_probe({}); "
             "assert 'wandb' not in sys.modules and 'wandb_workspaces' not in sys.modules, 'wandb imported'")
     res = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
                          capture_output=True, text=True, timeout=60)
@@ -86,19 +99,6 @@ def logged(tmp_path_factory):
     return run_dir, offline[0], records, logger, root
 
 
-def _summary(records) -> dict:
-    out = {}
-    for r in records:
-        if r.WhichOneof("record_type") == "summary":
-            for item in r.summary.update:
-                path = [item.key] if item.key else list(item.nested_key)
-                node = out
-                for part in path[:-1]:  # nested keys (e.g. a table's metadata) become nested dicts
-                    node = node.setdefault(part, {})
-                node[path[-1]] = json.loads(item.value_json)
-    return out
-
-
 def test_offline_run_lives_under_run_dir(logged):
     run_dir, offline, records, logger, _ = logged
     assert offline.parent == run_dir / "wandb"
@@ -126,7 +126,7 @@ def test_summary_table_and_media_files(logged):
 
 def test_summary_holds_outcome_counts(logged):
     _, _, records, _, _ = logged
-    s = _summary(records)
+    s = wandb_summary(records)
     assert s["outcome_counts/collapse"] == 7 and s["outcome_counts/memorization"] == 6  # 5 main + 1 multi_fixed
     assert s["outcome_counts/inversion"] == 4 and s["n_runs"] == 32
     assert s["outcome_rate/single_fixed/q=50/collapse"] == pytest.approx(4 / 12)
@@ -136,11 +136,7 @@ def test_summary_holds_outcome_counts(logged):
 
 def test_history_has_auc_over_epochs(logged):
     _, _, records, _, _ = logged
-    rows = []
-    for r in records:
-        if r.WhichOneof("record_type") == "history":
-            rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item})
-    by_epoch = {row["epoch"]: row for row in rows if "epoch" in row}
+    by_epoch = {row["epoch"]: row for row in wandb_history(records) if "epoch" in row}
     assert sorted(by_epoch) == [0, 1, 2, 5, 10]
     key = W.auc_key("bin_task", 1e-2, 50, model="pfn_mini", regime="single_fixed", label_mode="normal")
     assert by_epoch[5][key] == pytest.approx(0.67) and by_epoch[0][key] == pytest.approx(0.5)
@@ -212,7 +208,7 @@ def test_build_report_blocks_and_panel_queries(wr, logged):
     assert len(auc.panels[0].y) == n_bin_lines
 
     # every key the report reads was logged by the summary run
-    summary = _summary(records)
+    summary = wandb_summary(records)
     for p in roc.panels:
         assert p.query["summaryTable"]["tableKey"] in summary
     logged_history = logger.logged_keys
@@ -231,46 +227,184 @@ def test_report_is_saved_only_when_asked(wr, monkeypatch):
     assert saved == [report]
 
 
-# -- the Tune logging actors -------------------------------------------------------------------------
+# -- per-trial runs, written by the sweep driver -----------------------------------------------------
+
+TRIAL_A = run_id("single_fixed", "bin_task", 1e-2, 50)  # memorization, peak AUC 0.67 at epoch 5
+TRIAL_B = run_id("single_fixed", "bin_task", 1e-3, 512)  # peak 0.66 at epoch 2, from auc_entropy
+CONFIG_HASH = "cfg123"
+RAY_BOOKKEEPING = {"pid": 4242, "hostname": "node-1", "node_ip": "10.0.0.1", "timestamp": 1_700_000_000,
+                   "training_iteration": 3, "trial_id": "abc_00000", "done": False, "date": "2026-11-30"}
 
 
-class _StubTrial:
-    """What WandbLoggerCallback._start_logging_actor reads of a trial."""
+def _tune_result(run: str, epoch: int) -> dict:
+    """What Tune hands ``on_trial_result``: the trainable's metrics plus Tune's bookkeeping."""
+    return {"run_id": run, "epoch": epoch, "train_loss": 1.0 / epoch, "member_icl_accuracy": 0.5 + epoch / 100,
+            "nonmember_icl_accuracy": 0.5, "diverged": False, "time_this_iter_s": 0.25, **RAY_BOOKKEEPING,
+            "note": CANARY}
 
-    def __init__(self, path: Path) -> None:
-        self.local_path = str(path)
+
+def _probe_rows(results: pd.DataFrame, run: str, epochs) -> list[dict]:
+    """Probe rows as the pool returns them (raw_record canary included), in the given epoch order."""
+    by_epoch = {int(r["epoch"]): r for r in results[results["run_id"] == run].to_dict("records")}
+    return [dict(by_epoch[e], probe_seconds=1.5, probe_node="node-1") for e in epochs]
 
 
-@pytest.mark.parametrize("online", [True, False])
-def test_tune_logging_actors_get_the_key_only_online_and_never_as_a_logged_runtime_env_variable(
-        ray_session, tmp_path, monkeypatch, online):
-    """Ray's own callback ships WANDB_API_KEY as a runtime-env variable, which Ray's runtime-env agent
-    writes to its log in plain text; ours passes it as an actor argument, and only when online."""
-    import os
+@pytest.fixture(scope="module")
+def trial_runs(tmp_path_factory):
+    """Two drivers log into the same run folder: the first sees part of two trials (probe rows out of
+    epoch order), the second is ``iclmem resume`` after a restart: Tune re-reports an epoch the first
+    already logged, then the rest; the catch-up pass brings every stored probe row again."""
+    root = tmp_path_factory.mktemp("trials")
+    results = pd.read_parquet(make_synthetic_run_dir(root / "synthetic", with_optional=False) / "results.parquet")
+    run_dir = root / "sweep"
+    identities = {r: {k: results[results["run_id"] == r].iloc[0][k] for k in
+                      ("run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed", "config_hash",
+                       "git_commit")} | {"model_options": "{}"} for r in (TRIAL_A, TRIAL_B)}
+    loggers = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_SILENT", "true")
+        mp.setenv("WANDB_API_KEY", FAKE_KEY)  # present, as on a cluster: offline runs must not store it
+        for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+            mp.setenv(var, str(root / "wandb-home" / var.lower()))
+        first = W.make_trial_logger("wandb", run_dir=run_dir, project="iclmem-test", group=GROUP,
+                                    config_hash=CONFIG_HASH, mode="offline")
+        for e in range(1, 7):
+            first.log_training(identities[TRIAL_A], _tune_result(TRIAL_A, e))
+        for e in range(1, 11):
+            first.log_training(identities[TRIAL_B], _tune_result(TRIAL_B, e))
+        for row in _probe_rows(results, TRIAL_A, [5, 2, 1]) + _probe_rows(results, TRIAL_B, [10, 5, 2, 1, 0]):
+            first.log_probe(row)
+        first_ids = {r: run.id for r, run in first.runs.items()}
+        first.finish()
+        loggers.append(first)
+        time.sleep(1.1)  # offline folders are named by the second a run starts; a real restart takes longer
+        second = W.make_trial_logger("wandb", run_dir=run_dir, project="iclmem-test", group=GROUP,
+                                     config_hash=CONFIG_HASH, mode="offline")
+        for e in range(5, 11):  # restored from the epoch-5 checkpoint: epoch 6 runs (and reports) again
+            second.log_training(identities[TRIAL_A], _tune_result(TRIAL_A, e))
+        for row in _probe_rows(results, TRIAL_A, [0, 1, 2, 5, 10]) + _probe_rows(results, TRIAL_B, [0, 1, 2, 5, 10]):
+            second.log_probe(row)
+        second_ids = {r: run.id for r, run in second.runs.items()}
+        second.finish()
+        loggers.append(second)
+    return run_dir, results, first_ids, second_ids, root
 
-    import ray
 
-    from orchestrator.sweep import key_safe_wandb_callback
+def _offline_files(run_dir: Path, wandb_id: str) -> list[Path]:
+    """The run's transaction logs, oldest driver first (folders are named by start time)."""
+    return sorted((run_dir / "wandb").glob(f"offline-run-*-{wandb_id}/run-{wandb_id}.wandb"))
 
-    shipped = key_safe_wandb_callback(online=online)
 
-    class KeyReportingActor(shipped._logger_actor_cls):
-        def run(self):  # instead of wandb.init: report the key this actor process sees
-            return os.environ.get("WANDB_API_KEY")
+def test_a_restarted_driver_continues_each_trial_run_under_the_same_id(trial_runs):
+    run_dir, _, first_ids, second_ids, _ = trial_runs
+    assert first_ids == second_ids and set(first_ids) == {TRIAL_A, TRIAL_B}
+    assert len(set(first_ids.values())) == 2 and all(i.startswith(CONFIG_HASH) for i in first_ids.values())
+    ledger = json.loads((run_dir / "wandb" / W.TRIAL_RUNS_FILE).read_text())
+    assert {r: e["wandb_id"] for r, e in ledger["runs"].items()} == first_ids
+    for wandb_id in first_ids.values():
+        files = _offline_files(run_dir, wandb_id)
+        assert len(files) == 2  # one per driver; `wandb sync` appends them to one run in start order
+        for path in files:
+            run_records = [r.run for r in read_wandb_records(path) if r.WhichOneof("record_type") == "run"]
+            assert run_records[0].run_id == wandb_id and run_records[0].run_group == GROUP
+            assert run_records[0].job_type == W.TRIAL_JOB_TYPE
 
-    class Callback(shipped):
-        _logger_actor_cls = KeyReportingActor
 
-    monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
-    callback = Callback(project="p", dir=str(tmp_path))
-    callback.setup()
-    trial = _StubTrial(tmp_path)
-    callback._start_logging_actor(trial, [], id="t", name="t", project="p", config={"lr": 0.1}, reinit=True)
-    assert os.environ["WANDB_API_KEY"] == FAKE_KEY  # the driver's environment is left as it was
-    assert not callback._remote_logger_class._default_options.get("runtime_env", {}).get("env_vars")
-    seen = ray.get(callback._trial_logging_futures[trial], timeout=120)
-    assert seen == (FAKE_KEY if online else None)  # the session's Ray started without a key in its environment
-    callback._cleanup_logging_actors(timeout=5, kill_on_timeout=True)
-    session_logs = Path(ray_session._private.worker._global_node.get_session_dir_path()) / "logs"
-    leaks = [str(p) for p in session_logs.rglob("*") if p.is_file() and FAKE_KEY.encode() in p.read_bytes()]
-    assert leaks == []
+def test_another_run_folder_of_the_same_sweep_gets_other_run_ids(trial_runs, tmp_path):
+    run_dir, _, first_ids, _, _ = trial_runs
+    same = W.TrialRunsLedger(run_dir / "wandb" / W.TRIAL_RUNS_FILE, CONFIG_HASH)
+    other = W.TrialRunsLedger(tmp_path / W.TRIAL_RUNS_FILE, CONFIG_HASH)
+    assert same.entry(TRIAL_A)["wandb_id"] == first_ids[TRIAL_A]
+    assert other.entry(TRIAL_A)["wandb_id"] != first_ids[TRIAL_A]
+
+
+def test_each_trial_run_has_its_flat_config(trial_runs):
+    run_dir, results, first_ids, _, _ = trial_runs
+    for run, wandb_id in first_ids.items():
+        row = results[results["run_id"] == run].iloc[0]
+        for path in _offline_files(run_dir, wandb_id):
+            config = wandb_config(read_wandb_records(path))
+            assert "__trial__" not in config and config["sweep"] == GROUP
+            for key in ("run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed", "config_hash"):
+                assert config[key] == row[key], key
+            assert "model_options" not in config  # not on the public allow-list
+
+
+def test_training_metrics_are_logged_once_per_epoch_without_tune_bookkeeping(trial_runs):
+    run_dir, _, first_ids, _, _ = trial_runs
+    for run, last in ((TRIAL_A, 10), (TRIAL_B, 10)):
+        rows = [h for p in _offline_files(run_dir, first_ids[run]) for h in wandb_history(read_wandb_records(p))
+                if "train_loss" in h]
+        assert [h["epoch"] for h in rows] == list(range(1, last + 1))  # epoch 6, re-reported, is not repeated
+        for h in rows:
+            assert h["train_loss"] == pytest.approx(1.0 / h["epoch"])
+            assert h["member_icl_accuracy"] == pytest.approx(0.5 + h["epoch"] / 100)
+            assert h["time_this_iter_s"] == 0.25 and h["diverged"] is False
+            assert not set(RAY_BOOKKEEPING) & set(h) and "note" not in h and "run_id" not in h
+
+
+def test_each_checkpoint_probe_row_is_logged_once_at_its_epoch_with_its_public_metrics(trial_runs):
+    run_dir, results, first_ids, _, _ = trial_runs
+    public = set(R.public_results(results).columns) - set(W.TRIAL_CONFIG_KEYS) - {"epoch"}
+    for run, wandb_id in first_ids.items():
+        probed = [h for p in _offline_files(run_dir, wandb_id) for h in wandb_history(read_wandb_records(p))
+                  if "probe/outcome" in h]
+        expected = results[results["run_id"] == run].set_index("epoch")
+        assert sorted(h["epoch"] for h in probed) == sorted(expected.index)  # each once, across both drivers
+        for h in probed:
+            want = expected.loc[h["epoch"]]
+            assert {k for k in h if k.startswith("probe/")} == {f"probe/{k}" for k in public}
+            for k in ("auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "loss_ratio", "raw_auc",
+                      "ref_auc", "auc_entropy"):
+                assert h[f"probe/{k}"] == pytest.approx(want[k]), k
+            for k in ("outcome", "score_kind", "raw_outcome"):
+                assert h[f"probe/{k}"] == want[k], k
+
+
+def test_every_trial_metric_is_plotted_against_epoch(trial_runs):
+    run_dir, _, first_ids, _, _ = trial_runs
+    for path in _offline_files(run_dir, first_ids[TRIAL_A]):
+        metrics = [r.metric for r in read_wandb_records(path) if r.WhichOneof("record_type") == "metric"]
+        assert any(m.glob_name == "*" and m.step_metric == "epoch" for m in metrics)
+
+
+def test_run_summary_holds_the_last_checkpoint_and_the_peak(trial_runs):
+    run_dir, results, first_ids, _, _ = trial_runs
+    peaks = R.peak_checkpoints(R.public_results(results), regime=None).set_index("run_id")
+    for run, (peak_epoch, peak_auc, peak_kind) in ((TRIAL_A, (5, 0.67, "loss")), (TRIAL_B, (2, 0.66, "entropy"))):
+        s = wandb_summary(read_wandb_records(_offline_files(run_dir, first_ids[run])[-1]))
+        assert (s["peak/epoch"], s["peak/auc"], s["peak/score_kind"]) == (peak_epoch, pytest.approx(peak_auc), peak_kind)
+        assert s["peak/outcome"] == peaks.loc[run, "outcome"]
+        last = results[(results["run_id"] == run) & (results["epoch"] == 10)].iloc[0]
+        assert s["probe/last_epoch"] == 10 and s["probe/outcome"] == last["outcome"]
+        assert s["probe/auc"] == pytest.approx(last["auc"])
+    # the first driver saw TRIAL_A's probe rows in the order 5, 2, 1: its summary is still epoch 5's
+    s = wandb_summary(read_wandb_records(_offline_files(run_dir, first_ids[TRIAL_A])[0]))
+    assert s["probe/last_epoch"] == 5 and s["peak/epoch"] == 5
+
+
+def test_no_raw_record_or_api_key_in_any_trial_run_file(trial_runs):
+    run_dir, _, _, _, root = trial_runs
+    scanned = 0
+    for base in (run_dir / "wandb", root / "wandb-home"):
+        for p in base.rglob("*"):
+            if p.is_file():
+                data = p.read_bytes()
+                assert CANARY.encode() not in data, p
+                assert FAKE_KEY.encode() not in data, p
+                scanned += 1
+    assert scanned > 10
+
+
+def test_the_null_trial_logger_is_the_default_and_satisfies_the_protocol(tmp_path):
+    logger = W.make_trial_logger(None)
+    assert isinstance(logger, W.NullTrialLogger) and isinstance(logger, W.TrialLogger)
+    logger.log_training({"run_id": "r"}, {"epoch": 1, "train_loss": 0.1})
+    logger.log_probe({"run_id": "r", "epoch": 1, "auc": 0.5})
+    logger.finish()
+    wandb_logger = W.make_trial_logger("wandb", run_dir=tmp_path, project="p", group="g", config_hash="h")
+    assert isinstance(wandb_logger, W.TrialLogger)
+    wandb_logger.finish()  # no run was opened: nothing to finish, no file written
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ConfigError):
+        W.make_trial_logger("tensorboard")
