@@ -94,9 +94,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     from trainables.models import MODELS
     from trainables.models.base import extra_status
+    from trainables.models.checkpoints import DEFAULT_WEIGHTS, is_available
 
     for name in MODELS.names():
-        print(f"{name:14s} {extra_status(name)}")
+        default = DEFAULT_WEIGHTS.get(name)
+        here = "on this machine" if is_available(name) else "NOT on this machine (see README, 'Real models')"
+        print(f"{name}\n  package:  {extra_status(name)}\n  default:  weights: {default.weights} -> {default.source}"
+              f"\n  weights:  {here}\n  licence:  {default.licence}")
     return 0
 
 

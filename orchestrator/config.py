@@ -45,7 +45,9 @@ class TaskConfig(_Strict):
 
 class ModelConfig(_Strict):
     name: str = "pfn-mini"
-    options: dict[str, Any] = Field(default_factory=lambda: {"weights": "shipped"})
+    # Adapter options; none given: the adapter's own defaults (pfn-mini: its shipped weights; TabICL,
+    # TabPFN v2, ConTextTab: the official checkpoint from the local Hugging Face cache). `iclmem models`.
+    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class GridConfig(_Strict):

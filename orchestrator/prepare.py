@@ -53,8 +53,19 @@ class PreparedSweep:
 
 def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None] = print,
                   source: str = "sweep") -> PreparedSweep:
-    """Stage I for every (task, Q, label mode, seed) of the grid; fails before any Ray work."""
+    """Stage I for every (task, Q, label mode, seed) of the grid, after every model's weights are found;
+    fails before any Ray work."""
     from trainables.models import build_model
+    from trainables.models.checkpoints import locate_weights
+
+    problems = []
+    for index, model_cfg in enumerate(sweep.models):
+        try:
+            locate_weights(model_cfg.name, model_cfg.options)
+        except IclmemError as exc:
+            problems.append(f"models.{index}: {exc}")
+    if problems:
+        raise ConfigError(f"{source}: model weights not found (nothing was started):\n  - " + "\n  - ".join(problems))
 
     settings = PrepSettings(regression_bins=sweep.data.regression_bins, max_features=sweep.data.max_features,
                             context_size=sweep.data.context_size)

@@ -21,8 +21,12 @@ import torch
 
 from iclmem.errors import CheckpointError, ModelError
 from iclmem.registry import Registry
-from trainables.models.extras import check_candidates, float32_compute, target_standardization
-from trainables.models.extras import extra_status  # noqa: F401  (re-exported for `iclmem models`)
+from trainables.models.extras import (
+    check_candidates,
+    extra_status,  # noqa: F401  (re-exported for `iclmem models`)
+    float32_compute,
+    target_standardization,
+)
 
 
 class Invariance(str, Enum):

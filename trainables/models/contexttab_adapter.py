@@ -37,15 +37,8 @@ import torch
 
 from iclmem.errors import CheckpointError, ModelError
 from trainables.models.base import MODELS, ModelAdapter, read_weights
-from trainables.models.extras import (
-    float32_compute,
-    hub_checkpoint,
-    local_checkpoint,
-    register_extra,
-    require_extra,
-    safetensors_metadata,
-    saved_options,
-)
+from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, hub_checkpoint, local_checkpoint
+from trainables.models.extras import float32_compute, register_extra, require_extra, safetensors_metadata, saved_options
 
 NAME = "contexttab"
 EXTRA = "contexttab"
@@ -261,6 +254,17 @@ def _infer_variant(state: dict[str, torch.Tensor], path: Path) -> tuple[str, str
     return size, regression_type, classification_type
 
 
+def _official_checkpoint(checkpoint: str = DEFAULT_CHECKPOINT, allow_download: bool = False,
+                         **_options: Any) -> Path:
+    return hub_checkpoint(HUB_REPO, checkpoint, allow_download=allow_download)
+
+
+DEFAULT_WEIGHTS.register(NAME, DefaultWeights(
+    weights="hub", source=f"{HUB_REPO}: {DEFAULT_CHECKPOINT}",
+    licence="gated on Hugging Face (log in and accept SAP's terms); released for research use",
+    locate=_official_checkpoint))
+
+
 @MODELS.decorator(NAME)
 def build_contexttab(
     weights: str | None = "hub",
@@ -304,7 +308,7 @@ def build_contexttab(
         size = model_size or "tiny"
     else:
         if weights == "hub":
-            path = hub_checkpoint(HUB_REPO, checkpoint, allow_download=allow_download)
+            path = _official_checkpoint(checkpoint, allow_download)
         assert path is not None
         if path.suffix == ".safetensors" and safetensors_metadata(path).get("model") == NAME:
             stored = saved_options(path, NAME)

@@ -10,6 +10,7 @@ import torch
 
 from iclmem.errors import CheckpointError
 from trainables.models.base import MODELS, Invariance, ModelAdapter, read_weights
+from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, local_checkpoint
 from trainables.models.pfn_mini import PfnMini, PfnMiniConfig
 
 SHIPPED_WEIGHTS = Path(__file__).resolve().parent / "weights" / "pfn_mini.safetensors"
@@ -35,20 +36,29 @@ class PfnMiniAdapter(ModelAdapter):
         return self.module(context_x, context_y, query_x, context_weight)
 
 
+def _shipped(**_options: Any) -> Path:
+    if not SHIPPED_WEIGHTS.is_file():
+        raise CheckpointError(
+            f"the shipped pfn-mini weights are missing at {SHIPPED_WEIGHTS}; reinstall iclmem or run "
+            "`python -m trainables.models.pretrain_pfn_mini --export`"
+        )
+    return SHIPPED_WEIGHTS
+
+
+DEFAULT_WEIGHTS.register("pfn-mini", DefaultWeights(
+    weights="shipped", source="shipped with iclmem (trainables/models/weights/pfn_mini.safetensors)",
+    licence="Apache-2.0, like iclmem (trained here on synthetic priors)", locate=_shipped))
+
+
 @MODELS.decorator("pfn-mini")
 def build_pfn_mini(weights: str | None = "shipped", seed: int = 0, **config: Any) -> PfnMiniAdapter:
     """``weights``: "shipped" (the packaged pretrained checkpoint), "random" (seeded init), or a file path."""
     torch.manual_seed(seed)
     module = PfnMini(PfnMiniConfig(**config))
     if weights == "shipped":
-        if not SHIPPED_WEIGHTS.is_file():
-            raise CheckpointError(
-                f"the shipped pfn-mini weights are missing at {SHIPPED_WEIGHTS}; reinstall iclmem or run "
-                "`python -m trainables.models.pretrain_pfn_mini --export`"
-            )
-        module.load_state_dict(read_weights(SHIPPED_WEIGHTS))
+        module.load_state_dict(read_weights(_shipped()))
     elif weights not in (None, "random"):
-        module.load_state_dict(read_weights(weights))
+        module.load_state_dict(read_weights(local_checkpoint(weights)))
     module.eval()
     return PfnMiniAdapter(module, {"weights": weights, "seed": seed, **config})
 

@@ -115,37 +115,6 @@ def float32_compute(*devices: torch.device | str) -> Iterator[None]:
         yield
 
 
-def local_checkpoint(weights: str | Path) -> Path:
-    """A checkpoint file named by the user: it must exist, or fail at once naming the path."""
-    path = Path(weights).expanduser()
-    if not path.is_file():
-        raise CheckpointError(
-            f"checkpoint file not found: {path} (nothing is downloaded for a local path; use weights='hub' "
-            "with allow_download=True to fetch the official checkpoint)"
-        )
-    return path
-
-
-def hub_checkpoint(repo_id: str, filename: str, *, allow_download: bool) -> Path:
-    """The official checkpoint from the local Hugging Face cache; downloaded only if ``allow_download``."""
-    try:
-        from huggingface_hub import hf_hub_download
-    except ImportError as exc:  # huggingface_hub comes with every extra, but say so if it does not
-        raise ModelError(f"weights='hub' needs huggingface_hub ({exc})") from exc
-    try:
-        return Path(hf_hub_download(repo_id=repo_id, filename=filename, local_files_only=True))
-    except Exception as cached_exc:  # LocalEntryNotFoundError and friends
-        if not allow_download:
-            raise CheckpointError(
-                f"checkpoint {filename!r} of {repo_id!r} is not in the local Hugging Face cache and downloads are "
-                "off (allow_download=False); pass weights=<path to the file> or allow_download=True"
-            ) from cached_exc
-    try:
-        return Path(hf_hub_download(repo_id=repo_id, filename=filename))
-    except Exception as exc:
-        raise CheckpointError(f"could not download {filename!r} from {repo_id!r}: {exc}") from exc
-
-
 def safetensors_metadata(path: str | Path) -> dict[str, str]:
     """The header metadata of a safetensors file ({} if none)."""
     from safetensors import safe_open

@@ -26,14 +26,8 @@ import torch
 
 from iclmem.errors import CheckpointError, ModelError
 from trainables.models.base import MODELS, Invariance, NativeRegressionAdapter, read_weights
-from trainables.models.extras import (
-    float32_compute,
-    hub_checkpoint,
-    local_checkpoint,
-    register_extra,
-    require_extra,
-    saved_options,
-)
+from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, hub_checkpoint, local_checkpoint
+from trainables.models.extras import float32_compute, register_extra, require_extra, saved_options
 
 NAME = "tabicl"
 EXTRA = "tabicl"
@@ -118,6 +112,19 @@ def _read_checkpoint(path: Path) -> tuple[dict[str, Any] | None, dict[str, torch
     return dict(checkpoint["config"]), checkpoint["state_dict"]
 
 
+def _official_checkpoint(task: str | None = None, checkpoint_version: str | None = None,
+                         allow_download: bool = False, **_options: Any) -> Path:
+    return hub_checkpoint(HUB_REPO, checkpoint_version or DEFAULT_CHECKPOINTS[task or "classification"],
+                          allow_download=allow_download)
+
+
+DEFAULT_WEIGHTS.register(NAME, DefaultWeights(
+    weights="hub", source=f"{HUB_REPO}: {DEFAULT_CHECKPOINTS['classification']} (regressor: "
+                          f"{DEFAULT_CHECKPOINTS['regression']})",
+    licence="TabICL's released weights, under the terms on their Hugging Face model card",
+    locate=_official_checkpoint))
+
+
 @MODELS.decorator(NAME)
 def build_tabicl(
     weights: str | None = "hub",
@@ -154,8 +161,7 @@ def build_tabicl(
         state = None
     else:
         if weights == "hub":
-            filename = checkpoint_version or DEFAULT_CHECKPOINTS[task or "classification"]
-            path = hub_checkpoint(HUB_REPO, filename, allow_download=allow_download)
+            path = _official_checkpoint(task, checkpoint_version, allow_download)
         assert path is not None
         stored, state = _read_checkpoint(path)
         if stored is None and not config:

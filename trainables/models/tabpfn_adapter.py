@@ -33,14 +33,8 @@ import torch
 
 from iclmem.errors import CheckpointError, ModelError
 from trainables.models.base import MODELS, Invariance, NativeRegressionAdapter, read_weights
-from trainables.models.extras import (
-    float32_compute,
-    local_checkpoint,
-    register_extra,
-    require_extra,
-    safetensors_metadata,
-    saved_options,
-)
+from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, local_checkpoint, not_cached
+from trainables.models.extras import float32_compute, register_extra, require_extra, safetensors_metadata, saved_options
 
 NAME = "tabpfn-v2"
 EXTRA = "tabpfn"
@@ -155,11 +149,8 @@ def _hub_path(task: str, allow_download: bool) -> Path:
     except Exception:
         pass
     if not allow_download:
-        raise CheckpointError(
-            f"TabPFN v2 {ESTIMATOR[task]} checkpoint {source.default_filename!r} is neither at {path} nor in the "
-            "local Hugging Face cache, and downloads are off (allow_download=False); pass weights=<path to the "
-            "file> or allow_download=True"
-        )
+        raise not_cached(f"the TabPFN v2 {ESTIMATOR[task]} checkpoint {source.default_filename!r} of "
+                         f"{source.repo_id!r} (nor in TabPFN's cache {path.parent})")
     path.parent.mkdir(parents=True, exist_ok=True)
     result = download_model(path, version=ModelVersion.V2, which=ESTIMATOR[task], model_name=source.default_filename)
     if result != "ok" or not path.is_file():
@@ -234,6 +225,17 @@ def _load_saved(path: Path, task: str | None) -> tuple[torch.nn.Module, Any, dic
     return module, criterion, dict(options["config"]), stored_task
 
 
+def _official_checkpoint(task: str | None = None, allow_download: bool = False, **_options: Any) -> Path:
+    require_extra("tabpfn", EXTRA)
+    return _hub_path(task or "classification", allow_download)
+
+
+DEFAULT_WEIGHTS.register(NAME, DefaultWeights(
+    weights="hub", source="Prior-Labs/TabPFN-v2-clf and -reg: tabpfn's default v2 checkpoints",
+    licence="Prior Labs' TabPFN licence (its own terms, not Apache-2.0: read it on the model card)",
+    locate=_official_checkpoint))
+
+
 @MODELS.decorator(NAME)
 def build_tabpfn_v2(
     weights: str | None = "hub",
@@ -264,9 +266,7 @@ def build_tabpfn_v2(
 
     if weights == "random":
         from tabpfn.architectures import tabpfn_v2
-        from tabpfn.architectures.shared.bar_distribution import (
-            FullSupportBarDistribution,
-        )
+        from tabpfn.architectures.shared.bar_distribution import FullSupportBarDistribution
 
         task = task or "classification"
         cfg = dict(config)
@@ -286,7 +286,7 @@ def build_tabpfn_v2(
         cfg = _config_dict(parsed)
     else:
         if weights == "hub":
-            path = _hub_path(task or "classification", allow_download)
+            path = _official_checkpoint(task, allow_download)
         assert path is not None
         is_ours = path.suffix == ".safetensors" and safetensors_metadata(path).get("model") == NAME
         module, criterion, cfg, task = (_load_saved if is_ours else _load_official)(path, task)

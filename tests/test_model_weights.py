@@ -1,0 +1,127 @@
+"""Each model's default weights are resolved on the driver before anything starts.
+
+A real model named with no options loads its package's official checkpoint from the local Hugging Face
+cache (here a temporary cache holding a tiny random-init checkpoint written in the upstream file format,
+under the upstream repository id and file name, with downloads off); a real model whose weights are not
+on the machine is refused by ``iclmem validate`` and ``iclmem run`` with the remedy, before Ray starts.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from test_adapter_contract import CLASSIFIERS
+
+from iclmem.errors import CheckpointError
+from trainables.models import build_model
+from trainables.models.base import extra_status
+from trainables.models.checkpoints import locate_weights
+
+REPO = Path(__file__).resolve().parents[1]
+SNAPSHOT = "0" * 40  # a commit hash as the cache names snapshots
+
+
+def _require(name: str) -> None:
+    if not extra_status(name).startswith("installed"):
+        pytest.skip(f"{name}: {extra_status(name)}")
+
+
+def _cache_file(cache: Path, repo_id: str, filename: str) -> Path:
+    """Where huggingface_hub's cache keeps ``filename`` of ``repo_id`` at revision main."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(SNAPSHOT)
+    path = repo / "snapshots" / SNAPSHOT / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _tiny_official_checkpoint(name: str, cache: Path):
+    """A tiny random model of ``name`` and its weights written where and as the package publishes them."""
+    if name == "tabicl":
+        from trainables.models.tabicl_adapter import DEFAULT_CHECKPOINTS, HUB_REPO
+
+        model = build_model("tabicl", seed=3, **CLASSIFIERS["tabicl"])
+        torch.save({"config": model.options["config"], "state_dict": model.module.state_dict()},
+                   _cache_file(cache, HUB_REPO, DEFAULT_CHECKPOINTS["classification"]))
+    elif name == "tabpfn-v2":
+        from tabpfn.model_loading import ModelSource
+
+        model = build_model("tabpfn-v2", seed=3, **CLASSIFIERS["tabpfn-v2"])
+        source = ModelSource.get_classifier_v2()
+        torch.save({"config": model.options["config"], "state_dict": model.module.state_dict()},
+                   _cache_file(cache, source.repo_id, source.default_filename))
+    else:
+        from trainables.models.contexttab_adapter import DEFAULT_CHECKPOINT, HUB_REPO
+
+        model = build_model("contexttab", seed=3, **CLASSIFIERS["contexttab"])
+        torch.save({("module." + k): v for k, v in model.module.state_dict().items()},
+                   _cache_file(cache, HUB_REPO, DEFAULT_CHECKPOINT))
+    return model
+
+
+@pytest.fixture
+def empty_caches(tmp_path, monkeypatch):
+    """A fresh Hugging Face cache (and TabPFN cache) for this test; downloads would go nowhere."""
+    import huggingface_hub.constants
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hf))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    try:
+        import tabpfn.model_loading
+
+        monkeypatch.setattr(tabpfn.model_loading, "get_cache_dir", lambda: tmp_path / "tabpfn")
+    except ImportError:
+        pass
+    return hf
+
+
+@pytest.mark.parametrize("name", ["tabicl", "tabpfn-v2", "contexttab"])
+def test_a_real_model_with_no_options_loads_the_official_checkpoint_from_the_local_cache(name, empty_caches):
+    _require(name)
+    with pytest.raises(CheckpointError, match=f"model {name!r}: .*allow_download: true.*weights: /path"):
+        locate_weights(name, {})
+    written = _tiny_official_checkpoint(name, empty_caches)
+    assert locate_weights(name, {}) is not None
+    loaded = build_model(name)  # no options at all: the adapter's default weights
+    assert loaded.options["weights"] == "hub"
+    for key, value in written.module.state_dict().items():
+        assert torch.equal(loaded.module.state_dict()[key], value), key
+
+
+def test_pfn_mini_defaults_to_its_shipped_weights():
+    from trainables.models.embedded import SHIPPED_WEIGHTS
+
+    assert locate_weights("pfn-mini", {}) == SHIPPED_WEIGHTS
+    assert locate_weights("pfn-mini", {"weights": "random"}) is None
+    with pytest.raises(CheckpointError, match="no-such.safetensors"):
+        locate_weights("pfn-mini", {"weights": "/no-such.safetensors"})
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_a_real_model_whose_weights_are_absent_is_refused_before_ray_starts(command, tmp_path):
+    sweep = tmp_path / "tabicl.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "absent", "tasks": [{"name": "iris"}], "models": [{"name": "tabicl"}],
+                                     "grid": {"q": [20]}, "data": {"context_size": 30}}))
+    ray_tmp = tmp_path / "ray"
+    ray_tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
+    env.update({"HF_HUB_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+                "RAY_TMPDIR": str(ray_tmp), "RAY_USAGE_STATS_ENABLED": "0", "WANDB_MODE": "disabled"})
+    args = [str(sweep)] + (["--out", str(tmp_path / "run")] if command == "run" else [])
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", command, *args], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    message = out.stderr + out.stdout
+    assert "models.0: model 'tabicl'" in message and "allow_download: true" in message, message
+    assert "Traceback" not in message
+    assert list(ray_tmp.iterdir()) == []  # no Ray session was created
+    assert not (tmp_path / "run").exists()
