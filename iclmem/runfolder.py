@@ -23,10 +23,19 @@ PREPARED_DIR = "prepared"  # Stage I cache and ground-truth logs
 TUNE_DIR = "tune"  # Tune storage when no shared storage is configured
 WANDB_DIR = "wandb"
 
+# An LM probe run folder (``iclmem lm run``; its provenance has ``kind = "lm"``)
+LM_SWEEP_FILE = "lm_sweep.json"  # the validated LM sweep config, as resumed by ``iclmem lm resume``
+LM_RESULTS_FILE = "lm_results.parquet"  # one row per model x dataset x probe x type x seed x variant x criterion
+LM_REPORT_FILE = "lm_report.html"
+LM_EXPOSURE_DIR = "lm_exposure"  # per-entity exposures and classes, one TSV per (model, dataset)
+LM_UNITS_DIR = "lm_units"  # one stored result per work unit (exposure, NET type, NER type x seed)
+LM_ASSETS_DIR = "lm_assets"  # the built-in synthetic model and dataset, built once per run folder
+
 __all__ = [
     "FIGURES_DIR", "MANIPULATION_AUC_FILE", "PREPARED_DIR", "PROBES_DIR", "PROVENANCE_FILE", "REFERENCE_DIR",
     "REPORT_FILE", "RESULTS_FILE", "ROC_DIR", "SPLIT_REPORT_FILE", "SWEEP_FILE", "TUNE_DIR", "VERDICT_FILE",
     "WANDB_DIR", "roc_path",
+    "LM_ASSETS_DIR", "LM_EXPOSURE_DIR", "LM_REPORT_FILE", "LM_RESULTS_FILE", "LM_SWEEP_FILE", "LM_UNITS_DIR",
 ]
 
 

@@ -87,6 +87,39 @@ PRECEDENCE: tuple[Outcome, ...] = tuple(Outcome)  # the order the classifier tri
 DETECTABLE = Outcome.MEMORIZATION
 
 
+class LMProbe(Vocab):
+    """The LM probe family's work-unit kinds (LM_PROBE_SPEC.md): entity exposure, zero-shot named-entity
+    typing (NET) and few-shot NER."""
+
+    EXPOSURE = "exposure"
+    NET = "net"
+    NER = "ner"
+
+
+class NerVariant(Vocab):
+    """Few-shot NER test sets: the sentences as they are, with their entities replaced by memorized ones,
+    or by made-up non-words."""
+
+    AS_IS = "as-is"
+    SEEN = "seen"
+    UNSEEN = "unseen"
+
+
+class ExposureMetric(Vocab):
+    """Which exposure an entity is classified on (paper Tables 8-9)."""
+
+    WORD = "word"
+    TRANSITION = "transition"
+
+
+class ExposureClass(Vocab):
+    """An entity's class under an exposure threshold rule."""
+
+    MEMORIZED = "memorized"
+    UNMEMORIZED = "unmemorized"
+    UNCLASSIFIED = "unclassified"
+
+
 class WandbMode(Vocab):
     OFFLINE = "offline"
     ONLINE = "online"

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.errors import ConfigError, ProbeError
+from iclmem.vocab import ExposureClass, ExposureMetric, values
 from probes.lm.model import DEFAULT_BATCH_SIZE, LanguageModel, token_logprobs
 from probes.metrics import auc
 
@@ -55,7 +56,7 @@ __all__ = [
     "EXPOSURE_COLUMNS",
 ]
 
-MEMORIZED, UNMEMORIZED, UNCLASSIFIED = "memorized", "unmemorized", "unclassified"
+MEMORIZED, UNMEMORIZED, UNCLASSIFIED = values(ExposureClass)
 EXPOSURE_COLUMNS = ("entity", "entity_type", "n_words", "n_tokens", "word_exposure",
                     "transition_exposure", "log_perplexity", "rank_exposure")
 
@@ -64,13 +65,13 @@ EXPOSURE_COLUMNS = ("entity", "entity_type", "n_words", "n_tokens", "word_exposu
 class ThresholdRule:
     """memorized iff exposure >= ``memorized``; unmemorized iff exposure <= ``unmemorized``."""
 
-    metric: str  # "word" | "transition"
+    metric: str  # an ExposureMetric value
     memorized: float
     unmemorized: float
 
     def __post_init__(self) -> None:
-        if self.metric not in ("word", "transition"):
-            raise ConfigError(f"exposure metric must be 'word' or 'transition', got {self.metric!r}")
+        if self.metric not in values(ExposureMetric):
+            raise ConfigError(f"exposure metric must be one of {values(ExposureMetric)}, got {self.metric!r}")
         if not (0.0 <= self.unmemorized <= self.memorized <= 1.0):
             raise ConfigError(
                 f"exposure thresholds need 0 <= unmemorized ({self.unmemorized}) <= memorized ({self.memorized}) <= 1"

@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.errors import ProbeError
+from iclmem.vocab import NerVariant, values
 from probes.lm.data import Sentence
 from probes.lm.model import LanguageModel, greedy_generate, next_token_logprobs
 
@@ -65,7 +66,7 @@ __all__ = [
     "run_ner",
 ]
 
-VARIANTS = ("as-is", "seen", "unseen")
+VARIANTS = values(NerVariant)
 NONE = "none"
 CONTENT_FREE = "N/A"
 
@@ -213,7 +214,7 @@ def make_variant(sentences: Sequence[Sentence], variant: str, seed: int,
                  vocabulary: set[str] | None = None) -> list[Sentence]:
     """The test sentences as-is, or with every entity replaced (seen: memorized entity of its type;
     unseen: random non-word lowercase string)."""
-    if variant == "as-is":
+    if variant == NerVariant.AS_IS:
         return list(sentences)
     if variant not in VARIANTS:
         raise ProbeError(f"unknown NER test variant {variant!r}; expected one of {VARIANTS}")
@@ -222,7 +223,7 @@ def make_variant(sentences: Sequence[Sentence], variant: str, seed: int,
         rng = _rng("variant", variant, seed, k)
         repl: dict[int, str] = {}
         for i, sp in enumerate(s.spans):
-            if variant == "seen":
+            if variant == NerVariant.SEEN:
                 pool = (memorized or {}).get(sp.type) or []
                 if pool:
                     repl[i] = str(pool[int(rng.integers(len(pool)))])
@@ -278,7 +279,7 @@ def run_ner(lm: LanguageModel, train: Sequence[Sentence], test: Sequence[Sentenc
     vocabulary = {w.lower() for s in (*train, *test) for w in s.tokens}
     rows = []
     for variant in settings.variants:
-        if variant == "seen" and not (memorized or {}).get(entity_type):
+        if variant == NerVariant.SEEN and not (memorized or {}).get(entity_type):
             rows.append({"variant": variant, "f1": float("nan"), "precision": float("nan"),
                          "recall": float("nan"), "count": 0, "n_eval": 0, "tp": 0, "fp": 0, "fn": 0, "tn": 0})
             continue
