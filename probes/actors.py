@@ -1,10 +1,19 @@
-"""Probe actors: a thin Ray shell around ``probes.probe.probe_checkpoint``.
+"""Probe actors and the pool that feeds them: thin Ray shells around the probe layer's work.
 
-Each actor builds the reference (base) model once from weights fetched from the object store: the
-driver ``ray.put``s the weights as numpy arrays a single time and every actor on a node maps that same
-shared-memory copy, instead of each job shipping its own. Jobs are idempotent: a job whose result files
-exist (and pass their checksum) returns them without recomputing, and results are written atomically,
-so a retried job (actor died) or a resumed sweep never duplicates or corrupts a result.
+One pool (:class:`ProbePool`: retries, resends to restarted actors, stored results, notes, failures) serves
+every probe family; the worker kind is pluggable. A worker class has ``run(job) -> result``, the
+``result_type`` its results are stored as (``save(dir, stem)``, ``load(dir, stem)``, ``row``, ``notes``),
+and ``node_id``/``ping``. Two kinds:
+
+* :class:`ProbeWorker` (tabular): ``probes.probe.probe_checkpoint`` per checkpoint. Each actor builds the
+  reference (base) model once from weights fetched from the object store: the driver ``ray.put``s the
+  weights as numpy arrays a single time and every actor on a node maps that same shared-memory copy,
+  instead of each job shipping its own.
+* :class:`LMUnitWorker` (language models): one ``probes.lm.units`` work unit per job, run by name.
+
+Jobs are idempotent: a job whose result files exist (and pass their checksum) returns them without
+recomputing, and results are written atomically, so a retried job (actor died) or a resumed sweep never
+duplicates or corrupts a result.
 """
 
 from __future__ import annotations
@@ -12,11 +21,13 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 
+from probes.lm.units import LMUnit, LMUnitResult
 from probes.manipulations import default_suite, suite_from_spec
 from probes.probe import ProbeResult, ProbeSettings, probe_checkpoint
 from probes.scoring import ProbePlan, ProbeQueries
@@ -42,8 +53,31 @@ def suite_for(spec: Any) -> tuple:
     return default_suite() if spec in (None, "default") else suite_from_spec(spec)
 
 
-class ProbeWorker:
+class PoolJob(Protocol):
+    """What the pool needs of a job: where its result is stored."""
+
+    out_dir: str
+    stem: str
+
+
+def _node_id() -> str:
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+
+
+class _PoolWorker:
+    """What every worker kind answers besides ``run``: where it runs, and whether it is alive."""
+
+    def node_id(self) -> str:
+        return _node_id()
+
+    def ping(self) -> bool:
+        return True
+
+
+class ProbeWorker(_PoolWorker):
     """Holds the reference model and per-task probe plans; scores checkpoints on request."""
+
+    result_type = ProbeResult
 
     def __init__(self, base_model_name: str, base_options: dict[str, Any], base_weights: Any,
                  base_digest: str, tasks: dict[str, Any], suite_spec: Any, settings: ProbeSettings,
@@ -124,21 +158,44 @@ class ProbeWorker:
             self.base, self.settings, job.identity, job.epoch,
         )
         result.row["probe_seconds"] = round(time.perf_counter() - started, 3)
-        result.row["probe_node"] = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        result.row["probe_node"] = _node_id()
         return replace(result, notes=tuple(notes)) if notes else result
 
-    def node_id(self) -> str:
-        return ray.get_runtime_context().get_node_id()
 
-    def ping(self) -> bool:
-        return True
+class LMUnitWorker(_PoolWorker):
+    """Runs LM probe units (``probes.lm.units.LM_UNITS``) by name. The datasets arrive once from the object
+    store; each model is loaded once per actor process (``load_lm`` caches it)."""
+
+    result_type = LMUnitResult
+
+    def __init__(self, models: dict[str, str], datasets: dict[str, Any], device: str = "cpu",
+                 torch_threads: int = 1) -> None:
+        import torch
+
+        torch.set_num_threads(torch_threads)
+        self.models = models  # label -> local model directory
+        self.datasets = datasets  # name -> LMDataset
+        self.device = device
+
+    def run(self, unit: LMUnit) -> LMUnitResult:
+        from probes.lm.model import load_lm
+
+        started = time.perf_counter()
+        table = unit.run(load_lm(self.models[unit.model], self.device), self.datasets[unit.dataset])
+        row = {**unit.identity, "unit_seconds": round(time.perf_counter() - started, 3), "unit_node": _node_id()}
+        return LMUnitResult(row, table)
 
 
-ProbeActor = ray.remote(max_restarts=-1, max_task_retries=3)(ProbeWorker)
+@lru_cache(maxsize=None)
+def remote_worker(worker_class: type) -> Any:
+    """The Ray actor class of a worker kind: restarted without limit when its process dies, and an
+    interrupted call is retried on the restarted actor."""
+    return ray.remote(max_restarts=-1, max_task_retries=3)(worker_class)
 
 
 class ProbePool:
-    """A fixed pool of probe actors fed round-robin; failed jobs are resubmitted to a live actor.
+    """A fixed pool of worker actors of one kind (``worker_class``, :class:`ProbeWorker` unless given)
+    fed round-robin; failed jobs are resubmitted to a live actor.
 
     Two kinds of failure are told apart. A job that raised, or whose actor died, is retried up to
     ``max_attempts`` times. A job whose actor is *unavailable* (its node stopped answering and Ray has
@@ -147,29 +204,31 @@ class ProbePool:
     submission. A job is never in flight twice, and a success clears its earlier failures."""
 
     def __init__(self, n_actors: int, actor_options: dict[str, Any], unavailable_timeout: float = 600.0,
-                 **worker_kwargs: Any) -> None:
+                 worker_class: type = ProbeWorker, **worker_kwargs: Any) -> None:
         self.actor_options = actor_options
         self.worker_kwargs = worker_kwargs
         self.unavailable_timeout = unavailable_timeout
-        self.actors = [ProbeActor.options(**actor_options).remote(**worker_kwargs) for _ in range(n_actors)]
+        self.result_type = worker_class.result_type
+        actor_class = remote_worker(worker_class)
+        self.actors = [actor_class.options(**actor_options).remote(**worker_kwargs) for _ in range(n_actors)]
         self._next = 0
-        self.pending: dict[Any, tuple[ProbeJob, int, float]] = {}  # ref -> (job, attempt, first submitted)
+        self.pending: dict[Any, tuple[PoolJob, int, float]] = {}  # ref -> (job, attempt, first submitted)
         self.done: list[dict[str, Any]] = []
-        self.failed: list[tuple[ProbeJob, str]] = []
+        self.failed: list[tuple[PoolJob, str]] = []
         self.notes: list[str] = []  # warnings from the actors (e.g. a corrupt checkpoint recomputed)
         self._ready: list[dict[str, Any]] = []  # stored results found at submit time, reported by the next poll
 
     @staticmethod
-    def _key(job: ProbeJob) -> tuple[str, str]:
+    def _key(job: PoolJob) -> tuple[str, str]:
         return (job.out_dir, job.stem)
 
-    def submit(self, job: ProbeJob, attempt: int = 0, since: float | None = None) -> None:
+    def submit(self, job: PoolJob, attempt: int = 0, since: float | None = None) -> None:
         """Queue a job unless its result is already stored or it is already in flight (idempotent
         across retries, resumes and the sweep's catch-up pass)."""
         if attempt == 0 and since is None:
             if any(self._key(pending) == self._key(job) for pending, _, _ in self.pending.values()):
                 return
-            existing = ProbeResult.load(job.out_dir, job.stem)
+            existing = self.result_type.load(job.out_dir, job.stem)
             if existing is not None:
                 self.done.append(existing.row)
                 self._ready.append(existing.row)
