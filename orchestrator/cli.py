@@ -59,15 +59,35 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_lm(args: argparse.Namespace) -> int:
-    from probes.lm.sweep import load_lm_sweep, run_lm_sweep
+    from iclmem.runfolder import LM_REPORT_FILE
+    from iclmem.vocab import WandbMode
+    from orchestrator.lm_config import load_lm_sweep
+    from orchestrator.lm_sweep import run_lm_sweep
 
-    if args.action == "validate":
-        load_lm_sweep(args.config)
-        print(f"{args.config}: valid")
+    if args.lm_command == "validate":
+        import tempfile
+
+        from orchestrator.lm_sweep import resolve_inputs
+
+        cfg = load_lm_sweep(args.config)
+        if not args.schema_only:  # every model directory and dataset loads (the built-in world is built)
+            with tempfile.TemporaryDirectory() as scratch:
+                inputs = resolve_inputs(cfg, Path(scratch))
+            print(f"{args.config}: {len(inputs.models)} model(s) and {len(inputs.datasets)} dataset(s) load")
+        print(f"{args.config}: valid; config hash {cfg.config_hash()}")
         return 0
-    run_dir = Path(args.out) if args.out else _default_run_dir(args.config)
-    results = run_lm_sweep(args.config, run_dir)
-    print(f"[iclmem] language-model probes: {len(results)} result rows; report at {run_dir / 'lm_report.html'}")
+    quiet = (lambda _line: None) if args.quiet else print
+    if args.lm_command == "resume":
+        run_dir = Path(args.run_dir)
+        results = run_lm_sweep(None, run_dir, resume=True, address=args.address, num_cpus=args.num_cpus, log=quiet)
+    else:
+        cfg = load_lm_sweep(args.config)
+        if args.wandb:
+            cfg = cfg.model_copy(update={"wandb": cfg.wandb.model_copy(update={"mode": WandbMode(args.wandb)})})
+        run_dir = Path(args.out) if args.out else _default_run_dir(args.config)
+        results = run_lm_sweep(args.config, run_dir, config=cfg, address=args.address, num_cpus=args.num_cpus,
+                               log=quiet)
+    print(f"[iclmem] language-model probes: {len(results)} result rows; report at {run_dir / LM_REPORT_FILE}")
     return 0
 
 
@@ -169,9 +189,20 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_validate)
 
     lm = sub.add_parser("lm", help="language-model probes: entity exposure, zero-shot typing, few-shot NER")
-    lm.add_argument("action", choices=["run", "validate"])
-    lm.add_argument("config")
-    lm.add_argument("--out", default=None)
+    lm_sub = lm.add_subparsers(dest="lm_command", required=True)
+    lr = lm_sub.add_parser("run", help="run an LM sweep file's probes on the probe pool")
+    lr.add_argument("config", help="LM sweep YAML (see configs/lm_quickstart.yaml)")
+    lr.add_argument("--out", default=None, help="run folder (default: ./runs/<config>-<time>)")
+    lr.add_argument("--wandb", choices=["offline", "online", "disabled"], default=None,
+                    help="override the sweep's wandb.mode (default: the sweep's, offline unless set)")
+    ray_args(lr)
+    lres = lm_sub.add_parser("resume", help="finish an LM sweep from its run folder; stored units are not recomputed")
+    lres.add_argument("run_dir")
+    ray_args(lres)
+    lv = lm_sub.add_parser("validate", help="check an LM sweep file, reporting every mistake at once; then load "
+                           "its models and datasets")
+    lv.add_argument("config")
+    lv.add_argument("--schema-only", action="store_true", help="check the file only, without loading data")
     lm.set_defaults(func=cmd_lm)
 
     rep = sub.add_parser("report", help="rebuild results table, reports and W&B summary from stored results")

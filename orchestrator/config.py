@@ -24,6 +24,10 @@ from iclmem.vocab import LabelMode, Regime, TaskKind, WandbMode
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    def config_hash(self) -> str:
+        """Names a validated config (run folders, provenance): the hash of its JSON form."""
+        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+
 
 class TaskConfig(_Strict):
     name: str
@@ -158,18 +162,30 @@ def _outcome_config() -> type[BaseModel]:
 OutcomeConfig = _outcome_config()
 
 
-class ResourcesConfig(_Strict):
+class ProbeActorsConfig(_Strict):
+    """The probe pool's actors: how many, and what each asks Ray for (tabular and LM sweeps alike)."""
+
+    probe_actors: int = Field(1, ge=1)
+    cpus_per_probe_actor: float = Field(1.0, gt=0)
+    gpus_per_probe_actor: float = Field(0.0, ge=0)
+    probe_resources: dict[str, float] = Field(default_factory=dict)
+
+    def actor_options(self) -> dict[str, Any]:
+        """Ray actor options of one probe actor."""
+        options: dict[str, Any] = {"num_cpus": self.cpus_per_probe_actor, "num_gpus": self.gpus_per_probe_actor}
+        if self.probe_resources:
+            options["resources"] = dict(self.probe_resources)
+        return options
+
+
+class ResourcesConfig(ProbeActorsConfig):
     cpus_per_trial: float = Field(1.0, gt=0)
     # torch threads of each fine-tuning trial (and of a probe actor recomputing a damaged checkpoint, which
     # must repeat the run's arithmetic exactly); keep it <= cpus_per_trial
     torch_threads_per_trial: int = Field(1, ge=1)
     gpus_per_trial: float = Field(0.0, ge=0)
-    probe_actors: int = Field(1, ge=1)
-    cpus_per_probe_actor: float = Field(1.0, gt=0)
-    gpus_per_probe_actor: float = Field(0.0, ge=0)
     max_concurrent_trials: int | None = Field(None, ge=1)
     trial_resources: dict[str, float] = Field(default_factory=dict)  # custom resources, e.g. {worker: 1}
-    probe_resources: dict[str, float] = Field(default_factory=dict)
 
 
 class WandbConfig(_Strict):
@@ -214,9 +230,6 @@ class SweepConfig(_Strict):
             if m.name not in MODELS:
                 raise ValueError(f"unknown model {m.name!r}; known: {', '.join(MODELS.names())}")
         return models
-
-    def config_hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------------- loading
@@ -274,14 +287,16 @@ def load_sweep(path: str | Path) -> SweepConfig:
 
 def resolve_paths(sweep: SweepConfig, base_dir: Path) -> SweepConfig:
     """Relative data paths in a sweep file are relative to the file, not to the working directory."""
-
-    def fix(p: str | None) -> str | None:
-        if p is None or "://" in p or Path(p).is_absolute():
-            return p
-        return str((base_dir / p).resolve())
-
-    tasks = [t.model_copy(update={"carte": fix(t.carte), "path": fix(t.path)}) for t in sweep.tasks]
+    tasks = [t.model_copy(update={"carte": resolve_path(t.carte, base_dir), "path": resolve_path(t.path, base_dir)})
+             for t in sweep.tasks]
     return sweep.model_copy(update={"tasks": tasks})
+
+
+def resolve_path(p: str | None, base_dir: Path) -> str | None:
+    """A path from a sweep file made absolute against the file's folder (URLs and None stay as they are)."""
+    if p is None or "://" in p or Path(p).is_absolute():
+        return p
+    return str((base_dir / p).resolve())
 
 
 # ------------------------------------------------------------------------------------------- expansion

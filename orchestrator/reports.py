@@ -46,7 +46,15 @@ import pandas as pd
 from iclmem.atomic import write_text_atomic
 from iclmem.errors import DataError
 from iclmem.provenance import PUBLIC_FIELDS, Provenance
-from iclmem.runfolder import MANIPULATION_AUC_FILE, REPORT_FILE, RESULTS_FILE, ROC_DIR, SPLIT_REPORT_FILE, roc_path
+from iclmem.runfolder import (
+    LM_REPORT_FILE,
+    MANIPULATION_AUC_FILE,
+    REPORT_FILE,
+    RESULTS_FILE,
+    ROC_DIR,
+    SPLIT_REPORT_FILE,
+    roc_path,
+)
 from iclmem.vocab import DETECTABLE as _DETECTABLE
 from iclmem.vocab import MAIN_REGIME as _MAIN_REGIME
 from iclmem.vocab import Outcome, Regime, ScoreKind, values
@@ -671,11 +679,27 @@ def write_html_report(
             "single_fixed vs multi_fixed vs multi_random at peak checkpoints, per Q.",
             df_to_html(regime_comparison(results)))
 
-    page_title = title or f"IclMem report — {run_dir.name}"
-    doc = (
+    return write_text_atomic(run_dir / REPORT_FILE, _page(title or f"IclMem report — {run_dir.name}", parts))
+
+
+def _page(title: str, parts: Iterable[str]) -> str:
+    """The report page around its sections: one style for the tabular and the LM report."""
+    return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<title>{html.escape(page_title)}</title><style>{_CSS}</style>"
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
         f"<script>{_IMG_CHECK_JS}</script></head>"
-        f"<body><h1>{html.escape(page_title)}</h1>{''.join(parts)}</body></html>\n"
+        f"<body><h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>\n"
     )
-    return write_text_atomic(run_dir / REPORT_FILE, doc)
+
+
+def write_lm_html_report(run_dir: str | Path, results: pd.DataFrame, *, title: str | None = None) -> Path:
+    """Write ``RUN_DIR/lm_report.html``: the provenance block and the LM probes' Tables 2-6
+    (``probes.lm.report``). Numbers, model, dataset and entity-type names only, never a sentence or an entity."""
+    from probes.lm.report import lm_report_section
+
+    run_dir = Path(run_dir)
+    prov = load_provenance(run_dir)
+    provenance = (f'<section id="provenance"><h2>Provenance</h2>{_provenance_html(prov, results)}'
+                  + ("" if prov else _note("provenance.json not found.")) + "</section>")
+    return write_text_atomic(run_dir / LM_REPORT_FILE,
+                             _page(title or f"LM probes — {run_dir.name}", [provenance, lm_report_section(results)]))

@@ -10,6 +10,7 @@ Three layers of fixtures, cheapest first:
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,6 +19,7 @@ import pandas as pd
 import pytest
 import torch
 
+from iclmem.errors import ConfigError, DataError
 from probes.lm.data import DATASET_FORMATS, Sentence, Span, load_dataset, parse_bio_lines, read_entity_list, write_bio
 from probes.lm.exposure import (
     DEFAULT_THRESHOLDS,
@@ -46,7 +48,6 @@ from probes.lm.ner import (
     sample_test,
 )
 from probes.lm.net import f1_table, predict_types
-from iclmem.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -428,22 +429,63 @@ seeds: [0, 1]
 ner:
   max_test_sentences: 6
   batch_size: 6
+resources:
+  probe_actors: 2
+  cpus_per_probe_actor: 0.5
 {extra}""")
     return cfg
 
 
-@pytest.mark.ray
-def test_run_lm_sweep_runs_net_and_ner_and_writes_report_tables(planted, tmp_path, ray_session):
-    from probes.lm.report import lm_tables
-    from probes.lm.sweep import REPORT_FILE, RESULT_COLUMNS, RESULTS_FILE, run_lm_sweep
+@pytest.fixture(scope="module")
+def sweep_file(planted, tmp_path_factory) -> Path:
+    return _write_sweep(tmp_path_factory.mktemp("lm_sweep"), planted)
 
-    cfg = _write_sweep(tmp_path, planted)
-    run = tmp_path / "run"
-    df = run_lm_sweep(cfg, run)
+
+@pytest.fixture(scope="module")
+def clean_run(sweep_file, ray_session, tmp_path_factory):
+    """One uninterrupted LM sweep: the reference the fault tests compare against."""
+    from orchestrator.lm_sweep import run_lm_sweep
+
+    run = tmp_path_factory.mktemp("lm_clean") / "run"
+    return SimpleNamespace(dir=run, results=run_lm_sweep(sweep_file, run, log=lambda _line: None))
+
+
+def _stored_units(run: Path) -> dict[Path, tuple[int, int]]:
+    """Every stored unit result (its JSON is written last) -> (inode, mtime_ns): a rewrite changes either."""
+    from iclmem.runfolder import LM_UNITS_DIR
+
+    return {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (run / LM_UNITS_DIR).glob("*/*.json")}
+
+
+def _without_wandb(sweep_file: Path):
+    """The sweep file's config with W&B off: what the fault tests compare is the results table."""
+    from iclmem.vocab import WandbMode
+    from orchestrator.lm_config import load_lm_sweep
+
+    cfg = load_lm_sweep(sweep_file)
+    return cfg.model_copy(update={"wandb": cfg.wandb.model_copy(update={"mode": WandbMode.DISABLED})})
+
+
+def _same_results(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    try:
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
+    except AssertionError:
+        return False
+    return True
+
+
+@pytest.mark.ray
+def test_run_lm_sweep_runs_net_and_ner_and_writes_report_tables(planted, clean_run):
+    from iclmem.provenance import Provenance
+    from iclmem.runfolder import LM_EXPOSURE_DIR, LM_REPORT_FILE, LM_RESULTS_FILE
+    from orchestrator.lm_sweep import RESULT_COLUMNS
+    from probes.lm.report import lm_tables
+
+    run, df = clean_run.dir, clean_run.results
     assert tuple(df.columns) == RESULT_COLUMNS
-    stored = pd.read_parquet(run / RESULTS_FILE)
+    stored = pd.read_parquet(run / LM_RESULTS_FILE)
     pd.testing.assert_frame_equal(stored, df)
-    assert not list(run.glob(".*tmp"))  # atomic write left no temporary file
+    assert not list(run.rglob(".*tmp"))  # atomic writes left no temporary file
 
     assert set(df["probe"]) == {"exposure", "net", "ner"}
     scored = df[df["probe"].isin(["net", "ner"])]
@@ -471,26 +513,145 @@ def test_run_lm_sweep_runs_net_and_ner_and_writes_report_tables(planted, tmp_pat
         for c in [c for c in t.columns if c.startswith("f1")]:
             assert t[c].dropna().between(0, 1).all()
 
-    page = (run / REPORT_FILE).read_text()
+    # The provenance record of an LM run folder, written by the driver and shown in the report.
+    record = Provenance.read(run)
+    assert record is not None and record.kind == "lm" and record.sweep_name == "lm-test"
+    assert "transformers" in record.packages and "torch" in record.packages
+    page = (run / LM_REPORT_FILE).read_text()
     assert "Table 2" in page and "Table 5" in page and "Table 6" in page
+    assert f"package transformers</dt><dd>{record.packages['transformers']}" in page
 
-    # The W&B summary run (offline) holds the results table and the report artifact.
+    # The W&B summary run (offline) holds the results table, the provenance and the report artifact.
     from synthetic_run_dir import read_wandb_records
 
     logs = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(logs) == 1
     text = "\n".join(str(r) for r in read_wandb_records(logs[0]))
     assert "lm_results" in text and "mean_f1/net" in text and "iclmem-lm-" in text
+    assert record.config_hash in text
     # raw data stays out of the report: no template sentence, no entity string
     assert "bought some bread" not in page and planted.world.planted["person"][0] not in page
-    lists = list((run / "lm_exposure").glob("*.tsv"))
+    lists = list((run / LM_EXPOSURE_DIR).glob("*.tsv"))
     assert len(lists) == 2
-    exp = pd.read_csv(run / "lm_exposure" / "tiny__toy-conll.tsv", sep="\t")
+    exp = pd.read_csv(run / LM_EXPOSURE_DIR / "tiny__toy-conll.tsv", sep="\t")
     assert {"entity", "word_exposure", "transition_exposure", "rank_exposure", "class_word"} <= set(exp.columns)
 
 
+@pytest.mark.ray
+def test_an_lm_worker_killed_mid_unit_is_restarted_and_the_sweep_finishes_identically(
+        sweep_file, clean_run, tmp_path, fault_ledger):
+    """SIGKILL of an LM worker actor's process while it runs a unit: Ray restarts the actor, the pool gets
+    the unit computed again, and the table equals the uninterrupted run's."""
+    import os
+    import signal
+    import threading
+
+    import psutil
+
+    from orchestrator.lm_sweep import run_lm_sweep
+
+    killed: list[int] = []
+    stop = threading.Event()
+
+    def kill_a_worker_mid_unit() -> None:
+        # Ray titles an actor's process "ray::<Class>.<method>" while a call runs: the unit is under way.
+        while not stop.is_set():
+            for proc in psutil.process_iter(["pid", "cmdline"]):
+                if "ray::LMUnitWorker.run" in " ".join(proc.info["cmdline"] or ()):
+                    os.kill(proc.info["pid"], signal.SIGKILL)
+                    killed.append(proc.info["pid"])
+                    return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_a_worker_mid_unit, daemon=True)
+    watcher.start()
+    try:
+        df = run_lm_sweep(sweep_file, tmp_path / "run", config=_without_wandb(sweep_file), log=lambda _line: None)
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+    assert killed, "no LM worker was seen running a unit"
+    assert len(_stored_units(tmp_path / "run")) == len(_stored_units(clean_run.dir))
+    identical = _same_results(df, clean_run.results)
+    fault_ledger(injected=1, completed=True, identical=identical)
+    assert identical, "the table after a killed worker differs from the uninterrupted run's"
+
+
+class DriverKilled(BaseException):
+    """Stands for the driver process dying: not an Exception, so nothing in the driver catches it."""
+
+
+@pytest.mark.ray
+def test_an_interrupted_lm_sweep_resumes_computing_only_the_missing_units(
+        sweep_file, clean_run, tmp_path, monkeypatch, fault_ledger):
+    """The driver stops after a few units are stored (its pool is lost with it); ``iclmem lm resume``
+    reads the stored config, computes only the units not stored and writes the same table."""
+    from iclmem.runfolder import LM_RESULTS_FILE
+    from orchestrator import cli, lm_sweep
+
+    real_start = lm_sweep.start_lm_pool
+
+    def pool_that_dies_after_three_units(cfg, inputs):
+        pool = real_start(cfg, inputs)
+        poll, reported = pool.poll, []
+
+        def poll_then_die(timeout: float = 0.0, max_attempts: int = 3):
+            rows = poll(timeout, max_attempts)  # these units are stored now
+            reported.extend(rows)
+            if len(reported) >= 3:
+                raise DriverKilled()
+            return rows
+
+        pool.poll = poll_then_die
+        return pool
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(lm_sweep, "start_lm_pool", pool_that_dies_after_three_units)
+    with pytest.raises(DriverKilled):
+        lm_sweep.run_lm_sweep(sweep_file, run, config=_without_wandb(sweep_file), log=lambda _line: None)
+    monkeypatch.undo()
+    before = _stored_units(run)
+    total = len(_stored_units(clean_run.dir))
+    assert 3 <= len(before) < total and not (run / LM_RESULTS_FILE).exists()
+
+    assert cli.main(["lm", "resume", str(run), "--quiet"]) == 0
+    after = _stored_units(run)
+    assert {p: after[p] for p in before} == before  # no stored unit was computed or written again
+    assert len(after) == total
+    identical = _same_results(pd.read_parquet(run / LM_RESULTS_FILE), clean_run.results)
+    fault_ledger(injected=1, completed=True, identical=identical)
+    assert identical, "the resumed table differs from the uninterrupted run's"
+
+
+def test_a_stored_unit_that_fails_its_checksum_is_not_returned(tmp_path):
+    from probes.lm.units import LMUnitResult
+
+    table = pd.DataFrame({"entity": ["Ann Lee", "Rome"], "word_exposure": [0.9, 1e-5]})
+    LMUnitResult({"probe": "exposure", "model": "m", "dataset": "d"}, table).save(tmp_path, "u")
+    loaded = LMUnitResult.load(tmp_path, "u")
+    assert loaded is not None and loaded.row["model"] == "m"
+    pd.testing.assert_frame_equal(loaded.table, table)
+    assert LMUnitResult.load(tmp_path, "other") is None
+    data = (tmp_path / "u.parquet").read_bytes()
+    (tmp_path / "u.parquet").write_bytes(data[:-9] + bytes([data[-9] ^ 1]) + data[-8:])
+    with pytest.warns(UserWarning, match="fails its checksum"):
+        assert LMUnitResult.load(tmp_path, "u") is None
+
+
+def test_lm_resume_refuses_a_folder_that_is_not_an_lm_run(tmp_path):
+    from iclmem.provenance import Provenance
+    from orchestrator.lm_sweep import run_lm_sweep
+
+    with pytest.raises(ConfigError, match="not an iclmem LM run folder"):
+        run_lm_sweep(None, tmp_path, resume=True)
+    Provenance.collect(kind="tabular", sweep_name="qs", config={}, config_hash="abc", seeds=[0]).write(tmp_path)
+    with pytest.raises(ConfigError, match=f"iclmem resume {tmp_path}"):
+        run_lm_sweep(None, tmp_path, resume=True)
+
+
 def test_sweep_file_mistakes_are_all_reported_before_any_work(tmp_path):
-    from probes.lm.sweep import load_lm_sweep, run_lm_sweep
+    from orchestrator.lm_config import load_lm_sweep
+    from orchestrator.lm_sweep import run_lm_sweep
 
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("""
@@ -498,13 +659,17 @@ models: [{path: a, builtin: synthetic}]
 datasets: [{name: d, path: x, format: conll2004}]
 probes: [exposure, typing]
 seeds: []
+ner: {variants: [as-is, seen-twice]}
+resources: {probe_actor: 2}
 """)
     with pytest.raises(ConfigError) as err:
         load_lm_sweep(cfg)
     msg = str(err.value)
-    for where in ("models.0", "datasets.0.format", "probes", "seeds"):
+    for where in ("models.0", "datasets.0.format", "probes.1", "seeds", "ner.variants.1",
+                  "resources.probe_actor: unknown setting"):
         assert where in msg
     ok = tmp_path / "ok.yaml"
     ok.write_text("models: [{path: nowhere}]\ndatasets: [{name: d, path: nothing, format: conll2003}]\n")
     with pytest.raises(ConfigError, match="nowhere"):
         run_lm_sweep(ok, tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before anything was written

@@ -9,8 +9,10 @@ Public API:
              :data:`DEFAULT_THRESHOLDS`, :func:`memorized_lists`, :func:`exposure_auc`
 * NET        :func:`predict_types`, :func:`f1_table`, :data:`NET_KEYWORDS`
 * NER        :func:`run_ner`, :func:`is_correct`, :func:`levenshtein`, :func:`calibrate`
-* sweep      :func:`run_lm_sweep` (the CLI entry point), :func:`load_lm_sweep`, :data:`LM_TASKS`
-* report     :func:`lm_tables`, :func:`lm_report_section`, :func:`write_lm_report`
+* units      :data:`LM_UNITS` (exposure, net, ner work units), :class:`LMUnit`, :class:`LMUnitResult`
+* report     :func:`lm_tables`, :func:`lm_report_section`
+
+The sweep driver that runs the units on the probe pool is ``orchestrator.lm_sweep`` (``iclmem lm``).
 
 Submodules import torch / transformers lazily where they can; ``import probes.lm`` needs torch, pandas,
 pydantic and pyyaml.
@@ -40,8 +42,8 @@ from probes.lm.exposure import (
 from probes.lm.model import LanguageModel, greedy_generate, load_lm, token_logprobs
 from probes.lm.ner import NerSettings, calibrate, is_correct, levenshtein, matches_gold, run_ner
 from probes.lm.net import NET_KEYWORDS, f1_table, predict_types
-from probes.lm.report import lm_report_section, lm_tables, write_lm_report
-from probes.lm.sweep import LM_TASKS, RESULT_COLUMNS, LMSweepConfig, load_lm_sweep, run_lm_sweep
+from probes.lm.report import lm_report_section, lm_tables
+from probes.lm.units import LM_UNITS, LMUnit, LMUnitResult
 
 __all__ = [
     "DATASET_FORMATS", "LMDataset", "Sentence", "Span", "canonical_type", "load_dataset", "read_bio",
@@ -51,6 +53,6 @@ __all__ = [
     "LanguageModel", "greedy_generate", "load_lm", "token_logprobs",
     "NerSettings", "calibrate", "is_correct", "levenshtein", "matches_gold", "run_ner",
     "NET_KEYWORDS", "f1_table", "predict_types",
-    "lm_report_section", "lm_tables", "write_lm_report",
-    "LM_TASKS", "RESULT_COLUMNS", "LMSweepConfig", "load_lm_sweep", "run_lm_sweep",
+    "lm_report_section", "lm_tables",
+    "LM_UNITS", "LMUnit", "LMUnitResult",
 ]

@@ -1,4 +1,5 @@
-"""Tables shaped like the paper's Tables 2-6 and an HTML section, from the LM results table.
+"""Tables shaped like the paper's Tables 2-6 and an HTML section, from the LM results table (the page
+around it is written by ``orchestrator.reports.write_lm_html_report``).
 
 * Table 2  NET F1 per dataset and type: all / memorized / unmemorized, with counts (BIO datasets).
 * Table 3  the same for entity lists (DBpedia), one block per exposure criterion (word, transition).
@@ -13,15 +14,14 @@ The HTML holds numbers and entity-type names only, never sentences or entity str
 from __future__ import annotations
 
 import html
-from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 import pandas as pd
 
-from iclmem.atomic import write_text_atomic
+from iclmem.vocab import NerVariant, values
 
-__all__ = ["lm_tables", "lm_report_section", "write_lm_report", "TABLE_TITLES"]
+__all__ = ["lm_tables", "lm_report_section", "TABLE_TITLES"]
 
 TABLE_TITLES = {
     "table2": "Table 2 - Zero-shot NET F1 (all / memorized / unmemorized entities)",
@@ -82,7 +82,7 @@ def _ner(res: pd.DataFrame, variants: tuple[str, ...]) -> pd.DataFrame:
             key = v.replace("-", "_")
             row[f"f1_{key}_mean"] = float(f.mean()) if len(f) else np.nan
             row[f"f1_{key}_std"] = float(f.std(ddof=0)) if len(f) else np.nan
-        asis = g[g["variant"] == "as-is"]
+        asis = g[g["variant"] == NerVariant.AS_IS]
         row["count"] = int(asis["count"].iloc[0]) if len(asis) else int(g["count"].max())
         row["n_seeds"] = int(g["seed"].nunique())
         rows.append(row)
@@ -101,8 +101,8 @@ def lm_tables(results: pd.DataFrame) -> dict[str, pd.DataFrame]:
         "table2": _net_memorization(res, entity_lists=False),
         "table3": _net_memorization(res, entity_lists=True),
         "table4": t4,
-        "table5": _ner(res, ("as-is", "seen", "unseen")),
-        "table6": _ner(res, ("as-is",)).rename(columns={"f1_as_is_mean": "f1_mean", "f1_as_is_std": "f1_std"}),
+        "table5": _ner(res, values(NerVariant)),
+        "table6": _ner(res, (NerVariant.AS_IS.value,)).rename(columns={"f1_as_is_mean": "f1_mean", "f1_as_is_std": "f1_std"}),
     }
 
 
@@ -136,19 +136,6 @@ def lm_report_section(results: pd.DataFrame, tables: Mapping[str, pd.DataFrame] 
         if t is None or t.empty:
             parts.append("<p>(no rows: probe not run or no data of this kind)</p>")
             continue
-        parts.append(_display(t).to_html(index=False, escape=False, border=0, classes="lm-table"))
+        parts.append(_display(t).to_html(index=False, escape=False, border=0, classes="data"))
     parts.append("</section>")
     return "\n".join(parts)
-
-
-def write_lm_report(results: pd.DataFrame, path: str | Path, title: str = "LM probes") -> Path:
-    """A standalone HTML page holding :func:`lm_report_section`, written atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    page = ("<!doctype html><html><head><meta charset='utf-8'>"
-            f"<title>{html.escape(title)}</title><style>"
-            "body{font-family:sans-serif;margin:2em} table{border-collapse:collapse;margin-bottom:1.5em}"
-            "td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}"
-            "td:first-child,th:first-child{text-align:left}</style></head><body>"
-            f"<h1>{html.escape(title)}</h1>\n{lm_report_section(results)}\n</body></html>\n")
-    return write_text_atomic(path, page)

@@ -1,0 +1,171 @@
+"""LM sweep files: the language-model probe family's YAML, validated on the same base as the tabular sweep
+(``_Strict``: unknown keys are errors; every mistake reported at once with its path; ``include:`` of a
+shared base file; relative paths relative to the file; the same probe-actor and W&B blocks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from iclmem.errors import ConfigError
+from iclmem.vocab import ExposureMetric, LMProbe, NerVariant, values
+from orchestrator.config import (
+    ProbeActorsConfig,
+    WandbConfig,
+    _read_yaml,
+    _Strict,
+    format_validation_error,
+    resolve_path,
+)
+from probes.lm.data import DATASET_FORMATS
+from probes.lm.exposure import ThresholdRule, default_thresholds
+from probes.lm.ner import NerSettings
+
+__all__ = ["LMDatasetConfig", "LMModelConfig", "LMSweepConfig", "NerConfig", "ThresholdConfig", "load_lm_sweep",
+           "parse_lm_sweep"]
+
+SYNTHETIC_FORMAT = "conll2003"  # the format of the built-in synthetic dataset
+
+
+class LMModelConfig(_Strict):
+    name: str | None = None  # label in the results; default: the directory name
+    path: str | None = None  # local directory transformers can load
+    builtin: Literal["synthetic"] | None = None  # tiny GPT-2 trained on the generated world
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "LMModelConfig":
+        if bool(self.path) == bool(self.builtin):
+            raise ValueError("give exactly one of `path` (a local model directory) or `builtin: synthetic`")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.name or (Path(self.path).name if self.path else f"{self.builtin}-gpt2")
+
+
+class ThresholdConfig(_Strict):
+    metric: ExposureMetric
+    memorized: float = Field(ge=0, le=1)
+    unmemorized: float = Field(ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "ThresholdConfig":
+        if self.unmemorized > self.memorized:
+            raise ValueError("`unmemorized` must be <= `memorized`")
+        return self
+
+
+class LMDatasetConfig(_Strict):
+    name: str
+    path: str | None = None  # a folder of split files (BIO), or an entity-list file / folder
+    builtin: Literal["synthetic"] | None = None  # the generated CoNLL-format data
+    format: str = "bio"  # a DATASET_FORMATS name: an open registry, so checked against it, not an enum
+    entity_types: list[str] | None = None  # default: every type in the data
+    thresholds: list[ThresholdConfig] | None = None  # default: the paper's Tables 8-9 for the format
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, v: str) -> str:
+        if v not in DATASET_FORMATS:
+            raise ValueError(f"unknown format {v!r}; known: {', '.join(DATASET_FORMATS.names())}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "LMDatasetConfig":
+        if bool(self.path) == bool(self.builtin):
+            raise ValueError("give exactly one of `path` or `builtin: synthetic`")
+        if self.builtin and self.format not in ("bio", SYNTHETIC_FORMAT):
+            raise ValueError(f"the builtin synthetic dataset is in {SYNTHETIC_FORMAT} format")
+        return self
+
+    @property
+    def data_format(self) -> str:
+        return SYNTHETIC_FORMAT if self.builtin else self.format
+
+    def rules(self) -> tuple[ThresholdRule, ...]:
+        if self.thresholds:
+            return tuple(ThresholdRule(t.metric.value, t.memorized, t.unmemorized) for t in self.thresholds)
+        return default_thresholds(self.data_format)
+
+
+class NerConfig(_Strict):
+    shots: int = Field(16, ge=1)
+    positives: int = Field(9, ge=0)
+    max_new_tokens: int = Field(15, ge=1)
+    calibrate: bool = True
+    variants: list[NerVariant] = list(NerVariant)
+    test_seed: int = 0
+    negative_ratio: float = Field(2.0, gt=0)
+    max_test_sentences: int | None = Field(None, ge=1)
+    batch_size: int = Field(8, ge=1)
+
+    @model_validator(mode="after")
+    def _positives_fit(self) -> "NerConfig":
+        if self.positives > self.shots:
+            raise ValueError("`positives` cannot exceed `shots`")
+        return self
+
+    def settings(self) -> NerSettings:
+        return NerSettings(self.shots, self.positives, self.max_new_tokens, self.calibrate,
+                           tuple(v.value for v in self.variants), self.test_seed, self.negative_ratio,
+                           self.max_test_sentences, self.batch_size)
+
+
+class LMSweepConfig(_Strict):
+    name: str = Field("lm", pattern=r"^[A-Za-z0-9_.-]+$")
+    models: list[LMModelConfig] = Field(min_length=1)
+    datasets: list[LMDatasetConfig] = Field(min_length=1)
+    probes: list[LMProbe] = list(LMProbe)
+    seeds: list[int] = [0, 1, 2]  # NER example draws; exposure and NET are deterministic
+    ner: NerConfig = NerConfig()
+    batch_size: int = Field(32, ge=1)  # sequences per forward pass (exposure, NET)
+    leading_space: bool = True  # exposure: encode entities as " " + entity (see probes.lm.exposure)
+    device: str = "cpu"
+    resources: ProbeActorsConfig = ProbeActorsConfig()
+    wandb: WandbConfig = WandbConfig(project="iclmem-lm")
+
+    @field_validator("probes")
+    @classmethod
+    def _probes(cls, v: list[LMProbe]) -> list[LMProbe]:
+        if not v:
+            raise ValueError(f"`probes` needs at least one of {', '.join(values(LMProbe))}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicate probes: {[p.value for p in v]}")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int]) -> list[int]:
+        if not v or len(set(v)) != len(v):
+            raise ValueError("`seeds` must be a non-empty list of distinct integers")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "LMSweepConfig":
+        for kind, names in (("model", [m.label for m in self.models]), ("dataset", [d.name for d in self.datasets])):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise ValueError(f"duplicate {kind} name(s) {dup}; give each a distinct `name`")
+        return self
+
+    def runs(self, probe: LMProbe) -> bool:
+        return probe in self.probes
+
+
+def parse_lm_sweep(data: dict[str, Any], source: str = "<lm sweep>") -> LMSweepConfig:
+    try:
+        return LMSweepConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(source, exc)) from None
+
+
+def load_lm_sweep(path: str | Path) -> LMSweepConfig:
+    """Read and validate an LM sweep YAML; relative paths are relative to the file."""
+    path = Path(path)
+    cfg = parse_lm_sweep(_read_yaml(path), str(path))
+    return cfg.model_copy(update={
+        "models": [m.model_copy(update={"path": resolve_path(m.path, path.parent)}) for m in cfg.models],
+        "datasets": [d.model_copy(update={"path": resolve_path(d.path, path.parent)}) for d in cfg.datasets],
+    })

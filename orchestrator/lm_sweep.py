@@ -1,0 +1,354 @@
+"""Ray side of an LM probe sweep: work units on the probe pool, one results table, the report and W&B.
+
+``run_lm_sweep`` is what ``iclmem lm run`` and ``iclmem lm resume RUN_DIR`` call. It runs on the same core
+as the tabular sweep (``orchestrator.sweep``): the config base and messages (``orchestrator.lm_config``),
+Ray start-up (``iclmem.raysession``), the probe pool (``probes.actors.ProbePool`` over
+``LMUnitWorker``: retries, resends, results stored per unit with a checksum), the provenance record
+(``kind = "lm"``), the run-folder names (``iclmem.runfolder``), atomic writes, the report page and the W&B
+logger. Work units (``probes.lm.units``):
+
+* exposure  per (model, dataset)                      - needed by NET subsets and NER "test seen"
+* net       per (model, dataset, entity type)
+* ner       per (model, dataset, entity type, seed)   - BIO datasets with a train and a test split
+
+A NER unit that tests on memorized entities ("seen") is sent once its dataset's exposure unit is done
+(the memorized lists are part of its parameters); every other unit is sent at once. Datasets are read and
+checked in the driver before Ray starts (a config or data mistake costs nothing) and shipped once with
+``ray.put``. The results table is built from the stored unit results only, so a resumed sweep and an
+uninterrupted one go through the same code and give the same table; a unit that still fails after its
+retries is named in a ``ProbeError`` raised after every other result is written.
+
+Logs carry counts and names of models, datasets and types, never sentences.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from iclmem.atomic import write_json_atomic, write_parquet_atomic, write_text_atomic
+from iclmem.errors import ConfigError, DataError, ProbeError
+from iclmem.provenance import Provenance
+from iclmem.raysession import ensure_ray
+from iclmem.runfolder import (
+    LM_ASSETS_DIR,
+    LM_EXPOSURE_DIR,
+    LM_REPORT_FILE,
+    LM_RESULTS_FILE,
+    LM_SWEEP_FILE,
+    LM_UNITS_DIR,
+)
+from iclmem.vocab import LMProbe, NerVariant
+from orchestrator.lm_config import LMSweepConfig, load_lm_sweep, parse_lm_sweep
+from probes.lm.data import DATASET_FORMATS, LMDataset, canonical_type, load_dataset
+from probes.lm.exposure import ThresholdRule, exposure_counts, memorized_lists
+from probes.lm.net import f1_table
+from probes.lm.units import LMUnit, LMUnitResult, unit_key
+
+__all__ = ["RESULT_COLUMNS", "LMInputs", "lm_provenance", "resolve_inputs", "run_lm_sweep"]
+
+RESULT_COLUMNS = ("model", "dataset", "dataset_format", "probe", "entity_type", "seed", "variant", "criterion",
+                  "f1", "precision", "recall", "count", "n_eval", "baseline_f1")
+LM_PACKAGES = ("transformers", "tokenizers")  # recorded in the provenance beside the core packages
+
+
+# ------------------------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class LMInputs:
+    """What the units read, resolved in the driver before any cluster work."""
+
+    models: dict[str, str]  # label -> local model directory
+    datasets: dict[str, LMDataset]
+    formats: dict[str, str]  # dataset -> format
+    digests: dict[str, str]  # dataset -> content digest (part of every unit's key)
+    rules: dict[str, tuple[ThresholdRule, ...]]  # dataset -> exposure threshold rules, primary first
+
+
+def _dataset_digest(ds: LMDataset) -> str:
+    content = repr((ds.format, sorted(ds.splits.items()), ds.entities().to_csv(index=False)))
+    return hashlib.sha256(content.encode()).hexdigest()[:16]
+
+
+def resolve_inputs(cfg: LMSweepConfig, run_dir: Path) -> LMInputs:
+    """Model directories and loaded datasets; every missing directory or unusable dataset is refused here."""
+    synth_model = synth_data = None
+    if any(m.builtin for m in cfg.models) or any(d.builtin for d in cfg.datasets):
+        from probes.lm.synthetic import build_synthetic_assets
+
+        synth_model, synth_data = build_synthetic_assets(run_dir / LM_ASSETS_DIR / "synthetic")
+    models: dict[str, str] = {}
+    for m in cfg.models:
+        path = str(synth_model) if m.builtin else str(m.path)
+        if not Path(path).is_dir():
+            raise ConfigError(f"model {m.label!r}: directory {path} does not exist")
+        models[m.label] = path
+    datasets: dict[str, LMDataset] = {}
+    for d in cfg.datasets:
+        path = synth_data if d.builtin else d.path
+        types = [canonical_type(t) for t in d.entity_types] if d.entity_types else None
+        ds = load_dataset(path, d.data_format, d.name, types)
+        if cfg.runs(LMProbe.NER) and not ds.supports_ner and not DATASET_FORMATS.get(d.data_format).is_entity_list:
+            raise DataError(f"dataset {d.name!r}: NER needs a train and a test split file in {path}")
+        if ds.entities().empty:
+            raise DataError(f"dataset {d.name!r}: no entity found in {path}")
+        datasets[d.name] = ds
+    return LMInputs(models, datasets, {d.name: d.data_format for d in cfg.datasets},
+                    {name: _dataset_digest(ds) for name, ds in datasets.items()},
+                    {d.name: d.rules() for d in cfg.datasets})
+
+
+def lm_provenance(cfg: LMSweepConfig) -> Provenance:
+    return Provenance.collect(kind="lm", sweep_name=cfg.name, config=cfg.model_dump(mode="json"),
+                              config_hash=cfg.config_hash(), seeds=cfg.seeds, extra_packages=LM_PACKAGES)
+
+
+def _stored_config(run_dir: Path) -> LMSweepConfig:
+    stored = run_dir / LM_SWEEP_FILE
+    if not stored.is_file():
+        record = Provenance.read(run_dir)
+        if record is not None and record.kind != "lm":
+            raise ConfigError(f"{run_dir} is a {record.kind} run folder: resume it with `iclmem resume {run_dir}`")
+        raise ConfigError(f"{run_dir} holds no {LM_SWEEP_FILE}: not an iclmem LM run folder")
+    return parse_lm_sweep(json.loads(stored.read_text()), str(stored))
+
+
+# ------------------------------------------------------------------------------------------- units
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+@dataclass
+class UnitPlan:
+    """Every unit of a sweep, per (model, dataset). NER units that need the memorized lists are built when
+    their exposure unit is done (:meth:`release`); until then they are ``waiting``."""
+
+    cfg: LMSweepConfig
+    inputs: LMInputs
+    units_dir: Path
+    exposure: dict[tuple[str, str], LMUnit] = field(default_factory=dict)
+    net: dict[tuple[str, str], list[LMUnit]] = field(default_factory=dict)
+    ner: dict[tuple[str, str], list[LMUnit]] = field(default_factory=dict)
+    waiting: dict[tuple[str, str], list[tuple[str, int]]] = field(default_factory=dict)  # (type, seed)
+
+    def unit(self, kind: LMProbe, model: str, dataset: str, params: dict[str, Any], entity_type: str = "",
+             seed: int = -1) -> LMUnit:
+        key = unit_key(kind.value, self.inputs.models[model], self.inputs.digests[dataset], self.cfg.device, params)
+        parts = [kind.value, _safe(entity_type) if entity_type else "", f"s{seed}" if seed >= 0 else "", key]
+        return LMUnit(kind.value, model, dataset, params, str(self.units_dir / f"{_safe(model)}__{_safe(dataset)}"),
+                      "-".join(p for p in parts if p), entity_type, seed)
+
+    @classmethod
+    def build(cls, cfg: LMSweepConfig, inputs: LMInputs, units_dir: Path) -> "UnitPlan":
+        plan = cls(cfg, inputs, units_dir)
+        settings = cfg.ner.settings()
+        ner_needs_exposure = NerVariant.SEEN.value in settings.variants
+        need_exposure = cfg.runs(LMProbe.EXPOSURE) or cfg.runs(LMProbe.NET) or (
+            cfg.runs(LMProbe.NER) and ner_needs_exposure)
+        for model in inputs.models:
+            for name, ds in inputs.datasets.items():
+                key, types = (model, name), ds.types()
+                if need_exposure:
+                    plan.exposure[key] = plan.unit(LMProbe.EXPOSURE, model, name, {
+                        "rules": inputs.rules[name], "batch_size": cfg.batch_size,
+                        "leading_space": cfg.leading_space})
+                if cfg.runs(LMProbe.NET):
+                    plan.net[key] = [plan.unit(LMProbe.NET, model, name, {
+                        "entity_type": t, "types": types, "batch_size": cfg.batch_size}, t) for t in types]
+                if cfg.runs(LMProbe.NER) and ds.supports_ner:
+                    pending = [(t, seed) for t in types for seed in cfg.seeds]
+                    if ner_needs_exposure:
+                        plan.waiting[key] = pending
+                    else:
+                        plan.ner[key] = [plan._ner(key, t, seed, {}) for t, seed in pending]
+        return plan
+
+    def _ner(self, key: tuple[str, str], entity_type: str, seed: int, memorized: dict[str, list[str]]) -> LMUnit:
+        params = {"entity_type": entity_type, "seed": seed, "settings": self.cfg.ner.settings(),
+                  "memorized": memorized}
+        return self.unit(LMProbe.NER, *key, params, entity_type, seed)
+
+    def initial(self) -> list[LMUnit]:
+        return [*self.exposure.values(), *(u for units in self.net.values() for u in units),
+                *(u for units in self.ner.values() for u in units)]
+
+    def release(self, key: tuple[str, str]) -> list[LMUnit]:
+        """The NER units of ``key`` built with the memorized lists of its (stored) exposure result."""
+        if key not in self.waiting:
+            return []
+        exposure = _load(self.exposure[key])
+        if exposure is None:  # stored a moment ago; unreadable now: its NER units stay waiting (reported)
+            return []
+        memorized = memorized_lists(exposure, self.inputs.rules[key[1]][0])
+        units = [self._ner(key, t, seed, memorized) for t, seed in self.waiting.pop(key)]
+        self.ner[key] = units
+        return units
+
+    def total(self) -> int:
+        return len(self.initial()) + sum(len(v) for v in self.waiting.values())
+
+
+def _load(unit: LMUnit) -> pd.DataFrame | None:
+    result = LMUnitResult.load(unit.out_dir, unit.stem)
+    return None if result is None else result.table
+
+
+def _describe(unit: LMUnit | dict[str, Any]) -> str:
+    ident = unit.identity if isinstance(unit, LMUnit) else unit
+    extra = "".join(f"/{v}" for v in (ident["entity_type"], f"s{ident['seed']}" if ident["seed"] >= 0 else "") if v)
+    return f"{ident['probe']} {ident['model']}/{ident['dataset']}{extra}"
+
+
+def start_lm_pool(cfg: LMSweepConfig, inputs: LMInputs) -> Any:
+    import ray
+
+    from probes.actors import LMUnitWorker, ProbePool
+
+    res = cfg.resources
+    return ProbePool(res.probe_actors, res.actor_options(), worker_class=LMUnitWorker, models=inputs.models,
+                     datasets=ray.put(inputs.datasets), device=cfg.device,
+                     torch_threads=max(1, int(res.cpus_per_probe_actor)))
+
+
+def run_units(pool: Any, plan: UnitPlan, log: Callable[[str], None]) -> None:
+    """Feed the pool until every unit is stored or has failed its retries; NER units that wait for an
+    exposure unit are sent as soon as it is done."""
+    for unit in plan.initial():
+        pool.submit(unit)
+    total, done = plan.total(), 0
+    rows = pool.poll()
+    while rows or pool.pending:
+        for row in rows:
+            done += 1
+            if row["probe"] == LMProbe.EXPOSURE.value:
+                for unit in plan.release((row["model"], row["dataset"])):
+                    pool.submit(unit)
+        if rows:
+            log(f"[iclmem] lm units {done}/{total} done, {len(pool.failed)} failed")
+        rows = pool.poll(timeout=0.5)
+
+
+# ------------------------------------------------------------------------------------------- results
+def _net_rows(model: str, dataset: str, fmt: str, preds: pd.DataFrame, exposure: pd.DataFrame | None,
+              rules: tuple[ThresholdRule, ...], types: list[str]) -> list[dict[str, Any]]:
+    rows = []
+
+    def add(frame: pd.DataFrame, variant: str, criterion: str) -> None:
+        for r in f1_table(frame["entity_type"], frame["predicted"], types).to_dict("records"):
+            rows.append({"model": model, "dataset": dataset, "dataset_format": fmt, "probe": LMProbe.NET.value,
+                         "seed": -1, "variant": variant, "criterion": criterion, "n_eval": len(frame), **r})
+
+    add(preds, "all", "")
+    if exposure is not None:
+        joined = preds.merge(exposure, on=["entity", "entity_type"], how="left")
+        for rule in rules:
+            for variant in ("memorized", "unmemorized"):
+                add(joined[joined[f"class_{rule.metric}"] == variant], variant, rule.metric)
+    return rows
+
+
+def collect_results(plan: UnitPlan, run_dir: Path) -> pd.DataFrame:
+    """The results table from the stored unit results (a missing unit contributes no row; a NET block
+    needs every type's unit) and the per-entity exposure lists beside it."""
+    inputs, rows = plan.inputs, []
+    exposures = {key: _load(unit) for key, unit in plan.exposure.items()}
+    for (model, dataset), table in exposures.items():
+        if table is None:
+            continue
+        path = run_dir / LM_EXPOSURE_DIR / f"{_safe(model)}__{_safe(dataset)}.tsv"
+        write_text_atomic(path, table.to_csv(sep="\t", index=False))
+        for r in exposure_counts(table, inputs.rules[dataset]):
+            rows.append({"model": model, "dataset": dataset, "dataset_format": inputs.formats[dataset],
+                         "probe": LMProbe.EXPOSURE.value, "seed": -1, **r})
+    for (model, dataset), units in plan.net.items():
+        preds = [_load(u) for u in units]
+        if any(p is None for p in preds):
+            continue
+        rows += _net_rows(model, dataset, inputs.formats[dataset], pd.concat(preds, ignore_index=True),
+                          exposures.get((model, dataset)), inputs.rules[dataset], inputs.datasets[dataset].types())
+    for (model, dataset), units in plan.ner.items():
+        for unit in units:
+            table = _load(unit)
+            for r in [] if table is None else table.to_dict("records"):
+                rows.append({"model": model, "dataset": dataset, "dataset_format": inputs.formats[dataset],
+                             "probe": LMProbe.NER.value, "entity_type": unit.entity_type, "seed": unit.seed,
+                             "criterion": "", "baseline_f1": float("nan"),
+                             **{k: r[k] for k in ("variant", "f1", "precision", "recall", "count", "n_eval")}})
+    return _results_frame(rows)
+
+
+def _results_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
+    for c in ("model", "dataset", "dataset_format", "probe", "entity_type", "variant", "criterion"):
+        df[c] = df[c].fillna("").astype(str)
+    df["seed"] = df["seed"].astype("int64")
+    for c in ("count", "n_eval"):
+        df[c] = df[c].fillna(0).astype("int64")
+    for c in ("f1", "precision", "recall", "baseline_f1"):
+        df[c] = df[c].astype("float64")
+    return df
+
+
+def log_to_wandb(cfg: LMSweepConfig, run_dir: Path, results: pd.DataFrame) -> None:
+    from orchestrator.wandb_logger import WandbResultsLogger, resolve_wandb_mode
+
+    mode = resolve_wandb_mode(str(cfg.wandb.mode))
+    if mode == "disabled" or results.empty:
+        return
+    with WandbResultsLogger(cfg.wandb.project, group=cfg.name, entity=cfg.wandb.entity, mode=mode,
+                            job_type="lm-summary") as logger:
+        logger.log_lm_summary(run_dir, results, files=(run_dir / LM_REPORT_FILE, run_dir / LM_RESULTS_FILE))
+
+
+# ------------------------------------------------------------------------------------------- the sweep
+def run_lm_sweep(config_path: str | Path | None, run_dir: str | Path, *, config: LMSweepConfig | None = None,
+                 address: str | None = None, num_cpus: int | None = None, resume: bool = False,
+                 log: Callable[[str], None] = print) -> pd.DataFrame:
+    """Run (or, with ``resume``, finish from the run folder's stored config) an LM probe sweep; returns the
+    results table (:data:`RESULT_COLUMNS`, also at ``RUN_DIR/lm_results.parquet``). Units already stored
+    in ``RUN_DIR`` are not computed again."""
+    import ray
+
+    from orchestrator.reports import write_lm_html_report
+
+    run_dir = Path(run_dir).resolve()
+    cfg = _stored_config(run_dir) if resume else (config or load_lm_sweep(config_path))
+    inputs = resolve_inputs(cfg, run_dir)
+    write_json_atomic(run_dir / LM_SWEEP_FILE, cfg.model_dump(mode="json"))
+    lm_provenance(cfg).write(run_dir)
+    plan = UnitPlan.build(cfg, inputs, run_dir / LM_UNITS_DIR)
+    log(f"[iclmem] lm sweep {cfg.name!r}: {plan.total()} unit(s) on {len(inputs.models)} model(s) x "
+        f"{len(inputs.datasets)} dataset(s) -> {run_dir}")
+
+    started = ensure_ray(address, num_cpus=num_cpus)
+    pool = None
+    try:
+        pool = start_lm_pool(cfg, inputs)
+        run_units(pool, plan, log)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        if started:
+            ray.shutdown()
+
+    results = collect_results(plan, run_dir)
+    write_parquet_atomic(results, run_dir / LM_RESULTS_FILE)
+    write_lm_html_report(run_dir, results, title=f"LM probes - {cfg.name}")
+    log_to_wandb(cfg, run_dir, results)
+    for note in pool.notes:
+        log(f"[iclmem] WARNING {note}")
+    missing = [_describe(job) for job, _ in pool.failed]
+    missing += [_describe({"probe": LMProbe.NER.value, "model": m, "dataset": d, "entity_type": t, "seed": s})
+                for (m, d), waiting in plan.waiting.items() for t, s in waiting]
+    if missing:
+        first = pool.failed[0][1][:2000] if pool.failed else "its exposure unit did not finish"
+        raise ProbeError(f"{len(missing)} LM unit(s) could not be run after retries: {missing}; first error: "
+                         f"{first}. Every other result is saved in {run_dir}; `iclmem lm resume {run_dir}` "
+                         "runs the missing ones again.")
+    log(f"[iclmem] lm sweep {cfg.name!r}: {len(results)} result row(s) -> {run_dir / LM_RESULTS_FILE}")
+    return results
