@@ -12,7 +12,7 @@ import itertools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
@@ -233,6 +233,9 @@ class SweepConfig(_Strict):
 
 
 # ------------------------------------------------------------------------------------------- loading
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"sweep file not found: {path}")
@@ -272,17 +275,25 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepConfig:
+def validate_config(model: type[ConfigT], data: dict[str, Any], source: str) -> ConfigT:
+    """``data`` validated into ``model`` (a tabular or an LM sweep); every mistake at once, as a ConfigError."""
     try:
-        return SweepConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(source, exc)) from None
 
 
+def read_config(model: type[ConfigT], path: str | Path) -> ConfigT:
+    """A sweep file (following ``include:``) validated into ``model``; paths in it are left as written."""
+    return validate_config(model, _read_yaml(Path(path)), str(path))
+
+
+def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepConfig:
+    return validate_config(SweepConfig, data, source)
+
+
 def load_sweep(path: str | Path) -> SweepConfig:
-    path = Path(path)
-    sweep = parse_sweep(_read_yaml(path), str(path))
-    return resolve_paths(sweep, path.parent)
+    return resolve_paths(read_config(SweepConfig, path), Path(path).parent)
 
 
 def resolve_paths(sweep: SweepConfig, base_dir: Path) -> SweepConfig:

@@ -7,18 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from iclmem.errors import ConfigError
 from iclmem.vocab import ExposureMetric, LMProbe, NerVariant, values
-from orchestrator.config import (
-    ProbeActorsConfig,
-    WandbConfig,
-    _read_yaml,
-    _Strict,
-    format_validation_error,
-    resolve_path,
-)
+from orchestrator.config import ProbeActorsConfig, WandbConfig, _Strict, read_config, resolve_path, validate_config
 from probes.lm.data import DATASET_FORMATS
 from probes.lm.exposure import ThresholdRule, default_thresholds
 from probes.lm.ner import NerSettings
@@ -155,16 +147,13 @@ class LMSweepConfig(_Strict):
 
 
 def parse_lm_sweep(data: dict[str, Any], source: str = "<lm sweep>") -> LMSweepConfig:
-    try:
-        return LMSweepConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc)) from None
+    return validate_config(LMSweepConfig, data, source)
 
 
 def load_lm_sweep(path: str | Path) -> LMSweepConfig:
     """Read and validate an LM sweep YAML; relative paths are relative to the file."""
     path = Path(path)
-    cfg = parse_lm_sweep(_read_yaml(path), str(path))
+    cfg = read_config(LMSweepConfig, path)
     return cfg.model_copy(update={
         "models": [m.model_copy(update={"path": resolve_path(m.path, path.parent)}) for m in cfg.models],
         "datasets": [d.model_copy(update={"path": resolve_path(d.path, path.parent)}) for d in cfg.datasets],
