@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import secrets
+from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
@@ -168,6 +169,8 @@ def _quiet_settings() -> Any:
 
 
 def _json_scalar(v: Any) -> Any:
+    if isinstance(v, Enum):  # a vocabulary member (iclmem.vocab): wandb would write its name, not its value
+        return v.value
     if isinstance(v, (np.integer,)):
         return int(v)
     if isinstance(v, (np.floating,)):
@@ -460,11 +463,11 @@ def run_headline(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     out[f"{PROBE_PREFIX}/last_epoch"] = int(last[EPOCH_KEY])
     peak = R.peak_checkpoints(public, regime=None).iloc[0]
     out[f"{PEAK_PREFIX}/epoch"] = int(peak[EPOCH_KEY])
-    out[f"{PEAK_PREFIX}/outcome"] = str(peak["outcome"])
+    out[f"{PEAK_PREFIX}/outcome"] = _json_scalar(peak["outcome"])
     if pd.notna(peak["peak_auc"]):
         out[f"{PEAK_PREFIX}/auc"] = float(peak["peak_auc"])
     if isinstance(peak.get("peak_kind"), str):
-        out[f"{PEAK_PREFIX}/score_kind"] = peak["peak_kind"]
+        out[f"{PEAK_PREFIX}/score_kind"] = _json_scalar(peak["peak_kind"])
     return out
 
 

@@ -127,7 +127,7 @@ def test_reports_and_figures_are_written(sweep_run):
 def test_provenance_written_by_the_sweep_reaches_the_report_and_the_wandb_summary(sweep_run):
     """One writer, one reader: the record a real sweep wrote is read back whole, and its package
     versions (and config hash) are shown in report.html and logged with the W&B summary run."""
-    from synthetic_run_dir import read_wandb_records
+    from synthetic_run_dir import read_wandb_records, wandb_config
 
     from iclmem.provenance import Provenance
 
@@ -141,8 +141,8 @@ def test_provenance_written_by_the_sweep_reaches_the_report_and_the_wandb_summar
         assert f"package {name}</dt><dd>{record.packages[name]}</dd>" in page, name
     summary = [r for p in _wandb_runs(run_dir) for r in [read_wandb_records(p)] if "results_table" in str(r)]
     assert len(summary) == 1
-    config_items = "\n".join(str(r.config) for r in summary[0] if r.HasField("config"))
-    assert record.packages["torch"] in config_items and record.config_hash in config_items
+    logged = wandb_config(summary[0])["provenance"]  # set at wandb.init: in the run record, not a config record
+    assert logged["packages"]["torch"] == record.packages["torch"] and logged["config_hash"] == record.config_hash
 
 
 def torch_version() -> str:
@@ -155,22 +155,55 @@ def _wandb_runs(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
 
 
-def test_each_trial_logged_its_config_and_epoch_metrics_to_wandb_offline(sweep_run):
-    from synthetic_run_dir import read_wandb_records
+def test_each_run_logged_its_config_training_and_probe_metrics_to_its_own_wandb_run(sweep_run):
+    """One offline W&B run per trial (and per base-model control), opened by the driver: flat config,
+    the epochs Tune recorded, and at each checkpoint's epoch the probe row results.parquet holds."""
+    from synthetic_run_dir import read_wandb_records, wandb_config, wandb_history, wandb_summary
 
-    run_dir, _, _ = sweep_run
-    found_trials = 0
-    summary = False
-    for path in _wandb_runs(run_dir):
-        records = read_wandb_records(path)
-        text = "\n".join(str(r) for r in records)
-        if "member_icl_accuracy" in text and "train_loss" in text:
-            found_trials += 1
-            assert "e2e" in text  # grouped by sweep
-        if "results_table" in text:
-            summary = True
-    assert found_trials == 4
-    assert summary
+    from orchestrator import reports as R
+
+    run_dir, results, _ = sweep_run
+    trained = {}  # run_id -> [(epoch, train_loss)] as Tune recorded them
+    for path in (run_dir / "tune").rglob("result.json"):
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        trained[lines[0]["run_id"]] = [(r["epoch"], r["train_loss"]) for r in lines]
+    ids = {r: e["wandb_id"] for r, e in json.loads((run_dir / "wandb" / "trial_runs.json").read_text())["runs"].items()}
+    assert set(ids) == set(results["run_id"]) and len(set(ids.values())) == len(ids)
+    peaks = R.peak_checkpoints(R.public_results(results), regime=None).set_index("run_id")
+    n_trials = 0
+    for run_id, rows in results.groupby("run_id"):
+        files = sorted((run_dir / "wandb").glob(f"offline-run-*-{ids[run_id]}/run-{ids[run_id]}.wandb"))
+        assert len(files) == 1, run_id
+        records = read_wandb_records(files[0])
+        assert [r.run.run_group for r in records if r.HasField("run")] == ["e2e"]
+        config, first = wandb_config(records), rows.iloc[0]
+        assert "__trial__" not in config and config["sweep"] == "e2e"
+        for key in ("run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed", "config_hash"):
+            assert config[key] == first[key], (run_id, key)
+        history = wandb_history(records)
+        training = [(h["epoch"], h["train_loss"]) for h in history if "train_loss" in h]
+        if first["regime"] == "base":
+            assert training == [] and run_id not in trained
+        else:
+            n_trials += 1
+            assert training == pytest.approx(trained[run_id]), run_id
+            assert all("member_icl_accuracy" in h for h in history if "train_loss" in h)
+        probed = {h["epoch"]: h for h in history if "probe/outcome" in h}
+        assert sorted(probed) == sorted(rows["epoch"]), run_id
+        for row in rows.itertuples(index=False):
+            logged = probed[row.epoch]
+            assert (logged["probe/outcome"], logged["probe/score_kind"]) == (row.outcome, row.score_kind)
+            for key in ("auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "loss_ratio"):
+                want = getattr(row, key)  # a missing value (NaN) is left out of the logged row
+                assert logged.get(f"probe/{key}") == (None if pd.isna(want) else pytest.approx(want)), (run_id, key)
+        summary = wandb_summary(records)
+        assert summary["peak/outcome"] == peaks.loc[run_id, "outcome"]
+        assert summary["peak/epoch"] == peaks.loc[run_id, "epoch"]
+        assert summary["probe/last_epoch"] == rows["epoch"].max()
+    assert n_trials == 4
+    summary_runs = [p for p in _wandb_runs(run_dir) if "results_table" in str(read_wandb_records(p))]
+    assert len(summary_runs) == 1  # the sweep-level tables, figures and artifact stay in the summary run
+    assert any(r.HasField("artifact") for r in read_wandb_records(summary_runs[0]))
 
 
 def test_the_wandb_key_from_the_environment_appears_in_no_file_the_sweep_wrote(sweep_run, ray_session):

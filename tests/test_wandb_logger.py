@@ -22,6 +22,7 @@ from synthetic_run_dir import (
 )
 
 from iclmem.errors import ConfigError
+from iclmem.vocab import LabelMode, Outcome, Regime, ScoreKind
 from orchestrator import reports as R
 from orchestrator import wandb_logger as W
 
@@ -243,10 +244,16 @@ def _tune_result(run: str, epoch: int) -> dict:
             "note": CANARY}
 
 
+def _as_vocab(row: dict) -> dict:
+    """Closed-vocabulary fields as the sweep holds them: enum members, not plain strings."""
+    return {**row, "regime": Regime(row["regime"]), "label_mode": LabelMode(row["label_mode"]),
+            **({"outcome": Outcome(row["outcome"]), "score_kind": ScoreKind(row["score_kind"])} if "outcome" in row else {})}
+
+
 def _probe_rows(results: pd.DataFrame, run: str, epochs) -> list[dict]:
     """Probe rows as the pool returns them (raw_record canary included), in the given epoch order."""
     by_epoch = {int(r["epoch"]): r for r in results[results["run_id"] == run].to_dict("records")}
-    return [dict(by_epoch[e], probe_seconds=1.5, probe_node="node-1") for e in epochs]
+    return [_as_vocab(dict(by_epoch[e], probe_seconds=1.5, probe_node="node-1")) for e in epochs]
 
 
 @pytest.fixture(scope="module")
@@ -257,9 +264,9 @@ def trial_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("trials")
     results = pd.read_parquet(make_synthetic_run_dir(root / "synthetic", with_optional=False) / "results.parquet")
     run_dir = root / "sweep"
-    identities = {r: {k: results[results["run_id"] == r].iloc[0][k] for k in
-                      ("run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed", "config_hash",
-                       "git_commit")} | {"model_options": "{}"} for r in (TRIAL_A, TRIAL_B)}
+    identities = {r: _as_vocab({k: results[results["run_id"] == r].iloc[0][k] for k in
+                                ("run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed",
+                                 "config_hash", "git_commit")} | {"model_options": "{}"}) for r in (TRIAL_A, TRIAL_B)}
     loggers = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WANDB_SILENT", "true")
@@ -408,3 +415,54 @@ def test_the_null_trial_logger_is_the_default_and_satisfies_the_protocol(tmp_pat
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ConfigError):
         W.make_trial_logger("tensorboard")
+
+
+class _RecordingTrialLogger(W.NullTrialLogger):
+    def __init__(self) -> None:
+        self.training: list[tuple[str, int]] = []
+        self.probes: list[tuple[str, int]] = []
+
+    def log_training(self, identity, result) -> None:
+        self.training.append((identity["run_id"], result["epoch"]))
+
+    def log_probe(self, row) -> None:
+        self.probes.append((row["run_id"], row["epoch"]))
+
+
+class _Pool:
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows = rows
+
+    def poll(self) -> list[dict]:
+        rows, self.rows = self.rows, []
+        return rows
+
+
+def test_tune_callbacks_feed_the_trial_logger_and_are_reattached_after_a_restart(tmp_path):
+    """Tune pickles its callbacks into the experiment state: the open runs stay out of it, and
+    ``iclmem resume`` hands the restored callbacks the new driver's trial logger."""
+    from types import SimpleNamespace
+
+    from ray import cloudpickle
+
+    from orchestrator.sweep import Progress, _trial_results_callback, _tune_callback, reattach
+
+    trial = SimpleNamespace(config={"__trial__": {"identity": {"run_id": "r1"}}}, status="RUNNING")
+    before = _RecordingTrialLogger()
+    callbacks = [_tune_callback(_Pool([{"run_id": "r1", "epoch": 1, "outcome": "no_signal"}]), tmp_path,
+                                Progress(1, enabled=False), before), _trial_results_callback(before)]
+    callbacks[1].on_trial_result(0, [trial], trial, {"epoch": 1, "train_loss": 0.5})
+    callbacks[0].on_step_end(0, [trial])
+    assert before.training == [("r1", 1)] and before.probes == [("r1", 1)]
+
+    restored = cloudpickle.loads(cloudpickle.dumps(callbacks))  # as Tuner.restore reads them back
+    assert all(c.trial_logger is None for c in restored)
+    restored[1].on_trial_result(0, [trial], trial, {"epoch": 2, "train_loss": 0.4})  # nothing to log to yet
+    after = _RecordingTrialLogger()
+    tuner = SimpleNamespace(_local_tuner=SimpleNamespace(get_run_config=lambda: SimpleNamespace(callbacks=restored)))
+    reattach(tuner, _Pool([{"run_id": "r1", "epoch": 2, "outcome": "no_signal"}]), tmp_path,
+             Progress(1, enabled=False), after)
+    restored[1].on_trial_result(0, [trial], trial, {"epoch": 3, "train_loss": 0.3})
+    restored[0].on_step_end(0, [trial])
+    assert after.training == [("r1", 3)] and after.probes == [("r1", 2)]
+    assert before.training == [("r1", 1)]
