@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from iclmem.atomic import write_json_atomic, write_parquet_atomic, write_text_atomic
+from iclmem.atomic import atomic_write, write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError, DataError, ProbeError
 from iclmem.provenance import Provenance
 from iclmem.raysession import ensure_ray
@@ -71,7 +71,7 @@ class LMInputs:
 
 
 def _dataset_digest(ds: LMDataset) -> str:
-    content = repr((ds.format, sorted(ds.splits.items()), ds.entities().to_csv(index=False)))
+    content = repr((ds.format, sorted(ds.splits.items()), ds.entities().to_numpy().tolist()))
     return hashlib.sha256(content.encode()).hexdigest()[:16]
 
 
@@ -261,7 +261,7 @@ def collect_results(plan: UnitPlan, run_dir: Path) -> pd.DataFrame:
         if table is None:
             continue
         path = run_dir / LM_EXPOSURE_DIR / f"{_safe(model)}__{_safe(dataset)}.tsv"
-        write_text_atomic(path, table.to_csv(sep="\t", index=False))
+        atomic_write(path, lambda handle, t=table: t.to_csv(handle, sep="\t", index=False), binary=False)
         for r in exposure_counts(table, inputs.rules[dataset]):
             rows.append({"model": model, "dataset": dataset, "dataset_format": inputs.formats[dataset],
                          "probe": LMProbe.EXPOSURE.value, "seed": -1, **r})
