@@ -530,6 +530,7 @@ class WandbTrialLogger:
         self._ledger: TrialRunsLedger | None = None  # read on first use: constructing touches no file
         self._runs: dict[str, Any] = {}
         self._rows: dict[str, dict[int, dict[str, Any]]] = {}  # run_id -> epoch -> public probe row
+        self.unavailable: str | None = None  # why W&B could not open a run; then nothing more is tried
 
     @property
     def ledger(self) -> TrialRunsLedger:
@@ -543,17 +544,28 @@ class WandbTrialLogger:
         return dict(self._runs)
 
     def _run_for(self, identity: Mapping[str, Any]) -> Any:
+        """The trial's open run, opened on first use; None once W&B has failed to open one."""
         run_id = str(identity["run_id"])
-        if run_id in self._runs:
-            return self._runs[run_id]
+        if run_id in self._runs or self.unavailable is not None:
+            return self._runs.get(run_id)
         import wandb  # lazy: only a sweep that logs to W&B loads it
 
         entry = self.ledger.entry(run_id)
         self.ledger.save()  # the id is fixed before the run exists, so a restart reuses it
-        run = wandb.init(project=self.project, entity=self.entity, group=self.group, name=run_id,
-                         id=entry["wandb_id"], resume="allow", job_type=TRIAL_JOB_TYPE, tags=list(self.tags),
-                         dir=str(self.run_dir), mode=self.mode, config=trial_run_config(identity, self.group),
-                         settings=_quiet_settings(), reinit="create_new")
+        try:
+            run = wandb.init(project=self.project, entity=self.entity, group=self.group, name=run_id,
+                             id=entry["wandb_id"], resume="allow", job_type=TRIAL_JOB_TYPE, tags=list(self.tags),
+                             dir=str(self.run_dir), mode=self.mode, config=trial_run_config(identity, self.group),
+                             settings=_quiet_settings(), reinit="create_new")
+        except Exception as exc:  # any wandb failure: network, authentication, timeout, disk
+            # This runs inside Tune's callbacks, where an exception aborts the whole sweep; W&B is a
+            # copy of results that stay on disk, so it is switched off (loudly) instead. Not retried:
+            # online, each attempt can block the sweep for wandb's init timeout.
+            self.unavailable = f"{type(exc).__name__}: {exc}"
+            log.warning("W&B could not open the run of trial %s (%s); no more trial runs are logged in this "
+                        "sweep. Results, report and the W&B summary (iclmem report) are not affected.",
+                        run_id, self.unavailable)
+            return None
         run.define_metric(EPOCH_KEY)
         run.define_metric("*", step_metric=EPOCH_KEY)
         self._runs[run_id] = run
@@ -566,7 +578,10 @@ class WandbTrialLogger:
         entry = self.ledger.entry(str(identity["run_id"]))
         if epoch <= int(entry["trained_to"]):
             return  # already in the run: logged before a driver restart, or re-run after a trial failure
-        self._run_for(identity).log({EPOCH_KEY: epoch, **training_metrics(result)})
+        run = self._run_for(identity)
+        if run is None:
+            return
+        run.log({EPOCH_KEY: epoch, **training_metrics(result)})
         entry["trained_to"] = epoch
         self.ledger.save()
 
@@ -577,6 +592,8 @@ class WandbTrialLogger:
         public = R.public_results(pd.DataFrame([dict(row)])).iloc[0].to_dict()
         self._rows.setdefault(run_id, {})[epoch] = public
         run = self._run_for(public)
+        if run is None:
+            return
         entry = self.ledger.entry(run_id)
         if epoch not in entry["probed"]:  # a stored result comes back on every resume's catch-up pass
             run.log({EPOCH_KEY: epoch, **probe_metrics(public)})

@@ -466,3 +466,26 @@ def test_tune_callbacks_feed_the_trial_logger_and_are_reattached_after_a_restart
     restored[0].on_step_end(0, [trial])
     assert after.training == [("r1", 3)] and after.probes == [("r1", 2)]
     assert before.training == [("r1", 1)]
+
+
+def test_a_run_wandb_cannot_open_switches_trial_logging_off_instead_of_aborting_the_sweep(tmp_path, monkeypatch, caplog):
+    """The logger runs inside Tune's callbacks, where an exception would end the sweep."""
+    import wandb
+
+    attempts = []
+
+    def unreachable(**kwargs):
+        attempts.append(kwargs["id"])
+        raise wandb.errors.CommError("network unreachable")
+
+    monkeypatch.setattr(wandb, "init", unreachable)
+    logger = W.WandbTrialLogger(tmp_path, project="p", group="g", config_hash="h", mode="offline")
+    with caplog.at_level("WARNING", logger=W.__name__):
+        logger.log_training({"run_id": "r1"}, {"epoch": 1, "train_loss": 0.5})
+        logger.log_training({"run_id": "r2"}, {"epoch": 1, "train_loss": 0.5})
+        logger.log_probe({"run_id": "r1", "epoch": 1, "auc": 0.5, "outcome": "no_signal"})
+    logger.finish()
+    assert len(attempts) == 1  # not retried per trial: online, each try can block the sweep for a minute
+    assert "CommError: network unreachable" in logger.unavailable
+    assert "could not open the run of trial r1" in caplog.text
+    assert logger.ledger.entry("r1")["trained_to"] == 0 and logger.ledger.entry("r1")["probed"] == []
