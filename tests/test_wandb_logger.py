@@ -489,3 +489,73 @@ def test_a_run_wandb_cannot_open_switches_trial_logging_off_instead_of_aborting_
     assert "CommError: network unreachable" in logger.unavailable
     assert "could not open the run of trial r1" in caplog.text
     assert logger.ledger.entry("r1")["trained_to"] == 0 and logger.ledger.entry("r1")["probed"] == []
+
+
+# -- a real sweep interrupted and resumed ------------------------------------------------------------
+
+
+class _DriverDied(Exception):
+    """Stands in for the sweep driver dying mid-sweep (raised test-side, from a Tune callback)."""
+
+
+class _DiesAtEpoch:
+    """Wraps the sweep's real trial logger; the driver dies when Tune reports ``epoch``."""
+
+    def __init__(self, inner, epoch: int) -> None:
+        self.inner, self.epoch = inner, epoch
+
+    def log_training(self, identity, result) -> None:
+        if result.get("epoch") == self.epoch:
+            raise _DriverDied(f"driver died at epoch {self.epoch}")
+        self.inner.log_training(identity, result)
+
+    def log_probe(self, row) -> None:
+        self.inner.log_probe(row)
+
+    def finish(self) -> None:
+        self.inner.finish()
+
+
+@pytest.mark.slow
+def test_iclmem_resume_continues_each_trial_run_under_its_id_and_logs_each_epoch_once(ray_session, tmp_path,
+                                                                                      monkeypatch):
+    """A real Tune sweep (W&B offline) whose driver dies after epoch 4 of 6, then ``resume``: the trial's
+    run is reopened under the same id, and across the two drivers' offline logs every epoch's training
+    metrics and every checkpoint's probe row appear exactly once."""
+    from orchestrator import sweep as S
+    from orchestrator.config import parse_sweep
+
+    sweep = parse_sweep({
+        "name": "wb-resume", "tasks": [{"name": "iris"}], "grid": {"lr": [1e-3], "q": [20]},
+        "data": {"context_size": 30}, "training": {"epochs": 6, "checkpoint_epochs": [2, 4, 6]},
+        "probe": {"bootstrap": 20, "suite": ["base", "position_first"], "base_as_checkpoint": False},
+        "resources": {"cpus_per_trial": 1, "cpus_per_probe_actor": 0.5},
+        "wandb": {"mode": "offline", "project": "iclmem-test"},
+    })
+    run_dir = tmp_path / "run"
+    real = S.trial_logger_for
+    monkeypatch.setattr(S, "trial_logger_for", lambda sw, rd: _DiesAtEpoch(real(sw, rd), 5))
+    with pytest.raises(Exception, match="driver died at epoch 5|Tune run failed"):
+        S.run_sweep(None, run_dir, sweep=sweep, progress=False)
+    runs = json.loads((run_dir / "wandb" / W.TRIAL_RUNS_FILE).read_text())["runs"]
+    assert len(runs) == 1 and next(iter(runs.values()))["trained_to"] == 4
+    monkeypatch.setattr(S, "trial_logger_for", real)
+    results = S.run_sweep(None, run_dir, resume=True, progress=False)
+
+    assert set(results["run_id"]) == set(runs) and sorted(results["epoch"]) == [2, 4, 6]
+    (run, entry), = json.loads((run_dir / "wandb" / W.TRIAL_RUNS_FILE).read_text())["runs"].items()
+    assert entry["wandb_id"] == runs[run]["wandb_id"] and (entry["trained_to"], entry["probed"]) == (6, [2, 4, 6])
+    files = _offline_files(run_dir, entry["wandb_id"])
+    assert len(files) == 2  # one per driver, the same run id
+    logs = [read_wandb_records(p) for p in files]
+    training = [[h["epoch"] for h in wandb_history(r) if "train_loss" in h] for r in logs]
+    assert training[0] == [1, 2, 3, 4] and training[0] + training[1] == [1, 2, 3, 4, 5, 6]
+    probed = sorted(h["epoch"] for r in logs for h in wandb_history(r) if "probe/outcome" in h)
+    assert probed == [2, 4, 6]
+    for r in logs:
+        config = wandb_config(r)
+        assert (config["run_id"], config["task"], config["lr"], config["sweep"]) == (run, "iris", 1e-3, "wb-resume")
+    peak = R.peak_checkpoints(R.public_results(results), regime=None).iloc[0]
+    summary = wandb_summary(logs[1])
+    assert (summary["peak/epoch"], summary["peak/outcome"], summary["probe/last_epoch"]) == (
+        peak["epoch"], peak["outcome"], 6)
