@@ -1,4 +1,9 @@
-"""Sweep-level result logging: a small logger interface, a no-op default and a W&B implementation.
+"""Result logging: two small logger interfaces with no-op defaults, and their W&B implementations.
+
+:class:`WandbResultsLogger` writes one sweep-summary run (tables, figures, ROC charts, detectable share,
+outcome counts, the results artifact); :class:`WandbTrialLogger` writes one run per trial from the sweep
+driver (flat config, training and probe metrics against epoch), which W&B's run table can group and
+filter by config.
 
 * ``wandb`` is imported only inside methods, so importing this module (and running a sweep without
   W&B) never loads it.
@@ -9,12 +14,13 @@
   giving ``RUN_DIR/wandb/offline-run-*/``). The exported results artifact is written to
   ``RUN_DIR/wandb/export/`` and referenced in place (immutable policy), so the run directory is complete
   for a later ``wandb sync``.
-* Privacy: only the allow-listed public tables of :mod:`orchestrator.reports` are logged. The W&B
-  config is built here from ids and provenance allow-lists, never from a caller's free-form config,
-  so a raw record cannot reach W&B.
+* Privacy: only the allow-listed public tables and columns of :mod:`orchestrator.reports` are logged
+  (training results: numbers only). The W&B config is built here from ids and provenance
+  allow-lists, never from a caller's free-form config, so a raw record cannot reach W&B.
 
-:func:`build_wandb_report` constructs (without saving) a W&B Report over the same keys the logger
-writes: the peak-checkpoint table, ROC charts and AUC-over-epochs line plots.
+:func:`build_wandb_report` constructs (without saving) a W&B Report over the keys the loggers write:
+the summary run's peak-checkpoint table and ROC charts, and the trial runs' AUC over epochs grouped by
+configuration.
 """
 
 from __future__ import annotations
@@ -44,7 +50,6 @@ LM_RESULTS_TABLE_KEY = "lm_results"  # the LM probe sweep's summary run
 LM_F1_PREFIX = "mean_f1"
 PEAK_TABLE_KEY = "peak_table"
 ROC_PREFIX = "roc"
-AUC_PREFIX = "auc"
 SHARE_PREFIX = "detectable_share"
 FIGURE_PREFIX = "figures"
 EPOCH_KEY = "epoch"
@@ -69,39 +74,8 @@ def roc_table_key(run_id: str, epoch: int) -> str:
     return roc_key(run_id, epoch) + "_table"
 
 
-def auc_key(task: str, lr: float, q: int, *, model: str | None = None, regime: str | None = None,
-            label_mode: str | None = None) -> str:
-    """History key of one AUC-over-epochs line: mean calibrated AUC over seeds of one configuration."""
-    parts = [AUC_PREFIX, _safe(task)]
-    parts += [_safe(x) for x in (model, regime, label_mode) if x is not None]
-    parts += [f"lr={float(lr):g}", f"q={int(q)}"]
-    return "/".join(parts)
-
-
 def share_key(q: int) -> str:
     return f"{SHARE_PREFIX}/q={int(q)}"
-
-
-_LINE_GROUP = ("task", "model", "regime", "label_mode", "lr", "q")
-
-
-def _line_keys(df: pd.DataFrame) -> list[str]:
-    return [c for c in _LINE_GROUP if c in df.columns]
-
-
-def _auc_key_for(row: Mapping[str, Any]) -> str:
-    return auc_key(row["task"], row["lr"], row["q"], model=row.get("model"), regime=row.get("regime"),
-                   label_mode=row.get("label_mode"))
-
-
-def auc_history(results: pd.DataFrame) -> pd.DataFrame:
-    """Wide table: one row per epoch, one column per :func:`auc_key` (mean checkpoint AUC over seeds)."""
-    df = R.public_results(results)
-    df["_auc"] = R.checkpoint_auc(df)
-    keys = _line_keys(df)
-    g = df.groupby(keys + ["epoch"], dropna=False)["_auc"].mean().reset_index()
-    g["key"] = [_auc_key_for(r) for r in g.to_dict("records")]
-    return g.pivot_table(index="epoch", columns="key", values="_auc", aggfunc="mean").sort_index()
 
 
 def roc_selection(run_dir: str | Path, results: pd.DataFrame, max_curves: int) -> pd.DataFrame:
@@ -184,9 +158,9 @@ class WandbResultsLogger:
     """One W&B run per sweep (``job_type="sweep-summary"``) holding the sweep's results.
 
     ``log_summary`` logs: the public results table and the peak-checkpoint table (``wandb.Table``), the
-    figures (``wandb.Image``), ROC charts of the top peak checkpoints, AUC-over-epochs and
-    detectable-share histories against ``epoch``, outcome counts and rates in the summary, and the public
-    results parquet as an artifact.
+    figures (``wandb.Image``), ROC charts of the top peak checkpoints, the detectable-share history
+    against ``epoch``, outcome counts and rates in the summary, and the public results parquet as an
+    artifact. Per-configuration metrics are the trial runs' (:class:`WandbTrialLogger`).
     """
 
     def __init__(self, project: str, group: str | None = None, *, entity: str | None = None,
@@ -202,7 +176,6 @@ class WandbResultsLogger:
         self.max_roc_curves = int(max_roc_curves)
         self.teardown_on_finish = bool(teardown_on_finish)
         self._run = None
-        self.logged_keys: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -263,22 +236,18 @@ class WandbResultsLogger:
         peaks = R.peak_checkpoints(public, regime=None)
         peak_table = R.task_lr_q_table(public, regime=None)
 
-        # per-epoch histories: AUC per configuration, detectable share per Q (main regime if present)
+        # Sweep-level history: detectable share per Q (main regime if present). Per-configuration AUC over
+        # epochs lives in the trial runs (probe/*), where W&B groups it by config instead of key names.
         run.define_metric(EPOCH_KEY)
-        run.define_metric(f"{AUC_PREFIX}/*", step_metric=EPOCH_KEY)
         run.define_metric(f"{SHARE_PREFIX}/*", step_metric=EPOCH_KEY)
-        hist = auc_history(public)
         main = R.MAIN_REGIME if "regime" in public.columns and (public["regime"] == R.MAIN_REGIME).any() else None
         share = R.detectable_share_by_epoch(public, regime=main)
-        for epoch in sorted(set(hist.index.tolist()) | set(share["epoch"].tolist())):
+        for epoch in sorted(set(share["epoch"].tolist())):
             row: dict[str, Any] = {EPOCH_KEY: int(epoch)}
-            if epoch in hist.index:
-                row.update({k: float(v) for k, v in hist.loc[epoch].items() if pd.notna(v)})
             for r in share[share["epoch"] == epoch].itertuples(index=False):
                 if pd.notna(r.share):
                     row[share_key(r.q)] = float(r.share)
             run.log(row)
-            self.logged_keys.update(row)
 
         payload: dict[str, Any] = {}
         if len(public) <= _MAX_TABLE_ROWS:
@@ -298,7 +267,6 @@ class WandbResultsLogger:
             table = wandb.Table(dataframe=roc.astype(float).sort_values(["fpr", "tpr"]))
             payload[roc_key(r.run_id, r.epoch)] = wandb.plot.line(table, "fpr", "tpr", title=title)
         run.log(payload)
-        self.logged_keys.update(payload)
 
         summary: dict[str, Any] = {"n_runs": int(len(peaks)), "n_checkpoints": int(len(public))}
         counts = peaks["outcome"].value_counts()
@@ -313,7 +281,6 @@ class WandbResultsLogger:
             summary["max_peak_auc"] = float(peaks["peak_auc"].max())
         for k, v in summary.items():
             run.summary[k] = v
-        self.logged_keys.update(summary)
 
         run.log_artifact(self._artifact(run_dir, public, peak_table))
 
@@ -378,8 +345,11 @@ def _table_frame(df: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------------
 
 TRIAL_JOB_TYPE = "trial"
+# The configuration one line of AUC over epochs stands for (runs differing only in seed are averaged).
+TRIAL_LINE_GROUP: tuple[str, ...] = ("model", "regime", "label_mode", "lr", "q")
 PROBE_PREFIX = "probe"
 PEAK_PREFIX = "peak"
+CHECKPOINT_AUC_KEY = f"{PROBE_PREFIX}/checkpoint_auc"  # what the HTML report plots over epochs
 TRIAL_RUNS_FILE = "trial_runs.json"  # under RUN_DIR/wandb/: W&B run ids and what each run already holds
 # Top-level config of a trial's run: what W&B's run table groups and filters by.
 TRIAL_CONFIG_KEYS: tuple[str, ...] = ("run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed",
@@ -438,9 +408,14 @@ def training_metrics(result: Mapping[str, Any]) -> dict[str, Any]:
 
 def probe_metrics(row: Mapping[str, Any]) -> dict[str, Any]:
     """One probe row reduced to the public allow-list of :mod:`orchestrator.reports`, ids removed
-    (they are the run's config), keys prefixed ``probe/``; missing values (None, NaN) left out."""
+    (they are the run's config), keys prefixed ``probe/``; missing values (None, NaN) left out. Adds
+    :data:`CHECKPOINT_AUC_KEY`, the highest calibrated AUC over score kinds
+    (:func:`orchestrator.reports.checkpoint_auc`)."""
     public = R.public_results(pd.DataFrame([dict(row)]))
     out: dict[str, Any] = {}
+    best = R.checkpoint_auc(public).iloc[0]
+    if pd.notna(best):
+        out[CHECKPOINT_AUC_KEY] = float(best)
     for k, v in public.iloc[0].items():
         if k in TRIAL_CONFIG_KEYS or k == EPOCH_KEY:
             continue
@@ -642,20 +617,21 @@ def make_results_logger(kind: str | None = None, **kwargs: Any) -> ResultsLogger
 
 def build_wandb_report(
     entity: str, project: str, group: str, results_df: pd.DataFrame | None = None, *,
-    run_dir: str | Path | None = None, roc_keys: Iterable[str] | None = None,
-    auc_keys: Mapping[str, Iterable[str]] | None = None, title: str = "IclMem memorization audit",
-    description: str = "", max_roc_panels: int = 8, publish: bool = False,
+    run_dir: str | Path | None = None, roc_keys: Iterable[str] | None = None, tasks: Iterable[str] | None = None,
+    title: str = "IclMem memorization audit", description: str = "", max_roc_panels: int = 8,
+    publish: bool = False,
 ):
-    """Construct a W&B Report (``wandb_workspaces.reports.v2``) over the sweep-summary run of ``group``.
+    """Construct a W&B Report (``wandb_workspaces.reports.v2``) over the W&B runs of sweep ``group``.
 
-    Blocks: an outcome section (peak-checkpoint table panel, outcome-count bar plot), a ROC section
-    (one custom line chart per ROC table the logger wrote) and an AUC-over-epochs section (one line plot
-    per task, x = ``epoch``). Keys come from ``roc_keys`` / ``auc_keys`` ({panel title: keys}) or are
-    derived from ``results_df`` (and ``run_dir`` for the ROC files) with the logger's own key functions.
+    Blocks: an outcome section (peak-checkpoint table panel, outcome-count bar plot) and a ROC section
+    (one custom line chart per ROC table) over the sweep-summary run, and an AUC-over-epochs section:
+    per task, one line plot of the trial runs' :data:`CHECKPOINT_AUC_KEY` against ``epoch``, the runs
+    grouped by configuration (:data:`TRIAL_LINE_GROUP`, mean over seeds). ROC keys and tasks come from
+    ``roc_keys`` / ``tasks`` or are derived from ``results_df`` (and ``run_dir`` for the ROC files).
     Nothing touches the network unless ``publish`` is true, which calls ``report.save()``.
     """
     if any(c in str(group) for c in "'\"\\"):
-        raise ValueError(f"W&B group name {group!r} must not contain quotes or backslashes")
+        raise ConfigError(f"W&B group name {group!r} must not contain quotes or backslashes")
     import wandb_workspaces.reports.v2 as wr
     from wandb_workspaces import expr
 
@@ -664,23 +640,26 @@ def build_wandb_report(
         if roc_keys is None and run_dir is not None:
             sel = roc_selection(run_dir, public, max_roc_panels)
             roc_keys = [roc_key(r.run_id, r.epoch) for r in sel.itertuples(index=False)]
-        if auc_keys is None:
-            hist = auc_history(public)
-            by_task: dict[str, list[str]] = {}
-            for task in sorted(public["task"].unique()):
-                prefix = f"{AUC_PREFIX}/{_safe(task)}/"
-                by_task[str(task)] = [k for k in hist.columns if k.startswith(prefix)]
-            auc_keys = by_task
+        if tasks is None:
+            tasks = sorted(str(t) for t in public["task"].unique())
         outcomes = R._outcome_order(public["outcome"])
         qs = sorted(int(q) for q in public["q"].unique()) if "q" in public.columns else []
     else:
         outcomes, qs = list(R.OUTCOMES), []
     roc_keys = list(roc_keys or [])[:max_roc_panels]
-    auc_keys = {str(k): list(v) for k, v in (auc_keys or {}).items()}
+    tasks = [str(t) for t in tasks or []]
+    if any(c in t for t in tasks for c in "'\"\\"):
+        raise ConfigError(f"W&B report: task names {tasks!r} must not contain quotes or backslashes")
 
     def runset() -> Any:
         return wr.Runset(entity=entity, project=project, name=f"group {group}",
                          filters=expr.And(expr.Metric("Group") == group))
+
+    def trial_runset(task: str) -> Any:
+        return wr.Runset(entity=entity, project=project, name=f"{task} trials",
+                         filters=expr.And(expr.Metric("Group") == group, expr.Metric("JobType") == TRIAL_JOB_TYPE,
+                                          expr.Config("task") == task),
+                         groupby=[f"config.{k}" for k in TRIAL_LINE_GROUP])
 
     intro = description or (
         f"Sweep group `{group}`. Each run's headline is its peak checkpoint (highest calibrated AUC over "
@@ -700,10 +679,12 @@ def build_wandb_report(
                        layout=wr.Layout(x=(i % 2) * 12, y=(i // 2) * 8, w=12, h=8))
         for i, k in enumerate(roc_keys)
     ]
-    auc_panels = [
-        wr.LinePlot(title=f"AUC over epochs: {task}", x=EPOCH_KEY, y=keys, title_x="epoch",
-                    title_y="AUC(ΔS)", layout=wr.Layout(x=(i % 2) * 12, y=(i // 2) * 8, w=12, h=8))
-        for i, (task, keys) in enumerate(auc_keys.items()) if keys
+    auc_grids = [
+        wr.PanelGrid(runsets=[trial_runset(task)], panels=[
+            wr.LinePlot(title=f"AUC over epochs: {task}", x=EPOCH_KEY, y=[CHECKPOINT_AUC_KEY], title_x="epoch",
+                        title_y="AUC(ΔS), mean over seeds", groupby_aggfunc="mean",
+                        layout=wr.Layout(x=0, y=0, w=24, h=8))])
+        for task in tasks
     ]
     blocks: list[Any] = [wr.MarkdownBlock(text=intro), wr.H2(text="Outcomes"),
                          wr.PanelGrid(runsets=[runset()], panels=outcome_panels)]
@@ -711,8 +692,7 @@ def build_wandb_report(
     blocks += [wr.PanelGrid(runsets=[runset()], panels=roc_panels)] if roc_panels else \
               [wr.P(text="No ROC tables were logged.")]
     blocks += [wr.H2(text="AUC over epochs")]
-    blocks += [wr.PanelGrid(runsets=[runset()], panels=auc_panels)] if auc_panels else \
-              [wr.P(text="No AUC histories were logged.")]
+    blocks += auc_grids or [wr.P(text="No tasks to plot.")]
     report = wr.Report(project=project, entity=entity, title=title[:128],
                        description=f"IclMem sweep {group}", blocks=blocks)
     if publish:

@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 from synthetic_run_dir import (
     CANARY,
-    PLAN,
     make_synthetic_run_dir,
     read_wandb_records,
     run_id,
@@ -68,7 +67,6 @@ def test_null_logger_is_the_default_and_satisfies_the_protocol(tmp_path):
 
 def test_keys_are_stable_and_safe():
     assert W.roc_key("single_fixed_bin task_lr0.01_q50", 5) == "roc/single_fixed_bin_task_lr0.01_q50_e5"
-    assert W.auc_key("bin/task", 1e-3, 50, regime="single_fixed") == "auc/bin_task/single_fixed/lr=0.001/q=50"
 
 
 # -- an offline summary run --------------------------------------------------------------------------
@@ -135,13 +133,15 @@ def test_summary_holds_outcome_counts(logged):
     assert s["results_table"]["_type"] == "table-file" and s["results_table"]["nrows"] == 160
 
 
-def test_history_has_auc_over_epochs(logged):
+def test_history_has_the_detectable_share_over_epochs_and_no_per_configuration_keys(logged):
+    """Per-configuration AUC is the trial runs' (grouped by config), not summary keys naming a config."""
     _, _, records, _, _ = logged
     by_epoch = {row["epoch"]: row for row in wandb_history(records) if "epoch" in row}
     assert sorted(by_epoch) == [0, 1, 2, 5, 10]
-    key = W.auc_key("bin_task", 1e-2, 50, model="pfn_mini", regime="single_fixed", label_mode="normal")
-    assert by_epoch[5][key] == pytest.approx(0.67) and by_epoch[0][key] == pytest.approx(0.5)
     assert by_epoch[10]["detectable_share/q=50"] == pytest.approx(0.25)
+    assert by_epoch[5]["detectable_share/q=512"] == pytest.approx(1 / 12)
+    keys = {k for row in by_epoch.values() for k in row if not k.startswith("_")}
+    assert keys == {"epoch", "detectable_share/q=50", "detectable_share/q=512"}
 
 
 def test_results_artifact_is_recorded_with_public_files(logged):
@@ -178,8 +178,8 @@ def wr():
     return pytest.importorskip("wandb_workspaces.reports.v2", reason="pip install wandb-workspaces")
 
 
-def test_build_report_blocks_and_panel_queries(wr, logged):
-    run_dir, _, records, logger, _ = logged
+def test_build_report_blocks_and_panel_queries(wr, logged, trial_runs):
+    run_dir, _, records, _, _ = logged
     results = R.load_results(run_dir)
     report = W.build_wandb_report("my-entity", "iclmem-test", GROUP, results, run_dir=run_dir, max_roc_panels=5)
     assert isinstance(report, wr.Report)
@@ -187,12 +187,12 @@ def test_build_report_blocks_and_panel_queries(wr, logged):
     grids = [b for b in report.blocks if isinstance(b, wr.PanelGrid)]
     headings = [b.text for b in report.blocks if isinstance(b, wr.H2)]
     assert headings == ["Outcomes", "ROC curves (log-log in the HTML report)", "AUC over epochs"]
-    assert len(grids) == 3
+    assert len(grids) == 2 + 3  # outcomes, ROC, and AUC over epochs for each of the three tasks
     for g in grids:
         assert len(g.runsets) == 1 and g.runsets[0].project == "iclmem-test"
         assert GROUP in g.runsets[0].filters and "Group" in g.runsets[0].filters
 
-    outcome, roc, auc = grids
+    outcome, roc, *auc = grids
     table = [p for p in outcome.panels if isinstance(p, wr.WeavePanelSummaryTable)]
     assert len(table) == 1 and table[0].table_name == W.PEAK_TABLE_KEY
     bars = [p for p in outcome.panels if isinstance(p, wr.BarPlot)][0]
@@ -203,18 +203,17 @@ def test_build_report_blocks_and_panel_queries(wr, logged):
     assert roc.panels[0].query == {"summaryTable": {"tableKey": f"roc/{best}_e5_table"}}
     assert roc.panels[0].chart_name == "wandb/line/v0" and roc.panels[0].chart_fields == {"x": "fpr", "y": "tpr"}
 
-    assert [p.title for p in auc.panels] == [f"AUC over epochs: {t}" for t in ("bin_task", "multi_task", "reg_task")]
-    assert all(isinstance(p, wr.LinePlot) and p.x == "epoch" for p in auc.panels)
-    n_bin_lines = sum(1 for (t, _, _) in PLAN if t == "bin_task") + 4  # 8 single_fixed + 2 multi_fixed + 2 multi_random
-    assert len(auc.panels[0].y) == n_bin_lines
+    for grid, task in zip(auc, ("bin_task", "multi_task", "reg_task")):
+        (panel,), (trials,) = grid.panels, grid.runsets  # the task's trial runs, one line per configuration
+        assert isinstance(panel, wr.LinePlot) and panel.title == f"AUC over epochs: {task}"
+        assert (panel.x, panel.y, panel.groupby_aggfunc) == ("epoch", [W.CHECKPOINT_AUC_KEY], "mean")
+        assert f"'{task}'" in str(trials.filters) and "JobType" in str(trials.filters)
+        assert trials.groupby == ["config.model", "config.regime", "config.label_mode", "config.lr", "config.q"]
 
     # every key the report reads was logged by the summary run
     summary = wandb_summary(records)
     for p in roc.panels:
         assert p.query["summaryTable"]["tableKey"] in summary
-    logged_history = logger.logged_keys
-    for p in auc.panels:
-        assert set(p.y) <= logged_history
     assert set(bars.metrics) <= set(summary)
     assert W.PEAK_TABLE_KEY in summary
 
@@ -222,7 +221,7 @@ def test_build_report_blocks_and_panel_queries(wr, logged):
 def test_report_is_saved_only_when_asked(wr, monkeypatch):
     saved = []
     monkeypatch.setattr(wr.Report, "save", lambda self, *a, **k: saved.append(self) or self)
-    W.build_wandb_report("e", "p", "g", auc_keys={"t": ["auc/t/lr=0.01/q=50"]}, roc_keys=["roc/r_e1"])
+    W.build_wandb_report("e", "p", "g", tasks=["t"], roc_keys=["roc/r_e1"])
     assert saved == []
     report = W.build_wandb_report("e", "p", "g", roc_keys=["roc/r_e1"], publish=True)
     assert saved == [report]
@@ -360,7 +359,8 @@ def test_each_checkpoint_probe_row_is_logged_once_at_its_epoch_with_its_public_m
         assert sorted(h["epoch"] for h in probed) == sorted(expected.index)  # each once, across both drivers
         for h in probed:
             want = expected.loc[h["epoch"]]
-            assert {k for k in h if k.startswith("probe/")} == {f"probe/{k}" for k in public}
+            assert {k for k in h if k.startswith("probe/")} == {f"probe/{k}" for k in public} | {W.CHECKPOINT_AUC_KEY}
+            assert h[W.CHECKPOINT_AUC_KEY] == pytest.approx(R.checkpoint_auc(expected.loc[[h["epoch"]]]).iloc[0])
             for k in ("auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "loss_ratio", "raw_auc",
                       "ref_auc", "auc_entropy"):
                 assert h[f"probe/{k}"] == pytest.approx(want[k]), k
