@@ -4,7 +4,9 @@ Three layers of fixtures, cheapest first:
 * a stub bigram LM (fixed next-token probabilities) over a tiny WordPiece tokenizer: formulas by hand;
 * a tiny GPT-2 trained here on a generated corpus with planted entities (about 20 s on one CPU thread):
   exposure must separate planted from unseen entities;
-* the same model and generated CoNLL files through ``run_lm_sweep`` on the session Ray.
+* the same model and generated CoNLL files through ``orchestrator.lm_sweep.run_lm_sweep`` on the session
+  Ray: one uninterrupted sweep, then the fault tests (a worker killed mid-unit, a driver stopped and
+  resumed) that must reproduce its table.
 """
 
 from __future__ import annotations
@@ -474,6 +476,7 @@ def _same_results(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     return True
 
 
+@pytest.mark.slow  # end to end: LM sweeps on the probe pool (`make test-fast` leaves them out)
 @pytest.mark.ray
 def test_run_lm_sweep_runs_net_and_ner_and_writes_report_tables(planted, clean_run):
     from iclmem.provenance import Provenance
@@ -537,6 +540,7 @@ def test_run_lm_sweep_runs_net_and_ner_and_writes_report_tables(planted, clean_r
     assert {"entity", "word_exposure", "transition_exposure", "rank_exposure", "class_word"} <= set(exp.columns)
 
 
+@pytest.mark.slow  # end to end: LM sweeps on the probe pool (`make test-fast` leaves them out)
 @pytest.mark.ray
 def test_an_lm_worker_killed_mid_unit_is_restarted_and_the_sweep_finishes_identically(
         sweep_file, clean_run, tmp_path, fault_ledger):
@@ -581,6 +585,7 @@ class DriverKilled(BaseException):
     """Stands for the driver process dying: not an Exception, so nothing in the driver catches it."""
 
 
+@pytest.mark.slow  # end to end: LM sweeps on the probe pool (`make test-fast` leaves them out)
 @pytest.mark.ray
 def test_an_interrupted_lm_sweep_resumes_computing_only_the_missing_units(
         sweep_file, clean_run, tmp_path, monkeypatch, fault_ledger):
