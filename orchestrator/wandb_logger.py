@@ -487,8 +487,9 @@ class WandbTrialLogger:
     driver restart; only a logger that lives where the rows arrive can put them into the trial's own
     run. It also keeps the W&B key out of Ray: wandb reads it from the driver's environment, while Ray's
     callback hands it to its actors through the runtime env, which Ray's agent logs in plain text.
-    wandb ≥ 0.19 runs several runs in one process (``reinit="create_new"``); each stays open until
-    :meth:`finish` (after the probe pool is drained), since a late probe row may still come. Run ids are
+    wandb ≥ 0.19.10 runs several runs in one process (``reinit="create_new"``); each stays open until
+    :meth:`finish` (after the probe pool is drained), since a late probe row may still come, so a sweep
+    holds as many open runs as it has trials and controls. Run ids are
     deterministic per run folder (:class:`TrialRunsLedger`) and opened with ``resume="allow"``: online,
     a resumed sweep continues the same runs; offline, each driver writes its own
     ``offline-run-*-<id>`` folder under ``RUN_DIR/wandb/`` and ``wandb sync`` appends them in order.
@@ -576,8 +577,7 @@ class WandbTrialLogger:
             self.ledger.save()
         # Rows may arrive in any epoch order; the summary is recomputed from every row this driver saw
         # (a resumed driver sees them all again: its catch-up pass resubmits every checkpoint).
-        for k, v in run_headline(self._rows[run_id].values()).items():
-            run.summary[k] = v
+        run.summary.update(run_headline(self._rows[run_id].values()))
 
     def finish(self) -> None:
         """Finish every open run, then shut the wandb service down so the offline transaction logs are
