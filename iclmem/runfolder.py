@@ -19,7 +19,8 @@ ROC_DIR = "roc"
 FIGURES_DIR = "figures"
 PROBES_DIR = "probes"  # one stored result per checkpoint
 REFERENCE_DIR = "reference"  # base-model scores, computed once
-PREPARED_DIR = "prepared"  # Stage I cache and ground-truth logs
+PREPARED_DIR = "prepared"  # Stage I cache
+GROUND_TRUTH_FILE = "ground_truth.json"  # in every checkpoint folder: the rows each part used, trained labels
 TUNE_DIR = "tune"  # Tune storage when no shared storage is configured
 WANDB_DIR = "wandb"
 
@@ -34,7 +35,7 @@ LM_ASSETS_DIR = "lm_assets"  # the built-in synthetic model and dataset, built o
 __all__ = [
     "FIGURES_DIR", "MANIPULATION_AUC_FILE", "PREPARED_DIR", "PROBES_DIR", "PROVENANCE_FILE", "REFERENCE_DIR",
     "REPORT_FILE", "RESULTS_FILE", "ROC_DIR", "SPLIT_REPORT_FILE", "SWEEP_FILE", "TUNE_DIR", "VERDICT_FILE",
-    "WANDB_DIR", "roc_path",
+    "WANDB_DIR", "roc_path", "GROUND_TRUTH_FILE",
     "LM_ASSETS_DIR", "LM_EXPOSURE_DIR", "LM_REPORT_FILE", "LM_RESULTS_FILE", "LM_SWEEP_FILE", "LM_UNITS_DIR",
 ]
 

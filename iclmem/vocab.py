@@ -87,6 +87,40 @@ PRECEDENCE: tuple[Outcome, ...] = tuple(Outcome)  # the order the classifier tri
 DETECTABLE = Outcome.MEMORIZATION
 
 
+class OutcomeRule(Vocab):
+    """Which memorization rule decides a verdict (docs/METHOD.md, "Verdict rules").
+
+    ``paper``: the paper's rule on each checkpoint alone (AUC and TPR@alpha margin; strict mode adds the
+    AUC interval). ``selection_aware``: the paper's rule AND a one-sided Mann-Whitney p-value of the
+    deciding (checkpoint, score kind) below ``family_alpha / K``, K = checkpoints x competing score kinds
+    of the run (Bonferroni), so the run headline, which picks the maximum over that family, keeps a
+    false-positive rate of at most ``family_alpha``."""
+
+    PAPER = "paper"
+    SELECTION_AWARE = "selection_aware"
+
+
+class VerdictRule(Vocab):
+    """The rules whose false-positive rate every sweep measures on its null splits."""
+
+    PAPER = "paper"
+    PAPER_STRICT = "paper_strict"
+    SELECTION_AWARE = "selection_aware"
+    SELECTION_AWARE_STRICT = "selection_aware_strict"
+
+    @property
+    def rule(self) -> OutcomeRule:
+        return OutcomeRule.PAPER if self.value.startswith("paper") else OutcomeRule.SELECTION_AWARE
+
+    @property
+    def strict(self) -> bool:
+        return self.value.endswith("_strict")
+
+    @classmethod
+    def of(cls, rule: "OutcomeRule | str", strict: bool) -> "VerdictRule":
+        return cls(f"{OutcomeRule(rule).value}{'_strict' if strict else ''}")
+
+
 class LMProbe(Vocab):
     """The LM probe family's work-unit kinds (LM_PROBE_SPEC.md): entity exposure, zero-shot named-entity
     typing (NET) and few-shot NER."""

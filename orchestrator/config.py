@@ -118,8 +118,11 @@ class DataConfig(_Strict):
 
 class ProbeConfig(_Strict):
     suite: Literal["default"] | list[str | dict[str, Any]] = "default"
-    base_as_checkpoint: bool = True  # probe the untouched base model as a control run
+    base_as_checkpoint: bool = True  # probe the untouched base model as a checkpoint: the pipeline sanity check
     bootstrap: int = Field(1000, ge=0)
+    # null splits probed on every fine-tuned checkpoint (never-trained rows labelled member / non-member at
+    # random): the measured false-positive rate of every verdict rule comes from them
+    null_splits: int = Field(1, ge=0)
 
     @field_validator("suite")
     @classmethod

@@ -249,10 +249,18 @@ def plot_detectable_share(
 
 
 def plot_perturbation_ranking(
-    run_dir: str | Path, manipulation_auc: pd.DataFrame, *, top: int = 20, name: str = "perturbation_ranking",
+    run_dir: str | Path, manipulation_auc: pd.DataFrame, results: pd.DataFrame | None = None, *, top: int = 20,
+    name: str = "perturbation_ranking",
 ) -> Path | None:
-    """Horizontal bars of the ``top`` manipulations by mean per-manipulation AUC (App. 7.3)."""
-    rank = R.perturbation_ranking(manipulation_auc)
+    """Horizontal bars of the ``top`` manipulations (App. 7.3). With ``results``: the paper's ranking, mean
+    ΔAUC to the checkpoint's overall AUC(ΔS) over checkpoints flagged memorization
+    (:func:`orchestrator.reports.perturbation_effectiveness`); without: mean per-manipulation AUC over
+    every fine-tuned checkpoint."""
+    if results is not None:
+        rank, value, ref, label = (R.perturbation_effectiveness(manipulation_auc, results), "mean_delta_auc", 0.0,
+                                   "mean AUC minus overall AUC(ΔS), memorized checkpoints")
+    else:
+        rank, value, ref, label = R.perturbation_ranking(manipulation_auc), "mean_auc", 0.5, "mean AUC over checkpoints"
     if rank.empty:
         return None
     rank = rank.head(top).iloc[::-1]
@@ -263,11 +271,11 @@ def plot_perturbation_ranking(
     fig = Figure(figsize=(7, 0.3 * len(rank) + 1.5))
     ax = fig.add_subplot(1, 1, 1)
     colors = [cmap(cats.index(c) % 20) for c in rank["category"]] if cats else None
-    ax.barh(rank["manipulation"], rank["mean_auc"], color=colors)
-    ax.axvline(0.5, color="k", lw=0.8, ls="--")
-    lo = min(0.45, float(rank["mean_auc"].min()) - 0.02)
-    ax.set_xlim(lo, max(0.55, float(rank["mean_auc"].max()) + 0.02))
-    ax.set_xlabel("mean AUC over checkpoints")
+    ax.barh(rank["manipulation"], rank[value], color=colors)
+    ax.axvline(ref, color="k", lw=0.8, ls="--")
+    lo = min(ref - 0.05, float(rank[value].min()) - 0.02)
+    ax.set_xlim(lo, max(ref + 0.05, float(rank[value].max()) + 0.02))
+    ax.set_xlabel(label)
     ax.tick_params(axis="y", labelsize=7)
     if cats:
         ax.legend(handles=[Patch(color=cmap(i % 20), label=c) for i, c in enumerate(cats)], fontsize=7,
@@ -293,7 +301,7 @@ def make_all_figures(
         "detectable_share": (plot_detectable_share, (run_dir, results), {"regime": regime}),
     }
     if manipulation_auc is not None:
-        jobs = {**jobs, "perturbation_ranking": (plot_perturbation_ranking, (run_dir, manipulation_auc), {})}
+        jobs = {**jobs, "perturbation_ranking": (plot_perturbation_ranking, (run_dir, manipulation_auc, results), {})}
     paths: dict[str, Path | None] = {}
     notes: dict[str, str] = {}
     for name, (fn, args, kw) in jobs.items():

@@ -143,6 +143,7 @@ def trial_config(trial: TrialSpec, prepared: PreparedSweep) -> dict[str, Any]:
         "task_keys": list(prepared.trial_tasks[trial.run_id]),
         "identity": _identity(trial, sweep),
         "torch_threads": sweep.resources.torch_threads_per_trial,
+        "null_splits": sweep.probe.null_splits,  # recorded in each checkpoint's ground-truth log
         "finetune": {"model": trial.model, "model_options": dict(trial.model_options), "regime": trial.regime,
                      "lr": trial.lr, "epochs": t.epochs, "checkpoint_epochs": list(t.checkpoint_epochs),
                      "every_epoch": t.every_epoch, "grad_clip": t.grad_clip, "weight_decay": t.weight_decay,

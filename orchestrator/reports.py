@@ -55,9 +55,10 @@ from iclmem.runfolder import (
     SPLIT_REPORT_FILE,
     roc_path,
 )
+from iclmem.vocab import BASE_MODEL_ROW, Outcome, Regime, ScoreKind, VerdictRule, values
 from iclmem.vocab import DETECTABLE as _DETECTABLE
 from iclmem.vocab import MAIN_REGIME as _MAIN_REGIME
-from iclmem.vocab import Outcome, Regime, ScoreKind, values
+from probes.metrics import clopper_pearson
 
 OUTCOMES: tuple[str, ...] = values(Outcome)
 REGIMES: tuple[str, ...] = values(Regime)
@@ -78,11 +79,18 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "config_hash", "git_commit",
     # optional extras a sweep may add; all ids, flags or metrics
     "diverged", "status", "strict_outcome", "n_members", "n_nonmembers", "raw_score_kind",
+    # the verdict rule, both verdicts, the null splits and the known-context baseline (all metrics or ids)
+    "rule", "p_value", "p_value_threshold", "n_checkpoints_in_family", "null_splits", "null_evidence",
+    "raw_memorization_flag", "calibrated_memorization_flag", "outcome_score_kind", "fine_tuned",
 )
 _KINDS = "|".join(SCORE_KINDS)
 _RESULT_PATTERNS = (
     re.compile(rf"^(auc|auc_low|auc_high|raw_auc|ref_auc|tpr_at_1pct|tpr_at_10pct)_({_KINDS})$"),
     re.compile(rf"^(tpr|fpr|threshold|raw_tpr|ref_tpr)_at_\d+pct(_low|_high)?(_({_KINDS}))?$"),
+    re.compile(rf"^(outcome|null_memorization)_({'|'.join(values(VerdictRule))})$"),
+    re.compile(r"^known_context_(calibrated_)?(auc|auc_low|auc_high|p_value|tpr_at_\d+pct(_low|_high)?)$"),
+    re.compile(rf"^(calibrated|uncalibrated|reference_only)_({_KINDS})_[a-z0-9_]+$"),
+    re.compile(r"^threshold_[a-z_]+$"),
 )
 SPLIT_COLUMNS: tuple[str, ...] = (
     "task", "label_mode", "seed", "q", "n_rows", "n_classes", "majority_share", "numeric_share",
@@ -170,13 +178,24 @@ def load_roc(run_dir: str | Path, run_id: str, epoch: int) -> pd.DataFrame | Non
 # --------------------------------------------------------------------------------------------------
 
 
+def competing_kinds(df: pd.DataFrame) -> tuple[str, ...]:
+    """The score kinds that compete for a checkpoint's maximum signal, as the sweep's ``outcome.score_kinds``
+    recorded them (``threshold_score_kinds``); every kind for results that predate the setting."""
+    if "threshold_score_kinds" in df.columns:
+        recorded = {k for v in df["threshold_score_kinds"].dropna().unique() for k in str(v).split(",") if k}
+        kinds = tuple(k for k in SCORE_KINDS if k in recorded)
+        if kinds:
+            return kinds
+    return SCORE_KINDS
+
+
 def _kind_auc_columns(df: pd.DataFrame) -> list[str]:
-    return [f"auc_{k}" for k in SCORE_KINDS if f"auc_{k}" in df.columns]
+    return [f"auc_{k}" for k in competing_kinds(df) if f"auc_{k}" in df.columns]
 
 
 def checkpoint_auc(df: pd.DataFrame) -> pd.Series:
-    """Highest calibrated AUC of each checkpoint over the score kinds present (NaN-safe)."""
-    cols = _kind_auc_columns(df) + (["auc"] if "auc" in df.columns else [])
+    """Highest calibrated AUC of each checkpoint over the competing score kinds present (NaN-safe)."""
+    cols = _kind_auc_columns(df) + (["auc"] if "auc" in df.columns and not _kind_auc_columns(df) else [])
     if not cols:
         raise DataError("results have no calibrated AUC column (auc or auc_<kind>)")
     return df[cols].astype(float).max(axis=1, skipna=True)
@@ -186,7 +205,8 @@ def checkpoint_kind(df: pd.DataFrame) -> pd.Series:
     """The score kind that gives :func:`checkpoint_auc` (the deciding ``score_kind`` when it ties)."""
     cols = _kind_auc_columns(df)
     best = checkpoint_auc(df)
-    fallback = df["score_kind"].astype(object) if "score_kind" in df.columns else pd.Series(None, index=df.index)
+    fallback = (df["score_kind"].astype(object) if "score_kind" in df.columns
+                else pd.Series(None, index=df.index, dtype=object))
     if not cols:
         return fallback
     out = fallback.copy()
@@ -257,6 +277,92 @@ def _headline(results: pd.DataFrame, at: str, regime: str | None) -> pd.DataFram
 
 
 # --------------------------------------------------------------------------------------------------
+# Verdict rule and its measured error rate (null splits)
+# --------------------------------------------------------------------------------------------------
+
+ERROR_RATE_LEVELS: tuple[str, ...] = ("checkpoint", "run_headline")
+
+
+def _fine_tuned_rows(results: pd.DataFrame) -> pd.DataFrame:
+    df = results
+    if "epoch" in df.columns:
+        df = df[df["epoch"] > 0]
+    if "regime" in df.columns:
+        df = df[df["regime"] != BASE_MODEL_ROW]
+    return df
+
+
+def null_records(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per (checkpoint, null split) of the fine-tuned checkpoints: the run key, epoch, null split
+    index, its calibrated AUC per score kind and its verdict per rule (from ``null_evidence``)."""
+    import json
+
+    df = _fine_tuned_rows(results)
+    if "null_evidence" not in df.columns:
+        return pd.DataFrame()
+    key = _run_key(df)
+    rows = []
+    for _, r in df.iterrows():
+        raw = r["null_evidence"]
+        if not isinstance(raw, str):
+            continue
+        for rec in json.loads(raw):
+            rows.append({**{k: r[k] for k in key}, "epoch": int(r["epoch"]), "null_index": int(rec["index"]),
+                         **{k: v for k, v in rec.items() if k != "index"}})
+    return pd.DataFrame(rows)
+
+
+def null_error_rates(results: pd.DataFrame, *, confidence: float = 0.95) -> pd.DataFrame:
+    """Empirical false-positive rate of every verdict rule on the null splits, with Clopper-Pearson intervals.
+
+    A null split labels two disjoint sets of never-trained rows member / non-member, so a memorization
+    verdict on it is a false positive by construction. ``checkpoint`` level: one trial per (fine-tuned
+    checkpoint, null split). ``run_headline`` level: one trial per (run, null split index): the run's
+    headline is picked on the null split exactly as on the real split (the checkpoint with the highest
+    calibrated AUC over epochs and the competing score kinds, ties to the earliest epoch) and its verdict
+    counts. Trials of one checkpoint share the model and may share rows, so they are not independent: the
+    interval is the binomial one, exact only for independent trials."""
+    recs = null_records(results)
+    columns = ["rule", "level", "n_null", "n_memorization", "fpr", "fpr_low", "fpr_high"]
+    if recs.empty:
+        return pd.DataFrame(columns=columns)
+    kinds = [f"auc_{k}" for k in competing_kinds(results) if f"auc_{k}" in recs.columns]
+    recs["_auc"] = recs[kinds].astype(float).max(axis=1)
+    key = [c for c in RUN_KEY if c in recs.columns] + ["null_index"]
+    heads = (recs.assign(_neg=-recs["_auc"].fillna(-np.inf))
+             .sort_values(key + ["_neg", "epoch"], kind="mergesort").drop_duplicates(key, keep="first"))
+    rows = []
+    for rule in VerdictRule:
+        col = f"outcome_{rule.value}"
+        if col not in recs.columns:
+            continue
+        for level, d in (("checkpoint", recs), ("run_headline", heads)):
+            k, n = int((d[col] == DETECTABLE).sum()), int(len(d))
+            iv = clopper_pearson(k, n, confidence)
+            rows.append({"rule": rule.value, "level": level, "n_null": n, "n_memorization": k,
+                         "fpr": k / n if n else float("nan"), "fpr_low": iv.low, "fpr_high": iv.high})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def verdict_rule_summary(results: pd.DataFrame) -> dict[str, Any]:
+    """The rule the sweep's ``outcome`` column uses and its thresholds, as recorded in the results."""
+    out: dict[str, Any] = {}
+    if results.empty:
+        return out
+    first = results.iloc[0]
+    out["rule"] = first.get("rule", "paper")
+    for c in results.columns:
+        if c.startswith("threshold_"):
+            out[c[len("threshold_"):]] = first[c]
+    if "p_value_threshold" in results.columns:
+        ft = _fine_tuned_rows(results)
+        if not ft.empty:
+            out["p_value_threshold"] = float(ft["p_value_threshold"].iloc[0])
+            out["family_size"] = int(ft["n_checkpoints_in_family"].iloc[0]) * len(competing_kinds(results))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
 # Paper reports
 # --------------------------------------------------------------------------------------------------
 
@@ -284,8 +390,10 @@ def outcome_rates_per_q(
 
 
 TASK_TABLE_COLUMNS = (
-    "task", "q", "lr", "model", "regime", "label_mode", "seed", "run_id", "outcome", "auc", "auc_low",
-    "auc_high", "tpr_at_1pct", "tpr_at_10pct", "epoch", "score_kind", "peak_auc", "peak_kind",
+    "task", "q", "lr", "model", "regime", "label_mode", "seed", "run_id", "outcome",
+    *(f"outcome_{r}" for r in values(VerdictRule)), "auc", "auc_low",
+    "auc_high", "p_value", "tpr_at_1pct", "tpr_at_10pct", "known_context_auc", "epoch", "score_kind", "peak_auc",
+    "peak_kind",
 )
 
 
@@ -366,17 +474,24 @@ def calibration_impact(
 ) -> pd.DataFrame:
     """App. 7.4: memorization flags with and without difficulty calibration, per Q and overall.
 
-    Calibrated flag: ``outcome == memorization``; raw flag: ``raw_outcome == memorization``.
+    Both flags apply the same memorization rule (the sweep's, over the same competing score kinds): the
+    calibrated flag to ΔS = S - S_ref (``calibrated_memorization_flag``), the raw flag to S alone
+    (``raw_memorization_flag``). Collapsed checkpoints are left out (the paper compares over non-collapsed
+    checkpoints: collapse takes precedence, so a collapsed checkpoint would count as a raw-only flag).
     ``level="run"`` counts a run as flagged if any of its checkpoints is. Also the mean AUC of the
-    calibrated, uncalibrated and reference-only scores.
+    calibrated, uncalibrated and reference-only scores (of each row's headline kind).
     """
     df = _filter_regime(results, regime).copy()
     if not include_base:
-        df = df[df["epoch"] > 0]
-    if "raw_outcome" not in df.columns:
-        raise DataError("results have no raw_outcome column: calibration impact needs it")
-    df["_cal"] = df["outcome"] == DETECTABLE
-    df["_raw"] = df["raw_outcome"] == DETECTABLE
+        df = _fine_tuned_rows(df)
+    if "raw_memorization_flag" in df.columns:
+        raw, cal = df["raw_memorization_flag"].astype(bool), df["calibrated_memorization_flag"].astype(bool)
+    elif "raw_outcome" in df.columns:  # results that predate the flags
+        raw, cal = df["raw_outcome"] == DETECTABLE, df["outcome"] == DETECTABLE
+    else:
+        raise DataError("results have no raw_memorization_flag or raw_outcome column: calibration impact needs it")
+    df["_raw"], df["_cal"] = raw, cal
+    df = df[df["outcome"] != Outcome.COLLAPSE.value]
     key = _run_key(df)
     if level == "run":
         agg = {"_cal": "any", "_raw": "any", "q": "first"}
@@ -426,6 +541,35 @@ def perturbation_ranking(
     g = df.groupby(keys, sort=False)["auc"]
     out = pd.DataFrame({"mean_auc": g.mean(), "std_auc": g.std(ddof=1), "median_auc": g.median(), "n": g.size()})
     out = out.reset_index().sort_values(["mean_auc", keys[0]], ascending=[False, True], kind="mergesort")
+    out.insert(0, "rank", np.arange(1, len(out) + 1))
+    return out.reset_index(drop=True)
+
+
+def perturbation_effectiveness(
+    manipulation_auc: pd.DataFrame, results: pd.DataFrame, *, by: Literal["manipulation", "category"] = "manipulation",
+) -> pd.DataFrame:
+    """App. 7.3 as the paper computes it: over the checkpoints with detectable memorization only
+    (``outcome == memorization``), each manipulation's AUC on its own minus the checkpoint's overall
+    AUC(ΔS) of the same score (calibrated loss: ``auc_loss``); manipulations (or categories) ranked by
+    the mean of that Δ (rank 1 = the manipulation that exposes members best relative to the whole suite).
+    Empty when no checkpoint is flagged."""
+    cols = ["rank", by, "mean_delta_auc", "std_delta_auc", "mean_auc", "n"]
+    df = public_manipulation_auc(manipulation_auc)
+    if df.empty or results.empty or "auc_loss" not in results.columns:
+        return pd.DataFrame(columns=cols)
+    flagged = _fine_tuned_rows(results)
+    flagged = flagged[flagged["outcome"] == DETECTABLE][["run_id", "epoch", "auc_loss"]].drop_duplicates(["run_id", "epoch"])
+    df = df.merge(flagged, on=["run_id", "epoch"], how="inner")
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    df["delta_auc"] = df["auc"] - df["auc_loss"]
+    if by not in ("manipulation", "category"):
+        raise ValueError(f"by must be 'manipulation' or 'category', not {by!r}")
+    keys = ["manipulation", "category"] if by == "manipulation" and "category" in df.columns else [by]
+    g = df.groupby(keys, sort=False)
+    out = pd.DataFrame({"mean_delta_auc": g["delta_auc"].mean(), "std_delta_auc": g["delta_auc"].std(ddof=1),
+                        "mean_auc": g["auc"].mean(), "n": g.size()}).reset_index()
+    out = out.sort_values(["mean_delta_auc", keys[0]], ascending=[False, True], kind="mergesort")
     out.insert(0, "rank", np.arange(1, len(out) + 1))
     return out.reset_index(drop=True)
 
@@ -619,8 +763,14 @@ def write_html_report(
     scope = f"regime {regime}" if regime else "all regimes"
     peaks = peak_checkpoints(results, regime=regime)
     n_runs, n_ckpt = len(peaks), len(_filter_regime(results, regime))
+    parts.append(_verdict_rule_html(results))
     parts.append(f"<p>{n_runs} runs, {n_ckpt} checkpoints ({html.escape(scope)}). A run's headline is its "
-                 "peak checkpoint: the highest calibrated AUC over epochs and score kinds.</p>")
+                 "peak checkpoint: the highest calibrated AUC over epochs and the competing score kinds "
+                 f"({html.escape(', '.join(competing_kinds(results)))}). Rows of regime "
+                 f"<code>{BASE_MODEL_ROW}</code> are the pipeline sanity check (the untouched base model "
+                 "probed as a checkpoint: ΔS is zero by construction, so its AUC is 0.5 whatever the data; it "
+                 "checks the pipeline, it is not a control and cannot fail). The controls are the null "
+                 "splits above.</p>")
 
     section("provenance", "Provenance", "Configuration hash, code version and package versions.",
             _provenance_html(prov, results) + ("" if prov else _note("provenance.json not found; values "
@@ -630,7 +780,8 @@ def write_html_report(
     section("outcome-rates", "Outcome rates per Q", f"Runs at their peak checkpoint ({scope}): counts, then shares.",
             df_to_html(counts, index=True) + df_to_html(rates, index=True))
     section("task-table", "Task × learning rate × Q (Tabs. 10–11)",
-            "Outcome, AUC (deciding kind, with 95% interval), TPR@1%, TPR@10% and epoch at each run's peak.",
+            "Outcome under the sweep's rule and under each rule, AUC (deciding kind, with 95% interval and "
+            "p-value), TPR@1%, TPR@10% (same kind), the known-context baseline's AUC and epoch at each run's peak.",
             df_to_html(task_lr_q_table(results, regime=regime)) + figure("outcome_heatmap", "Outcome at peak"))
     section("detectable-by-epoch", "Detectable runs by epoch (Fig. 2)",
             "Share of runs flagged memorization at each checkpoint epoch, per Q.",
@@ -654,18 +805,20 @@ def write_html_report(
 
     t, err = optional(calibration_impact, results, regime=regime)
     section("calibration", "Calibration impact (App. 7.4)",
-            "Memorization flags from the calibrated score ΔS vs the uncalibrated score S, per checkpoint.",
+            "Memorization flags from the calibrated score ΔS vs the uncalibrated score S, the same rule on "
+            "both, per non-collapsed fine-tuned checkpoint.",
             _note(err) if err else df_to_html(t, index=True))
 
     if manip is None:
         body = _note(f"{MANIPULATION_AUC_FILE} not found; section skipped.")
     else:
-        t, err = optional(perturbation_ranking, manip)
-        t2, err2 = optional(perturbation_ranking, manip, by="category")
+        t, err = optional(perturbation_effectiveness, manip, results)
+        t2, err2 = optional(perturbation_effectiveness, manip, results, by="category")
         body = (_note(err) if err else df_to_html(t)) + (_note(err2) if err2 else df_to_html(t2)) \
-            + figure("perturbation_ranking", "Mean per-manipulation AUC")
+            + figure("perturbation_ranking", "Mean per-manipulation ΔAUC")
     section("perturbations", "Perturbation effectiveness (App. 7.3)",
-            "Manipulations and categories ranked by mean per-manipulation AUC over fine-tuned checkpoints.", body)
+            "Over checkpoints with detectable memorization: each manipulation's AUC minus the checkpoint's "
+            "overall AUC(ΔS) (calibrated loss), ranked by the mean of that difference.", body)
 
     if split is None:
         body = _note(f"{SPLIT_REPORT_FILE} not found; section skipped.")
@@ -680,6 +833,36 @@ def write_html_report(
             df_to_html(regime_comparison(results)))
 
     return write_text_atomic(run_dir / REPORT_FILE, _page(title or f"IclMem report — {run_dir.name}", parts))
+
+
+def _verdict_rule_html(results: pd.DataFrame) -> str:
+    """The report's top: the rule in use, its thresholds, and its measured false-positive rate."""
+    summary = verdict_rule_summary(results)
+    rule = str(summary.get("rule", "paper"))
+    items = "".join(f"<li><code>{html.escape(str(k))}</code>: {html.escape(str(v))}</li>"
+                    for k, v in summary.items() if k != "rule")
+    rates = null_error_rates(results)
+    head = (f'<section id="verdict-rule"><h2>Verdict rule: {html.escape(rule)}</h2>'
+            '<p class="caption">The <code>outcome</code> column uses this rule; <code>outcome_&lt;rule&gt;</code> '
+            "gives every rule's verdict. selection_aware = the paper's rule AND a one-sided Mann-Whitney p-value "
+            "of the deciding (checkpoint, score kind) below family_alpha / K (K = checkpoints x competing kinds), "
+            "so the run headline, a maximum over that family, keeps its false-positive rate at most "
+            "family_alpha.</p>"
+            f"<ul>{items}</ul>")
+    if rates.empty:
+        return head + _note("No null splits were probed (probe.null_splits: 0): the false-positive rate "
+                            "of the verdicts is not measured for this sweep.") + "</section>"
+    mine = rates[(rates["rule"] == rule) & (rates["level"] == "run_headline")]
+    line = ""
+    if not mine.empty:
+        r = mine.iloc[0]
+        line = (f"<p><b>Measured false-positive rate of this rule at run-headline level: {int(r['n_memorization'])} "
+                f"of {int(r['n_null'])} null splits ({r['fpr']:.1%}; 95% Clopper-Pearson interval "
+                f"{r['fpr_low']:.1%}–{r['fpr_high']:.1%}).</b></p>")
+    return (head + line + "<p class=\"caption\">Null splits: two disjoint sets of rows the run never saw, "
+            "labelled member and non-member with the members' label counts, probed on every fine-tuned "
+            "checkpoint. Every memorization verdict on them is a false positive.</p>"
+            + df_to_html(rates) + "</section>")
 
 
 def _page(title: str, parts: Iterable[str]) -> str:

@@ -370,6 +370,16 @@ class ProbePools:
             pool.shutdown()
 
 
+def checkpoints_per_run(sweep: SweepConfig) -> int:
+    """How many checkpoints a run's headline selects from: the selection-aware rule's family size is this
+    times the competing score kinds."""
+    from trainables.finetune import FinetuneSpec
+
+    t = sweep.training
+    return len(FinetuneSpec(epochs=t.epochs, checkpoint_epochs=tuple(t.checkpoint_epochs),
+                            every_epoch=t.every_epoch).schedule())
+
+
 def start_probe_pools(prepared: PreparedSweep, run_dir: Path) -> ProbePools:
     import ray
 
@@ -381,7 +391,8 @@ def start_probe_pools(prepared: PreparedSweep, run_dir: Path) -> ProbePools:
 
     sweep = prepared.sweep
     thresholds = OutcomeThresholds.from_dict(sweep.outcome.model_dump())
-    settings = ProbeSettings(n_resamples=sweep.probe.bootstrap, thresholds=thresholds)
+    settings = ProbeSettings(n_resamples=sweep.probe.bootstrap, thresholds=thresholds,
+                             null_splits=sweep.probe.null_splits, n_checkpoints=checkpoints_per_run(sweep))
     res = sweep.resources
     options = {"num_cpus": res.cpus_per_probe_actor, "num_gpus": res.gpus_per_probe_actor}
     if res.probe_resources:

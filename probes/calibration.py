@@ -1,8 +1,9 @@
 """Difficulty calibration against the reference (base) model, with reference scores computed once.
 
-Reference scores depend only on (task, split, label mode, seed, suite, base model): the prepared task's
-fingerprint covers the first four, the suite fingerprint the fifth and the base model's weight digest
-the last. Every run and epoch sharing those reuses one cached table.
+Reference scores depend only on (task, split, label mode, seed, suite, base model, probed rows): the
+prepared task's fingerprint covers the first four, the suite fingerprint the fifth, the base model's
+weight digest the sixth and a digest of the probed query ids, member flags and labels the last (a null
+split of the same task probes other rows). Every run and epoch sharing those reuses one cached table.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pandas as pd
 
 from iclmem.atomic import write_parquet_atomic
@@ -27,8 +29,19 @@ def model_digest(model: Any) -> str:
     return hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 
+def queries_digest(plan: ProbePlan) -> str:
+    """Which rows a plan probes, as whom and with which label: a task's real split and each of its null
+    splits (same task fingerprint) probe different rows, so their reference scores must not share a key."""
+    q = plan.queries
+    h = hashlib.sha256()
+    for arr in (q.query_ids, q.member, q.labels):
+        a = np.ascontiguousarray(arr)
+        h.update(str(a.dtype).encode() + str(a.shape).encode() + a.tobytes())
+    return h.hexdigest()[:16]
+
+
 def reference_key(task_fingerprint: str, plan: ProbePlan, base_digest: str) -> str:
-    raw = json.dumps([task_fingerprint, plan.suite_fingerprint, plan.seed, base_digest])
+    raw = json.dumps([task_fingerprint, plan.suite_fingerprint, plan.seed, base_digest, queries_digest(plan)])
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 

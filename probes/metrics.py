@@ -53,6 +53,8 @@ __all__ = [
     "bootstrap_intervals",
     "CheckpointMetrics",
     "membership_metrics",
+    "mann_whitney_p",
+    "clopper_pearson",
     "SplitScores",
     "MembershipInput",
     "validate_scores_table",
@@ -408,6 +410,49 @@ def bootstrap_intervals(
 
 
 # --------------------------------------------------------------------------------------------------
+# significance of one AUC, and the interval of an error rate
+# --------------------------------------------------------------------------------------------------
+
+
+def mann_whitney_p(member_scores: Any, nonmember_scores: Any) -> float:
+    """One-sided Mann-Whitney p-value of "members score higher than non-members".
+
+    The test of the AUC itself (AUC = U / (n_m n_n)): under the null hypothesis that the member and
+    non-member scores are exchangeable (rows assigned to the two sides at random, the model trained on
+    neither), ``P(p <= a) <= a``. scipy's exact distribution for small samples without ties, else the
+    normal approximation with the tie correction."""
+    from scipy import stats  # imported on use: scipy.stats is slow to import
+
+    m = _scores(member_scores, "member scores")
+    n = _scores(nonmember_scores, "non-member scores")
+    if np.ptp(np.concatenate([m, n])) == 0.0:
+        return 1.0  # every score equal: no evidence either way (scipy would divide by a zero variance)
+    return float(stats.mannwhitneyu(m, n, alternative="greater").pvalue)
+
+
+def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> Interval:
+    """Exact (Clopper-Pearson) two-sided interval of a binomial proportion ``k / n``: the rate of an
+    event seen ``k`` times in ``n`` independent trials, e.g. memorization verdicts on null splits.
+    ``n = 0`` gives ``(nan, nan)``."""
+    from scipy import stats
+
+    if not 0.0 < confidence < 1.0:
+        raise ProbeError(f"confidence must lie in (0, 1), got {confidence!r}")
+    if not (_is_count(k) and _is_count(n)) or k > n:
+        raise ProbeError(f"clopper_pearson needs integers 0 <= k <= n, got k={k!r}, n={n!r}")
+    if n == 0:
+        return _NAN_INTERVAL
+    tail = (1.0 - confidence) / 2.0
+    low = 0.0 if k == 0 else float(stats.beta.ppf(tail, k, n - k + 1))
+    high = 1.0 if k == n else float(stats.beta.ppf(1.0 - tail, k + 1, n - k))
+    return Interval(low, high)
+
+
+def _is_count(v: Any) -> bool:
+    return bool(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0)
+
+
+# --------------------------------------------------------------------------------------------------
 # per-checkpoint metrics for one score kind
 # --------------------------------------------------------------------------------------------------
 
@@ -441,6 +486,7 @@ class CheckpointMetrics:
     n_resamples: int
     seed: int
     confidence: float = 0.95
+    p_value: float = float("nan")  # one-sided Mann-Whitney p-value of the AUC (see mann_whitney_p)
 
     def tpr_at(self, alpha: float) -> TprAtFpr:
         return _lookup_alpha(self.tpr, alpha, "TPR")
@@ -476,6 +522,7 @@ class CheckpointMetrics:
             f"{p}_auc": self.auc,
             f"{p}_auc_low": self.auc_interval.low,
             f"{p}_auc_high": self.auc_interval.high,
+            f"{p}_p_value": self.p_value,
         }
         for a, t in self.tpr.items():
             q = f"{p}_tpr_at_{_alpha_label(a)}"
@@ -526,6 +573,7 @@ def membership_metrics(
         n_resamples=int(n_resamples),
         seed=int(seed),
         confidence=float(confidence),
+        p_value=mann_whitney_p(m, n),
     )
 
 

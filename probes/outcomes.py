@@ -3,9 +3,13 @@
 The rules are evaluated in a fixed order and the first that holds decides:
 
 1. collapse      -- ``L_FT / L_base > collapse_loss_ratio`` or ``output_std < collapse_output_std``
-2. memorization  -- for some score kind, calibrated ``AUC > memorization_auc`` and
-                    ``TPR@alpha - alpha >= memorization_tpr_margin`` (alpha = ``memorization_alpha``);
-                    strict mode also needs the AUC interval's lower bound ``> memorization_auc``.
+2. memorization  -- for some competing score kind (``score_kinds``; the paper's: loss and entropy),
+                    calibrated ``AUC > memorization_auc`` and ``TPR@alpha - alpha >= memorization_tpr_margin``
+                    (alpha = ``memorization_alpha``); strict mode also needs the AUC interval's lower
+                    bound ``> memorization_auc``. Under ``rule: selection_aware`` (the default) the kind's
+                    one-sided Mann-Whitney p-value must also lie below ``family_alpha / K``, K = checkpoints
+                    of the run x competing kinds (Bonferroni over the family the run headline picks its
+                    maximum from); ``rule: paper`` is the paper's rule alone.
                     If several kinds qualify the one with the highest AUC decides.
 3. inversion     -- mean member probe loss > mean non-member probe loss (fine-tuned, uncalibrated)
                     AND the uncalibrated loss AUC's bootstrap interval lies entirely below
@@ -28,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.errors import ConfigError, ProbeError
-from iclmem.vocab import PRECEDENCE, Outcome
+from iclmem.vocab import PRECEDENCE, Outcome, OutcomeRule, VerdictRule
 from probes.metrics import (
     SCORE_KINDS,
     Calibration,
@@ -70,10 +74,32 @@ class OutcomeThresholds:
     overfitting_mu: float = 0.01
     overfitting_sigma: float = 0.01
     strict: bool = False
+    # which rule decides memorization (iclmem.vocab.OutcomeRule) and, for selection_aware, the family-wise
+    # false-positive rate the run headline keeps
+    rule: OutcomeRule = OutcomeRule.SELECTION_AWARE
+    family_alpha: float = 0.05
+    # the score kinds that compete for "the maximum signal" (paper: loss and entropy)
+    score_kinds: tuple[ScoreKind, ...] = (ScoreKind.LOSS, ScoreKind.ENTROPY)
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "rule", OutcomeRule(self.rule))
+        except ValueError:
+            raise ConfigError(f"outcome 'rule' must be one of {[r.value for r in OutcomeRule]}, got {self.rule!r}") from None
+        kinds = self.score_kinds.split(",") if isinstance(self.score_kinds, str) else self.score_kinds
+        try:
+            kinds = tuple(dict.fromkeys(ScoreKind(k) for k in kinds))
+        except (ValueError, TypeError):
+            raise ConfigError(
+                f"outcome 'score_kinds' must list kinds of {[k.value for k in ScoreKind]}, got {self.score_kinds!r}"
+            ) from None
+        if not kinds:
+            raise ConfigError("outcome 'score_kinds' must name at least one score kind")
+        object.__setattr__(self, "score_kinds", tuple(k for k in SCORE_KINDS if k in kinds))
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
+            if f.name in ("rule", "score_kinds"):
+                continue
             if f.name == "strict":
                 if not isinstance(v, (bool, np.bool_)):
                     raise ConfigError(f"outcome threshold 'strict' must be true or false, got {v!r}")
@@ -82,6 +108,8 @@ class OutcomeThresholds:
                 raise ConfigError(f"outcome threshold {f.name!r} must be a number, got {v!r}")
             if math.isnan(v) or v < 0:
                 raise ConfigError(f"outcome threshold {f.name!r} must be >= 0, got {v!r}")
+        if not 0.0 < self.family_alpha < 1.0:
+            raise ConfigError(f"outcome threshold 'family_alpha' must lie in (0, 1), got {self.family_alpha!r}")
         if not 0.0 < self.memorization_alpha < 1.0:
             raise ConfigError(
                 f"outcome threshold 'memorization_alpha' must lie in (0, 1), got {self.memorization_alpha!r}"
@@ -90,11 +118,36 @@ class OutcomeThresholds:
             if getattr(self, name) > 1.0:
                 raise ConfigError(f"outcome threshold {name!r} must lie in [0, 1], got {getattr(self, name)!r}")
 
-    def as_dict(self) -> dict[str, float | bool]:
-        return {
-            f.name: (bool(getattr(self, f.name)) if f.name == "strict" else float(getattr(self, f.name)))
-            for f in dataclasses.fields(self)
-        }
+    def as_dict(self) -> dict[str, float | bool | str]:
+        out: dict[str, float | bool | str] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "strict":
+                out[f.name] = bool(v)
+            elif f.name == "rule":
+                out[f.name] = v.value
+            elif f.name == "score_kinds":
+                out[f.name] = ",".join(k.value for k in v)
+            else:
+                out[f.name] = float(v)
+        return out
+
+    @property
+    def verdict_rule(self) -> VerdictRule:
+        return VerdictRule.of(self.rule, self.strict)
+
+    def for_rule(self, rule: VerdictRule | str) -> "OutcomeThresholds":
+        """The same thresholds under another rule (the null-split error rates measure every rule)."""
+        rule = VerdictRule(rule)
+        return dataclasses.replace(self, rule=rule.rule, strict=rule.strict)
+
+    def family_size(self, n_checkpoints: int) -> int:
+        """K of the selection-aware rule: the (checkpoint, score kind) pairs a run headline picks from."""
+        return max(1, int(n_checkpoints)) * len(self.score_kinds)
+
+    def p_value_threshold(self, n_checkpoints: int) -> float:
+        """The p-value a deciding kind must stay below under ``selection_aware`` (0 <= p < this)."""
+        return self.family_alpha / self.family_size(n_checkpoints)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "OutcomeThresholds":
@@ -210,7 +263,7 @@ class Verdict:
     outcome: Outcome
     score_kind: ScoreKind | None  # the deciding kind (memorization: best AUC; inversion: loss)
     reasons: dict[str, float]  # the numbers that decided it
-    thresholds: dict[str, float | bool]
+    thresholds: dict[str, float | bool | str]
     checks: dict[str, bool] = dataclasses.field(default_factory=dict)  # every rule, evaluated alone
 
     def as_dict(self) -> dict[str, Any]:
@@ -228,24 +281,28 @@ def _collapse(ev: OutcomeEvidence, th: OutcomeThresholds) -> tuple[bool, dict[st
     return holds, {"loss_ratio": float(ev.loss_ratio), "output_std": float(ev.output_std)}
 
 
-def memorization_holds(m: Any, th: OutcomeThresholds) -> bool:
+def memorization_holds(m: Any, th: OutcomeThresholds, n_checkpoints: int = 1) -> bool:
     """The memorization rule on one score kind's metrics (calibrated, or raw for ``raw_outcome``):
-    AUC above the threshold, TPR at alpha at least alpha + margin, and in strict mode the AUC interval's
-    lower bound above the threshold too. The one place this rule is written."""
+    AUC above the threshold, TPR at alpha at least alpha + margin, in strict mode the AUC interval's
+    lower bound above the threshold too, and under ``selection_aware`` the kind's one-sided Mann-Whitney
+    p-value below ``family_alpha / K`` (K = ``n_checkpoints`` x competing kinds). The one place this rule
+    is written."""
     tpr = m.tpr_at(th.memorization_alpha).tpr
     ok = m.auc > th.memorization_auc and tpr - th.memorization_alpha >= th.memorization_tpr_margin - _TPR_EPS
     if th.strict:
         ok = ok and m.auc_interval.low > th.memorization_auc
+    if th.rule is OutcomeRule.SELECTION_AWARE:
+        ok = ok and m.p_value < th.p_value_threshold(n_checkpoints)
     return bool(ok)
 
 
 def _memorization(
-    ev: OutcomeEvidence, th: OutcomeThresholds
+    ev: OutcomeEvidence, th: OutcomeThresholds, n_checkpoints: int = 1
 ) -> tuple[bool, ScoreKind | None, dict[str, float]]:
     best: tuple[float, int, ScoreKind, dict[str, float]] | None = None
     for order, kind in enumerate(SCORE_KINDS):
         m = ev.calibrated.get(kind)
-        if m is None or not memorization_holds(m, th):
+        if kind not in th.score_kinds or m is None or not memorization_holds(m, th, n_checkpoints):
             continue
         if best is None or m.auc > best[0]:
             tpr = m.tpr_at(th.memorization_alpha).tpr
@@ -256,6 +313,8 @@ def _memorization(
                 "tpr": float(tpr),
                 "alpha": float(th.memorization_alpha),
                 "tpr_minus_alpha": float(tpr - th.memorization_alpha),
+                "p_value": float(m.p_value),
+                "p_value_threshold": float(th.p_value_threshold(n_checkpoints)),
             }
             best = (m.auc, order, kind, reasons)
     if best is None:
@@ -284,30 +343,35 @@ def _overfitting(ev: OutcomeEvidence, th: OutcomeThresholds) -> tuple[bool, dict
     return holds, {"mu_gap": float(ev.gap.mu_gap), "sigma_gap": float(ev.gap.sigma_gap)}
 
 
-def _rules(evidence: OutcomeEvidence, th: OutcomeThresholds) -> dict[Outcome, tuple[bool, ScoreKind | None, dict[str, float]]]:
+def _rules(evidence: OutcomeEvidence, th: OutcomeThresholds,
+           n_checkpoints: int = 1) -> dict[Outcome, tuple[bool, ScoreKind | None, dict[str, float]]]:
     """Every rule but no_signal, evaluated on its own: (holds, deciding score kind, the numbers it read)."""
     collapse, r_col = _collapse(evidence, th)
     inversion, r_inv = _inversion(evidence, th)
     overfitting, r_ovf = _overfitting(evidence, th)
     return {
         Outcome.COLLAPSE: (collapse, None, r_col),
-        Outcome.MEMORIZATION: _memorization(evidence, th),
+        Outcome.MEMORIZATION: _memorization(evidence, th, n_checkpoints),
         Outcome.INVERSION: (inversion, ScoreKind.LOSS, r_inv),
         Outcome.OVERFITTING: (overfitting, None, r_ovf),
     }
 
 
-def rule_checks(evidence: OutcomeEvidence, thresholds: OutcomeThresholds | None = None) -> dict[Outcome, bool]:
+def rule_checks(evidence: OutcomeEvidence, thresholds: OutcomeThresholds | None = None,
+                n_checkpoints: int = 1) -> dict[Outcome, bool]:
     """Every rule evaluated on its own, ignoring precedence (no_signal: none of the others holds)."""
-    c = {o: holds for o, (holds, _k, _r) in _rules(evidence, thresholds or OutcomeThresholds()).items()}
+    c = {o: holds for o, (holds, _k, _r) in _rules(evidence, thresholds or OutcomeThresholds(), n_checkpoints).items()}
     c[Outcome.NO_SIGNAL] = not any(c.values())
     return c
 
 
-def classify(evidence: OutcomeEvidence, thresholds: OutcomeThresholds | None = None) -> Verdict:
-    """Outcome of one checkpoint: the first rule, in :data:`PRECEDENCE` order, that holds."""
+def classify(evidence: OutcomeEvidence, thresholds: OutcomeThresholds | None = None,
+             n_checkpoints: int = 1) -> Verdict:
+    """Outcome of one checkpoint: the first rule, in :data:`PRECEDENCE` order, that holds.
+    ``n_checkpoints``: how many checkpoints the run's headline selects from (the selection-aware rule's
+    family is that many times the competing score kinds)."""
     th = thresholds or OutcomeThresholds()
-    rules = _rules(evidence, th)
+    rules = _rules(evidence, th, n_checkpoints)
     checks = {o.value: holds for o, (holds, _k, _r) in rules.items()}
     checks[Outcome.NO_SIGNAL.value] = not any(checks.values())
     rec = th.as_dict()
@@ -381,19 +445,22 @@ def _row_aucs(row: Any) -> tuple[int, dict[ScoreKind, float]]:
     return int(d["epoch"]), aucs
 
 
-def peak_checkpoint(rows: Iterable[Any]) -> PeakCheckpoint:
+def peak_checkpoint(rows: Iterable[Any], kinds: Iterable[ScoreKind | str] = SCORE_KINDS) -> PeakCheckpoint:
     """The run's headline: the checkpoint with the highest calibrated AUC over epochs and score kinds.
 
     ``rows``: :class:`CheckpointOutcome` objects, or flat records (mappings / pandas rows) with an
     ``epoch`` and ``calibrated_<kind>_auc`` keys (as written by :meth:`CheckpointOutcome.as_dict`).
     NaN AUCs are skipped. Ties go to the earlier epoch, then to the kind order loss, entropy,
-    confidence."""
+    confidence. ``kinds``: the score kinds that compete (``OutcomeThresholds.score_kinds``)."""
+    competing = {ScoreKind(k) for k in kinds}
     if isinstance(rows, pd.DataFrame):
         rows = [r for _, r in rows.iterrows()]
     best: tuple[float, int, int, int, ScoreKind, Any] | None = None
     for i, row in enumerate(rows):
         epoch, aucs = _row_aucs(row)
         for order, k in enumerate(SCORE_KINDS):
+            if k not in competing:
+                continue
             a = aucs.get(k, float("nan"))
             if math.isnan(a):
                 continue

@@ -17,20 +17,23 @@ import numpy as np
 import pandas as pd
 
 from iclmem.atomic import write_json_atomic, write_parquet_atomic
-from iclmem.vocab import Outcome
+from iclmem.errors import ConfigError
+from iclmem.vocab import SCORE_KINDS, Outcome, VerdictRule
 from probes.calibration import model_digest, read_parquet_checked, reference_scores
 from probes.metrics import (
     Calibration,
     MembershipInput,
     ScoreKind,
-    auc,
     loss_ratio,
+    membership_metrics,
+    membership_score,
     output_std,
     per_manipulation_auc,
     roc_curve,
 )
 from probes.outcomes import CheckpointOutcome, OutcomeThresholds, build_evidence, classify, memorization_holds
-from probes.scoring import ProbePlan, icl_predictions, score
+from probes.scoring import ProbePlan, ProbeQueries, icl_predictions, score
+from trainables.data import null_split
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,17 @@ class ProbeSettings:
     n_resamples: int = 1000
     thresholds: OutcomeThresholds = field(default_factory=OutcomeThresholds)
     bootstrap_seed: int = 0
+    # null splits probed on every fine-tuned checkpoint (their memorization verdicts are false positives)
+    null_splits: int = 1
+    # checkpoints a run's headline selects from (the selection-aware rule's family is this x score kinds)
+    n_checkpoints: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("null_splits", "n_checkpoints", "n_resamples"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (1 if name == "n_checkpoints" else 0):
+                raise ConfigError(f"probe setting {name!r} must be an integer >= "
+                                  f"{1 if name == 'n_checkpoints' else 0}, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -103,6 +117,72 @@ def base_icl(cache_dir: str | Path, task: Any, base_digest: str, base_model: Any
     return cached["loss"].to_numpy(), cached["p_true"].to_numpy()
 
 
+# null-split pool plans, built once per (task, splits, suite, seed) in a process and reused for every checkpoint
+_NULL_PLANS: dict[tuple[Any, ...], ProbePlan] = {}
+_NULL_PLANS_MAX = 64
+
+
+def null_pool_plan(task: Any, splits: list[tuple[np.ndarray, np.ndarray]], plan: ProbePlan) -> ProbePlan:
+    """One probe plan over the union of the rows of ``splits`` (same suite, seed and row compression as
+    ``plan``). A query's contexts depend only on (seed, query id, label), never on the other queries, so
+    scoring the union once and cutting it into the splits gives each split the scores it would get alone,
+    at the cost of scoring each row once however many splits share it."""
+    compress = plan.row_weights is not None
+    rows = np.unique(np.concatenate([np.concatenate(s) for s in splits]))
+    key = (task.fingerprint, hashlib.sha256(rows.tobytes()).hexdigest(), plan.suite_fingerprint, plan.seed, compress)
+    if key not in _NULL_PLANS:
+        if len(_NULL_PLANS) >= _NULL_PLANS_MAX:
+            _NULL_PLANS.pop(next(iter(_NULL_PLANS)))
+        queries = ProbeQueries(query_ids=np.asarray(task.row_ids)[rows].astype(np.int64),
+                               member=np.zeros(len(rows), dtype=bool),  # each split sets its own flags
+                               labels=np.asarray(task.labels)[rows].astype(np.int64),
+                               features=np.asarray(task.features, dtype=np.float32)[rows],
+                               n_classes=int(task.n_classes))
+        _NULL_PLANS[key] = ProbePlan.build(queries, plan.suite, plan.seed, compress_rows=compress)
+    return _NULL_PLANS[key]
+
+
+def split_scores_table(pool: pd.DataFrame, member_ids: np.ndarray, nonmember_ids: np.ndarray) -> pd.DataFrame:
+    """The rows of a pool scores table that belong to one split, with that split's member flags."""
+    keep = pool["query_id"].isin(np.concatenate([member_ids, nonmember_ids]))
+    table = pool.loc[keep].copy()
+    table["member"] = table["query_id"].isin(member_ids).to_numpy()
+    return table.reset_index(drop=True)
+
+
+def verdicts_by_rule(evidence: Any, thresholds: OutcomeThresholds, n_checkpoints: int) -> dict[VerdictRule, Any]:
+    """The checkpoint's verdict under every rule whose error rate is measured (same thresholds otherwise)."""
+    return {r: classify(evidence, thresholds.for_rule(r), n_checkpoints) for r in VerdictRule}
+
+
+def _null_record(index: int, evidence: Any, verdicts: dict[VerdictRule, Any], n_members: int,
+                 n_nonmembers: int) -> dict[str, Any]:
+    """What the error-rate tables need of one null split on one checkpoint: its size, the calibrated AUC,
+    interval and p-value per score kind (the peak selection reads the AUCs) and its verdict per rule."""
+    rec: dict[str, Any] = {"index": int(index), "n_members": int(n_members), "n_nonmembers": int(n_nonmembers)}
+    for k, m in evidence.calibrated.items():
+        kv = ScoreKind(k).value
+        rec[f"auc_{kv}"] = float(m.auc)
+        rec[f"auc_low_{kv}"] = float(m.auc_interval.low)
+        rec[f"p_value_{kv}"] = float(m.p_value)
+    for r, v in verdicts.items():
+        rec[f"outcome_{r.value}"] = v.outcome.value
+    return rec
+
+
+def _metrics_columns(m: Any, prefix: str) -> dict[str, Any]:
+    """AUC, its interval and p-value, and TPR at 1% / 10% (with intervals) of one metrics object."""
+    return {
+        f"{prefix}auc": m.auc, f"{prefix}auc_low": m.auc_interval.low, f"{prefix}auc_high": m.auc_interval.high,
+        f"{prefix}p_value": m.p_value,
+        f"{prefix}tpr_at_1pct": m.tpr_at_1pct.tpr, f"{prefix}tpr_at_10pct": m.tpr_at_10pct.tpr,
+        f"{prefix}tpr_at_1pct_low": m.tpr_at_1pct_interval.low,
+        f"{prefix}tpr_at_1pct_high": m.tpr_at_1pct_interval.high,
+        f"{prefix}tpr_at_10pct_low": m.tpr_at_10pct_interval.low,
+        f"{prefix}tpr_at_10pct_high": m.tpr_at_10pct_interval.high,
+    }
+
+
 def probe_checkpoint(
     model: Any,
     task: Any,
@@ -114,7 +194,11 @@ def probe_checkpoint(
     identity: dict[str, Any],
     epoch: int,
 ) -> ProbeResult:
-    """Probe ``model`` (a checkpoint of the run ``identity``) against the shared reference model."""
+    """Probe ``model`` (a checkpoint of the run ``identity``) against the shared reference model.
+
+    A fine-tuned checkpoint is also probed on ``settings.null_splits`` null splits of the task (rows it
+    never saw, labelled member / non-member at random, see ``trainables.data.null_split``); the untouched
+    base model (the pipeline sanity check) is not, its ΔS being zero by construction."""
     reference = reference_scores(cache_dir, task.fingerprint, plan, base_digest, base_model)
     finetuned = score(model, plan)
     loss_ft, p_true_ft = icl_predictions(model, task)
@@ -122,38 +206,23 @@ def probe_checkpoint(
     ratio = loss_ratio(float(np.mean(loss_ft)), float(np.mean(loss_base)))
     std = output_std(p_true_ft)
     th = settings.thresholds
+    n_ckpt = settings.n_checkpoints
+    fine_tuned = model is not base_model
     evidence = build_evidence(finetuned, reference, ratio, std, thresholds=th, n_resamples=settings.n_resamples,
-                              seed=settings.bootstrap_seed, model_was_fine_tuned=model is not base_model)
-    verdict = classify(evidence, th)
+                              seed=settings.bootstrap_seed, model_was_fine_tuned=fine_tuned)
+    verdicts = verdicts_by_rule(evidence, th, n_ckpt)
+    verdict = verdicts[th.verdict_rule]
     outcome = CheckpointOutcome(epoch, evidence, verdict)
 
-    # Headline kind: the deciding one, else the kind with the highest calibrated AUC.
-    kind = verdict.score_kind or max(evidence.calibrated, key=lambda k: evidence.calibrated[k].auc)
-    m = evidence.calibrated[kind]
-    raw_m = evidence.uncalibrated_loss
-    row: dict[str, Any] = {
-        **identity,
-        **outcome.as_dict(),
-        "score_kind": ScoreKind(kind).value,
-        "auc": m.auc, "auc_low": m.auc_interval.low, "auc_high": m.auc_interval.high,
-        "tpr_at_1pct": m.tpr_at_1pct.tpr, "tpr_at_10pct": m.tpr_at_10pct.tpr,
-        "tpr_at_1pct_low": m.tpr_at_1pct_interval.low, "tpr_at_1pct_high": m.tpr_at_1pct_interval.high,
-        "tpr_at_10pct_low": m.tpr_at_10pct_interval.low, "tpr_at_10pct_high": m.tpr_at_10pct_interval.high,
-        "loss_ratio": ratio, "output_std": std,
-        "mu_gap": evidence.gap.mu_gap, "sigma_gap": evidence.gap.sigma_gap,
-        "raw_auc": raw_m.auc,
-        "reasons": json.dumps(verdict.reasons, default=_jsonable, sort_keys=True),
-        "n_members": int(plan.queries.member.sum()), "n_nonmembers": int((~plan.queries.member).sum()),
-    }
-    for k, km in evidence.calibrated.items():
-        row[f"auc_{ScoreKind(k).value}"] = km.auc
-    # Reference alone and raw-vs-calibrated flags (paper App. 7.4), on the loss kind.
     scores = MembershipInput.from_scores_tables(finetuned, reference)
-    ref = scores.membership_scores(ScoreKind.LOSS, Calibration.REFERENCE_ONLY)
-    row["ref_auc"] = auc(ref.members, ref.nonmembers)
-    row["raw_memorization_flag"] = memorization_holds(raw_m, th)
-    row["calibrated_memorization_flag"] = bool(verdict.checks.get(Outcome.MEMORIZATION.value, False))
-    row["raw_outcome"] = (Outcome.MEMORIZATION if row["raw_memorization_flag"] else Outcome.NO_SIGNAL).value
+    kind, row = headline_columns(scores, evidence, verdict, settings)
+    row = {**identity, **outcome.as_dict(), "rule": th.verdict_rule.value,
+           **{f"outcome_{r.value}": v.outcome.value for r, v in verdicts.items()}, **row,
+           "loss_ratio": ratio, "output_std": std,
+           "n_members": int(plan.queries.member.sum()), "n_nonmembers": int((~plan.queries.member).sum())}
+    row.update(known_context_columns(loss_ft, loss_base, plan.queries.member, settings))
+    row.update(_null_columns(model, task, plan, cache_dir, base_digest, base_model, settings, ratio, std,
+                             fine_tuned))
 
     manip = per_manipulation_auc(finetuned, reference)
     manip = manip.reset_index()[["manipulation", "category", ScoreKind.LOSS.value]].rename(columns={ScoreKind.LOSS.value: "auc"})
@@ -166,4 +235,95 @@ def probe_checkpoint(
     return ProbeResult(row, manip, roc)
 
 
-__all__ = ["ProbeResult", "ProbeSettings", "probe_checkpoint", "base_icl", "model_digest"]
+def headline_columns(scores: MembershipInput, evidence: Any, verdict: Any,
+                     settings: ProbeSettings) -> tuple[ScoreKind, dict[str, Any]]:
+    """The headline kind and the row's metric columns.
+
+    Headline kind: the deciding one, else the competing kind with the highest calibrated AUC. Every
+    headline column (AUC, interval, p-value, TPRs with intervals, raw and reference-only AUC, and the ROC
+    drawn from it) is of this one kind. Beside them: calibrated, uncalibrated and reference-only metrics of
+    every score kind, and the raw-score memorization flag (the same rule, over the same competing kinds,
+    on S instead of ΔS: paper App. 7.4)."""
+    th, n_ckpt = settings.thresholds, settings.n_checkpoints
+    kw = dict(alphas=(0.01, 0.10, th.memorization_alpha), n_resamples=settings.n_resamples,
+              seed=settings.bootstrap_seed)
+    competing = [k for k in th.score_kinds if k in evidence.calibrated] or list(evidence.calibrated)
+    kind = ScoreKind(verdict.score_kind or max(competing, key=lambda k: evidence.calibrated[k].auc))
+    uncal = scores.uncalibrated(**kw)
+    ref_only = scores.reference_only(**kw)
+    raw_flags = {k: memorization_holds(uncal[k], th, n_ckpt) for k in competing}
+    raw_kind = max((k for k in competing if raw_flags[k]), key=lambda k: uncal[k].auc, default=None)
+    row: dict[str, Any] = {
+        "score_kind": kind.value,
+        **_metrics_columns(evidence.calibrated[kind], ""),
+        "p_value_threshold": th.p_value_threshold(n_ckpt), "n_checkpoints_in_family": n_ckpt,
+        "mu_gap": evidence.gap.mu_gap, "sigma_gap": evidence.gap.sigma_gap,
+        "raw_auc": uncal[kind].auc, "ref_auc": ref_only[kind].auc,
+        "reasons": json.dumps(verdict.reasons, default=_jsonable, sort_keys=True),
+    }
+    for k in SCORE_KINDS:
+        if k not in evidence.calibrated:
+            continue
+        row[f"auc_{k.value}"] = evidence.calibrated[k].auc
+        row[f"raw_auc_{k.value}"] = uncal[k].auc
+        row[f"ref_auc_{k.value}"] = ref_only[k].auc
+        row.update(uncal[k].as_dict())
+        row.update(ref_only[k].as_dict())
+    row["raw_memorization_flag"] = raw_kind is not None
+    row["raw_score_kind"] = None if raw_kind is None else raw_kind.value
+    row["calibrated_memorization_flag"] = bool(verdict.checks.get(Outcome.MEMORIZATION.value, False))
+    row["raw_outcome"] = (Outcome.MEMORIZATION if row["raw_memorization_flag"] else Outcome.NO_SIGNAL).value
+    return kind, row
+
+
+def known_context_columns(loss_ft: np.ndarray, loss_base: np.ndarray, member: np.ndarray,
+                          settings: ProbeSettings) -> dict[str, Any]:
+    """The known-context baseline: the plain loss attack on the exact fine-tuning context-query pairs.
+
+    The attacker knows C' and asks the checkpoint for each query's label with C' as context (the per-epoch
+    evaluation's computation, per query); lower loss = member. An upper bound of what the checkpoint
+    leaks in its own training setting, beside the zero-information probe. ``known_context_calibrated_*``
+    subtracts the base model's loss on the same pair."""
+    member = np.asarray(member, dtype=bool)
+    kw = dict(alphas=(0.01, 0.10), n_resamples=settings.n_resamples, seed=settings.bootstrap_seed)
+    out: dict[str, Any] = {}
+    for prefix, loss in (("known_context_", np.asarray(loss_ft, dtype=np.float64)),
+                         ("known_context_calibrated_", np.asarray(loss_ft, np.float64) - np.asarray(loss_base, np.float64))):
+        s = membership_score(ScoreKind.LOSS, loss)
+        cal = Calibration.CALIBRATED if "calibrated" in prefix else Calibration.UNCALIBRATED
+        out.update(_metrics_columns(membership_metrics(s[member], s[~member], ScoreKind.LOSS, cal, **kw), prefix))
+    return out
+
+
+def _null_columns(model: Any, task: Any, plan: ProbePlan, cache_dir: str | Path, base_digest: str,
+                  base_model: Any, settings: ProbeSettings, ratio: float, std: float,
+                  fine_tuned: bool) -> dict[str, Any]:
+    """Null-split columns: how many were probed, how many each rule called memorization, and the
+    per-split record (``null_evidence``, JSON) the run-headline error rate is computed from."""
+    th = settings.thresholds
+    n = settings.null_splits if fine_tuned else 0
+    records = []
+    if n:
+        splits = [null_split(task, j) for j in range(n)]
+        pool_plan = null_pool_plan(task, splits, plan)
+        pool_ref = reference_scores(cache_dir, task.fingerprint, pool_plan, base_digest, base_model)
+        pool_ft = score(model, pool_plan)
+        row_ids = np.asarray(task.row_ids)
+        for j, (members, nonmembers) in enumerate(splits):
+            mid, nid = row_ids[members], row_ids[nonmembers]
+            evidence = build_evidence(split_scores_table(pool_ft, mid, nid), split_scores_table(pool_ref, mid, nid),
+                                      ratio, std, thresholds=th, n_resamples=settings.n_resamples,
+                                      seed=settings.bootstrap_seed)
+            verdicts = verdicts_by_rule(evidence, th, settings.n_checkpoints)
+            records.append(_null_record(j, evidence, verdicts, len(members), len(nonmembers)))
+    out: dict[str, Any] = {"null_splits": n}
+    for r in VerdictRule:
+        out[f"null_memorization_{r.value}"] = sum(rec[f"outcome_{r.value}"] == Outcome.MEMORIZATION.value
+                                                 for rec in records)
+    out["null_evidence"] = json.dumps(records, sort_keys=True)
+    return out
+
+
+__all__ = ["ProbeResult", "ProbeSettings", "probe_checkpoint", "base_icl", "model_digest", "null_pool_plan", "split_scores_table",
+           "verdicts_by_rule", "known_context_columns",
+           "headline_columns"]

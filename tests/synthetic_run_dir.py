@@ -87,9 +87,10 @@ EXPECTED = {
     "detectable_q50": {0: 0, 1: 0, 2: 1, 5: 2, 10: 3},
     "detectable_q512": {0: 0, 1: 0, 2: 1, 5: 1, 10: 2},
     # calibration impact at checkpoint level, Q=50, trained epochs: 48 checkpoints
-    "calibration_q50": {"n": 48, "calibrated_flags": 6, "raw_flags": 8, "both": 4, "calibrated_only": 2,
+    # over the non-collapsed fine-tuned checkpoints: 12 runs x 4 epochs, less 4 collapsed runs x 4
+    "calibration_q50": {"n": 32, "calibrated_flags": 6, "raw_flags": 8, "both": 4, "calibrated_only": 2,
                         "raw_only": 4},
-    "calibration_q512": {"n": 48, "calibrated_flags": 4, "raw_flags": 4, "both": 4, "calibrated_only": 0,
+    "calibration_q512": {"n": 36, "calibrated_flags": 4, "raw_flags": 4, "both": 4, "calibrated_only": 0,
                          "raw_only": 0},
     "ranking": list(MANIPULATIONS),
     "peak_vulnerability": {  # task -> (peak AUC, lr, q, epoch, n_memorization of 8)
@@ -134,6 +135,12 @@ def _row(regime, task, lr, q, epoch, outcome, raw_outcome, auc, kinds=None, scor
         "git_commit": "abc123", "auc_loss": kinds["loss"], "auc_entropy": kinds["entropy"],
         "auc_confidence": kinds["confidence"],
         "raw_record": f"{CANARY} features=[3.1, 4.1] label=yes",  # must never reach a report
+        # one null split per fine-tuned checkpoint, never flagged (the error-rate section has its input)
+        "null_splits": 0 if epoch == 0 else 1,
+        "null_evidence": json.dumps([] if epoch == 0 else [{
+            "index": 0, "n_members": q, "n_nonmembers": q, "auc_loss": 0.5, "auc_entropy": 0.5,
+            "auc_confidence": 0.5, **{f"outcome_{r}": "no_signal" for r in
+                                      ("paper", "paper_strict", "selection_aware", "selection_aware_strict")}}]),
     }
 
 

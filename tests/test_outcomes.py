@@ -42,12 +42,15 @@ def _tpr(alpha: float, tpr: float) -> TprAtFpr:
     )
 
 
-def _cm(kind, cal=Calibration.CALIBRATED, auc=0.5, ci=(0.4, 0.6), tpr10=0.1, tpr1=0.01) -> CheckpointMetrics:
+def _cm(kind, cal=Calibration.CALIBRATED, auc=0.5, ci=(0.4, 0.6), tpr10=0.1, tpr1=0.01, p=None) -> CheckpointMetrics:
+    # p: the AUC's one-sided p-value; by default tiny for a raised AUC, so the selection-aware rule (the
+    # default) agrees with the paper's and the precedence tests below test precedence
+    p = (1e-6 if auc > 0.5 else 0.5) if p is None else p
     return CheckpointMetrics(
         kind=ScoreKind(kind), calibration=Calibration(cal), auc=auc, auc_interval=Interval(*ci),
         tpr={0.01: _tpr(0.01, tpr1), 0.10: _tpr(0.10, tpr10)},
         tpr_interval={0.01: Interval(0.0, 0.05), 0.10: Interval(max(tpr10 - 0.1, 0), tpr10 + 0.1)},
-        member_mean=0.0, nonmember_mean=0.0, n_resamples=1000, seed=0,
+        member_mean=0.0, nonmember_mean=0.0, n_resamples=1000, seed=0, p_value=p,
     )
 
 
@@ -116,8 +119,8 @@ def test_collapse_takes_precedence_over_memorization():
 
 
 def test_calibrated_signal_above_thresholds_is_memorization_and_nothing_else():
-    v = classify(_quiet(calibrated=_with_kind("confidence", auc=0.62, ci=(0.55, 0.7), tpr10=0.25)))
-    assert v.outcome is Outcome.MEMORIZATION and v.score_kind is ScoreKind.CONFIDENCE
+    v = classify(_quiet(calibrated=_with_kind("entropy", auc=0.62, ci=(0.55, 0.7), tpr10=0.25)))
+    assert v.outcome is Outcome.MEMORIZATION and v.score_kind is ScoreKind.ENTROPY
     assert v.reasons["auc"] == 0.62 and v.reasons["tpr"] == 0.25
     assert v.reasons["tpr_minus_alpha"] == pytest.approx(0.15)
     assert _only(v.checks, Outcome.MEMORIZATION)
@@ -215,6 +218,7 @@ def test_thresholds_are_recorded_in_the_verdict():
         "collapse_loss_ratio": 5.0, "collapse_output_std": 0.01, "memorization_auc": 0.5,
         "memorization_tpr_margin": 0.10, "memorization_alpha": 0.10, "inversion_auc": 0.5,
         "overfitting_mu": 0.01, "overfitting_sigma": 0.01, "strict": False,
+        "rule": "selection_aware", "family_alpha": 0.05, "score_kinds": "loss,entropy",
     }
     th = OutcomeThresholds(collapse_loss_ratio=3.0)
     v = classify(_quiet(loss_ratio=4.0), th)
@@ -325,3 +329,48 @@ def test_the_untouched_base_model_cannot_be_inverted_or_overfitted():
     flat = _quiet(gap=GapStats(0.0, 0.0, {}))
     assert classify(flat).outcome == Outcome.OVERFITTING
     assert classify(dataclasses.replace(flat, fine_tuned=False)).outcome == Outcome.NO_SIGNAL
+
+
+# ------------------------------------------------------------------ competing kinds and the selection-aware rule
+
+
+def test_only_the_competing_score_kinds_decide_memorization():
+    # the paper's "maximum signal" is over loss and entropy: a confidence-only signal decides nothing by
+    # default, and decides when confidence is made to compete
+    ev = _quiet(calibrated=_with_kind("confidence", auc=0.9, ci=(0.8, 0.95), tpr10=0.6))
+    assert classify(ev).outcome is Outcome.NO_SIGNAL
+    v = classify(ev, OutcomeThresholds(score_kinds=("loss", "entropy", "confidence")))
+    assert v.outcome is Outcome.MEMORIZATION and v.score_kind is ScoreKind.CONFIDENCE
+
+
+def test_peak_checkpoint_picks_only_among_competing_kinds():
+    rows = [{"epoch": 1, "calibrated_loss_auc": 0.6, "calibrated_confidence_auc": 0.9},
+            {"epoch": 2, "calibrated_loss_auc": 0.7, "calibrated_confidence_auc": 0.5}]
+    assert peak_checkpoint(rows).epoch == 1
+    peak = peak_checkpoint(rows, kinds=OutcomeThresholds().score_kinds)
+    assert peak.epoch == 2 and peak.score_kind is ScoreKind.LOSS
+
+
+def test_selection_aware_rule_needs_the_p_value_below_family_alpha_over_k():
+    # K = 4 checkpoints x 2 competing kinds = 8: threshold 0.05 / 8 = 0.00625
+    th = OutcomeThresholds()
+    assert th.p_value_threshold(4) == pytest.approx(0.05 / 8)
+    passes = _quiet(calibrated=_with_kind("loss", auc=0.7, tpr10=0.4, p=0.006))
+    fails = _quiet(calibrated=_with_kind("loss", auc=0.7, tpr10=0.4, p=0.007))
+    assert classify(passes, th, n_checkpoints=4).outcome is Outcome.MEMORIZATION
+    v = classify(passes, th, n_checkpoints=4)
+    assert v.reasons["p_value"] == 0.006 and v.reasons["p_value_threshold"] == pytest.approx(0.00625)
+    assert classify(fails, th, n_checkpoints=4).outcome is Outcome.NO_SIGNAL
+    # more checkpoints to select from: a stricter bar
+    assert classify(passes, th, n_checkpoints=5).outcome is Outcome.NO_SIGNAL
+    # the paper's rule ignores the p-value
+    assert classify(fails, OutcomeThresholds(rule="paper"), n_checkpoints=4).outcome is Outcome.MEMORIZATION
+
+
+def test_unknown_rule_or_score_kind_is_refused():
+    with pytest.raises(ConfigError, match="rule"):
+        OutcomeThresholds(rule="holm")
+    with pytest.raises(ConfigError, match="score_kinds"):
+        OutcomeThresholds(score_kinds=("loss", "brier"))
+    with pytest.raises(ConfigError, match="family_alpha"):
+        OutcomeThresholds(family_alpha=0.0)

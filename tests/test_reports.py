@@ -165,7 +165,7 @@ def test_calibration_impact(results):
         assert t.loc[str(q), list(EXPECTED[f"calibration_q{q}"])].to_dict() == EXPECTED[f"calibration_q{q}"]
     assert t.loc["all", "calibrated_flags"] == 10 and t.loc["all", "raw_flags"] == 12
     runs = R.calibration_impact(results, level="run")
-    assert runs.loc["50", "n"] == 12 and runs.loc["50", "calibrated_flags"] == 3
+    assert runs.loc["50", "n"] == 8 and runs.loc["50", "calibrated_flags"] == 3  # 12 runs, 4 collapsed
     assert runs.loc["50", "calibrated_only"] == 1 and runs.loc["50", "raw_only"] == 1
 
 

@@ -41,6 +41,8 @@ __all__ = [
     "load_or_prepare",
     "task_fingerprint",
     "ground_truth_log",
+    "null_split",
+    "null_split_task",
     "save_prepared",
     "load_prepared",
 ]
@@ -743,6 +745,7 @@ def _build_table(resolved: _ResolvedSource, settings: PrepSettings) -> _Table:
 _STREAM_SHUFFLE_ALL = 1
 _STREAM_SHUFFLE_MEMBERS = 2
 _STREAM_SPLIT = 3
+_STREAM_NULL = 4
 
 
 def _rng(seed: int, stream: int) -> np.random.Generator:
@@ -1011,8 +1014,52 @@ def prepare_task(
     )
 
 
-def ground_truth_log(task: PreparedTask) -> dict[str, Any]:
-    """The spec's ground-truth record (Stage I.6): which rows played which part, and the labels trained on."""
+def null_split(task: PreparedTask, index: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``index``-th null split of a task: positions (into the task's arrays) of a fake "member" set and
+    a fake "non-member" set, two disjoint sets of rows the run never saw (neither members, nor
+    non-members, nor the context C'), with the members' label counts on both sides.
+
+    Probed on a fine-tuned checkpoint exactly like the real split, its memorization verdicts are false
+    positives by construction, so their share measures the verdict rule's false-positive rate. Each split
+    is drawn afresh from the unused rows (splits of one task may share rows; within a split the two sides
+    never do), from a stream of its own: the same task and index always give the same split. When a class
+    has too few unused rows, every class's count is scaled down by the same factor (the label distribution
+    stays that of the members, the split is smaller: its sizes are recorded in the results row)."""
+    if not _is_int(index) or index < 0:
+        raise ConfigError(f"null split index must be a non-negative integer, got {index!r}")
+    n_classes = task.n_classes
+    used = np.zeros(len(task.labels), dtype=bool)
+    used[task.member_idx] = used[task.nonmember_idx] = used[task.context_idx] = True
+    labels = np.asarray(task.labels)
+    want = np.bincount(labels[task.member_idx], minlength=n_classes)
+    free = [np.flatnonzero(~used & (labels == c)) for c in range(n_classes)]
+    scale = min([1.0] + [len(free[c]) // 2 / want[c] for c in range(n_classes) if want[c] > 0])
+    take = np.floor(want * scale + 1e-9).astype(np.int64)
+    if take.sum() < 2:
+        raise DataError(
+            f"task {task.name!r}: too few rows outside the members, non-members and context for a null split "
+            f"({int((~used).sum())} unused rows); lower q or context_size, or set probe.null_splits: 0"
+        )
+    rng = np.random.default_rng([_STREAM_NULL, int(task.seed), int(index)])
+    fake_members, fake_nonmembers = [], []
+    for c in range(n_classes):
+        rows = rng.permutation(free[c])[: 2 * take[c]]
+        fake_members.append(rows[: take[c]])
+        fake_nonmembers.append(rows[take[c]:])
+    return (np.sort(np.concatenate(fake_members)).astype(np.int64),
+            np.sort(np.concatenate(fake_nonmembers)).astype(np.int64))
+
+
+def null_split_task(task: PreparedTask, index: int) -> PreparedTask:
+    """The task with its member / non-member sets replaced by null split ``index`` (everything else, C'
+    and the labels included, unchanged), so the probe code runs on it as on the real split."""
+    members, nonmembers = null_split(task, index)
+    return dataclasses.replace(task, member_idx=members, nonmember_idx=nonmembers)
+
+
+def ground_truth_log(task: PreparedTask, null_splits: int = 0) -> dict[str, Any]:
+    """The spec's ground-truth record (Stage I.6): which rows played which part, and the labels trained on;
+    with ``null_splits`` also the row ids of each null split probed (see :func:`null_split`)."""
 
     def ids(idx: np.ndarray) -> list[int]:
         return [int(v) for v in task.row_ids[idx]]
@@ -1038,6 +1085,10 @@ def ground_truth_log(task: PreparedTask) -> dict[str, Any]:
         "nonmember_original_labels": labels(task.original_labels, task.nonmember_idx),
         "context_original_labels": labels(task.original_labels, task.context_idx),
         "split_report": task.split_report.to_dict(),
+        "null_splits": [
+            {"index": j, "member_row_ids": ids(m), "nonmember_row_ids": ids(n)}
+            for j, (m, n) in ((j, null_split(task, j)) for j in range(null_splits))
+        ],
     }
 
 

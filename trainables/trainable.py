@@ -16,7 +16,10 @@ from typing import Any
 
 from ray import tune
 
+from iclmem.atomic import write_json_atomic
 from iclmem.errors import CorruptCheckpointError
+from iclmem.runfolder import GROUND_TRUTH_FILE
+from trainables.data import ground_truth_log
 from trainables.finetune import Finetuner, FinetuneSpec
 
 
@@ -50,6 +53,10 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
             resume_or_recompute(finetuner, directory, config["run_id"])
     schedule = set(spec.schedule())
     identity = {"run_id": config["run_id"]}
+    # next to every checkpoint: which rows were members, non-members, C' and null splits, and the labels
+    # the run trained on (the spec's ground-truth log)
+    ground_truth = {"run_id": config["run_id"], "regime": spec.regime.value,
+                    "tasks": [ground_truth_log(t, int(config.get("null_splits", 0))) for t in finetuner.tasks]}
 
     while finetuner.epoch < spec.epochs:
         result = finetuner.run_epoch()
@@ -62,6 +69,7 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
         if result.epoch in schedule:
             with tempfile.TemporaryDirectory() as tmp:
                 finetuner.save(tmp, metrics)
+                write_json_atomic(Path(tmp) / GROUND_TRUTH_FILE, ground_truth, default=str)
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
         else:
             tune.report(metrics)

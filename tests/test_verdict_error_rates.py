@@ -1,0 +1,315 @@
+"""Verdicts with measured error rates (issue #14): null splits, the selection-aware rule, Clopper-Pearson
+intervals, and the paper's tables computed as the paper computes them.
+
+The planted truth is known both ways: a checkpoint fine-tuned on shuffled member labels has memorized its
+members (the real split must be detected) and has never seen the rows of its null splits (every
+memorization verdict on them is a false positive)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from iclmem.errors import ProbeError
+from iclmem.vocab import Outcome, VerdictRule
+from orchestrator import reports as R
+from probes.calibration import reference_key
+from probes.manipulations import default_suite
+from probes.metrics import Calibration, MembershipInput, ScoreKind, clopper_pearson, mann_whitney_p
+from probes.outcomes import OutcomeThresholds, build_evidence, classify
+from probes.probe import ProbeSettings, headline_columns, known_context_columns, probe_checkpoint
+from probes.scoring import ProbePlan, ProbeQueries
+from trainables.data import TaskSource, ground_truth_log, null_split, null_split_task, prepare_task
+
+pytestmark = pytest.mark.filterwarnings("ignore::probes.metrics.LowResolutionWarning")
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def test_clopper_pearson_interval_matches_the_exact_binomial_interval():
+    from scipy import stats
+
+    for k, n in ((0, 20), (2, 20), (5, 100), (100, 100)):
+        iv = clopper_pearson(k, n)
+        ref = stats.binomtest(k, n).proportion_ci(0.95, method="exact")
+        assert iv.low == pytest.approx(ref.low, abs=1e-9) and iv.high == pytest.approx(ref.high, abs=1e-9)
+    assert clopper_pearson(0, 100).high == pytest.approx(1 - 0.025 ** (1 / 100))
+    with pytest.raises(ProbeError):
+        clopper_pearson(3, 2)
+
+
+def test_mann_whitney_p_value_keeps_its_level_under_the_null_and_detects_a_shift():
+    rng = np.random.default_rng(0)
+    p = np.array([mann_whitney_p(rng.normal(size=50), rng.normal(size=50)) for _ in range(2000)])
+    assert 0.035 < float((p < 0.05).mean()) < 0.065
+    assert mann_whitney_p(rng.normal(1.0, 1, 50), rng.normal(size=50)) < 1e-4
+    assert mann_whitney_p(np.zeros(5), np.zeros(5)) == 1.0
+
+
+# ------------------------------------------------------------------ null splits (Stage I)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return prepare_task(TaskSource("breast_cancer", "builtin"), label_mode="shuffled_members", q=50)
+
+
+def test_a_null_split_uses_only_never_trained_rows_with_the_members_label_counts(task):
+    used = set(task.member_idx) | set(task.nonmember_idx) | set(task.context_idx)
+    for j in range(5):
+        m, n = null_split(task, j)
+        assert not (set(m) & used) and not (set(n) & used) and not (set(m) & set(n))
+        want = np.bincount(task.labels[task.member_idx], minlength=task.n_classes)
+        assert (np.bincount(task.labels[m], minlength=2) == want).all()
+        assert (np.bincount(task.labels[n], minlength=2) == want).all()
+    a, b = null_split(task, 0), null_split(task, 1)
+    assert (null_split(task, 0)[0] == a[0]).all() and not np.array_equal(a[0], b[0])
+
+
+def test_null_splits_are_in_the_ground_truth_log(task):
+    log = ground_truth_log(task, null_splits=2)
+    assert [s["index"] for s in log["null_splits"]] == [0, 1]
+    m, n = null_split(task, 1)
+    assert log["null_splits"][1]["member_row_ids"] == [int(v) for v in task.row_ids[m]]
+    assert not set(log["null_splits"][0]["member_row_ids"]) & set(log["member_row_ids"])
+    assert ground_truth_log(task)["null_splits"] == []
+
+
+def test_the_reference_cache_key_covers_which_rows_are_probed(task):
+    suite = default_suite()[:2]
+    real = ProbePlan.build(ProbeQueries.from_task(task), suite, task.seed)
+    null = ProbePlan.build(ProbeQueries.from_task(null_split_task(task, 0)), suite, task.seed)
+    assert reference_key(task.fingerprint, real, "d") != reference_key(task.fingerprint, null, "d")
+    again = ProbePlan.build(ProbeQueries.from_task(task), suite, task.seed)
+    assert reference_key(task.fingerprint, real, "d") == reference_key(task.fingerprint, again, "d")
+
+
+# ------------------------------------------------------------------ planted truth, both ways
+
+
+EPOCHS = (1, 5, 10)
+N_NULL = 20
+
+
+@pytest.fixture(scope="module")
+def shuffled_run(task):
+    """A checkpoint series fine-tuned on shuffled member labels, every checkpoint probed on the real split
+    and on 20 null splits (the pure path a probe actor runs)."""
+    import torch
+
+    from probes.calibration import model_digest
+    from trainables.finetune import Finetuner, FinetuneSpec
+    from trainables.models import build_model
+
+    torch.manual_seed(0)
+    base = build_model("pfn-mini", weights="shipped")
+    ft = Finetuner(FinetuneSpec(model="pfn-mini", model_options={"weights": "shipped"}, lr=1e-3,
+                                epochs=max(EPOCHS)), [task])
+    plan = ProbePlan.build(ProbeQueries.from_task(task), default_suite(), task.seed,
+                           compress_rows=base.supports_context_weights)
+    settings = ProbeSettings(n_resamples=200, null_splits=N_NULL, n_checkpoints=len(EPOCHS))
+    cache = tempfile.mkdtemp()
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        while ft.epoch < max(EPOCHS):
+            ft.run_epoch()
+            if ft.epoch in EPOCHS:
+                identity = {"run_id": "shuffled", "task": task.name, "regime": "single_fixed", "q": 50}
+                rows.append(probe_checkpoint(ft.model, task, plan, cache, model_digest(base), base, settings,
+                                             identity, ft.epoch).row)
+    return pd.DataFrame(rows)
+
+
+def test_shuffled_member_labels_are_detected_on_the_real_split_and_not_on_its_null_splits(shuffled_run):
+    last = shuffled_run[shuffled_run["epoch"] == max(EPOCHS)].iloc[0]
+    assert last["outcome"] == Outcome.MEMORIZATION and last["rule"] == VerdictRule.SELECTION_AWARE
+    assert last["auc_low"] > 0.5 and last["p_value"] < last["p_value_threshold"]
+    records = json.loads(last["null_evidence"])
+    assert len(records) == N_NULL == last["null_splits"]
+    assert last["null_memorization_selection_aware"] == 0
+    assert all(r["outcome_selection_aware"] != Outcome.MEMORIZATION for r in records)
+    # the null splits' AUC intervals are not above chance as the real split's is
+    assert sum(r["auc_low_loss"] > 0.5 for r in records) <= 2
+
+
+def test_over_twenty_null_splits_the_default_rule_run_headline_is_memorization_at_most_twice(shuffled_run):
+    rates = R.null_error_rates(shuffled_run).set_index(["rule", "level"])
+    head = rates.loc[(VerdictRule.SELECTION_AWARE.value, "run_headline")]
+    assert head["n_null"] == N_NULL >= 20
+    assert head["n_memorization"] <= 2
+    assert rates.loc[(VerdictRule.SELECTION_AWARE.value, "checkpoint"), "n_null"] == N_NULL * len(EPOCHS)
+    # the interval is the exact binomial one of the count
+    iv = clopper_pearson(int(head["n_memorization"]), int(head["n_null"]))
+    assert (head["fpr_low"], head["fpr_high"]) == pytest.approx((iv.low, iv.high))
+
+
+def test_a_probe_row_carries_every_rule_every_kind_and_the_known_context_baseline(shuffled_run):
+    row = shuffled_run.iloc[-1]
+    for r in VerdictRule:
+        assert row[f"outcome_{r.value}"] in {o.value for o in Outcome}
+    for k in ScoreKind:
+        for cal in Calibration:
+            assert f"{cal.value}_{k.value}_auc" in row.index and f"{cal.value}_{k.value}_p_value" in row.index
+    kind = row["score_kind"]
+    assert row["raw_auc"] == row[f"uncalibrated_{kind}_auc"] and row["ref_auc"] == row[f"reference_only_{kind}_auc"]
+    assert row["tpr_at_10pct"] == row[f"calibrated_{kind}_tpr_at_10pct"]
+    # the attacker who knows C' does at least as well as chance on a memorized checkpoint
+    assert row["known_context_calibrated_auc"] > 0.5
+
+
+# ------------------------------------------------------------------ the error-rate tables read what they should
+
+
+def _null(index, auc, flagged):
+    verdict = Outcome.MEMORIZATION.value if flagged else Outcome.NO_SIGNAL.value
+    return {"index": index, "n_members": 50, "n_nonmembers": 50, "auc_loss": auc, "auc_entropy": auc - 0.01,
+            "auc_confidence": 0.99, **{f"outcome_{r.value}": verdict for r in VerdictRule}}
+
+
+def test_run_headline_error_rate_takes_the_null_splits_peak_checkpoint():
+    # null split 0: the flagged checkpoint is the peak -> a headline false positive;
+    # null split 1: the flagged checkpoint is not the peak -> none. Confidence (0.99) does not compete.
+    rows = [
+        {"run_id": "r", "task": "t", "epoch": 0, "regime": "base", "null_evidence": json.dumps([_null(0, 0.9, True)])},
+        {"run_id": "r", "task": "t", "epoch": 1, "regime": "single_fixed", "threshold_score_kinds": "loss,entropy",
+         "null_evidence": json.dumps([_null(0, 0.70, True), _null(1, 0.55, True)])},
+        {"run_id": "r", "task": "t", "epoch": 2, "regime": "single_fixed", "threshold_score_kinds": "loss,entropy",
+         "null_evidence": json.dumps([_null(0, 0.60, False), _null(1, 0.65, False)])},
+    ]
+    rates = R.null_error_rates(pd.DataFrame(rows)).set_index(["rule", "level"])
+    ck = rates.loc[("paper", "checkpoint")]
+    assert (ck["n_null"], ck["n_memorization"]) == (4, 2)  # the base row (epoch 0) is not a trial
+    hd = rates.loc[("paper", "run_headline")]
+    assert (hd["n_null"], hd["n_memorization"]) == (2, 1) and hd["fpr"] == 0.5
+
+
+def test_report_top_states_the_rule_its_thresholds_and_its_measured_rate(tmp_path, shuffled_run):
+    results = shuffled_run.copy()
+    results.to_parquet(tmp_path / "results.parquet", index=False)
+    R.write_html_report(tmp_path, make_figures=False)
+    text = (tmp_path / "report.html").read_text()
+    top = text[: text.index('id="provenance"')]
+    assert "Verdict rule: selection_aware" in top and "family_alpha" in top
+    assert f"of {N_NULL} null splits" in top and "Clopper-Pearson" in top
+    assert "sanity check" in text and "not a control" in text
+
+
+# ------------------------------------------------------------------ the paper's tables as the paper computes them
+
+
+def _tables(seed=0, n=40, entropy_shift=1.5, loss_shift=0.0):
+    """Scores tables (one manipulation) where members differ from non-members in entropy only."""
+    rng = np.random.default_rng(seed)
+    rows, ref = [], []
+    for i in range(2 * n):
+        member = i < n
+        e = rng.normal() - (entropy_shift if member else 0.0)
+        loss = rng.normal() - (loss_shift if member else 0.0)
+        rows.append({"query_id": i, "member": member, "manipulation": "base", "category": "base",
+                     "loss": 2.0 + loss, "entropy": 2.0 + e, "confidence": 0.5})
+        ref.append({"query_id": i, "member": member, "manipulation": "base", "category": "base",
+                    "loss": 2.0, "entropy": 2.0, "confidence": 0.5})
+    return pd.DataFrame(rows), pd.DataFrame(ref)
+
+
+def test_a_rows_auc_interval_tprs_raw_and_reference_auc_all_come_from_the_deciding_kind():
+    ft, ref = _tables()
+    settings = ProbeSettings(n_resamples=100)
+    ev = build_evidence(ft, ref, 1.0, 0.2, n_resamples=100)
+    verdict = classify(ev)
+    assert verdict.outcome is Outcome.MEMORIZATION and verdict.score_kind is ScoreKind.ENTROPY
+    kind, row = headline_columns(MembershipInput.from_scores_tables(ft, ref), ev, verdict, settings)
+    assert kind is ScoreKind.ENTROPY and row["score_kind"] == "entropy"
+    m = ev.calibrated[ScoreKind.ENTROPY]
+    assert (row["auc"], row["auc_low"], row["tpr_at_10pct"]) == (m.auc, m.auc_interval.low, m.tpr_at_10pct.tpr)
+    assert row["raw_auc"] == row["uncalibrated_entropy_auc"] != row["uncalibrated_loss_auc"]
+    assert row["raw_score_kind"] == "entropy"
+
+
+def test_known_context_baseline_is_the_plain_loss_attack_on_the_fine_tuning_pairs():
+    member = np.array([True] * 10 + [False] * 10)
+    loss_ft = np.where(member, 0.1, 1.0) + np.linspace(0, 0.01, 20)
+    cols = known_context_columns(loss_ft, np.ones(20), member, ProbeSettings(n_resamples=50))
+    assert cols["known_context_auc"] == 1.0 and cols["known_context_calibrated_auc"] == 1.0
+    cols = known_context_columns(np.ones(20), np.ones(20), member, ProbeSettings(n_resamples=50))
+    assert cols["known_context_auc"] == 0.5
+
+
+def test_calibration_impact_compares_the_same_rule_over_non_collapsed_checkpoints_only():
+    rows = [
+        {"run_id": "a", "task": "t", "regime": "single_fixed", "q": 50, "epoch": 1, "outcome": "collapse",
+         "raw_outcome": "memorization", "raw_memorization_flag": True, "calibrated_memorization_flag": True},
+        {"run_id": "b", "task": "t", "regime": "single_fixed", "q": 50, "epoch": 1, "outcome": "memorization",
+         "raw_outcome": "no_signal", "raw_memorization_flag": False, "calibrated_memorization_flag": True},
+        {"run_id": "c", "task": "t", "regime": "single_fixed", "q": 50, "epoch": 1, "outcome": "inversion",
+         "raw_outcome": "memorization", "raw_memorization_flag": True, "calibrated_memorization_flag": False},
+    ]
+    t = R.calibration_impact(pd.DataFrame(rows)).loc["all"]
+    assert t["n"] == 2 and t["raw_flags"] == 1 and t["calibrated_flags"] == 1
+    assert t["raw_only"] == 1 and t["calibrated_only"] == 1
+
+
+def test_perturbation_effectiveness_is_over_memorized_checkpoints_as_delta_to_the_overall_auc():
+    results = pd.DataFrame([
+        {"run_id": "m", "task": "t", "regime": "single_fixed", "epoch": 1, "outcome": "memorization", "auc_loss": 0.70},
+        {"run_id": "n", "task": "t", "regime": "single_fixed", "epoch": 1, "outcome": "no_signal", "auc_loss": 0.50},
+    ])
+    manip = pd.DataFrame([
+        {"run_id": "m", "task": "t", "epoch": 1, "manipulation": "a", "category": "x", "auc": 0.75},
+        {"run_id": "m", "task": "t", "epoch": 1, "manipulation": "b", "category": "y", "auc": 0.60},
+        # a non-memorized checkpoint where b looks best: must not count
+        {"run_id": "n", "task": "t", "epoch": 1, "manipulation": "a", "category": "x", "auc": 0.40},
+        {"run_id": "n", "task": "t", "epoch": 1, "manipulation": "b", "category": "y", "auc": 0.99},
+    ])
+    t = R.perturbation_effectiveness(manip, results)
+    assert list(t["manipulation"]) == ["a", "b"]
+    assert t["mean_delta_auc"].tolist() == pytest.approx([0.05, -0.10]) and t["n"].tolist() == [1, 1]
+
+
+def test_the_peak_checkpoint_of_a_run_is_chosen_over_the_competing_kinds_only():
+    results = pd.DataFrame([
+        {"run_id": "r", "task": "t", "epoch": 1, "auc_loss": 0.6, "auc_entropy": 0.55, "auc_confidence": 0.95,
+         "threshold_score_kinds": "loss,entropy", "outcome": "no_signal"},
+        {"run_id": "r", "task": "t", "epoch": 2, "auc_loss": 0.7, "auc_entropy": 0.50, "auc_confidence": 0.50,
+         "threshold_score_kinds": "loss,entropy", "outcome": "memorization"},
+    ])
+    peak = R.peak_checkpoints(results).iloc[0]
+    assert peak["epoch"] == 2 and peak["peak_kind"] == "loss"
+
+
+def test_the_sweep_setting_for_null_splits_and_the_rule_reach_the_probe(tmp_path):
+    from orchestrator.config import parse_sweep
+    from orchestrator.sweep import checkpoints_per_run
+
+    sweep = parse_sweep({"name": "x", "tasks": [{"name": "iris"}], "probe": {"null_splits": 3},
+                         "training": {"epochs": 30, "checkpoint_epochs": [1, 5, 10, 30]},
+                         "outcome": {"rule": "paper", "score_kinds": ["loss", "entropy", "confidence"]}}, "x")
+    assert sweep.probe.null_splits == 3 and checkpoints_per_run(sweep) == 4
+    th = OutcomeThresholds.from_dict(sweep.outcome.model_dump())
+    assert th.verdict_rule is VerdictRule.PAPER and len(th.score_kinds) == 3
+    assert parse_sweep({"name": "x", "tasks": [{"name": "iris"}]}, "x").probe.null_splits == 1
+
+
+def test_split_scores_are_the_same_whether_scored_alone_or_in_the_pool():
+    # the pool trick rests on a query's contexts not depending on the other queries
+    task = prepare_task(TaskSource("iris", "builtin"), q=10, context_size=30)
+    suite = default_suite()[:3]
+    alone = ProbePlan.build(ProbeQueries.from_task(null_split_task(task, 0)), suite, task.seed)
+    m, n = null_split(task, 0)
+    pool_rows = np.unique(np.concatenate([m, n, *null_split(task, 1)]))
+    alone_plans = {(alone.queries.query_ids[p.query_index], p.manipulation_index): p.plan for p in alone.planned}
+    from probes.probe import null_pool_plan
+
+    pool = null_pool_plan(task, [null_split(task, 0), null_split(task, 1)], alone)
+    assert len(pool.queries.query_ids) == len(pool_rows)
+    for p in pool.planned:
+        key = (pool.queries.query_ids[p.query_index], p.manipulation_index)
+        if key in alone_plans:
+            assert np.array_equal(alone_plans[key].labels, p.plan.labels)
