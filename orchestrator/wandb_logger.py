@@ -70,10 +70,6 @@ def roc_key(run_id: str, epoch: int) -> str:
     return f"{ROC_PREFIX}/{_safe(run_id)}_e{int(epoch)}"
 
 
-def roc_table_key(run_id: str, epoch: int) -> str:
-    return roc_key(run_id, epoch) + "_table"
-
-
 def share_key(q: int) -> str:
     return f"{SHARE_PREFIX}/q={int(q)}"
 
