@@ -97,10 +97,10 @@ class ProbeOnCheckpoint:
         if self.pool is None:
             return
         epoch = int((trial.last_result or {}).get("epoch", -1))
-        job = job_for(_unwrap(trial.config), epoch, checkpoint, self.probes_dir)
-        if (job.out_dir, job.stem) not in self.submitted:
-            self.submitted.add((job.out_dir, job.stem))
-            self.pool.submit(job)
+        for job in jobs_for(_unwrap(trial.config), epoch, checkpoint, self.probes_dir):
+            if (job.out_dir, job.stem) not in self.submitted:
+                self.submitted.add((job.out_dir, job.stem))
+                self.pool.submit(job)
 
     def on_step_end(self, iteration, trials, **info):
         if self.pool is None:
@@ -152,13 +152,29 @@ def _trial_results_callback(trial_logger: Any):
 
 
 def job_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Path):
+    """The probe job of a checkpoint on the run's first task (see :func:`jobs_for`)."""
+    return jobs_for(config, epoch, checkpoint, probes_dir)[0]
+
+
+def jobs_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Path) -> list:
+    """One probe job per task of the run: a multi-task run (multi_fixed, multi_random) is probed on every
+    one of its tasks, one results row per task (``task`` = that task's name; stems ``eNNNN-tI``)."""
     from probes.actors import ProbeJob
 
-    identity = dict(config["identity"])
-    return ProbeJob(identity=identity, epoch=epoch, checkpoint=checkpoint, task_key=config["task_keys"][0],
-                    out_dir=str(probes_dir / identity["run_id"]), stem=f"e{epoch:04d}",
-                    recipe={"finetune": config["finetune"], "task_keys": list(config["task_keys"]),
-                            "torch_threads": int(config.get("torch_threads", 1))})
+    keys = list(config["task_keys"])
+    names = str(config["identity"]["task"]).split("+")
+    jobs = []
+    for i, key in enumerate(keys):
+        identity = dict(config["identity"])
+        stem = f"e{epoch:04d}"
+        if len(keys) > 1:
+            identity["task"] = names[i] if len(names) == len(keys) else f"{identity['task']}[{i}]"
+            stem = f"{stem}-t{i}"
+        jobs.append(ProbeJob(identity=identity, epoch=epoch, checkpoint=checkpoint, task_key=key,
+                             out_dir=str(probes_dir / identity["run_id"]), stem=stem,
+                             recipe={"finetune": config["finetune"], "task_keys": keys,
+                                     "torch_threads": int(config.get("torch_threads", 1))}))
+    return jobs
 
 
 # ------------------------------------------------------------------------------------------- the sweep
@@ -282,7 +298,8 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
             if not config:
                 continue
             for checkpoint, metrics in result.best_checkpoints or []:
-                pool.submit(job_for(config, int(metrics["epoch"]), checkpoint, probes_dir))
+                for job in jobs_for(config, int(metrics["epoch"]), checkpoint, probes_dir):
+                    pool.submit(job)
         for row in pool.drain():
             prog.outcome(row)
             trial_logger.log_probe(row)

@@ -58,8 +58,10 @@ def test_multi_random_draws_a_fresh_uniform_context_and_q_queries_from_the_membe
     pool_task = prepare_task(TaskSource("breast_cancer", "builtin"), seed=0, q=80, context_size=60)
     first, second = random_batch(pool_task, 1, 0, n_queries=20), random_batch(pool_task, 2, 0, n_queries=20)
     assert not torch.equal(first.context_x, second.context_x)
-    assert first.query_x.shape[1] == 20 and first.context_x.shape[1] == 60
-    assert np.bincount(first.context_y[0].numpy(), minlength=2).tolist() == [30, 30]
+    # the pool holds 30 rows of the minority class: 29 of each class in the context leaves it one for the queries
+    assert first.query_x.shape[1] == 20 and first.context_x.shape[1] == 58
+    assert np.bincount(first.context_y[0].numpy(), minlength=2).tolist() == [29, 29]
+    assert set(first.query_y[0].numpy()) == {0, 1}
     members = {tuple(r) for r in np.asarray(pool_task.features)[pool_task.member_idx]}
     for rows in (first.context_x[0], first.query_x[0]):
         assert all(tuple(r) in members for r in rows.numpy())  # every row drawn is a member

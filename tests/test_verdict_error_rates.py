@@ -313,3 +313,44 @@ def test_split_scores_are_the_same_whether_scored_alone_or_in_the_pool():
         key = (pool.queries.query_ids[p.query_index], p.manipulation_index)
         if key in alone_plans:
             assert np.array_equal(alone_plans[key].labels, p.plan.labels)
+
+
+# ------------------------------------------------------------------ realistic regimes
+
+
+def test_a_multi_task_run_is_probed_on_every_one_of_its_tasks(tmp_path):
+    from orchestrator.config import parse_sweep
+    from orchestrator.prepare import prepare_sweep, trial_config
+    from orchestrator.sweep import jobs_for
+
+    sweep = parse_sweep({"name": "mf", "tasks": [{"name": "iris"}, {"name": "wine"}],
+                         "grid": {"regime": ["multi_fixed"], "lr": [1e-3], "q": [10]},
+                         "data": {"context_size": 30}, "training": {"epochs": 2, "checkpoint_epochs": [1, 2]}},
+                        "mf")
+    prepared = prepare_sweep(sweep, tmp_path / "prepared", log=lambda _m: None)
+    (trial,) = prepared.trials
+    jobs = jobs_for(trial_config(trial, prepared), 2, None, tmp_path / "probes")
+    assert [j.identity["task"] for j in jobs] == ["iris", "wine"]
+    assert [prepared.tasks[j.task_key].name for j in jobs] == ["iris", "wine"]
+    assert len({j.stem for j in jobs}) == 2 and all(j.identity["run_id"] == trial.run_id for j in jobs)
+
+
+def test_multi_random_keeps_its_context_uniform_and_every_class_in_the_queries_on_a_70_30_task(tmp_path):
+    from trainables.finetune import random_draw
+
+    rng = np.random.default_rng(0)
+    n = 400
+    frame = pd.DataFrame({"a": rng.normal(size=n), "b": rng.normal(size=n),
+                          "y": np.where(np.arange(n) < 280, "major", "minor")})
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    # multi_random's pool: Q + context_size members (20 + 60); the minority holds 24 of them
+    task = prepare_task(TaskSource("t", "table", tmp_path / "t.csv", "y"), q=80, context_size=60)
+    pool_counts = np.bincount(task.labels[task.member_idx])
+    assert pool_counts.min() < 30  # fewer minority members than a uniform 60-row context asks for
+    for epoch in range(1, 6):
+        ctx, queries = random_draw(task, epoch, 0, n_queries=20)
+        counts = np.bincount(task.labels[ctx], minlength=2)
+        assert counts[0] == counts[1] > 0
+        assert set(task.labels[queries]) == {0, 1}
+        assert not set(ctx) & set(queries) and set(ctx) | set(queries) <= set(task.member_idx)
+        assert len(queries) == 20

@@ -109,17 +109,33 @@ def uniform_context(labels: np.ndarray, size: int, n_classes: int, rng: np.rando
     return np.sort(np.concatenate(chosen))
 
 
-def random_batch(task: Any, epoch: int, seed: int, n_queries: int | None = None) -> Batch:
-    """multi_random: a fresh uniform context and Q queries drawn from the member pool."""
+def random_draw(task: Any, epoch: int, seed: int, n_queries: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """multi_random's draw for one epoch: row positions (into the task's arrays) of the context and of the
+    queries, both from the member pool. The context holds the same number of rows of every class of the
+    pool, at most ``context_size // n_classes`` and at most one fewer than the class's pool rows, so on an
+    imbalanced task it stays uniform and every class keeps rows for the queries; the queries take one row
+    of every class left first, then the rest at random."""
     pool = np.array(task.member_idx)
     rng = np.random.default_rng([seed, epoch, int(task.fingerprint[:8], 16)])
     labels = np.asarray(task.labels)[pool]
-    ctx_pos = uniform_context(labels, len(task.context_idx), task.n_classes, rng)
+    counts = np.bincount(labels, minlength=task.n_classes)
+    per_class = max(1, min(len(task.context_idx) // task.n_classes, int(counts[counts > 0].min()) - 1))
+    ctx_pos = uniform_context(labels, per_class * task.n_classes, task.n_classes, rng)
     rest = np.setdiff1d(np.arange(len(pool)), ctx_pos)
-    q_pos = rng.choice(rest, size=min(n_queries or len(rest), len(rest)), replace=False)
+    n_q = min(n_queries or len(rest), len(rest))
+    first = [rng.choice(rest[labels[rest] == c]) for c in np.unique(labels[rest])][:n_q]
+    others = np.setdiff1d(rest, first)
+    q_pos = np.concatenate([np.asarray(first, dtype=np.int64),
+                            rng.choice(others, size=n_q - len(first), replace=False)]).astype(np.int64)
+    return pool[ctx_pos], pool[q_pos]
+
+
+def random_batch(task: Any, epoch: int, seed: int, n_queries: int | None = None) -> Batch:
+    """multi_random: a fresh uniform context and Q queries drawn from the member pool (:func:`random_draw`)."""
+    ctx_rows, query_rows = random_draw(task, epoch, seed, n_queries)
     x = torch.from_numpy(np.array(task.features, dtype=np.float32))
     y = torch.from_numpy(np.array(task.labels, dtype=np.int64))
-    ctx, qry = torch.from_numpy(pool[ctx_pos]), torch.from_numpy(pool[q_pos])
+    ctx, qry = torch.from_numpy(ctx_rows), torch.from_numpy(query_rows)
     return Batch(x[ctx][None], y[ctx][None], x[qry][None], y[qry][None], task.n_classes)
 
 

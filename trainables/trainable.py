@@ -19,6 +19,7 @@ from ray import tune
 from iclmem.atomic import write_json_atomic
 from iclmem.errors import CorruptCheckpointError
 from iclmem.runfolder import GROUND_TRUTH_FILE
+from iclmem.vocab import Regime
 from trainables.data import ground_truth_log
 from trainables.finetune import Finetuner, FinetuneSpec
 
@@ -35,6 +36,25 @@ def resume_or_recompute(finetuner: Finetuner, directory: str | Path, run_id: str
         warnings.warn(message, stacklevel=2)
         print(f"[iclmem] WARNING {message}", file=sys.stderr, flush=True)
         return False
+
+
+def draws(spec: FinetuneSpec, tasks: list[Any], epoch: int) -> dict[str, Any]:
+    """multi_random's per-epoch draws up to ``epoch`` (row ids of each epoch's context and queries, per
+    task), for the ground-truth log; they are a pure function of the run's seed, so they are recomputed
+    rather than kept. Other regimes train on the fixed (C', members) pair the log already names."""
+    if spec.regime != Regime.MULTI_RANDOM:
+        return {}
+    from trainables.finetune import random_draw
+
+    out = []
+    for e in range(1, epoch + 1):
+        per_task = []
+        for t in tasks:
+            ctx, queries = random_draw(t, e, spec.seed, spec.queries_per_step)
+            per_task.append({"task": t.name, "context_row_ids": [int(v) for v in t.row_ids[ctx]],
+                             "query_row_ids": [int(v) for v in t.row_ids[queries]]})
+        out.append({"epoch": e, "tasks": per_task})
+    return {"multi_random_draws": out}
 
 
 def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None = None) -> None:
@@ -69,7 +89,8 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
         if result.epoch in schedule:
             with tempfile.TemporaryDirectory() as tmp:
                 finetuner.save(tmp, metrics)
-                write_json_atomic(Path(tmp) / GROUND_TRUTH_FILE, ground_truth, default=str)
+                write_json_atomic(Path(tmp) / GROUND_TRUTH_FILE, {**ground_truth, **draws(spec, finetuner.tasks,
+                                                                                       result.epoch)}, default=str)
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
         else:
             tune.report(metrics)
