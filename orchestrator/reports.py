@@ -81,7 +81,7 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "diverged", "status", "strict_outcome", "n_members", "n_nonmembers", "raw_score_kind",
     # the verdict rule, both verdicts, the null splits and the known-context baseline (all metrics or ids)
     "rule", "p_value", "p_value_threshold", "n_checkpoints_in_family", "null_splits", "null_evidence",
-    "raw_memorization_flag", "calibrated_memorization_flag", "outcome_score_kind", "fine_tuned",
+    "raw_memorization_flag", "calibrated_memorization_flag", "outcome_score_kind", "fine_tuned", "sanity_check",
 )
 _KINDS = "|".join(SCORE_KINDS)
 _RESULT_PATTERNS = (

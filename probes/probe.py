@@ -216,7 +216,8 @@ def probe_checkpoint(
 
     scores = MembershipInput.from_scores_tables(finetuned, reference)
     kind, row = headline_columns(scores, evidence, verdict, settings)
-    row = {**identity, **outcome.as_dict(), "rule": th.verdict_rule.value,
+    # sanity_check: the untouched base model probed as a checkpoint (ΔS ≡ 0: a pipeline check, not a control)
+    row = {**identity, **outcome.as_dict(), "sanity_check": not fine_tuned, "rule": th.verdict_rule.value,
            **{f"outcome_{r.value}": v.outcome.value for r, v in verdicts.items()}, **row,
            "loss_ratio": ratio, "output_std": std,
            "n_members": int(plan.queries.member.sum()), "n_nonmembers": int((~plan.queries.member).sum())}
