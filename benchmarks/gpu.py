@@ -195,7 +195,9 @@ def render(result: dict[str, Any]) -> str:
                      rows, align="llrrrrrrrr")
     where = (f"**On one GPU: {result['device']}**" if result["on_gpu"] else
              "**No GPU was present**: this run used the CPU at a small size (the figures show the script "
-             f"works, not GPU speed); {result['device']}")
+             "works, not GPU speed; on a CUDA machine with tabicl and tabpfn installed, `python3 "
+             "benchmarks/gpu.py --write-json gpu.json --no-write` there and `python3 benchmarks/gpu.py --from-json "
+             f"gpu.json` here record the GPU figures); {result['device']}")
     v = ", ".join(f"{k} {val}" for k, val in result["versions"].items())
     return "\n".join([
         f"{where}; float32 matmul rate of the device (TF32 off) {peak / 1e12:.2f} TFLOP/s; {v}.",
