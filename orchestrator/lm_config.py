@@ -78,7 +78,10 @@ class LMDatasetConfig(_Strict):
 
     def rules(self) -> tuple[ThresholdRule, ...]:
         if self.thresholds:
-            return tuple(ThresholdRule(t.metric.value, t.memorized, t.unmemorized) for t in self.thresholds)
+            # custom thresholds keep the format's one-word exclusion (the paper's, for MIT Movie and DBpedia)
+            min_words = max(r.min_words for r in default_thresholds(self.data_format))
+            return tuple(ThresholdRule(t.metric.value, t.memorized, t.unmemorized, min_words=min_words)
+                         for t in self.thresholds)
         return default_thresholds(self.data_format)
 
 
@@ -113,7 +116,7 @@ class LMSweepConfig(_Strict):
     seeds: list[int] = [0, 1, 2]  # NER example draws; exposure and NET are deterministic
     ner: NerConfig = NerConfig()
     batch_size: int = Field(32, ge=1)  # sequences per forward pass (exposure, NET)
-    leading_space: bool = True  # exposure: encode entities as " " + entity (see probes.lm.exposure)
+    leading_space: bool = False  # exposure: True encodes " " + entity (the spec: no added space; probes.lm.exposure)
     device: str = "cpu"
     resources: ProbeActorsConfig = ProbeActorsConfig()
     wandb: WandbConfig = WandbConfig(project="iclmem-lm")

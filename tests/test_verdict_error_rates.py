@@ -354,3 +354,41 @@ def test_multi_random_keeps_its_context_uniform_and_every_class_in_the_queries_o
         assert set(task.labels[queries]) == {0, 1}
         assert not set(ctx) & set(queries) and set(ctx) | set(queries) <= set(task.member_idx)
         assert len(queries) == 20
+
+
+# ------------------------------------------------------------------ LM probes as the paper computes them
+
+
+def test_one_word_entities_are_in_neither_exposure_group_for_mit_movie_and_dbpedia_lists():
+    from probes.lm.exposure import UNCLASSIFIED, classify_table, default_thresholds
+
+    table = pd.DataFrame({"entity": ["Alien", "The Godfather"], "entity_type": ["creative work"] * 2,
+                          "n_words": [1, 2], "word_exposure": [1.0, 1.0], "transition_exposure": [np.nan, 0.5]})
+    for fmt in ("mit_movie", "entity_list"):
+        out = classify_table(table, default_thresholds(fmt))
+        for rule in default_thresholds(fmt):
+            assert out[f"class_{rule.metric}"].iloc[0] == UNCLASSIFIED
+            assert out[f"class_{rule.metric}"].iloc[1] == "memorized"
+    # CoNLL keeps its (many) one-word entities under word exposure
+    assert classify_table(table, default_thresholds("conll2003"))["class_word"].iloc[0] == "memorized"
+
+
+def test_an_entity_is_encoded_right_after_the_prefix_without_an_added_space():
+    import inspect
+
+    from orchestrator.lm_config import LMSweepConfig
+    from probes.lm.exposure import compute_exposure, tokenize_entities
+
+    assert inspect.signature(compute_exposure).parameters["leading_space"].default is False
+    assert inspect.signature(tokenize_entities).parameters["leading_space"].default is False
+    assert LMSweepConfig.model_fields["leading_space"].default is False
+
+
+def test_ner_seed_spread_is_the_sample_standard_deviation():
+    from probes.lm.report import lm_tables
+
+    rows = [{"model": "m", "dataset": "d", "probe": "ner", "entity_type": "person", "variant": "as-is",
+             "criterion": "", "seed": s, "f1": f, "baseline_f1": 0.1, "count": 10}
+            for s, f in enumerate([0.5, 0.7, 0.9])]
+    t = lm_tables(pd.DataFrame(rows))["table6"]
+    assert t["f1_std"].iloc[0] == pytest.approx(np.std([0.5, 0.7, 0.9], ddof=1))

@@ -15,9 +15,13 @@ Choices the spec leaves open (paper silent):
 * Words are whitespace-separated (the entity's whitespace is collapsed first). A token is assigned to
   the word holding its first non-space character, so punctuation inside a word ("SK-II") does not make
   a new word, unlike the tokenizer's own pre-tokenizer.
-* ``leading_space=True`` (default): the entity is encoded as ``" " + entity``, the form its words take in
-  running text (GPT-2's ``Ġword`` tokens) rather than the document-initial form. Set False to encode the
-  entity right after the prefix with no space.
+* ``leading_space=False`` (default): the entity is encoded right after the prefix with no added space,
+  as the spec says ("the entity prefixed by a fixed string") and as the paper's thresholds were derived.
+  ``True`` encodes ``" " + entity`` (GPT-2's running-text ``Ġword`` tokens); the thresholds would then
+  have to be re-derived for it.
+* One-word entities are left out of both exposure groups (unclassified under every rule) where the paper
+  ignores them: MIT Movie and DBpedia-style entity lists ("rare or often spurious"); a rule's
+  ``min_words`` says so.
 * Perplexity for the rank exposure is over the entity's tokens only (the prefix is context).
 """
 
@@ -68,6 +72,8 @@ class ThresholdRule:
     metric: str  # an ExposureMetric value
     memorized: float
     unmemorized: float
+    # entities with fewer words are unclassified under this rule (2: the paper ignores one-word entities)
+    min_words: int = 1
 
     def __post_init__(self) -> None:
         if self.metric not in values(ExposureMetric):
@@ -86,8 +92,10 @@ class ThresholdRule:
 # they take CoNLL's word-exposure thresholds, the clean/regular-NE default.
 DEFAULT_THRESHOLDS: dict[str, tuple[ThresholdRule, ...]] = {
     "conll2003": (ThresholdRule("word", 0.8, 1e-4),),
-    "mit_movie": (ThresholdRule("transition", 1e-3, 1e-5),),
-    "entity_list": (ThresholdRule("word", 1.0, 1e-6), ThresholdRule("transition", 0.01, 1e-6)),  # DBpedia
+    # the paper ignores one-word entities of MIT Movie and DBpedia in both groups (min_words=2)
+    "mit_movie": (ThresholdRule("transition", 1e-3, 1e-5, min_words=2),),
+    "entity_list": (ThresholdRule("word", 1.0, 1e-6, min_words=2),
+                    ThresholdRule("transition", 0.01, 1e-6, min_words=2)),  # DBpedia
     "wnut2017": (ThresholdRule("word", 0.8, 1e-4),),
     "bio": (ThresholdRule("word", 0.8, 1e-4),),
 }
@@ -136,7 +144,7 @@ def _word_index(text: str, words: list[str], lead: str, offsets: Sequence[tuple[
     return index
 
 
-def tokenize_entities(lm: LanguageModel, entities: Sequence[str], leading_space: bool = True) -> list[EntityTokens]:
+def tokenize_entities(lm: LanguageModel, entities: Sequence[str], leading_space: bool = False) -> list[EntityTokens]:
     """Tokens of each entity and the whitespace word each token belongs to (one batched tokenizer call
     for fast tokenizers; incremental encoding of word prefixes otherwise)."""
     lead = " " if leading_space else ""
@@ -169,7 +177,7 @@ def tokenize_entities(lm: LanguageModel, entities: Sequence[str], leading_space:
     return out
 
 
-def tokenize_entity(lm: LanguageModel, entity: str, leading_space: bool = True) -> EntityTokens:
+def tokenize_entity(lm: LanguageModel, entity: str, leading_space: bool = False) -> EntityTokens:
     """Tokens of one entity and the whitespace word each one belongs to."""
     return tokenize_entities(lm, [entity], leading_space)[0]
 
@@ -213,7 +221,7 @@ def rank_exposures(log_perplexity: Sequence[float], candidates: Sequence[float] 
 
 
 def compute_exposure(lm: LanguageModel, entities: Sequence[str], entity_types: Sequence[str] | None = None,
-                     batch_size: int = DEFAULT_BATCH_SIZE, leading_space: bool = True,
+                     batch_size: int = DEFAULT_BATCH_SIZE, leading_space: bool = False,
                      candidates: Sequence[str] | None = None) -> pd.DataFrame:
     """Word, transition and rank exposure of every entity, batched over entities.
 
@@ -251,10 +259,14 @@ def classify(values: Any, rule: ThresholdRule) -> np.ndarray:
 
 
 def classify_table(exposure: pd.DataFrame, rules: Sequence[ThresholdRule]) -> pd.DataFrame:
-    """Add one ``class_<metric>`` column per rule (the first rule is the dataset's primary criterion)."""
+    """Add one ``class_<metric>`` column per rule (the first rule is the dataset's primary criterion).
+    Entities with fewer than the rule's ``min_words`` words are unclassified (in neither group)."""
     out = exposure.copy()
     for rule in rules:
-        out[f"class_{rule.metric}"] = classify(out[rule.column], rule)
+        cls = classify(out[rule.column], rule)
+        if rule.min_words > 1:
+            cls[out["n_words"].to_numpy() < rule.min_words] = UNCLASSIFIED
+        out[f"class_{rule.metric}"] = cls
     return out
 
 

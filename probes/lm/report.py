@@ -7,7 +7,8 @@ around it is written by ``orchestrator.reports.write_lm_html_report``).
 * Table 5  few-shot NER: test as-is / seen / unseen, mean and std over seeds, count.
 * Table 6  few-shot NER, test as-is: mean and std over seeds, count.
 
-Std over seeds is the population std (ddof=0), so one seed gives 0 rather than NaN.
+Std over seeds is the sample std (ddof=1), the spread the paper's "mean ± std" over three seeds reports;
+one seed gives NaN (no spread can be estimated from one draw).
 The HTML holds numbers and entity-type names only, never sentences or entity strings.
 """
 
@@ -81,7 +82,7 @@ def _ner(res: pd.DataFrame, variants: tuple[str, ...]) -> pd.DataFrame:
             f = g[g["variant"] == v]["f1"].astype(float).dropna()
             key = v.replace("-", "_")
             row[f"f1_{key}_mean"] = float(f.mean()) if len(f) else np.nan
-            row[f"f1_{key}_std"] = float(f.std(ddof=0)) if len(f) else np.nan
+            row[f"f1_{key}_std"] = float(f.std(ddof=1)) if len(f) > 1 else np.nan
         asis = g[g["variant"] == NerVariant.AS_IS]
         row["count"] = int(asis["count"].iloc[0]) if len(asis) else int(g["count"].max())
         row["n_seeds"] = int(g["seed"].nunique())
