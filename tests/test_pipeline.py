@@ -1,8 +1,9 @@
 """End to end on the embedded defaults: one real sweep (Ray Tune, pfn-mini, W&B offline), checked many ways.
 
 The grid plants its ground truth: lr 1e-1 must collapse, label-shuffled members fine-tuned at lr 1e-3
-for 40 epochs must be detected as memorization, and the untouched base model probed as if it were a
-checkpoint must give exactly no signal.
+for 40 epochs must be detected as memorization, every fine-tuned checkpoint is probed on a null split too,
+and the untouched base model probed as if it were a checkpoint (the pipeline sanity check) must give
+exactly no signal.
 """
 
 from __future__ import annotations
@@ -85,6 +86,27 @@ def test_tune_wrote_checkpoints_by_epoch_with_their_metrics(sweep_run):
         assert manifest["metrics"]["epoch"] == manifest["epoch"]
     weights = list((run_dir / "tune").rglob("model.safetensors"))
     assert len(weights) == 12
+    # the ground-truth log sits next to every checkpoint: members, non-members, C' and the null split probed
+    logs = [json.loads(p.read_text()) for p in (run_dir / "tune").rglob("ground_truth.json")]
+    assert len(logs) == 12
+    for log in logs:
+        (task,) = log["tasks"]
+        assert len(task["member_row_ids"]) == 50 and len(task["null_splits"]) == 1
+        used = set(task["member_row_ids"]) | set(task["nonmember_row_ids"]) | set(task["context_row_ids"])
+        assert not used & set(task["null_splits"][0]["member_row_ids"] + task["null_splits"][0]["nonmember_row_ids"])
+
+
+def test_every_fine_tuned_checkpoint_is_probed_on_a_null_split_under_every_rule(sweep_run):
+    run_dir, results, _ = sweep_run
+    trained = results[results["regime"] == "single_fixed"]
+    assert (trained["null_splits"] == 1).all()
+    assert all(len(json.loads(v)) == 1 for v in trained["null_evidence"])
+    for rule in ("paper", "paper_strict", "selection_aware", "selection_aware_strict"):
+        assert f"outcome_{rule}" in results.columns and f"null_memorization_{rule}" in results.columns
+    assert (results["rule"] == "selection_aware").all()
+    assert (results["outcome"] == results["outcome_selection_aware"]).all()
+    text = (run_dir / "report.html").read_text()
+    assert "Verdict rule: selection_aware" in text and "of 4 null splits" in text
 
 
 def test_high_learning_rate_collapses_the_model(sweep_run):
@@ -104,11 +126,14 @@ def test_shuffled_member_labels_are_detected_as_memorization(sweep_run):
     assert final["tpr_at_10pct"] >= 0.2
 
 
-def test_untouched_base_model_gives_exactly_no_signal(sweep_run):
+def test_the_pipeline_sanity_check_on_the_untouched_base_model_gives_exactly_no_signal(sweep_run):
+    # not a control (ΔS ≡ 0 by construction: it cannot fail); it checks the pipeline end to end
     _, results, _ = sweep_run
-    controls = results[results["regime"] == "base"]
-    assert len(controls) == 2  # one per (task, Q, label mode, seed)
-    for _, row in controls.iterrows():
+    checks = results[results["regime"] == "base"]
+    assert len(checks) == 2  # one per (task, Q, label mode, seed)
+    assert checks["sanity_check"].all() and not results.loc[results["regime"] != "base", "sanity_check"].any()
+    for _, row in checks.iterrows():
+        assert row["null_splits"] == 0
         assert row["outcome"] == "no_signal"
         assert row["auc"] == 0.5 and row["epoch"] == 0
         assert row["loss_ratio"] == 1.0
