@@ -35,7 +35,8 @@ def collect(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[tuple[str, 
             continue
         rows.append(result.row)
         manips.append(result.manipulation_auc)
-        rocs[(result.row["run_id"], int(result.row["epoch"]))] = result.roc
+        # one ROC file per (run, epoch): a multi-task run's is its first task's (stems sort eNNNN-t0 first)
+        rocs.setdefault((result.row["run_id"], int(result.row["epoch"])), result.roc)
     results = pd.DataFrame(rows)
     if not results.empty:
         results = results.sort_values(ID_COLUMNS[:-1] + ["epoch"]).reset_index(drop=True)
