@@ -18,6 +18,7 @@ import pandas as pd
 
 from iclmem.atomic import write_json_atomic
 from iclmem.errors import ConfigError
+from iclmem.provenance import PROVENANCE_FILE, Provenance
 from iclmem.raysession import ensure_ray
 from iclmem.runfolder import PREPARED_DIR, PROBES_DIR, REFERENCE_DIR, SWEEP_FILE, TUNE_DIR
 from orchestrator.config import SweepConfig, load_sweep, parse_sweep
@@ -268,6 +269,9 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
     if resume:
         stored = run_dir / SWEEP_FILE
         if not stored.is_file():
+            record = Provenance.read(run_dir) if (run_dir / PROVENANCE_FILE).is_file() else None
+            if record is not None and record.kind == "lm":
+                raise ConfigError(f"{run_dir} is a language-model probe run: continue it with `iclmem lm resume {run_dir}`")
             raise ConfigError(f"{run_dir} holds no {SWEEP_FILE}: not an iclmem run folder")
         sweep = parse_sweep(json.loads(stored.read_text()), str(stored))
     elif sweep is None:
@@ -411,9 +415,7 @@ def start_probe_pools(prepared: PreparedSweep, run_dir: Path) -> ProbePools:
     settings = ProbeSettings(n_resamples=sweep.probe.bootstrap, thresholds=thresholds,
                              null_splits=sweep.probe.null_splits, n_checkpoints=checkpoints_per_run(sweep))
     res = sweep.resources
-    options = {"num_cpus": res.cpus_per_probe_actor, "num_gpus": res.gpus_per_probe_actor}
-    if res.probe_resources:
-        options["resources"] = dict(res.probe_resources)
+    options = res.actor_options()
     cache = run_dir / REFERENCE_DIR
     cache.mkdir(parents=True, exist_ok=True)
     tasks = ray.put(prepared.tasks)  # one copy in the object store for every pool

@@ -137,7 +137,7 @@ def null_pool_plan(task: Any, splits: list[tuple[np.ndarray, np.ndarray]], plan:
                                member=np.zeros(len(rows), dtype=bool),  # each split sets its own flags
                                labels=np.asarray(task.labels)[rows].astype(np.int64),
                                features=np.asarray(task.features, dtype=np.float32)[rows],
-                               n_classes=int(task.n_classes))
+                               n_classes=int(task.n_classes), reference_rows=plan.queries.reference_rows)
         _NULL_PLANS[key] = ProbePlan.build(queries, plan.suite, plan.seed, compress_rows=compress)
     return _NULL_PLANS[key]
 

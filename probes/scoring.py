@@ -10,6 +10,7 @@ Scores (ICLMEM_SPEC.md, Stage II) for candidate distribution p over Y and true l
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from math import gcd
 from typing import Any, Collection, Sequence
@@ -41,6 +42,9 @@ class ProbeQueries:
     labels: np.ndarray  # int64 [2Q]  y*: the label the run trained on (members) / the table's (non-members)
     features: np.ndarray  # float32 [2Q, F]
     n_classes: int
+    # float32 [N', F]: the fine-tuning context C', whose feature statistics a model that normalises over its
+    # context (``normalizes_over_context``) uses for probe contexts; None: the contexts' own
+    reference_rows: np.ndarray | None = None
 
     @classmethod
     def from_task(cls, task: Any) -> "ProbeQueries":
@@ -53,6 +57,7 @@ class ProbeQueries:
             labels=np.asarray(task.labels)[idx].astype(np.int64),
             features=np.asarray(task.features, dtype=np.float32)[idx],
             n_classes=int(task.n_classes),
+            reference_rows=np.asarray(task.features, dtype=np.float32)[np.asarray(task.context_idx)],
         )
 
 
@@ -247,6 +252,22 @@ def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: b
     )
 
 
+def reference_batch(plans: Sequence[ContextPlan], reference_rows: np.ndarray) -> np.ndarray:
+    """float32 [B, N', F'+d]: the reference rows laid out like each plan's context -- the plan's kept
+    columns of C', then its distractor columns. Distractors are noise drawn for the probe, so their
+    statistics are the context's own: N' evenly spaced order statistics of each distractor column over
+    the context rows, which depend on the rows as a multiset only (so contexts that a row-order-invariant
+    model treats as identical get identical references)."""
+    ref = np.asarray(reference_rows, dtype=np.float32)
+    out = []
+    for plan in plans:
+        kept = ref[:, plan.keep_columns]
+        rows = plan.distractors[:-1]
+        noise = np.sort(rows, axis=0)[np.arange(ref.shape[0]) * rows.shape[0] // ref.shape[0]]
+        out.append(np.concatenate([kept, noise], axis=1))
+    return np.ascontiguousarray(np.stack(out), dtype=np.float32)
+
+
 def _score_chunk(model: Any, plan: ProbePlan, chunk: Sequence[int], device: torch.device) -> dict[str, np.ndarray]:
     q = plan.queries
     entries = [plan.planned[i] for i in chunk]
@@ -255,13 +276,17 @@ def _score_chunk(model: Any, plan: ProbePlan, chunk: Sequence[int], device: torc
     weights = {}  # only models that take row multiplicities get the keyword
     if plan.row_weights is not None:
         weights["context_weight"] = torch.from_numpy(np.stack([plan.row_weights[i] for i in chunk])).to(device)  # [B, N]
-    log_probs = model.log_probs(
-        torch.from_numpy(context_x).to(device),  # [B, N, F']
-        torch.from_numpy(context_y).to(device),  # [B, N]
-        torch.from_numpy(query_x)[:, None, :].to(device),  # [B, 1, F']
-        q.n_classes,
-        **weights,
-    )[:, 0]  # [B, C]
+    reference = None
+    if getattr(model, "normalizes_over_context", False) and q.reference_rows is not None:
+        reference = torch.from_numpy(reference_batch([e.plan for e in entries], q.reference_rows)).to(device)
+    with model.feature_statistics(reference) if reference is not None else contextlib.nullcontext():
+        log_probs = model.log_probs(
+            torch.from_numpy(context_x).to(device),  # [B, N, F']
+            torch.from_numpy(context_y).to(device),  # [B, N]
+            torch.from_numpy(query_x)[:, None, :].to(device),  # [B, 1, F']
+            q.n_classes,
+            **weights,
+        )[:, 0]  # [B, C]
     return distribution_scores(log_probs, torch.from_numpy(q.labels[query_rows]))
 
 

@@ -10,11 +10,12 @@ Shapes: B contexts, N context rows, M query rows, F features, C = |Y| candidate 
 from __future__ import annotations
 
 import abc
+import contextlib
 import hashlib
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -57,6 +58,11 @@ class ModelAdapter(abc.ABC):
     supports_context_weights: bool = False
     # Exact symmetries of the model (see :class:`Invariance`); none unless an adapter declares them.
     invariances: frozenset[Invariance] = frozenset()
+    # True when the model standardises each feature over its context rows (TabPFN v2). A zero-information
+    # probe context repeats the query's features in every row, so such a model would see every feature
+    # as constant and the query's features would vanish; the probe engine then hands it reference rows
+    # (the fine-tuning context C') whose statistics it normalises with instead (:meth:`feature_statistics`).
+    normalizes_over_context: bool = False
 
     def __init__(self, module: torch.nn.Module, options: dict[str, Any] | None = None) -> None:
         self.module = module
@@ -92,6 +98,20 @@ class ModelAdapter(abc.ABC):
         else:
             logits = self._weighted_logits(context_x.float(), context_y.long(), query_x.float(), context_weight)
         return torch.log_softmax(logits[..., :n_classes].float(), dim=-1)
+
+    @contextlib.contextmanager
+    def feature_statistics(self, reference_x: torch.Tensor | None) -> Iterator[None]:
+        """Within the block, a model that ``normalizes_over_context`` standardises features with the
+        statistics of ``reference_x`` [B, R, F] (row b for context b) instead of its contexts' own;
+        other models ignore it."""
+        if reference_x is None or not self.normalizes_over_context:
+            yield
+            return
+        self._reference_x = reference_x
+        try:
+            yield
+        finally:
+            self._reference_x = None
 
     def check_shapes(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor, n_classes: int) -> None:
         if n_classes > self.max_classes:

@@ -23,11 +23,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -57,6 +58,7 @@ class TabPFNV2Adapter(NativeRegressionAdapter):
     # Attention between items has no positional encoding, and densified labels rank the labels present,
     # which no reordering changes. Only row order is declared.
     invariances = frozenset({Invariance.ROW_ORDER})
+    normalizes_over_context = True
     regressor_hint = ("this TabPFN v2 model is a regressor: score target values with candidate_log_probs "
                       "(the adapter API; sweeps score regression targets as quantile bins), or load a classifier checkpoint for binned targets")
 
@@ -80,9 +82,36 @@ class TabPFNV2Adapter(NativeRegressionAdapter):
         """[B, M, n_out] raw decoder outputs, float32, autocast off."""
         x = torch.cat([context_x, query_x], dim=1).transpose(0, 1)  # [N+M, B, F], TabPFN is rows-first
         y = context_y.float().transpose(0, 1)  # [N, B]
-        with float32_compute(x.device):
+        with float32_compute(x.device), self._frozen_feature_statistics(getattr(self, "_reference_x", None)):
             out = self.module(x, y, only_return_standard_out=True)  # [M, B, n_out]
         return out.transpose(0, 1).float()
+
+    @contextlib.contextmanager
+    def _frozen_feature_statistics(self, reference_x: torch.Tensor | None) -> Iterator[None]:
+        """TabPFN v2 fits its feature preprocessing on every forward: which features are constant (over
+        all rows), the imputation means and the standard scaler (over the context rows), the feature-group
+        scaling. With ``reference_x`` [B, R, F] those statistics are fitted on the reference rows once,
+        through the architecture's own ``_embed_features``, and the forward reuses them (its cached-inference
+        path, ``feature_cache``), so a probe context whose rows all repeat the query still shows the model
+        the query's features, standardised as the fine-tuning context C' would standardise them."""
+        if reference_x is None:
+            yield
+            return
+        module = self.module
+        reference = reference_x.float().to(self.device).transpose(0, 1)  # [R, B, F]
+        x_rsf, groups, _rows, batch = module._pad_and_group_features(reference)
+        _, fitted = module._embed_features(x_rsf, num_train_labels=reference.shape[0], num_feature_groups=groups,
+                                           batch_size=batch)
+        embed = module._embed_features
+
+        def with_reference_statistics(x: torch.Tensor, **kwargs: Any) -> Any:
+            return embed(x, **{**kwargs, "feature_cache": fitted})
+
+        module._embed_features = with_reference_statistics  # an instance attribute over the method
+        try:
+            yield
+        finally:
+            del module._embed_features
 
     def _require_regressor(self) -> None:
         if self.task != "regression" or self.criterion is None:
