@@ -858,7 +858,9 @@ def _verdict_rule_html(results: pd.DataFrame) -> str:
         r = mine.iloc[0]
         line = (f"<p><b>Measured false-positive rate of this rule at run-headline level: {int(r['n_memorization'])} "
                 f"of {int(r['n_null'])} null splits ({r['fpr']:.1%}; 95% Clopper-Pearson interval "
-                f"{r['fpr_low']:.1%}–{r['fpr_high']:.1%}).</b></p>")
+                f"{r['fpr_low']:.1%}–{r['fpr_high']:.1%}).</b>"
+                + (" Few null splits make a wide interval: raise <code>probe.null_splits</code> or add seeds to "
+                   "narrow it." if r["fpr_high"] > 0.10 else "") + "</p>")
     return (head + line + "<p class=\"caption\">Null splits: two disjoint sets of rows the run never saw, "
             "labelled member and non-member with the members' label counts, probed on every fine-tuned "
             "checkpoint. Every memorization verdict on them is a false positive.</p>"
