@@ -337,7 +337,7 @@ def _table_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------------------------------
-# Per-trial runs: one W&B run per trial (and per base-model control), written by the sweep driver
+# Per-trial runs: one W&B run per trial (and per base-model sanity check), written by the sweep driver
 # --------------------------------------------------------------------------------------------------
 
 TRIAL_JOB_TYPE = "trial"
@@ -475,8 +475,9 @@ class WandbTrialLogger:
     training metrics (fed by a Tune callback's ``on_trial_result``) and its checkpoints' probe metrics and
     outcome as ``probe/*`` (fed by the driver's probe-pool polls), all against ``epoch``
     (``define_metric(step_metric="epoch")``), and in its summary the last checkpoint's ``probe/*`` and
-    the peak checkpoint's ``peak/*``. Base-model controls get a run each too (regime ``base``, no
-    training), so the run table holds every row of the results table.
+    the peak checkpoint's ``peak/*``. The base-model sanity checks (regime ``base``, no training: a
+    pipeline check, not a control) get a run each too, so the run table holds every row of the results
+    table.
 
     Why in the driver, not Ray's ``WandbLoggerCallback`` (a logging actor per trial): probe results
     arrive in the driver, often after the trial has finished (the actor is gone by then) and after a
@@ -485,7 +486,7 @@ class WandbTrialLogger:
     callback hands it to its actors through the runtime env, which Ray's agent logs in plain text.
     wandb ≥ 0.19.10 runs several runs in one process (``reinit="create_new"``); each stays open until
     :meth:`finish` (after the probe pool is drained), since a late probe row may still come, so a sweep
-    holds as many open runs as it has trials and controls. Run ids are
+    holds as many open runs as it has trials and sanity checks. Run ids are
     deterministic per run folder (:class:`TrialRunsLedger`) and opened with ``resume="allow"``: online,
     a resumed sweep continues the same runs; offline, each driver writes its own
     ``offline-run-*-<id>`` folder under ``RUN_DIR/wandb/`` and ``wandb sync`` appends them in order.
