@@ -80,13 +80,19 @@ def main(argv: list[str] | None = None) -> int:
             measured = run_sweep(args.config, scratch / f"run{r}")
             load_after = os.getloadavg()[0]
             ratio = est.wall_s / measured["wall_s"]
+            # Diagnostic, after the fact: the cores the sweep actually got (its CPU-seconds / wall) in place
+            # of N, i.e. what the prediction would have been had it known the machine's load from others.
+            got = measured["cpu_s"] / measured["wall_s"]
+            serial = sum(est.serial_s.values())
+            adjusted = serial + max(est.parallel_s / max(got, 1e-6), est.longest_s)
             pairs.append((est, measured, ratio))
             print(f"round {r}: predicted {est.wall_s:.1f} s, measured {measured['wall_s']:.1f} s (ratio {ratio:.2f}); "
                   f"busy device-seconds predicted {est.parallel_s + sum(est.serial_s.values()):.0f}, sweep CPU "
                   f"{measured['cpu_s']:.0f} s", flush=True)
             rows.append((r + 1, f"{est.wall_s:.1f}", f"{measured['wall_s']:.1f}", f"**{ratio:.2f}**",
                          f"{abs(ratio - 1):.0%}", f"{est.parallel_s + sum(est.serial_s.values()):.0f}",
-                         f"{measured['cpu_s']:.0f}", f"{load_before:.1f} / {load_after:.1f}"))
+                         f"{measured['cpu_s']:.0f}", f"{got:.2f}", f"{adjusted / measured['wall_s']:.2f}",
+                         f"{load_before:.1f} / {load_after:.1f}"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     worst = max(abs(ratio - 1) for _, _, ratio in pairs)
@@ -104,7 +110,15 @@ def main(argv: list[str] | None = None) -> int:
         "polls lose their last quarter-second).",
         "",
         md_table(["round", "predicted wall (s)", "measured wall (s)", "predicted / measured", "off by",
-                  "predicted device-seconds", "sweep CPU-seconds", "load before / after"], rows),
+                  "predicted device-seconds", "sweep CPU-seconds", "cores the sweep got",
+                  "diagnostic: predicted with those cores / measured", "load before / after"], rows),
+        "",
+        f"Cores the sweep got = its CPU-seconds / its wall time; the prediction assumes {args.workers} free "
+        "cores. Where other work holds the machine's cores (load average above the core count), the sweep gets "
+        "fewer and runs longer than predicted; the diagnostic column re-evaluates the prediction with the cores "
+        "the sweep actually got (known only afterwards), separating the estimate's error in work from the "
+        "machine's load. Predicted device-seconds = the estimate's parallel work plus its serial part, to set "
+        "against the sweep's CPU-seconds.",
         "",
         f"The last round's estimate ({human(est.wall_s)} on {args.workers} workers):",
         "",

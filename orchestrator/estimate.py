@@ -9,7 +9,8 @@
    fine-tuning epochs as the trainable runs them (AdamW step + member/non-member evaluation), a checkpoint
    save, the probe plan with its invariance-shortcut table, one probe batch (``score`` of every context of
    the plan, per context scored), and the rest of a checkpoint's probe (ICL predictions, bootstrap
-   intervals, AUCs, ROC; both score tables stubbed; the checkpoint's load and the result's save). The
+   intervals, AUCs, ROC; every score table stubbed, the contexts of plans besides the task's -- the null
+   splits' pools -- counted and costed as scoring; the checkpoint's load and the result's save). The
    machinery around the work is measured on a local Ray too: the driver's start (imports), Ray's start
    and stop, a worker actor's start (a process importing torch, Tune and iclmem, as every probe actor
    does), and a Tune trial that imports what iclmem's trainable imports and reports once per epoch
@@ -26,6 +27,7 @@ Costs are measured at the torch thread count a trial uses (``torch_threads``, de
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import subprocess
 import sys
@@ -121,6 +123,8 @@ class UnitCosts:
     forwards_saved: float  # share of them the invariance shortcut does not forward
     score_per_context_s: float  # probe batch: score time / contexts scored
     rest_s: float  # the rest of one checkpoint's probe (score tables stubbed), its checkpoint's load and result save
+    extra_contexts: int = 0  # contexts a fine-tuned checkpoint's probe scores besides the task's plan (null splits)
+    extra_reference_contexts: int = 0  # and the reference scores for them (once per reference)
 
 
 def _suite(spec: Any) -> tuple:
@@ -211,13 +215,31 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
     score(base, plan)  # warm-up
     score_s = _median_time(lambda: score(base, plan), max(1, score_rounds))
 
+    # The rest of a probe, with every score table stubbed (random scores of the plan's shape); the contexts
+    # of plans other than the task's (e.g. null splits' pools) are counted, to be costed as scoring.
     rng = np.random.default_rng(0)
-    finetuned, reference = _stub_table(plan, rng), _stub_table(plan, rng)
+    stubs: dict[int, Any] = {}
+    asked = {"score": 0, "reference": 0, "calls": 0}
+
+    def stub(p: Any, kind: str) -> Any:
+        if p is not plan:
+            asked[kind] += len(p.planned)
+        return stubs.setdefault(id(p), _stub_table(p, rng))
+
+    def fake_score(_model: Any, p: Any, *_a: Any, **_k: Any) -> Any:
+        return stub(p, "score")
+
+    def fake_reference(_cache: Any, _fingerprint: Any, p: Any, *_a: Any, **_k: Any) -> Any:
+        return stub(p, "reference")
+
+    settings_fields = {f.name for f in dataclasses.fields(ProbeSettings)}
+    extra = {k: v for k, v in (("null_splits", getattr(sweep.probe, "null_splits", None)),
+                               ("n_checkpoints", len(spec.schedule())))
+             if k in settings_fields and v is not None}
     probe_settings = ProbeSettings(n_resamples=sweep.probe.bootstrap,
-                                   thresholds=OutcomeThresholds.from_dict(sweep.outcome.model_dump()))
+                                   thresholds=OutcomeThresholds.from_dict(sweep.outcome.model_dump()), **extra)
     saved = probe_mod.score, probe_mod.reference_scores
-    probe_mod.score = lambda _model, _plan: finetuned
-    probe_mod.reference_scores = lambda *_a, **_k: reference
+    probe_mod.score, probe_mod.reference_scores = fake_score, fake_reference
     try:
         with tempfile.TemporaryDirectory(prefix="iclmem-estimate-") as cache, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # coarse-TPR notes on small Q are expected here
@@ -226,6 +248,7 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
             result: dict[str, Any] = {}
 
             def probe_rest() -> None:
+                asked["calls"] += 1
                 result["r"] = probe_mod.probe_checkpoint(finetuner.model, task, plan, cache, digest, base,
                                                          probe_settings, {"run_id": "estimate"}, 1)
 
@@ -237,7 +260,9 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
     return UnitCosts(model=model_name, q=q, device=str(finetuner.device), task=task_config.name, prepare_s=prepare_s,
                      epoch_s=epoch_s, save_s=save_s, plan_s=plan_s, contexts=len(plan.planned),
                      forwards_saved=plan.forwards_saved(base.invariances),
-                     score_per_context_s=score_s / len(plan.planned), rest_s=rest_s)
+                     score_per_context_s=score_s / len(plan.planned), rest_s=rest_s,
+                     extra_contexts=asked["score"] // max(asked["calls"], 1),
+                     extra_reference_contexts=asked["reference"] // max(asked["calls"], 1))
 
 
 _WORKER_IMPORTS = "import ray.tune, torch, trainables.finetune, probes.probe, probes.scoring"
@@ -272,9 +297,39 @@ for _ in range(2):
 # Tune's own cost per trial: a trial that imports what iclmem's trainable imports and reports REPORTS
 # times (one per epoch, as the trainable does), in an experiment of 1 trial and of 3 trials run one
 # after the other; the difference over the 2 extra trials is the cost of one trial, the rest the
-# experiment's fixed cost (setup, state files, teardown).
+# experiment's fixed cost (setup, state files, teardown). A trial's cost is counted in CPU-seconds of
+# every process involved (this driver, Ray's daemons, the trial's worker; polled, so a worker that ends
+# keeps its last reading): on a machine of several cores Ray's daemons work beside the trial.
 import tempfile
+import threading
+
+import psutil
 from ray import tune
+
+seen = {}
+stop = threading.Event()
+
+def poll():
+    me = psutil.Process()
+    while not stop.is_set():
+        try:
+            procs = [me, *me.children(recursive=True)]
+        except psutil.Error:
+            procs = [me]
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                seen[p.pid] = t.user + t.system
+            except psutil.Error:
+                pass
+        time.sleep(0.1)
+
+poller = threading.Thread(target=poll, daemon=True)
+poller.start()
+
+def cpu():
+    time.sleep(0.3)  # one more poll
+    return sum(seen.values())
 
 def trainable(config):
     import torch, trainables.finetune, probes.probe  # noqa: F401
@@ -289,12 +344,18 @@ def fit(samples):
                    run_config=tune.RunConfig(storage_path=storage, verbose=0)).fit()
         return time.perf_counter() - t
 
-one, three = fit(1), fit(3)
-trial = max((three - one) / 2, 0.0)
+c0 = cpu()
+one = fit(1)
+c1 = cpu()
+three = fit(3)
+c3 = cpu()
+trial_wall = max((three - one) / 2, 0.0)
+trial_cpu = max((c3 - c1) / 2, 0.0)
 t = time.perf_counter()
 ray.shutdown()
+stop.set()
 print(json.dumps({"ray_start_s": init + time.perf_counter() - t, "actor_start_s": min(actors),
-                  "tune_trial_s": trial, "tune_fixed_s": max(one - trial, 0.0)}))
+                  "tune_trial_s": max(trial_cpu, trial_wall), "tune_fixed_s": max(one - trial_wall, 0.0)}))
 """
 
 
@@ -331,7 +392,8 @@ class Overheads:
     driver_start_s: float = 0.0  # the driver's imports
     ray_start_s: float = 0.0  # a local Ray's start and stop
     actor_start_s: float = 0.0  # a worker actor importing torch, Tune and iclmem (each probe actor)
-    tune_trial_s: float = 0.0  # a Tune trial around the work: its actor's start, its reports (each run)
+    tune_trial_s: float = 0.0  # a Tune trial around the work: its actor's start, its reports, Ray's daemons
+    #                            meanwhile (CPU-seconds of every process, or its wall time if larger; each run)
     tune_fixed_s: float = 0.0  # a Tune experiment's own cost (setup, state, teardown), once
 
     @property
@@ -383,19 +445,22 @@ def predict(work: Work, costs: dict[tuple[str, int], UnitCosts], workers: int, o
     epochs, ck = work.epochs, work.checkpoints
     o = overheads
     run_s = {k: o.trial_s + epochs * costs[k].epoch_s + ck * costs[k].save_s for k in keys}
-    probe_s = {k: costs[k].contexts * costs[k].score_per_context_s + costs[k].rest_s for k in keys}
+    probe_s = {k: (costs[k].contexts + costs[k].extra_contexts) * costs[k].score_per_context_s + costs[k].rest_s
+               for k in keys}
     references = sum(work.references.values())
     plan_builds = sum(work.references.get(k, 0) * min(probe_actors, work.checkpoint_jobs[k]) for k in keys)
     compute = {
         "Tune trials (actor start, imports, reports)": sum(work.runs_by[k] * o.trial_s for k in keys),
         "fine-tuning (epochs + checkpoint saves)": sum(work.runs_by[k] * (epochs * costs[k].epoch_s + ck * costs[k].save_s)
                                                        for k in keys),
-        "probe scoring (checkpoints + controls)": sum((work.probe_contexts[k] + work.control_contexts.get(k, 0))
+        "probe scoring (checkpoints + controls)": sum((work.probe_contexts[k] + work.control_contexts.get(k, 0)
+                                                       + work.checkpoint_jobs[k] * costs[k].extra_contexts)
                                                       * costs[k].score_per_context_s for k in keys),
         "rest of probes (ICL, bootstrap, AUCs)": sum((work.checkpoint_jobs[k] + work.controls.get(k, 0)) * costs[k].rest_s
                                                      for k in keys),
-        "reference scoring (once per reference)": sum(work.reference_contexts[k] * costs[k].score_per_context_s
-                                                      for k in keys),
+        "reference scoring (once per reference)": sum((work.reference_contexts[k] + work.references.get(k, 0)
+                                                       * costs[k].extra_reference_contexts)
+                                                      * costs[k].score_per_context_s for k in keys),
         "probe plans (per task and probe actor)": sum(work.references.get(k, 0) * min(probe_actors, work.checkpoint_jobs[k])
                                                       * costs[k].plan_s for k in keys),
         "probe actor start": probe_actors * len({k[0] for k in keys}) * o.actor_start_s,
@@ -478,7 +543,9 @@ def render(est: Estimate, markdown: bool = False) -> str:
         ("reference contexts", f"{w.total('reference_contexts'):,} (sharing saves {w.reference_contexts_saved:,})"),
     ]
     cost_rows = [(f"{c.model} Q={c.q}", f"{c.epoch_s * 1e3:.1f}", f"{c.save_s * 1e3:.1f}", f"{c.plan_s:.2f}",
-                  f"{c.contexts:,} ({c.forwards_saved:.0%} not forwarded)", f"{c.score_per_context_s * 1e3:.4f}",
+                  f"{c.contexts:,} ({c.forwards_saved:.0%} not forwarded)"
+                  + (f" + {c.extra_contexts:,} null-split" if c.extra_contexts else ""),
+                  f"{c.score_per_context_s * 1e3:.4f}",
                   f"{c.rest_s:.2f}", f"{c.prepare_s:.2f}") for c in est.costs.values()]
     compute_rows = [(k, human(v), f"{v / 3600:.3f}") for k, v in est.compute_s.items()]
     compute_rows += [(f"{k} (serial)", human(v), "") for k, v in est.serial_s.items()]

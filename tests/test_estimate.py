@@ -102,6 +102,7 @@ def test_estimate_measures_the_configured_model_on_this_device_and_renders_it(co
     (costs,) = est.costs.values()
     assert costs.device == "cpu" and costs.contexts == 40 * 3
     assert costs.forwards_saved == pytest.approx(2 / 3)  # pfn-mini: position_first and scale_uniform_x2 = base
+    assert costs.extra_contexts > 0  # a fine-tuned checkpoint's probe also scores its null split's pool
     for name in ("prepare_s", "epoch_s", "save_s", "plan_s", "score_per_context_s", "rest_s"):
         assert getattr(costs, name) > 0, name
     o = est.overheads
