@@ -335,11 +335,13 @@ class TrialSpec:
 
 
 def expand_grid(sweep: SweepConfig) -> list[TrialSpec]:
-    """tasks × models × regimes × lrs × Q × label modes × seeds; multi_fixed runs take all tasks at once."""
+    """tasks × models × regimes × lrs × Q × label modes × seeds; multi_fixed and multi_random runs take all
+    tasks at once (one model fine-tuned jointly on every task, paper App. 10)."""
     trials = []
     g = sweep.grid
     for model, regime, lr, q, mode, seed in itertools.product(sweep.models, g.regime, g.lr, g.q, g.label_mode, g.seed):
-        task_groups = ["+".join(t.name for t in sweep.tasks)] if regime == Regime.MULTI_FIXED else [t.name for t in sweep.tasks]
+        joint = regime in (Regime.MULTI_FIXED, Regime.MULTI_RANDOM)
+        task_groups = ["+".join(t.name for t in sweep.tasks)] if joint else [t.name for t in sweep.tasks]
         for task in task_groups:
             key = json.dumps([task, model.name, model.options, regime, lr, q, mode, seed], sort_keys=True, default=str)
             run_id = f"{task[:24]}-{regime}-lr{lr:g}-q{q}-{mode}-s{seed}-{hashlib.sha1(key.encode()).hexdigest()[:6]}"

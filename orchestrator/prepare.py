@@ -115,16 +115,21 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
     if sweep.probe.base_as_checkpoint:
         seen = set()
         for trial in trials:
-            key = (trial.task, trial.model, trial.q, trial.label_mode, trial.seed, trial.regime == Regime.MULTI_RANDOM)
-            if trial.regime == Regime.MULTI_FIXED or key in seen:
+            if trial.regime == Regime.MULTI_FIXED:  # its tasks are the single-task ones (same split)
                 continue
-            seen.add(key)
-            pool = "-pool" if trial.regime == Regime.MULTI_RANDOM else ""
-            model_key = hashlib.sha1(json.dumps([trial.model, dict(trial.model_options)], sort_keys=True,
-                                                default=str).encode()).hexdigest()[:6]
-            run_id = f"{trial.task[:24]}-base{pool}-q{trial.q}-{trial.label_mode}-s{trial.seed}-{trial.model}-{model_key}"
-            identity = {**_identity(trial, sweep), "run_id": run_id, "regime": BASE_MODEL_ROW, "lr": 0.0}
-            controls.append((trial_tasks[trial.run_id][0], identity))
+            # multi_random's tasks are prepared with a member pool: one sanity check per task of the run
+            for name, task_key in zip(trial.task.split("+"), trial_tasks[trial.run_id]):
+                key = (name, trial.model, trial.q, trial.label_mode, trial.seed, trial.regime == Regime.MULTI_RANDOM)
+                if key in seen:
+                    continue
+                seen.add(key)
+                pool = "-pool" if trial.regime == Regime.MULTI_RANDOM else ""
+                model_key = hashlib.sha1(json.dumps([trial.model, dict(trial.model_options)], sort_keys=True,
+                                                    default=str).encode()).hexdigest()[:6]
+                run_id = f"{name[:24]}-base{pool}-q{trial.q}-{trial.label_mode}-s{trial.seed}-{trial.model}-{model_key}"
+                identity = {**_identity(trial, sweep), "task": name, "run_id": run_id, "regime": BASE_MODEL_ROW,
+                            "lr": 0.0}
+                controls.append((task_key, identity))
     return PreparedSweep(sweep, tuple(trials), tasks, trial_tasks, tuple(controls))
 
 

@@ -73,8 +73,9 @@ def test_realistic_regimes():
     trials = expand_grid(sweep)
     per_regime = {r: sum(t.regime == r for t in trials) for r in sweep.grid.regime}
     combos = len(sweep.grid.lr) * len(sweep.grid.label_mode) * len(sweep.grid.seed)
-    assert per_regime == {"single_fixed": 10 * combos, "multi_fixed": combos, "multi_random": 10 * combos}
-    assert all("+" in t.task for t in trials if t.regime == "multi_fixed")
+    # multi_fixed and multi_random each train one model jointly on all 10 tasks (paper App. 10)
+    assert per_regime == {"single_fixed": 10 * combos, "multi_fixed": combos, "multi_random": combos}
+    assert all("+" in t.task for t in trials if t.regime in ("multi_fixed", "multi_random"))
 
 
 def test_paper_and_realistic_share_the_base():

@@ -392,3 +392,54 @@ def test_ner_seed_spread_is_the_sample_standard_deviation():
             for s, f in enumerate([0.5, 0.7, 0.9])]
     t = lm_tables(pd.DataFrame(rows))["table6"]
     assert t["f1_std"].iloc[0] == pytest.approx(np.std([0.5, 0.7, 0.9], ddof=1))
+
+
+def _two_task_sweep(tmp_path, regime):
+    from orchestrator.config import parse_sweep
+    from orchestrator.prepare import prepare_sweep
+
+    sweep = parse_sweep({"name": regime, "tasks": [{"name": "iris"}, {"name": "wine"}],
+                         "models": [{"name": "pfn-mini", "options": {"weights": "shipped"}}],
+                         "grid": {"regime": [regime], "lr": [1e-3], "q": [10]}, "data": {"context_size": 30},
+                         "training": {"epochs": 2, "checkpoint_epochs": [2]}}, regime)
+    return prepare_sweep(sweep, tmp_path / "prepared", log=lambda _m: None)
+
+
+def test_a_multi_fixed_checkpoint_yields_a_probe_row_for_each_of_its_tasks(tmp_path):
+    from orchestrator.prepare import trial_config
+    from orchestrator.sweep import jobs_for
+    from probes.actors import ProbeWorker
+    from probes.calibration import model_digest
+    from trainables.finetune import Finetuner, FinetuneSpec
+    from trainables.models import build_model
+
+    prepared = _two_task_sweep(tmp_path, "multi_fixed")
+    (trial,) = prepared.trials
+    config = trial_config(trial, prepared)
+    ft = Finetuner(FinetuneSpec(**config["finetune"]), [prepared.tasks[k] for k in config["task_keys"]])
+    ft.train()
+    ft.save(tmp_path / "ckpt")
+    base = build_model("pfn-mini", weights="shipped")
+    worker = ProbeWorker("pfn-mini", {"weights": "shipped"}, base.state_arrays(), model_digest(base), prepared.tasks,
+                         "default", ProbeSettings(n_resamples=50, n_checkpoints=1), str(tmp_path / "ref"))
+    rows = [worker.run(job).row for job in jobs_for(config, 2, str(tmp_path / "ckpt"), tmp_path / "probes")]
+    assert [r["task"] for r in rows] == ["iris", "wine"]
+    assert {r["run_id"] for r in rows} == {trial.run_id} and all(r["null_splits"] == 1 for r in rows)
+    assert rows[0]["n_members"] == 10 and rows[0]["auc"] != rows[1]["auc"]
+
+
+def test_multi_random_trains_one_model_on_both_tasks_every_epoch(tmp_path):
+    from orchestrator.prepare import trial_config
+    from trainables.finetune import Finetuner, FinetuneSpec
+
+    prepared = _two_task_sweep(tmp_path, "multi_random")
+    (trial,) = prepared.trials
+    config = trial_config(trial, prepared)
+    tasks = [prepared.tasks[k] for k in config["task_keys"]]
+    assert [t.name for t in tasks] == ["iris", "wine"]
+    ft = Finetuner(FinetuneSpec(**config["finetune"]), tasks)
+    batches = ft.batches(1)
+    assert [b.n_classes for b in batches] == [t.n_classes for t in tasks]  # one batch of each task
+    ft.run_epoch()
+    steps = {int(s["step"]) for s in ft.optimizer.state_dict()["state"].values()}
+    assert steps == {2}  # one model, one step per task in the epoch
