@@ -35,9 +35,30 @@ LM_ASSETS_DIR = "lm_assets"  # the built-in synthetic model and dataset, built o
 __all__ = [
     "FIGURES_DIR", "MANIPULATION_AUC_FILE", "PREPARED_DIR", "PROBES_DIR", "PROVENANCE_FILE", "REFERENCE_DIR",
     "REPORT_FILE", "RESULTS_FILE", "ROC_DIR", "SPLIT_REPORT_FILE", "SWEEP_FILE", "TUNE_DIR", "VERDICT_FILE",
-    "WANDB_DIR", "roc_path", "GROUND_TRUTH_FILE",
+    "WANDB_DIR", "folder_kind", "roc_path", "GROUND_TRUTH_FILE",
     "LM_ASSETS_DIR", "LM_EXPOSURE_DIR", "LM_REPORT_FILE", "LM_RESULTS_FILE", "LM_SWEEP_FILE", "LM_UNITS_DIR",
 ]
+
+
+def folder_kind(path: str | Path) -> str:
+    """What ``path`` is: "missing", "empty", "tabular" (an iclmem sweep: ``sweep.json``), "lm" (an iclmem
+    language-model run, by its provenance record), or "foreign" (anything else: someone's files)."""
+    import json
+
+    folder = Path(path)
+    if not folder.exists():
+        return "missing"
+    if not folder.is_dir():
+        return "foreign"
+    if not any(folder.iterdir()):
+        return "empty"
+    if (folder / SWEEP_FILE).is_file():
+        return "tabular"
+    try:
+        kind = json.loads((folder / PROVENANCE_FILE).read_text()).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return "foreign"
+    return "lm" if kind == "lm" else "foreign"
 
 
 def roc_path(run_dir: str | Path, run_id: str, epoch: int) -> Path:

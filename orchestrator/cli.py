@@ -92,9 +92,13 @@ def cmd_lm(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from iclmem.runfolder import folder_kind
     from orchestrator.aggregate import aggregate
 
     run_dir = Path(args.run_dir)
+    if folder_kind(run_dir) != "tabular":  # never write tables and a report into someone else's folder
+        raise IclmemError(f"{run_dir} is not an iclmem sweep folder (it holds no sweep.json); `iclmem report` "
+                          "rebuilds the results of a folder `iclmem run` wrote")
     results = aggregate(run_dir, wandb_mode=args.wandb)
     if args.wandb_report:
         from orchestrator.wandb_logger import build_wandb_report, resolve_wandb_mode
@@ -162,8 +166,15 @@ def cmd_cluster_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from iclmem.provenance import git_commit, package_versions
+
+    return f"{package_versions(('iclmem',)).get('iclmem', 'unknown')} (git {git_commit()[:12]})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="iclmem", description="Audit tabular foundation models for memorization of their fine-tuning data.")
+    p.add_argument("--version", action="version", version=f"iclmem {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def ray_args(sp: argparse.ArgumentParser) -> None:

@@ -26,11 +26,18 @@ class _Strict(BaseModel):
 
     def config_hash(self) -> str:
         """Names a validated config (run folders, provenance): the hash of its JSON form."""
-        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+        return config_hash_of(self.model_dump(mode="json"))
+
+
+def config_hash_of(data: dict[str, Any]) -> str:
+    """The hash of a config's JSON form (what ``sweep.json`` stores), without validating it again."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class TaskConfig(_Strict):
-    name: str
+    # Names become folder and file names (prepared tasks, probe results): letters, digits, . _ - only,
+    # not starting with a dot, so no name can point outside the run folder.
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=80)
     builtin: str | None = None  # defaults to ``name`` when no other source is given
     carte: str | None = None  # CARTE data folder (either layout)
     path: str | None = None  # a CSV or parquet file
@@ -89,6 +96,7 @@ class GridConfig(_Strict):
 
 class TrainingConfig(_Strict):
     epochs: int = Field(50, ge=1)
+    # Default: the paper's schedule, up to ``epochs``. Epochs given here must all be <= ``epochs``.
     checkpoint_epochs: list[int] = [1, 2, 5, 10, 25, 50, 100, 250, 500]
     every_epoch: bool = False
     grad_clip: float = Field(1.0, gt=0)
@@ -100,6 +108,10 @@ class TrainingConfig(_Strict):
             raise ValueError("checkpoint_epochs is empty and every_epoch is false: nothing would be probed")
         if any(e < 1 for e in self.checkpoint_epochs):
             raise ValueError("checkpoint_epochs must be >= 1 (epoch 0 is the shared base model)")
+        beyond = [e for e in self.checkpoint_epochs if e > self.epochs]
+        if beyond and "checkpoint_epochs" in self.model_fields_set:
+            raise ValueError(f"checkpoint_epochs {beyond} exceed epochs ({self.epochs}): they would never be written; "
+                             "drop them or raise epochs")
         if self.checkpoint_epochs and min(self.checkpoint_epochs) > self.epochs:
             raise ValueError(
                 f"epochs ({self.epochs}) is smaller than every checkpoint epoch {self.checkpoint_epochs}"
@@ -119,7 +131,7 @@ class DataConfig(_Strict):
 class ProbeConfig(_Strict):
     suite: Literal["default"] | list[str | dict[str, Any]] = "default"
     base_as_checkpoint: bool = True  # probe the untouched base model as a checkpoint: the pipeline sanity check
-    bootstrap: int = Field(1000, ge=0)
+    bootstrap: int = Field(1000, ge=10)  # resamples of the AUC/TPR intervals, which strict mode's rule reads
     # null splits probed on every fine-tuned checkpoint (never-trained rows labelled member / non-member at
     # random): the measured false-positive rate of every verdict rule comes from them
     null_splits: int = Field(1, ge=0)
@@ -239,13 +251,27 @@ class SweepConfig(_Strict):
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load that refuses a key given twice in one mapping (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"sweep file not found: {path}")
     if path.resolve() in seen:
         raise ConfigError(f"{path}: include cycle through {[str(p) for p in seen]}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(), Loader=UniqueKeyLoader) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):

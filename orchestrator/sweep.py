@@ -20,8 +20,8 @@ from iclmem.atomic import write_json_atomic
 from iclmem.errors import ConfigError
 from iclmem.provenance import PROVENANCE_FILE, Provenance
 from iclmem.raysession import ensure_ray
-from iclmem.runfolder import PREPARED_DIR, PROBES_DIR, REFERENCE_DIR, SWEEP_FILE, TUNE_DIR
-from orchestrator.config import SweepConfig, load_sweep, parse_sweep
+from iclmem.runfolder import PREPARED_DIR, PROBES_DIR, REFERENCE_DIR, SWEEP_FILE, TUNE_DIR, folder_kind
+from orchestrator.config import SweepConfig, config_hash_of, load_sweep, parse_sweep
 from orchestrator.prepare import EXPERIMENT_NAME, PreparedSweep, prepare_sweep, provenance, trial_config
 
 
@@ -276,6 +276,8 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
         sweep = parse_sweep(json.loads(stored.read_text()), str(stored))
     elif sweep is None:
         sweep = load_sweep(config_path)
+    if not resume:
+        claim_run_folder(run_dir, sweep)
     source = str(config_path) if config_path else str(run_dir / SWEEP_FILE) if resume else f"sweep {sweep.name!r}"
     prepared = prepare_in_place_or_staged(sweep, run_dir, log=log if progress else (lambda _m: None), source=source)
     record_sweep(run_dir, sweep)
@@ -315,13 +317,16 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
             failed = [f"{j.identity.get('run_id', '?')}/{j.stem}" for j, _ in pool.failed]
             log(f"[iclmem] {len(pool.failed)} probe job(s) failed after retries: {failed}; first error: {pool.failed[0][1][:2000]}")
         results = aggregate(run_dir, prepared, log=log)
-        if pool.failed:
-            from iclmem.errors import ProbeError
+        from iclmem.errors import ProbeError
 
+        if pool.failed:
             raise ProbeError(
                 f"{len(pool.failed)} checkpoint(s) could not be probed (first error above); every other result is "
                 f"saved in {run_dir}. `iclmem resume {run_dir}` probes the missing ones again."
             )
+        if results.empty:
+            raise ProbeError(f"the sweep produced no checkpoint result (no trial reached a scheduled checkpoint); "
+                             f"see the trial errors above and the Tune logs under {run_dir}")
         return results
     finally:
         trial_logger.finish()  # no-op once finished; on an error, flushes what the runs hold
@@ -329,6 +334,26 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
             pool.shutdown()
         if started:
             ray.shutdown()
+
+
+def claim_run_folder(run_dir: Path, sweep: SweepConfig) -> None:
+    """A new sweep writes into a new or empty folder, or continues a run of the same config; never into
+    someone else's files or over another sweep's results (which would be attributed to this config)."""
+    kind = folder_kind(run_dir)
+    if kind in ("missing", "empty"):
+        return
+    if kind == "tabular":
+        stored = json.loads((run_dir / SWEEP_FILE).read_text())
+        if config_hash_of(stored) == sweep.config_hash():
+            return
+        raise ConfigError(
+            f"{run_dir} holds a sweep of another config ({stored.get('name')!r}, hash {config_hash_of(stored)}; "
+            f"this one is {sweep.config_hash()}): continue that one with `iclmem resume {run_dir}`, or give "
+            "--out a new folder")
+    if kind == "lm":
+        raise ConfigError(f"{run_dir} holds a language-model probe run; give --out a new folder")
+    raise ConfigError(f"{run_dir} is not empty and is not an iclmem run folder: iclmem writes nothing among other "
+                      "files; give --out a new or empty folder")
 
 
 def record_sweep(run_dir: Path, sweep: SweepConfig) -> None:

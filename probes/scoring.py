@@ -30,6 +30,7 @@ from probes.manipulations import (
 )
 
 SCORE_COLUMNS = ("loss", "entropy", "confidence")
+Groups = tuple[tuple[Any, tuple[int, ...]], ...]  # (shape, indices into a plan's contexts)
 TABLE_COLUMNS = ("query_id", "member", "manipulation", "category", *SCORE_COLUMNS)
 
 
@@ -77,7 +78,7 @@ class ProbePlan:
     groups: tuple[tuple[Any, tuple[int, ...]], ...]  # (shape, indices into planned)
     row_weights: tuple[np.ndarray, ...] | None = None  # float32 [N] per planned context, or None
     # representatives / unique groups per set of invariances, computed on first use
-    _shortcuts: dict = field(default_factory=dict, compare=False, repr=False)
+    _shortcuts: dict[frozenset[str], tuple[np.ndarray, Groups]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def suite_fingerprint(self) -> str:
@@ -100,7 +101,7 @@ class ProbePlan:
         rep = self.representatives(invariances)
         return float(np.mean(rep != np.arange(rep.size))) if rep.size else 0.0
 
-    def _shortcut(self, invariances: Collection[Any]) -> tuple[np.ndarray, tuple]:
+    def _shortcut(self, invariances: Collection[Any]) -> tuple[np.ndarray, Groups]:
         names = frozenset(str(getattr(i, "value", i)) for i in invariances)
         if names not in self._shortcuts:
             first: dict[tuple[int, bytes], int] = {}
@@ -162,7 +163,7 @@ def canonical_context(plan: ContextPlan, weights: np.ndarray | None, invariances
     head = (np.asarray(plan.shape[1:], dtype=np.int64).tobytes() + plan.keep_columns.tobytes()
             + plan.distractors[-1].tobytes())
     if "row_order" not in invariances:
-        return head + plan.labels.tobytes() + plan.distractors[:-1].tobytes() + w.tobytes()
+        return bytes(head + plan.labels.tobytes() + plan.distractors[:-1].tobytes() + w.tobytes())
     rows = np.concatenate([plan.labels.astype("<i8").view(np.uint8).reshape(n, 8),
                            np.ascontiguousarray(plan.distractors[:-1]).view(np.uint8).reshape(n, -1)], axis=1)
     rows = np.ascontiguousarray(rows).view(np.dtype((np.void, rows.shape[1]))).ravel()
@@ -174,7 +175,7 @@ def canonical_context(plan: ContextPlan, weights: np.ndarray | None, invariances
         for c in whole.tolist():
             divisor = gcd(divisor, c)
         counts = (whole // divisor).astype(np.float64)
-    return head + distinct.tobytes() + counts.tobytes()
+    return bytes(head + distinct.tobytes() + counts.tobytes())
 
 
 def distribution_scores(log_probs: torch.Tensor, true_labels: torch.Tensor) -> dict[str, np.ndarray]:
@@ -215,7 +216,7 @@ def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: b
     n = len(plan.planned)
     device = model_device(model)
     out = {k: np.empty(n, dtype=np.float32) for k in SCORE_COLUMNS}
-    invariances = frozenset(getattr(model, "invariances", ())) if shortcut else None
+    invariances: frozenset[Any] = frozenset(getattr(model, "invariances", ()))
     groups = plan.unique_groups(invariances) if shortcut else plan.groups
     batch = max_batch or (CUDA_MAX_BATCH if device.type == "cuda" else CPU_MAX_BATCH)
     for _shape, indices in groups:
