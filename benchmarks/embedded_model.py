@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, fmt, md_table, set_threads, verdict, publish  # noqa: E402
+from _common import REPO, fmt, md_table, publish, set_threads, verdict  # noqa: E402
 
 SECTION = "Embedded model: pfn-mini in-context accuracy"
 BAR = 0.9

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt, md_table, median, set_threads, verdict, publish  # noqa: E402
+from _common import fmt, md_table, median, publish, set_threads, verdict  # noqa: E402
 
 SECTION = "Fine-tuning overhead: Ray Tune vs plain torch"
 TARGET = 0.15
@@ -57,7 +57,7 @@ def finetune_config(epochs: int, seed: int = 0) -> dict:
 
 def run_plain(task, fin: dict, workdir: Path) -> dict:
     """The trainable's loop without Tune: same Finetuner, same epochs, same checkpoints (to local disk)."""
-    from trainables.finetune import FinetuneSpec, Finetuner
+    from trainables.finetune import Finetuner, FinetuneSpec
 
     start = time.perf_counter()
     spec = FinetuneSpec(**fin)
@@ -116,7 +116,7 @@ def sparse_report_trainable(config: dict, prepared: dict | None = None) -> None:
     import torch
     from ray import tune
 
-    from trainables.finetune import FinetuneSpec, Finetuner
+    from trainables.finetune import Finetuner, FinetuneSpec
 
     config = config.get("__trial__", config)
     torch.set_num_threads(int(config.get("torch_threads", 1)))

@@ -97,8 +97,8 @@ class ForwardClock:
 
 def measure(lm, ents: list[str], batch_size: int, repeat: int) -> dict:
     import numpy as np
-
     from _common import count_flops, matmul_rate
+
     from probes.lm.exposure import compute_exposure
 
     compute_exposure(lm, ents[:8], batch_size=8)  # warm-up

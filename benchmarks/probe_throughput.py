@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import count_flops, fmt, matmul_rate, md_table, median, set_threads, verdict, publish  # noqa: E402
+from _common import count_flops, fmt, matmul_rate, md_table, median, publish, set_threads, verdict  # noqa: E402
 
 SECTION = "Probe throughput: batched engine vs one context per forward"
 TARGET_SPEEDUP = 20.0
@@ -89,12 +89,12 @@ def batched(model, queries, suite, seed: int, plan=None) -> dict:
 
 
 def naive(model, queries, suite, seed: int, n_queries: int) -> dict:
+    import warnings
+
     import torch
 
     from probes.manipulations import apply, materialize, rng_for
     from probes.scoring import distribution_scores
-
-    import warnings
 
     model.module.eval()
     loss = []

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import md_table, verdict, publish  # noqa: E402
+from _common import md_table, publish, verdict  # noqa: E402
 
 SECTION = "Reference sharing: probe actors' memory, shared vs private reference model"
 TARGET = 1.5

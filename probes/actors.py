@@ -126,8 +126,12 @@ class ProbeWorker(_PoolWorker):
         """The checkpoint's model; one that fails its checksum is recomputed from the run's recipe (and
         must then hash as the manifest recorded, when the manifest survived)."""
         from iclmem.errors import CorruptCheckpointError
-        from trainables.finetune import (FinetuneSpec, checkpoint_manifest, load_checkpoint_model,
-                                         recompute_checkpoint_model)
+        from trainables.finetune import (
+            FinetuneSpec,
+            checkpoint_manifest,
+            load_checkpoint_model,
+            recompute_checkpoint_model,
+        )
 
         try:
             return load_checkpoint_model(directory)

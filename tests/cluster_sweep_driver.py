@@ -38,10 +38,10 @@ def _trial_pids(tune_dir: Path) -> dict[str, list[int]]:
 def main(sweep_json: str, run_dir: str) -> int:
     import ray
     from ray._private import state
+    from simulated_cluster import start_cluster
 
     from orchestrator.config import parse_sweep
     from orchestrator.sweep import run_sweep
-    from simulated_cluster import start_cluster
 
     started = time.monotonic()
     cluster, workers = start_cluster()

@@ -11,7 +11,6 @@ import uuid
 from pathlib import Path
 
 import psutil
-
 import pytest
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

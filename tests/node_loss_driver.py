@@ -211,8 +211,8 @@ def main(sweep_json: str, run_dir: str, reference_dir: str) -> int:
     from simulated_cluster import start_cluster
 
     from orchestrator.config import parse_sweep
-    from orchestrator.sweep import run_sweep
     from orchestrator.prepare import expand_grid
+    from orchestrator.sweep import run_sweep
 
     started = time.monotonic()
     sweep = parse_sweep(json.loads(Path(sweep_json).read_text()), sweep_json)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from iclmem.errors import ConfigError
 from orchestrator.audit import audit_checkpoint, parse_task
 from trainables.data import TaskSource, prepare_task
-from iclmem.errors import ConfigError
-from trainables.finetune import FinetuneSpec, Finetuner
+from trainables.finetune import Finetuner, FinetuneSpec
 from trainables.models.embedded import SHIPPED_WEIGHTS
 
 REPO = Path(__file__).resolve().parents[1]

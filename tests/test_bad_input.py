@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from orchestrator.sweep import run_sweep
 from iclmem.errors import IclmemError
+from orchestrator.sweep import run_sweep
 
 BASE = {
     "name": "bad",

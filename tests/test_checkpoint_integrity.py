@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainables.data import TaskSource, prepare_task
 from iclmem.errors import CheckpointError, CorruptCheckpointError
+from trainables.data import TaskSource, prepare_task
 from trainables.finetune import (
     META_FILE,
     MODEL_FILE,
     STATE_FILE,
-    FinetuneSpec,
     Finetuner,
+    FinetuneSpec,
     load_checkpoint_model,
     recompute_checkpoint_model,
     verify_checkpoint,
@@ -172,9 +172,8 @@ def test_a_probe_actor_recomputes_a_corrupt_checkpoint_from_its_recipe_and_score
 
 @pytest.mark.slow
 def test_a_trial_whose_latest_checkpoint_was_truncated_is_recomputed_by_tune(ray_session, iris_task, tmp_path, fault_ledger):
-    from ray import tune
-
     from fault_injection import faulty_trainable
+    from ray import tune
 
     storage = tmp_path / "tune"
     markers = tmp_path / "markers"

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from iclmem.errors import ConfigError, DataError, SplitError
 from trainables import data as data_module
 from trainables.data import (
     BUILTIN_TASKS,
@@ -22,7 +23,6 @@ from trainables.data import (
     prepare_task,
     task_fingerprint,
 )
-from iclmem.errors import ConfigError, DataError, SplitError
 
 CARTE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "carte"
 CARTE_TASKS = ["spotify", "wine_dot_com_prices", "wine_vivino_price"]

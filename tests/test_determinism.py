@@ -15,7 +15,7 @@ from probes.manipulations import default_suite
 from probes.probe import ProbeSettings
 from probes.scoring import ProbePlan, ProbeQueries, score
 from trainables.data import TaskSource, prepare_task
-from trainables.finetune import FinetuneSpec, Finetuner
+from trainables.finetune import Finetuner, FinetuneSpec
 from trainables.models import build_model
 
 

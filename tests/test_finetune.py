@@ -8,16 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from trainables.data import TaskSource, prepare_task
 from iclmem.errors import ConfigError
-from trainables.finetune import (
-    FinetuneSpec,
-    Finetuner,
-    Regime,
-    fixed_batch,
-    load_checkpoint_model,
-    random_batch,
-)
+from trainables.data import TaskSource, prepare_task
+from trainables.finetune import Finetuner, FinetuneSpec, Regime, fixed_batch, load_checkpoint_model, random_batch
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from iclmem.errors import ConfigError, ProbeError, UnknownNameError
 from probes import manipulations as mm
 from probes.manipulations import (
     ContextPlan,
@@ -27,7 +28,6 @@ from probes.manipulations import (
     suite_from_spec,
     suite_to_spec,
 )
-from iclmem.errors import ConfigError, ProbeError, UnknownNameError
 
 # Hand-made example: 3 candidate labels, 4 features, true label 1.
 M, F, TRUE = 3, 4, 1

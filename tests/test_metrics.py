@@ -10,12 +10,14 @@ import pandas as pd
 import pytest
 from scipy.stats import norm, rankdata
 
+from iclmem.errors import ProbeError
 from probes.metrics import (
     Calibration,
     LowResolutionWarning,
     MembershipInput,
     ScoreKind,
     SplitScores,
+    _member_rank_sums,
     auc,
     bootstrap_intervals,
     bootstrap_replicates,
@@ -29,8 +31,6 @@ from probes.metrics import (
     roc_curve,
     tpr_at_fpr,
 )
-from probes.metrics import _member_rank_sums
-from iclmem.errors import ProbeError
 
 # tiny hand-made fixtures sit far below 10 allowed false positives; tests that care use pytest.warns
 pytestmark = pytest.mark.filterwarnings("ignore::probes.metrics.LowResolutionWarning")

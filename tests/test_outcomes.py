@@ -8,14 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from probes.metrics import (
-    Calibration,
-    CheckpointMetrics,
-    GapStats,
-    Interval,
-    ScoreKind,
-    TprAtFpr,
-)
+from iclmem.errors import ConfigError, ProbeError
+from probes.metrics import Calibration, CheckpointMetrics, GapStats, Interval, ScoreKind, TprAtFpr
 from probes.outcomes import (
     CheckpointOutcome,
     Outcome,
@@ -26,7 +20,6 @@ from probes.outcomes import (
     peak_checkpoint,
     rule_checks,
 )
-from iclmem.errors import ConfigError, ProbeError
 
 pytestmark = pytest.mark.filterwarnings("ignore::probes.metrics.LowResolutionWarning")
 
