@@ -129,19 +129,15 @@ class UnitCosts:
 
 def _suite(spec: Any) -> tuple:
     """The sweep's manipulation suite, as the probe actors build it."""
-    from probes.manipulations import default_suite, suite_from_spec
+    from probes.actors import suite_for
 
-    return default_suite() if spec in (None, "default") else suite_from_spec(spec)
+    return suite_for(spec)
 
 
 def _task_source(task: Any) -> Any:
-    from trainables.data import TaskSource
+    from orchestrator.prepare import task_source
 
-    if task.carte:
-        return TaskSource(task.name, "carte", task.carte, task.target, task.task)
-    if task.path:
-        return TaskSource(task.name, "table", task.path, task.target, task.task)
-    return TaskSource(task.builtin or task.name, "builtin", None, task.target, task.task)
+    return task_source(task)
 
 
 def _median_time(fn: Any, repeats: int) -> float:

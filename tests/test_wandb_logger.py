@@ -157,8 +157,8 @@ def test_results_artifact_is_recorded_with_public_files(logged):
     assert len(exported) == 160 and "raw_record" not in exported.columns
 
 
-def test_no_raw_record_or_api_key_in_any_wandb_file(logged):
-    run_dir, _, _, _, root = logged
+def _assert_no_canary_or_key(run_dir: Path, root: Path) -> None:
+    """Every file W&B wrote (the run folder's and W&B's home) is free of the raw record and the key."""
     scanned = 0
     for base in (run_dir / "wandb", root / "wandb-home"):
         for p in base.rglob("*"):
@@ -168,6 +168,11 @@ def test_no_raw_record_or_api_key_in_any_wandb_file(logged):
                 assert FAKE_KEY.encode() not in data, p
                 scanned += 1
     assert scanned > 10
+
+
+def test_no_raw_record_or_api_key_in_any_wandb_file(logged):
+    run_dir, _, _, _, root = logged
+    _assert_no_canary_or_key(run_dir, root)
 
 
 # -- W&B Report --------------------------------------------------------------------------------------
@@ -392,15 +397,7 @@ def test_run_summary_holds_the_last_checkpoint_and_the_peak(trial_runs):
 
 def test_no_raw_record_or_api_key_in_any_trial_run_file(trial_runs):
     run_dir, _, _, _, root = trial_runs
-    scanned = 0
-    for base in (run_dir / "wandb", root / "wandb-home"):
-        for p in base.rglob("*"):
-            if p.is_file():
-                data = p.read_bytes()
-                assert CANARY.encode() not in data, p
-                assert FAKE_KEY.encode() not in data, p
-                scanned += 1
-    assert scanned > 10
+    _assert_no_canary_or_key(run_dir, root)
 
 
 def test_the_null_trial_logger_is_the_default_and_satisfies_the_protocol(tmp_path):
