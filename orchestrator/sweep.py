@@ -152,11 +152,6 @@ def _trial_results_callback(trial_logger: Any):
     return _LogTrialResults(trial_logger)
 
 
-def job_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Path):
-    """The probe job of a checkpoint on the run's first task (see :func:`jobs_for`)."""
-    return jobs_for(config, epoch, checkpoint, probes_dir)[0]
-
-
 def jobs_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Path) -> list:
     """One probe job per task of the run: a multi-task run (multi_fixed, multi_random) is probed on every
     one of its tasks, one results row per task (``task`` = that task's name; stems ``eNNNN-tI``)."""

@@ -3,7 +3,7 @@
 One pool (:class:`ProbePool`: retries, resends to restarted actors, stored results, notes, failures) serves
 every probe family; the worker kind is pluggable. A worker class has ``run(job) -> result``, the
 ``result_type`` its results are stored as (``save(dir, stem)``, ``load(dir, stem)``, ``row``, ``notes``),
-and ``node_id``/``ping``. Two kinds:
+and ``node_id``. Two kinds:
 
 * :class:`ProbeWorker` (tabular): ``probes.probe.probe_checkpoint`` per checkpoint. Each actor builds the
   reference (base) model once from weights fetched from the object store: the driver ``ray.put``s the
@@ -65,13 +65,10 @@ def _node_id() -> str:
 
 
 class _PoolWorker:
-    """What every worker kind answers besides ``run``: where it runs, and whether it is alive."""
+    """What every worker kind answers besides ``run``: the node it runs on."""
 
     def node_id(self) -> str:
         return _node_id()
-
-    def ping(self) -> bool:
-        return True
 
 
 class ProbeWorker(_PoolWorker):

@@ -309,9 +309,6 @@ class Interval:
     def contains(self, x: float) -> bool:
         return bool(self.low <= x <= self.high)
 
-    def as_tuple(self) -> tuple[float, float]:
-        return (self.low, self.high)
-
 
 _NAN_INTERVAL = Interval(float("nan"), float("nan"))
 

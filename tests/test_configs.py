@@ -178,11 +178,11 @@ def test_data_cache_dir_holds_the_prepared_tasks_instead_of_the_run_folder(tmp_p
 def test_torch_threads_per_trial_reaches_the_trainable_and_the_recompute_recipe(tmp_path):
     from orchestrator.config import parse_sweep
     from orchestrator.prepare import prepare_sweep, trial_config
-    from orchestrator.sweep import job_for
+    from orchestrator.sweep import jobs_for
 
     sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"q": [20]},
                          "data": {"context_size": 30}, "resources": {"torch_threads_per_trial": 2}})
     prepared = prepare_sweep(sweep, tmp_path / "prepared", log=lambda _m: None)
     config = trial_config(prepared.trials[0], prepared)
     assert config["torch_threads"] == 2
-    assert job_for(config, 1, None, tmp_path / "probes").recipe["torch_threads"] == 2
+    assert jobs_for(config, 1, None, tmp_path / "probes")[0].recipe["torch_threads"] == 2
