@@ -202,8 +202,7 @@ def main(argv: list[str] | None = None) -> int:
            "reshapes, the embedding lookups and the Python of Hugging Face's per-layer modules -- costs more "
            "than the products; the share grows with the width (2x32 → 4x128), as it should if the products "
            "themselves run near the matmul rate.\n\n" if max(r["fraction"] for r in rows) < 0.5 else "")
-        + 
-        f"Secondary: batched / one entity per forward ({head['model']}, {head['threads']} thread(s)): "
+        + f"Secondary: batched / one entity per forward ({head['model']}, {head['threads']} thread(s)): "
         f"**{head['ratio']:.1f}x**; target >= 10x {verdict}. On {single['threads']} thread(s): {single['ratio']:.1f}x. "
         "One entity per forward pays a fixed per-call cost of the model's Python and kernel launches that cores "
         "do not shrink, so the ratio grows with the core count and shrinks with model size.\n"
