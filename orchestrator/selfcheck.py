@@ -46,5 +46,6 @@ def planted_check(model: str, options: Mapping[str, Any], *, lr: float = 1e-3, e
                            compress_rows=base.supports_context_weights)
     with tempfile.TemporaryDirectory() as cache:
         result = probe_checkpoint(finetuner.model, prepared, plan, cache, model_digest(base), base,
-                                  ProbeSettings(n_resamples=bootstrap), {"run_id": f"planted-{model}"}, epoch=epochs)
+                                  ProbeSettings(n_resamples=bootstrap, null_splits=0),  # the planted split only
+                                  {"run_id": f"planted-{model}"}, epoch=epochs)
     return result.row

@@ -1,5 +1,5 @@
 """Planted ground truth through each real adapter (tiny, randomly initialised from its own architecture):
-label-shuffled members, 200 epochs at lr 1e-3, must be detected (calibrated AUC interval above 0.5).
+label-shuffled members, many epochs at lr 1e-3, must be detected (calibrated AUC interval above 0.5).
 
 TabPFN v2 standardises every feature over its context rows; a zero-information probe context repeats
 the query in every row, so without help every feature is constant and the query's features vanish. The
@@ -25,10 +25,15 @@ def _require(name: str) -> None:
         pytest.skip(f"{name}: its optional extra is not installed")
 
 
-@pytest.mark.parametrize("name", ["tabpfn-v2", "contexttab"])
+# Epochs each tiny model needs (measured: TabPFN v2 AUC 0.89 [0.79, 0.97] at 200, ConTextTab 0.77 [0.66, 0.87]
+# at 100). TabICL's tiny instance is not here: at 200 epochs its interval reached down to 0.46 (see the issue).
+EPOCHS = {"tabpfn-v2": 200, "contexttab": 100}
+
+
+@pytest.mark.parametrize("name", sorted(EPOCHS))
 def test_label_shuffled_members_are_detected_through_each_real_adapter(name):
     _require(name)
-    row = planted_check(name, CLASSIFIERS[name])
+    row = planted_check(name, CLASSIFIERS[name], epochs=EPOCHS[name])
     assert row["auc_low"] > 0.5, row
     assert row["outcome"] == "memorization"
 
