@@ -22,9 +22,26 @@ PLANTED_SUITE = ("base", "skew_true_x2", "position_first", "combo2_random_distra
 
 def planted_check(model: str, options: Mapping[str, Any], *, lr: float = 1e-3, epochs: int = 200,
                   task: str = "iris", q: int = 30, context_size: int = 60, seed: int = 0, bootstrap: int = 200,
-                  suite: Sequence[str] = PLANTED_SUITE, reference_statistics: bool = True) -> dict[str, Any]:
+                  suite: Sequence[str] = PLANTED_SUITE, reference_statistics: bool = True,
+                  torch_threads: int = 1) -> dict[str, Any]:
     """Fine-tune ``model`` on label-shuffled members and probe its last checkpoint; returns the results
-    row (outcome, deciding score kind, calibrated AUC with its interval, loss ratio, ...)."""
+    row (outcome, deciding score kind, calibrated AUC with its interval, loss ratio, ...). Runs on
+    ``torch_threads`` threads, like a sweep's trial (``resources.torch_threads_per_trial``, default 1): the
+    thread count changes the order of float sums, and over hundreds of steps the fine-tuned weights with it."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(torch_threads)
+    try:
+        return _planted_check(model, options, lr=lr, epochs=epochs, task=task, q=q, context_size=context_size,
+                              seed=seed, bootstrap=bootstrap, suite=suite, reference_statistics=reference_statistics)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _planted_check(model: str, options: Mapping[str, Any], *, lr: float, epochs: int, task: str, q: int,
+                   context_size: int, seed: int, bootstrap: int, suite: Sequence[str],
+                   reference_statistics: bool) -> dict[str, Any]:
     from probes.calibration import model_digest
     from probes.manipulations import suite_from_spec
     from probes.probe import ProbeSettings, probe_checkpoint
