@@ -43,7 +43,8 @@ __all__ = [
 def folder_kind(path: str | Path) -> str:
     """What ``path`` is: "missing", "empty", "tabular" (an iclmem sweep: ``sweep.json``), "lm" (an iclmem
     language-model run, by its provenance record), or "foreign" (anything else: someone's files)."""
-    import json
+    from iclmem.errors import DataError
+    from iclmem.provenance import Provenance
 
     folder = Path(path)
     if not folder.exists():
@@ -55,10 +56,10 @@ def folder_kind(path: str | Path) -> str:
     if (folder / SWEEP_FILE).is_file():
         return "tabular"
     try:
-        kind = json.loads((folder / PROVENANCE_FILE).read_text()).get("kind")
-    except (OSError, ValueError, AttributeError):
+        record = Provenance.read(folder)  # the provenance record's one reader
+    except DataError:  # a provenance.json that is not iclmem's
         return "foreign"
-    return "lm" if kind == "lm" else "foreign"
+    return "lm" if record is not None and record.kind == "lm" else "foreign"
 
 
 def roc_path(run_dir: str | Path, run_id: str, epoch: int) -> Path:

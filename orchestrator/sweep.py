@@ -18,7 +18,6 @@ import pandas as pd
 
 from iclmem.atomic import write_json_atomic
 from iclmem.errors import ConfigError
-from iclmem.provenance import PROVENANCE_FILE, Provenance
 from iclmem.raysession import ensure_ray
 from iclmem.runfolder import PREPARED_DIR, PROBES_DIR, REFERENCE_DIR, SWEEP_FILE, TUNE_DIR, folder_kind
 from orchestrator.config import SweepConfig, config_hash_of, load_sweep, parse_sweep
@@ -264,8 +263,7 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
     if resume:
         stored = run_dir / SWEEP_FILE
         if not stored.is_file():
-            record = Provenance.read(run_dir) if (run_dir / PROVENANCE_FILE).is_file() else None
-            if record is not None and record.kind == "lm":
+            if folder_kind(run_dir) == "lm":
                 raise ConfigError(f"{run_dir} is a language-model probe run: continue it with `iclmem lm resume {run_dir}`")
             raise ConfigError(f"{run_dir} holds no {SWEEP_FILE}: not an iclmem run folder")
         sweep = parse_sweep(json.loads(stored.read_text()), str(stored))
