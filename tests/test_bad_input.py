@@ -140,3 +140,33 @@ def test_all_nan_columns_are_dropped_with_a_warning_naming_them(tables, tmp_path
     with pytest.warns(UserWarning, match="empty"):
         task = prepare_task(TaskSource("t", "table", str(tables["all_nan"]), "label"), q=40, context_size=60)
     assert task.n_features == 2
+
+
+def test_a_folder_given_as_a_table_path_is_named_as_a_folder_and_points_at_carte(tmp_path):
+    from trainables.data import PrepSettings, TaskSource, prepare_task
+
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    with pytest.raises(IclmemError, match=r"is a folder, not a table file.*`carte:`"):
+        prepare_task(TaskSource("t", "table", str(folder), "y"), PrepSettings(context_size=20, q=10), "normal", 0)
+
+
+def test_many_integer_classes_inferred_as_regression_point_at_task_classification(tmp_path):
+    from trainables.data import PrepSettings, TaskSource, prepare_task
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"x": rng.normal(size=1500), "label": np.arange(1500) % 500})
+    path = tmp_path / "codes.csv"
+    frame.to_csv(path, index=False)
+    with pytest.warns(UserWarning, match=r"500 distinct integers and is taken as regression.*task: classification"):
+        task = prepare_task(TaskSource("codes", "table", str(path), "label"), PrepSettings(context_size=20, q=40),
+                            "normal", 0)
+    assert task.task_kind == "regression"
+    # A real-valued target is regression without the warning: it is not a guess about class ids.
+    frame["label"] = frame["label"] + rng.uniform(0.01, 0.99, size=len(frame))
+    frame.to_csv(path, index=False)
+    import warnings as _warnings
+
+    with _warnings.catch_warnings():
+        _warnings.filterwarnings("error", message=".*taken as regression.*")
+        prepare_task(TaskSource("codes", "table", str(path), "label"), PrepSettings(context_size=20, q=40), "normal", 0)

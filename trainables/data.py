@@ -345,6 +345,11 @@ def _resolve(source: TaskSource) -> _ResolvedSource:
     assert source.path is not None  # TaskSource guarantees it for carte / table
     path = Path(source.path).expanduser()
     if source.kind == "table":
+        if path.is_dir():
+            raise DataError(
+                f"task {source.name!r}: {path} is a folder, not a table file: give a .csv, .tsv or .parquet file "
+                f"as `path`, or the folder as `carte:` if it holds a CARTE table"
+            )
         if not path.is_file():
             raise DataError(f"task {source.name!r}: table file not found: {path}")
         assert source.target is not None
@@ -431,7 +436,16 @@ def _check_columns(frame: pd.DataFrame, target: str, task_name: str) -> None:
 
 def _infer_task(target: pd.Series) -> TaskKind:
     numeric = pd.to_numeric(target, errors="coerce")
-    if numeric.notna().all() and target.nunique() > INFER_REGRESSION_MIN_UNIQUE:
+    n_unique = target.nunique()
+    if numeric.notna().all() and n_unique > INFER_REGRESSION_MIN_UNIQUE:
+        if bool(np.all(np.mod(numeric.to_numpy(dtype=np.float64), 1.0) == 0)):
+            # Integer codes are as often class ids as counts; the guess decides the whole audit (bins
+            # vs classes), so say which way it went and how to overrule it.
+            warnings.warn(
+                f"target column {target.name!r} holds {n_unique} distinct integers and is taken as regression "
+                f"(cut into quantile bins); if they are class labels set `task: classification` on the task",
+                stacklevel=4,
+            )
         return TaskKind.REGRESSION
     return TaskKind.CLASSIFICATION
 
