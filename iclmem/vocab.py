@@ -40,6 +40,31 @@ class SourceKind(Vocab):
     BUILTIN = "builtin"
 
 
+class InputContract(Vocab):
+    """What a model is built to read; each adapter declares one (``ModelAdapter.input_contract``), and Stage
+    I prepares every task once per contract (``trainables.data.contract_settings``).
+
+    ``reduced``: every column encoded to standardised numbers (one-hot / ordinal / days), then whitened PCA
+    down to ``data.max_features`` (pfn-mini, a small fixed-width model). ``numeric``: the same encoding
+    without PCA unless the encoded table exceeds the model's own feature limit minus the probe's distractor
+    columns (TabICL, TabPFN v2). ``cells``: one feature per real table column -- numbers standardised once
+    over the table, text as a code into the column's vocabulary of cell strings, dates as whole days since
+    1970-01-01 -- never reduced (ConTextTab, which reads column names, text and dates itself)."""
+
+    REDUCED = "reduced"
+    NUMERIC = "numeric"
+    CELLS = "cells"
+
+
+class ColumnKind(Vocab):
+    """What one prepared feature column holds (``trainables.data.FeatureColumn``)."""
+
+    NUMBER = "number"  # a standardised number (a numeric cell, or an encoded one: one-hot, rank, days, missing flag)
+    TEXT = "text"  # an integer code into the column's vocabulary of cell strings (cells contract)
+    DATE = "date"  # whole days since 1970-01-01, UTC (cells contract)
+    COMPONENT = "component"  # a PCA component mixing every encoded column
+
+
 class Regime(Vocab):
     """Fine-tuning regimes (spec "Fine-tuning", paper App. 10)."""
 

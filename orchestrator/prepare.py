@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 from iclmem.errors import ConfigError, IclmemError
 from iclmem.provenance import Provenance, git_commit
-from iclmem.vocab import BASE_MODEL_ROW, Regime
+from iclmem.vocab import BASE_MODEL_ROW, InputContract, Regime
 from orchestrator.config import SweepConfig, TaskConfig, TrialSpec, expand_grid
-from trainables.data import LabelMode, PreparedTask, PrepSettings, TaskSource, load_or_prepare
+from trainables.data import DISTRACTOR_COLUMNS, LabelMode, PreparedTask, PrepSettings, TaskSource, load_or_prepare
 
 EXPERIMENT_NAME = "tune"
 
@@ -53,8 +53,9 @@ class PreparedSweep:
 
 def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None] = print,
                   source: str = "sweep") -> PreparedSweep:
-    """Stage I for every (task, Q, label mode, seed) of the grid, after every model's weights are found;
-    fails before any Ray work."""
+    """Stage I for every (task, Q, label mode, seed, model input contract) of the grid, after every model's
+    weights are found; each trial (and its base-model control) is mapped to the tasks prepared for its own
+    model's contract. Fails before any Ray work."""
     from trainables.models import build_model
     from trainables.models.checkpoints import locate_weights
 
@@ -69,46 +70,71 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
 
     settings = PrepSettings(regression_bins=sweep.data.regression_bins, max_features=sweep.data.max_features,
                             context_size=sweep.data.context_size)
+    trials = expand_grid(sweep)
+    # Each model (name + options) once, with random weights: its input contract and limits decide how
+    # Stage I prepares the tasks it meets (the weights themselves were located above).
+    models: dict[str, Any] = {}
+    for spec in [(m.name, m.options) for m in sweep.models] + [(t.model, dict(t.model_options)) for t in trials]:
+        key = _model_key(*spec)
+        if key not in models:
+            models[key] = build_model(spec[0], **{**spec[1], "weights": "random"})
     by_name = {t.name: t for t in sweep.tasks}
     index_of = {t.name: i for i, t in enumerate(sweep.tasks)}
     tasks: dict[str, PreparedTask] = {}
     memo: dict[tuple, str] = {}
-    trials = expand_grid(sweep)
     trial_tasks: dict[str, tuple[str, ...]] = {}
     errors: list[str] = []
+    failed: dict[tuple[int, str, str], list[str]] = {}
     for trial in trials:
+        model = models[_model_key(trial.model, dict(trial.model_options))]
+        # once per (task, Q, label mode, seed, model contract): models reading the same contract with the
+        # same limits share a preparation; the member / non-member / context split is the same for all
+        model_settings = model.prep_settings(settings)
         keys = []
         # multi_random trains on a pool of Q + context_size member rows (all of them members), so its
         # split draws that many members and as many non-members.
         members = trial.q + sweep.data.context_size if trial.regime == Regime.MULTI_RANDOM else trial.q
         for name in trial.task.split("+"):
-            memo_key = (name, members, trial.label_mode, trial.seed)
+            memo_key = (name, members, trial.label_mode, trial.seed, model_settings)
             if memo_key not in memo:
                 try:
-                    task = load_or_prepare(task_source(by_name[name]), settings, LabelMode(trial.label_mode),
+                    task = load_or_prepare(task_source(by_name[name]), model_settings, LabelMode(trial.label_mode),
                                            trial.seed, q=members, cache_dir=cache_dir)
                 except Exception as exc:  # collect every task's problem, then fail once
                     if isinstance(exc, IclmemError):
-                        errors.append(f"tasks.{index_of[name]} ({name!r}, q={trial.q}, label_mode={trial.label_mode}, "
-                                      f"seed={trial.seed}): {exc}")
+                        # A table that cannot be read fails the same way for every (Q, label mode, seed):
+                        # one line per task and message, naming how many combinations it stopped.
+                        failed.setdefault((index_of[name], name, str(exc)), []).append(
+                            f"q={trial.q}, label_mode={trial.label_mode}, seed={trial.seed}, model {trial.model!r}")
                         memo[memo_key] = ""
                         continue
                     raise
                 tasks[task.fingerprint] = task
                 memo[memo_key] = task.fingerprint
-                log(f"prepared {name} members={members} {trial.label_mode} seed={trial.seed}: "
-                    f"{task.features.shape[0]} rows, {task.n_features} features, {task.n_classes} classes")
+                report = task.split_report
+                pca = f"; {report.pca_reason}" if report.pca_reason else ""
+                log(f"prepared {name} members={members} {trial.label_mode} seed={trial.seed} for "
+                    f"{report.input_contract} inputs: {task.features.shape[0]} rows, {task.n_features} features, "
+                    f"{task.n_classes} classes{pca}")
             keys.append(memo[memo_key])
         trial_tasks[trial.run_id] = tuple(keys)
+        if len(keys) > 1 and model.input_contract == InputContract.CELLS and "" not in keys:
+            if len({tasks[k].columns for k in keys}) > 1:
+                errors.append(f"model {trial.model!r} reads each task's columns, but regime {trial.regime} fine-tunes "
+                              f"it on tasks with different columns ({trial.task}) at once: use grid.regime "
+                              f"single_fixed for it")
+    errors[:0] = [f"tasks.{index} ({name!r}, {combos[0]}"
+                  + (f"; and {len(combos) - 1} more combination(s) of Q / label mode / seed / model" if len(combos) > 1 else "")
+                  + f"): {message}" for (index, name, message), combos in failed.items()]
     if errors:
         raise ConfigError(f"{source}: Stage I failed before any cluster work:\n  - " + "\n  - ".join(dict.fromkeys(errors)))
-    for model_cfg in sweep.models:
-        model = build_model(model_cfg.name, **{**model_cfg.options, "weights": "random"})
-        for task in tasks.values():
+    for trial in trials:  # each task against the model that will read it, with the numbers it will read
+        model = models[_model_key(trial.model, dict(trial.model_options))]
+        for task in (tasks[k] for k in trial_tasks[trial.run_id]):
             if task.n_classes > model.max_classes:
-                errors.append(f"tasks ({task.name!r}) has {task.n_classes} candidate labels; models ({model_cfg.name!r}) supports at most {model.max_classes}: lower data.regression_bins or choose another model")
-            if task.n_features + 2 > model.max_features:  # the suite's distractors add up to 2 columns
-                errors.append(f"task {task.name!r} has {task.n_features} features (+2 distractors); model {model_cfg.name!r} takes at most {model.max_features}: lower data.max_features")
+                errors.append(f"tasks ({task.name!r}) has {task.n_classes} candidate labels; models ({trial.model!r}) supports at most {model.max_classes}: lower data.regression_bins or choose another model")
+            if task.n_features + DISTRACTOR_COLUMNS > model.max_features:  # the suite's distractors add up to 2 columns
+                errors.append(f"task {task.name!r} has {task.n_features} features (+{DISTRACTOR_COLUMNS} distractors); model {trial.model!r} takes at most {model.max_features}: lower data.max_features")
     if errors:
         raise ConfigError(f"{source}: tasks do not fit the models:\n  - " + "\n  - ".join(dict.fromkeys(errors)))
     controls = []
@@ -133,6 +159,10 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
     return PreparedSweep(sweep, tuple(trials), tasks, trial_tasks, tuple(controls))
 
 
+def _model_key(name: str, options: dict[str, Any]) -> str:
+    return json.dumps([name, dict(options)], sort_keys=True, default=str)
+
+
 def _identity(trial: TrialSpec, sweep: SweepConfig) -> dict[str, Any]:
     return {"run_id": trial.run_id, "task": trial.task, "model": trial.model,
             "model_options": json.dumps(dict(trial.model_options), sort_keys=True), "regime": trial.regime,
@@ -141,16 +171,32 @@ def _identity(trial: TrialSpec, sweep: SweepConfig) -> dict[str, Any]:
 
 
 def trial_config(trial: TrialSpec, prepared: PreparedSweep) -> dict[str, Any]:
+    """One trial's whole config: what the trainable rebuilds the run from. A DP-SGD trial (finite
+    ``trial.dp``) also carries its calibrated DP settings in ``finetune`` (so a lost checkpoint is
+    recomputed with the same noise) and its static DP statement in ``identity`` (so every results row
+    names it; the ε spent at each checkpoint is added by the aggregator)."""
+    import math
+
     sweep = prepared.sweep
     t = sweep.training
+    identity = _identity(trial, sweep)
+    finetune = {"model": trial.model, "model_options": dict(trial.model_options), "regime": trial.regime,
+                "lr": trial.lr, "epochs": t.epochs, "checkpoint_epochs": list(t.checkpoint_epochs),
+                "every_epoch": t.every_epoch, "grad_clip": t.grad_clip, "weight_decay": t.weight_decay,
+                "seed": trial.seed, "queries_per_step": trial.q if trial.regime == Regime.MULTI_RANDOM else None}
+    if math.isfinite(trial.dp):
+        from trainables.dp import DPSettings
+
+        # fixed batches: a member row is a query in one step per epoch (single_fixed: the only step;
+        # multi_fixed: its task's step), so epochs Gaussian steps at sample rate 1
+        dp = DPSettings.calibrate(trial.dp, t.dp_delta, t.dp_max_grad_norm, t.epochs, t.dp_accountant)
+        finetune["dp"] = dp.as_dict()
+        identity.update({f"dp_{k}": v for k, v in dp.as_dict().items()})
     return {
         "run_id": trial.run_id,
         "task_keys": list(prepared.trial_tasks[trial.run_id]),
-        "identity": _identity(trial, sweep),
+        "identity": identity,
         "torch_threads": sweep.resources.torch_threads_per_trial,
         "null_splits": sweep.probe.null_splits,  # recorded in each checkpoint's ground-truth log
-        "finetune": {"model": trial.model, "model_options": dict(trial.model_options), "regime": trial.regime,
-                     "lr": trial.lr, "epochs": t.epochs, "checkpoint_epochs": list(t.checkpoint_epochs),
-                     "every_epoch": t.every_epoch, "grad_clip": t.grad_clip, "weight_decay": t.weight_decay,
-                     "seed": trial.seed, "queries_per_step": trial.q if trial.regime == Regime.MULTI_RANDOM else None},
+        "finetune": finetune,
     }

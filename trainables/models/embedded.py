@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from iclmem.errors import CheckpointError
+from iclmem.vocab import InputContract
 from trainables.models.base import MODELS, Invariance, ModelAdapter, read_weights
 from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, local_checkpoint
 from trainables.models.pfn_mini import PfnMini, PfnMiniConfig
@@ -22,6 +23,8 @@ class PfnMiniAdapter(ModelAdapter):
     # Rows are a multiset (no positional encoding), and k copies of every row weigh each key k-fold in
     # numerator and denominator of every softmax (with context_weight: a log k bias on every key).
     invariances = frozenset({Invariance.ROW_ORDER, Invariance.UNIFORM_MULTIPLICITY})
+    # A small fixed-width model: today's preparation, whitened PCA down to data.max_features.
+    input_contract = InputContract.REDUCED
 
     def __init__(self, module: PfnMini, options: dict[str, Any] | None = None) -> None:
         super().__init__(module, options)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from iclmem.errors import CheckpointError, ModelError
+from iclmem.vocab import InputContract
 from trainables.models.base import MODELS, Invariance, NativeRegressionAdapter, read_weights
 from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, hub_checkpoint, local_checkpoint
 from trainables.models.extras import float32_compute, register_extra, require_extra, saved_options
@@ -45,6 +46,8 @@ register_extra(NAME, EXTRA, ("tabicl",), ("tabicl",))
 
 class TabICLAdapter(NativeRegressionAdapter):
     name = NAME
+    # Numbers, unreduced: PCA only when the encoded table exceeds this model's own feature limit.
+    input_contract = InputContract.NUMERIC
     # No positional encoding over rows (RoPE in the row interactor runs over columns). Repeating every
     # row is not a symmetry: the column embedder's outputs move (tests/test_invariance.py measures it).
     invariances = frozenset({Invariance.ROW_ORDER})

@@ -33,6 +33,7 @@ from typing import Any, Iterator
 import torch
 
 from iclmem.errors import CheckpointError, ModelError
+from iclmem.vocab import InputContract
 from trainables.models.base import MODELS, Invariance, NativeRegressionAdapter, read_weights
 from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, local_checkpoint, not_cached
 from trainables.models.extras import float32_compute, register_extra, require_extra, safetensors_metadata, saved_options
@@ -55,6 +56,8 @@ def _import_tabpfn() -> None:
 
 class TabPFNV2Adapter(NativeRegressionAdapter):
     name = NAME
+    # Numbers, unreduced: PCA only when the encoded table exceeds this model's own feature limit.
+    input_contract = InputContract.NUMERIC
     # Attention between items has no positional encoding, and densified labels rank the labels present,
     # which no reordering changes. Only row order is declared.
     invariances = frozenset({Invariance.ROW_ORDER})
