@@ -67,6 +67,7 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
               wandb_mode: str | None = None) -> pd.DataFrame:
     run_dir = Path(run_dir)
     results, manipulation_auc, rocs = collect(run_dir)
+    results = epsilon_columns(results, log)
     write_parquet_atomic(results, run_dir / RESULTS_FILE)
     write_parquet_atomic(manipulation_auc, run_dir / MANIPULATION_AUC_FILE)
     for (run_id, epoch), roc in rocs.items():
@@ -102,3 +103,107 @@ def write_reports(run_dir: Path, results: pd.DataFrame, wandb_mode: str | None =
     finally:
         logger.finish()
     return report
+
+
+# --------------------------------------------------------------------------------------------------
+# ε lower bounds against the DP accountant (issue #15)
+# --------------------------------------------------------------------------------------------------
+
+
+class EpsilonInconsistencyWarning(UserWarning):
+    """An audited ε lower bound exceeds the DP accountant's ε for the same checkpoint: one of the two is wrong."""
+
+
+def _kinds_of(row: pd.Series, all_kinds: list[str]) -> list[str]:
+    listed = row.get("threshold_score_kinds")
+    if isinstance(listed, str) and listed:
+        return [k for k in listed.split(",") if k in all_kinds] or all_kinds
+    return all_kinds
+
+
+def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -> pd.DataFrame:
+    """Adds, beside the per-kind bounds the probe wrote (``calibrated_<kind>_epsilon_lb``):
+
+    * ``epsilon_lb``, ``epsilon_lb_kind``, ``epsilon_lb_delta``: the checkpoint's bound, the maximum over the
+      competing score kinds (the family its verdict reads);
+    * ``run_epsilon_lb`` (and ``_epoch``, ``_kind``): the run headline's, the maximum over the run's
+      checkpoints and competing kinds;
+    * DP-SGD rows (``dp_noise_multiplier`` set): ``dp_steps`` and ``dp_epsilon``, the accountant's ε after the
+      checkpoint's epoch, and ``epsilon_consistent``: whether every calibrated kind's bound stays at or below
+      it. False is a bug in the audit or in the accounting, printed as a warning; None where there is no
+      accountant or the audit's δ is below the accountant's (then the bound is not comparable).
+    """
+    import math
+    import warnings
+
+    from iclmem.vocab import SCORE_KINDS
+
+    if results.empty:
+        return results
+    out = results.copy()
+    kinds = [k.value for k in SCORE_KINDS if f"calibrated_{k.value}_epsilon_lb" in out.columns]
+    if not kinds:
+        return out
+    lb, lb_kind, lb_delta, any_kind = [], [], [], []
+    for _, row in out.iterrows():
+        values = {k: float(row[f"calibrated_{k}_epsilon_lb"]) for k in _kinds_of(row, kinds)
+                  if pd.notna(row.get(f"calibrated_{k}_epsilon_lb"))}
+        best = max(values, key=lambda k: values[k], default=None)
+        lb.append(math.nan if best is None else values[best])
+        lb_kind.append(best)
+        lb_delta.append(math.nan if best is None else float(row[f"calibrated_{best}_epsilon_lb_delta"]))
+        every = [float(row[f"calibrated_{k}_epsilon_lb"]) for k in kinds if pd.notna(row.get(f"calibrated_{k}_epsilon_lb"))]
+        any_kind.append(max(every, default=math.nan))
+    out["epsilon_lb"], out["epsilon_lb_kind"], out["epsilon_lb_delta"] = lb, lb_kind, lb_delta
+    keys = [c for c in ("run_id", "task") if c in out.columns]
+    # the epoch as a float (NaN when no checkpoint has a bound): one dtype in memory and read back from parquet
+    out["run_epsilon_lb"], out["run_epsilon_lb_epoch"], out["run_epsilon_lb_kind"] = math.nan, math.nan, None
+    for _, group in out.groupby(keys, sort=False, dropna=False):
+        valid = group["epsilon_lb"].dropna()
+        if valid.empty:
+            continue
+        top = valid.idxmax()
+        out.loc[group.index, "run_epsilon_lb"] = float(valid.loc[top])
+        out.loc[group.index, "run_epsilon_lb_epoch"] = float(out.at[top, "epoch"])
+        out.loc[group.index, "run_epsilon_lb_kind"] = out.at[top, "epsilon_lb_kind"]
+    if "dp_noise_multiplier" not in out.columns:
+        return out
+    from trainables.dp import DPSettings
+
+    spent, steps, consistent = [], [], []
+    inconsistent, not_comparable = [], []
+    for i, row in out.iterrows():
+        if pd.isna(row.get("dp_noise_multiplier")):
+            spent.append(math.nan)
+            steps.append(None)
+            consistent.append(None)
+            continue
+        dp = DPSettings(**{f: row[f"dp_{f}"] for f in ("target_epsilon", "delta", "max_grad_norm", "noise_multiplier",
+                                                     "epochs", "sample_rate", "steps_per_epoch", "accountant")})
+        eps = dp.epsilon_at(int(row["epoch"]))
+        spent.append(eps)
+        steps.append(dp.steps_at(int(row["epoch"])))
+        audit = any_kind[out.index.get_loc(i)]
+        if math.isnan(audit):
+            consistent.append(None)
+        elif lb_delta[out.index.get_loc(i)] < dp.delta:
+            # (ε, δ)-DP says nothing at a smaller δ, so a bound computed there may exceed ε legitimately
+            consistent.append(None)
+            not_comparable.append(str(row["run_id"]))
+        else:
+            ok = audit <= eps + 1e-9
+            consistent.append(ok)
+            if not ok:
+                inconsistent.append(f"{row['run_id']} [{row.get('task')}] epoch {int(row['epoch'])}: "
+                                    f"audited epsilon_lb {audit:.4g} > accountant epsilon {eps:.4g} (delta {dp.delta:g})")
+    out["dp_epsilon"], out["dp_steps"], out["epsilon_consistent"] = spent, steps, consistent
+    if not_comparable:
+        log(f"[iclmem] note: epsilon_consistent is not checked for {len(set(not_comparable))} DP run(s) whose audit "
+            "delta (outcome.epsilon_delta) is below training.dp_delta; set them equal to compare")
+    if inconsistent:
+        message = (f"{len(inconsistent)} checkpoint(s) have an audited epsilon lower bound ABOVE the DP accountant's "
+                   "epsilon: a bug in the audit or in the DP accounting (or the members and non-members are not "
+                   "exchangeable, e.g. shuffled member labels): " + "; ".join(inconsistent))
+        log(f"[iclmem] WARNING {message}")
+        warnings.warn(message, EpsilonInconsistencyWarning, stacklevel=2)
+    return out

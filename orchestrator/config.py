@@ -10,15 +10,26 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from iclmem.errors import ConfigError
 from iclmem.vocab import LabelMode, Regime, TaskKind, WandbMode
+from trainables.dp import DEFAULT_DP_DELTA, DPAccountant
 
 
 class _Strict(BaseModel):
@@ -30,8 +41,31 @@ class _Strict(BaseModel):
 
 
 def config_hash_of(data: dict[str, Any]) -> str:
-    """The hash of a config's JSON form (what ``sweep.json`` stores), without validating it again."""
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+    """The hash of a config's JSON form (what ``sweep.json`` stores), without validating it again.
+
+    Settings added after run folders existed (:data:`HASH_NEUTRAL_DEFAULTS`) are left out of the hash
+    while they hold their default, so a sweep that does not use them keeps the hash (and the run folder,
+    Tune storage and W&B runs it names) it had before they existed."""
+    return hashlib.sha256(json.dumps(_hash_form(data), sort_keys=True).encode()).hexdigest()[:16]
+
+
+# (block, key) -> the default, in the JSON form ``model_dump(mode="json")`` gives it
+HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {
+    ("grid", "dp"): ["inf"],
+    ("training", "dp_delta"): DEFAULT_DP_DELTA,
+    ("training", "dp_max_grad_norm"): 1.0,
+    ("training", "dp_accountant"): DPAccountant.RDP.value,
+    ("outcome", "epsilon_delta"): 1e-5,
+}
+
+
+def _hash_form(data: dict[str, Any]) -> dict[str, Any]:
+    out = dict(data)
+    for (block, key), default in HASH_NEUTRAL_DEFAULTS.items():
+        section = out.get(block)
+        if isinstance(section, dict) and key in section and section[key] == default:
+            out[block] = {k: v for k, v in section.items() if k != key}
+    return out
 
 
 class TaskConfig(_Strict):
@@ -67,6 +101,8 @@ class GridConfig(_Strict):
     q: list[int] = [50]
     label_mode: list[LabelMode] = [LabelMode.NORMAL]
     seed: list[int] = [0]
+    # DP-SGD target ε of each run (trainables.dp); inf (YAML .inf or "inf") = plain fine-tuning
+    dp: list[float] = [math.inf]
 
     @field_validator("lr")
     @classmethod
@@ -84,7 +120,20 @@ class GridConfig(_Strict):
                 raise ValueError(f"Q (member rows) must be >= 1, got {v}")
         return values
 
-    @field_validator("regime", "lr", "q", "label_mode", "seed")
+    @field_validator("dp")
+    @classmethod
+    def _positive_epsilon(cls, values: list[float]) -> list[float]:
+        for v in values:
+            if not v > 0:  # also refuses NaN
+                raise ValueError(f"DP target epsilons must be > 0 (inf = no DP), got {v}")
+        return values
+
+    @field_serializer("dp", when_used="json")
+    def _dp_json(self, values: list[float]) -> list[float | str]:
+        # JSON has no infinity (sweep.json is written with allow_nan=False); "inf" validates back to inf
+        return ["inf" if math.isinf(v) else v for v in values]
+
+    @field_validator("regime", "lr", "q", "label_mode", "seed", "dp")
     @classmethod
     def _non_empty(cls, values: list[Any]) -> list[Any]:
         if not values:
@@ -101,6 +150,11 @@ class TrainingConfig(_Strict):
     every_epoch: bool = False
     grad_clip: float = Field(1.0, gt=0)
     weight_decay: float = Field(0.01, ge=0)
+    # DP-SGD runs (grid.dp finite) only: δ of their (ε, δ) guarantee, the per-query-row clipping norm (it
+    # replaces grad_clip there) and Opacus's accountant (rdp or prv)
+    dp_delta: float = Field(DEFAULT_DP_DELTA, gt=0, lt=1)
+    dp_max_grad_norm: float = Field(1.0, gt=0, allow_inf_nan=False)
+    dp_accountant: DPAccountant = DPAccountant.RDP
 
     @model_validator(mode="after")
     def _schedule_fits(self) -> "TrainingConfig":
@@ -109,7 +163,10 @@ class TrainingConfig(_Strict):
         if any(e < 1 for e in self.checkpoint_epochs):
             raise ValueError("checkpoint_epochs must be >= 1 (epoch 0 is the shared base model)")
         beyond = [e for e in self.checkpoint_epochs if e > self.epochs]
-        if beyond and "checkpoint_epochs" in self.model_fields_set:
+        # The paper's default schedule is trimmed to ``epochs``; a stored sweep.json repeats it in full (every
+        # field is dumped), so only a schedule other than the default is refused for running past the end.
+        default = TrainingConfig.model_fields["checkpoint_epochs"].default
+        if beyond and "checkpoint_epochs" in self.model_fields_set and self.checkpoint_epochs != default:
             raise ValueError(f"checkpoint_epochs {beyond} exceed epochs ({self.epochs}): they would never be written; "
                              "drop them or raise epochs")
         if self.checkpoint_epochs and min(self.checkpoint_epochs) > self.epochs:
@@ -234,6 +291,14 @@ class SweepConfig(_Strict):
             raise ValueError(f"duplicate task names: {dupes}")
         return tasks
 
+    @model_validator(mode="after")
+    def _dp_fits_the_regimes(self) -> "SweepConfig":
+        if any(math.isfinite(e) for e in self.grid.dp) and Regime.MULTI_RANDOM in self.grid.regime:
+            raise ValueError("grid.dp with a finite epsilon cannot run regime multi_random: its contexts are drawn "
+                             "from the member rows, whose influence as context rows DP-SGD does not bound; "
+                             "sweep multi_random in a file without grid.dp")
+        return self
+
     @field_validator("models")
     @classmethod
     def _known_models(cls, models: list[ModelConfig]) -> list[ModelConfig]:
@@ -353,6 +418,7 @@ class TrialSpec:
     q: int
     label_mode: str
     seed: int
+    dp: float = math.inf  # DP-SGD target epsilon; inf = plain fine-tuning
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -365,11 +431,23 @@ def expand_grid(sweep: SweepConfig) -> list[TrialSpec]:
     tasks at once (one model fine-tuned jointly on every task, paper App. 10)."""
     trials = []
     g = sweep.grid
-    for model, regime, lr, q, mode, seed in itertools.product(sweep.models, g.regime, g.lr, g.q, g.label_mode, g.seed):
+    for model, regime, lr, q, mode, seed, dp in itertools.product(sweep.models, g.regime, g.lr, g.q, g.label_mode,
+                                                                  g.seed, g.dp):
         joint = regime in (Regime.MULTI_FIXED, Regime.MULTI_RANDOM)
         task_groups = ["+".join(t.name for t in sweep.tasks)] if joint else [t.name for t in sweep.tasks]
         for task in task_groups:
-            key = json.dumps([task, model.name, model.options, regime, lr, q, mode, seed], sort_keys=True, default=str)
-            run_id = f"{task[:24]}-{regime}-lr{lr:g}-q{q}-{mode}-s{seed}-{hashlib.sha1(key.encode()).hexdigest()[:6]}"
-            trials.append(TrialSpec(run_id, task, model.name, tuple(sorted(model.options.items())), regime, lr, q, mode, seed))
+            # a run without DP keeps the id it had before the dp axis existed; a DP run's names its epsilon
+            # (and, in the hashed key, the settings that change its noise)
+            parts: list[Any] = [task, model.name, model.options, regime, lr, q, mode, seed]
+            tag = ""
+            if math.isfinite(dp):
+                t = sweep.training
+                parts.append({"dp": dp, "delta": t.dp_delta, "max_grad_norm": t.dp_max_grad_norm,
+                              "accountant": str(t.dp_accountant)})
+                tag = f"-dp{dp:g}"
+            key = json.dumps(parts, sort_keys=True, default=str)
+            run_id = (f"{task[:24]}-{regime}-lr{lr:g}-q{q}-{mode}-s{seed}{tag}-"
+                      f"{hashlib.sha1(key.encode()).hexdigest()[:6]}")
+            trials.append(TrialSpec(run_id, task, model.name, tuple(sorted(model.options.items())), regime, lr, q, mode,
+                                    seed, dp))
     return trials

@@ -30,6 +30,7 @@ import pandas as pd
 
 from iclmem.errors import ProbeError
 from iclmem.vocab import SCORE_KINDS, Calibration, ScoreKind
+from probes.epsilon import DEFAULT_EPSILON_DELTA, EpsilonBound, epsilon_lower_bound
 
 __all__ = [
     "ScoreKind",
@@ -484,6 +485,8 @@ class CheckpointMetrics:
     seed: int
     confidence: float = 0.95
     p_value: float = float("nan")  # one-sided Mann-Whitney p-value of the AUC (see mann_whitney_p)
+    # the ε lower bound the attack implies (probes.epsilon), over every threshold of these scores
+    epsilon: EpsilonBound | None = None
 
     def tpr_at(self, alpha: float) -> TprAtFpr:
         return _lookup_alpha(self.tpr, alpha, "TPR")
@@ -534,6 +537,11 @@ class CheckpointMetrics:
             out[f"{q}_allowed_false_positives"] = t.allowed_false_positives
         out[f"{p}_n_members"] = next(iter(self.tpr.values())).n_members if self.tpr else -1
         out[f"{p}_n_nonmembers"] = next(iter(self.tpr.values())).n_nonmembers if self.tpr else -1
+        if self.epsilon is not None:
+            # ``<p>_epsilon_lb`` and the δ it was computed for (``<p>_epsilon_lb_delta``) travel together, so a
+            # row never states a bound without its δ; the side (a word) stays out of this numeric record
+            out[f"{p}_epsilon_lb"] = self.epsilon.epsilon
+            out[f"{p}_epsilon_lb_delta"] = self.epsilon.delta
         return out
 
 
@@ -547,8 +555,11 @@ def membership_metrics(
     n_resamples: int = 1000,
     seed: int = 0,
     confidence: float = 0.95,
+    epsilon_delta: float = DEFAULT_EPSILON_DELTA,
 ) -> CheckpointMetrics:
-    """All metrics of one kind from already-oriented membership scores (higher = member)."""
+    """All metrics of one kind from already-oriented membership scores (higher = member); the ε lower
+    bound (:func:`probes.epsilon.epsilon_lower_bound`) at δ = ``epsilon_delta``, with Clopper-Pearson
+    bounds at ``confidence``."""
     m = _scores(member_scores, "member scores")
     n = _scores(nonmember_scores, "non-member scores")
     alphas = tuple(dict.fromkeys(float(a) for a in alphas))
@@ -571,6 +582,7 @@ def membership_metrics(
         seed=int(seed),
         confidence=float(confidence),
         p_value=mann_whitney_p(m, n),
+        epsilon=epsilon_lower_bound(m, n, epsilon_delta, confidence),
     )
 
 
@@ -668,7 +680,8 @@ class MembershipInput:
         calibration: Calibration | str = Calibration.CALIBRATED,
         **kwargs: Any,
     ) -> CheckpointMetrics:
-        """kwargs: ``alphas``, ``n_resamples``, ``seed``, ``confidence`` of :func:`membership_metrics`."""
+        """kwargs: ``alphas``, ``n_resamples``, ``seed``, ``confidence``, ``epsilon_delta`` of
+        :func:`membership_metrics`."""
         s = self.membership_scores(kind, calibration)
         return membership_metrics(s.members, s.nonmembers, kind, calibration, **kwargs)
 

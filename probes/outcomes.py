@@ -33,6 +33,7 @@ import pandas as pd
 
 from iclmem.errors import ConfigError, ProbeError
 from iclmem.vocab import PRECEDENCE, Outcome, OutcomeRule, VerdictRule
+from probes.epsilon import DEFAULT_EPSILON_DELTA
 from probes.metrics import (
     SCORE_KINDS,
     Calibration,
@@ -80,6 +81,9 @@ class OutcomeThresholds:
     family_alpha: float = 0.05
     # the score kinds that compete for "the maximum signal" (paper: loss and entropy)
     score_kinds: tuple[ScoreKind, ...] = (ScoreKind.LOSS, ScoreKind.ENTROPY)
+    # δ of the ε lower bound reported with every verdict (probes.epsilon); not a verdict threshold, kept
+    # here so that it is one setting of the sweep's ``outcome:`` block and reaches every metric the rule reads
+    epsilon_delta: float = DEFAULT_EPSILON_DELTA
 
     def __post_init__(self) -> None:
         try:
@@ -108,6 +112,8 @@ class OutcomeThresholds:
                 raise ConfigError(f"outcome threshold {f.name!r} must be a number, got {v!r}")
             if math.isnan(v) or v < 0:
                 raise ConfigError(f"outcome threshold {f.name!r} must be >= 0, got {v!r}")
+        if not self.epsilon_delta < 1.0:
+            raise ConfigError(f"outcome 'epsilon_delta' must lie in [0, 1), got {self.epsilon_delta!r}")
         if not 0.0 < self.family_alpha < 1.0:
             raise ConfigError(f"outcome threshold 'family_alpha' must lie in (0, 1), got {self.family_alpha!r}")
         if not 0.0 < self.memorization_alpha < 1.0:
@@ -242,7 +248,8 @@ def build_evidence(
     th = thresholds or OutcomeThresholds()
     all_alphas = tuple(dict.fromkeys([*map(float, alphas), float(th.memorization_alpha)]))
     mi = MembershipInput.from_scores_tables(fine_tuned, reference)
-    kw = dict(alphas=all_alphas, n_resamples=n_resamples, seed=seed, confidence=confidence)
+    kw = dict(alphas=all_alphas, n_resamples=n_resamples, seed=seed, confidence=confidence,
+              epsilon_delta=th.epsilon_delta)
     s = robustness_scores(fine_tuned)
     mem = s["member"].to_numpy(dtype=bool)
     loss = s["loss"].to_numpy(dtype=np.float64)

@@ -186,3 +186,70 @@ def test_torch_threads_per_trial_reaches_the_trainable_and_the_recompute_recipe(
     config = trial_config(prepared.trials[0], prepared)
     assert config["torch_threads"] == 2
     assert jobs_for(config, 1, None, tmp_path / "probes")[0].recipe["torch_threads"] == 2
+
+
+# --------------------------------------------------------------------------- the DP-SGD axis (issue #15)
+# Run ids and config hashes of sweeps without DP, as they were before grid.dp, training.dp_* and
+# outcome.epsilon_delta existed: run folders, Tune storage and W&B runs are named by them.
+PINNED_SWEEP = {"name": "pin", "tasks": [{"name": "iris"}],
+                "grid": {"lr": [1e-3, 1e-2], "label_mode": ["normal", "shuffled_members"]}}
+PINNED_HASH = "6270b95e933bb4a5"
+PINNED_RUN_IDS = ["iris-single_fixed-lr0.001-q50-normal-s0-04adf4", "iris-single_fixed-lr0.001-q50-shuffled_members-s0-f7f9b3",
+                  "iris-single_fixed-lr0.01-q50-normal-s0-d97e3d", "iris-single_fixed-lr0.01-q50-shuffled_members-s0-02cbee"]
+
+
+def test_sweeps_without_dp_keep_their_run_ids_and_config_hash():
+    from orchestrator.config import parse_sweep
+
+    for extra in ({}, {"grid": {**PINNED_SWEEP["grid"], "dp": ["inf"]}},
+                  {"training": {"dp_delta": 1e-5, "dp_max_grad_norm": 1.0, "dp_accountant": "rdp"}},
+                  {"outcome": {"epsilon_delta": 1e-5}}):
+        sweep = parse_sweep({**PINNED_SWEEP, **extra})
+        assert sweep.config_hash() == PINNED_HASH, extra
+        assert [t.run_id for t in expand_grid(sweep)] == PINNED_RUN_IDS, extra
+    assert load_sweep(CONFIGS / "quickstart.yaml").config_hash() == "2281ca5e38313c95"
+
+
+def test_the_dp_axis_adds_runs_named_by_their_epsilon_and_settings():
+    from orchestrator.config import parse_sweep
+
+    base = {"name": "s", "tasks": [{"name": "iris"}], "grid": yaml.safe_load("dp: [.inf, 1, 8]")}
+    trials = expand_grid(parse_sweep(base))
+    assert [t.dp for t in trials] == [float("inf"), 1.0, 8.0]
+    assert trials[0].run_id == "iris-single_fixed-lr0.001-q50-normal-s0-04adf4"
+    assert "-dp1-" in trials[1].run_id and "-dp8-" in trials[2].run_id
+    # another delta or clipping norm changes the noise, so it names another run
+    other = expand_grid(parse_sweep({**base, "training": {"dp_delta": 1e-6}}))
+    assert other[0].run_id == trials[0].run_id and other[1].run_id != trials[1].run_id
+    assert parse_sweep(base).config_hash() != PINNED_HASH
+
+
+def test_sweep_json_round_trips_an_infinite_epsilon(tmp_path):
+    """sweep.json is written without NaN/inf (allow_nan=False): inf is stored as "inf" and reads back."""
+    import json
+
+    from iclmem.atomic import write_json_atomic
+    from orchestrator.config import config_hash_of, parse_sweep
+
+    sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"dp": ["inf", 2]},
+                         "training": {"epochs": 10, "checkpoint_epochs": [5, 10]}})
+    write_json_atomic(tmp_path / "sweep.json", sweep.model_dump(mode="json"))
+    stored = json.loads((tmp_path / "sweep.json").read_text())
+    assert stored["grid"]["dp"] == ["inf", 2.0]
+    assert parse_sweep(stored) == sweep and config_hash_of(stored) == sweep.config_hash()
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"grid": {"dp": [0]}}, "grid.dp"), ({"grid": {"dp": [-1]}}, "grid.dp"), ({"grid": {"dp": [1, 1]}}, "duplicate"),
+    ({"grid": {"dp": []}}, "grid.dp"),
+    ({"training": {"dp_delta": 0}}, "training.dp_delta"), ({"training": {"dp_delta": 1}}, "training.dp_delta"),
+    ({"training": {"dp_max_grad_norm": 0}}, "training.dp_max_grad_norm"),
+    ({"training": {"dp_accountant": "gdp"}}, "training.dp_accountant"),
+    ({"grid": {"dp": [1], "regime": ["multi_random"]}}, "multi_random"),
+])
+def test_bad_dp_settings_are_refused_naming_the_setting(setting, message):
+    from iclmem.errors import ConfigError
+    from orchestrator.config import parse_sweep
+
+    with pytest.raises(ConfigError, match=message):
+        parse_sweep({"name": "s", "tasks": [{"name": "iris"}, {"name": "wine"}], **setting})

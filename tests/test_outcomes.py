@@ -212,6 +212,7 @@ def test_thresholds_are_recorded_in_the_verdict():
         "memorization_tpr_margin": 0.10, "memorization_alpha": 0.10, "inversion_auc": 0.5,
         "overfitting_mu": 0.01, "overfitting_sigma": 0.01, "strict": False,
         "rule": "selection_aware", "family_alpha": 0.05, "score_kinds": "loss,entropy",
+        "epsilon_delta": 1e-5,  # the ε lower bound's δ (probes.epsilon), stated with every verdict
     }
     th = OutcomeThresholds(collapse_loss_ratio=3.0)
     v = classify(_quiet(loss_ratio=4.0), th)

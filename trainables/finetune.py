@@ -27,6 +27,14 @@ import torch.nn.functional as F
 from iclmem.atomic import atomic_write, write_json_atomic
 from iclmem.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from iclmem.vocab import Regime
+from trainables.dp import (
+    DPSettings,
+    PerRowMode,
+    clipped_gradient_sum,
+    noisy_gradient,
+    vmap_unsupported,
+    warn_loop_fallback,
+)
 from trainables.models import ModelAdapter, build_model, read_weights
 from trainables.models.base import resolve_device, weights_digest
 
@@ -51,9 +59,18 @@ class FinetuneSpec:
     weight_decay: float = 0.01
     seed: int = 0
     queries_per_step: int | None = None  # multi_random: Q query rows drawn per epoch (default: all but the context)
+    # DP-SGD (trainables.dp): per-query-row clipping and Gaussian noise instead of plain steps; None = off
+    dp: DPSettings | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "regime", Regime(self.regime))
+        if self.dp is not None:
+            object.__setattr__(self, "dp", DPSettings.from_value(self.dp))
+            if self.regime == Regime.MULTI_RANDOM:
+                raise ConfigError("DP-SGD is not offered for regime multi_random: its contexts are drawn from the "
+                                  "member rows, whose influence as context rows per-row clipping does not bound")
+            if self.dp.epochs != self.epochs:
+                raise ConfigError(f"DP noise was calibrated for {self.dp.epochs} epochs, the run trains {self.epochs}")
         object.__setattr__(self, "checkpoint_epochs", tuple(int(e) for e in self.checkpoint_epochs))
         if self.lr <= 0 or not math.isfinite(self.lr):
             raise ConfigError(f"lr must be a positive number, got {self.lr}")
@@ -71,6 +88,10 @@ class FinetuneSpec:
         out = asdict(self)
         out["regime"] = self.regime.value
         out["checkpoint_epochs"] = list(self.checkpoint_epochs)
+        if self.dp is None:
+            del out["dp"]  # a run without DP records the spec it always did
+        else:
+            out["dp"] = self.dp.as_dict()
         return out
 
 
@@ -96,6 +117,37 @@ def fixed_batch(task: Any, query_idx: np.ndarray | None = None) -> Batch:
     y = torch.from_numpy(np.array(task.labels, dtype=np.int64))
     ctx, qry = torch.from_numpy(np.array(task.context_idx)), torch.from_numpy(np.array(query_idx))
     return Batch(x[ctx][None], y[ctx][None], x[qry][None], y[qry][None], task.n_classes)
+
+
+@torch.no_grad()
+def icl_metrics(model: ModelAdapter, batches: dict[str, Sequence[Batch]]) -> dict[str, float]:
+    """``<name>_icl_accuracy`` and ``<name>_icl_loss`` (mean NLL) of each named list of batches: the
+    model's ordinary in-context predictions (eval mode; the module's mode is restored after)."""
+    was_training = model.module.training
+    model.module.eval()
+    out: dict[str, float] = {}
+    try:
+        for name, group in batches.items():
+            correct, total, nll = 0.0, 0, 0.0
+            for b in group:
+                lp = model.log_probs(b.context_x, b.context_y, b.query_x, b.n_classes)
+                correct += float((lp.argmax(-1) == b.query_y).sum())
+                nll += float(F.nll_loss(lp.reshape(-1, b.n_classes), b.query_y.reshape(-1), reduction="sum"))
+                total += b.query_y.numel()
+            out[f"{name}_icl_accuracy"] = correct / total
+            out[f"{name}_icl_loss"] = nll / total
+    finally:
+        model.module.train(was_training)
+    return out
+
+
+def icl_utility(model: ModelAdapter, task: Any) -> dict[str, float]:
+    """Utility of a (fine-tuned) model on a prepared task: in-context accuracy and loss with C' on the
+    members (the labels the run trained on) and on the non-members, as a results row's columns
+    ``member_icl_accuracy``, ``nonmember_icl_accuracy``, ``member_icl_loss``, ``nonmember_icl_loss``."""
+    device = model.device
+    return icl_metrics(model, {"member": [fixed_batch(task).to(device)],
+                               "nonmember": [fixed_batch(task, task.nonmember_idx).to(device)]})
 
 
 def uniform_context(labels: np.ndarray, size: int, n_classes: int, rng: np.random.Generator) -> np.ndarray:
@@ -164,6 +216,7 @@ class Finetuner:
         self.tasks = list(tasks)
         torch.manual_seed(spec.seed)
         self.model = model or build_model(spec.model, **spec.model_options)
+        self.model.use_columns(*(getattr(t, "columns", None) for t in self.tasks))  # the tasks' column descriptions
         self.device = resolve_device(device)
         self.model.to(self.device)
         self.model.module.train()
@@ -171,6 +224,10 @@ class Finetuner:
             self.model.trainable_parameters(), lr=spec.lr, weight_decay=spec.weight_decay
         )
         self.epoch = 0
+        self.dp = spec.dp
+        # DP noise comes from its own CPU generator, saved with each checkpoint (see noisy_gradient)
+        self._dp_generator = torch.Generator().manual_seed(spec.seed)
+        self._per_row_mode = PerRowMode.VMAP
         self._fixed = [fixed_batch(t).to(self.device) for t in self.tasks]
         self._eval_members = self._fixed
         self._eval_nonmembers = [fixed_batch(t, t.nonmember_idx).to(self.device) for t in self.tasks]
@@ -183,6 +240,8 @@ class Finetuner:
         return self._fixed
 
     def step(self, batch: Batch) -> float:
+        if self.dp is not None:
+            return self.dp_step(batch)
         log_probs = self.model.log_probs(batch.context_x, batch.context_y, batch.query_x, batch.n_classes)
         loss = F.nll_loss(log_probs.reshape(-1, batch.n_classes), batch.query_y.reshape(-1))
         if not torch.isfinite(loss):
@@ -192,6 +251,32 @@ class Finetuner:
         torch.nn.utils.clip_grad_norm_(self.model.trainable_parameters(), self.spec.grad_clip)
         self.optimizer.step()
         return float(loss.detach())
+
+    def dp_step(self, batch: Batch) -> float:
+        """One DP-SGD step (:mod:`trainables.dp`): per-query-row gradients, each clipped to
+        ``dp.max_grad_norm``, summed, Gaussian noise of std ``noise_multiplier x max_grad_norm`` added, divided
+        by the number of query rows; then the optimizer's step (post-processing). Returns the mean loss."""
+        assert self.dp is not None
+        try:
+            sums, losses, _norms = clipped_gradient_sum(self.model, batch, self.dp.max_grad_norm, self._per_row_mode)
+        except (RuntimeError, NotImplementedError) as exc:
+            if self._per_row_mode is not PerRowMode.VMAP or not vmap_unsupported(exc):
+                raise
+            warn_loop_fallback(self.spec.model, exc)
+            self._per_row_mode = PerRowMode.LOOP
+            sums, losses, _norms = clipped_gradient_sum(self.model, batch, self.dp.max_grad_norm, self._per_row_mode)
+        if not torch.isfinite(losses).all():
+            return float("nan")
+        grads = noisy_gradient(sums, self.dp.noise_std, batch.query_y.numel(), self._dp_generator)
+        self.optimizer.zero_grad(set_to_none=True)
+        for p, g in zip(self.model.trainable_parameters(), grads):
+            p.grad = g
+        self.optimizer.step()
+        return float(losses.mean())
+
+    def dp_record(self) -> dict[str, Any] | None:
+        """The DP statement of the current weights (settings, accounted steps, ε spent); None without DP."""
+        return None if self.dp is None else {**self.dp.record(self.epoch), "per_row_gradients": self._per_row_mode.value}
 
     def run_epoch(self) -> EpochResult:
         """One epoch; a NaN/inf loss or non-finite weights marks the run diverged (weights untouched)."""
@@ -205,22 +290,9 @@ class Finetuner:
     def _weights_finite(self) -> bool:
         return all(torch.isfinite(p).all() for p in self.model.trainable_parameters())
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """In-context accuracy with the real context C', on members (their trained labels) and non-members."""
-        self.model.module.eval()
-        out: dict[str, float] = {}
-        for name, batches in (("member", self._eval_members), ("nonmember", self._eval_nonmembers)):
-            correct, total, nll = 0.0, 0, 0.0
-            for b in batches:
-                lp = self.model.log_probs(b.context_x, b.context_y, b.query_x, b.n_classes)
-                correct += float((lp.argmax(-1) == b.query_y).sum())
-                nll += float(F.nll_loss(lp.reshape(-1, b.n_classes), b.query_y.reshape(-1), reduction="sum"))
-                total += b.query_y.numel()
-            out[f"{name}_icl_accuracy"] = correct / total
-            out[f"{name}_icl_loss"] = nll / total
-        self.model.module.train()
-        return out
+        return icl_metrics(self.model, {"member": self._eval_members, "nonmember": self._eval_nonmembers})
 
     def train(self, callback=None) -> list[EpochResult]:
         """Run to ``spec.epochs``; ``callback(result, finetuner)`` after each epoch may save checkpoints."""
@@ -244,6 +316,8 @@ class Finetuner:
         directory.mkdir(parents=True, exist_ok=True)
         atomic_write(directory / MODEL_FILE, self.model.save, to_path=True)
         state = {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(), "epoch": self.epoch}
+        if self.dp is not None:
+            state["dp_rng"] = self._dp_generator.get_state()
         atomic_write(directory / STATE_FILE, lambda tmp: torch.save(state, tmp), to_path=True)
         manifest = {"epoch": self.epoch, "model": self.spec.model, "model_options": self.spec.model_options,
                     "spec": self.spec.to_dict(), "metrics": metrics or {},
@@ -251,6 +325,8 @@ class Finetuner:
                     # the file digest guards the bytes; this one the weights themselves (safetensors may
                     # order its header differently on each write, so equal weights can give unequal files)
                     "weights_sha256": weights_digest(self.model.module.state_dict())}
+        if self.dp is not None:
+            manifest["dp"] = self.dp_record()
         write_json_atomic(directory / META_FILE, manifest, indent=2, default=str, allow_nan=True)
         return directory
 
@@ -266,6 +342,11 @@ class Finetuner:
             raise CheckpointError(f"cannot read trainer state {directory / STATE_FILE}: {exc}") from exc
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
+        if self.dp is not None:
+            if "dp_rng" not in state:
+                raise CheckpointError(f"{directory / STATE_FILE} holds no DP noise generator state: it was not written "
+                                      "by a DP-SGD run, so this run cannot continue from it")
+            self._dp_generator.set_state(state["dp_rng"])
         self.epoch = int(state["epoch"])
 
 

@@ -57,6 +57,18 @@ def draws(spec: FinetuneSpec, tasks: list[Any], epoch: int) -> dict[str, Any]:
     return {"multi_random_draws": out}
 
 
+def dp_metrics(finetuner: Finetuner) -> dict[str, Any]:
+    """A DP-SGD run's privacy statement after the current epoch, as flat numeric metrics (``dp_epsilon``:
+    the accountant's ε spent so far; ``dp_target_epsilon``, ``dp_delta``, ``dp_noise_multiplier``,
+    ``dp_max_grad_norm``, ``dp_steps``, ``dp_sample_rate``); empty without DP. Every reported metric is in
+    the checkpoint's manifest too (``Finetuner.save`` also writes the whole record under ``dp``)."""
+    record = finetuner.dp_record()
+    if record is None:
+        return {}
+    keys = ("epsilon", "target_epsilon", "delta", "noise_multiplier", "max_grad_norm", "steps", "sample_rate")
+    return {f"dp_{k}": record[k] for k in keys}
+
+
 def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None = None) -> None:
     """``prepared`` maps task fingerprints to prepared tasks; bound with ``tune.with_parameters`` so the
     tasks travel through the object store to any node, with no shared file system needed for them."""
@@ -81,7 +93,7 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
     while finetuner.epoch < spec.epochs:
         result = finetuner.run_epoch()
         metrics = {**identity, "epoch": result.epoch, "train_loss": result.train_loss,
-                   "diverged": result.diverged, **result.metrics}
+                   "diverged": result.diverged, **result.metrics, **dp_metrics(finetuner)}
         if result.diverged:
             # Divergence is a result: stop cleanly; the last good checkpoint stays the latest one.
             tune.report(metrics)

@@ -1,0 +1,161 @@
+"""The report's privacy section: ε lower bounds (every run) and DP-SGD utility and verdict against ε.
+
+Reads only the columns listed in :data:`EPSILON_REPORT_COLUMNS` (ids, config, metrics, verdicts: the same
+rule as ``orchestrator.reports``' allow-list), so no raw value can reach the page. The columns come from
+``orchestrator.aggregate.epsilon_columns`` (ε_lb, run headline ε_lb, the accountant's ε, the consistency
+flag), the run identity (``dp_*`` of DP-SGD runs) and, when the probe adds them, the utility columns
+(``member_icl_accuracy``, ``nonmember_icl_accuracy``; ``trainables.finetune.icl_utility``).
+
+* :func:`epsilon_table` -- one row per run: target ε, accountant ε, run-headline ε_lb, verdict at the
+  last checkpoint, utility, consistency;
+* :func:`epsilon_figure` -- ε_lb over epochs, one line per run, the accountant's ε dashed beside DP runs;
+* :func:`epsilon_section_html` -- both as an HTML fragment for the report page (empty when the results
+  hold no ε column).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from iclmem.vocab import SCORE_KINDS
+
+__all__ = ["EPSILON_REPORT_COLUMNS", "epsilon_public", "epsilon_table", "epsilon_figure", "epsilon_section_html",
+           "EPSILON_FIGURE"]
+
+EPSILON_FIGURE = "epsilon_over_epochs.png"
+
+EPSILON_REPORT_COLUMNS: tuple[str, ...] = (
+    "run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed", "epoch", "outcome", "sanity_check",
+    "epsilon_lb", "epsilon_lb_kind", "epsilon_lb_delta", "run_epsilon_lb", "run_epsilon_lb_epoch",
+    "run_epsilon_lb_kind", "dp_target_epsilon", "dp_delta", "dp_max_grad_norm", "dp_noise_multiplier",
+    "dp_accountant", "dp_epsilon", "dp_steps", "epsilon_consistent", "member_icl_accuracy", "nonmember_icl_accuracy",
+    *(f"calibrated_{k.value}_epsilon_lb" for k in SCORE_KINDS),
+)
+
+
+def epsilon_public(results: pd.DataFrame) -> pd.DataFrame:
+    """``results`` reduced to the columns this section reads."""
+    return results.loc[:, [c for c in EPSILON_REPORT_COLUMNS if c in results.columns]].copy()
+
+
+def _fine_tuned(df: pd.DataFrame) -> pd.DataFrame:
+    if "sanity_check" in df.columns:
+        df = df[~df["sanity_check"].fillna(False).astype(bool)]
+    return df
+
+
+def epsilon_table(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per fine-tuned run (``run_id``, ``task``), ordered by task, label mode and target ε (no DP
+    last): its last checkpoint's verdict, accountant ε and utility, and its headline ε_lb (the maximum over
+    checkpoints and competing kinds, with the epoch). ``consistent``: False if any checkpoint of the run
+    had ε_lb above the accountant's ε."""
+    df = _fine_tuned(epsilon_public(results))
+    if df.empty or "epsilon_lb" not in df.columns:
+        return pd.DataFrame()
+    rows = []
+    for (run_id, task), group in df.groupby(["run_id", "task"], sort=False):
+        last = group.loc[group["epoch"].astype(int).idxmax()]
+        target = last.get("dp_target_epsilon", math.nan)
+        flags = group["epsilon_consistent"].dropna() if "epsilon_consistent" in group.columns else pd.Series([], dtype=object)
+        rows.append({
+            "task": task, "run_id": run_id, "label_mode": last.get("label_mode"), "lr": last.get("lr"),
+            "dp_target_epsilon": float(target) if pd.notna(target) else math.inf,
+            "dp_epsilon": float(last["dp_epsilon"]) if pd.notna(last.get("dp_epsilon", math.nan)) else math.nan,
+            "epoch": int(last["epoch"]), "outcome": last["outcome"],
+            "run_epsilon_lb": float(last["run_epsilon_lb"]) if pd.notna(last.get("run_epsilon_lb")) else math.nan,
+            "run_epsilon_lb_epoch": (int(last["run_epsilon_lb_epoch"]) if pd.notna(last.get("run_epsilon_lb_epoch"))
+                                     else None),  # stored as a float so the column keeps one dtype
+            "epsilon_lb_delta": last.get("epsilon_lb_delta"),
+            "member_icl_accuracy": last.get("member_icl_accuracy", math.nan),
+            "nonmember_icl_accuracy": last.get("nonmember_icl_accuracy", math.nan),
+            "consistent": None if flags.empty else bool(flags.astype(bool).all()),
+        })
+    table = pd.DataFrame(rows)
+    return table.sort_values(["task", "label_mode", "dp_target_epsilon", "run_id"]).reset_index(drop=True)
+
+
+def epsilon_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
+    """ε_lb of each fine-tuned run over its checkpoints' epochs (solid), and for DP runs the accountant's ε
+    at each checkpoint (dashed, same colour). None (nothing written) without an ε column."""
+    df = _fine_tuned(epsilon_public(results))
+    if df.empty or "epsilon_lb" not in df.columns or df["epsilon_lb"].isna().all():
+        return None
+    # no pyplot (as orchestrator.figures): a standalone Figure on the Agg canvas leaves global backend state alone
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from iclmem.atomic import atomic_write
+
+    fig = Figure(figsize=(7.5, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    for i, ((run_id, task), group) in enumerate(df.groupby(["run_id", "task"], sort=True)):
+        group = group.sort_values("epoch")
+        colour = f"C{i % 10}"
+        target = group["dp_target_epsilon"].iloc[0] if "dp_target_epsilon" in group.columns else math.nan
+        # the run id's hash tail tells apart runs that differ only in axes not named here
+        label = (f"{task} {group['label_mode'].iloc[0]} lr={float(group['lr'].iloc[0]):g} "
+                 + (f"DP ε={float(target):g}" if pd.notna(target) else "no DP") + f" ({str(run_id)[-6:]})")
+        ax.plot(group["epoch"], group["epsilon_lb"], marker="o", color=colour, label=label)
+        if "dp_epsilon" in group.columns and group["dp_epsilon"].notna().any():
+            ax.plot(group["epoch"], group["dp_epsilon"], linestyle="--", marker="_", markersize=12, color=colour,
+                    alpha=0.7)
+        if "epsilon_consistent" in group.columns:
+            bad = group[group["epsilon_consistent"].map(lambda v: v is False)]
+            ax.scatter(bad["epoch"], bad["epsilon_lb"], marker="x", s=90, color="#b00", zorder=5)
+    delta = df["epsilon_lb_delta"].dropna()
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("ε lower bound" + (f" (δ = {float(delta.iloc[0]):g})" if not delta.empty else ""))
+    ax.set_title("Audited ε lower bound over epochs (dashed: DP accountant's ε; red x: above it)")
+    if df["epoch"].max() > 20:
+        ax.set_xscale("symlog", linthresh=1)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="best")
+    FigureCanvasAgg(fig)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write(path, lambda handle: fig.savefig(handle, dpi=110, format="png"))
+
+
+def _cell(value: object) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float):
+        return "∞" if math.isinf(value) else f"{value:.3g}"
+    return html.escape(str(value))
+
+
+def epsilon_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
+    """The report's ε section: a heading, what ε_lb means, the per-run table, the figure (written to
+    ``figure_dir / EPSILON_FIGURE`` and referenced by a path relative to the page's folder, which is taken
+    to be ``figure_dir``'s parent). Empty string when the results hold no ε column."""
+    table = epsilon_table(results)
+    if table.empty:
+        return ""
+    figure = epsilon_figure(results, Path(figure_dir) / EPSILON_FIGURE)
+    columns = [("task", "task"), ("label_mode", "labels"), ("lr", "lr"), ("dp_target_epsilon", "target ε"),
+               ("dp_epsilon", "accountant ε"), ("run_epsilon_lb", "ε_lb (headline)"),
+               ("run_epsilon_lb_epoch", "at epoch"), ("outcome", "verdict (last epoch)"),
+               ("member_icl_accuracy", "member acc."), ("nonmember_icl_accuracy", "non-member acc."),
+               ("consistent", "ε_lb ≤ accountant ε")]
+    head = "".join(f"<th>{html.escape(title)}</th>" for _, title in columns)
+    body = []
+    for _, row in table.iterrows():
+        cells = []
+        for key, _ in columns:
+            value = row[key]
+            style = ' style="color:#b00;font-weight:bold"' if key == "consistent" and value is False else ""
+            cells.append(f"<td{style}>{_cell(value)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    delta = table["epsilon_lb_delta"].dropna()
+    note = (f"ε_lb: the privacy loss the audit's attack proves at δ = {float(delta.iloc[0]):g} (Clopper–Pearson 95% "
+            "bounds on TPR and FPR, maximised over thresholds; 0 = no evidence). A DP run's accountant ε is an "
+            "upper bound on the same quantity, so ε_lb above it is a bug in one of them.") if not delta.empty else ""
+    parts = ["<h2>Privacy: ε lower bounds and DP-SGD</h2>", f"<p>{html.escape(note)}</p>",
+             f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"]
+    if figure is not None:
+        parts.append(f'<img src="{html.escape(f"{Path(figure_dir).name}/{figure.name}")}" alt="ε over epochs">')
+    return "\n".join(parts)
