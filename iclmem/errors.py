@@ -1,18 +1,33 @@
-"""Typed failures. Every error a user can cause names the file, column or setting at fault."""
+"""Typed failures. Every error a user can cause names the file, column or setting at fault.
+
+Each class carries the exit status ``iclmem`` ends with when it reaches the command line (``main`` in
+``orchestrator/cli.py`` applies it, for every command alike): :data:`EXIT_BAD_INPUT` for what the user
+gave (a sweep file, a flag, a table, a checkpoint), :data:`EXIT_FAILURE` for work that failed at run time,
+:data:`EXIT_INTERRUPTED` for a run stopped by Ctrl-C (128 + SIGINT, what a shell reports for it)."""
 
 from __future__ import annotations
+
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2  # also argparse's status for a bad flag, so both kinds of bad input read the same
+EXIT_INTERRUPTED = 130
 
 
 class IclmemError(Exception):
     """Base of every error iclmem raises on purpose."""
 
+    exit_code = EXIT_FAILURE
+
 
 class ConfigError(IclmemError):
     """A sweep file or setting is invalid. Raised before any cluster work starts."""
 
+    exit_code = EXIT_BAD_INPUT
+
 
 class DataError(IclmemError):
     """A table cannot be turned into a prepared task (missing file, bad target, too few rows, ...)."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class SplitError(DataError):
@@ -27,11 +42,14 @@ class UnknownNameError(ConfigError, KeyError):
 
 
 class DuplicateNameError(IclmemError):
-    """A registry was asked to register a name twice."""
+    """A registry was asked to register a name twice (a programming error, not the user's input)."""
 
 
 class ModelError(IclmemError):
-    """A model cannot be built, loaded or asked to do what it cannot (e.g. too many classes)."""
+    """A model cannot be built, loaded or asked to do what it cannot (e.g. too many classes): the model
+    named or the weights given are at fault, so it is bad input."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class CheckpointError(ModelError):
@@ -52,3 +70,18 @@ class CorruptCheckpointError(CheckpointError):
 
 class ProbeError(IclmemError):
     """A probe could not be built or scored."""
+
+
+class SweepInterrupted(IclmemError):
+    """The user stopped a sweep (Ctrl-C); every finished result is kept in ``run_dir`` and
+    ``iclmem resume run_dir`` continues it (``hint`` replaces that advice where it does not apply)."""
+
+    exit_code = EXIT_INTERRUPTED
+
+    def __init__(self, run_dir: str, hint: str | None = None) -> None:
+        super().__init__(hint or f"interrupted \u2014 continue with `iclmem resume {run_dir}`")
+        self.run_dir = run_dir
+        self.hint = hint
+
+    def __reduce__(self) -> tuple[type, tuple[str, str | None]]:
+        return (type(self), (self.run_dir, self.hint))

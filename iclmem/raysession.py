@@ -1,8 +1,13 @@
-"""Ray session start-up, the one place a driver joins or starts Ray (tabular and LM sweeps alike)."""
+"""Ray session start-up, the one place a driver joins or starts Ray (tabular and LM sweeps alike), and
+the quiet console a driver runs Ray under."""
 
 from __future__ import annotations
 
 import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, TextIO
 
 DEFAULT_OBJECT_STORE_BYTES = 512 * 1024 * 1024
 
@@ -23,3 +28,54 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None,
         ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
                  object_store_memory=object_store_memory or DEFAULT_OBJECT_STORE_BYTES, log_to_driver=False)
     return True
+
+
+class Console:
+    """Where iclmem's own lines go while :func:`quiet_console` is in force: the terminal the command was
+    started from, whatever Ray, Tune or wandb have done with the process's stdout and stderr."""
+
+    def __init__(self, out: TextIO, err: TextIO, log_path: Path | None = None) -> None:
+        self.out, self.err, self.log_path = out, err, log_path
+
+    def line(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def error(self, text: str) -> None:
+        print(text, file=self.err, flush=True)
+
+
+@contextmanager
+def quiet_console(log_path: Path | None) -> Iterator[Console]:
+    """Send everything this process (and the Ray processes it starts) writes to stdout and stderr into
+    ``log_path``, appended; iclmem's own lines go to the terminal through the yielded :class:`Console`.
+
+    The redirect is at the file-descriptor level because the noise comes from places no Python setting
+    reaches alike: Ray's C++ core and its token-auth notice, Tune's ``print`` of TensorBoard hints and its
+    "performance bottleneck" logger warnings, wandb, and Python warnings with their source paths. With
+    ``log_path=None`` (``--verbose``) nothing is redirected."""
+    if log_path is None:
+        yield Console(sys.stdout, sys.stderr)
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    out = os.fdopen(os.dup(saved_out), "w", buffering=1, encoding="utf-8", errors="replace")
+    err = os.fdopen(os.dup(saved_err), "w", buffering=1, encoding="utf-8", errors="replace")
+    # A log is append-only (not an atomic rewrite): a crash can cost its torn last line, never earlier ones.
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        yield Console(out, err, log_path)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a stream closed under us: nothing left to flush
+                pass
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        for fd in (saved_out, saved_err, log_fd):
+            os.close(fd)
+        out.close()
+        err.close()

@@ -5,7 +5,10 @@ each file here is written atomically."""
 
 from __future__ import annotations
 
+import time
+from enum import Enum
 from pathlib import Path
+from typing import Any, Iterable
 
 from iclmem.provenance import PROVENANCE_FILE
 
@@ -23,6 +26,11 @@ PREPARED_DIR = "prepared"  # Stage I cache
 GROUND_TRUTH_FILE = "ground_truth.json"  # in every checkpoint folder: the rows each part used, trained labels
 TUNE_DIR = "tune"  # Tune storage when no shared storage is configured
 WANDB_DIR = "wandb"
+# What Ray, Tune, wandb and Python warnings print while ``iclmem run | resume`` drives a sweep (Ray's
+# token-auth and "performance bottleneck" warnings, TensorBoard hints, warnings with their source paths):
+# kept here instead of on the console unless ``--verbose``. Append-only, as a log is.
+CONSOLE_LOG_FILE = "console.log"
+RUN_STATE_FILE = "run_state.json"  # how the last driver of this folder ended (:class:`RunStatus`); see ``write_run_state``
 
 # An LM probe run folder (``iclmem lm run``; its provenance has ``kind = "lm"``)
 LM_SWEEP_FILE = "lm_sweep.json"  # the validated LM sweep config, as resumed by ``iclmem lm resume``
@@ -35,7 +43,8 @@ LM_ASSETS_DIR = "lm_assets"  # the built-in synthetic model and dataset, built o
 __all__ = [
     "FIGURES_DIR", "MANIPULATION_AUC_FILE", "PREPARED_DIR", "PROBES_DIR", "PROVENANCE_FILE", "REFERENCE_DIR",
     "REPORT_FILE", "RESULTS_FILE", "ROC_DIR", "SPLIT_REPORT_FILE", "SWEEP_FILE", "TUNE_DIR", "VERDICT_FILE",
-    "WANDB_DIR", "folder_kind", "roc_path", "GROUND_TRUTH_FILE",
+    "WANDB_DIR", "folder_kind", "roc_path", "GROUND_TRUTH_FILE", "CONSOLE_LOG_FILE", "RUN_STATE_FILE", "RunStatus",
+    "read_run_state", "write_run_state",
     "LM_ASSETS_DIR", "LM_EXPOSURE_DIR", "LM_REPORT_FILE", "LM_RESULTS_FILE", "LM_SWEEP_FILE", "LM_UNITS_DIR",
 ]
 
@@ -64,3 +73,51 @@ def folder_kind(path: str | Path) -> str:
 
 def roc_path(run_dir: str | Path, run_id: str, epoch: int) -> Path:
     return Path(run_dir) / ROC_DIR / f"roc_{run_id}_e{int(epoch)}.parquet"
+
+
+class RunStatus(str, Enum):
+    """How the last driver of a run folder stands, as ``RUN_STATE_FILE`` records it."""
+
+    RUNNING = "running"  # a driver is at work, or died without a word (killed, machine lost)
+    INTERRUPTED = "interrupted"  # stopped by Ctrl-C: ``incomplete_runs`` lists the runs it left unfinished
+    FAILED = "failed"  # ended on an error (e.g. checkpoints that could not be probed)
+    COMPLETE = "complete"  # every run trained and every checkpoint probed
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def write_run_state(run_dir: str | Path, status: RunStatus, incomplete_runs: Iterable[str] = (),
+                    note: str = "") -> None:
+    """Record how this driver ends (or that it started): ``{"status", "incomplete_runs", "updated", "note"}``.
+
+    ``incomplete_runs`` (INTERRUPTED only) are the run ids whose training had not finished when the sweep
+    stopped; their rows in ``results.parquet`` (if any) cover only the checkpoints reached. The report
+    reads this through :func:`read_run_state` to say the sweep is incomplete."""
+    from iclmem.atomic import write_json_atomic
+
+    write_json_atomic(Path(run_dir) / RUN_STATE_FILE, {
+        "status": RunStatus(status).value,
+        "incomplete_runs": sorted(set(incomplete_runs)),
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "note": note,
+    })
+
+
+def read_run_state(run_dir: str | Path) -> dict[str, Any] | None:
+    """The folder's run state (``status`` as a :class:`RunStatus`), or None for a folder written before
+    the state was recorded. :class:`~iclmem.errors.DataError` when the file is not a run state."""
+    import json
+
+    from iclmem.errors import DataError
+
+    path = Path(run_dir) / RUN_STATE_FILE
+    if not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text())
+        state["status"] = RunStatus(state["status"])
+        state["incomplete_runs"] = [str(r) for r in state.get("incomplete_runs", [])]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{path}: not an iclmem run state ({exc})") from exc
+    return dict(state)

@@ -1,35 +1,50 @@
 """``iclmem probe``: audit one fine-tuned checkpoint against its base model, without a sweep or Ray.
 
-The checkpoint is a folder written by iclmem (``checkpoint.json`` + ``model.safetensors``) or a plain
-weights file of a registered model (``--model``). Members are the rows the model was fine-tuned on:
-by default those of iclmem's own split for (task, Q, label mode, seed); for a model fine-tuned
-elsewhere pass ``members`` (a file of row ids, one per line) and non-members are drawn from the other
-rows with the same label distribution.
+The checkpoint is a folder written by iclmem (``checkpoint.json`` + ``model.safetensors``, and in a sweep's
+checkpoints ``ground_truth.json``) or a plain weights file of a registered model (``--base-model``).
+
+What the checkpoint records is used, and a flag that contradicts it is refused (naming both values):
+``checkpoint.json`` gives the model, the weights fine-tuning started from (the base) and the seed;
+``ground_truth.json`` (written beside every checkpoint by the sweep's trainable) gives the task, label
+mode, seed and the exact rows and labels of the members, non-members and context, so the audit probes the
+split the model was trained on. Where nothing is recorded, the flags (or their defaults) say it. For a
+model fine-tuned elsewhere pass ``members`` (a file of row ids, one per line); non-members are drawn from
+the other rows with the same label distribution.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from iclmem.atomic import json_safe, write_json_atomic
-from iclmem.errors import ConfigError, DataError
-from iclmem.runfolder import VERDICT_FILE
-from probes.calibration import model_digest
-from probes.manipulations import default_suite
-from probes.outcomes import OutcomeThresholds
-from probes.probe import ProbeSettings, probe_checkpoint
-from probes.scoring import ProbePlan, ProbeQueries
-from trainables.data import PrepSettings, TaskSource, load_or_prepare
-from trainables.finetune import META_FILE, load_checkpoint_model
-from trainables.models import build_model
+from iclmem.errors import CheckpointError, ConfigError, DataError
+from iclmem.runfolder import GROUND_TRUTH_FILE, PREPARED_DIR, PROBES_DIR, REFERENCE_DIR, VERDICT_FILE
+from iclmem.vocab import LabelMode
+
+# What a probe uses when neither a flag nor the checkpoint says otherwise.
+DEFAULTS: dict[str, Any] = {"base_model": "pfn-mini", "q": 50, "label_mode": LabelMode.NORMAL.value, "seed": 0,
+                            "context_size": 128}
+DEFAULT_BOOTSTRAP = 1000
 
 
-def parse_task(spec: str) -> TaskSource:
+def min_bootstrap() -> int:
+    """The sweep schema's lower bound on ``probe.bootstrap`` (one rule for a sweep and a single probe)."""
+    from orchestrator.config import ProbeConfig
+
+    return int(next(m.ge for m in ProbeConfig.model_fields["bootstrap"].metadata if hasattr(m, "ge")))
+
+
+def parse_task(spec: str) -> Any:
     """``iris`` (built-in), ``DIR:name`` (CARTE folder), or ``FILE.csv:target`` / ``FILE.parquet:target``."""
+    from trainables.data import TaskSource
+
     if ":" not in spec:
         return TaskSource(spec, "builtin")
     left, right = spec.rsplit(":", 1)
@@ -38,13 +53,133 @@ def parse_task(spec: str) -> TaskSource:
     return TaskSource(right, "carte", left)
 
 
-def with_members(task: Any, member_row_ids: np.ndarray, seed: int) -> Any:
-    """The task re-split around externally given members (row ids of the source table)."""
+# ------------------------------------------------------------------------------------------ inputs
+def read_member_ids(path: str | Path) -> np.ndarray:
+    """Row ids, one per line (blank lines and ``#`` comments skipped); :class:`DataError` naming the file
+    and line of anything else, of a repeated id, and of a file with none."""
+    file = Path(path)
+    if not file.is_file():
+        raise DataError(f"members file not found: {file}" + (" (it is a folder)" if file.is_dir() else ""))
+    try:
+        text = file.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"members file {file} cannot be read as text: {exc}") from exc
+    seen: dict[int, int] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            value = int(line)
+        except ValueError:
+            raise DataError(f"{file}:{number}: {line!r} is not an integer row id (one row id per line)") from None
+        if value < 0:
+            raise DataError(f"{file}:{number}: row id {value} is negative")
+        if value in seen:
+            raise DataError(f"{file}:{number}: row id {value} is given twice (first on line {seen[value]})")
+        seen[value] = number
+    if not seen:
+        raise DataError(f"{file}: holds no member row ids (one integer row id per line)")
+    return np.array(list(seen), dtype=np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointRecord:
+    """What an iclmem checkpoint folder says about how it was made (None: not recorded)."""
+
+    path: Path
+    model: str
+    model_options: dict[str, Any]  # the fine-tuning's model options; ``weights`` is the base it started from
+    seed: int | None
+    truth: dict[str, Any] | None  # the single task's entry of ground_truth.json
+
+    @property
+    def task(self) -> str | None:
+        return None if self.truth is None else str(self.truth["task"])
+
+    @property
+    def label_mode(self) -> str | None:
+        return None if self.truth is None else str(self.truth["label_mode"])
+
+    @property
+    def q(self) -> int | None:
+        return None if self.truth is None else len(self.truth["member_row_ids"])
+
+    @property
+    def context_per_class(self) -> int | None:
+        return None if self.truth is None else int(self.truth["split_report"]["context_per_class"])
+
+
+def read_checkpoint_record(path: Path) -> CheckpointRecord | None:
+    """The record of an iclmem checkpoint folder; None for a weights file; :class:`CheckpointError` for a
+    folder that is not a checkpoint or a record that is damaged."""
+    from trainables.finetune import META_FILE, verify_checkpoint
+
+    if not path.is_dir():
+        return None
+    if not (path / META_FILE).is_file():
+        raise CheckpointError(f"{path}: not an iclmem checkpoint folder (no {META_FILE}) and not a weights file")
+    manifest = verify_checkpoint(path)
+    spec = manifest.get("spec") or {}
+    seed = spec.get("seed")
+    truth = None
+    truth_path = path / GROUND_TRUTH_FILE
+    if truth_path.is_file():
+        try:
+            log = json.loads(truth_path.read_text())
+            tasks = log["tasks"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{truth_path}: unreadable ground-truth log ({exc})") from exc
+        if len(tasks) != 1:
+            raise ConfigError(f"{path} was fine-tuned on {len(tasks)} tasks ({', '.join(t['task'] for t in tasks)}): "
+                              "`iclmem probe` audits single-task checkpoints; the sweep's report covers this one")
+        truth = tasks[0]
+    return CheckpointRecord(path, str(manifest["model"]), dict(manifest.get("model_options") or {}),
+                            None if seed is None else int(seed), truth)
+
+
+def _settle(name: str, flag: Any, recorded: Any, source: str) -> Any:
+    """The flag's value, the recorded one, or the default; a flag that contradicts the record is refused."""
+    if recorded is None:
+        return DEFAULTS[name] if flag is None else flag
+    if flag is not None and flag != recorded:
+        option = "--" + name.replace("_", "-")
+        raise ConfigError(f"{option} {flag} conflicts with the checkpoint: {source} records {name} {recorded}; "
+                          f"drop {option} to audit the split the checkpoint was trained on")
+    return recorded
+
+
+# ------------------------------------------------------------------------------------------ splits
+def _resplit(task: Any, members: np.ndarray, nonmembers: np.ndarray, context: np.ndarray,
+             labels: np.ndarray | None = None) -> Any:
+    """The task with another split (positions into its arrays). The fingerprint, which names every cache
+    (the Stage I cache, the base model's reference scores and in-context losses), is extended by the split,
+    so a second probe with other members never reads the first one's cached scores."""
+    labels = np.asarray(task.labels) if labels is None else labels
+    digest = hashlib.sha256(task.fingerprint.encode())
+    for arr in (members, nonmembers, context, labels):
+        a = np.ascontiguousarray(arr, dtype=np.int64)
+        digest.update(str(a.shape).encode() + a.tobytes())
+    frozen = []
+    for arr in (members, nonmembers, context, labels):
+        a = np.array(arr, dtype=np.int64)
+        a.flags.writeable = False
+        frozen.append(a)
+    return dataclasses.replace(task, member_idx=frozen[0], nonmember_idx=frozen[1], context_idx=frozen[2],
+                               labels=frozen[3], fingerprint=digest.hexdigest())  # hex, as every fingerprint
+
+
+def _positions(task: Any, row_ids: Any, what: str, source: str) -> np.ndarray:
     position = {int(r): i for i, r in enumerate(task.row_ids)}
-    missing = [int(r) for r in member_row_ids if int(r) not in position]
+    missing = [int(r) for r in row_ids if int(r) not in position]
     if missing:
-        raise DataError(f"member row ids not in the table (after deduplication): {missing[:10]}")
-    members = np.array([position[int(r)] for r in member_row_ids], dtype=np.int64)
+        raise DataError(f"{what} row ids of {source} not in the table (after deduplication): {missing[:10]}")
+    return np.array([position[int(r)] for r in row_ids], dtype=np.int64)
+
+
+def with_members(task: Any, member_row_ids: np.ndarray, seed: int, source: str = "--members") -> Any:
+    """The task re-split around externally given members (row ids of the source table)."""
+    members = _positions(task, member_row_ids, "member", source)
     rest = np.setdiff1d(np.arange(len(task.row_ids)), members)
     context = np.setdiff1d(np.asarray(task.context_idx), members)
     rest = np.setdiff1d(rest, context)
@@ -54,37 +189,145 @@ def with_members(task: Any, member_row_ids: np.ndarray, seed: int) -> Any:
     for label, count in zip(*np.unique(labels[members], return_counts=True)):
         pool = rest[labels[rest] == label]
         if len(pool) < count:
-            raise DataError(f"not enough non-member rows of label {task.class_names[label]!r} to match the members")
+            raise DataError(f"not enough non-member rows of label {task.class_names[label]!r} to match the "
+                            f"members of {source}")
         nonmembers.append(rng.choice(pool, size=count, replace=False))
-    return dataclasses.replace(task, member_idx=members, nonmember_idx=np.sort(np.concatenate(nonmembers)),
-                               context_idx=context)
+    return _resplit(task, members, np.sort(np.concatenate(nonmembers)), context)
 
 
-def audit_checkpoint(checkpoint: str, task: str, *, base_model: str = "pfn-mini", base_options: dict | None = None,
-                     out: str | None = None, q: int = 50, label_mode: str = "normal", seed: int = 0,
-                     bootstrap: int = 1000, members: str | None = None, context_size: int = 128) -> dict[str, Any]:
+def with_recorded_split(task: Any, truth: dict[str, Any], source: str) -> Any:
+    """The task split exactly as the checkpoint's ground-truth log records it: the same member, non-member
+    and context rows with the labels the run trained on (shuffled ones included)."""
+    if list(task.class_names) != list(truth["class_names"]):
+        raise DataError(f"the table's classes {list(task.class_names)[:10]} are not the ones {source} records "
+                        f"({list(truth['class_names'])[:10]}): is --task the table this checkpoint was trained on?")
+    labels = np.array(task.original_labels, dtype=np.int64)
+    parts = []
+    for part in ("member", "nonmember", "context"):
+        rows = _positions(task, truth[f"{part}_row_ids"], part, source)
+        labels[rows] = np.asarray(truth[f"{part}_labels"], dtype=np.int64)
+        parts.append(rows)
+    return _resplit(task, *parts, labels=labels)
+
+
+# ------------------------------------------------------------------------------------------ models
+def _build_weights(name: str, options: dict[str, Any], weights: Path, role: str) -> Any:
+    """A model of ``name`` with ``weights`` (a file, or an iclmem checkpoint folder); weights of another
+    model or shape are a CheckpointError naming the file, not a torch traceback."""
+    from iclmem.errors import IclmemError
+    from trainables.finetune import load_checkpoint_model
+    from trainables.models import build_model
+
+    try:
+        if weights.is_dir():
+            return load_checkpoint_model(weights)
+        return build_model(name, **{**options, "weights": str(weights)})
+    except IclmemError:
+        raise
+    except (RuntimeError, ValueError, KeyError, OSError, TypeError) as exc:  # torch's load_state_dict and kin
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{weights}: not {role} weights of model {name!r} ({first[:300]}); give the model "
+                              "they belong to with --base-model, or the right file") from exc
+
+
+def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: str | None = None,
+                     base_options: dict | None = None, base_weights: str | None = None, out: str | None = None,
+                     q: int | None = None, label_mode: str | None = None, seed: int | None = None,
+                     bootstrap: int = DEFAULT_BOOTSTRAP, members: str | None = None,
+                     context_size: int | None = None, log: Any = None) -> dict[str, Any]:
+    """Audit ``checkpoint``; None for a setting means "as the checkpoint records it, else the default"."""
+    from probes.calibration import model_digest
+    from probes.manipulations import default_suite
+    from probes.outcomes import OutcomeThresholds
+    from probes.probe import ProbeSettings, probe_checkpoint
+    from probes.scoring import ProbePlan, ProbeQueries
+    from trainables.data import PrepSettings, load_or_prepare
+    from trainables.models import build_model
+
+    note = log or (lambda line: print(line, file=sys.stderr))
+    lowest = min_bootstrap()
+    if bootstrap < lowest:
+        raise ConfigError(f"--bootstrap {bootstrap}: at least {lowest} resamples are needed for the AUC and TPR "
+                          f"intervals the verdict reads (the sweep's probe.bootstrap has the same bound)")
+    if label_mode is not None:
+        label_mode = LabelMode(label_mode).value
     path = Path(checkpoint)
     if not path.exists():
         raise ConfigError(f"checkpoint not found: {path}")
-    source = parse_task(task)
+    if base_weights is not None and not Path(base_weights).is_file():
+        raise ConfigError(f"--base-weights {base_weights}: file not found")
+    member_ids = read_member_ids(members) if members else None  # a bad file fails before any work
+    record = read_checkpoint_record(path)
+
+    # What the checkpoint records wins over defaults; a contradicting flag is refused.
+    truth_file = f"{path / GROUND_TRUTH_FILE}"
+    meta_file = f"{path / 'checkpoint.json'}"
+    model_name = _settle("base_model", base_model, record.model if record else None, meta_file)
+    label_mode = _settle("label_mode", label_mode, record.label_mode if record else None, truth_file)
+    recorded_seed = None if record is None else (record.truth["seed"] if record.truth else record.seed)
+    seed = _settle("seed", seed, recorded_seed, truth_file if record and record.truth else meta_file)
+    q = _settle("q", q, record.q if record else None, truth_file)
+    source = parse_task(task) if task else None
+    if record is not None and record.truth is not None:
+        if source is None:
+            source = parse_task(record.task or "")
+        elif source.name != record.task:
+            raise ConfigError(f"--task {task} conflicts with the checkpoint: {truth_file} records task {record.task}")
+    if source is None:
+        raise ConfigError(f"--task is needed: {path} records no task (no {GROUND_TRUTH_FILE})")
+    if record is not None and record.truth is None:
+        note(f"[iclmem] {path} records no split ({GROUND_TRUTH_FILE} is written beside a sweep's checkpoints): "
+             f"auditing q={q}, label mode {label_mode}, seed {seed}, context size "
+             f"{context_size or DEFAULTS['context_size']} from the flags or their defaults")
+
     out_dir = Path(out) if out else Path("runs") / f"audit-{source.name}"
-    prepared = load_or_prepare(source, PrepSettings(context_size=context_size), label_mode, seed, q=q,
-                               cache_dir=out_dir / "prepared")
-    if members:
-        ids = np.array([int(line) for line in Path(members).read_text().split() if line.strip()], dtype=np.int64)
-        prepared = with_members(prepared, ids, seed)
-    base = build_model(base_model, **(base_options or {"weights": "shipped"}))
-    if path.is_dir() and (path / META_FILE).is_file():
-        model = load_checkpoint_model(path)
+    if record is not None and record.truth is not None:
+        n_classes = len(record.truth["class_names"])
+        per_class = record.context_per_class or 0
+        if context_size is not None and context_size // n_classes != per_class:
+            raise ConfigError(f"--context-size {context_size} conflicts with the checkpoint: {truth_file} records "
+                              f"a context of {per_class} rows per class ({per_class * n_classes} rows)")
+        context_size = per_class * n_classes
+    context_size = context_size if context_size is not None else DEFAULTS["context_size"]
+    options = dict(base_options if base_options is not None else (record.model_options if record else {}))
+    if base_weights is not None:
+        base = _build_weights(model_name, options, Path(base_weights), "base")
     else:
-        model = build_model(base_model, **{**(base_options or {}), "weights": str(path)})
+        base = build_model(model_name, **options)
+    # Stage I under the base model's input contract (ConTextTab reads the real columns, TabICL and TabPFN
+    # unreduced numbers), as a sweep prepares the task for that model
+    prepared = load_or_prepare(source, base.prep_settings(PrepSettings(context_size=context_size)), label_mode,
+                               seed, q=q, cache_dir=out_dir / PREPARED_DIR)
+    if member_ids is not None:
+        ids = member_ids
+        if record is not None and record.truth is not None:
+            if set(ids.tolist()) != set(int(r) for r in record.truth["member_row_ids"]):
+                raise ConfigError(f"--members {members} conflicts with the checkpoint: {truth_file} records other "
+                                  f"member rows ({len(record.truth['member_row_ids'])} ids); drop --members")
+            prepared = with_recorded_split(prepared, record.truth, truth_file)
+        else:
+            prepared = with_members(prepared, ids, seed, source=members)
+    elif record is not None and record.truth is not None:
+        prepared = with_recorded_split(prepared, record.truth, truth_file)
+
+    model = _build_weights(model_name, options, path, "fine-tuned")
     plan = ProbePlan.build(ProbeQueries.from_task(prepared), default_suite(), seed,
                            compress_rows=base.supports_context_weights)
     settings = ProbeSettings(n_resamples=bootstrap, thresholds=OutcomeThresholds())
-    identity = {"run_id": f"audit-{path.name}", "task": source.name, "model": base_model, "regime": "external",
+    identity = {"run_id": f"audit-{path.name}", "task": source.name, "model": model_name, "regime": "external",
                 "lr": float("nan"), "q": len(prepared.member_idx), "label_mode": label_mode, "seed": seed}
-    result = probe_checkpoint(model, prepared, plan, out_dir / "reference", model_digest(base), base, settings,
+    result = probe_checkpoint(model, prepared, plan, out_dir / REFERENCE_DIR, model_digest(base), base, settings,
                               identity, epoch=-1)
-    result.save(out_dir / "probes", path.name)
-    write_json_atomic(out_dir / VERDICT_FILE, json_safe(result.row), default=str)
-    return result.row
+    result.save(out_dir / PROBES_DIR, path.name)
+    write_json_atomic(out_dir / VERDICT_FILE, strict_json(result.row))
+    return dict(result.row)
+
+
+def strict_json(row: dict[str, Any]) -> Any:
+    """The row as plain JSON values with every NaN or infinity as null: ``verdict.json`` must parse as
+    JSON (a bare ``NaN`` is not JSON), and "not defined" is what null says."""
+
+    def plain(value: Any) -> Any:
+        return value.item() if isinstance(value, np.generic) else str(value)
+
+    return json_safe(json.loads(json.dumps(row, default=plain, allow_nan=True)))

@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
+from typing import Any, Iterator
 
-from iclmem.errors import IclmemError
+from iclmem.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, ConfigError, IclmemError, SweepInterrupted
+from iclmem.vocab import LabelMode, WandbMode, values
 
 DEFAULT_RUNS = Path("runs")
+
+EPILOG = f"""exit status, the same for every command:
+  0    done
+  {EXIT_FAILURE}    failed at run time (e.g. checkpoints that could not be probed; the results that were
+       made are kept)
+  {EXIT_BAD_INPUT}    bad input: a sweep file, table, checkpoint or flag that is refused before any work
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C): `iclmem resume DIR` (or `iclmem lm resume DIR`) continues it;
+       a second Ctrl-C exits at once
+
+Run and resume keep Ray's, Tune's and W&B's console messages in RUN_DIR/console.log (--verbose shows them)."""
 
 
 def _default_run_dir(config: str) -> Path:
@@ -26,9 +40,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.wandb:
         sweep = sweep.model_copy(update={"wandb": sweep.wandb.model_copy(update={"mode": args.wandb})})
     run_dir = Path(args.out) if args.out else _default_run_dir(args.config)
-    print(f"[iclmem] sweep {sweep.name!r} ({sweep.config_hash()}) -> {run_dir}")
+    print(f"[iclmem] sweep {sweep.name!r} ({sweep.config_hash()}) -> {run_dir}", flush=True)
     results = run_sweep(args.config, run_dir, sweep=sweep, address=args.address, progress=not args.quiet,
-                        num_cpus=args.num_cpus)
+                        num_cpus=args.num_cpus, verbose=args.verbose)
     print(f"[iclmem] done: {len(results)} checkpoint results; report at {run_dir / 'report.html'}")
     return 0
 
@@ -37,7 +51,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from orchestrator.sweep import run_sweep
 
     results = run_sweep(None, args.run_dir, address=args.address, resume=True, progress=not args.quiet,
-                        num_cpus=args.num_cpus)
+                        num_cpus=args.num_cpus, verbose=args.verbose)
     print(f"[iclmem] resumed: {len(results)} checkpoint results; report at {Path(args.run_dir) / 'report.html'}")
     return 0
 
@@ -97,18 +111,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     if folder_kind(run_dir) != "tabular":  # never write tables and a report into someone else's folder
-        raise IclmemError(f"{run_dir} is not an iclmem sweep folder (it holds no sweep.json); `iclmem report` "
+        raise ConfigError(f"{run_dir} is not an iclmem sweep folder (it holds no sweep.json); `iclmem report` "
                           "rebuilds the results of a folder `iclmem run` wrote")
     results = aggregate(run_dir, wandb_mode=args.wandb)
     if args.wandb_report:
         from orchestrator.wandb_logger import build_wandb_report, resolve_wandb_mode
 
         if resolve_wandb_mode(args.wandb or "online") != "online":
-            raise IclmemError("--wandb-report publishes to W&B: pass --wandb online and export WANDB_API_KEY")
+            raise ConfigError("--wandb-report publishes to W&B: pass --wandb online and export WANDB_API_KEY")
         sweep = json.loads((run_dir / "sweep.json").read_text())
         entity = sweep["wandb"].get("entity") or os.environ.get("WANDB_ENTITY")
         if not entity:
-            raise IclmemError("--wandb-report needs a W&B entity: set wandb.entity in the sweep or WANDB_ENTITY")
+            raise ConfigError("--wandb-report needs a W&B entity: set wandb.entity in the sweep or WANDB_ENTITY")
         report = build_wandb_report(entity, sweep["wandb"]["project"], sweep["name"], results, run_dir=run_dir,
                                     publish=True)
         print(f"[iclmem] W&B report: {getattr(report, 'url', '')}")
@@ -131,9 +145,9 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_probe(args: argparse.Namespace) -> int:
     from orchestrator.audit import audit_checkpoint
 
-    row = audit_checkpoint(args.checkpoint, args.task, base_model=args.base_model, out=args.out,
-                           q=args.q, label_mode=args.label_mode, seed=args.seed, bootstrap=args.bootstrap,
-                           members=args.members, context_size=args.context_size)
+    row = audit_checkpoint(args.checkpoint, args.task, base_model=args.base_model, base_weights=args.base_weights,
+                           out=args.out, q=args.q, label_mode=args.label_mode, seed=args.seed,
+                           bootstrap=args.bootstrap, members=args.members, context_size=args.context_size)
     keys = ["outcome", "score_kind", "auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "loss_ratio"]
     print(json.dumps({k: row.get(k) for k in keys}, indent=1, default=str))
     return 0
@@ -158,7 +172,7 @@ def cmd_cluster_check(args: argparse.Namespace) -> int:
         print(f"{args.cluster_yaml}: {len(result.problems)} problem(s):", file=sys.stderr)
         for p in result.problems:
             print(f"  - {p}", file=sys.stderr)
-        return 1
+        return 2  # bad input, like every other command's refusal (see the exit codes in `iclmem --help`)
     checked = "Ray's validation, shared storage, secrets"
     if args.sweep:
         checked += f"; storage, secrets and resources of {', '.join(args.sweep)}"
@@ -172,100 +186,196 @@ def _version() -> str:
     return f"{package_versions(('iclmem',)).get('iclmem', 'unknown')} (git {git_commit()[:12]})"
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default and, for a closed vocabulary, its choices."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.help is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if action.choices is not None and "%(choices)" not in text:
+            text += " (choices: %s)" % ", ".join(str(c) for c in action.choices)
+        if "default" not in text and action.default is not argparse.SUPPRESS:
+            if isinstance(action, argparse._StoreTrueAction):
+                text += " (default: off)"
+            elif isinstance(action, argparse._AppendAction):
+                text += " (default: none)"
+            else:
+                text += " (default: %(default)s)"
+        return text
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="iclmem", description="Audit tabular foundation models for memorization of their fine-tuning data.")
-    p.add_argument("--version", action="version", version=f"iclmem {_version()}")
+    formatter = _HelpFormatter
+    p = argparse.ArgumentParser(prog="iclmem", description="Audit tabular foundation models for memorization of "
+                                "their fine-tuning data.", epilog=EPILOG, formatter_class=formatter)
+    p.add_argument("--version", action="version", version=f"iclmem {_version()}", help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
+    wandb_modes = values(WandbMode)
 
-    def ray_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--address", default=None, help="join an existing Ray cluster ('auto'); default: embedded local Ray")
-        sp.add_argument("--num-cpus", type=int, default=None, help="CPUs of the embedded local Ray")
+    def parser(parent: argparse._SubParsersAction, name: str, **kwargs: str) -> argparse.ArgumentParser:
+        return parent.add_parser(name, formatter_class=formatter, **kwargs)
+
+    def ray_args(sp: argparse.ArgumentParser, console_log: bool = True) -> None:
+        sp.add_argument("--address", default=None,
+                        help="join an existing Ray cluster ('auto' or HOST:PORT) (default: start an embedded local Ray)")
+        sp.add_argument("--num-cpus", type=_positive, default=None,
+                        help="CPUs of the embedded local Ray (default: every CPU of this machine)")
         sp.add_argument("--quiet", action="store_true", help="no live progress lines")
+        if console_log:
+            sp.add_argument("--verbose", action="store_true",
+                            help="show Ray's, Tune's, W&B's and Python's warnings on the console instead of "
+                                 "keeping them in RUN_DIR/console.log")
 
-    r = sub.add_parser("run", help="Stage I, fine-tuning, probing and aggregation in one pipelined sweep")
-    r.add_argument("config")
-    r.add_argument("--out", default=None, help="run folder (default: ./runs/<config>-<time>)")
-    r.add_argument("--wandb", choices=["offline", "online", "disabled"], default=None)
+    r = parser(sub, "run", help="Stage I, fine-tuning, probing and aggregation in one pipelined sweep")
+    r.add_argument("config", help="sweep YAML (see configs/)")
+    r.add_argument("--out", default=None, help="run folder, new or empty (default: ./runs/<config>-<time>)")
+    r.add_argument("--wandb", choices=wandb_modes, default=None,
+                   help="override the sweep's wandb.mode (default: the sweep's)")
     ray_args(r)
     r.set_defaults(func=cmd_run)
 
-    s = sub.add_parser("resume", help="resume a sweep whose driver stopped; finished trials are not re-run")
-    s.add_argument("run_dir")
+    s = parser(sub, "resume", help="resume a sweep whose driver stopped; finished trials are not re-run")
+    s.add_argument("run_dir", help="the run folder of `iclmem run`")
     ray_args(s)
     s.set_defaults(func=cmd_resume)
 
-    v = sub.add_parser("validate", help="check a sweep file, reporting every mistake at once")
-    v.add_argument("config")
+    v = parser(sub, "validate", help="check a sweep file, reporting every mistake at once")
+    v.add_argument("config", help="sweep YAML")
     v.add_argument("--schema-only", action="store_true", help="check the file only, without loading any table")
     v.set_defaults(func=cmd_validate)
 
-    lm = sub.add_parser("lm", help="language-model probes: entity exposure, zero-shot typing, few-shot NER")
+    lm = parser(sub, "lm", help="language-model probes: entity exposure, zero-shot typing, few-shot NER")
     lm_sub = lm.add_subparsers(dest="lm_command", required=True)
-    lr = lm_sub.add_parser("run", help="run an LM sweep file's probes on the probe pool")
+    lr = parser(lm_sub, "run", help="run an LM sweep file's probes on the probe pool")
     lr.add_argument("config", help="LM sweep YAML (see configs/lm_quickstart.yaml)")
     lr.add_argument("--out", default=None, help="run folder (default: ./runs/<config>-<time>)")
-    lr.add_argument("--wandb", choices=["offline", "online", "disabled"], default=None,
+    lr.add_argument("--wandb", choices=wandb_modes, default=None,
                     help="override the sweep's wandb.mode (default: the sweep's, offline unless set)")
-    ray_args(lr)
-    lres = lm_sub.add_parser("resume", help="finish an LM sweep from its run folder; stored units are not recomputed")
-    lres.add_argument("run_dir")
-    ray_args(lres)
-    lv = lm_sub.add_parser("validate", help="check an LM sweep file, reporting every mistake at once; then load "
-                           "its models and datasets")
-    lv.add_argument("config")
+    ray_args(lr, console_log=False)
+    lres = parser(lm_sub, "resume", help="finish an LM sweep from its run folder; stored units are not recomputed")
+    lres.add_argument("run_dir", help="the run folder of `iclmem lm run`")
+    ray_args(lres, console_log=False)
+    lv = parser(lm_sub, "validate", help="check an LM sweep file, reporting every mistake at once; then load "
+                "its models and datasets")
+    lv.add_argument("config", help="LM sweep YAML")
     lv.add_argument("--schema-only", action="store_true", help="check the file only, without loading data")
     lm.set_defaults(func=cmd_lm)
 
-    rep = sub.add_parser("report", help="rebuild results table, reports and W&B summary from stored results")
-    rep.add_argument("run_dir")
-    rep.add_argument("--wandb", choices=["offline", "online", "disabled"], default=None)
+    rep = parser(sub, "report", help="rebuild results table, reports and W&B summary from stored results")
+    rep.add_argument("run_dir", help="the run folder of `iclmem run`")
+    rep.add_argument("--wandb", choices=wandb_modes, default=None,
+                     help="W&B mode of the summary run (default: the sweep's)")
     rep.add_argument("--wandb-report", action="store_true", help="also publish a W&B Report (online mode, key in env)")
     rep.set_defaults(func=cmd_report)
 
-    m = sub.add_parser("models", help="registered model adapters and whether their extras are installed")
+    m = parser(sub, "models", help="registered model adapters and whether their extras are installed")
     m.set_defaults(func=cmd_models)
 
-    pr = sub.add_parser("probe", help="audit one fine-tuned checkpoint folder against a base model")
-    pr.add_argument("checkpoint")
-    pr.add_argument("--task", required=True, help="built-in task name, a CARTE folder:name, or file.csv:target")
-    pr.add_argument("--base-model", default="pfn-mini")
-    pr.add_argument("--q", type=int, default=50)
-    pr.add_argument("--label-mode", default="normal")
-    pr.add_argument("--seed", type=int, default=0)
-    pr.add_argument("--bootstrap", type=int, default=1000)
-    pr.add_argument("--context-size", type=int, default=128)
-    pr.add_argument("--members", default=None, help="file of member row ids (one per line) for a model fine-tuned elsewhere")
-    pr.add_argument("--out", default=None)
+    from orchestrator.audit import DEFAULT_BOOTSTRAP, DEFAULTS, min_bootstrap
+
+    recorded = "default: as the checkpoint records it, else {}"
+    pr = parser(sub, "probe", help="audit one fine-tuned checkpoint against its base model",
+                description=textwrap.fill(
+                    "Audit one checkpoint: an iclmem checkpoint folder (its checkpoint.json and ground_truth.json "
+                    "say the model, task, split and labels; flags that contradict them are refused) or a weights "
+                    "file of --base-model.", 100))
+    pr.add_argument("checkpoint", help="iclmem checkpoint folder, or a weights file of --base-model")
+    pr.add_argument("--task", default=None, help="built-in task name, a CARTE folder:name, or file.csv:target "
+                    "(default: the task the checkpoint records; needed for a weights file)")
+    pr.add_argument("--base-model", default=None,
+                    help=f"registered model name, see `iclmem models` ({recorded.format(DEFAULTS['base_model'])})")
+    pr.add_argument("--base-weights", default=None, metavar="PATH",
+                    help="weights file of the base model the checkpoint was fine-tuned from, e.g. a local "
+                         "TabICL checkpoint (default: the weights the checkpoint records, else the model's default)")
+    pr.add_argument("--q", type=_positive, default=None, help=f"members per split ({recorded.format(DEFAULTS['q'])})")
+    pr.add_argument("--label-mode", choices=values(LabelMode), default=None,
+                    help=f"labels the model was trained on ({recorded.format(DEFAULTS['label_mode'])})")
+    pr.add_argument("--seed", type=int, default=None, help=f"split seed ({recorded.format(DEFAULTS['seed'])})")
+    pr.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP,
+                    help=f"bootstrap resamples of the AUC and TPR intervals, at least {min_bootstrap()}")
+    pr.add_argument("--context-size", type=_positive, default=None,
+                    help=f"context rows ({recorded.format(DEFAULTS['context_size'])})")
+    pr.add_argument("--members", default=None, metavar="FILE",
+                    help="file of member row ids, one per line, for a model fine-tuned elsewhere (default: "
+                         "the members the checkpoint records, else iclmem's own split)")
+    pr.add_argument("--out", default=None, help="audit folder (default: ./runs/audit-<task>)")
     pr.set_defaults(func=cmd_probe)
 
-    e = sub.add_parser("estimate", help="the grid's work, unit costs measured on this device, and the predicted "
-                       "wall time and device-hours on N workers, before anything is launched")
-    e.add_argument("config")
-    e.add_argument("--workers", type=int, default=1, help="parallel slots: cores of a CPU sweep, GPUs of a CUDA one")
-    e.add_argument("--device", default=None, help="auto (default: CUDA when present), cpu or cuda")
+    e = parser(sub, "estimate", help="the grid's work, unit costs measured on this device, and the predicted "
+               "wall time and device-hours on N workers, before anything is launched")
+    e.add_argument("config", help="sweep YAML")
+    e.add_argument("--workers", type=_positive, default=1,
+                   help="parallel slots: cores of a CPU sweep, GPUs of a CUDA one")
+    e.add_argument("--device", default=None,
+                   help="auto, cpu, cuda or cuda:N (default: auto, CUDA when present)")
     e.add_argument("--task", default=None, help="measure on this task (default: the sweep's first; any built-in name)")
-    e.add_argument("--epochs", type=int, default=4, help="fine-tuning epochs timed per model and Q")
-    e.add_argument("--threads", type=int, default=1, help="torch threads, as each trial uses")
+    e.add_argument("--epochs", type=_positive, default=4, help="fine-tuning epochs timed per model and Q")
+    e.add_argument("--threads", type=_positive, default=1, help="torch threads, as each trial uses")
     e.add_argument("--markdown", action="store_true", help="tables as markdown")
     e.set_defaults(func=cmd_estimate)
 
-    c = sub.add_parser("cluster-check", help="validate a cluster.yaml offline: Ray's own checks, shared storage, "
-                       "secrets, and with --sweep the sweep's resources against the node types")
-    c.add_argument("cluster_yaml")
+    c = parser(sub, "cluster-check", help="validate a cluster.yaml offline: Ray's own checks, shared storage, "
+               "secrets, and with --sweep the sweep's resources against the node types")
+    c.add_argument("cluster_yaml", help="Ray cluster launcher YAML")
     c.add_argument("--sweep", action="append", default=[], metavar="SWEEP_YAML",
                    help="also check this sweep's storage_path, secrets and resource requests (repeatable)")
     c.set_defaults(func=cmd_cluster_check)
     return p
 
 
+@contextlib.contextmanager
+def _short_warnings(enabled: bool) -> Iterator[None]:
+    """Python warnings as one line each, without the source path and line the default format adds, and
+    each message once. ``run`` and ``resume`` keep the full form, in the run folder's console log."""
+    import warnings
+
+    if not enabled:
+        yield
+        return
+    shown: set[str] = set()
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        text = f"iclmem: warning: {category.__name__}: {message}"
+        if text not in shown:
+            shown.add(text)
+            print(text, file=sys.stderr, flush=True)
+
+    previous, warnings.showwarning = warnings.showwarning, show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Parse and run one command; every command ends with the same exit status for the same kind of end
+    (see ``EPILOG``): a bad flag exits through argparse with 2, like any other bad input."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with _short_warnings(args.command not in ("run", "resume")):
+            return int(args.func(args) or 0)
+    except SweepInterrupted as exc:
+        print(str(exc), file=sys.stderr, flush=True)
+        return exc.exit_code
     except IclmemError as exc:
         print(f"iclmem: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
+    except KeyboardInterrupt:  # a command without a sweep of its own (probe, report, validate, lm ...)
+        print("iclmem: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from iclmem.atomic import atomic_write, write_json_atomic, write_parquet_atomic
-from iclmem.errors import ConfigError, DataError, ProbeError
+from iclmem.errors import ConfigError, DataError, ProbeError, SweepInterrupted
 from iclmem.provenance import Provenance
 from iclmem.raysession import ensure_ray
 from iclmem.runfolder import (
@@ -330,6 +330,9 @@ def run_lm_sweep(config_path: str | Path | None, run_dir: str | Path, *, config:
     try:
         pool = start_lm_pool(cfg, inputs)
         run_units(pool, plan, log)
+    except KeyboardInterrupt:  # Ctrl-C: every unit stored so far is kept and not recomputed on resume
+        raise SweepInterrupted(str(run_dir), hint="interrupted \u2014 continue with "
+                               f"`iclmem lm resume {run_dir}`") from None
     finally:
         if pool is not None:
             pool.shutdown()

@@ -3,23 +3,39 @@
 ``run_sweep`` and ``resume_sweep`` are the entry points the CLI calls. Everything a run writes lives
 under ``RUN_DIR``: ``prepared/`` (Stage I cache), ``tune/`` (Tune storage, unless ``storage_path`` is
 remote), ``probes/`` (one result per checkpoint, written atomically), ``results.parquet`` and the
-reports, ``wandb/`` (offline runs).
+reports, ``wandb/`` (offline runs), ``run_state.json`` (running / interrupted / failed / complete, and
+the runs an interruption left unfinished) and ``console.log`` (what Ray, Tune and wandb printed).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
+import threading
 import time
+import warnings
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 
 from iclmem.atomic import write_json_atomic
-from iclmem.errors import ConfigError
-from iclmem.raysession import ensure_ray
-from iclmem.runfolder import PREPARED_DIR, PROBES_DIR, REFERENCE_DIR, SWEEP_FILE, TUNE_DIR, folder_kind
+from iclmem.errors import EXIT_INTERRUPTED, ConfigError, SweepInterrupted
+from iclmem.raysession import Console, ensure_ray, quiet_console
+from iclmem.runfolder import (
+    CONSOLE_LOG_FILE,
+    PREPARED_DIR,
+    PROBES_DIR,
+    REFERENCE_DIR,
+    SWEEP_FILE,
+    TUNE_DIR,
+    RunStatus,
+    folder_kind,
+    write_run_state,
+)
 from orchestrator.config import SweepConfig, config_hash_of, load_sweep, parse_sweep
 from orchestrator.prepare import EXPERIMENT_NAME, PreparedSweep, prepare_sweep, provenance, trial_config
 
@@ -50,6 +66,7 @@ class Progress:
         self.n_trials, self.enabled, self.log = n_trials, enabled, log
         self.done = self.failed = self.running = 0
         self.verdicts: dict[tuple[str, int], str] = {}  # (run_id, epoch) -> outcome; a re-probe counts once
+        self.trial_status: dict[str, str] = {}  # run_id -> Tune's status of its trial, as last seen
         self._last_line = ""
         self._last_time = 0.0
 
@@ -108,6 +125,10 @@ class ProbeOnCheckpoint:
         for row in self.pool.poll():
             self.progress.outcome(row)
             self.trial_logger.log_probe(row)
+        for t in trials:
+            run_id = _unwrap(t.config or {}).get("run_id")
+            if run_id is not None:
+                self.progress.trial_status[str(run_id)] = str(t.status)
         self.progress.running = sum(t.status == "RUNNING" for t in trials)
         self.progress.done = sum(t.status == "TERMINATED" for t in trials)
         self.progress.failed = sum(t.status == "ERROR" for t in trials)
@@ -188,9 +209,10 @@ def _tuner(prepared: PreparedSweep, run_dir: Path, callbacks: list, restore: boo
     )
     if restore:
         path = f"{storage.rstrip('/')}/{EXPERIMENT_NAME}"
-        if not tune.Tuner.can_restore(path):
-            raise ConfigError(f"nothing to resume at {path}: no Tune experiment state there")
-        return tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
+        if tune.Tuner.can_restore(path):
+            return tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
+        # Stopped before Tune saved any state (e.g. Ctrl-C while the probe pool started): no trial has
+        # a checkpoint yet, so starting them afresh loses nothing.
     configs = [trial_config(t, prepared) for t in prepared.trials]
     failure = tune.FailureConfig(max_failures=sweep.max_failures)
     run_config = tune.RunConfig(
@@ -251,14 +273,147 @@ def trial_logger_for(sweep: SweepConfig, run_dir: Path):
                              entity=sweep.wandb.entity, mode=mode, config_hash=sweep.config_hash())
 
 
+# ------------------------------------------------------------------------------------------- Ctrl-C
+WANDB_FINISH_TIMEOUT_S = 10.0  # after a Ctrl-C, how long the driver waits for W&B to close its trial runs
+
+
+class Interrupts:
+    """SIGINT (Ctrl-C) while a sweep driver runs.
+
+    The first stops the sweep. While ``Tuner.fit`` runs it is turned into Tune's own graceful stop,
+    SIGUSR1 (Ray 2.x ``tune.py``: the loop ends after the current step, the experiment state is saved,
+    trials are stopped), rather than a KeyboardInterrupt raised somewhere inside Tune's loop. Tune's
+    own SIGINT handler is switched off (``TUNE_DISABLE_SIGINT_HANDLER``) because the driver must know
+    the sweep was interrupted, which that handler only logs (with a ``Tuner.restore`` hint that is wrong
+    for iclmem). Outside ``fit`` (Stage I, the final drain) it raises KeyboardInterrupt. A second SIGINT
+    ends the process at once (``os._exit``): whatever clean-up is under way is abandoned."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.in_tune = False
+        self.console_fd = 2  # where the second Ctrl-C's one line goes; the terminal under quiet_console
+        self.run_dir = ""
+        self.record: Callable[[], None] | None = None  # records the interruption in the run folder
+
+    @property
+    def interrupted(self) -> bool:
+        return self.count > 0
+
+    def handler(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.count > 1:
+            if self.record is not None:
+                try:  # one small atomic write, so that the folder does not claim a driver is still running
+                    self.record()
+                except Exception:  # exiting at once matters more than the record
+                    pass
+            hint = f"; `iclmem resume {self.run_dir}` continues it" if self.run_dir else ""
+            os.write(self.console_fd, f"iclmem: interrupted again, exiting at once{hint}\n".encode())
+            os._exit(EXIT_INTERRUPTED)
+        if self.in_tune and _tune_listens_to_sigusr1():
+            os.kill(os.getpid(), signal.SIGUSR1)
+            return
+        raise KeyboardInterrupt
+
+
+def _tune_listens_to_sigusr1() -> bool:
+    handler = signal.getsignal(signal.SIGUSR1)
+    return callable(handler) and getattr(handler, "__module__", "").startswith("ray.tune")
+
+
+@contextmanager
+def catch_interrupts() -> Iterator[Interrupts]:
+    """Install :class:`Interrupts` for the duration of a sweep (main thread only: Python delivers
+    signals there; elsewhere the process's own handling stays)."""
+    state = Interrupts()
+    if threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    previous_usr1 = signal.getsignal(signal.SIGUSR1)
+    previous_env = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    signal.signal(signal.SIGINT, state.handler)
+    try:
+        yield state
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGUSR1, previous_usr1)  # Tune leaves its handler installed after fit
+        if previous_env is None:
+            os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+        else:
+            os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = previous_env
+
+
+class _DropRestoreHint(logging.Filter):
+    """Tune ends an interrupted run with "Resume experiment with: Tuner.restore(...)"; an iclmem sweep is
+    continued with ``iclmem resume``, which the driver prints instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tuner.restore" not in record.getMessage()
+
+
+# iclmem's own packages: a warning raised there is about the user's sweep (a dropped column, a damaged cache
+# entry) and is shown on the console too, in one line; other packages' warnings go to the console log only.
+OWN_PACKAGES = tuple(str(Path(__file__).resolve().parents[1] / name) + os.sep
+                     for name in ("iclmem", "orchestrator", "trainables", "probes"))
+
+
+@contextmanager
+def console_warnings(console: Console) -> Iterator[None]:
+    """While a quiet console is in force: every Python warning in full (with its source path) into the
+    console log, and iclmem's own ones also as one line (each once) on the terminal."""
+    original = warnings.showwarning
+    shown: set[str] = set()
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        original(message, category, filename, lineno, file, line)
+        text = f"[iclmem] warning: {message}"
+        if str(filename).startswith(OWN_PACKAGES) and text not in shown:
+            shown.add(text)
+            console.error(text)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = original
+
+
+def incomplete_runs(prepared: PreparedSweep, progress: Progress) -> list[str]:
+    """Run ids whose trial Tune had not seen to the end (status TERMINATED) when the sweep stopped; a
+    trial the driver never saw counts as incomplete."""
+    return sorted(t.run_id for t in prepared.trials if progress.trial_status.get(t.run_id) != "TERMINATED")
+
+
 def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: SweepConfig | None = None,
               address: str | None = None, resume: bool = False, progress: bool = True,
-              num_cpus: int | None = None, log: Callable[[str], None] = print) -> pd.DataFrame:
-    """Run (or resume) a whole sweep; returns the results table (also at ``RUN_DIR/results.parquet``)."""
-    import ray
+              num_cpus: int | None = None, log: Callable[[str], None] = print,
+              verbose: bool = True) -> pd.DataFrame:
+    """Run (or resume) a whole sweep; returns the results table (also at ``RUN_DIR/results.parquet``).
 
-    from orchestrator.aggregate import aggregate
+    ``verbose=False`` (the command line's default) keeps what Ray, Tune, wandb and Python warnings print
+    in ``RUN_DIR/console.log``; iclmem's own lines still reach the terminal. Ctrl-C raises
+    :class:`SweepInterrupted` after a bounded clean-up, with ``run_state.json`` saying so
+    (:func:`iclmem.runfolder.write_run_state`)."""
+    with catch_interrupts() as interrupts:
+        try:
+            return _run_sweep(config_path, run_dir, sweep=sweep, address=address, resume=resume, progress=progress,
+                              num_cpus=num_cpus, log=log, verbose=verbose, interrupts=interrupts)
+        except KeyboardInterrupt:
+            # Stopped outside Tune's loop (Stage I, the drain): _run_sweep's clean-up has run and the state
+            # is recorded where a folder exists.
+            folder = Path(run_dir).resolve()
+            if (folder / SWEEP_FILE).is_file():
+                raise SweepInterrupted(str(folder)) from None
+            raise SweepInterrupted(str(folder), hint="interrupted before the run folder was written \u2014 start "
+                                   f"again with `iclmem run {config_path or 'CONFIG'} --out {folder}`") from None
 
+
+def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: SweepConfig | None,
+               address: str | None, resume: bool, progress: bool, num_cpus: int | None,
+               log: Callable[[str], None], verbose: bool, interrupts: Interrupts) -> pd.DataFrame:
     run_dir = Path(run_dir).resolve()
     if resume:
         stored = run_dir / SWEEP_FILE
@@ -272,16 +427,54 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
     if not resume:
         claim_run_folder(run_dir, sweep)
     source = str(config_path) if config_path else str(run_dir / SWEEP_FILE) if resume else f"sweep {sweep.name!r}"
-    prepared = prepare_in_place_or_staged(sweep, run_dir, log=log if progress else (lambda _m: None), source=source)
+    # Python warnings of Stage I are held until the run folder (and its console log) exists.
+    with warnings.catch_warnings(record=True) as early_warnings:
+        prepared = prepare_in_place_or_staged(sweep, run_dir, log=log if progress else (lambda _m: None),
+                                              source=source)
     record_sweep(run_dir, sweep)
+    write_run_state(run_dir, RunStatus.RUNNING)
+    interrupts.run_dir = str(run_dir)
+    with quiet_console(None if verbose else run_dir / CONSOLE_LOG_FILE) as console, \
+            (console_warnings(console) if not verbose else nullcontext()):
+        for w in early_warnings:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        interrupts.console_fd = console.err.fileno()
+        if log is print:  # the default: iclmem's own lines go to the terminal, not into the console log
+            log = console.line
+        try:
+            return _drive(prepared, run_dir, address=address, resume=resume, progress=progress, num_cpus=num_cpus,
+                          log=log, console=console, interrupts=interrupts)
+        except (KeyboardInterrupt, SweepInterrupted):  # _drive has recorded the state
+            raise
+        except BaseException as exc:
+            write_run_state(run_dir, RunStatus.FAILED, note=f"{type(exc).__name__}: {exc}"[:2000])
+            raise
 
+
+def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resume: bool, progress: bool,
+           num_cpus: int | None, log: Callable[[str], None], console: Console,
+           interrupts: Interrupts) -> pd.DataFrame:
+    """Ray side of :func:`run_sweep`: probe pools, Tune, the catch-up pass and aggregation."""
+    import ray
+
+    from orchestrator.aggregate import aggregate
+
+    sweep = prepared.sweep
     trial_logger = trial_logger_for(sweep, run_dir)  # opens nothing until the first result
-    started = ensure_ray(address, num_cpus=num_cpus)
+    restore_hint = _DropRestoreHint()
+    tune_logger = logging.getLogger("ray.tune.tune")
+    tune_logger.addFilter(restore_hint)
     pool = None
+    started = False
+    finish_timeout: float | None = None
+    prog = Progress(len(prepared.trials), enabled=progress, log=log)
+    interrupts.record = lambda: write_run_state(
+        run_dir, RunStatus.INTERRUPTED, incomplete_runs(prepared, prog),
+        note=f"stopped by a second Ctrl-C, clean-up skipped; {len(prog.verdicts)} checkpoint result(s) kept")
     try:
+        started = ensure_ray(address, num_cpus=num_cpus)
         pool = start_probe_pools(prepared, run_dir)
         probes_dir = run_dir / PROBES_DIR
-        prog = Progress(len(prepared.trials), enabled=progress, log=log)
         for key, identity in prepared.controls:
             from probes.actors import ProbeJob
 
@@ -290,7 +483,23 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
         tuner = _tuner(prepared, run_dir, callbacks, restore=resume)
         if resume:
             reattach(tuner, pool, probes_dir, prog, trial_logger)
-        grid = tuner.fit()
+        interrupts.in_tune = True
+        try:
+            grid = tuner.fit()
+        finally:
+            interrupts.in_tune = False
+        if interrupts.interrupted:
+            # Tune has stopped the trials and saved its state. Results the probe pool has finished are
+            # on disk already (each is stored by its actor); collect those that came in without waiting
+            # for the jobs still running: the catch-up pass of `iclmem resume` resubmits them.
+            finish_timeout = WANDB_FINISH_TIMEOUT_S
+            for row in pool.poll():
+                prog.outcome(row)
+                trial_logger.log_probe(row)
+            unfinished = incomplete_runs(prepared, prog)
+            write_run_state(run_dir, RunStatus.INTERRUPTED, unfinished,
+                            note=f"stopped by Ctrl-C; {len(prog.verdicts)} checkpoint result(s) kept")
+            raise SweepInterrupted(str(run_dir))
         # Catch-up: every checkpoint on storage gets a result (already-probed ones return at once).
         for result in grid:
             config = _unwrap(result.config or {})
@@ -312,6 +521,7 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
         results = aggregate(run_dir, prepared, log=log)
         from iclmem.errors import ProbeError
 
+        where = f" (Ray's and Tune's messages are in {console.log_path})" if console.log_path else ""
         if pool.failed:
             raise ProbeError(
                 f"{len(pool.failed)} checkpoint(s) could not be probed (first error above); every other result is "
@@ -319,10 +529,19 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
             )
         if results.empty:
             raise ProbeError(f"the sweep produced no checkpoint result (no trial reached a scheduled checkpoint); "
-                             f"see the trial errors above and the Tune logs under {run_dir}")
+                             f"see the trial errors{where} and the Tune logs under {run_dir}")
+        write_run_state(run_dir, RunStatus.COMPLETE)
+        interrupts.record = None  # a Ctrl-C during the shutdown below leaves a complete sweep complete
         return results
+    except KeyboardInterrupt:  # outside Tune's loop: Ray start-up, the probe pools, the final drain
+        finish_timeout = WANDB_FINISH_TIMEOUT_S
+        write_run_state(run_dir, RunStatus.INTERRUPTED, incomplete_runs(prepared, prog),
+                        note=f"stopped by Ctrl-C; {len(prog.verdicts)} checkpoint result(s) kept")
+        raise
     finally:
-        trial_logger.finish()  # no-op once finished; on an error, flushes what the runs hold
+        tune_logger.removeFilter(restore_hint)
+        # no-op once finished; on an error, flushes what the runs hold; after a Ctrl-C, for a bounded time
+        trial_logger.finish(timeout=finish_timeout)
         if pool is not None:
             pool.shutdown()
         if started:

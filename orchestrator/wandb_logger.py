@@ -349,7 +349,9 @@ CHECKPOINT_AUC_KEY = f"{PROBE_PREFIX}/checkpoint_auc"  # what the HTML report pl
 TRIAL_RUNS_FILE = "trial_runs.json"  # under RUN_DIR/wandb/: W&B run ids and what each run already holds
 # Top-level config of a trial's run: what W&B's run table groups and filters by.
 TRIAL_CONFIG_KEYS: tuple[str, ...] = ("run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed",
-                                      "config_hash", "git_commit")
+                                      "config_hash", "git_commit",
+                                      # DP-SGD runs only (absent otherwise): group trial runs by ε in W&B
+                                      "dp_target_epsilon", "dp_delta", "dp_max_grad_norm", "dp_noise_multiplier")
 # Keys Tune adds to every reported result: bookkeeping, not training metrics (``time_this_iter_s`` and
 # ``time_total_s`` are kept: per-epoch timing is worth plotting).
 _TUNE_BOOKKEEPING = frozenset({
@@ -368,7 +370,7 @@ class TrialLogger(Protocol):
 
     def log_probe(self, row: Mapping[str, Any]) -> None: ...
 
-    def finish(self) -> None: ...
+    def finish(self, timeout: float | None = None) -> bool: ...
 
 
 class NullTrialLogger:
@@ -380,8 +382,8 @@ class NullTrialLogger:
     def log_probe(self, row: Mapping[str, Any]) -> None:
         return None
 
-    def finish(self) -> None:
-        return None
+    def finish(self, timeout: float | None = None) -> bool:
+        return True
 
 
 def trial_run_config(identity: Mapping[str, Any], group: str | None) -> dict[str, Any]:
@@ -576,17 +578,39 @@ class WandbTrialLogger:
         # (a resumed driver sees them all again: its catch-up pass resubmits every checkpoint).
         run.summary.update(run_headline(self._rows[run_id].values()))
 
-    def finish(self) -> None:
+    def finish(self, timeout: float | None = None) -> bool:
         """Finish every open run, then shut the wandb service down so the offline transaction logs are
-        complete on disk (``run.finish()`` can return before the service has flushed them)."""
+        complete on disk (``run.finish()`` can return before the service has flushed them).
+
+        With ``timeout`` (seconds) the driver waits no longer than that and returns False if W&B has not
+        finished by then: after a Ctrl-C the wandb service may have got the same SIGINT (a terminal sends
+        it to the whole process group) and ``run.finish()`` then waits for it forever. The runs' data is
+        in their ``RUN_DIR/wandb`` folders up to the last flush; ``iclmem resume`` continues the same runs."""
         if not self._runs:
-            return
+            return True
+        import threading
+
         import wandb
 
         runs, self._runs = list(self._runs.values()), {}
-        for run in runs:
-            run.finish()
-        wandb.teardown()
+
+        def close() -> None:
+            for run in runs:
+                run.finish()
+            wandb.teardown()
+
+        if timeout is None:
+            close()
+            return True
+        # a daemon thread: one that never returns must not keep the interrupted process alive
+        closer = threading.Thread(target=close, name="iclmem-wandb-finish", daemon=True)
+        closer.start()
+        closer.join(timeout)
+        if closer.is_alive():
+            log.warning("W&B did not finish its %d trial run(s) within %.0f s; left as they are under %s",
+                        len(runs), timeout, self.run_dir / WANDB_DIR)
+            return False
+        return True
 
 
 def make_trial_logger(kind: str | None = None, **kwargs: Any) -> TrialLogger:

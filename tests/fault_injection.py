@@ -47,7 +47,7 @@ def maybe_inject_fault(epoch: int, config: dict[str, Any]) -> None:
         return
     marker.write_text(str(epoch))
     if config.get("_fault_kind") == "truncate_latest_checkpoint":  # a half-written upload, then a crash
-        _truncate_latest_checkpoint(Path(config["_fault_storage"]), config["run_id"])
+        _truncate_latest_checkpoint(Path(config["_fault_storage"]), config["run_id"], epoch - 1)
     if config.get("_fault_kind") == "sigkill":  # the worker process dies as if the node's OOM killer struck
         import os
         import signal
@@ -56,18 +56,29 @@ def maybe_inject_fault(epoch: int, config: dict[str, Any]) -> None:
     raise RuntimeError(f"injected fault at epoch {epoch}")
 
 
-def _truncate_latest_checkpoint(storage: Path, run_id: str) -> None:
-    """Cut this run's newest persisted checkpoint weights in half (found by the run id in the
-    manifests under Tune's storage folder)."""
+def _truncate_latest_checkpoint(storage: Path, run_id: str, epoch: int) -> None:
+    """Cut this run's checkpoint weights of ``epoch`` (the newest one reported) in half, found by the run id
+    in the manifests under Tune's storage folder. Waits (up to 60 s) for that checkpoint to be visible in
+    the storage: under load its persistence can trail the report, and truncating an older checkpoint
+    instead would leave the newest intact and test nothing."""
     import json
+    import time
 
     from trainables.finetune import META_FILE, MODEL_FILE
 
-    mine = []
-    for manifest in storage.rglob(META_FILE):
-        meta = json.loads(manifest.read_text())
-        if meta.get("metrics", {}).get("run_id") == run_id:
-            mine.append((int(meta["epoch"]), manifest.parent / MODEL_FILE))
+    deadline = time.monotonic() + 60
+    while True:
+        mine = []
+        for manifest in storage.rglob(META_FILE):
+            try:
+                meta = json.loads(manifest.read_text())
+            except (OSError, ValueError):  # a manifest being written right now
+                continue
+            if meta.get("metrics", {}).get("run_id") == run_id:
+                mine.append((int(meta["epoch"]), manifest.parent / MODEL_FILE))
+        if mine and max(mine)[0] >= epoch or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     _epoch, weights = max(mine)
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])

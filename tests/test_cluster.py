@@ -113,7 +113,7 @@ def test_misspelled_top_level_key_refused_with_rays_message(tmp_path):
     assert "'max_worker' was unexpected" in message
     assert check_cluster_file(path).problems == [f"{path}: (top level): {message} (Ray's cluster-config schema)"]
     proc = _cli("cluster-check", str(path))
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert f"{path}: (top level): {message}" in proc.stderr
 
 
@@ -197,7 +197,7 @@ def test_unreadable_files(tmp_path):
     assert check_cluster_file(empty).problems == [
         f"{empty}: (top level): a cluster config is a mapping of settings, not NoneType"]
     proc = _cli("cluster-check", str(missing))
-    assert proc.returncode == 1 and f"{missing}: file not found" in proc.stderr
+    assert proc.returncode == 2 and f"{missing}: file not found" in proc.stderr
 
 
 # ------------------------------------------------------------------------------------------- shared storage
@@ -318,7 +318,7 @@ def test_gpu_trials_on_a_cpu_only_cluster_refused(tmp_path):
     assert problem.startswith(f"{sweep}: resources.gpus_per_trial: a trial needs {{CPU 1, GPU 1}}, "
                               f"but no node type of {path} has that")
     proc = _cli("cluster-check", str(path), "--sweep", str(sweep))
-    assert proc.returncode == 1 and f"{sweep}: resources.gpus_per_trial" in proc.stderr
+    assert proc.returncode == 2 and f"{sweep}: resources.gpus_per_trial" in proc.stderr
     # the shipped GPU cluster runs it
     assert check_cluster_file(CLUSTER, [sweep]).ok
 

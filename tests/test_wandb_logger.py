@@ -414,6 +414,35 @@ def test_the_null_trial_logger_is_the_default_and_satisfies_the_protocol(tmp_pat
         W.make_trial_logger("tensorboard")
 
 
+def test_finish_with_a_timeout_returns_while_wandb_hangs_and_without_one_waits(tmp_path):
+    """After a Ctrl-C the wandb service may have had the same SIGINT and ``run.finish()`` then never
+    returns; the interrupted driver must still end within its bound."""
+    import threading
+    import time
+
+    release = threading.Event()
+    finished: list[str] = []
+
+    class _HangingRun:
+        def finish(self) -> None:
+            release.wait(60)
+            finished.append("hanging")
+
+    class _Run:
+        def finish(self) -> None:
+            finished.append("plain")
+
+    logger = W.WandbTrialLogger(tmp_path, project="p", group="g", config_hash="h")
+    logger._runs["r1"] = _HangingRun()
+    started = time.monotonic()
+    assert logger.finish(timeout=0.5) is False
+    assert time.monotonic() - started < 5 and logger.runs == {} and finished == []
+    release.set()
+
+    logger._runs["r2"] = _Run()
+    assert logger.finish() is True and "plain" in finished  # no timeout: waits for W&B as before
+
+
 class _RecordingTrialLogger(W.NullTrialLogger):
     def __init__(self) -> None:
         self.training: list[tuple[str, int]] = []
@@ -509,8 +538,8 @@ class _DiesAtEpoch:
     def log_probe(self, row) -> None:
         self.inner.log_probe(row)
 
-    def finish(self) -> None:
-        self.inner.finish()
+    def finish(self, timeout: float | None = None) -> bool:
+        return self.inner.finish(timeout)
 
 
 @pytest.mark.slow
