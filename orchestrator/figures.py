@@ -4,6 +4,11 @@ No pyplot: each figure is a standalone :class:`matplotlib.figure.Figure` rendere
 drawing never touches global backend state (safe in workers and tests). Every function returns the PNG
 path, or ``None`` when its input is empty (e.g. no ROC files), so callers can skip the figure.
 Inputs are the public tables of :mod:`orchestrator.reports`; only ids and metrics are drawn.
+
+No figure pools grid axes silently: the axes of :data:`FACET_AXES` that vary in a sweep get a panel each
+(named in the panel's title), ROC legends name every grid axis that differs between the curves, and a
+pooled seed axis is said in the title. Each ``plot_*`` function draws with a ``build_*`` function that
+returns the :class:`~matplotlib.figure.Figure`, so tests can read panels, legends and lines back.
 """
 
 from __future__ import annotations
@@ -32,6 +37,61 @@ OUTCOME_COLORS: dict[str, str] = {
 }
 _OTHER_COLOR = "#e0e0e0"
 _DPI = 100
+FACET_AXES: tuple[str, ...] = R.FACET_AXES  # a figure facets by every one of these that varies
+# Every axis that can tell two runs apart, in the order a legend names them.
+RUN_AXES: tuple[str, ...] = ("task", "model", "regime", "lr", "q", "label_mode", "seed", "dp_target_epsilon")
+CHANCE_LABEL = "chance (AUC 0.5)"
+_CHANCE_ZORDER = 10  # above every curve, so no run's line can hide the reference
+
+
+def varying_axes(df: pd.DataFrame, axes: tuple[str, ...] = FACET_AXES) -> list[str]:
+    """The columns of ``axes`` that take more than one value in ``df`` (the ones a figure must show)."""
+    return [a for a in axes if a in df.columns and df[a].nunique(dropna=False) > 1]
+
+
+def _fmt_axis_value(axis: str, value: Any) -> str:
+    if axis == "lr":
+        return f"lr={float(value):g}"
+    if axis == "q":
+        return f"Q={value}"
+    if axis == "task":
+        return str(value)
+    if axis == "dp_target_epsilon":
+        return f"DP ε={value:g}" if isinstance(value, (int, float)) and value == value else "no DP"
+    return f"{axis}={value}"
+
+
+def _facets(df: pd.DataFrame, axes: list[str]) -> list[tuple[str, pd.DataFrame]]:
+    """(title, rows) per combination of ``axes`` present in ``df``; one untitled facet when none vary."""
+    if not axes:
+        return [("", df)]
+    out = []
+    for key, g in df.groupby(axes, sort=True, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        out.append((" · ".join(f"{a} = {v}" for a, v in zip(axes, key)), g))
+    return out
+
+
+def _pooled_seeds_note(df: pd.DataFrame) -> str:
+    n = df["seed"].nunique() if "seed" in df.columns else 1
+    return f" (mean over {n} seeds)" if n > 1 else ""
+
+
+def _distinct_colors(n: int) -> list[Any]:
+    """``n`` colours no two of which are alike: tab10 up to 10, tab20 up to 20, then an even hue sweep."""
+    from matplotlib import colormaps
+
+    if n <= 10:
+        return [colormaps["tab10"](i) for i in range(n)]
+    if n <= 20:
+        # tab20 pairs a dark and a light shade of each hue: take the dark ones first, then the light ones
+        return [colormaps["tab20"](2 * i if i < 10 else 2 * (i - 10) + 1) for i in range(n)]
+    return [colormaps["hsv"](i / n) for i in range(n)]
+
+
+def _chance_line(ax, xs, ys) -> None:
+    """The chance reference, drawn last and above every curve, and named in the legend."""
+    ax.plot(xs, ys, color="black", ls="--", lw=1.2, zorder=_CHANCE_ZORDER, label=CHANCE_LABEL)
 
 
 def _figures_dir(run_dir: str | Path) -> Path:
@@ -75,75 +135,133 @@ def _epoch_axis(ax, epochs) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def plot_roc_curves(
-    run_dir: str | Path, results: pd.DataFrame | None = None, *, max_curves: int = 12,
-    run_ids: list[str] | None = None, name: str = "roc_curves",
-) -> Path | None:
-    """ROC curves of the calibrated deciding score, log-log axes with the chance diagonal.
-
-    With ``results``: each run's peak checkpoint that has a ROC file, highest peak AUC first, at most
-    ``max_curves``. Without: the first ``max_curves`` ROC files found.
-    """
+def _roc_curves(run_dir: str | Path, results: pd.DataFrame | None, max_curves: int,
+                run_ids: list[str] | None) -> list[tuple[dict[str, Any], pd.DataFrame]]:
+    """(run description, ROC table) of the curves to draw; the description holds every run axis known."""
     files = R.list_roc_files(run_dir)
     if files.empty:
-        return None
-    curves: list[tuple[str, pd.DataFrame]] = []
+        return []
+    curves: list[tuple[dict[str, Any], pd.DataFrame]] = []
     if results is not None:
-        peaks = R.peak_checkpoints(results, regime=None)
+        # fine-tuned runs only: a base-model sanity check's curve is the chance diagonal by construction
+        fine_tuned = R._fine_tuned_rows(results)
+        peaks = R.peak_checkpoints(fine_tuned if not fine_tuned.empty else results, regime=None)
         if run_ids is not None:
             peaks = peaks[peaks["run_id"].isin(run_ids)]
         peaks = peaks.sort_values(["peak_auc", "run_id"], ascending=[False, True], na_position="last")
-        for row in peaks.itertuples(index=False):
-            roc = R.load_roc(run_dir, row.run_id, int(row.epoch))
+        for row in peaks.to_dict("records"):
+            roc = R.load_roc(run_dir, row["run_id"], int(row["epoch"]))
             if roc is None or roc.empty:
                 continue
-            label = f"{row.task} lr={float(getattr(row, 'lr', np.nan)):g} Q={getattr(row, 'q', '?')} " \
-                    f"e{int(row.epoch)} AUC={float(getattr(row, 'auc', row.peak_auc)):.2f}"
-            curves.append((label, roc))
+            desc = {a: row[a] for a in RUN_AXES if a in row}
+            desc.update(run_id=row["run_id"], epoch=int(row["epoch"]), auc=float(row.get("auc", row["peak_auc"])))
+            curves.append((desc, roc))
             if len(curves) >= max_curves:
                 break
     else:
         for row in files.itertuples(index=False):
             if run_ids is not None and row.run_id not in run_ids:
                 continue
-            curves.append((f"{row.run_id} e{row.epoch}", pd.read_parquet(row.path, columns=list(R.ROC_COLUMNS))))
+            curves.append(({"run_id": row.run_id, "epoch": int(row.epoch)},
+                           pd.read_parquet(row.path, columns=list(R.ROC_COLUMNS))))
             if len(curves) >= max_curves:
                 break
+    return curves
+
+
+def roc_legend_labels(descs: list[dict[str, Any]]) -> list[str]:
+    """One legend entry per curve naming every run axis whose value differs between the curves (so two
+    curves never share a label), then the epoch and AUC; the axes all curves share go to the title."""
+    differing = [a for a in RUN_AXES if len({str(d.get(a)) for d in descs}) > 1]
+    labels = []
+    for d in descs:
+        if not any(a in d for a in RUN_AXES):  # curves known only by their file name
+            parts = [str(d["run_id"])]
+        else:
+            parts = [_fmt_axis_value(a, d.get(a)) for a in differing]
+        parts.append(f"e{d['epoch']}")
+        if "auc" in d:
+            parts.append(f"AUC={d['auc']:.2f}")
+        labels.append(" ".join(parts))
+    if len(set(labels)) < len(labels):  # runs alike on every axis (e.g. other model options): name them
+        labels = [f"{d['run_id']} {label}" for d, label in zip(descs, labels)]
+    return labels
+
+
+def _shared_axes_title(descs: list[dict[str, Any]]) -> str:
+    shared = [a for a in RUN_AXES if a in descs[0] and len({str(d.get(a)) for d in descs}) == 1]
+    return ", ".join(_fmt_axis_value(a, descs[0][a]) for a in shared)
+
+
+def build_roc_figure(
+    run_dir: str | Path, results: pd.DataFrame | None = None, *, max_curves: int = 12,
+    run_ids: list[str] | None = None,
+) -> Figure | None:
+    """ROC curves of the calibrated deciding score, log-log axes, with the chance diagonal on top.
+
+    With ``results``: each run's peak checkpoint that has a ROC file, highest peak AUC first, at most
+    ``max_curves``. Without: the first ``max_curves`` ROC files found. Each curve has its own colour and
+    a legend entry naming every grid axis that differs between the curves.
+    """
+    curves = _roc_curves(run_dir, results, max_curves, run_ids)
     if not curves:
         return None
-
     positives = [v for _, c in curves for v in np.concatenate([c["fpr"].to_numpy(), c["tpr"].to_numpy()]) if v > 0]
     floor = min(1e-3, (min(positives) / 2) if positives else 1e-3)
-    fig = Figure(figsize=(7, 6))
+    fig = Figure(figsize=(7.5, 6.5))
     ax = fig.add_subplot(1, 1, 1)
-    ax.plot([floor, 1], [floor, 1], "k--", lw=1, label="chance")
     for alpha in (0.01, 0.1):
         ax.axvline(alpha, color="grey", lw=0.8, ls=":")
-    for label, c in curves:
+    labels = roc_legend_labels([d for d, _ in curves])
+    colors = _distinct_colors(len(curves))
+    for i, ((_, c), label) in enumerate(zip(curves, labels)):
         fpr = np.clip(c["fpr"].to_numpy(dtype=float), floor, 1.0)
         tpr = np.clip(c["tpr"].to_numpy(dtype=float), floor, 1.0)
         order = np.argsort(fpr, kind="mergesort")
-        ax.plot(fpr[order], tpr[order], lw=1.5, label=label)
+        ax.plot(fpr[order], tpr[order], lw=1.5, color=colors[i], ls=_Q_STYLES[(i // 10) % len(_Q_STYLES)],
+                label=label)
+    _chance_line(ax, [floor, 1], [floor, 1])
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(floor, 1)
     ax.set_ylim(floor, 1)
-    ax.set_xlabel("false positive rate")
-    ax.set_ylabel("true positive rate")
-    ax.set_title("ROC at peak checkpoints (calibrated score)")
+    ax.set_xlabel("false positive rate (non-members flagged)")
+    ax.set_ylabel("true positive rate (members flagged)")
+    shared = _shared_axes_title([d for d, _ in curves])
+    ax.set_title("ROC at peak checkpoints (calibrated score)" + (f"\n{shared}" if shared else ""), fontsize=10)
     ax.grid(True, which="both", alpha=0.2)
     ax.legend(fontsize=7, loc="lower right")
-    return _save(fig, run_dir, name)
+    return fig
 
 
-def plot_auc_over_epochs(
-    run_dir: str | Path, results: pd.DataFrame, *, panel: str = "task", regime: str | None = R.MAIN_REGIME,
-    name: str = "auc_over_epochs",
+def plot_roc_curves(
+    run_dir: str | Path, results: pd.DataFrame | None = None, *, max_curves: int = 12,
+    run_ids: list[str] | None = None, name: str = "roc_curves",
 ) -> Path | None:
-    """Calibrated AUC (best kind) against epoch, one line per learning rate, one panel per task or Q.
+    """:func:`build_roc_figure` saved as ``figures/<name>.png`` (None when there is no ROC file)."""
+    fig = build_roc_figure(run_dir, results, max_curves=max_curves, run_ids=run_ids)
+    return None if fig is None else _save(fig, run_dir, name)
+
+
+def _grid(n: int, width: float, height: float, max_cols: int = 3) -> tuple[Figure, list[Any]]:
+    ncols = min(max_cols, n)
+    nrows = int(np.ceil(n / ncols))
+    fig = Figure(figsize=(width * ncols, height * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    flat = [axes[i // ncols][i % ncols] for i in range(nrows * ncols)]
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def build_auc_over_epochs(
+    results: pd.DataFrame, *, panel: str = "task", regime: str | None = R.MAIN_REGIME,
+) -> Figure | None:
+    """Calibrated AUC (best kind) against epoch, one line per learning rate, one panel per task or Q and
+    per value of every :data:`FACET_AXES` axis that varies (e.g. one panel per label mode).
 
     Panels per task draw one line per (lr, Q) (line style = Q); panels per Q one line per lr, averaged
-    over tasks. Every line is the mean over the runs it pools (seeds, models, label modes).
+    over tasks. A line averages only over seeds (said in the title) and, for panels per Q, tasks.
     """
     if panel not in ("task", "q"):
         raise ValueError(f"panel must be 'task' or 'q', not {panel!r}")
@@ -151,16 +269,15 @@ def plot_auc_over_epochs(
     if df.empty:
         return None
     df["ckpt_auc"] = R.checkpoint_auc(df)
-    panels = sorted(df[panel].unique(), key=lambda v: (str(type(v)), v))
+    facet = varying_axes(df)
+    cells = []  # one row of panels per facet (e.g. label mode), one panel per task or Q in it
+    for title, f in _facets(df, facet):
+        for p in sorted(f[panel].unique(), key=lambda v: (str(type(v)), v)):
+            cells.append((f"{panel} = {p}" + (f"\n{title}" if title else ""), f[f[panel] == p]))
     colors = _lr_colors(df["lr"].unique())
     qs = sorted(df["q"].unique())
-    ncols = min(3, len(panels))
-    nrows = int(np.ceil(len(panels) / ncols))
-    fig = Figure(figsize=(5 * ncols, 3.6 * nrows + 0.4), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    for i, p in enumerate(panels):
-        ax = axes[i // ncols][i % ncols]
-        d = df[df[panel] == p]
+    fig, axes = _grid(len(cells), 5, 3.8)
+    for ax, (title, d) in zip(axes, cells):
         line_keys = ["lr", "q"] if panel == "task" else ["lr"]
         for key, g in d.groupby(line_keys, sort=True):
             key = key if isinstance(key, tuple) else (key,)
@@ -169,15 +286,22 @@ def plot_auc_over_epochs(
             style = _Q_STYLES[qs.index(key[1]) % len(_Q_STYLES)] if panel == "task" else "-"
             label = f"lr={lr:g}" + (f" Q={key[1]}" if panel == "task" and len(qs) > 1 else "")
             ax.plot(series.index, series.values, style, marker="o", ms=3, color=colors[lr], label=label)
-        ax.axhline(0.5, color="k", lw=0.8, ls="--")
+        ax.axhline(0.5, color="black", ls="--", lw=1.2, zorder=_CHANCE_ZORDER, label=CHANCE_LABEL)
         _epoch_axis(ax, d["epoch"].unique())
         ax.set_ylabel("AUC(ΔS)")
-        ax.set_title(f"{panel} = {p}")
+        ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
-    for j in range(len(panels), nrows * ncols):
-        axes[j // ncols][j % ncols].set_visible(False)
-    fig.suptitle("Calibrated AUC over epochs")
-    return _save(fig, run_dir, name)
+    fig.suptitle("Calibrated AUC over epochs" + _pooled_seeds_note(df))
+    return fig
+
+
+def plot_auc_over_epochs(
+    run_dir: str | Path, results: pd.DataFrame, *, panel: str = "task", regime: str | None = R.MAIN_REGIME,
+    name: str = "auc_over_epochs",
+) -> Path | None:
+    """:func:`build_auc_over_epochs` saved as ``figures/<name>.png``."""
+    fig = build_auc_over_epochs(results, panel=panel, regime=regime)
+    return None if fig is None else _save(fig, run_dir, name)
 
 
 def _cell_outcome(outcomes: pd.Series) -> str:
@@ -190,28 +314,30 @@ def _cell_outcome(outcomes: pd.Series) -> str:
     return str(counts.index[0])
 
 
-def plot_outcome_heatmap(
-    run_dir: str | Path, results: pd.DataFrame, *, regime: str | None = R.MAIN_REGIME, name: str = "outcome_heatmap",
-) -> Path | None:
-    """Task × learning rate grid coloured by outcome at the peak checkpoint, one panel per Q.
+def build_outcome_heatmap(results: pd.DataFrame, *, regime: str | None = R.MAIN_REGIME) -> Figure | None:
+    """Task × learning rate grid coloured by outcome at the peak checkpoint, one panel per Q and per value
+    of every :data:`FACET_AXES` axis that varies.
 
-    A cell pooling several runs (seeds, label modes) shows the most frequent outcome (ties: the order
-    collapse, memorization, inversion, overfitting, no_signal) and the highest peak AUC.
+    A cell pooling several runs (seeds) shows the most frequent outcome (ties: the order collapse,
+    memorization, inversion, overfitting, no_signal), the highest peak AUC and the number of runs.
     """
     peaks = R.peak_checkpoints(results, regime=regime)
     if peaks.empty:
         return None
     tasks = sorted(peaks["task"].unique())
     lrs = sorted(peaks["lr"].unique())
-    qs = sorted(peaks["q"].unique())
     order = R._outcome_order(peaks["outcome"])
     palette = [OUTCOME_COLORS.get(o, _OTHER_COLOR) for o in order]
     cmap = ListedColormap(palette)
-    fig = Figure(figsize=(1.4 * len(lrs) * len(qs) + 2.5, 0.45 * len(tasks) + 2.2), layout="constrained")
-    axes = fig.subplots(1, len(qs), squeeze=False)[0]
-    for ax, q in zip(axes, qs):
+    facet = varying_axes(peaks)
+    qs = sorted(peaks["q"].unique())
+    cells = []  # one row of panels per facet (e.g. label mode), one column per Q
+    for title, f in _facets(peaks, facet):
+        for q in qs:
+            cells.append((f"Q = {q}" + (f"\n{title}" if title else ""), f[f["q"] == q]))
+    fig, axes = _grid(len(cells), 1.4 * len(lrs) + 1.6, 0.45 * len(tasks) + 1.6, max_cols=max(len(qs), 1))
+    for ax, (title, d) in zip(axes, cells):
         grid = np.full((len(tasks), len(lrs)), np.nan)
-        d = peaks[peaks["q"] == q]
         for (task, lr), g in d.groupby(["task", "lr"]):
             i, j = tasks.index(task), lrs.index(lr)
             grid[i, j] = order.index(_cell_outcome(g["outcome"]))
@@ -221,41 +347,69 @@ def plot_outcome_heatmap(
         ax.set_xticks(range(len(lrs)), [f"{lr:g}" for lr in lrs])
         ax.set_yticks(range(len(tasks)), tasks, fontsize=8)
         ax.set_xlabel("learning rate")
-        ax.set_title(f"Q = {q}")
+        ax.set_title(title, fontsize=9)
     fig.legend(handles=[Patch(color=c, label=o) for o, c in zip(order, palette)], loc="outside lower center",
                ncol=len(order), fontsize=8, frameon=False)
-    fig.suptitle("Outcome at peak checkpoint (cell text: peak AUC)")
-    return _save(fig, run_dir, name)
+    fig.suptitle("Outcome at peak checkpoint (cell text: peak AUC, and (n) runs when a cell pools seeds)")
+    return fig
+
+
+def plot_outcome_heatmap(
+    run_dir: str | Path, results: pd.DataFrame, *, regime: str | None = R.MAIN_REGIME, name: str = "outcome_heatmap",
+) -> Path | None:
+    """:func:`build_outcome_heatmap` saved as ``figures/<name>.png``."""
+    fig = build_outcome_heatmap(results, regime=regime)
+    return None if fig is None else _save(fig, run_dir, name)
+
+
+def build_detectable_share(
+    results: pd.DataFrame, *, regime: str | None = R.MAIN_REGIME, cumulative: bool = False,
+) -> Figure | None:
+    """Share of runs flagged memorization by epoch, one line per Q (Fig. 2), one panel per value of every
+    :data:`FACET_AXES` axis that varies."""
+    facet = varying_axes(R._filter_regime(results, regime))
+    share = R.detectable_share_by_epoch(results, regime=regime, cumulative=cumulative, by=tuple(facet))
+    if share.empty:
+        return None
+    cells = _facets(share, facet)
+    fig, axes = _grid(len(cells), 6, 3.8, max_cols=2)
+    for ax, (title, d) in zip(axes, cells):
+        for i, (q, dq) in enumerate(d.groupby("q", sort=True)):
+            ax.plot(dq["epoch"], dq["share"], _Q_STYLES[i % len(_Q_STYLES)], marker="o", label=f"Q={q}")
+        _epoch_axis(ax, d["epoch"].unique())
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylabel("share of runs detectable")
+        ax.set_title(title, fontsize=9)
+        ax.legend()
+    fig.suptitle("Runs flagged memorization by epoch" + (" (cumulative)" if cumulative else ""))
+    return fig
 
 
 def plot_detectable_share(
     run_dir: str | Path, results: pd.DataFrame, *, regime: str | None = R.MAIN_REGIME, cumulative: bool = False,
     name: str = "detectable_share",
 ) -> Path | None:
-    """Share of runs flagged memorization by epoch, one line per Q (Fig. 2)."""
-    share = R.detectable_share_by_epoch(results, regime=regime, cumulative=cumulative)
-    if share.empty:
-        return None
-    fig = Figure(figsize=(7, 4.2))
-    ax = fig.add_subplot(1, 1, 1)
-    for i, (q, d) in enumerate(share.groupby("q", sort=True)):
-        ax.plot(d["epoch"], d["share"], _Q_STYLES[i % len(_Q_STYLES)], marker="o", label=f"Q={q}")
-    _epoch_axis(ax, share["epoch"].unique())
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_ylabel("share of runs detectable")
-    ax.set_title("Runs flagged memorization by epoch" + (" (cumulative)" if cumulative else ""))
-    ax.legend()
-    return _save(fig, run_dir, name)
+    """:func:`build_detectable_share` saved as ``figures/<name>.png``."""
+    fig = build_detectable_share(results, regime=regime, cumulative=cumulative)
+    return None if fig is None else _save(fig, run_dir, name)
 
 
 def plot_perturbation_ranking(
     run_dir: str | Path, manipulation_auc: pd.DataFrame, results: pd.DataFrame | None = None, *, top: int = 20,
     name: str = "perturbation_ranking",
 ) -> Path | None:
+    """:func:`build_perturbation_ranking` saved as ``figures/<name>.png``."""
+    fig = build_perturbation_ranking(manipulation_auc, results, top=top)
+    return None if fig is None else _save(fig, run_dir, name)
+
+
+def build_perturbation_ranking(
+    manipulation_auc: pd.DataFrame, results: pd.DataFrame | None = None, *, top: int = 20,
+) -> Figure | None:
     """Horizontal bars of the ``top`` manipulations (App. 7.3). With ``results``: the paper's ranking, mean
     ΔAUC to the checkpoint's overall AUC(ΔS) over checkpoints flagged memorization
-    (:func:`orchestrator.reports.perturbation_effectiveness`); without: mean per-manipulation AUC over
-    every fine-tuned checkpoint."""
+    (:func:`orchestrator.reports.perturbation_effectiveness`), the title naming the grid axes it pools;
+    without: mean per-manipulation AUC over every fine-tuned checkpoint."""
     if results is not None:
         rank, value, ref, label = (R.perturbation_effectiveness(manipulation_auc, results), "mean_delta_auc", 0.0,
                                    "mean AUC minus overall AUC(ΔS), memorized checkpoints")
@@ -280,8 +434,22 @@ def plot_perturbation_ranking(
     if cats:
         ax.legend(handles=[Patch(color=cmap(i % 20), label=c) for i, c in enumerate(cats)], fontsize=7,
                   loc="lower right")
-    ax.set_title("Perturbation effectiveness")
-    return _save(fig, run_dir, name)
+    ax.set_title("Perturbation effectiveness" + _pooled_axes_note(manipulation_auc, results), fontsize=10)
+    return fig
+
+
+def _pooled_axes_note(manipulation_auc: pd.DataFrame, results: pd.DataFrame | None) -> str:
+    """The ranking pools checkpoints across runs; name the grid axes it pools so none is merged silently."""
+    if results is None:
+        return ""
+    used = results.merge(manipulation_auc[["run_id", "epoch"]].drop_duplicates(), on=["run_id", "epoch"])
+    if "outcome" in used.columns:
+        used = used[(used["outcome"] == R.DETECTABLE) & (used["epoch"] > 0)]
+    axes = varying_axes(used)
+    if not axes:
+        return ""
+    parts = [f"{a} {' + '.join(str(v) for v in sorted(used[a].unique()))}" for a in axes]
+    return f"\n{len(used)} memorized checkpoints pooled over {'; '.join(parts)}"
 
 
 def make_all_figures(

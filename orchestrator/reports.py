@@ -12,7 +12,8 @@ enforced by construction, not by scrubbing: every reader keeps an explicit allow
 provenance is reduced to a fixed set of keys. A column or provenance field that is not on a list never
 reaches a report, the HTML page or W&B.
 
-Choices the spec leaves open (see ``ICLMEM_SPEC.md``, "Outcome" and "Reports"):
+Choices the method leaves open (``docs/METHOD.md``, "The outcome of a checkpoint" and "What each table is
+computed from"):
 
 * A checkpoint's AUC for peak selection is the highest calibrated AUC over the score kinds present
   (``auc_loss``, ``auc_entropy``, ``auc_confidence`` and the deciding kind's ``auc``), so the peak is
@@ -35,6 +36,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
+import json
 import math
 import re
 from pathlib import Path
@@ -43,22 +45,25 @@ from typing import Any, Iterable, Literal, Mapping
 import numpy as np
 import pandas as pd
 
+from iclmem import runfolder as _runfolder
 from iclmem.atomic import write_text_atomic
 from iclmem.errors import DataError
 from iclmem.provenance import PUBLIC_FIELDS, Provenance
 from iclmem.runfolder import (
+    FIGURES_DIR,
     LM_REPORT_FILE,
     MANIPULATION_AUC_FILE,
     REPORT_FILE,
     RESULTS_FILE,
     ROC_DIR,
     SPLIT_REPORT_FILE,
+    SWEEP_FILE,
     roc_path,
 )
 from iclmem.vocab import BASE_MODEL_ROW, Outcome, Regime, ScoreKind, VerdictRule, values
 from iclmem.vocab import DETECTABLE as _DETECTABLE
 from iclmem.vocab import MAIN_REGIME as _MAIN_REGIME
-from probes.metrics import clopper_pearson
+from probes.metrics import allowed_false_positives, clopper_pearson
 
 OUTCOMES: tuple[str, ...] = values(Outcome)
 REGIMES: tuple[str, ...] = values(Regime)
@@ -66,6 +71,10 @@ SCORE_KINDS: tuple[str, ...] = values(ScoreKind)
 MAIN_REGIME: str = _MAIN_REGIME.value
 DETECTABLE: str = _DETECTABLE.value
 RUN_KEY: tuple[str, ...] = ("run_id", "task")
+# Grid axes that change what a run is (not just its noise): figures and by-epoch tables split by every one
+# of them that varies rather than pooling, e.g. normal against shuffled member labels. Seeds are
+# replicates and may be averaged, which the page then says.
+FACET_AXES: tuple[str, ...] = ("model", "regime", "label_mode", "dp_target_epsilon")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -82,6 +91,13 @@ RESULT_COLUMNS: tuple[str, ...] = (
     # the verdict rule, both verdicts, the null splits and the known-context baseline (all metrics or ids)
     "rule", "p_value", "p_value_threshold", "n_checkpoints_in_family", "null_splits", "null_evidence",
     "raw_memorization_flag", "calibrated_memorization_flag", "outcome_score_kind", "fine_tuned", "sanity_check",
+    "dp_target_epsilon",  # the grid's DP-SGD axis (a config number): figures facet by it
+    # ε lower bounds (orchestrator.aggregate.epsilon_columns) and a DP-SGD run's accountant record
+    "epsilon_lb", "epsilon_lb_kind", "epsilon_lb_delta", "run_epsilon_lb", "run_epsilon_lb_epoch",
+    "run_epsilon_lb_kind", "dp_delta", "dp_max_grad_norm", "dp_noise_multiplier", "dp_accountant", "dp_epsilon",
+    "dp_steps", "epsilon_consistent",
+    # utility with C' (probes.probe.icl_utility_columns): what DP-SGD trades against ε
+    "member_icl_accuracy", "nonmember_icl_accuracy", "member_icl_loss", "nonmember_icl_loss",
 )
 _KINDS = "|".join(SCORE_KINDS)
 _RESULT_PATTERNS = (
@@ -95,6 +111,7 @@ _RESULT_PATTERNS = (
 SPLIT_COLUMNS: tuple[str, ...] = (
     "task", "label_mode", "seed", "q", "n_rows", "n_classes", "majority_share", "numeric_share",
     "tvd", "ks", "ks_pvalue", "wasserstein", "redraws", "exact_duplicates", "feature_duplicates",
+    "input_contract", "pca_reason",  # one row per (task, model input contract)
 )
 MANIPULATION_COLUMNS: tuple[str, ...] = ("run_id", "task", "epoch", "manipulation", "category", "auc")
 ROC_COLUMNS: tuple[str, ...] = ("fpr", "tpr")
@@ -295,8 +312,6 @@ def _fine_tuned_rows(results: pd.DataFrame) -> pd.DataFrame:
 def null_records(results: pd.DataFrame) -> pd.DataFrame:
     """One row per (checkpoint, null split) of the fine-tuned checkpoints: the run key, epoch, null split
     index, its calibrated AUC per score kind and its verdict per rule (from ``null_evidence``)."""
-    import json
-
     df = _fine_tuned_rows(results)
     if "null_evidence" not in df.columns:
         return pd.DataFrame()
@@ -363,6 +378,176 @@ def verdict_rule_summary(results: pd.DataFrame) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------------
+# The sweep as configured: its rule and thresholds, its checkpoint schedule, what is stored of it
+# --------------------------------------------------------------------------------------------------
+
+# The run folder's state record (iclmem.runfolder.RUN_STATE_FILE, written by the sweep driver): a driver
+# stopped by Ctrl-C leaves ``status: interrupted`` there. ``interrupted: true`` in it or in ``sweep.json``
+# says the same. Read as plain JSON: a damaged record must not stop the report.
+STATE_FILE: str = getattr(_runfolder, "RUN_STATE_FILE", "run_state.json")
+INTERRUPTED = "interrupted"
+BASE_MANIPULATION = "base"  # the unmanipulated multiple-choice context every other manipulation varies
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):  # a damaged record is reported as absent, never as a crash of the report
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load_sweep_config(run_dir: str | Path) -> dict[str, Any]:
+    """``RUN_DIR/sweep.json`` (the validated sweep config), ``{}`` when absent or unreadable. The report
+    reads only named settings from it (``outcome``, ``training``, ``grid``, ``interrupted``), never a
+    path or a model option."""
+    return _read_json_object(Path(run_dir) / SWEEP_FILE)
+
+
+def was_interrupted(run_dir: str | Path) -> bool:
+    """Whether the sweep was stopped before it finished: ``interrupted: true`` in ``sweep.json`` or in the
+    run folder's state record, or that record's ``status: interrupted`` (a later driver that finishes the
+    sweep records ``complete`` there)."""
+    sweep, state = (_read_json_object(Path(run_dir) / name) for name in (SWEEP_FILE, STATE_FILE))
+    return sweep.get(INTERRUPTED) is True or state.get(INTERRUPTED) is True or state.get("status") == INTERRUPTED
+
+
+def checkpoint_schedule(sweep: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The epochs every fine-tuning run of ``sweep`` writes a checkpoint at (``training.epochs``,
+    ``checkpoint_epochs``, ``every_epoch``), or None when the config has no training block."""
+    training = sweep.get("training")
+    if not isinstance(training, Mapping) or "epochs" not in training:
+        return None
+    from trainables.finetune import FinetuneSpec  # the schedule's one definition (the trainable's own)
+
+    kw: dict[str, Any] = {"epochs": int(training["epochs"]), "every_epoch": bool(training.get("every_epoch", False))}
+    if training.get("checkpoint_epochs") is not None:
+        kw["checkpoint_epochs"] = tuple(int(e) for e in training["checkpoint_epochs"])
+    return FinetuneSpec(**kw).schedule()
+
+
+def scheduled_runs_per_regime(sweep: Mapping[str, Any]) -> dict[str, int] | None:
+    """Per regime, how many runs (``(run_id, task)`` keys: a joint multi_fixed / multi_random run counts
+    once per task) the sweep's grid schedules; None when the config cannot be expanded."""
+    if not sweep:
+        return None
+    try:
+        from orchestrator.config import expand_grid, parse_sweep
+
+        # the interruption marker is run-folder state, not a setting the schema knows
+        trials = expand_grid(parse_sweep({k: v for k, v in sweep.items() if k != INTERRUPTED}, SWEEP_FILE))
+    except Exception:  # noqa: BLE001 - a config of another iclmem version: the count is left out, not guessed
+        return None
+    out: dict[str, int] = {}
+    for t in trials:
+        out[str(t.regime)] = out.get(str(t.regime), 0) + len(t.task.split("+"))
+    return out
+
+
+def missing_runs(results: pd.DataFrame, sweep: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """Regimes with scheduled runs that have no stored fine-tuned checkpoint at all (e.g. never started
+    before an interruption): regime -> (missing, scheduled)."""
+    scheduled = scheduled_runs_per_regime(sweep)
+    if not scheduled:
+        return {}
+    ft = _fine_tuned_rows(results)
+    key = _run_key(ft)
+    stored = ft.drop_duplicates(key)["regime"].value_counts() if "regime" in ft.columns else pd.Series(dtype=int)
+    return {r: (n - int(stored.get(r, 0)), n) for r, n in scheduled.items() if int(stored.get(r, 0)) < n}
+
+
+def run_completeness(results: pd.DataFrame, schedule: tuple[int, ...] | None, *,
+                     interrupted: bool = False) -> pd.DataFrame:
+    """One row per fine-tuned run (``run_id``, ``task``): ``n_stored`` checkpoints of ``n_scheduled``,
+    ``last_epoch`` and ``status``: ``complete``, ``incomplete`` (fewer stored than scheduled),
+    ``interrupted`` (incomplete, and the sweep was stopped), ``diverged`` (stopped by a NaN loss: a
+    result, not a gap), or ``unknown`` (no schedule to compare with)."""
+    ft = _fine_tuned_rows(results)
+    key = _run_key(ft)
+    cols = [*key, "n_stored", "n_scheduled", "last_epoch", "status"]
+    rows = []
+    for k, g in ft.groupby(key, sort=True, dropna=False):
+        epochs = {int(e) for e in g["epoch"]}
+        row = dict(zip(key, k if isinstance(k, tuple) else (k,)))
+        n_stored = len(epochs & set(schedule)) if schedule else len(epochs)
+        if schedule is None:
+            status = "unknown"
+        elif n_stored >= len(schedule):
+            status = "complete"
+        elif "diverged" in g.columns and g["diverged"].fillna(False).astype(bool).any():
+            status = "diverged"
+        else:
+            status = INTERRUPTED if interrupted else "incomplete"
+        rows.append({**row, "n_stored": n_stored, "n_scheduled": len(schedule) if schedule else np.nan,
+                     "last_epoch": max(epochs), "status": status})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def outcome_summary(results: pd.DataFrame) -> tuple[str, int]:
+    """The one-line verdict of a sweep, e.g. ``"3 memorization, 5 no_signal, 1 collapse of 9 runs"``: every
+    fine-tuned run at its headline (peak) checkpoint, under the sweep's rule, in precedence order. The
+    base-model sanity checks are left out. Returns (line, number of runs)."""
+    peaks = peak_checkpoints(_fine_tuned_rows(results), regime=None)
+    if peaks.empty:
+        return "no fine-tuned run has a stored checkpoint", 0
+    counts = peaks["outcome"].value_counts()
+    parts = [f"{int(counts[o])} {o}" for o in _outcome_order(peaks["outcome"]) if counts.get(o, 0)]
+    return f"{', '.join(parts)} of {len(peaks)} run{'s' if len(peaks) != 1 else ''}", len(peaks)
+
+
+def sample_sizes(results: pd.DataFrame) -> pd.DataFrame:
+    """What each AUC compares: per Q, the members and non-members a checkpoint is probed on (from the
+    results' ``n_members`` / ``n_nonmembers``; Stage I draws Q of each), and the false positives
+    TPR@1% and TPR@10% allow (⌊α·n⌋ of n non-members)."""
+    ft = _fine_tuned_rows(results)
+    if ft.empty or "q" not in ft.columns:
+        return pd.DataFrame(columns=["q", "n_members", "n_nonmembers", "fp_allowed_at_1pct", "fp_allowed_at_10pct"])
+    d = pd.DataFrame({"q": ft["q"].astype(int),
+                      "n_members": (ft["n_members"] if "n_members" in ft.columns else ft["q"]).astype(int),
+                      "n_nonmembers": (ft["n_nonmembers"] if "n_nonmembers" in ft.columns else ft["q"]).astype(int)})
+    d = d.drop_duplicates().sort_values(["q", "n_members", "n_nonmembers"]).reset_index(drop=True)
+    d["fp_allowed_at_1pct"] = [allowed_false_positives(0.01, n) for n in d["n_nonmembers"]]
+    d["fp_allowed_at_10pct"] = [allowed_false_positives(0.10, n) for n in d["n_nonmembers"]]
+    return d
+
+
+def noop_manipulations(manipulation_auc: pd.DataFrame, results: pd.DataFrame | None = None, *,
+                       tol: float = 1e-12) -> pd.DataFrame:
+    """Manipulations that changed nothing for the audited model: per model, those whose per-manipulation
+    AUC equals the ``base`` manipulation's at every fine-tuned checkpoint (e.g. position moves for a
+    model that ignores row order, uniform row repetition for one that takes row multiplicities).
+
+    Collapsed checkpoints are left out when others exist (a constant model makes every manipulation
+    look alike). Columns: model, manipulation, category, n_checkpoints."""
+    cols = ["model", "manipulation", "category", "n_checkpoints"]
+    df = public_manipulation_auc(manipulation_auc)
+    if df.empty or not {"run_id", "epoch", "manipulation", "auc"} <= set(df.columns):
+        return pd.DataFrame(columns=cols)
+    df = df[df["epoch"] > 0]
+    if results is not None and not results.empty:
+        info = _fine_tuned_rows(results)
+        info = info[[c for c in ("run_id", "epoch", "model", "outcome") if c in info.columns]]
+        info = info.drop_duplicates(["run_id", "epoch"])
+        df = df.merge(info, on=["run_id", "epoch"], how="inner")
+        if "outcome" in df.columns and (df["outcome"] != Outcome.COLLAPSE.value).any():
+            df = df[df["outcome"] != Outcome.COLLAPSE.value]
+    if "model" not in df.columns:
+        df = df.assign(model="")
+    base = df[df["manipulation"] == BASE_MANIPULATION][["run_id", "epoch", "auc"]].rename(columns={"auc": "_base"})
+    if base.empty:
+        return pd.DataFrame(columns=cols)
+    others = df[df["manipulation"] != BASE_MANIPULATION].merge(base, on=["run_id", "epoch"], how="inner")
+    others["_same"] = (others["auc"].astype(float) - others["_base"].astype(float)).abs() <= tol
+    if "category" not in others.columns:
+        others["category"] = ""
+    g = others.groupby(["model", "manipulation", "category"], sort=True)
+    out = pd.DataFrame({"_all": g["_same"].all(), "n_checkpoints": g.size()}).reset_index()
+    return out[out["_all"]].loc[:, cols].reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------------
 # Paper reports
 # --------------------------------------------------------------------------------------------------
 
@@ -392,8 +577,8 @@ def outcome_rates_per_q(
 TASK_TABLE_COLUMNS = (
     "task", "q", "lr", "model", "regime", "label_mode", "seed", "run_id", "outcome",
     *(f"outcome_{r}" for r in values(VerdictRule)), "auc", "auc_low",
-    "auc_high", "p_value", "tpr_at_1pct", "tpr_at_10pct", "known_context_auc", "epoch", "score_kind", "peak_auc",
-    "peak_kind",
+    "auc_high", "p_value", "tpr_at_1pct", "tpr_at_10pct", "n_members", "n_nonmembers", "loss_ratio",
+    "known_context_auc", "epoch", "score_kind", "peak_auc", "peak_kind",
 )
 
 
@@ -406,14 +591,19 @@ def task_lr_q_table(results: pd.DataFrame, *, regime: str | None = MAIN_REGIME) 
 
 
 def detectable_share_by_epoch(
-    results: pd.DataFrame, *, regime: str | None = MAIN_REGIME, cumulative: bool = False
+    results: pd.DataFrame, *, regime: str | None = MAIN_REGIME, cumulative: bool = False,
+    by: tuple[str, ...] = (),
 ) -> pd.DataFrame:
-    """Fig. 2: share of runs whose checkpoint is flagged ``memorization``, per (Q, epoch)."""
+    """Fig. 2: share of runs whose checkpoint is flagged ``memorization``, per (Q, epoch), and per value of
+    each column in ``by`` (e.g. ``label_mode``: shares of different label modes are never pooled then)."""
     df = _filter_regime(results, regime).copy()
     key = _run_key(df)
+    by = tuple(c for c in by if c in df.columns)
     df["_flag"] = df["outcome"] == DETECTABLE
     rows = []
-    for q, dq in df.groupby("q", sort=True):
+    for group, dq in df.groupby([*by, "q"], sort=True):
+        group = group if isinstance(group, tuple) else (group,)
+        extra, q = dict(zip(by, group[:-1])), group[-1]
         epochs = sorted(dq["epoch"].unique())
         n_all = dq.drop_duplicates(key).shape[0]
         for e in epochs:
@@ -425,9 +615,9 @@ def detectable_share_by_epoch(
                 at = dq[dq["epoch"] == e]
                 n = at.drop_duplicates(key).shape[0]
                 flagged = at[at["_flag"]].drop_duplicates(key).shape[0]
-            rows.append({"q": q, "epoch": int(e), "n_runs": int(n), "n_detectable": int(flagged),
+            rows.append({**extra, "q": q, "epoch": int(e), "n_runs": int(n), "n_detectable": int(flagged),
                          "share": flagged / n if n else np.nan})
-    return pd.DataFrame(rows, columns=["q", "epoch", "n_runs", "n_detectable", "share"])
+    return pd.DataFrame(rows, columns=[*by, "q", "epoch", "n_runs", "n_detectable", "share"])
 
 
 def peak_vulnerability_per_task(results: pd.DataFrame, *, regime: str | None = MAIN_REGIME) -> pd.DataFrame:
@@ -640,14 +830,19 @@ table.data th{background:#f3f3f3} table.data tr:nth-child(even) td{background:#f
 .caption{color:#555;font-size:13px} figure{margin:1em 0} figure img{max-width:100%;border:1px solid #eee}
 dl.prov{display:grid;grid-template-columns:max-content auto;gap:2px 12px;font-size:13px}
 dl.prov dt{font-weight:600} dl.prov dd{margin:0;font-family:monospace}
+#summary{background:#f6f8fb;border:1px solid #d8dee8;padding:.2em 1.2em 1em}
+p.verdict{font-size:18px} .warn{color:#9a2a00} table.data td.text{text-align:left;white-space:normal}
+dl.defs dt{font-weight:600;margin-top:.5em} dl.defs dd{margin:0 0 0 1.5em;max-width:70em}
 """
 
-# Sets data-img-total / data-img-loaded on <body> once every image has loaded (or failed), so a headless
-# browser can check that the page is complete (`chromium --dump-dom`).
+# Sets data-img-total / data-img-loaded on <body> once every image has loaded (or failed), and each image's
+# decoded size as data-size, so a headless browser can check that the page is complete and what it drew
+# (`chromium --dump-dom`).
 _IMG_CHECK_JS = """
 window.addEventListener('load', function () {
   var imgs = document.images, ok = 0;
   for (var i = 0; i < imgs.length; i++) {
+    imgs[i].setAttribute('data-size', imgs[i].naturalWidth + 'x' + imgs[i].naturalHeight);
     if (imgs[i].complete && imgs[i].naturalWidth > 0) { ok++; imgs[i].setAttribute('data-loaded', '1'); }
     else { imgs[i].setAttribute('data-loaded', '0'); }
   }
@@ -663,7 +858,7 @@ def _fmt_value(col: str, v: Any) -> str:
     if isinstance(v, (bool, np.bool_)):
         return "yes" if v else "no"
     if isinstance(v, (float, np.floating)):
-        if col == "lr" or col.endswith("_pvalue"):
+        if col == "lr" or col.endswith("_pvalue") or col.endswith("p_value"):  # a p of 2e-7 must not read 0.000
             return f"{float(v):.3g}"
         if float(v).is_integer() and col in ("q", "seed", "epoch", "n_rows", "n_classes"):
             return str(int(v))
@@ -714,6 +909,276 @@ def _provenance_html(prov: Mapping[str, Any], results: pd.DataFrame) -> str:
     return f'<dl class="prov">{dl}</dl>'
 
 
+# What each outcome setting means, for the thresholds table at the report's top.
+THRESHOLD_MEANINGS: dict[str, str] = {
+    "rule": "which rule decides memorization: paper (the paper's rule on each checkpoint alone) or "
+            "selection_aware (the paper's rule and a p-value below family_alpha / K)",
+    "strict": "strict mode: memorization also needs the calibrated AUC's 95% interval to lie above memorization_auc",
+    "score_kinds": "the score kinds that compete for a checkpoint's maximum signal",
+    "collapse_loss_ratio": "collapse when the loss ratio L_FT / L_base exceeds this",
+    "collapse_output_std": "collapse when the standard deviation of the fine-tuned model's p(true label) is below this",
+    "memorization_auc": "memorization needs a calibrated AUC above this",
+    "memorization_alpha": "the false-positive rate α at which memorization reads the TPR",
+    "memorization_tpr_margin": "memorization needs TPR@α − α of at least this",
+    "family_alpha": "selection_aware: the false-positive rate the run headline keeps, split over K = checkpoints × kinds",
+    "inversion_auc": "inversion needs the uncalibrated loss AUC's 95% interval to lie below this",
+    "overfitting_mu": "overfitting needs |μ_gap| (nats) at most this",
+    "overfitting_sigma": "overfitting needs σ_gap (nats) at most this",
+}
+
+
+def _norm_setting(key: str, value: Any) -> str:
+    """A threshold as one comparable string, whether it came from sweep.json or a results column."""
+    if key == "score_kinds":
+        kinds = value.split(",") if isinstance(value, str) else list(value or [])
+        return ", ".join(str(k).strip() for k in kinds if str(k).strip())
+    if isinstance(value, (bool, np.bool_)) or key == "strict":
+        return "yes" if bool(value) else "no"
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return f"{float(value):g}"
+    return str(value)
+
+
+def thresholds_in_force(results: pd.DataFrame, sweep: Mapping[str, Any]) -> tuple[dict[str, str], str, list[str]]:
+    """The outcome settings in force, where they were read, and the ones the results disagree on.
+
+    Read from the run's config (``sweep.json``'s ``outcome`` block) when there is one, else from the
+    ``threshold_*`` columns every results row records. A setting the rows record differently from the
+    config is returned in the third element (it would mean the rows were classified under another config).
+    """
+    recorded: dict[str, str] = {}
+    ft = _fine_tuned_rows(results)
+    first = (ft if not ft.empty else results).iloc[0] if not results.empty else None
+    if first is not None:
+        for c in results.columns:
+            if c.startswith("threshold_") and pd.notna(first[c]):
+                recorded[c[len("threshold_"):]] = _norm_setting(c[len("threshold_"):], first[c])
+    config = sweep.get("outcome") if isinstance(sweep.get("outcome"), Mapping) else None
+    if config:
+        first_keys = [k for k in THRESHOLD_MEANINGS if k in config]  # rule, strict, kinds first
+        settings = {k: _norm_setting(k, config[k]) for k in [*first_keys, *(k for k in config if k not in first_keys)]}
+        source = f"the run's config ({SWEEP_FILE}, outcome block)"
+    elif recorded:
+        settings, source = dict(recorded), "the results table (threshold_* columns; no sweep.json)"
+    else:
+        return {}, "not recorded", []
+    disagree = [k for k in settings if k in recorded and recorded[k] != settings[k]]
+    return settings, source, disagree
+
+
+def _rule_in_force(results: pd.DataFrame, settings: Mapping[str, str]) -> str:
+    """The VerdictRule value of the ``outcome`` column (e.g. ``selection_aware_strict``)."""
+    if "rule" in settings:
+        try:
+            return VerdictRule.of(settings["rule"], settings.get("strict") == "yes").value
+        except ValueError:
+            pass
+    if "rule" in results.columns and results["rule"].notna().any():
+        return str(results["rule"].dropna().iloc[0])
+    return VerdictRule.PAPER.value
+
+
+def _rule_sentence(settings: Mapping[str, str], rule: str, p_threshold: str | None) -> str:
+    """The outcome precedence with this sweep's numbers in it (HTML)."""
+    g = {k: html.escape(v) for k, v in settings.items()}
+    alpha = g.get("memorization_alpha", "0.1")
+    try:
+        alpha_pct = f"{float(settings.get('memorization_alpha', 0.1)) * 100:g}%"
+    except ValueError:
+        alpha_pct = alpha
+    mem = (f"for some competing score kind ({g.get('score_kinds', 'loss, entropy')}), calibrated AUC &gt; "
+           f"{g.get('memorization_auc', '0.5')} and TPR@{alpha_pct} − {alpha} ≥ {g.get('memorization_tpr_margin', '0.1')}")
+    if rule.endswith("_strict"):
+        mem += f", and the AUC's 95% interval above {g.get('memorization_auc', '0.5')} (strict)"
+    if rule.startswith(VerdictRule.SELECTION_AWARE.value):
+        mem += (", and a one-sided Mann–Whitney p-value below family_alpha / K = "
+                + (html.escape(p_threshold) if p_threshold else f"{g.get('family_alpha', '0.05')} / K"))
+    return ("A checkpoint's outcome is the first of these that holds: "
+            f"<b>collapse</b> (loss ratio &gt; {g.get('collapse_loss_ratio', '5')} or output std &lt; "
+            f"{g.get('collapse_output_std', '0.01')}) → <b>memorization</b> ({mem}) → <b>inversion</b> (mean member "
+            "probe loss above the non-members' and the uncalibrated loss AUC's 95% interval below "
+            f"{g.get('inversion_auc', '0.5')}) → <b>overfitting</b> (|μ_gap| ≤ {g.get('overfitting_mu', '0.01')} and "
+            f"σ_gap ≤ {g.get('overfitting_sigma', '0.01')} nats) → <b>no_signal</b>.")
+
+
+def _status_cell(row: Mapping[str, Any]) -> str:
+    if row["status"] == "unknown":
+        return f"{int(row['n_stored'])} stored"
+    return f"{int(row['n_stored'])} of {int(row['n_scheduled'])}"
+
+
+def _completeness_html(comp: pd.DataFrame, schedule: tuple[int, ...] | None, interrupted: bool,
+                       missing: Mapping[str, tuple[int, int]]) -> str:
+    """The report-top lines on what is stored of the sweep."""
+    lines = []
+    if interrupted:
+        lines.append("<li class=\"warn\"><b>Interrupted:</b> the sweep was stopped before it finished (as the run "
+                     f"folder's {html.escape(STATE_FILE)} or {SWEEP_FILE} records). Continue it with "
+                     "<code>iclmem resume RUN_DIR</code>; the numbers here cover only what was stored.</li>")
+    if schedule is None:
+        lines.append(f"<li>Completeness not checked: no {SWEEP_FILE} with a training schedule in the run folder.</li>")
+        return "".join(lines)
+    sched = ", ".join(str(e) for e in schedule)
+    gaps = comp[comp["status"].isin(["incomplete", "interrupted"])]
+    diverged = comp[comp["status"] == "diverged"]
+    n = len(comp)
+    n_complete = int((comp["status"] == "complete").sum())
+    if n_complete == n:
+        lines.append(f"<li>Every one of the {n} fine-tuned runs has all {len(schedule)} scheduled checkpoints "
+                     f"(epochs {html.escape(sched)}).</li>")
+    elif gaps.empty:
+        lines.append(f"<li>{n_complete} of the {n} fine-tuned runs have all {len(schedule)} scheduled checkpoints "
+                     f"(epochs {html.escape(sched)}).</li>")
+    else:
+        word = "interrupted" if interrupted else "incomplete"
+        items = "".join(f"<li><code>{html.escape(str(r['run_id']))}</code>"
+                        + (f" ({html.escape(str(r['task']))})" if "task" in r else "")
+                        + f": {_status_cell(r)} checkpoints, last epoch {int(r['last_epoch'])}</li>"
+                        for r in gaps.head(20).to_dict("records"))
+        more = f"<li>… and {len(gaps) - 20} more</li>" if len(gaps) > 20 else ""
+        lines.append(f"<li class=\"warn\"><b>{len(gaps)} of {n} runs are {word}</b>: fewer stored checkpoints "
+                     f"than the {len(schedule)} scheduled (epochs {html.escape(sched)}); their headline is the "
+                     f"peak of what is stored.<ul>{items}{more}</ul></li>")
+    if not diverged.empty:
+        lines.append(f"<li>{len(diverged)} run(s) diverged (NaN loss) and stopped early: a result, not a gap.</li>")
+    for regime, (k, total) in sorted(missing.items()):
+        lines.append(f"<li class=\"warn\"><b>{k} of the {total} {html.escape(regime)} runs the grid schedules have "
+                     "no stored checkpoint</b> and are in no table.</li>")
+    return "".join(lines)
+
+
+def _summary_html(results: pd.DataFrame, sweep: Mapping[str, Any], comp: pd.DataFrame,
+                  schedule: tuple[int, ...] | None, interrupted: bool, noops: pd.DataFrame,
+                  settings: Mapping[str, str], rule: str, source: str = "") -> str:
+    """The report's top: the verdict in one line, the rule in force, what was run and what is stored."""
+    line, n_runs = outcome_summary(results)
+    ft = _fine_tuned_rows(results)
+    n_controls = len(results) - len(ft)
+    strict = "on" if rule.endswith("_strict") else "off"
+    controls = (f" The {n_controls} base-model checkpoint{'s' if n_controls != 1 else ''} (the untouched base "
+                "model probed at epoch 0: a pipeline sanity check whose ΔS is zero by construction, not a "
+                f"control) {'are' if n_controls != 1 else 'is'} counted apart and left out of every count above."
+                if n_controls else " No base-model sanity check was probed.")
+    epochs = sorted({int(e) for e in ft["epoch"]}) if not ft.empty else []
+    items = [
+        f"<li><b>Rule in force:</b> <code>{html.escape(settings.get('rule', rule.removesuffix('_strict')))}</code>, "
+        f"strict mode {strict}; "
+        + (f"thresholds read from {html.escape(source)} (<a href=\"#verdict-rule\">listed below</a>).</li>"
+           if settings else "thresholds not recorded: no sweep.json and no threshold_* columns in the results.</li>"),
+        f"<li><b>What was run:</b> {n_runs} fine-tuned run{'s' if n_runs != 1 else ''} with {len(ft)} "
+        f"checkpoint{'s' if len(ft) != 1 else ''} (epochs {html.escape(', '.join(map(str, epochs)) or 'none')})."
+        f"{controls}</li>",
+        _completeness_html(comp, schedule, interrupted, missing_runs(results, sweep)),
+    ]
+    if not noops.empty:
+        for model, d in noops.groupby("model", sort=True):
+            names = ", ".join(d["manipulation"])
+            items.append(f"<li><b>No-op manipulations for {html.escape(str(model) or 'the audited model')}:</b> "
+                         f"{len(d)} ({html.escape(names)}) gave the same per-manipulation AUC as the unmanipulated "
+                         "base context at every fine-tuned checkpoint; see "
+                         "<a href=\"#perturbations\">perturbations</a>.</li>")
+    return (f'<section id="summary"><h2>Summary</h2><p class="verdict"><b>Outcome:</b> {html.escape(line)} '
+            "(each fine-tuned run at its headline checkpoint: the highest calibrated AUC over epochs and "
+            f"score kinds).</p><ul>{''.join(items)}</ul></section>")
+
+
+def _definitions_html(results: pd.DataFrame, settings: Mapping[str, str]) -> str:
+    """What every number of the report means, with this sweep's sample sizes."""
+    sizes = sample_sizes(results)
+    kinds = settings.get("score_kinds") or ", ".join(competing_kinds(results))
+    compare = "; ".join(f"Q = {r['q']}: {r['n_members']} members vs {r['n_nonmembers']} non-members"
+                        for r in sizes.to_dict("records")) or "no fine-tuned checkpoint"
+    few = sizes[sizes["fp_allowed_at_1pct"] == 0]  # fewer than 100 non-members
+    tpr_note = ""
+    if not few.empty:
+        ns = ", ".join(str(n) for n in sorted(set(few["n_nonmembers"])))
+        tpr_note = (f" <span class=\"warn\">In this sweep {ns} non-members allow ⌊0.01·n⌋ = 0 false positives, so "
+                    "TPR@1% is the share of members scoring above <em>every</em> non-member: it rests on the one "
+                    "highest non-member score and is no estimate of a 1% false-positive rate.</span> Such cells "
+                    "carry the note “0 FP allowed” next to the number.")
+    items = [
+        ("Q, members, non-members", "Q is the number of member rows a run fine-tunes on (its queries); Stage I "
+         "also draws as many non-members, rows of the same task the model never saw, with matching labels."),
+        ("Score kinds", "For each query and each manipulated multiple-choice context: loss = −log p(true "
+         "label), entropy = H(p) over the candidate labels, confidence = p(true label). A query's score S "
+         f"is the mean over the manipulation suite. Competing for the maximum signal here: {html.escape(kinds)}."),
+        ("ΔS (calibrated score)", "ΔS = S − S_ref, S_ref being the same probe on the untouched base model with "
+         "identical contexts. It removes how hard a row is for any model. Members are the positive class: "
+         "the membership score is −ΔS for loss and entropy and +ΔS for confidence."),
+        ("AUC", "The probability that a random member has a higher membership score than a random "
+         "non-member (ties count half); 0.5 is chance. An AUC compares the n members with the n "
+         f"non-members of one checkpoint: {html.escape(compare)}. “raw” AUCs use S alone, “ref” AUCs S_ref alone."),
+        ("TPR@1%, TPR@10%", "The share of members flagged at the threshold that flags at most ⌊α·n⌋ of the n "
+         "non-members (α = 1% or 10%; ties broken against the attacker)." + tpr_note),
+        ("Loss ratio", "L_FT / L_base: mean cross-entropy of ordinary in-context prediction (context C′, members "
+         "and non-members as queries) of the fine-tuned model over the base model's. 1 = unchanged; above "
+         f"{html.escape(settings.get('collapse_loss_ratio', '5'))} the checkpoint is a collapse. Shown in the "
+         "run tables (column loss_ratio)."),
+        ("p-value", "One-sided Mann–Whitney p-value of the deciding kind's ΔS (members above non-members)."),
+        ("Headline / peak", "A run's headline checkpoint is the one with the highest calibrated AUC over its "
+         "epochs and the competing score kinds; run-level tables and the summary use it."),
+    ]
+    dl = "".join(f"<dt>{html.escape(k)}</dt><dd>{v}</dd>" for k, v in items)
+    return f'<section id="definitions"><h2>What the numbers mean</h2><dl class="defs">{dl}</dl></section>'
+
+
+def _tpr_1pct_display(df: pd.DataFrame) -> pd.DataFrame:
+    """``tpr_at_1pct`` as text with "0 FP allowed" beside every value that rests on fewer than 100
+    non-members (⌊0.01·n⌋ = 0), so the number is never read without its caveat."""
+    if "tpr_at_1pct" not in df.columns:
+        return df
+    n = df["n_nonmembers"] if "n_nonmembers" in df.columns else df["q"] if "q" in df.columns else None
+    if n is None:
+        return df
+    out = df.copy()
+    cells = []
+    for v, k in zip(out["tpr_at_1pct"], n):
+        text = _fmt_value("tpr_at_1pct", v)
+        if text and pd.notna(k) and allowed_false_positives(0.01, int(k)) == 0:  # fewer than 100 non-members
+            text += f" (0 FP allowed: {int(k)} non-members)"
+        cells.append(text)
+    out["tpr_at_1pct"] = cells
+    return out
+
+
+def _run_table_display(table: pd.DataFrame, comp: pd.DataFrame) -> pd.DataFrame:
+    """A run table with its completeness (``checkpoints`` stored of scheduled, ``status``) and TPR@1% caveat."""
+    key = [c for c in RUN_KEY if c in table.columns and c in comp.columns]
+    out = table
+    if key and not comp.empty:
+        c = comp.assign(checkpoints=[_status_cell(r) for r in comp.to_dict("records")])[[*key, "checkpoints", "status"]]
+        out = table.merge(c, on=key, how="left")
+    return _tpr_1pct_display(out)
+
+
+def _noop_html(noops: pd.DataFrame) -> str:
+    """The perturbation section's word on manipulations that changed nothing for the audited model."""
+    if noops.empty:
+        return ""
+    out = []
+    for model, d in noops.groupby("model", sort=True):
+        out.append(f"<p class=\"note\"><b>{len(d)} manipulation(s) are no-ops for "
+                   f"{html.escape(str(model) or 'the audited model')}:</b> their per-manipulation AUC equals the "
+                   f"<code>{BASE_MANIPULATION}</code> context's at every one of its fine-tuned checkpoints "
+                   f"({int(d['n_checkpoints'].min())} or more). The model is invariant to what they change (e.g. "
+                   "row order for position moves, uniform repetition for a model that weights rows by "
+                   "multiplicity), so they add no evidence and their ranking below only repeats the base's: "
+                   f"{html.escape(', '.join(d['manipulation']))}.</p>")
+    return "".join(out)
+
+
+def _grid_axes_note(results: pd.DataFrame) -> str:
+    """Which grid axes vary in the sweep and how the figures treat them (faceted, or seeds averaged)."""
+    varying = [a for a in FACET_AXES if a in results.columns and results[a].nunique(dropna=False) > 1]
+    seeds = results["seed"].nunique() if "seed" in results.columns else 1
+    parts = []
+    if varying:
+        parts.append(f" Figures draw one panel per value of {', '.join(varying)}, never pooling them")
+    if seeds > 1:
+        parts.append(f"{'; lines' if varying else ' Lines'} average over {seeds} seeds")
+    return ("".join(parts) + ".") if parts else ""
+
+
 def write_html_report(
     run_dir: str | Path, *, title: str | None = None, make_figures: bool = True, embed_images: bool = False,
     regime: str | None = "auto",
@@ -761,38 +1226,54 @@ def write_html_report(
             return None, f"section could not be built ({type(exc).__name__})"
 
     scope = f"regime {regime}" if regime else "all regimes"
-    peaks = peak_checkpoints(results, regime=regime)
-    n_runs, n_ckpt = len(peaks), len(_filter_regime(results, regime))
-    parts.append(_verdict_rule_html(results))
-    parts.append(f"<p>{n_runs} runs, {n_ckpt} checkpoints ({html.escape(scope)}). A run's headline is its "
-                 "peak checkpoint: the highest calibrated AUC over epochs and the competing score kinds "
-                 f"({html.escape(', '.join(competing_kinds(results)))}). Rows of regime "
-                 f"<code>{BASE_MODEL_ROW}</code> are the pipeline sanity check (the untouched base model "
-                 "probed as a checkpoint: ΔS is zero by construction, so its AUC is 0.5 whatever the data; it "
-                 "checks the pipeline, it is not a control and cannot fail). The controls are the null "
-                 "splits above.</p>")
+    sweep = load_sweep_config(run_dir)
+    interrupted = was_interrupted(run_dir)
+    schedule = checkpoint_schedule(sweep)
+    comp = run_completeness(results, schedule, interrupted=interrupted)
+    settings, source, disagree = thresholds_in_force(results, sweep)
+    rule = _rule_in_force(results, settings)
+    noops = noop_manipulations(manip, results) if manip is not None else pd.DataFrame()
+    parts.append(_summary_html(results, sweep, comp, schedule, interrupted, noops, settings, rule, source))
+    parts.append(_verdict_rule_html(results, settings, source, disagree, rule))
+    parts.append(_definitions_html(results, settings))
+    facets = _grid_axes_note(_filter_regime(results, regime))
+    parts.append(f"<p>The sections below cover {html.escape(scope)}. Rows of regime <code>{BASE_MODEL_ROW}</code> "
+                 "are the pipeline sanity check (the untouched base model probed as a checkpoint: ΔS is zero by "
+                 "construction, so its AUC is 0.5 whatever the data; it checks the pipeline, it is not a control "
+                 f"and cannot fail). The controls are the null splits above.{html.escape(facets)}</p>")
 
+    from orchestrator.epsilon_report import epsilon_section_html
+
+    privacy = epsilon_section_html(results, run_dir / FIGURES_DIR)
+    if privacy:
+        parts.append(f'<section id="privacy">{privacy}</section>')
     section("provenance", "Provenance", "Configuration hash, code version and package versions.",
             _provenance_html(prov, results) + ("" if prov else _note("provenance.json not found; values "
                                                                        "shown come from the results table.")))
+    facet_axes = [a for a in FACET_AXES if a in results.columns and _filter_regime(results, regime)[a].nunique(dropna=False) > 1]
+    facet_caption = f" (one panel per {' × '.join(facet_axes)})" if facet_axes else ""
     counts = outcome_counts_per_q(results, regime=regime)
     rates = outcome_rates_per_q(results, regime=regime)
     section("outcome-rates", "Outcome rates per Q", f"Runs at their peak checkpoint ({scope}): counts, then shares.",
             df_to_html(counts, index=True) + df_to_html(rates, index=True))
     section("task-table", "Task × learning rate × Q (Tabs. 10–11)",
             "Outcome under the sweep's rule and under each rule, AUC (deciding kind, with 95% interval and "
-            "p-value), TPR@1%, TPR@10% (same kind), the known-context baseline's AUC and epoch at each run's peak.",
-            df_to_html(task_lr_q_table(results, regime=regime)) + figure("outcome_heatmap", "Outcome at peak"))
+            "p-value), TPR@1%, TPR@10% (same kind), members and non-members the AUC compares, loss ratio, the "
+            "known-context baseline's AUC and epoch at each run's peak; checkpoints stored of those scheduled.",
+            df_to_html(_run_table_display(task_lr_q_table(results, regime=regime), comp))
+            + figure("outcome_heatmap", "Outcome at peak" + facet_caption))
     section("detectable-by-epoch", "Detectable runs by epoch (Fig. 2)",
             "Share of runs flagged memorization at each checkpoint epoch, per Q.",
-            df_to_html(detectable_share_by_epoch(results, regime=regime))
-            + figure("detectable_share", "Share of detectable runs by epoch"))
+            df_to_html(detectable_share_by_epoch(results, regime=regime, by=tuple(facet_axes)))
+            + figure("detectable_share", "Share of detectable runs by epoch" + facet_caption))
     section("peak-vulnerability", "Peak vulnerability per task (Tab. 8)",
             "Highest calibrated AUC of each task over its runs, and the share of runs flagged memorization.",
-            df_to_html(peak_vulnerability_per_task(results, regime=regime)))
-    section("auc-epochs", "AUC over epochs", "Calibrated AUC (best score kind) per checkpoint, by learning rate.",
-            figure("auc_over_epochs", "AUC over epochs per learning rate"))
-    section("roc", "ROC curves", "Calibrated deciding score at each run's peak checkpoint, log-log axes.",
+            df_to_html(_tpr_1pct_display(peak_vulnerability_per_task(results, regime=regime))))
+    section("auc-epochs", "AUC over epochs", "Calibrated AUC (best score kind) per checkpoint, by learning rate; "
+            "the dashed line is chance (0.5).",
+            figure("auc_over_epochs", "AUC over epochs per learning rate" + facet_caption))
+    section("roc", "ROC curves", "Calibrated deciding score at each run's peak checkpoint, log-log axes; the "
+            "legend names every grid axis that differs between the curves, the dashed diagonal is chance.",
             figure("roc_curves", "ROC curves at peak checkpoints"))
 
     if split is None:
@@ -814,8 +1295,8 @@ def write_html_report(
     else:
         t, err = optional(perturbation_effectiveness, manip, results)
         t2, err2 = optional(perturbation_effectiveness, manip, results, by="category")
-        body = (_note(err) if err else df_to_html(t)) + (_note(err2) if err2 else df_to_html(t2)) \
-            + figure("perturbation_ranking", "Mean per-manipulation ΔAUC")
+        body = (_noop_html(noops) + (_note(err) if err else df_to_html(t)) + (_note(err2) if err2 else df_to_html(t2))
+                + figure("perturbation_ranking", "Mean per-manipulation ΔAUC"))
     section("perturbations", "Perturbation effectiveness (App. 7.3)",
             "Over checkpoints with detectable memorization: each manipulation's AUC minus the checkpoint's "
             "overall AUC(ΔS) (calibrated loss), ranked by the mean of that difference.", body)
@@ -835,20 +1316,36 @@ def write_html_report(
     return write_text_atomic(run_dir / REPORT_FILE, _page(title or f"IclMem report — {run_dir.name}", parts))
 
 
-def _verdict_rule_html(results: pd.DataFrame) -> str:
-    """The report's top: the rule in use, its thresholds, and its measured false-positive rate."""
+def _verdict_rule_html(results: pd.DataFrame, settings: Mapping[str, str] | None = None, source: str = "",
+                       disagree: list[str] | None = None, rule: str | None = None) -> str:
+    """The rule in use, its thresholds (with what each means), and its measured false-positive rate."""
+    if settings is None:
+        settings, source, disagree = thresholds_in_force(results, {})
+    rule = rule or _rule_in_force(results, settings)
     summary = verdict_rule_summary(results)
-    rule = str(summary.get("rule", "paper"))
-    items = "".join(f"<li><code>{html.escape(str(k))}</code>: {html.escape(str(v))}</li>"
-                    for k, v in summary.items() if k != "rule")
-    rates = null_error_rates(results)
+    p_thr = None
+    if "p_value_threshold" in summary and "family_size" in summary:
+        p_thr = f"{settings.get('family_alpha', '0.05')} / {summary['family_size']} = {summary['p_value_threshold']:.3g}"
+    rows = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(v)}</td>"
+                   f"<td class=\"text\">{html.escape(THRESHOLD_MEANINGS.get(k, ''))}</td></tr>"
+                   for k, v in settings.items())
+    if p_thr:
+        rows += ("<tr><td><code>p_value_threshold</code></td>"
+                 f"<td>{html.escape(p_thr)}</td><td class=\"text\">derived: family_alpha / K, K = checkpoints of a "
+                 "run × competing kinds</td></tr>")
+    table = ('<div class="scroll"><table class="data"><thead><tr><th>setting</th><th>value</th><th>meaning</th>'
+             f"</tr></thead><tbody>{rows}</tbody></table></div>") if rows else _note("No thresholds recorded.")
     head = (f'<section id="verdict-rule"><h2>Verdict rule: {html.escape(rule)}</h2>'
+            f"<p>{_rule_sentence(settings, rule, p_thr)}</p>"
             '<p class="caption">The <code>outcome</code> column uses this rule; <code>outcome_&lt;rule&gt;</code> '
             "gives every rule's verdict. selection_aware = the paper's rule AND a one-sided Mann-Whitney p-value "
             "of the deciding (checkpoint, score kind) below family_alpha / K (K = checkpoints x competing kinds), "
             "so the run headline, a maximum over that family, keeps its false-positive rate at most "
-            "family_alpha.</p>"
-            f"<ul>{items}</ul>")
+            f"family_alpha. Settings read from {html.escape(source)}.</p>" + table)
+    if disagree:
+        head += _note(f"The results rows record other values than the config for {', '.join(disagree)}: they were "
+                      "classified under another configuration.")
+    rates = null_error_rates(results)
     if rates.empty:
         return head + _note("No null splits were probed (probe.null_splits: 0): the false-positive rate "
                             "of the verdicts is not measured for this sweep.") + "</section>"

@@ -7,6 +7,12 @@ four multi_random runs at Q=50 feed the regime comparison.
 
 A canary string is planted wherever a careless reporter could leak a raw record: an extra ``raw_record``
 column in every parquet, and a raw-record config field in ``provenance.json``.
+
+Files are written by the writers a sweep uses: ``record_sweep`` (``sweep.json`` and ``provenance.json``),
+``Provenance.write`` and ``write_parquet_atomic``. ``sweep.json`` records the single_fixed grid and the
+checkpoint schedule (epochs 1, 2, 5, 10); the multi_fixed / multi_random rows are fabricated beside it for
+the regime comparison. Options make the variants the report must describe: several label modes, a
+manipulation that is a no-op for the model, runs with missing checkpoints or none, an interruption record.
 """
 
 from __future__ import annotations
@@ -107,10 +113,11 @@ TASK_CHARS = {  # task -> n_rows, n_classes, majority_share, numeric_share, clas
 }
 
 
-def run_id(regime: str, task: str, lr: float, q: int) -> str:
+def run_id(regime: str, task: str, lr: float, q: int, label_mode: str = "normal") -> str:
+    mode = "" if label_mode == "normal" else f"_{label_mode}"
     if regime == "multi_fixed":  # one model fine-tuned on every task: one run id, one row per task
-        return f"multi_fixed_lr{lr:g}_q{q}"
-    return f"{regime}_{task}_lr{lr:g}_q{q}"
+        return f"multi_fixed_lr{lr:g}_q{q}{mode}"
+    return f"{regime}_{task}_lr{lr:g}_q{q}{mode}"
 
 
 def _checkpoint_auc(epoch: int, peak_epoch: int, peak_auc: float) -> float:
@@ -119,12 +126,14 @@ def _checkpoint_auc(epoch: int, peak_epoch: int, peak_auc: float) -> float:
     return round(peak_auc - 0.02 * abs(TRAINED.index(epoch) - TRAINED.index(peak_epoch)), 6)
 
 
-def _row(regime, task, lr, q, epoch, outcome, raw_outcome, auc, kinds=None, score_kind="loss") -> dict:
+def _row(regime, task, lr, q, epoch, outcome, raw_outcome, auc, kinds=None, score_kind="loss",
+         label_mode="normal") -> dict:
     kinds = kinds or {"loss": auc, "entropy": auc - 0.03, "confidence": auc - 0.05}
     mem = outcome == "memorization"
     return {
-        "run_id": run_id(regime, task, lr, q), "task": task, "model": "pfn_mini", "regime": regime,
-        "lr": lr, "q": q, "label_mode": "normal", "seed": 0, "epoch": epoch, "outcome": outcome,
+        "run_id": run_id(regime, task, lr, q, label_mode), "task": task, "model": "pfn_mini", "regime": regime,
+        "lr": lr, "q": q, "label_mode": label_mode, "seed": 0, "epoch": epoch, "outcome": outcome,
+        "n_members": q, "n_nonmembers": q,  # Stage I draws Q of each
         "score_kind": score_kind, "auc": kinds[score_kind], "auc_low": kinds[score_kind] - 0.05,
         "auc_high": kinds[score_kind] + 0.05, "tpr_at_1pct": 0.05 if mem else 0.01,
         "tpr_at_10pct": 0.25 if mem else 0.10, "loss_ratio": 7.0 if outcome == "collapse" else 1.1,
@@ -150,20 +159,49 @@ def _roc(auc: float) -> pd.DataFrame:
     return pd.DataFrame({"fpr": fpr, "tpr": fpr ** a})
 
 
-def make_synthetic_run_dir(root: str | Path, *, with_optional: bool = True) -> Path:
+def sweep_config(label_modes: tuple[str, ...] = ("normal",), outcome: dict | None = None):
+    """The validated sweep config the synthetic single_fixed grid corresponds to."""
+    from orchestrator.config import parse_sweep
+
+    return parse_sweep({
+        "name": "synthetic", "tasks": [{"name": t} for t in TASKS],
+        "grid": {"regime": ["single_fixed"], "lr": list(LRS), "q": [50, 512], "label_mode": list(label_modes)},
+        "training": {"epochs": max(TRAINED), "checkpoint_epochs": list(TRAINED)},
+        "outcome": {"rule": "paper", **(outcome or {})},
+    })
+
+
+def make_synthetic_run_dir(
+    root: str | Path, *, with_optional: bool = True, label_modes: tuple[str, ...] = ("normal",),
+    noop: tuple[str, ...] = (), drop_epochs: dict[str, tuple[int, ...]] | None = None,
+    drop_runs: tuple[str, ...] = (), interrupted: str | None = None, outcome: dict | None = None,
+) -> Path:
+    """The run folder; the options make variants. ``label_modes``: the single_fixed plan again for every
+    further label mode (same outcomes, own run ids). ``noop``: manipulations (category ``position``) whose
+    AUC equals ``base``'s at every checkpoint. ``drop_epochs``: run id -> epochs whose rows (and ROC) are
+    not stored; ``drop_runs``: run ids with no stored row at all. ``interrupted``: ``"run_state"`` records
+    the interruption with the driver's own writer (``write_run_state``); a file name (``sweep.json``, the
+    state file) adds ``interrupted: true`` to that file. ``outcome``: the config's outcome block."""
+    from iclmem.atomic import write_json_atomic, write_parquet_atomic
+    from orchestrator.sweep import record_sweep
+
     run_dir = Path(root)
     run_dir.mkdir(parents=True, exist_ok=True)
+    drop_epochs = drop_epochs or {}
+    outcome_block = outcome  # the name `outcome` is reused for each run's planted outcome below
     rows = []
-    for (task, lr, q), (outcome, peak, peak_auc, onset) in PLAN.items():
+    plan = [(mode, key, v) for mode in label_modes for key, v in PLAN.items()]
+    for mode, (task, lr, q), (outcome_at_peak, peak, peak_auc, onset) in plan:
         key = (task, lr, q)
+        outcome_ = outcome_at_peak
         for e in EPOCHS:
             auc = _checkpoint_auc(e, peak, peak_auc)
             if e == 0:
                 out = "no_signal"
-            elif outcome == "memorization":
+            elif outcome_ == "memorization":
                 out = "memorization" if e >= onset else "no_signal"
             else:
-                out = outcome
+                out = outcome_
             raw = out
             if key == CALIBRATED_ONLY_RUN:
                 raw = "no_signal"
@@ -174,7 +212,7 @@ def make_synthetic_run_dir(root: str | Path, *, with_optional: bool = True) -> P
                 kinds = {"loss": 0.58, "entropy": 0.66, "confidence": 0.55}
             if key == TIE_RUN and e == 5:
                 auc = peak_auc
-            rows.append(_row("single_fixed", task, lr, q, e, out, raw, auc, kinds))
+            rows.append(_row("single_fixed", task, lr, q, e, out, raw, auc, kinds, label_mode=mode))
     for (regime, task, lr), outcome in REGIME_PLAN.items():
         peak_auc = 0.60 if outcome == "memorization" else 0.52
         for e in EPOCHS:
@@ -182,35 +220,50 @@ def make_synthetic_run_dir(root: str | Path, *, with_optional: bool = True) -> P
             out = "no_signal" if e == 0 else outcome
             rows.append(_row(regime, task, lr, 50, e, out, out, auc))
     results = pd.DataFrame(rows)
-    results.to_parquet(run_dir / "results.parquet", index=False)
+    stored = ~results["run_id"].isin(drop_runs)
+    for rid, epochs in drop_epochs.items():
+        stored &= ~((results["run_id"] == rid) & results["epoch"].isin(epochs))
+    results = results[stored].reset_index(drop=True)
+    write_parquet_atomic(results, run_dir / "results.parquet")
     if not with_optional:
         return run_dir
+    record_sweep(run_dir, sweep_config(label_modes, outcome_block))  # sweep.json (+ provenance, replaced below)
+    if interrupted == "run_state":  # what the sweep driver writes when Ctrl-C stops it
+        from iclmem.runfolder import RunStatus, write_run_state
+
+        write_run_state(run_dir, RunStatus.INTERRUPTED, incomplete_runs=list(drop_epochs))
+    elif interrupted:  # the key `interrupted: true` added to that file
+        marker = run_dir / interrupted
+        state = json.loads(marker.read_text()) if marker.is_file() else {}
+        write_json_atomic(marker, {**state, "interrupted": True})
 
     split_rows = []
-    for task, (n_rows, n_classes, maj, num, is_cls) in TASK_CHARS.items():
+    for (task, (n_rows, n_classes, maj, num, is_cls)), mode in ((t, m) for t in TASK_CHARS.items() for m in label_modes):
         for q in (50, 512):
             tvd = (0.06 if (task == "multi_task" and q == 512) else 0.02) if is_cls else np.nan
             split_rows.append({
-                "task": task, "label_mode": "normal", "seed": 0, "q": q, "n_rows": n_rows, "n_classes": n_classes,
+                "task": task, "label_mode": mode, "seed": 0, "q": q, "n_rows": n_rows, "n_classes": n_classes,
                 "majority_share": maj, "numeric_share": num, "tvd": tvd, "ks": np.nan if is_cls else 0.03,
                 "ks_pvalue": np.nan if is_cls else 0.9, "wasserstein": np.nan if is_cls else 0.01,
                 "redraws": 1, "exact_duplicates": 3, "feature_duplicates": 2, "raw_record": CANARY,
             })
-    pd.DataFrame(split_rows).to_parquet(run_dir / "split_report.parquet", index=False)
+    write_parquet_atomic(pd.DataFrame(split_rows), run_dir / "split_report.parquet")
 
     offsets = (0.01, -0.01, 0.02, -0.02)  # sum to zero over the trained epochs: means are exact
     manip_rows = []
-    for (task, lr, q) in PLAN:
-        rid = run_id("single_fixed", task, lr, q)
+    manipulations = {**MANIPULATIONS, **{name: ("position", MANIPULATIONS["base"][1]) for name in noop}}
+    for mode, (task, lr, q) in ((m, k) for m in label_modes for k in PLAN):
+        rid = run_id("single_fixed", task, lr, q, mode)
         for e in EPOCHS:
-            for name, (cat, mean) in MANIPULATIONS.items():
+            for name, (cat, mean) in manipulations.items():
                 if e == 0:
                     auc = 0.99 if name == "skew_incorrect_k1_x2" else 0.5
                 else:
                     auc = mean + offsets[TRAINED.index(e)]
                 manip_rows.append({"run_id": rid, "epoch": e, "manipulation": name, "category": cat, "auc": auc,
                                    "raw_record": CANARY})
-    pd.DataFrame(manip_rows).to_parquet(run_dir / "manipulation_auc.parquet", index=False)
+    manip = pd.DataFrame(manip_rows).merge(results[["run_id", "epoch"]].drop_duplicates(), on=["run_id", "epoch"])
+    write_parquet_atomic(manip, run_dir / "manipulation_auc.parquet")
 
     roc_dir = run_dir / "roc"
     roc_dir.mkdir(exist_ok=True)
@@ -220,7 +273,7 @@ def make_synthetic_run_dir(root: str | Path, *, with_optional: bool = True) -> P
             continue
         if r.epoch not in (1, PLAN[(r.task, r.lr, r.q)][1]):  # the peak and epoch 1 only: keeps it fast
             continue
-        _roc(min(max(r.auc, 0.05), 0.95)).to_parquet(roc_dir / f"roc_{r.run_id}_e{r.epoch}.parquet", index=False)
+        write_parquet_atomic(_roc(min(max(r.auc, 0.05), 0.95)), roc_dir / f"roc_{r.run_id}_e{r.epoch}.parquet")
 
     # Made by the real writer; the config holds a raw record, which must not reach any report.
     record = Provenance.collect(kind="tabular", sweep_name="synthetic", config_hash="cfg123", seeds=[0],

@@ -124,6 +124,14 @@ def test_shuffled_member_labels_are_detected_as_memorization(sweep_run):
     assert final["outcome"] == "memorization", final.to_dict()
     assert final["auc"] > 0.65 and final["auc_low"] > 0.5
     assert final["tpr_at_10pct"] >= 0.2
+    # the ε lower bound of a detected run is positive; the base-model sanity check proves nothing
+    assert final["epsilon_lb"] > 0 and final["run_epsilon_lb"] >= final["epsilon_lb"]
+    checks = results[results["regime"] == "base"]
+    assert (checks["epsilon_lb"] == 0).all()
+    # the shuffled labels are learned: members are predicted from C' far better than non-members
+    assert final["member_icl_accuracy"] > final["nonmember_icl_accuracy"] + 0.2
+    page = (sweep_run[0] / "report.html").read_text()
+    assert "Privacy: ε lower bounds and DP-SGD" in page and "epsilon_over_epochs.png" in page
 
 
 def test_the_pipeline_sanity_check_on_the_untouched_base_model_gives_exactly_no_signal(sweep_run):

@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,9 @@ from synthetic_run_dir import (
     EXPECTED,
     MANIPULATIONS,
     PLAN,
+    REGIME_PLAN,
     TIE_RUN,
+    TRAINED,
     make_synthetic_run_dir,
     run_id,
 )
@@ -42,6 +45,33 @@ def results(run_dir) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def report_path(run_dir) -> Path:
     return R.write_html_report(run_dir)
+
+
+# A sweep with two label modes in which the model ignores one manipulation (position_last), one run stopped
+# after epoch 2 and one run never stored anything: what the report's top and figures must not hide.
+INCOMPLETE_RUN = run_id("single_fixed", "bin_task", 1e-2, 50)
+NEVER_STORED_RUN = run_id("single_fixed", "reg_task", 1e-4, 512, "shuffled_members")
+MODES = ("normal", "shuffled_members")
+
+
+def _variant(root: Path, **kw) -> Path:
+    return make_synthetic_run_dir(root, label_modes=MODES, noop=("position_last",),
+                                  drop_epochs={INCOMPLETE_RUN: (5, 10)}, drop_runs=(NEVER_STORED_RUN,), **kw)
+
+
+@pytest.fixture(scope="module")
+def variant_dir(tmp_path_factory) -> Path:
+    return _variant(tmp_path_factory.mktemp("variant") / "sweep")
+
+
+@pytest.fixture(scope="module")
+def variant_results(variant_dir) -> pd.DataFrame:
+    return R.load_results(variant_dir)
+
+
+@pytest.fixture(scope="module")
+def variant_report(variant_dir) -> Path:
+    return R.write_html_report(variant_dir)
 
 
 # -- readers ---------------------------------------------------------------------------------------
@@ -282,6 +312,233 @@ def test_html_report_without_optional_inputs(tmp_path):
     assert CANARY not in text
 
 
+# -- the report's top: verdict rule, counts, outcome line, completeness ------------------------------------
+
+
+def _section(text: str, sid: str) -> str:
+    """The HTML of ``<section id="sid">`` (sections do not nest)."""
+    start = text.index(f'<section id="{sid}">')
+    return text[start:text.index("</section>", start)]
+
+
+def _visible(html_text: str) -> str:
+    import html as _html
+
+    return re.sub(r"\s+", " ", _html.unescape(re.sub(r"<[^>]+>", " ", html_text)))
+
+
+def _planted_outcome_line() -> str:
+    counts = Counter(o for o, *_ in PLAN.values()) + Counter(REGIME_PLAN.values())
+    parts = [f"{counts[o]} {o}" for o in R.OUTCOMES if counts[o]]
+    return f"{', '.join(parts)} of {sum(counts.values())} runs"
+
+
+def test_report_top_states_rule_thresholds_counts_and_outcomes(report_path):
+    text = report_path.read_text()
+    assert text.index('<section id="summary">') < text.index('id="verdict-rule"') < text.index('id="provenance"')
+    top = _visible(_section(text, "summary"))
+    # every fine-tuned run at its peak; the planted outcomes are 7 collapse, 6 memorization, ... of 32
+    assert _planted_outcome_line() == "7 collapse, 6 memorization, 4 inversion, 3 overfitting, 12 no_signal of 32 runs"
+    assert f"Outcome: {_planted_outcome_line()}" in top
+    assert "Rule in force: paper , strict mode off" in top and "sweep.json" in top
+    # 32 runs x 4 trained epochs; the 32 epoch-0 rows are the base model, counted apart
+    assert "32 fine-tuned runs with 128 checkpoints (epochs 1, 2, 5, 10)" in top
+    assert "The 32 base-model checkpoints" in top and "left out of every count above" in top
+    assert "Every one of the 32 fine-tuned runs has all 4 scheduled checkpoints" in top
+    assert "Interrupted" not in top and "incomplete" not in top and "No-op" not in top
+    rule = _visible(_section(text, "verdict-rule"))
+    assert "Verdict rule: paper " in rule and "collapse (loss ratio > 5 or output std < 0.01)" in rule
+    assert "strict no" in rule and "collapse_loss_ratio 5" in rule
+
+
+def test_report_top_reads_the_thresholds_and_strict_mode_from_the_config(tmp_path):
+    rd = make_synthetic_run_dir(tmp_path / "strict", outcome={"strict": True, "collapse_loss_ratio": 3.0})
+    text = R.write_html_report(rd, make_figures=False).read_text()
+    top = _visible(_section(text, "summary"))
+    assert "strict mode on" in top
+    rule = _visible(_section(text, "verdict-rule"))
+    assert "Verdict rule: paper_strict" in rule and "collapse (loss ratio > 3 or" in rule
+    assert "AUC's 95% interval above 0.5 (strict)" in rule and "collapse_loss_ratio 3 " in rule
+
+
+def test_report_defines_its_numbers_with_the_real_sample_sizes(report_path):
+    text = report_path.read_text()
+    d = _visible(_section(text, "definitions"))
+    for term in ("ΔS = S − S_ref", "loss = −log p(true label)", "entropy = H(p)", "confidence = p(true label)",
+                 "Q is the number of member rows", "Loss ratio L_FT / L_base"):
+        assert term in d, term
+    assert "Q = 50: 50 members vs 50 non-members; Q = 512: 512 members vs 512 non-members" in d
+    assert "50 non-members allow ⌊0.01·n⌋ = 0 false positives" in d  # 512 allow 5: not listed
+    assert "512 non-members allow" not in d and "50, 512 non-members" not in d
+
+
+def test_run_table_shows_loss_ratio_sizes_and_flags_tpr_at_1pct_on_few_nonmembers(report_path):
+    table = _section(report_path.read_text(), "task-table")
+    head = re.search(r"<thead>(.*?)</thead>", table).group(1)
+    for col in ("loss_ratio", "n_members", "n_nonmembers", "checkpoints", "status"):
+        assert f"<th>{col}</th>" in head, col
+    rows = re.findall(r"<tr>(.*?)</tr>", table.split("<tbody>")[1])
+    assert len(rows) == 24
+    flagged = [r for r in rows if "0 FP allowed: 50 non-members" in r]
+    assert len(flagged) == 12 and all("<td>50</td>" in r for r in flagged)  # every Q=50 run, no Q=512 one
+    collapse = next(r for r in rows if run_id("single_fixed", "bin_task", 1e-1, 50) in r)
+    assert "<td>7.000</td>" in collapse and "<td>4 of 4</td>" in collapse and "<td>complete</td>" in collapse
+
+
+def test_incomplete_and_never_stored_runs_are_marked_at_the_top_and_in_the_run_table(variant_report):
+    text = variant_report.read_text()
+    top = _visible(_section(text, "summary"))
+    assert re.search(r"1 of \d+ runs are incomplete", top)
+    assert f"{INCOMPLETE_RUN} (bin_task): 2 of 4 checkpoints, last epoch 2" in top
+    assert "1 of the 48 single_fixed runs the grid schedules have no stored checkpoint" in top
+    assert "Interrupted" not in top
+    rows = re.findall(r"<tr>(.*?)</tr>", _section(text, "task-table"))
+    mine = [r for r in rows if f"<td>{INCOMPLETE_RUN}</td>" in r]
+    assert len(mine) == 1 and "<td>2 of 4</td>" in mine[0] and "<td>incomplete</td>" in mine[0]
+    assert sum("<td>incomplete</td>" in r for r in rows) == 1
+
+
+def test_run_completeness_counts_stored_against_the_schedule(variant_results):
+    comp = R.run_completeness(variant_results, TRAINED).set_index("run_id")
+    assert comp.loc[INCOMPLETE_RUN, "status"] == "incomplete" and comp.loc[INCOMPLETE_RUN, "n_stored"] == 2
+    assert (comp.drop(index=INCOMPLETE_RUN)["status"] == "complete").all()
+    # a run that diverged stopped by design: not a gap in the sweep
+    diverged = variant_results.assign(diverged=variant_results["run_id"] == INCOMPLETE_RUN)
+    assert R.run_completeness(diverged, TRAINED).set_index("run_id").loc[INCOMPLETE_RUN, "status"] == "diverged"
+    assert (R.run_completeness(variant_results, None)["status"] == "unknown").all()
+
+
+@pytest.mark.parametrize("marker", ["run_state", "sweep.json", R.STATE_FILE])
+def test_an_interrupted_sweep_says_so_at_the_top_and_in_the_run_table(tmp_path, marker):
+    rd = _variant(tmp_path / "sweep", interrupted=marker)
+    assert R.was_interrupted(rd)
+    text = R.write_html_report(rd, make_figures=False).read_text()
+    top = _visible(_section(text, "summary"))
+    assert "Interrupted: the sweep was stopped" in top and "iclmem resume RUN_DIR" in top
+    assert re.search(r"1 of \d+ runs are interrupted", top)
+    # the marker does not stop the grid from being read (sweep.json with the extra key still counts runs)
+    assert "1 of the 48 single_fixed runs the grid schedules have no stored checkpoint" in top
+    row = next(r for r in re.findall(r"<tr>(.*?)</tr>", _section(text, "task-table")) if INCOMPLETE_RUN in r)
+    assert "<td>interrupted</td>" in row
+
+
+def test_without_a_sweep_config_completeness_is_not_claimed(tmp_path):
+    rd = make_synthetic_run_dir(tmp_path / "bare", with_optional=False)
+    assert not R.was_interrupted(rd)
+    top = _visible(_section(R.write_html_report(rd, make_figures=False).read_text(), "summary"))
+    assert "Completeness not checked: no sweep.json" in top and "Every one of" not in top
+    assert "thresholds not recorded: no sweep.json and no threshold_* columns" in top  # the fixture records none
+    # thresholds the rows record stand in for a missing config
+    results = R.load_results(rd).assign(threshold_collapse_loss_ratio=4.0, threshold_strict=True)
+    settings, source, disagree = R.thresholds_in_force(results, {})
+    assert settings == {"collapse_loss_ratio": "4", "strict": "yes"} and "threshold_* columns" in source
+    assert not disagree
+    _, _, disagree = R.thresholds_in_force(results, {"outcome": {"collapse_loss_ratio": 5.0, "strict": True}})
+    assert disagree == ["collapse_loss_ratio"]  # classified under another config: the report says so
+
+
+# -- manipulations that change nothing for the model ------------------------------------------------------
+
+
+def test_noop_manipulations_are_named_in_the_summary_and_the_perturbation_section(variant_report, report_path):
+    text = variant_report.read_text()
+    assert "No-op manipulations for pfn_mini: 1 (position_last)" in _visible(_section(text, "summary"))
+    pert = _visible(_section(text, "perturbations"))
+    assert "1 manipulation(s) are no-ops for pfn_mini" in pert and "position_last." in pert
+    assert "no-op" not in report_path.read_text().lower()  # no manipulation of the main fixture is one
+
+
+def test_noop_needs_identical_statistics_at_every_checkpoint(variant_dir, variant_results):
+    manip = R.load_manipulation_auc(variant_dir)
+    noops = R.noop_manipulations(manip, variant_results)
+    assert list(noops["manipulation"]) == ["position_last"] and set(noops["model"]) == {"pfn_mini"}
+
+    def moved_at(task: str, lr: float) -> pd.DataFrame:
+        out = manip.copy()
+        at = (out["manipulation"] == "position_last") & (out["epoch"] == 5) \
+            & (out["run_id"] == run_id("single_fixed", task, lr, 50))
+        assert at.sum() == 1
+        out.loc[at, "auc"] += 0.01
+        return out
+
+    # one checkpoint where it moves the AUC (a memorization run): it did something, so it is no no-op
+    assert R.noop_manipulations(moved_at("bin_task", 1e-3), variant_results).empty
+    # a collapsed checkpoint is no evidence either way (a constant model makes every context alike)
+    assert list(R.noop_manipulations(moved_at("bin_task", 1e-1), variant_results)["manipulation"]) == ["position_last"]
+
+
+# -- figures: grid axes are faceted or named, the chance line stays visible ---------------------------------
+
+
+def _titles(fig) -> list[str]:
+    return [ax.get_title() for ax in fig.axes if ax.get_visible()]
+
+
+def test_figures_facet_label_modes_instead_of_pooling_them(variant_dir, variant_results, run_dir, results):
+    auc = F.build_auc_over_epochs(variant_results)
+    titles = _titles(auc)
+    assert len(titles) == 3 * len(MODES)
+    for mode in MODES:
+        assert sum(f"label_mode = {mode}" in t for t in titles) == 3
+    heat = F.build_outcome_heatmap(variant_results)
+    assert sorted(_titles(heat)) == sorted(f"Q = {q}\nlabel_mode = {m}" for q in (50, 512) for m in MODES)
+    share = F.build_detectable_share(variant_results)
+    assert _titles(share) == [f"label_mode = {m}" for m in MODES]
+    table = R.detectable_share_by_epoch(variant_results, by=("label_mode",))
+    assert set(table["label_mode"]) == set(MODES)
+    # the perturbation ranking pools memorized checkpoints across runs: its title says over what
+    manip = R.load_manipulation_auc(variant_dir)
+    title = F.build_perturbation_ranking(manip, variant_results).axes[0].get_title()
+    assert re.search(r"\d+ memorized checkpoints pooled over label_mode normal \+ shuffled_members", title)
+    assert "pooled" not in F.build_perturbation_ranking(R.load_manipulation_auc(run_dir), results).axes[0].get_title()
+    # a DP-SGD axis is a grid axis like any other: runs trained at another ε get their own panels
+    dp = results.assign(dp_target_epsilon=np.where(results["lr"] >= 1e-2, 1.0, np.nan))
+    assert sum("dp_target_epsilon = 1.0" in t for t in _titles(F.build_auc_over_epochs(dp))) == 3
+    # one label mode: nothing to facet, one panel per task
+    assert not any("label_mode" in t for t in _titles(F.build_auc_over_epochs(results)))
+    assert len(_titles(F.build_auc_over_epochs(results))) == 3
+
+
+def _curve_lines(ax):
+    return [ln for ln in ax.get_lines() if ln.get_label() != F.CHANCE_LABEL and ln.get_xydata().shape[0] > 2]
+
+
+def test_roc_legend_names_every_differing_axis_with_distinct_colours_and_chance_on_top(variant_dir, variant_results):
+    from matplotlib.colors import to_hex
+
+    fig = F.build_roc_figure(variant_dir, variant_results)
+    ax = fig.axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    curves = _curve_lines(ax)
+    assert len(curves) == 12 and len(set(legend)) == len(legend) == 13
+    assert any("label_mode=normal" in t for t in legend) and any("label_mode=shuffled_members" in t for t in legend)
+    assert all(re.search(r"(bin|multi|reg)_task lr=\S+ Q=\d+ label_mode=\S+ e\d+ AUC=", t) for t in legend[:-1])
+    assert len({to_hex(ln.get_color()) for ln in curves}) == 12
+    chance = [ln for ln in ax.get_lines() if ln.get_label() == F.CHANCE_LABEL]
+    assert len(chance) == 1 and F.CHANCE_LABEL in legend
+    assert chance[0].get_zorder() > max(ln.get_zorder() for ln in curves)
+    assert "model=pfn_mini" in ax.get_title()  # shared by every curve: said once, in the title
+
+
+def test_roc_labels_name_an_axis_only_when_curves_differ_on_it():
+    base = {"task": "t", "model": "m", "regime": "single_fixed", "lr": 1e-3, "q": 50, "label_mode": "normal",
+            "epoch": 5, "auc": 0.6}
+    labels = F.roc_legend_labels([{**base, "seed": 0, "run_id": "a"}, {**base, "seed": 1, "run_id": "b"}])
+    assert labels == ["seed=0 e5 AUC=0.60", "seed=1 e5 AUC=0.60"]
+    same = F.roc_legend_labels([{**base, "seed": 0, "run_id": "a"}, {**base, "seed": 0, "run_id": "b"}])
+    assert len(set(same)) == 2  # alike on every axis: the run ids tell them apart
+
+
+def test_auc_over_epochs_keeps_the_chance_line_above_the_curves(results):
+    for ax in F.build_auc_over_epochs(results).axes:
+        if not ax.get_visible():
+            continue
+        chance = [ln for ln in ax.get_lines() if ln.get_label() == F.CHANCE_LABEL]
+        others = [ln for ln in ax.get_lines() if ln.get_label() != F.CHANCE_LABEL]
+        assert len(chance) == 1 and chance[0].get_zorder() > max(ln.get_zorder() for ln in others)
+        assert F.CHANCE_LABEL in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
 def _chromium(args: list[str], tmp: Path, timeout: int = 60) -> subprocess.CompletedProcess:
     base = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -289,10 +546,9 @@ def _chromium(args: list[str], tmp: Path, timeout: int = 60) -> subprocess.Compl
     return subprocess.run(base + args, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium not installed (apt-get install chromium)")
-def test_html_report_renders_in_headless_chromium(run_dir, report_path, tmp_path):
-    url = report_path.resolve().as_uri()
-    dom = _chromium(["--virtual-time-budget=5000", "--dump-dom", url], tmp_path / "profile1")
+def _rendered(report: Path, profile: Path) -> str:
+    """The DOM of ``report`` after Chromium loaded it, every image checked by the page's load handler."""
+    dom = _chromium(["--virtual-time-budget=5000", "--dump-dom", report.resolve().as_uri()], profile)
     assert dom.returncode == 0, dom.stderr[-2000:]
     body = re.search(r"<body([^>]*)>", dom.stdout)
     assert body, dom.stdout[:500]
@@ -300,9 +556,36 @@ def test_html_report_renders_in_headless_chromium(run_dir, report_path, tmp_path
     loaded = re.search(r'data-img-loaded="(\d+)"', body.group(1))
     assert total and loaded, "the load handler did not run"
     assert int(total.group(1)) == 5 and int(loaded.group(1)) == 5
+    return dom.stdout
+
+
+def _rendered_size(dom: str, figure: str) -> tuple[int, int]:
+    img = re.search(rf'<img[^>]*src="figures/{figure}\.png"[^>]*>', dom)
+    assert img, figure
+    w, h = re.search(r'data-size="(\d+)x(\d+)"', img.group(0)).groups()
+    return int(w), int(h)
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium not installed (apt-get install chromium)")
+def test_html_report_renders_in_headless_chromium(run_dir, report_path, variant_report, tmp_path):
+    url = report_path.resolve().as_uri()
+    dom = _rendered(report_path, tmp_path / "profile1")
+    # the top section is the first thing on the page, with its outcome line and completeness
+    first = re.search(r'<section id="([a-z-]+)">', dom)
+    assert first and first.group(1) == "summary"
+    top = _visible(_section(dom, "summary"))
+    assert f"Outcome: {_planted_outcome_line()}" in top and "strict mode off" in top
+    assert "The 32 base-model checkpoints" in top
+    # the two-label-mode sweep: its figures load with a panel per label mode, and the page says so
+    vdom = _rendered(variant_report, tmp_path / "profile3")
+    assert "Interrupted" not in vdom and re.search(r"1 of \d+ runs are incomplete", _visible(_section(vdom, "summary")))
+    for name in ("auc_over_epochs", "outcome_heatmap", "detectable_share"):
+        assert re.search(rf'<img[^>]*src="figures/{name}\.png"[^>]*alt="[^"]*\(one panel per label_mode\)"', vdom), name
+        one, two = _rendered_size(dom, name), _rendered_size(vdom, name)
+        assert two[0] * two[1] > 1.5 * one[0] * one[1], (name, one, two)  # twice the panels, drawn and decoded
     shot = tmp_path / "shot.png"
     res = _chromium([f"--screenshot={shot}", "--window-size=1200,2000", url], tmp_path / "profile2")
     assert res.returncode == 0 and shot.is_file(), res.stderr[-2000:]
     assert shot.stat().st_size > 20_000
-    shutil.rmtree(tmp_path / "profile1", ignore_errors=True)
-    shutil.rmtree(tmp_path / "profile2", ignore_errors=True)
+    for profile in ("profile1", "profile2", "profile3"):
+        shutil.rmtree(tmp_path / profile, ignore_errors=True)
