@@ -5,6 +5,7 @@ found without DP and not under DP-SGD at ε = 1, whose ε lower bound stays belo
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 import warnings
@@ -318,3 +319,50 @@ def test_planted_memorization_is_found_without_dp_and_not_under_dp_at_epsilon_1(
     outcome, auc, lb, record = results[1.0]
     assert outcome != "memorization"
     assert lb <= record["epsilon"] <= 1.0
+
+
+@pytest.mark.slow
+def test_a_real_sweep_with_a_dp_axis_records_each_guarantee_and_reports_privacy(tmp_path, ray_session):
+    """Through Ray Tune, the probe pool and the aggregator: a DP run and its non-DP twin. The DP run's rows
+    carry the accountant's ε at their epoch (at most the target), its noise and clipping; no row audits
+    above its accountant; the report's privacy section and W&B trial configs see the DP axis."""
+
+    import pandas as pd
+
+    from orchestrator.config import parse_sweep
+    from orchestrator.sweep import run_sweep
+
+    sweep = parse_sweep({
+        "name": "dp-e2e", "tasks": [{"name": "iris"}],
+        "grid": {"q": [20], "lr": [1e-3], "dp": [1, "inf"], "label_mode": ["shuffled_members"]},
+        "data": {"context_size": 30},
+        "training": {"epochs": 6, "checkpoint_epochs": [3, 6], "dp_max_grad_norm": 0.5},
+        "probe": {"bootstrap": 50},
+        "resources": {"cpus_per_trial": 1, "cpus_per_probe_actor": 1},
+        "wandb": {"mode": "offline", "project": "iclmem-test"},
+    })
+    results = run_sweep(None, tmp_path / "run", sweep=sweep, log=lambda _m: None)
+    stored = pd.read_parquet(tmp_path / "run" / "results.parquet")
+    fine_tuned = stored[stored["regime"] != "base"]
+    private = fine_tuned[fine_tuned["dp_target_epsilon"] == 1.0]
+    plain = fine_tuned[fine_tuned["dp_target_epsilon"].isna() | np.isinf(fine_tuned["dp_target_epsilon"].astype(float))]
+    assert sorted(private["epoch"]) == [3, 6] and sorted(plain["epoch"]) == [3, 6]
+    assert (private["dp_epsilon"] <= 1.0).all() and (private["dp_epsilon"] > 0).all()
+    # the privacy spent grows with the steps taken, as the accountant composes them
+    by_epoch = private.set_index("epoch")["dp_epsilon"]
+    assert by_epoch[3] < by_epoch[6]
+    assert (private["dp_max_grad_norm"] == 0.5).all() and (private["dp_noise_multiplier"] > 1).all()
+    assert private["epsilon_consistent"].astype(bool).all()
+    assert (private["epsilon_lb"] <= private["dp_epsilon"]).all()
+    assert plain["epsilon_consistent"].isna().all()  # nothing to check a non-DP run against
+    assert len(results) == len(stored)
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert "Privacy: ε lower bounds and DP-SGD" in page and "accountant ε" in page
+    from synthetic_run_dir import read_wandb_records, wandb_config
+
+    run_dir = tmp_path / "run"
+    ids = {r: e["wandb_id"] for r, e in json.loads((run_dir / "wandb" / "trial_runs.json").read_text())["runs"].items()}
+    for run_id, want in ((private["run_id"].iloc[0], 1.0), (plain["run_id"].iloc[0], None)):
+        (path,) = run_dir.glob(f"wandb/offline-run-*-{ids[run_id]}/run-{ids[run_id]}.wandb")
+        config = wandb_config(read_wandb_records(path))
+        assert config.get("dp_target_epsilon") == want, run_id  # W&B trial runs can be grouped by ε
