@@ -58,9 +58,10 @@ def maybe_inject_fault(epoch: int, config: dict[str, Any]) -> None:
 
 def _truncate_latest_checkpoint(storage: Path, run_id: str, epoch: int) -> None:
     """Cut this run's checkpoint weights of ``epoch`` (the newest one reported) in half, found by the run id
-    in the manifests under Tune's storage folder. Waits (up to 60 s) for that checkpoint to be visible in
-    the storage: under load its persistence can trail the report, and truncating an older checkpoint
-    instead would leave the newest intact and test nothing."""
+    in the manifests under Tune's storage folder. Waits (up to 60 s) until that checkpoint is in the storage
+    and the driver has processed its result (its line is in the trial's result.json): under load the
+    driver can see the crash before the last report, restore the checkpoint before it, and never meet the
+    truncated one -- correct, but it would test nothing."""
     import json
     import time
 
@@ -76,9 +77,28 @@ def _truncate_latest_checkpoint(storage: Path, run_id: str, epoch: int) -> None:
                 continue
             if meta.get("metrics", {}).get("run_id") == run_id:
                 mine.append((int(meta["epoch"]), manifest.parent / MODEL_FILE))
-        if mine and max(mine)[0] >= epoch or time.monotonic() > deadline:
+        if mine and max(mine)[0] >= epoch and _driver_saw(max(mine)[1].parent.parent / "result.json", epoch):
+            break
+        if time.monotonic() > deadline:
             break
         time.sleep(0.2)
     _epoch, weights = max(mine)
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
+
+
+def _driver_saw(result_file: Path, epoch: int) -> bool:
+    """True once the Tune driver has logged the result of ``epoch`` for this trial."""
+    import json
+
+    try:
+        lines = result_file.read_text().splitlines()
+    except OSError:
+        return False
+    epochs = []
+    for line in lines:
+        try:
+            epochs.append(int(json.loads(line).get("epoch", -1)))
+        except (ValueError, AttributeError):  # a line being appended right now
+            continue
+    return epoch in epochs
