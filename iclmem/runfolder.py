@@ -13,6 +13,7 @@ from typing import Any, Iterable
 from iclmem.provenance import PROVENANCE_FILE
 
 RESULTS_FILE = "results.parquet"  # one row per (run, checkpoint)
+REFERENCE_RESULTS_FILE = "reference_results.parquet"  # probe.references: the reference trials' own rows
 SPLIT_REPORT_FILE = "split_report.parquet"
 MANIPULATION_AUC_FILE = "manipulation_auc.parquet"
 SWEEP_FILE = "sweep.json"  # the validated sweep config, as resumed by ``iclmem resume``
@@ -42,7 +43,7 @@ LM_ASSETS_DIR = "lm_assets"  # the built-in synthetic model and dataset, built o
 
 __all__ = [
     "FIGURES_DIR", "MANIPULATION_AUC_FILE", "PREPARED_DIR", "PROBES_DIR", "PROVENANCE_FILE", "REFERENCE_DIR",
-    "REPORT_FILE", "RESULTS_FILE", "ROC_DIR", "SPLIT_REPORT_FILE", "SWEEP_FILE", "TUNE_DIR", "VERDICT_FILE",
+    "REFERENCE_RESULTS_FILE", "REPORT_FILE", "RESULTS_FILE", "ROC_DIR", "SPLIT_REPORT_FILE", "SWEEP_FILE", "TUNE_DIR", "VERDICT_FILE",
     "WANDB_DIR", "folder_kind", "roc_path", "GROUND_TRUTH_FILE", "CONSOLE_LOG_FILE", "RUN_STATE_FILE", "RunStatus",
     "read_run_state", "write_run_state",
     "LM_ASSETS_DIR", "LM_EXPOSURE_DIR", "LM_REPORT_FILE", "LM_RESULTS_FILE", "LM_SWEEP_FILE", "LM_UNITS_DIR",

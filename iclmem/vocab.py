@@ -179,6 +179,21 @@ class ExposureClass(Vocab):
     UNCLASSIFIED = "unclassified"
 
 
+class TrialRole(Vocab):
+    """What a fine-tuning trial is for: an audited run, or one of its reference models (probe.references)."""
+
+    TARGET = "target"
+    REFERENCE = "reference"
+
+
+class Attack(Vocab):
+    """Reference-model membership attacks (probes/attacks.py); their results columns are ``<value>_*``."""
+
+    LIRA_ONLINE = "lira_online"  # Carlini et al.: per-query Gaussians fitted to in- and out-reference statistics
+    LIRA_OFFLINE = "lira_offline"  # one-sided test against the out-reference Gaussian only
+    RMIA = "rmia"  # Zarifzadeh et al.: likelihood ratio against the references, compared over a population
+
+
 class WandbMode(Vocab):
     OFFLINE = "offline"
     ONLINE = "online"

@@ -17,6 +17,7 @@ from iclmem.runfolder import (
     FIGURES_DIR,
     MANIPULATION_AUC_FILE,
     PROBES_DIR,
+    REFERENCE_RESULTS_FILE,
     RESULTS_FILE,
     SPLIT_REPORT_FILE,
     SWEEP_FILE,
@@ -51,7 +52,10 @@ def split_report_table(prepared: Any) -> pd.DataFrame:
     import numpy as np
 
     rows = []
+    skip = set(getattr(prepared, "reference_tasks", {}))  # a reference's half is not a split of the audit
     for task in prepared.tasks.values():
+        if task.fingerprint in skip:
+            continue
         report = task.split_report.to_dict()
         counts = np.bincount(np.asarray(task.original_labels), minlength=task.n_classes)
         rows.append({
@@ -67,6 +71,14 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
               wandb_mode: str | None = None) -> pd.DataFrame:
     run_dir = Path(run_dir)
     results, manipulation_auc, rocs = collect(run_dir)
+    results, references = split_references(results)
+    if not references.empty:  # reference models are not audit targets: their rows live in a file of their own
+        reference_ids = set(references["run_id"])
+        rocs = {key: roc for key, roc in rocs.items() if key[0] not in reference_ids}
+        if not manipulation_auc.empty:
+            manipulation_auc = manipulation_auc[~manipulation_auc["run_id"].isin(reference_ids)].reset_index(drop=True)
+        write_parquet_atomic(references, run_dir / REFERENCE_RESULTS_FILE)
+    results = attack_columns(results, references, run_dir, log)
     results = epsilon_columns(results, log)
     write_parquet_atomic(results, run_dir / RESULTS_FILE)
     write_parquet_atomic(manipulation_auc, run_dir / MANIPULATION_AUC_FILE)
@@ -206,4 +218,127 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
                    "exchangeable, e.g. shuffled member labels): " + "; ".join(inconsistent))
         log(f"[iclmem] WARNING {message}")
         warnings.warn(message, EpsilonInconsistencyWarning, stacklevel=2)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Reference-model attacks (issue #16): LiRA online / offline and RMIA beside IclMem's calibrated score
+# --------------------------------------------------------------------------------------------------
+
+# the statistics the attacks run on: results-column prefix -> (LiRA statistic, RMIA log p(label)), both per query
+# from a checkpoint's query table (probes.probe.query_table); higher statistic = more member-like
+ATTACK_STATISTICS: dict[str, tuple[Callable[[pd.DataFrame], Any], Callable[[pd.DataFrame], Any]]] = {
+    # IclMem's calibrated probe loss: -(S - S_ref), the orientation of probes.metrics.membership_score
+    "": (lambda t: t["s_ref_loss"] - t["s_loss"], lambda t: -t["s_loss"]),
+    # the known-context loss with C' (base-calibrated): the issue's second statistic
+    "known_context_": (lambda t: t["known_context_loss_base"] - t["known_context_loss"],
+                       lambda t: -t["known_context_loss"]),
+}
+
+
+def split_references(results: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(audited rows, reference-trial rows): a reference trial's rows carry ``reference_of``."""
+    if results.empty or "reference_of" not in results.columns:
+        return results, pd.DataFrame()
+    is_ref = results["reference_of"].notna()
+    audited = results.loc[~is_ref].drop(columns=["reference_of", "reference_index"], errors="ignore")
+    return audited.reset_index(drop=True), results.loc[is_ref].reset_index(drop=True)
+
+
+def _query_table(run_dir: Path, run_id: str, epoch: int) -> pd.DataFrame | None:
+    from probes.calibration import read_parquet_checked
+
+    return read_parquet_checked(run_dir / PROBES_DIR / run_id / f"e{epoch:04d}.queries.parquet")
+
+
+def attacks_for_checkpoint(target: pd.DataFrame, references: list[pd.DataFrame], *, n_resamples: int,
+                           null_splits: int, seed: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The attack columns and ROC curves of one target checkpoint from its query table and its references'
+    (``probes.probe.query_table``), aligned by query id; None when a reference scored other queries."""
+    import numpy as np
+
+    from probes.attacks import AttackInputs, ReferenceStatistics, evaluate_attacks
+    from probes.metrics import roc_curve
+
+    target = target.set_index("query_id").sort_index()
+    aligned = [t.set_index("query_id").reindex(target.index) for t in references]
+    if any(t["member"].isna().any() for t in aligned):
+        return None
+    member = target["member"].to_numpy(bool)
+    in_ref = np.stack([t["member"].to_numpy(bool) for t in aligned])
+    columns: dict[str, Any] = {}
+    curves: dict[str, Any] = {}
+    for prefix, (statistic, log_p) in ATTACK_STATISTICS.items():
+        stats = ReferenceStatistics(statistic(target).to_numpy(np.float64),
+                                    np.stack([statistic(t).to_numpy(np.float64) for t in aligned]), in_ref)
+        inputs = AttackInputs(member=member, stats=stats, target_log_p=log_p(target).to_numpy(np.float64),
+                              reference_log_p=np.stack([log_p(t).to_numpy(np.float64) for t in aligned]))
+        cols, roc = evaluate_attacks(inputs, prefix=prefix, n_resamples=n_resamples, null_splits=null_splits,
+                                     seed=seed)
+        columns.update(cols)
+        if not prefix:
+            curves.update(roc)
+    iclmem = ATTACK_STATISTICS[""][0](target).to_numpy(np.float64)
+    curve = roc_curve(iclmem[member], iclmem[~member])
+    curves["iclmem_calibrated_loss"] = {"fpr": [float(v) for v in curve.fpr], "tpr": [float(v) for v in curve.tpr]}
+    return columns, curves
+
+
+def attack_columns(results: pd.DataFrame, references: pd.DataFrame, run_dir: Path,
+                   log: Callable[[str], None] = print) -> pd.DataFrame:
+    """The attacks' columns on every audited checkpoint whose K references (``probe.references`` in
+    sweep.json) all have a result at the same epoch: per statistic (:data:`ATTACK_STATISTICS`) and attack,
+    AUC with interval, TPR at 1% / 0.1% FPR with Clopper-Pearson intervals, null-split evidence
+    (:func:`probes.attacks.evaluate_attacks`), and ``attack_roc`` (JSON: fpr / tpr of each attack on the
+    probe statistic and of IclMem's calibrated loss score, for the report's ROC figure)."""
+    sweep_file = run_dir / SWEEP_FILE
+    probe_cfg = json.loads(sweep_file.read_text()).get("probe", {}) if sweep_file.is_file() else {}
+    k_refs = int(probe_cfg.get("references", 0) or 0)
+    if results.empty or k_refs == 0:
+        return results
+    n_null = max(1, int(probe_cfg.get("null_splits", 1)))
+    n_resamples = int(probe_cfg.get("bootstrap", 1000))
+    out = results.copy()
+    out["attack_roc"] = None
+    out["attack_references"] = 0
+    missing = []
+    added: list[str] = []
+    filled: dict[str, list[Any]] = {}  # new columns, joined at once (adding them one by one fragments the frame)
+    for i, row in out.iterrows():
+        if bool(row.get("sanity_check", False)):
+            continue
+        run_id, epoch = str(row["run_id"]), int(row["epoch"])
+        refs = (references[(references["reference_of"] == run_id) & (references["epoch"] == epoch)]
+                .sort_values("reference_index") if not references.empty else references)
+        target = _query_table(run_dir, run_id, epoch)
+        tables = [_query_table(run_dir, str(r), epoch) for r in (refs["run_id"] if not refs.empty else [])]
+        out.at[i, "attack_references"] = sum(t is not None for t in tables)
+        if target is None or len(tables) < k_refs or any(t is None for t in tables):
+            missing.append(f"{run_id} epoch {epoch}")
+            continue
+        computed = attacks_for_checkpoint(target, [t for t in tables if t is not None], n_resamples=n_resamples,
+                                          null_splits=n_null, seed=int(row.get("seed", 0)))
+        if computed is None:
+            missing.append(f"{run_id} epoch {epoch} (references scored other queries)")
+            continue
+        columns, curves = computed
+        for key, value in columns.items():
+            if key not in filled:
+                filled[key] = [None] * len(out)
+                added.append(key)
+            filled[key][out.index.get_loc(i)] = value
+        out.at[i, "attack_roc"] = json.dumps(curves)
+    if missing:
+        log(f"[iclmem] note: reference-model attacks not computed for {len(missing)} checkpoint(s) without all "
+            f"{k_refs} reference results at the same epoch: {missing[:5]}")
+    new = {k: v for k, v in filled.items() if k not in out.columns}
+    for key, values in filled.items():
+        if key in out.columns:
+            out[key] = [v if v is not None else old for v, old in zip(values, out[key])]
+    out = pd.concat([out, pd.DataFrame(new, index=out.index)], axis=1)
+    for column in added:  # columns filled row by row start as object; numbers are stored as numbers
+        if not column.endswith("null_evidence"):
+            converted = pd.to_numeric(out[column], errors="coerce")
+            if converted.notna().sum() == out[column].notna().sum():
+                out[column] = converted
     return out

@@ -11,7 +11,7 @@ import hashlib
 import itertools
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from iclmem.errors import ConfigError
-from iclmem.vocab import LabelMode, Regime, TaskKind, WandbMode
+from iclmem.vocab import LabelMode, Regime, TaskKind, TrialRole, WandbMode
 from trainables.dp import DEFAULT_DP_DELTA, DPAccountant
 
 
@@ -56,6 +56,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("training", "dp_max_grad_norm"): 1.0,
     ("training", "dp_accountant"): DPAccountant.RDP.value,
     ("outcome", "epsilon_delta"): 1e-5,
+    ("probe", "references"): 0,
 }
 
 
@@ -192,6 +193,16 @@ class ProbeConfig(_Strict):
     # null splits probed on every fine-tuned checkpoint (never-trained rows labelled member / non-member at
     # random): the measured false-positive rate of every verdict rule comes from them
     null_splits: int = Field(1, ge=0)
+    # K reference fine-tunes per audited run (LiRA / RMIA, probes/attacks.py): each trains with the run's
+    # recipe on a random half of its members + non-members; 0 = off
+    references: int = Field(0, ge=0, le=64)
+
+    @field_validator("references")
+    @classmethod
+    def _enough_references(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError("references: 1 cannot fit in- and out-distributions; use 0 (off) or 2..64")
+        return value
 
     @field_validator("suite")
     @classmethod
@@ -297,6 +308,15 @@ class SweepConfig(_Strict):
             raise ValueError("grid.dp with a finite epsilon cannot run regime multi_random: its contexts are drawn "
                              "from the member rows, whose influence as context rows DP-SGD does not bound; "
                              "sweep multi_random in a file without grid.dp")
+        return self
+
+    @model_validator(mode="after")
+    def _references_fit_the_regimes(self) -> "SweepConfig":
+        other = [str(r) for r in self.grid.regime if r != Regime.SINGLE_FIXED]
+        if self.probe.references and other:
+            raise ValueError(f"probe.references ({self.probe.references}) needs every run to be regime single_fixed, "
+                             f"but grid.regime has {other}: reference fine-tunes are defined on one task's "
+                             "members and non-members; sweep those regimes in a file without probe.references")
         return self
 
     @field_validator("models")
@@ -419,6 +439,9 @@ class TrialSpec:
     label_mode: str
     seed: int
     dp: float = math.inf  # DP-SGD target epsilon; inf = plain fine-tuning
+    role: TrialRole = TrialRole.TARGET
+    reference_of: str | None = None  # a reference trial: the run id of the run it is a reference model of
+    reference_index: int | None = None  # ... and its index k (0..K-1), which picks its half of the population
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -428,7 +451,9 @@ class TrialSpec:
 
 def expand_grid(sweep: SweepConfig) -> list[TrialSpec]:
     """tasks × models × regimes × lrs × Q × label modes × seeds; multi_fixed and multi_random runs take all
-    tasks at once (one model fine-tuned jointly on every task, paper App. 10)."""
+    tasks at once (one model fine-tuned jointly on every task, paper App. 10). With ``probe.references``
+    = K, each run is followed by its K reference trials (``<run id>-ref<k>``, same recipe; Stage I gives
+    each its half of the run's population); the runs' own ids do not change."""
     trials = []
     g = sweep.grid
     for model, regime, lr, q, mode, seed, dp in itertools.product(sweep.models, g.regime, g.lr, g.q, g.label_mode,
@@ -448,6 +473,9 @@ def expand_grid(sweep: SweepConfig) -> list[TrialSpec]:
             key = json.dumps(parts, sort_keys=True, default=str)
             run_id = (f"{task[:24]}-{regime}-lr{lr:g}-q{q}-{mode}-s{seed}{tag}-"
                       f"{hashlib.sha1(key.encode()).hexdigest()[:6]}")
-            trials.append(TrialSpec(run_id, task, model.name, tuple(sorted(model.options.items())), regime, lr, q, mode,
-                                    seed, dp))
+            target = TrialSpec(run_id, task, model.name, tuple(sorted(model.options.items())), regime, lr, q, mode,
+                               seed, dp)
+            trials.append(target)
+            trials.extend(replace(target, run_id=f"{run_id}-ref{k}", role=TrialRole.REFERENCE, reference_of=run_id,
+                                  reference_index=k) for k in range(sweep.probe.references))
     return trials

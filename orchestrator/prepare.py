@@ -17,9 +17,17 @@ from typing import Any, Callable
 
 from iclmem.errors import ConfigError, IclmemError
 from iclmem.provenance import Provenance, git_commit
-from iclmem.vocab import BASE_MODEL_ROW, InputContract, Regime
+from iclmem.vocab import BASE_MODEL_ROW, InputContract, Regime, TrialRole
 from orchestrator.config import SweepConfig, TaskConfig, TrialSpec, expand_grid
-from trainables.data import DISTRACTOR_COLUMNS, LabelMode, PreparedTask, PrepSettings, TaskSource, load_or_prepare
+from trainables.data import (
+    DISTRACTOR_COLUMNS,
+    LabelMode,
+    PreparedTask,
+    PrepSettings,
+    TaskSource,
+    load_or_prepare,
+    reference_task,
+)
 
 EXPERIMENT_NAME = "tune"
 
@@ -49,6 +57,8 @@ class PreparedSweep:
     tasks: dict[str, PreparedTask]  # fingerprint -> prepared task
     trial_tasks: dict[str, tuple[str, ...]]  # run_id -> fingerprints of its tasks
     controls: tuple[tuple[str, dict[str, Any]], ...] = field(default=())  # (fingerprint, identity) per base-model control
+    # fingerprint of a reference trial's task -> fingerprint of its target's task (probe.references)
+    reference_tasks: dict[str, str] = field(default_factory=dict)
 
 
 def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None] = print,
@@ -83,6 +93,7 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
     tasks: dict[str, PreparedTask] = {}
     memo: dict[tuple, str] = {}
     trial_tasks: dict[str, tuple[str, ...]] = {}
+    reference_tasks: dict[str, str] = {}
     errors: list[str] = []
     failed: dict[tuple[int, str, str], list[str]] = {}
     for trial in trials:
@@ -117,6 +128,12 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
                     f"{report.input_contract} inputs: {task.features.shape[0]} rows, {task.n_features} features, "
                     f"{task.n_classes} classes{pca}")
             keys.append(memo[memo_key])
+        if trial.role == TrialRole.REFERENCE and keys[0]:
+            # single_fixed only (config validation): the target's task, cut into this reference's half
+            ref = reference_task(tasks[keys[0]], int(trial.reference_index or 0))
+            tasks[ref.fingerprint] = ref
+            reference_tasks[ref.fingerprint] = keys[0]
+            keys = [ref.fingerprint]
         trial_tasks[trial.run_id] = tuple(keys)
         if len(keys) > 1 and model.input_contract == InputContract.CELLS and "" not in keys:
             if len({tasks[k].columns for k in keys}) > 1:
@@ -141,7 +158,9 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
     if sweep.probe.base_as_checkpoint:
         seen = set()
         for trial in trials:
-            if trial.regime == Regime.MULTI_FIXED:  # its tasks are the single-task ones (same split)
+            # multi_fixed's tasks are the single-task ones (same split); a reference trial's base model is its
+            # target's, probed on the target's split already
+            if trial.regime == Regime.MULTI_FIXED or trial.role == TrialRole.REFERENCE:
                 continue
             # multi_random's tasks are prepared with a member pool: one sanity check per task of the run
             for name, task_key in zip(trial.task.split("+"), trial_tasks[trial.run_id]):
@@ -156,7 +175,7 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
                 identity = {**_identity(trial, sweep), "task": name, "run_id": run_id, "regime": BASE_MODEL_ROW,
                             "lr": 0.0}
                 controls.append((task_key, identity))
-    return PreparedSweep(sweep, tuple(trials), tasks, trial_tasks, tuple(controls))
+    return PreparedSweep(sweep, tuple(trials), tasks, trial_tasks, tuple(controls), reference_tasks)
 
 
 def _model_key(name: str, options: dict[str, Any]) -> str:
@@ -167,7 +186,10 @@ def _identity(trial: TrialSpec, sweep: SweepConfig) -> dict[str, Any]:
     return {"run_id": trial.run_id, "task": trial.task, "model": trial.model,
             "model_options": json.dumps(dict(trial.model_options), sort_keys=True), "regime": trial.regime,
             "lr": trial.lr, "q": trial.q, "label_mode": trial.label_mode, "seed": trial.seed,
-            "config_hash": sweep.config_hash(), "git_commit": git_commit()}
+            "config_hash": sweep.config_hash(), "git_commit": git_commit(),
+            # only on reference trials, so a target's results row keeps exactly the columns it had before
+            **({"reference_of": trial.reference_of, "reference_index": trial.reference_index}
+               if trial.role == TrialRole.REFERENCE else {})}
 
 
 def trial_config(trial: TrialSpec, prepared: PreparedSweep) -> dict[str, Any]:

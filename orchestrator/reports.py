@@ -60,7 +60,7 @@ from iclmem.runfolder import (
     SWEEP_FILE,
     roc_path,
 )
-from iclmem.vocab import BASE_MODEL_ROW, Outcome, Regime, ScoreKind, VerdictRule, values
+from iclmem.vocab import BASE_MODEL_ROW, Attack, Outcome, Regime, ScoreKind, VerdictRule, values
 from iclmem.vocab import DETECTABLE as _DETECTABLE
 from iclmem.vocab import MAIN_REGIME as _MAIN_REGIME
 from probes.metrics import allowed_false_positives, clopper_pearson
@@ -98,6 +98,9 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "dp_steps", "epsilon_consistent",
     # utility with C' (probes.probe.icl_utility_columns): what DP-SGD trades against ε
     "member_icl_accuracy", "nonmember_icl_accuracy", "member_icl_loss", "nonmember_icl_loss",
+    # reference-model attacks (orchestrator.aggregate.attack_columns): counts, and ROC curves (fpr / tpr JSON)
+    "attack_references", "attack_global_variance", "known_context_attack_references",
+    "known_context_attack_global_variance", "attack_roc",
 )
 _KINDS = "|".join(SCORE_KINDS)
 _RESULT_PATTERNS = (
@@ -107,6 +110,9 @@ _RESULT_PATTERNS = (
     re.compile(r"^known_context_(calibrated_)?(auc|auc_low|auc_high|p_value|tpr_at_\d+pct(_low|_high)?)$"),
     re.compile(rf"^(calibrated|uncalibrated|reference_only)_({_KINDS})_[a-z0-9_]+$"),
     re.compile(r"^threshold_[a-z_]+$"),
+    re.compile(rf"^(known_context_)?({'|'.join(values(Attack))})_(auc|auc_low|auc_high|p_value|n_members|n_nonmembers"
+               r"|tpr_at_[0-9_]+pct(_low|_high|_realized_fpr|_n_true_positives)?"
+               r"|null_splits|null_auc|null_detections|null_evidence)$"),
 )
 SPLIT_COLUMNS: tuple[str, ...] = (
     "task", "label_mode", "seed", "q", "n_rows", "n_classes", "majority_share", "numeric_share",
@@ -1247,6 +1253,9 @@ def write_html_report(
     privacy = epsilon_section_html(results, run_dir / FIGURES_DIR)
     if privacy:
         parts.append(f'<section id="privacy">{privacy}</section>')
+    from orchestrator.attacks_report import attacks_section_html
+
+    parts.append(attacks_section_html(results, run_dir / FIGURES_DIR))  # empty unless probe.references is on
     section("provenance", "Provenance", "Configuration hash, code version and package versions.",
             _provenance_html(prov, results) + ("" if prov else _note("provenance.json not found; values "
                                                                        "shown come from the results table.")))

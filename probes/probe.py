@@ -29,6 +29,7 @@ from probes.metrics import (
     membership_score,
     output_std,
     per_manipulation_auc,
+    robustness_scores,
     roc_curve,
 )
 from probes.outcomes import CheckpointOutcome, OutcomeThresholds, build_evidence, classify, memorization_holds
@@ -60,6 +61,10 @@ class ProbeResult:
     manipulation_auc: pd.DataFrame  # manipulation, category, auc (calibrated loss)
     roc: pd.DataFrame  # fpr, tpr of the deciding (or loss) calibrated score
     notes: tuple[str, ...] = ()  # warnings for the driver's log (not stored: results do not depend on them)
+    # per query: query_id, member, S and S_ref of every score kind (means over the suite), the known-context
+    # loss on the checkpoint and on the base model -- what the reference-model attacks (probes/attacks.py)
+    # read; None for a result stored before it existed
+    queries: pd.DataFrame | None = None
 
     def save(self, directory: str | Path, stem: str) -> Path:
         """Atomic, idempotent: the same inputs write the same files under the same names."""
@@ -67,6 +72,8 @@ class ProbeResult:
         directory.mkdir(parents=True, exist_ok=True)
         write_parquet_atomic(self.manipulation_auc, directory / f"{stem}.manip.parquet")
         write_parquet_atomic(self.roc, directory / f"{stem}.roc.parquet")
+        if self.queries is not None:  # before the checksummed row, which marks the result complete
+            write_parquet_atomic(self.queries, directory / f"{stem}.queries.parquet")
         payload = json.dumps(self.row, sort_keys=True, default=_jsonable)
         digest = hashlib.sha256(payload.encode()).hexdigest()
         return write_json_atomic(directory / f"{stem}.json", {"row": json.loads(payload), "sha256": digest},
@@ -90,7 +97,10 @@ class ProbeResult:
         roc = read_parquet_checked(directory / f"{stem}.roc.parquet")
         if manip is None or roc is None:
             return None
-        return cls(stored["row"], manip, roc)
+        queries = read_parquet_checked(directory / f"{stem}.queries.parquet")
+        if queries is None and (directory / f"{stem}.queries.parquet").exists():
+            return None  # present but damaged: recompute
+        return cls(stored["row"], manip, roc, queries=queries)
 
 
 def _jsonable(value: Any) -> Any:
@@ -246,7 +256,22 @@ def probe_checkpoint(
     calibrated = scores.membership_scores(kind, Calibration.CALIBRATED)
     curve = roc_curve(calibrated.members, calibrated.nonmembers)
     roc = pd.DataFrame({"fpr": curve.fpr, "tpr": curve.tpr})
-    return ProbeResult(row, manip, roc)
+    return ProbeResult(row, manip, roc, queries=query_table(finetuned, reference, plan, loss_ft, loss_base))
+
+
+def query_table(finetuned: pd.DataFrame, reference: pd.DataFrame, plan: ProbePlan, loss_ft: np.ndarray,
+                loss_base: np.ndarray) -> pd.DataFrame:
+    """Per-query statistics of one checkpoint (see ``ProbeResult.queries``), sorted by query id."""
+    s, r = robustness_scores(finetuned), robustness_scores(reference)
+    out = pd.DataFrame({"query_id": s.index.to_numpy(np.int64), "member": s["member"].to_numpy(bool)})
+    for k in SCORE_KINDS:
+        if k.value in s.columns:
+            out[f"s_{k.value}"] = s[k.value].to_numpy(np.float64)
+            out[f"s_ref_{k.value}"] = r.loc[s.index, k.value].to_numpy(np.float64)
+    known = pd.DataFrame({"known_context_loss": np.asarray(loss_ft, np.float64),
+                          "known_context_loss_base": np.asarray(loss_base, np.float64)},
+                         index=np.asarray(plan.queries.query_ids, np.int64))
+    return out.join(known, on="query_id").reset_index(drop=True)
 
 
 def headline_columns(scores: MembershipInput, evidence: Any, verdict: Any,

@@ -125,6 +125,58 @@ def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, 
     fault_ledger(injected=1, completed=True, identical=True)
 
 
+def test_a_killed_driver_resumes_reference_trials_like_any_other(ray_session, tmp_path, fault_ledger):
+    """probe.references: the driver is SIGKILLed once a *reference* trial has finished; ``iclmem resume``
+    completes the sweep without re-running it, and the attack columns equal an uninterrupted run's."""
+    address = ray_session.get_runtime_context().gcs_address
+    config = tmp_path / "sweep.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "killrefs",
+        "tasks": [{"name": "iris"}],
+        "grid": {"q": [30], "label_mode": ["shuffled_members"]},
+        "data": {"context_size": 60},
+        "training": {"epochs": 6, "checkpoint_epochs": [3, 6]},
+        "probe": {"bootstrap": 50, "suite": ["base", "skew_true_x2"], "base_as_checkpoint": False, "references": 2},
+        "resources": {"max_concurrent_trials": 1, "cpus_per_probe_actor": 0.5},
+        "wandb": {"mode": "disabled"},
+    }))
+    run_dir = tmp_path / "run"
+    driver = _cli("run", str(config), "--out", str(run_dir), "--address", address, start_new_session=True)
+    deadline = time.monotonic() + 300
+    finished = None
+    while time.monotonic() < deadline and finished is None:
+        for result in (run_dir / "tune").rglob("result.json"):
+            lines = [json.loads(line) for line in result.read_text().splitlines() if line.strip()]
+            if lines and lines[-1].get("epoch") == 6 and "-ref" in str(lines[-1].get("run_id")):
+                finished = result
+        time.sleep(0.5)
+    assert finished is not None, driver.communicate(timeout=5)[0] if driver.poll() is not None else "no reference finished"
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait(timeout=30)
+
+    resumed = _cli("resume", str(run_dir), "--address", address)
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out
+    epochs = [json.loads(line)["epoch"] for line in finished.read_text().splitlines() if line.strip()]
+    assert epochs == list(range(1, 7))  # the finished reference trial was not re-run
+    import pandas as pd
+
+    results = pd.read_parquet(run_dir / "results.parquet")
+    references = pd.read_parquet(run_dir / "reference_results.parquet")
+    assert results["run_id"].nunique() == 1 and references["run_id"].nunique() == 2
+    assert sorted(references["epoch"]) == [3, 3, 6, 6] and (results["attack_references"] == 2).all()
+
+    from orchestrator.sweep import run_sweep
+
+    clean = run_sweep(config, tmp_path / "clean", progress=False)
+    attack = [c for c in results.columns if c.startswith(("lira_", "rmia_", "known_context_lira", "known_context_rmia"))]
+    assert len(attack) > 60
+    a = results[["run_id", "epoch", *attack]].sort_values(["run_id", "epoch"]).reset_index(drop=True)
+    b = clean[["run_id", "epoch", *attack]].sort_values(["run_id", "epoch"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(a, b)
+    fault_ledger(injected=1, completed=True, identical=True)
+
+
 def test_a_probe_actor_killed_mid_job_is_replaced_and_its_job_rerun(ray_session, tmp_path, fault_ledger):
     import ray
 

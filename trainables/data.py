@@ -944,6 +944,7 @@ _STREAM_SHUFFLE_ALL = 1
 _STREAM_SHUFFLE_MEMBERS = 2
 _STREAM_SPLIT = 3
 _STREAM_NULL = 4
+_STREAM_REFERENCE = 5
 
 
 def _rng(seed: int, stream: int) -> np.random.Generator:
@@ -1272,6 +1273,35 @@ def null_split_task(task: PreparedTask, index: int) -> PreparedTask:
     and the labels included, unchanged), so the probe code runs on it as on the real split."""
     members, nonmembers = null_split(task, index)
     return dataclasses.replace(task, member_idx=members, nonmember_idx=nonmembers)
+
+
+def reference_half(n_rows: int, index: int, seed: int) -> np.ndarray:
+    """bool [n]: which of the n rows of a target's population reference model ``index`` trains on.
+
+    References come in complementary pairs (2j, 2j+1) drawn from a stream of (seed, j): with K even every
+    row is "in" for exactly half of the references (an odd last one takes a random half alone), every
+    reference trains on half of the rows, and reference k's half does not depend on K (adding references
+    keeps the earlier ones)."""
+    if n_rows < 2 or not _is_int(index) or index < 0:
+        raise ConfigError(f"a reference half needs >= 2 rows and an index >= 0, got {n_rows}, {index!r}")
+    rng = np.random.default_rng([_STREAM_REFERENCE, int(seed), int(index) // 2])
+    half = np.zeros(n_rows, dtype=bool)
+    half[rng.permutation(n_rows)[: n_rows // 2]] = True
+    return half if index % 2 == 0 else ~half
+
+
+def reference_task(task: PreparedTask, index: int) -> PreparedTask:
+    """The task reference model ``index`` of a target run fine-tunes and is probed on: the target's
+    population P = members + non-members (in that order) cut by :func:`reference_half` into its members
+    and its non-members; C', the labels (a shuffled_members target's shuffled member labels included, so
+    "in" means trained on the same row and label) and every other field unchanged. It has a fingerprint of
+    its own, covering its member set, so nothing keyed by fingerprint (probe plans, cached base-model
+    scores) is shared with the target or another reference."""
+    population = np.concatenate([task.member_idx, task.nonmember_idx])
+    half = reference_half(len(population), index, task.seed)
+    members, nonmembers = np.sort(population[half]), np.sort(population[~half])
+    digest = hashlib.sha256(f"{task.fingerprint}|reference|{int(index)}|".encode() + members.astype(np.int64).tobytes())
+    return dataclasses.replace(task, member_idx=members, nonmember_idx=nonmembers, fingerprint=digest.hexdigest())
 
 
 def ground_truth_log(task: PreparedTask, null_splits: int = 0) -> dict[str, Any]:

@@ -1,0 +1,256 @@
+"""Reference-model membership attacks: LiRA (online, offline) and RMIA, on per-query statistics.
+
+Pure numpy / scipy, no Ray. The inputs are one statistic per query on the audited (target) checkpoint
+and on each of K reference checkpoints (fine-tuned with the same recipe on random halves of the target's
+population P = members and non-members), and which queries each reference trained on. Orientation as in
+``probes.metrics.membership_score``: a higher statistic is more member-like.
+
+* **LiRA online** (Carlini et al. 2022, "Membership Inference Attacks From First Principles"): per query,
+  Gaussians fitted to its statistics under the references that trained on it (in) and those that did not
+  (out); score = log N(s; mu_in, sigma_in) - log N(s; mu_out, sigma_out). With few references a per-query
+  variance is noise, so, as Carlini et al. do below 64 shadow models ("fixed variance"), one global
+  standard deviation of all in-statistics (and one of all out-statistics) replaces it; the means stay
+  per query (the median, as in their code).
+* **LiRA offline**: one-sided, out-references only: score = -log P(S >= s) under N(mu_out, sigma_out).
+* **RMIA** (Zarifzadeh et al. 2024, "Low-Cost High-Power Membership Inference Attacks"):
+  LR(x) = p(x | target) / mean_k p(x | reference_k), with p(x | model) the model's probability of the
+  query's label (here exp(-S_loss): the geometric mean of p(y*) over the probe's manipulations), and
+  score(x) = share of population samples z with LR(x) / LR(z) > gamma (gamma = 1). Our adaptation: the
+  population samples z are the other queries of the audit (members and non-members alike; there are no
+  spare rows of P that no model saw), and Pr(x) is the mean over all K references (each query is in about
+  half of them, the paper's online setting), so no offline scaling factor a is needed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.stats import norm
+
+from iclmem.errors import ProbeError
+from iclmem.vocab import Attack, Calibration, ScoreKind
+from probes.metrics import clopper_pearson, membership_metrics, roc_curve
+
+# Below this many in- (and out-) references per query the variance is pooled over all queries (Carlini et
+# al. fix the variance below 64 shadow models, i.e. 32 in and 32 out per example).
+PER_QUERY_VARIANCE_MIN = 32
+RMIA_GAMMA = 1.0
+_SIGMA_FLOOR = 1e-12  # keeps a degenerate (constant) statistic from dividing by zero
+
+
+@dataclass(frozen=True)
+class ReferenceStatistics:
+    """One statistic per query on the target and on each reference, and which references trained on it.
+
+    ``target``: float64 [n]; ``references``: float64 [K, n]; ``in_reference``: bool [K, n], True where
+    reference k fine-tuned on query i (with the same label the target would have trained it on)."""
+
+    target: np.ndarray
+    references: np.ndarray
+    in_reference: np.ndarray
+
+    def __post_init__(self) -> None:
+        t = np.asarray(self.target, dtype=np.float64).reshape(-1)
+        r = np.asarray(self.references, dtype=np.float64)
+        m = np.asarray(self.in_reference, dtype=bool)
+        if r.ndim != 2 or r.shape[1] != t.size or m.shape != r.shape:
+            raise ProbeError(f"reference statistics: target has {t.size} queries, references {r.shape}, "
+                             f"in-reference mask {m.shape}: need [K, n] for both")
+        if r.shape[0] < 1:
+            raise ProbeError("reference statistics: no reference model")
+        if not (np.isfinite(t).all() and np.isfinite(r).all()):
+            raise ProbeError("reference statistics: non-finite statistic (NaN or infinite score)")
+        for name, value in (("target", t), ("references", r), ("in_reference", m)):
+            value.flags.writeable = False
+            object.__setattr__(self, name, value)
+
+    @property
+    def n_references(self) -> int:
+        return int(self.references.shape[0])
+
+
+@dataclass(frozen=True)
+class GaussianFit:
+    """Per-query Gaussian parameters of the in- and out-reference statistics (NaN mean: no such reference)."""
+
+    mu_in: np.ndarray
+    sigma_in: np.ndarray
+    mu_out: np.ndarray
+    sigma_out: np.ndarray
+    global_variance: bool  # True: the sigmas are the pooled (Carlini "fixed variance") ones
+
+
+def _masked_median(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    masked = np.where(mask, values, np.nan)
+    out = np.full(values.shape[1], np.nan)
+    has = mask.any(axis=0)
+    out[has] = np.nanmedian(masked[:, has], axis=0)
+    return out
+
+
+def _sigma(values: np.ndarray, mask: np.ndarray, per_query: bool) -> np.ndarray:
+    n = values.shape[1]
+    if per_query:
+        masked = np.where(mask, values, np.nan)
+        with np.errstate(invalid="ignore"):
+            sd = np.nanstd(masked, axis=0)
+        return np.asarray(np.maximum(np.nan_to_num(sd, nan=_SIGMA_FLOOR), _SIGMA_FLOOR), dtype=np.float64)
+    pooled = values[mask]
+    sd = float(np.std(pooled)) if pooled.size > 1 else 0.0
+    return np.full(n, max(sd, _SIGMA_FLOOR))
+
+
+def fit_gaussians(stats: ReferenceStatistics, per_query_min: int = PER_QUERY_VARIANCE_MIN) -> GaussianFit:
+    """Per-query means of the in and out statistics; per-query standard deviations only when every query
+    has at least ``per_query_min`` in- and out-references, else one pooled deviation per side."""
+    r, m = stats.references, stats.in_reference
+    n_in, n_out = m.sum(axis=0), (~m).sum(axis=0)
+    per_query = bool(min(int(n_in.min()), int(n_out.min())) >= per_query_min)
+    return GaussianFit(mu_in=_masked_median(r, m), sigma_in=_sigma(r, m, per_query),
+                       mu_out=_masked_median(r, ~m), sigma_out=_sigma(r, ~m, per_query),
+                       global_variance=not per_query)
+
+
+def lira_offline(stats: ReferenceStatistics, fit: GaussianFit | None = None) -> np.ndarray:
+    """-log P(S >= s) under each query's out-Gaussian: large when the target's statistic sits far above
+    what models that never saw the query give it. A query no reference left out scores 0 (no evidence)."""
+    fit = fit or fit_gaussians(stats)
+    score = -norm.logsf(stats.target, loc=np.nan_to_num(fit.mu_out), scale=fit.sigma_out)
+    return np.where(np.isnan(fit.mu_out), 0.0, score)
+
+
+def lira_online(stats: ReferenceStatistics, fit: GaussianFit | None = None) -> np.ndarray:
+    """log N(s; mu_in, sigma_in) - log N(s; mu_out, sigma_out) per query. A query with no in-reference
+    falls back to its offline score, one with no out-reference to 0."""
+    fit = fit or fit_gaussians(stats)
+    s = stats.target
+    ratio = (norm.logpdf(s, loc=np.nan_to_num(fit.mu_in), scale=fit.sigma_in)
+             - norm.logpdf(s, loc=np.nan_to_num(fit.mu_out), scale=fit.sigma_out))
+    offline = lira_offline(stats, fit)
+    out = np.where(np.isnan(fit.mu_in), offline, ratio)
+    return np.where(np.isnan(fit.mu_out), 0.0, out)
+
+
+def rmia(target_log_p: np.ndarray, reference_log_p: np.ndarray, gamma: float = RMIA_GAMMA) -> np.ndarray:
+    """RMIA scores from log p(x | model) of each query on the target [n] and on the references [K, n]:
+    the share of the other queries z with LR(x) / LR(z) > gamma (see the module docstring)."""
+    t = np.asarray(target_log_p, dtype=np.float64).reshape(-1)
+    r = np.asarray(reference_log_p, dtype=np.float64)
+    if r.ndim != 2 or r.shape[1] != t.size or r.shape[0] < 1 or t.size < 2:
+        raise ProbeError(f"RMIA: target {t.shape}, references {r.shape}: need [n] and [K, n], n >= 2")
+    if not (np.isfinite(t).all() and np.isfinite(r).all()):
+        raise ProbeError("RMIA: non-finite log-probability")
+    if not gamma > 0:
+        raise ProbeError(f"RMIA: gamma must be > 0, got {gamma}")
+    # log Pr(x) = log mean_k p(x | ref_k), computed stably in log space
+    log_pr = np.logaddexp.reduce(r, axis=0) - np.log(r.shape[0])
+    log_lr = t - log_pr
+    # LR(x)/LR(z) > gamma  <=>  log LR(z) < log LR(x) - log gamma; z ranges over the other queries
+    sorted_lr = np.sort(log_lr)
+    below = np.searchsorted(sorted_lr, log_lr - np.log(gamma), side="left")
+    self_counted = (log_lr < log_lr - np.log(gamma)).astype(np.int64)  # only when gamma < 1
+    return np.asarray((below - self_counted) / (t.size - 1), dtype=np.float64)
+
+
+def attack_scores(attack: Attack, stats: ReferenceStatistics, target_log_p: np.ndarray | None = None,
+                  reference_log_p: np.ndarray | None = None) -> np.ndarray:
+    """One attack's per-query membership scores (higher = member)."""
+    attack = Attack(attack)
+    if attack == Attack.LIRA_ONLINE:
+        return lira_online(stats)
+    if attack == Attack.LIRA_OFFLINE:
+        return lira_offline(stats)
+    if target_log_p is None or reference_log_p is None:
+        raise ProbeError("RMIA needs the log-probabilities of the queries' labels on the target and references")
+    return rmia(target_log_p, reference_log_p)
+
+
+_STREAM_ATTACK_NULL = 18
+
+
+def attack_null_split(n_nonmembers: int, index: int, seed: int) -> np.ndarray:
+    """bool [n_nonmembers]: a random half of the target's non-members labelled "member" (the rest stay
+    "non-member"). The target trained on none of them, but each is in about half of the references, so
+    every attack is defined on them exactly as on the real split: its detections there are false positives."""
+    if n_nonmembers < 2:
+        raise ProbeError(f"an attack null split needs >= 2 non-members, got {n_nonmembers}")
+    rng = np.random.default_rng([_STREAM_ATTACK_NULL, int(seed), int(index)])
+    fake = np.zeros(n_nonmembers, dtype=bool)
+    fake[rng.permutation(n_nonmembers)[: n_nonmembers // 2]] = True
+    return fake
+
+
+ATTACK_ALPHAS: tuple[float, ...] = (0.01, 0.001)  # TPR at 1% and 0.1% FPR, with Clopper-Pearson intervals
+
+
+def attack_metric_columns(scores: np.ndarray, member: np.ndarray, prefix: str, *, n_resamples: int,
+                          seed: int = 0) -> dict[str, Any]:
+    """AUC with its stratified-bootstrap interval and Mann-Whitney p-value, TPR at 1% and 0.1% FPR with
+    Clopper-Pearson intervals over the members (the counts behind each TPR are kept too), as
+    ``<prefix>auc``, ``<prefix>tpr_at_1pct``, ``<prefix>tpr_at_0_1pct_low``, ..."""
+    member = np.asarray(member, dtype=bool)
+    m = membership_metrics(scores[member], scores[~member], ScoreKind.LOSS, Calibration.CALIBRATED,
+                           alphas=ATTACK_ALPHAS, n_resamples=n_resamples, seed=seed)
+    out: dict[str, Any] = {f"{prefix}auc": m.auc, f"{prefix}auc_low": m.auc_interval.low,
+                           f"{prefix}auc_high": m.auc_interval.high, f"{prefix}p_value": m.p_value}
+    for alpha in ATTACK_ALPHAS:
+        t = m.tpr_at(alpha)
+        cp = clopper_pearson(t.n_true_positives, t.n_members)
+        label = f"{prefix}tpr_at_{alpha * 100:g}pct".replace(".", "_")  # 0.1% -> tpr_at_0_1pct (no dot in a key)
+        out.update({label: t.tpr, f"{label}_low": cp.low, f"{label}_high": cp.high,
+                    f"{label}_realized_fpr": t.realized_fpr, f"{label}_n_true_positives": t.n_true_positives})
+    out[f"{prefix}n_members"], out[f"{prefix}n_nonmembers"] = int(member.sum()), int((~member).sum())
+    return out
+
+
+@dataclass(frozen=True)
+class AttackInputs:
+    """Everything the attacks read for one target checkpoint, aligned by query: the target's member flags
+    [n]; per statistic, the LiRA statistic (higher = member) and log p(label) for RMIA on the target [n]
+    and on the references [K, n]; which references trained on each query [K, n]."""
+
+    member: np.ndarray
+    stats: ReferenceStatistics
+    target_log_p: np.ndarray
+    reference_log_p: np.ndarray
+
+
+def evaluate_attacks(inputs: AttackInputs, *, prefix: str = "", n_resamples: int = 1000, null_splits: int = 1,
+                     seed: int = 0) -> tuple[dict[str, Any], dict[str, dict[str, list[float]]]]:
+    """Every attack's metric columns on the real split (``<prefix><attack>_auc``, ...) and on
+    ``null_splits`` attack null splits (:func:`attack_null_split`: ``<prefix><attack>_null_auc`` (their
+    mean), ``_null_detections`` (splits whose AUC interval lies above 0.5) and ``_null_evidence`` (JSON,
+    per split: sizes, AUC, interval, p-value)), and the ROC curve (fpr, tpr) of each attack."""
+    member = np.asarray(inputs.member, dtype=bool)
+    columns: dict[str, Any] = {f"{prefix}attack_references": inputs.stats.n_references,
+                               f"{prefix}attack_global_variance": fit_gaussians(inputs.stats).global_variance}
+    curves: dict[str, dict[str, list[float]]] = {}
+    nonmember_pos = np.flatnonzero(~member)
+    for attack in Attack:
+        scores = attack_scores(attack, inputs.stats, inputs.target_log_p, inputs.reference_log_p)
+        a = f"{prefix}{attack.value}_"
+        columns.update(attack_metric_columns(scores, member, a, n_resamples=n_resamples, seed=seed))
+        curve = roc_curve(scores[member], scores[~member])
+        curves[attack.value] = {"fpr": [float(v) for v in curve.fpr], "tpr": [float(v) for v in curve.tpr]}
+        records = []
+        for j in range(null_splits):
+            fake = attack_null_split(len(nonmember_pos), j, seed)
+            sub = scores[nonmember_pos]
+            m = membership_metrics(sub[fake], sub[~fake], ScoreKind.LOSS, Calibration.CALIBRATED, alphas=(0.01,),
+                                   n_resamples=n_resamples, seed=seed)
+            records.append({"index": j, "n_members": int(fake.sum()), "n_nonmembers": int((~fake).sum()),
+                            "auc": m.auc, "auc_low": m.auc_interval.low, "auc_high": m.auc_interval.high,
+                            "p_value": m.p_value})
+        columns[f"{a}null_splits"] = null_splits
+        columns[f"{a}null_auc"] = float(np.mean([r["auc"] for r in records])) if records else float("nan")
+        columns[f"{a}null_detections"] = sum(r["auc_low"] > 0.5 for r in records)
+        columns[f"{a}null_evidence"] = json.dumps(records, sort_keys=True)
+    return columns, curves
+
+
+__all__ = ["AttackInputs", "evaluate_attacks", "attack_metric_columns", "ATTACK_ALPHAS", "ReferenceStatistics", "GaussianFit", "fit_gaussians", "lira_online", "lira_offline", "rmia",
+           "attack_scores", "attack_null_split", "PER_QUERY_VARIANCE_MIN",
+           "RMIA_GAMMA"]
