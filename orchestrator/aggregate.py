@@ -252,7 +252,8 @@ def _query_table(run_dir: Path, run_id: str, epoch: int) -> pd.DataFrame | None:
 
 
 def attacks_for_checkpoint(target: pd.DataFrame, references: list[pd.DataFrame], *, n_resamples: int,
-                           null_splits: int, seed: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
+                           null_splits: int, seed: int, epsilon_delta: float | None = None,
+                           ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The attack columns and ROC curves of one target checkpoint from its query table and its references'
     (``probes.probe.query_table``), aligned by query id; None when a reference scored other queries."""
     import numpy as np
@@ -273,8 +274,9 @@ def attacks_for_checkpoint(target: pd.DataFrame, references: list[pd.DataFrame],
                                     np.stack([statistic(t).to_numpy(np.float64) for t in aligned]), in_ref)
         inputs = AttackInputs(member=member, stats=stats, target_log_p=log_p(target).to_numpy(np.float64),
                               reference_log_p=np.stack([log_p(t).to_numpy(np.float64) for t in aligned]))
+        delta = {} if epsilon_delta is None else {"epsilon_delta": epsilon_delta}
         cols, roc = evaluate_attacks(inputs, prefix=prefix, n_resamples=n_resamples, null_splits=null_splits,
-                                     seed=seed)
+                                     seed=seed, **delta)
         columns.update(cols)
         if not prefix:
             curves.update(roc)
@@ -292,7 +294,9 @@ def attack_columns(results: pd.DataFrame, references: pd.DataFrame, run_dir: Pat
     (:func:`probes.attacks.evaluate_attacks`), and ``attack_roc`` (JSON: fpr / tpr of each attack on the
     probe statistic and of IclMem's calibrated loss score, for the report's ROC figure)."""
     sweep_file = run_dir / SWEEP_FILE
-    probe_cfg = json.loads(sweep_file.read_text()).get("probe", {}) if sweep_file.is_file() else {}
+    stored = json.loads(sweep_file.read_text()) if sweep_file.is_file() else {}
+    probe_cfg = stored.get("probe", {})
+    epsilon_delta = stored.get("outcome", {}).get("epsilon_delta")  # the δ of every ε_lb of the sweep
     k_refs = int(probe_cfg.get("references", 0) or 0)
     if results.empty or k_refs == 0:
         return results
@@ -317,7 +321,8 @@ def attack_columns(results: pd.DataFrame, references: pd.DataFrame, run_dir: Pat
             missing.append(f"{run_id} epoch {epoch}")
             continue
         computed = attacks_for_checkpoint(target, [t for t in tables if t is not None], n_resamples=n_resamples,
-                                          null_splits=n_null, seed=int(row.get("seed", 0)))
+                                          null_splits=n_null, seed=int(row.get("seed", 0)),
+                                          epsilon_delta=None if epsilon_delta is None else float(epsilon_delta))
         if computed is None:
             missing.append(f"{run_id} epoch {epoch} (references scored other queries)")
             continue

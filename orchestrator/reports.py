@@ -112,7 +112,7 @@ _RESULT_PATTERNS = (
     re.compile(r"^threshold_[a-z_]+$"),
     re.compile(rf"^(known_context_)?({'|'.join(values(Attack))})_(auc|auc_low|auc_high|p_value|n_members|n_nonmembers"
                r"|tpr_at_[0-9_]+pct(_low|_high|_realized_fpr|_n_true_positives)?"
-               r"|null_splits|null_auc|null_detections|null_evidence)$"),
+               r"|null_splits|null_auc|null_detections|null_evidence|epsilon_lb)$"),
 )
 SPLIT_COLUMNS: tuple[str, ...] = (
     "task", "label_mode", "seed", "q", "n_rows", "n_classes", "majority_share", "numeric_share",

@@ -32,6 +32,7 @@ from scipy.stats import norm
 
 from iclmem.errors import ProbeError
 from iclmem.vocab import Attack, Calibration, ScoreKind
+from probes.epsilon import DEFAULT_EPSILON_DELTA, epsilon_lower_bound
 from probes.metrics import clopper_pearson, membership_metrics, roc_curve
 
 # Below this many in- (and out-) references per query the variance is pooled over all queries (Carlini et
@@ -187,10 +188,12 @@ ATTACK_ALPHAS: tuple[float, ...] = (0.01, 0.001)  # TPR at 1% and 0.1% FPR, with
 
 
 def attack_metric_columns(scores: np.ndarray, member: np.ndarray, prefix: str, *, n_resamples: int,
-                          seed: int = 0) -> dict[str, Any]:
+                          seed: int = 0, epsilon_delta: float = DEFAULT_EPSILON_DELTA) -> dict[str, Any]:
     """AUC with its stratified-bootstrap interval and Mann-Whitney p-value, TPR at 1% and 0.1% FPR with
-    Clopper-Pearson intervals over the members (the counts behind each TPR are kept too), as
-    ``<prefix>auc``, ``<prefix>tpr_at_1pct``, ``<prefix>tpr_at_0_1pct_low``, ..."""
+    Clopper-Pearson intervals over the members (the counts behind each TPR are kept too), and the ε lower
+    bound the attack proves at δ = ``epsilon_delta`` (:func:`probes.epsilon.epsilon_lower_bound`, the same
+    construction as IclMem's own score), as ``<prefix>auc``, ``<prefix>tpr_at_1pct``,
+    ``<prefix>tpr_at_0_1pct_low``, ``<prefix>epsilon_lb``, ..."""
     member = np.asarray(member, dtype=bool)
     m = membership_metrics(scores[member], scores[~member], ScoreKind.LOSS, Calibration.CALIBRATED,
                            alphas=ATTACK_ALPHAS, n_resamples=n_resamples, seed=seed)
@@ -203,6 +206,7 @@ def attack_metric_columns(scores: np.ndarray, member: np.ndarray, prefix: str, *
         out.update({label: t.tpr, f"{label}_low": cp.low, f"{label}_high": cp.high,
                     f"{label}_realized_fpr": t.realized_fpr, f"{label}_n_true_positives": t.n_true_positives})
     out[f"{prefix}n_members"], out[f"{prefix}n_nonmembers"] = int(member.sum()), int((~member).sum())
+    out[f"{prefix}epsilon_lb"] = epsilon_lower_bound(scores[member], scores[~member], epsilon_delta).epsilon
     return out
 
 
@@ -219,7 +223,8 @@ class AttackInputs:
 
 
 def evaluate_attacks(inputs: AttackInputs, *, prefix: str = "", n_resamples: int = 1000, null_splits: int = 1,
-                     seed: int = 0) -> tuple[dict[str, Any], dict[str, dict[str, list[float]]]]:
+                     seed: int = 0, epsilon_delta: float = DEFAULT_EPSILON_DELTA,
+                     ) -> tuple[dict[str, Any], dict[str, dict[str, list[float]]]]:
     """Every attack's metric columns on the real split (``<prefix><attack>_auc``, ...) and on
     ``null_splits`` attack null splits (:func:`attack_null_split`: ``<prefix><attack>_null_auc`` (their
     mean), ``_null_detections`` (splits whose AUC interval lies above 0.5) and ``_null_evidence`` (JSON,
@@ -232,7 +237,8 @@ def evaluate_attacks(inputs: AttackInputs, *, prefix: str = "", n_resamples: int
     for attack in Attack:
         scores = attack_scores(attack, inputs.stats, inputs.target_log_p, inputs.reference_log_p)
         a = f"{prefix}{attack.value}_"
-        columns.update(attack_metric_columns(scores, member, a, n_resamples=n_resamples, seed=seed))
+        columns.update(attack_metric_columns(scores, member, a, n_resamples=n_resamples, seed=seed,
+                                             epsilon_delta=epsilon_delta))
         curve = roc_curve(scores[member], scores[~member])
         curves[attack.value] = {"fpr": [float(v) for v in curve.fpr], "tpr": [float(v) for v in curve.tpr]}
         records = []

@@ -56,6 +56,25 @@ def test_online_lira_separates_well_separated_in_and_out_distributions_perfectly
     assert auc(offline[member], offline[~member]) == 1.0
 
 
+def test_each_attack_carries_the_epsilon_lower_bound_its_scores_prove():
+    """A perfect separation of n members from n non-members proves at most log(1/FPR_high) with
+    FPR_high = 1 - 0.025^(1/n) (Clopper-Pearson at 0 false positives, δ = 0); identical distributions
+    prove nothing near that."""
+    from probes.attacks import attack_metric_columns
+
+    member, stats = _stats(gap=1.0, sd=0.1)
+    scores = lira_online(stats)
+    n_m, n_n = int(member.sum()), int((~member).sum())
+    cols = attack_metric_columns(scores, member, "x_", n_resamples=50, epsilon_delta=0.0)
+    fpr_high = 1 - 0.025 ** (1 / n_n)
+    tpr_low = 0.025 ** (1 / n_m)  # all members above the threshold: the lower end at TPR 1
+    assert cols["x_epsilon_lb"] == pytest.approx(max(np.log(tpr_low / fpr_high), np.log((1 - fpr_high) / (1 - tpr_low))),
+                                                 rel=1e-6)
+    null_member, null_stats = _stats(n=2000, gap=0.0, sd=0.1, seed=1)
+    null = attack_metric_columns(lira_online(null_stats), null_member, "x_", n_resamples=50)
+    assert null["x_epsilon_lb"] < 0.3 * cols["x_epsilon_lb"]
+
+
 def test_identical_in_and_out_distributions_give_chance_auc():
     member, stats = _stats(n=2000, gap=0.0, sd=0.1, seed=1)
     for scores in (lira_online(stats), lira_offline(stats)):
@@ -294,6 +313,8 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
             assert audited[column].between(0, 1).all(), column
         assert (audited[f"{a.value}_n_members"] == 30).all() and (audited[f"{a.value}_null_splits"] == 1).all()
     assert (audited["attack_references"] == 2).all()
+    for a in Attack:  # the ε lower bound each attack proves, beside IclMem's own
+        assert (audited[f"{a.value}_epsilon_lb"] >= 0).all(), a
     # every attack column reaches the report and W&B (the allow-list), and the report has the section
     public = public_results(pd.read_parquet(run_dir / "results.parquet"))
     assert {"lira_online_auc", "rmia_tpr_at_0_1pct", "lira_offline_null_evidence", "attack_roc"} <= set(public.columns)
