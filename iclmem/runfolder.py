@@ -45,7 +45,7 @@ __all__ = [
     "FIGURES_DIR", "MANIPULATION_AUC_FILE", "PREPARED_DIR", "PROBES_DIR", "PROVENANCE_FILE", "REFERENCE_DIR",
     "REFERENCE_RESULTS_FILE", "REPORT_FILE", "RESULTS_FILE", "ROC_DIR", "SPLIT_REPORT_FILE", "SWEEP_FILE", "TUNE_DIR", "VERDICT_FILE",
     "WANDB_DIR", "folder_kind", "roc_path", "GROUND_TRUTH_FILE", "CONSOLE_LOG_FILE", "RUN_STATE_FILE", "RunStatus",
-    "read_run_state", "write_run_state",
+    "read_run_state", "write_run_state", "QUERIES_SUFFIX", "probe_stem",
     "LM_ASSETS_DIR", "LM_EXPOSURE_DIR", "LM_REPORT_FILE", "LM_RESULTS_FILE", "LM_SWEEP_FILE", "LM_UNITS_DIR",
 ]
 
@@ -74,6 +74,16 @@ def folder_kind(path: str | Path) -> str:
 
 def roc_path(run_dir: str | Path, run_id: str, epoch: int) -> Path:
     return Path(run_dir) / ROC_DIR / f"roc_{run_id}_e{int(epoch)}.parquet"
+
+
+# One probe result under PROBES_DIR/<run_id>/: <stem>.json (the checksummed row), <stem>.manip.parquet,
+# <stem>.roc.parquet and <stem>.queries.parquet; the sweep writes them, the aggregator reads them.
+QUERIES_SUFFIX = ".queries.parquet"
+
+
+def probe_stem(epoch: int) -> str:
+    """The file stem of a checkpoint's probe result (a multi-task run appends ``-t<i>`` per task)."""
+    return f"e{int(epoch):04d}"
 
 
 class RunStatus(str, Enum):

@@ -17,10 +17,12 @@ from iclmem.runfolder import (
     FIGURES_DIR,
     MANIPULATION_AUC_FILE,
     PROBES_DIR,
+    QUERIES_SUFFIX,
     REFERENCE_RESULTS_FILE,
     RESULTS_FILE,
     SPLIT_REPORT_FILE,
     SWEEP_FILE,
+    probe_stem,
     roc_path,
 )
 from probes.probe import ProbeResult
@@ -248,7 +250,7 @@ def split_references(results: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
 def _query_table(run_dir: Path, run_id: str, epoch: int) -> pd.DataFrame | None:
     from probes.calibration import read_parquet_checked
 
-    return read_parquet_checked(run_dir / PROBES_DIR / run_id / f"e{epoch:04d}.queries.parquet")
+    return read_parquet_checked(run_dir / PROBES_DIR / run_id / f"{probe_stem(epoch)}{QUERIES_SUFFIX}")
 
 
 def attacks_for_checkpoint(target: pd.DataFrame, references: list[pd.DataFrame], *, n_resamples: int,

@@ -34,6 +34,7 @@ from iclmem.runfolder import (
     TUNE_DIR,
     RunStatus,
     folder_kind,
+    probe_stem,
     write_run_state,
 )
 from orchestrator.config import SweepConfig, config_hash_of, load_sweep, parse_sweep
@@ -182,7 +183,7 @@ def jobs_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Pa
     jobs = []
     for i, key in enumerate(keys):
         identity = dict(config["identity"])
-        stem = f"e{epoch:04d}"
+        stem = probe_stem(epoch)
         if len(keys) > 1:
             identity["task"] = names[i] if len(names) == len(keys) else f"{identity['task']}[{i}]"
             stem = f"{stem}-t{i}"

@@ -18,6 +18,7 @@ import pandas as pd
 
 from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError
+from iclmem.runfolder import QUERIES_SUFFIX
 from iclmem.vocab import SCORE_KINDS, Outcome, VerdictRule
 from probes.calibration import model_digest, read_parquet_checked, reference_scores
 from probes.metrics import (
@@ -73,7 +74,7 @@ class ProbeResult:
         write_parquet_atomic(self.manipulation_auc, directory / f"{stem}.manip.parquet")
         write_parquet_atomic(self.roc, directory / f"{stem}.roc.parquet")
         if self.queries is not None:  # before the checksummed row, which marks the result complete
-            write_parquet_atomic(self.queries, directory / f"{stem}.queries.parquet")
+            write_parquet_atomic(self.queries, directory / f"{stem}{QUERIES_SUFFIX}")
         payload = json.dumps(self.row, sort_keys=True, default=_jsonable)
         digest = hashlib.sha256(payload.encode()).hexdigest()
         return write_json_atomic(directory / f"{stem}.json", {"row": json.loads(payload), "sha256": digest},
@@ -97,8 +98,8 @@ class ProbeResult:
         roc = read_parquet_checked(directory / f"{stem}.roc.parquet")
         if manip is None or roc is None:
             return None
-        queries = read_parquet_checked(directory / f"{stem}.queries.parquet")
-        if queries is None and (directory / f"{stem}.queries.parquet").exists():
+        queries = read_parquet_checked(directory / f"{stem}{QUERIES_SUFFIX}")
+        if queries is None and (directory / f"{stem}{QUERIES_SUFFIX}").exists():
             return None  # present but damaged: recompute
         return cls(stored["row"], manip, roc, queries=queries)
 
