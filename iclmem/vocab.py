@@ -194,6 +194,13 @@ class Attack(Vocab):
     RMIA = "rmia"  # Zarifzadeh et al.: likelihood ratio against the references, compared over a population
 
 
+class CanaryKind(Vocab):
+    """Crafted rows a sweep can insert into a run's fine-tuning members (trainables/canaries.py)."""
+
+    OUTLIER = "outlier"  # features far outside the table (4-6 standard deviations per number), a random label
+    RARE_LABEL = "rare_label"  # a real row's features (slightly jittered) under the members' rarest label
+
+
 class WandbMode(Vocab):
     OFFLINE = "offline"
     ONLINE = "online"

@@ -92,6 +92,8 @@ class CheckpointRecord:
     model_options: dict[str, Any]  # the fine-tuning's model options; ``weights`` is the base it started from
     seed: int | None
     truth: dict[str, Any] | None  # the single task's entry of ground_truth.json
+    canaries: dict[str, Any] | None = None  # the run's canary settings (checkpoint.json's spec), if it had any
+    canaries_fingerprint: str | None = None  # ... and the fingerprint ground_truth.json records for them
 
     @property
     def task(self) -> str | None:
@@ -123,6 +125,7 @@ def read_checkpoint_record(path: Path) -> CheckpointRecord | None:
     spec = manifest.get("spec") or {}
     seed = spec.get("seed")
     truth = None
+    canaries_fingerprint = None
     truth_path = path / GROUND_TRUTH_FILE
     if truth_path.is_file():
         try:
@@ -134,8 +137,9 @@ def read_checkpoint_record(path: Path) -> CheckpointRecord | None:
             raise ConfigError(f"{path} was fine-tuned on {len(tasks)} tasks ({', '.join(t['task'] for t in tasks)}): "
                               "`iclmem probe` audits single-task checkpoints; the sweep's report covers this one")
         truth = tasks[0]
+        canaries_fingerprint = (log.get("canaries") or {}).get("fingerprint")
     return CheckpointRecord(path, str(manifest["model"]), dict(manifest.get("model_options") or {}),
-                            None if seed is None else int(seed), truth)
+                            None if seed is None else int(seed), truth, spec.get("canaries"), canaries_fingerprint)
 
 
 def _settle(name: str, flag: Any, recorded: Any, source: str) -> Any:
@@ -316,8 +320,16 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
     settings = ProbeSettings(n_resamples=bootstrap, thresholds=OutcomeThresholds())
     identity = {"run_id": f"audit-{path.name}", "task": source.name, "model": model_name, "regime": "external",
                 "lr": float("nan"), "q": len(prepared.member_idx), "label_mode": label_mode, "seed": seed}
+    canaries = None
+    if record is not None and record.canaries is not None:
+        from trainables.canaries import make_canaries
+
+        canaries = make_canaries(prepared, record.canaries)  # the canaries the run trained on, rebuilt
+        if record.canaries_fingerprint and canaries.fingerprint != record.canaries_fingerprint:
+            raise CheckpointError(f"{path}: the canaries rebuilt from {meta_file} differ from those {truth_file} "
+                                  "records (was the task prepared with other settings?)")
     result = probe_checkpoint(model, prepared, plan, out_dir / REFERENCE_DIR, model_digest(base), base, settings,
-                              identity, epoch=-1)
+                              identity, epoch=-1, canaries=canaries)
     result.save(out_dir / PROBES_DIR, path.name)
     write_json_atomic(out_dir / VERDICT_FILE, strict_json(result.row))
     return dict(result.row)

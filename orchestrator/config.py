@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from iclmem.errors import ConfigError
-from iclmem.vocab import LabelMode, Regime, TaskKind, TrialRole, WandbMode
+from iclmem.vocab import CanaryKind, LabelMode, Regime, TaskKind, TrialRole, WandbMode
 from trainables.dp import DEFAULT_DP_DELTA, DPAccountant
 
 
@@ -60,8 +60,13 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {
 }
 
 
+# blocks added after run folders existed: left out of the hash while they hold their defaults (filled in
+# below, once the block's model is declared)
+HASH_NEUTRAL_BLOCKS: dict[str, Any] = {}
+
+
 def _hash_form(data: dict[str, Any]) -> dict[str, Any]:
-    out = dict(data)
+    out = {k: v for k, v in data.items() if not (k in HASH_NEUTRAL_BLOCKS and v == HASH_NEUTRAL_BLOCKS[k])}
     for (block, key), default in HASH_NEUTRAL_DEFAULTS.items():
         section = out.get(block)
         if isinstance(section, dict) and key in section and section[key] == default:
@@ -219,6 +224,45 @@ class ProbeConfig(_Strict):
         return value
 
 
+class CanaryConfig(_Strict):
+    """Canary rows inserted into every audited run's fine-tuning members (trainables/canaries.py): for each
+    kind, ``per_group`` canaries per copy count, each trained that many times per step, and ``holdout``
+    never-trained ones that their exposure is measured against (probes/canaries.py). No kinds = off."""
+
+    kinds: list[CanaryKind] = []
+    copies: list[int] = [1, 2, 4, 8]
+    per_group: int = Field(4, ge=1, le=256)
+    holdout: int = Field(32, ge=4, le=4096)
+
+    @field_validator("kinds", "copies")
+    @classmethod
+    def _distinct(cls, values: list[Any]) -> list[Any]:
+        if len(set(values)) != len(values):
+            raise ValueError(f"duplicate values: {[str(getattr(v, 'value', v)) for v in values]}")
+        return values
+
+    @field_validator("copies")
+    @classmethod
+    def _copy_counts(cls, values: list[int]) -> list[int]:
+        if not values or min(values) < 1:
+            raise ValueError(f"copy counts must be >= 1 and at least one, got {values}")
+        return values
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.kinds)
+
+    def settings(self) -> dict[str, Any] | None:
+        """The ``trainables.canaries.CanarySettings`` of a run (as a dict), or None when off."""
+        if not self.enabled:
+            return None
+        return {"kinds": [str(k.value) for k in self.kinds], "copies": list(self.copies),
+                "per_group": self.per_group, "holdout": self.holdout}
+
+
+HASH_NEUTRAL_BLOCKS["canaries"] = CanaryConfig().model_dump(mode="json")
+
+
 def _outcome_config() -> type[BaseModel]:
     """The sweep's ``outcome:`` block, derived field by field from ``OutcomeThresholds`` (the one place
     the rule's settings and defaults are declared); values are checked by that class at the boundary."""
@@ -285,6 +329,7 @@ class SweepConfig(_Strict):
     training: TrainingConfig = TrainingConfig()
     data: DataConfig = DataConfig()
     probe: ProbeConfig = ProbeConfig()
+    canaries: CanaryConfig = CanaryConfig()
     outcome: OutcomeConfig = OutcomeConfig()
     resources: ResourcesConfig = ResourcesConfig()
     wandb: WandbConfig = WandbConfig()
@@ -317,6 +362,15 @@ class SweepConfig(_Strict):
             raise ValueError(f"probe.references ({self.probe.references}) needs every run to be regime single_fixed, "
                              f"but grid.regime has {other}: reference fine-tunes are defined on one task's "
                              "members and non-members; sweep those regimes in a file without probe.references")
+        return self
+
+    @model_validator(mode="after")
+    def _canaries_fit_the_regimes(self) -> "SweepConfig":
+        other = [str(r) for r in self.grid.regime if r != Regime.SINGLE_FIXED]
+        if self.canaries.enabled and other:
+            raise ValueError(f"canaries are inserted into one task's members, so every run must be regime "
+                             f"single_fixed, but grid.regime has {other}; sweep those regimes in a file without "
+                             "canaries")
         return self
 
     @field_validator("models")
@@ -470,6 +524,8 @@ def expand_grid(sweep: SweepConfig) -> list[TrialSpec]:
                 parts.append({"dp": dp, "delta": t.dp_delta, "max_grad_norm": t.dp_max_grad_norm,
                               "accountant": str(t.dp_accountant)})
                 tag = f"-dp{dp:g}"
+            if sweep.canaries.enabled:  # canaries change the weights: a run with them is another run
+                parts.append({"canaries": sweep.canaries.settings()})
             key = json.dumps(parts, sort_keys=True, default=str)
             run_id = (f"{task[:24]}-{regime}-lr{lr:g}-q{q}-{mode}-s{seed}{tag}-"
                       f"{hashlib.sha1(key.encode()).hexdigest()[:6]}")

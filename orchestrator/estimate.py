@@ -92,12 +92,18 @@ def count_work(sweep: Any) -> Work:
     steps = sum(t.epochs * (n_tasks if str(tr.regime) == "multi_fixed" else 1) for tr in trials)
     contexts = lambda counter, per: {k: n * per * 2 * k[1] * suite for k, n in counter.items()}  # noqa: E731
     prepared = {(task, tr.q, tr.label_mode, tr.seed) for tr in trials for task in tr.task.split("+")}
+    probe_contexts = contexts(runs_by, len(schedule))
+    canaries = getattr(sweep, "canaries", None)
+    if canaries is not None and canaries.enabled:
+        # every fine-tuned checkpoint also scores each canary, inserted or held out, under the whole suite
+        n_canaries = len(canaries.kinds) * (canaries.per_group * len(canaries.copies) + canaries.holdout)
+        probe_contexts = {k: v + runs_by[k] * len(schedule) * n_canaries * suite for k, v in probe_contexts.items()}
     return Work(
         runs=len(trials), epochs=t.epochs, schedule=tuple(schedule), suite=suite,
         tasks=tuple(tk.name for tk in sweep.tasks), runs_by=dict(runs_by), steps=steps,
         eval_forwards=2 * t.epochs * len(trials),
         checkpoint_jobs={k: n * len(schedule) for k, n in runs_by.items()},
-        probe_contexts=contexts(runs_by, len(schedule)), controls=dict(controls),
+        probe_contexts=probe_contexts, controls=dict(controls),
         control_contexts=contexts(controls, 1), references=dict(references),
         reference_contexts=contexts(references, 1),
         reference_contexts_saved=sum((runs - 1) * 2 * key[2] * suite for key, runs in refs.items()),

@@ -214,6 +214,8 @@ def trial_config(trial: TrialSpec, prepared: PreparedSweep) -> dict[str, Any]:
         dp = DPSettings.calibrate(trial.dp, t.dp_delta, t.dp_max_grad_norm, t.epochs, t.dp_accountant)
         finetune["dp"] = dp.as_dict()
         identity.update({f"dp_{k}": v for k, v in dp.as_dict().items()})
+    if sweep.canaries.enabled and trial.role == TrialRole.TARGET:  # a reference model trains without them
+        finetune["canaries"] = sweep.canaries.settings()
     return {
         "run_id": trial.run_id,
         "task_keys": list(prepared.trial_tasks[trial.run_id]),

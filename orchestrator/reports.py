@@ -60,7 +60,7 @@ from iclmem.runfolder import (
     SWEEP_FILE,
     roc_path,
 )
-from iclmem.vocab import BASE_MODEL_ROW, Attack, Outcome, Regime, ScoreKind, VerdictRule, values
+from iclmem.vocab import BASE_MODEL_ROW, Attack, CanaryKind, Outcome, Regime, ScoreKind, VerdictRule, values
 from iclmem.vocab import DETECTABLE as _DETECTABLE
 from iclmem.vocab import MAIN_REGIME as _MAIN_REGIME
 from probes.metrics import allowed_false_positives, clopper_pearson
@@ -113,6 +113,9 @@ _RESULT_PATTERNS = (
     re.compile(rf"^(known_context_)?({'|'.join(values(Attack))})_(auc|auc_low|auc_high|p_value|n_members|n_nonmembers"
                r"|tpr_at_[0-9_]+pct(_low|_high|_realized_fpr|_n_true_positives)?"
                r"|null_splits|null_auc|null_detections|null_evidence|epsilon_lb)$"),
+    # canary exposure summaries (probes.canaries.summary_columns); the per-canary records stay in results.parquet
+    re.compile(rf"^canary_(({'|'.join(values(CanaryKind))})_)?(exposure|known_context_exposure|label_rank)_c\d+$"),
+    re.compile(r"^canary_(holdout|exposure_max)$"),
 )
 SPLIT_COLUMNS: tuple[str, ...] = (
     "task", "label_mode", "seed", "q", "n_rows", "n_classes", "majority_share", "numeric_share",
@@ -1256,6 +1259,11 @@ def write_html_report(
     from orchestrator.attacks_report import attacks_section_html
 
     parts.append(attacks_section_html(results, run_dir / FIGURES_DIR))  # empty unless probe.references is on
+    from orchestrator.canaries_report import canaries_section_html
+
+    canaries = canaries_section_html(results, run_dir / FIGURES_DIR)  # empty unless the sweep has canaries
+    if canaries:
+        parts.append(f'<section id="canaries">{canaries}</section>')
     section("provenance", "Provenance", "Configuration hash, code version and package versions.",
             _provenance_html(prov, results) + ("" if prov else _note("provenance.json not found; values "
                                                                        "shown come from the results table.")))

@@ -18,6 +18,7 @@ duplicates or corrupts a result.
 
 from __future__ import annotations
 
+import json
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -103,6 +104,7 @@ class ProbeWorker(_PoolWorker):
         self.settings = settings
         self.cache_dir = cache_dir
         self._plans: dict[str, ProbePlan] = {}
+        self._canaries: dict[tuple[str, str], Any] = {}
 
     def plan(self, task_key: str) -> ProbePlan:
         if task_key not in self._plans:
@@ -110,6 +112,19 @@ class ProbeWorker(_PoolWorker):
             self._plans[task_key] = ProbePlan.build(ProbeQueries.from_task(task), self.suite, task.seed,
                                                     compress_rows=self.base.supports_context_weights)
         return self._plans[task_key]
+
+    def canaries(self, job: ProbeJob) -> Any:
+        """The run's canaries (``trainables.canaries``), rebuilt from its recipe; None for a run without
+        them and for the base model (its exposure is 0 by construction)."""
+        settings = (job.recipe or {}).get("finetune", {}).get("canaries")
+        if settings is None or job.checkpoint is None:
+            return None
+        from trainables.canaries import CanarySettings, make_canaries
+
+        key = (job.task_key, json.dumps(CanarySettings.from_value(settings).as_dict(), sort_keys=True))
+        if key not in self._canaries:
+            self._canaries[key] = make_canaries(self.tasks[job.task_key], settings)
+        return self._canaries[key]
 
     def _model_for(self, job: ProbeJob, notes: list[str]):
         if job.checkpoint is None:
@@ -156,7 +171,7 @@ class ProbeWorker(_PoolWorker):
         notes: list[str] = []
         result = probe_checkpoint(
             self._model_for(job, notes), task, self.plan(job.task_key), self.cache_dir, self.base_digest,
-            self.base, self.settings, job.identity, job.epoch,
+            self.base, self.settings, job.identity, job.epoch, canaries=self.canaries(job),
         )
         result.row["probe_seconds"] = round(time.perf_counter() - started, 3)
         result.row["probe_node"] = _node_id()

@@ -15,12 +15,15 @@ from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
+import torch
 
 from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError
 from iclmem.runfolder import QUERIES_SUFFIX
 from iclmem.vocab import SCORE_KINDS, Outcome, VerdictRule
 from probes.calibration import model_digest, read_parquet_checked, reference_scores
+from probes.canaries import canary_records, label_ranks
+from probes.canaries import summary_columns as canary_summary_columns
 from probes.metrics import (
     Calibration,
     MembershipInput,
@@ -34,7 +37,7 @@ from probes.metrics import (
     roc_curve,
 )
 from probes.outcomes import CheckpointOutcome, OutcomeThresholds, build_evidence, classify, memorization_holds
-from probes.scoring import ProbePlan, ProbeQueries, icl_predictions, score
+from probes.scoring import ProbePlan, ProbeQueries, distribution_scores, icl_log_probs, icl_predictions, score
 from trainables.data import null_split
 
 
@@ -215,12 +218,14 @@ def probe_checkpoint(
     settings: ProbeSettings,
     identity: dict[str, Any],
     epoch: int,
+    canaries: Any = None,
 ) -> ProbeResult:
     """Probe ``model`` (a checkpoint of the run ``identity``) against the shared reference model.
 
     A fine-tuned checkpoint is also probed on ``settings.null_splits`` null splits of the task (rows it
     never saw, labelled member / non-member at random, see ``trainables.data.null_split``); the untouched
-    base model (the pipeline sanity check) is not, its ΔS being zero by construction."""
+    base model (the pipeline sanity check) is not, its ΔS being zero by construction. With ``canaries`` (the
+    run's ``trainables.canaries.CanarySet``) the row also carries each canary's exposure (``canary_*``)."""
     reference = reference_scores(cache_dir, task.fingerprint, plan, base_digest, base_model)
     finetuned = score(model, plan)
     predictions = icl_predictions(model, task)
@@ -248,6 +253,8 @@ def probe_checkpoint(
     row.update(known_context_columns(loss_ft, loss_base, plan.queries.member, settings))
     row.update(_null_columns(model, task, plan, cache_dir, base_digest, base_model, settings, ratio, std,
                              fine_tuned))
+    if canaries is not None:
+        row.update(canary_columns(model, task, plan, canaries, cache_dir, base_digest, base_model))
 
     manip = per_manipulation_auc(finetuned, reference)
     manip = manip.reset_index()[["manipulation", "category", ScoreKind.LOSS.value]].rename(columns={ScoreKind.LOSS.value: "auc"})
@@ -258,6 +265,48 @@ def probe_checkpoint(
     curve = roc_curve(calibrated.members, calibrated.nonmembers)
     roc = pd.DataFrame({"fpr": curve.fpr, "tpr": curve.tpr})
     return ProbeResult(row, manip, roc, queries=query_table(finetuned, reference, plan, loss_ft, loss_base))
+
+
+# canary probe plans, built once per (task, canary set, suite, seed) in a process and reused for every checkpoint
+_CANARY_PLANS: dict[tuple[Any, ...], ProbePlan] = {}
+
+
+def canary_plan(task: Any, canaries: Any, plan: ProbePlan) -> ProbePlan:
+    """The probe plan of a run's canaries (inserted ones as members, held-out ones as non-members), with
+    the task's plan's suite, seed, context statistics and columns."""
+    key = (task.fingerprint, canaries.fingerprint, plan.suite_fingerprint, plan.seed, plan.row_weights is not None)
+    if key not in _CANARY_PLANS:
+        if len(_CANARY_PLANS) >= _NULL_PLANS_MAX:
+            _CANARY_PLANS.pop(next(iter(_CANARY_PLANS)))
+        queries = ProbeQueries(query_ids=np.asarray(canaries.ids, np.int64), member=np.asarray(canaries.inserted),
+                               labels=np.asarray(canaries.labels, np.int64),
+                               features=np.asarray(canaries.features, np.float32), n_classes=int(task.n_classes),
+                               reference_rows=plan.queries.reference_rows, columns=plan.queries.columns)
+        _CANARY_PLANS[key] = ProbePlan.build(queries, plan.suite, plan.seed, compress_rows=plan.row_weights is not None)
+    return _CANARY_PLANS[key]
+
+
+def canary_columns(model: Any, task: Any, plan: ProbePlan, canaries: Any, cache_dir: str | Path, base_digest: str,
+                   base_model: Any) -> dict[str, Any]:
+    """Exposure of the run's canaries at this checkpoint (``probes.canaries``): the probe's calibrated
+    loss and the known-context calibrated loss of every canary, inserted and held out, and the rank of its
+    trained label; the base model's statistics are cached like the reference scores of the real split."""
+    cplan = canary_plan(task, canaries, plan)
+    ref_key = f"{task.fingerprint}|canaries|{canaries.fingerprint}"
+    reference = robustness_scores(reference_scores(cache_dir, ref_key, cplan, base_digest, base_model))
+    finetuned = robustness_scores(score(model, cplan))
+    ids = np.asarray(canaries.ids, np.int64)
+    loss = ScoreKind.LOSS.value
+    probe_stat = membership_score(ScoreKind.LOSS, finetuned.loc[ids, loss].to_numpy() - reference.loc[ids, loss].to_numpy())
+    labels = torch.from_numpy(np.asarray(canaries.labels, np.int64))
+    lp_ft = icl_log_probs(model, task, canaries.features, plan.queries.columns)
+    base = base_model() if callable(base_model) and not hasattr(base_model, "log_probs") else base_model
+    lp_base = lp_ft if base is model else icl_log_probs(base, task, canaries.features, plan.queries.columns)
+    known_stat = membership_score(ScoreKind.LOSS, distribution_scores(lp_ft, labels)["loss"].astype(np.float64)
+                                  - distribution_scores(lp_base, labels)["loss"].astype(np.float64))
+    records = canary_records(ids, canaries.kinds, canaries.copies, probe_stat, known_stat,
+                             label_ranks(lp_ft.numpy(), canaries.labels), int(task.n_classes))
+    return canary_summary_columns(records)
 
 
 def query_table(finetuned: pd.DataFrame, reference: pd.DataFrame, plan: ProbePlan, loss_ft: np.ndarray,

@@ -325,24 +325,31 @@ class ICLPredictions(NamedTuple):
 
 
 @torch.no_grad()
+def icl_log_probs(model: Any, task: Any, query_features: np.ndarray, columns: Any = None) -> torch.Tensor:
+    """Log-probs [M, C] (on CPU) of the model's ordinary in-context prediction of ``query_features``
+    (float32 [M, F]) with the task's fine-tuning context C' and the labels the run trained on."""
+    model.module.eval()
+    device = model_device(model)
+    _use_columns(model, columns if columns is not None else getattr(task, "columns", None))
+    features = torch.from_numpy(np.array(task.features, dtype=np.float32))
+    labels = torch.from_numpy(np.array(task.labels, dtype=np.int64))
+    ctx = torch.from_numpy(np.array(task.context_idx))
+    log_probs: torch.Tensor = model.log_probs(
+        features[ctx][None].to(device), labels[ctx][None].to(device),
+        torch.from_numpy(np.array(query_features, dtype=np.float32))[None].to(device), int(task.n_classes),
+    )[0].cpu()
+    return log_probs
+
+
 def icl_predictions(model: Any, task: Any) -> ICLPredictions:
     """Ordinary in-context prediction of members and non-members with the fine-tuning context C'.
 
     The inputs of the loss ratio L_FT / L_base, of output_std, and of the utility columns (member and
     non-member ICL accuracy).
     """
-    model.module.eval()
-    device = model_device(model)
     queries = ProbeQueries.from_task(task)
-    _use_columns(model, queries.columns)
-    features = torch.from_numpy(np.array(task.features, dtype=np.float32))
-    labels = torch.from_numpy(np.array(task.labels, dtype=np.int64))
-    ctx = torch.from_numpy(np.array(task.context_idx))
-    log_probs = model.log_probs(
-        features[ctx][None].to(device), labels[ctx][None].to(device),
-        torch.from_numpy(queries.features)[None].to(device), queries.n_classes,
-    )[0]  # [2Q, C]
+    log_probs = icl_log_probs(model, task, queries.features, queries.columns)  # [2Q, C]
     true_labels = torch.from_numpy(queries.labels)
     scores = distribution_scores(log_probs, true_labels)
-    correct = (log_probs.argmax(dim=1).cpu() == true_labels).numpy()
+    correct = (log_probs.argmax(dim=1) == true_labels).numpy()
     return ICLPredictions(scores["loss"], scores["confidence"], correct)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from iclmem.atomic import atomic_write, write_json_atomic
 from iclmem.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from iclmem.vocab import Regime
+from trainables.canaries import CanarySet, CanarySettings, make_canaries
 from trainables.dp import (
     DPSettings,
     PerRowMode,
@@ -61,9 +62,16 @@ class FinetuneSpec:
     queries_per_step: int | None = None  # multi_random: Q query rows drawn per epoch (default: all but the context)
     # DP-SGD (trainables.dp): per-query-row clipping and Gaussian noise instead of plain steps; None = off
     dp: DPSettings | None = None
+    # canary rows added to the members as extra query rows (trainables.canaries); None = off
+    canaries: CanarySettings | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "regime", Regime(self.regime))
+        if self.canaries is not None:
+            object.__setattr__(self, "canaries", CanarySettings.from_value(self.canaries))
+            if self.regime != Regime.SINGLE_FIXED:
+                raise ConfigError(f"canaries are inserted into one task's members: regime single_fixed only, "
+                                  f"not {self.regime.value}")
         if self.dp is not None:
             object.__setattr__(self, "dp", DPSettings.from_value(self.dp))
             if self.regime == Regime.MULTI_RANDOM:
@@ -92,6 +100,10 @@ class FinetuneSpec:
             del out["dp"]  # a run without DP records the spec it always did
         else:
             out["dp"] = self.dp.as_dict()
+        if self.canaries is None:
+            del out["canaries"]  # likewise a run without canaries
+        else:
+            out["canaries"] = self.canaries.as_dict()
         return out
 
 
@@ -117,6 +129,15 @@ def fixed_batch(task: Any, query_idx: np.ndarray | None = None) -> Batch:
     y = torch.from_numpy(np.array(task.labels, dtype=np.int64))
     ctx, qry = torch.from_numpy(np.array(task.context_idx)), torch.from_numpy(np.array(query_idx))
     return Batch(x[ctx][None], y[ctx][None], x[qry][None], y[qry][None], task.n_classes)
+
+
+def with_canaries(batch: Batch, canaries: CanarySet) -> Batch:
+    """``batch`` with every inserted canary copy appended to its queries (M + sum of copies query rows)."""
+    x, y = canaries.training_rows()
+    device = batch.query_x.device
+    return Batch(batch.context_x, batch.context_y,
+                 torch.cat([batch.query_x, torch.from_numpy(np.array(x))[None].to(device)], dim=1),
+                 torch.cat([batch.query_y, torch.from_numpy(np.array(y))[None].to(device)], dim=1), batch.n_classes)
 
 
 @torch.no_grad()
@@ -228,8 +249,12 @@ class Finetuner:
         # DP noise comes from its own CPU generator, saved with each checkpoint (see noisy_gradient)
         self._dp_generator = torch.Generator().manual_seed(spec.seed)
         self._per_row_mode = PerRowMode.VMAP
-        self._fixed = [fixed_batch(t).to(self.device) for t in self.tasks]
-        self._eval_members = self._fixed
+        members = [fixed_batch(t).to(self.device) for t in self.tasks]
+        # canaries (single_fixed only): their copies are extra query rows of the one training batch; the
+        # per-epoch member metrics stay those of the real members
+        self.canaries = make_canaries(self.tasks[0], spec.canaries) if spec.canaries is not None else None
+        self._fixed = members if self.canaries is None else [with_canaries(members[0], self.canaries)]
+        self._eval_members = members
         self._eval_nonmembers = [fixed_batch(t, t.nonmember_idx).to(self.device) for t in self.tasks]
 
     # ---------------------------------------------------------------------------------------- steps

@@ -89,6 +89,8 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
     # the run trained on (the spec's ground-truth log)
     ground_truth = {"run_id": config["run_id"], "regime": spec.regime.value,
                     "tasks": [ground_truth_log(t, int(config.get("null_splits", 0))) for t in finetuner.tasks]}
+    if finetuner.canaries is not None:  # the canaries inserted into the members (ids, kinds, copies, labels)
+        ground_truth["canaries"] = finetuner.canaries.log()
 
     while finetuner.epoch < spec.epochs:
         result = finetuner.run_epoch()

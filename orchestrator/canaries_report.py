@@ -1,0 +1,135 @@
+"""The report's canary section: exposure of the inserted canaries by copy count, checkpoint by checkpoint.
+
+Reads only the columns :data:`CANARY_REPORT_COLUMNS` names and the ``canary_*_c<k>`` summaries
+(``probes.canaries.summary_columns``): ids, config and exposures, never a canary's features.
+
+* :func:`canary_table` -- one row per (run, checkpoint): mean exposure of the probe's calibrated loss per
+  copy count, the same for the known-context statistic, and the mean rank of the trained label;
+* :func:`canary_figure` -- mean exposure against copy count (log2 axis), one line per checkpoint epoch,
+  one panel per statistic, with the chance level and the ceiling log2(H + 1);
+* :func:`canaries_section_html` -- both as an HTML fragment (empty without canary columns).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["CANARY_REPORT_COLUMNS", "CANARIES_FIGURE", "canary_copies", "canary_table", "canary_figure",
+           "canaries_section_html", "chance_exposure"]
+
+CANARIES_FIGURE = "canary_exposure.png"
+CANARY_REPORT_COLUMNS: tuple[str, ...] = ("run_id", "task", "model", "lr", "q", "label_mode", "seed", "epoch",
+                                          "sanity_check", "canary_holdout", "canary_exposure_max")
+_COPIES = re.compile(r"^canary_exposure_c(\d+)$")
+
+
+def chance_exposure(holdout: int) -> float:
+    """Expected exposure of a canary whose statistic is exchangeable with the H held-out ones (its rank
+    uniform over 1..H+1, no ties): the mean of log2((H + 1) / r)."""
+    ranks = np.arange(1, holdout + 2, dtype=np.float64)
+    return float(np.mean(np.log2((holdout + 1) / ranks)))
+
+
+def canary_copies(results: pd.DataFrame) -> list[int]:
+    """The copy counts the results have exposure columns for, ascending."""
+    return sorted(int(m.group(1)) for c in results.columns if (m := _COPIES.match(str(c))))
+
+
+def _public(results: pd.DataFrame) -> pd.DataFrame:
+    copies = canary_copies(results)
+    wanted = list(CANARY_REPORT_COLUMNS) + [f"canary_{stat}_c{k}" for k in copies
+                                            for stat in ("exposure", "known_context_exposure", "label_rank")]
+    df = results.loc[:, [c for c in wanted if c in results.columns]].copy()
+    if "sanity_check" in df.columns:
+        df = df[~df["sanity_check"].fillna(False).astype(bool)]
+    key = f"canary_exposure_c{copies[0]}" if copies else None
+    return df[df[key].notna()] if key else pd.DataFrame()
+
+
+def canary_table(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per audited run and checkpoint with canaries (module docstring); empty without them."""
+    df = _public(results)
+    if df.empty:
+        return pd.DataFrame()
+    copies = canary_copies(results)
+    rows = []
+    for _, row in df.sort_values(["task", "run_id", "epoch"]).iterrows():
+        out = {"task": row["task"], "run_id": row["run_id"], "label_mode": row.get("label_mode"),
+               "epoch": int(row["epoch"])}
+        for stat, name in (("exposure", "probe exposure"), ("known_context_exposure", "known-context exposure")):
+            out[f"{name} (bits), copies " + " / ".join(str(k) for k in copies)] = " / ".join(
+                f"{float(row[f'canary_{stat}_c{k}']):.2f}" for k in copies)
+        out["label rank, copies " + " / ".join(str(k) for k in copies)] = " / ".join(
+            f"{float(row[f'canary_label_rank_c{k}']):.2f}" for k in copies)
+        out["max (bits)"] = f"{float(row['canary_exposure_max']):.2f}"
+        rows.append(out)
+    return pd.DataFrame(rows)
+
+
+def canary_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
+    """Mean exposure vs copy count per checkpoint epoch (module docstring); None without canary columns."""
+    df = _public(results)
+    if df.empty:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from iclmem.atomic import atomic_write
+
+    copies = canary_copies(results)
+    holdout = int(df["canary_holdout"].min())
+    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    for i, (stat, title) in enumerate((("exposure", "probe (calibrated loss)"),
+                                       ("known_context_exposure", "known context C′"))):
+        ax = fig.add_subplot(1, 2, i + 1)
+        epochs = sorted(df["epoch"].unique())
+        colours = [f"C{j % 10}" for j in range(len(epochs))]
+        for colour, epoch in zip(colours, epochs):
+            at = df[df["epoch"] == epoch]  # mean over runs at this epoch
+            ax.plot(copies, [float(at[f"canary_{stat}_c{k}"].mean()) for k in copies], marker="o", color=colour,
+                    label=f"epoch {int(epoch)}")
+        ax.axhline(chance_exposure(holdout), color="grey", linestyle=":", label="chance")
+        ax.axhline(math.log2(holdout + 1), color="black", linestyle="--", linewidth=0.8, label="ceiling")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(copies, [str(k) for k in copies])
+        ax.set_xlabel("copies of the canary in the fine-tuning members")
+        ax.set_ylabel(f"mean exposure (bits, vs {holdout} held out)")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=6, loc="upper left")
+    FigureCanvasAgg(fig)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write(path, lambda handle: fig.savefig(handle, dpi=110, format="png"))
+
+
+def canaries_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
+    """The section (heading, what exposure is, the table, the figure); empty without canary columns."""
+    table = canary_table(results)
+    if table.empty:
+        return ""
+    holdout = int(_public(results)["canary_holdout"].min())
+    figure = canary_figure(results, Path(figure_dir) / CANARIES_FIGURE)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
+                   for row in table.itertuples(index=False))
+    note = (f"Canaries (sweep setting canaries): crafted rows inserted into each run's fine-tuning members 1, 2, 4 "
+            f"or 8 times, and {holdout} more per kind drawn the same way but never trained on. A canary's exposure "
+            f"is log2({holdout} + 1) − log2(1 + the number of held-out canaries scoring at least as high): "
+            f"{chance_exposure(holdout):.2f} bits on average for a canary the checkpoint treats like an unseen "
+            f"one, {math.log2(holdout + 1):.2f} bits (the ceiling) for one above every held-out canary. Probe "
+            "exposure reads the zero-information probe's calibrated loss (−ΔS), known-context exposure the "
+            "calibrated loss of the trained label with C′; label rank is the trained label's rank among the "
+            "candidates with C′ (1 = predicted). Means over the canaries of each copy count; exposure that grows "
+            "with the copies is memorization of those rows.")
+    parts = ["<h2>Canaries: exposure by number of copies</h2>", f"<p>{html.escape(note)}</p>",
+             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"]
+    if figure is not None:
+        parts.append(f'<img src="{html.escape(f"{Path(figure_dir).name}/{figure.name}")}" alt="canary exposure '
+                     'by copies">')
+    return "\n".join(parts)
