@@ -253,11 +253,15 @@ def test_a_sweep_with_canaries_logs_them_probes_their_exposure_and_reports_it(ra
     assert truth_files
     log = json.loads(truth_files[-1].read_text())["canaries"]
     assert log["copies"].count(8) == 4 and log["copies"].count(0) == 16 and all(i < 0 for i in log["ids"])
-    from trainables.canaries import make_canaries
+    from orchestrator.audit import audit_checkpoint
+    from orchestrator.prepare import prepare_sweep
 
-    task = next(iter(t for t in __import__("orchestrator.prepare", fromlist=["x"]).prepare_sweep(
-        sweep, tmp_path / "prep", log=lambda _m: None).tasks.values()))
+    (task,) = prepare_sweep(sweep, tmp_path / "prep", log=lambda _m: None).tasks.values()
     assert make_canaries(task, log["settings"]).fingerprint == log["fingerprint"]
+    # `iclmem probe` on that checkpoint rebuilds the same canaries (it checks the fingerprint) and scores them
+    verdict = audit_checkpoint(str(truth_files[-1].parent), out=str(tmp_path / "audit"), bootstrap=20,
+                               log=lambda _line: None)
+    assert len(json.loads(verdict["canary_records"])) == 8 and 0 <= verdict["canary_exposure_c8"] <= math.log2(9)
     public = public_results(pd.read_parquet(run_dir / "results.parquet"))
     assert {"canary_exposure_c8", "canary_rare_label_exposure_c1", "canary_label_rank_c8"} <= set(public.columns)
     assert "canary_records" not in public.columns
