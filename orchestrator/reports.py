@@ -562,22 +562,29 @@ def noop_manipulations(manipulation_auc: pd.DataFrame, results: pd.DataFrame | N
 
 
 def outcome_counts_per_q(
-    results: pd.DataFrame, *, regime: str | None = MAIN_REGIME, at: Literal["peak", "last"] = "peak"
+    results: pd.DataFrame, *, regime: str | None = MAIN_REGIME, at: Literal["peak", "last"] = "peak",
+    by: tuple[str, ...] = (),
 ) -> pd.DataFrame:
-    """Runs per outcome for each Q (index ``q``; columns ``n_runs`` then one per outcome)."""
+    """Runs per outcome for each Q (index ``q``; columns ``n_runs`` then one per outcome). With ``by``
+    (e.g. ``("label_mode",)``) the index is (*by, q): runs of different label modes, models or DP ε are
+    counted apart, never pooled into one rate."""
     runs = _headline(results, at, regime)
     outcomes = _outcome_order(runs["outcome"]) if not runs.empty else list(OUTCOMES)
-    table = pd.crosstab(runs["q"], runs["outcome"]).reindex(columns=outcomes, fill_value=0)
+    by = tuple(c for c in by if c in runs.columns)
+    index = [runs[c] for c in by] + [runs["q"]]
+    table = pd.crosstab(index, runs["outcome"]).reindex(columns=outcomes, fill_value=0)
     table.columns.name = None
     table.insert(0, "n_runs", table.sum(axis=1))
     return table.sort_index().astype(int)
 
 
 def outcome_rates_per_q(
-    results: pd.DataFrame, *, regime: str | None = MAIN_REGIME, at: Literal["peak", "last"] = "peak"
+    results: pd.DataFrame, *, regime: str | None = MAIN_REGIME, at: Literal["peak", "last"] = "peak",
+    by: tuple[str, ...] = (),
 ) -> pd.DataFrame:
-    """Share of runs per outcome for each Q (rows sum to 1), with ``n_runs``."""
-    counts = outcome_counts_per_q(results, regime=regime, at=at)
+    """Share of runs per outcome for each Q (rows sum to 1), with ``n_runs``; ``by`` as in
+    :func:`outcome_counts_per_q`."""
+    counts = outcome_counts_per_q(results, regime=regime, at=at, by=by)
     rates = counts.drop(columns="n_runs").div(counts["n_runs"].replace(0, np.nan), axis=0)
     rates.insert(0, "n_runs", counts["n_runs"])
     return rates
@@ -629,19 +636,24 @@ def detectable_share_by_epoch(
     return pd.DataFrame(rows, columns=[*by, "q", "epoch", "n_runs", "n_detectable", "share"])
 
 
-def peak_vulnerability_per_task(results: pd.DataFrame, *, regime: str | None = MAIN_REGIME) -> pd.DataFrame:
+def peak_vulnerability_per_task(results: pd.DataFrame, *, regime: str | None = MAIN_REGIME,
+                                by: tuple[str, ...] = ()) -> pd.DataFrame:
     """Tab. 8: per task, the run/checkpoint with the highest calibrated AUC, and the detectable share.
 
-    ``detectable_share`` = share of the task's runs whose peak checkpoint is flagged memorization.
+    ``detectable_share`` = share of the task's runs whose peak checkpoint is flagged memorization. With
+    ``by`` (e.g. ``("label_mode",)``) one row per task and value of those columns: a planted label mode's
+    runs never raise a normal one's share.
     """
     peaks = peak_checkpoints(results, regime=regime)
+    by = tuple(c for c in by if c in peaks.columns)
     rows = []
-    for task, d in peaks.groupby("task", sort=True):
+    for group, d in peaks.groupby(["task", *by], sort=True):
+        group = group if isinstance(group, tuple) else (group,)
         best = d.sort_values(["peak_auc", "epoch"], ascending=[False, True], kind="mergesort",
                              na_position="last").iloc[0]
         n_mem = int((d["outcome"] == DETECTABLE).sum())
-        row = {"task": task, "n_runs": len(d), "n_memorization": n_mem, "detectable_share": n_mem / len(d),
-               "peak_auc": best["peak_auc"], "peak_kind": best.get("peak_kind")}
+        row = {**dict(zip(("task", *by), group)), "n_runs": len(d), "n_memorization": n_mem,
+               "detectable_share": n_mem / len(d), "peak_auc": best["peak_auc"], "peak_kind": best.get("peak_kind")}
         for c in ("auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "outcome", "lr", "q", "epoch", "run_id"):
             if c in d.columns:
                 row[c] = best[c]
@@ -649,7 +661,8 @@ def peak_vulnerability_per_task(results: pd.DataFrame, *, regime: str | None = M
     out = pd.DataFrame(rows)
     if out.empty:
         return out
-    return out.sort_values(["peak_auc", "task"], ascending=[False, True], kind="mergesort").reset_index(drop=True)
+    return out.sort_values(["peak_auc", "task", *by], ascending=[False, True, *([True] * len(by))],
+                           kind="mergesort").reset_index(drop=True)
 
 
 def split_validation(split_report: pd.DataFrame, *, tvd_max: float = 0.05, ks_max: float = 0.05) -> pd.DataFrame:
@@ -1269,9 +1282,11 @@ def write_html_report(
                                                                        "shown come from the results table.")))
     facet_axes = [a for a in FACET_AXES if a in results.columns and _filter_regime(results, regime)[a].nunique(dropna=False) > 1]
     facet_caption = f" (one panel per {' × '.join(facet_axes)})" if facet_axes else ""
-    counts = outcome_counts_per_q(results, regime=regime)
-    rates = outcome_rates_per_q(results, regime=regime)
-    section("outcome-rates", "Outcome rates per Q", f"Runs at their peak checkpoint ({scope}): counts, then shares.",
+    counts = outcome_counts_per_q(results, regime=regime, by=tuple(facet_axes))
+    rates = outcome_rates_per_q(results, regime=regime, by=tuple(facet_axes))
+    apart = f"; {', '.join(facet_axes)} counted apart" if facet_axes else ""
+    section("outcome-rates", "Outcome rates per Q", f"Runs at their peak checkpoint ({scope}{apart}): counts, then "
+            "shares.",
             df_to_html(counts, index=True) + df_to_html(rates, index=True))
     section("task-table", "Task × learning rate × Q (Tabs. 10–11)",
             "Outcome under the sweep's rule and under each rule, AUC (deciding kind, with 95% interval and "
@@ -1285,7 +1300,7 @@ def write_html_report(
             + figure("detectable_share", "Share of detectable runs by epoch" + facet_caption))
     section("peak-vulnerability", "Peak vulnerability per task (Tab. 8)",
             "Highest calibrated AUC of each task over its runs, and the share of runs flagged memorization.",
-            df_to_html(_tpr_1pct_display(peak_vulnerability_per_task(results, regime=regime))))
+            df_to_html(_tpr_1pct_display(peak_vulnerability_per_task(results, regime=regime, by=tuple(facet_axes)))))
     section("auc-epochs", "AUC over epochs", "Calibrated AUC (best score kind) per checkpoint, by learning rate; "
             "the dashed line is chance (0.5).",
             figure("auc_over_epochs", "AUC over epochs per learning rate" + facet_caption))

@@ -589,3 +589,23 @@ def test_html_report_renders_in_headless_chromium(run_dir, report_path, variant_
     assert shot.stat().st_size > 20_000
     for profile in ("profile1", "profile2", "profile3"):
         shutil.rmtree(tmp_path / profile, ignore_errors=True)
+
+
+def test_outcome_rates_and_peak_vulnerability_count_label_modes_apart_when_asked():
+    from orchestrator.reports import outcome_counts_per_q, outcome_rates_per_q, peak_vulnerability_per_task
+
+    # two normal runs (no signal) and one planted shuffled run (memorized) at Q 20: pooled, a third of the
+    # runs "memorize"; apart, none of the normal ones does
+    df = pd.DataFrame({"run_id": ["a", "b", "c"], "task": ["t"] * 3, "regime": ["single_fixed"] * 3, "q": [20] * 3,
+                       "label_mode": ["normal", "normal", "shuffled_members"], "epoch": [5] * 3,
+                       "outcome": ["no_signal", "no_signal", "memorization"], "auc": [0.52, 0.55, 0.81],
+                       "lr": [1e-3] * 3, "seed": [0] * 3, "model": ["pfn-mini"] * 3})
+    pooled = outcome_rates_per_q(df)
+    assert pooled.loc[20, "memorization"] == pytest.approx(1 / 3) and pooled.loc[20, "n_runs"] == 3
+    apart = outcome_rates_per_q(df, by=("label_mode",))
+    assert apart.loc[("normal", 20), "memorization"] == 0 and apart.loc[("normal", 20), "n_runs"] == 2
+    assert apart.loc[("shuffled_members", 20), "memorization"] == 1
+    assert outcome_counts_per_q(df, by=("label_mode",)).loc[("normal", 20), "no_signal"] == 2
+    vuln = peak_vulnerability_per_task(df, by=("label_mode",)).set_index("label_mode")
+    assert vuln.loc["normal", "detectable_share"] == 0 and vuln.loc["shuffled_members", "detectable_share"] == 1
+    assert peak_vulnerability_per_task(df)["detectable_share"].iloc[0] == pytest.approx(1 / 3)
