@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 
@@ -29,15 +29,27 @@ from probes.probe import ProbeResult
 
 ID_COLUMNS = ["run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed", "epoch"]
 
+# per-query tables of the stored probe results, by (run folder under probes/, result stem): what
+# ``ProbeResult.load`` read, handed to the attacks so each table is read once
+QueryTables = Mapping[tuple[str, str], pd.DataFrame]
 
-def collect(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[tuple[str, int], pd.DataFrame]]:
+
+def collect(run_dir: Path, keep_queries: bool = True) -> tuple[pd.DataFrame, pd.DataFrame,
+                                                               dict[tuple[str, int], pd.DataFrame],
+                                                               dict[tuple[str, str], pd.DataFrame]]:
+    """(results rows, manipulation AUCs, one ROC per (run, epoch), query tables by (run folder, stem)) of
+    every stored probe result that loads (checksums verified); the query tables only with ``keep_queries``
+    (the reference-model attacks read them; without references they are not held in memory)."""
     rows, manips, rocs = [], [], {}
+    queries: dict[tuple[str, str], pd.DataFrame] = {}
     for stored in sorted((run_dir / PROBES_DIR).glob("*/e*.json")):
         result = ProbeResult.load(stored.parent, stored.stem)
         if result is None:
             continue
         rows.append(result.row)
         manips.append(result.manipulation_auc)
+        if keep_queries and result.queries is not None:
+            queries[(stored.parent.name, stored.stem)] = result.queries
         # one ROC file per (run, epoch): a multi-task run's is its first task's (stems sort eNNNN-t0 first)
         rocs.setdefault((result.row["run_id"], int(result.row["epoch"])), result.roc)
     results = pd.DataFrame(rows)
@@ -46,7 +58,7 @@ def collect(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict[tuple[str, 
         first = [c for c in ID_COLUMNS if c in results.columns]
         results = results[first + [c for c in results.columns if c not in first]]
     manipulation_auc = pd.concat(manips, ignore_index=True) if manips else pd.DataFrame()
-    return results, manipulation_auc, rocs
+    return results, manipulation_auc, rocs, queries
 
 
 def split_report_table(prepared: Any) -> pd.DataFrame:
@@ -72,7 +84,7 @@ def split_report_table(prepared: Any) -> pd.DataFrame:
 def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], None] = print,
               wandb_mode: str | None = None) -> pd.DataFrame:
     run_dir = Path(run_dir)
-    results, manipulation_auc, rocs = collect(run_dir)
+    results, manipulation_auc, rocs, queries = collect(run_dir, keep_queries=_references_per_run(run_dir) > 0)
     results, references = split_references(results)
     if not references.empty:  # reference models are not audit targets: their rows live in a file of their own
         reference_ids = set(references["run_id"])
@@ -80,7 +92,7 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
         if not manipulation_auc.empty:
             manipulation_auc = manipulation_auc[~manipulation_auc["run_id"].isin(reference_ids)].reset_index(drop=True)
         write_parquet_atomic(references, run_dir / REFERENCE_RESULTS_FILE)
-    results = attack_columns(results, references, run_dir, log)
+    results = attack_columns(results, references, run_dir, log, queries=queries)
     results = epsilon_columns(results, log)
     write_parquet_atomic(results, run_dir / RESULTS_FILE)
     write_parquet_atomic(manipulation_auc, run_dir / MANIPULATION_AUC_FILE)
@@ -247,7 +259,21 @@ def split_references(results: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
     return audited.reset_index(drop=True), results.loc[is_ref].reset_index(drop=True)
 
 
-def _query_table(run_dir: Path, run_id: str, epoch: int) -> pd.DataFrame | None:
+def _sweep_record(run_dir: Path) -> dict[str, Any]:
+    sweep_file = run_dir / SWEEP_FILE
+    return json.loads(sweep_file.read_text()) if sweep_file.is_file() else {}
+
+
+def _references_per_run(run_dir: Path) -> int:
+    """``probe.references`` of the sweep recorded in ``run_dir`` (0 without a record)."""
+    return int(_sweep_record(run_dir).get("probe", {}).get("references", 0) or 0)
+
+
+def _query_table(run_dir: Path, run_id: str, epoch: int, queries: QueryTables | None = None) -> pd.DataFrame | None:
+    """A checkpoint's query table: from ``queries`` (what :func:`collect` loaded) when given, else read from
+    the run folder."""
+    if queries is not None:
+        return queries.get((run_id, probe_stem(epoch)))
     from probes.calibration import read_parquet_checked
 
     return read_parquet_checked(run_dir / PROBES_DIR / run_id / f"{probe_stem(epoch)}{QUERIES_SUFFIX}")
@@ -255,9 +281,12 @@ def _query_table(run_dir: Path, run_id: str, epoch: int) -> pd.DataFrame | None:
 
 def attacks_for_checkpoint(target: pd.DataFrame, references: list[pd.DataFrame], *, n_resamples: int,
                            null_splits: int, seed: int, epsilon_delta: float | None = None,
+                           thresholds: Any = None, n_checkpoints: int = 1,
                            ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The attack columns and ROC curves of one target checkpoint from its query table and its references'
-    (``probes.probe.query_table``), aligned by query id; None when a reference scored other queries."""
+    (``probes.probe.query_table``), aligned by query id; None when a reference scored other queries.
+    ``thresholds`` (``probes.outcomes.OutcomeThresholds``, default the defaults) and ``n_checkpoints`` (of
+    the run's headline family) decide each attack's verdict (``probes.attacks.attack_verdict``)."""
     import numpy as np
 
     from probes.attacks import AttackInputs, ReferenceStatistics, evaluate_attacks
@@ -278,7 +307,7 @@ def attacks_for_checkpoint(target: pd.DataFrame, references: list[pd.DataFrame],
                               reference_log_p=np.stack([log_p(t).to_numpy(np.float64) for t in aligned]))
         delta = {} if epsilon_delta is None else {"epsilon_delta": epsilon_delta}
         cols, roc = evaluate_attacks(inputs, prefix=prefix, n_resamples=n_resamples, null_splits=null_splits,
-                                     seed=seed, **delta)
+                                     seed=seed, thresholds=thresholds, n_checkpoints=n_checkpoints, **delta)
         columns.update(cols)
         if not prefix:
             curves.update(roc)
@@ -289,19 +318,24 @@ def attacks_for_checkpoint(target: pd.DataFrame, references: list[pd.DataFrame],
 
 
 def attack_columns(results: pd.DataFrame, references: pd.DataFrame, run_dir: Path,
-                   log: Callable[[str], None] = print) -> pd.DataFrame:
+                   log: Callable[[str], None] = print, *, queries: QueryTables | None = None) -> pd.DataFrame:
     """The attacks' columns on every audited checkpoint whose K references (``probe.references`` in
     sweep.json) all have a result at the same epoch: per statistic (:data:`ATTACK_STATISTICS`) and attack,
-    AUC with interval, TPR at 1% / 0.1% FPR with Clopper-Pearson intervals, null-split evidence
-    (:func:`probes.attacks.evaluate_attacks`), and ``attack_roc`` (JSON: fpr / tpr of each attack on the
-    probe statistic and of IclMem's calibrated loss score, for the report's ROC figure)."""
-    sweep_file = run_dir / SWEEP_FILE
-    stored = json.loads(sweep_file.read_text()) if sweep_file.is_file() else {}
+    AUC with interval, TPR at 1% / 0.1% / the rule's alpha FPR with Clopper-Pearson intervals, the verdict
+    under the sweep's rule (``outcome:`` in sweep.json) and null-split evidence with its false positives
+    (:func:`probes.attacks.evaluate_attacks`), each attack's run headline (:func:`attack_headline_columns`),
+    and ``attack_roc`` (JSON: fpr / tpr of each attack on the probe statistic and of IclMem's calibrated
+    loss score, for the report's ROC figure). ``queries``: the query tables :func:`collect` loaded (else
+    they are read from the run folder)."""
+    from probes.outcomes import OutcomeThresholds
+
+    stored = _sweep_record(run_dir)
     probe_cfg = stored.get("probe", {})
     epsilon_delta = stored.get("outcome", {}).get("epsilon_delta")  # the δ of every ε_lb of the sweep
-    k_refs = int(probe_cfg.get("references", 0) or 0)
+    k_refs = _references_per_run(run_dir)
     if results.empty or k_refs == 0:
         return results
+    thresholds = OutcomeThresholds.from_dict(stored.get("outcome"))  # the rule IclMem's verdicts used
     n_null = max(1, int(probe_cfg.get("null_splits", 1)))
     n_resamples = int(probe_cfg.get("bootstrap", 1000))
     out = results.copy()
@@ -316,15 +350,16 @@ def attack_columns(results: pd.DataFrame, references: pd.DataFrame, run_dir: Pat
         run_id, epoch = str(row["run_id"]), int(row["epoch"])
         refs = (references[(references["reference_of"] == run_id) & (references["epoch"] == epoch)]
                 .sort_values("reference_index") if not references.empty else references)
-        target = _query_table(run_dir, run_id, epoch)
-        tables = [_query_table(run_dir, str(r), epoch) for r in (refs["run_id"] if not refs.empty else [])]
+        target = _query_table(run_dir, run_id, epoch, queries)
+        tables = [_query_table(run_dir, str(r), epoch, queries) for r in (refs["run_id"] if not refs.empty else [])]
         out.at[i, "attack_references"] = sum(t is not None for t in tables)
         if target is None or len(tables) < k_refs or any(t is None for t in tables):
             missing.append(f"{run_id} epoch {epoch}")
             continue
         computed = attacks_for_checkpoint(target, [t for t in tables if t is not None], n_resamples=n_resamples,
                                           null_splits=n_null, seed=int(row.get("seed", 0)),
-                                          epsilon_delta=None if epsilon_delta is None else float(epsilon_delta))
+                                          epsilon_delta=None if epsilon_delta is None else float(epsilon_delta),
+                                          thresholds=thresholds, n_checkpoints=_family_checkpoints(out, row))
         if computed is None:
             missing.append(f"{run_id} epoch {epoch} (references scored other queries)")
             continue
@@ -348,4 +383,51 @@ def attack_columns(results: pd.DataFrame, references: pd.DataFrame, run_dir: Pat
             converted = pd.to_numeric(out[column], errors="coerce")
             if converted.notna().sum() == out[column].notna().sum():
                 out[column] = converted
-    return out
+    return attack_headline_columns(out)
+
+
+def _family_checkpoints(results: pd.DataFrame, row: pd.Series) -> int:
+    """How many checkpoints the run's headline selects from: the probe's ``n_checkpoints_in_family`` (the
+    sweep's schedule, as IclMem's own verdict used), else the run's audited checkpoints in the table."""
+    recorded = row.get("n_checkpoints_in_family")
+    if recorded is not None and pd.notna(recorded):
+        return int(recorded)
+    same = results["run_id"] == row["run_id"]
+    if "sanity_check" in results.columns:
+        same &= ~results["sanity_check"].fillna(False).astype(bool)
+    return max(1, int(same.sum()))
+
+
+def attack_headline_columns(results: pd.DataFrame) -> pd.DataFrame:
+    """Each attack's run headline on every row of its run (:func:`probes.attacks.attack_run_headline`):
+    ``<attack>_run_outcome``, ``_run_epoch``, ``_run_auc`` (the verdict at the checkpoint with the attack's
+    highest AUC) and ``_run_null_splits``, ``_run_null_memorization`` (null runs whose headline, picked the
+    same way, is a memorization verdict: the attack's false positives at run level), for every statistic
+    prefix of :data:`ATTACK_STATISTICS`. Rows without attack columns get None / NaN."""
+    from iclmem.vocab import Attack
+    from probes.attacks import attack_run_headline
+
+    keys = [c for c in ("run_id", "task") if c in results.columns]
+    new: dict[str, list[Any]] = {}
+    for prefix in ATTACK_STATISTICS:
+        for attack in Attack:
+            a = f"{prefix}{attack.value}_"
+            if f"{a}auc" not in results.columns or f"{a}outcome" not in results.columns:
+                continue
+            has = results[f"{a}auc"].notna() & results[f"{a}outcome"].notna()
+            for _, group in results[has].groupby(keys, sort=False, dropna=False):
+                evidence = [json.loads(v) if isinstance(v, str) else [] for v in group[f"{a}null_evidence"]]
+                head = attack_run_headline(group["epoch"].astype(int).tolist(), group[f"{a}auc"].astype(float).tolist(),
+                                           group[f"{a}outcome"].astype(str).tolist(), evidence, prefix=a)
+                for key, value in head.items():
+                    column = new.setdefault(key, [None if key.endswith("outcome") else float("nan")] * len(results))
+                    for i in group.index:
+                        column[results.index.get_loc(i)] = value
+    if not new:
+        return results
+    out = results.drop(columns=[c for c in new if c in results.columns])
+    frame = pd.DataFrame(new, index=out.index)
+    for key in new:
+        if not key.endswith("outcome"):
+            frame[key] = frame[key].astype(float)  # NaN on rows without the attack: one dtype, as run_epsilon_lb_epoch
+    return pd.concat([out, frame], axis=1)

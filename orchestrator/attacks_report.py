@@ -6,6 +6,9 @@ fpr / tpr, which ``orchestrator.aggregate.attack_columns`` writes), so no raw va
 * :func:`attack_table` -- one row per audited run, at its checkpoint with the highest LiRA-online AUC
   (ties: the earliest): AUC [95% interval] and TPR@1% of IclMem's calibrated score and of each attack,
   and each attack's null-split AUC;
+* :func:`attack_verdict_table` -- one row per (run, statistic, attack): the attack's run headline under the
+  sweep's verdict rule (its checkpoint with the highest AUC, the AUC, p-value and the bar it had to pass)
+  and its measured false positives on the attack null splits, at run-headline and at checkpoint level;
 * :func:`attack_roc_figure` -- log-log ROC of those checkpoints, down to the smallest FPR the counts allow
   (1 / number of non-members);
 * :func:`attacks_section_html` -- both as an HTML fragment (empty without attack columns).
@@ -16,24 +19,36 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
 
 from iclmem.vocab import Attack
 
-__all__ = ["ATTACK_REPORT_COLUMNS", "ATTACKS_FIGURE", "attack_table", "attack_roc_figure", "attacks_section_html"]
+__all__ = ["ATTACK_REPORT_COLUMNS", "ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "ATTACKS_FIGURE",
+           "attack_table", "attack_verdict_table", "attack_roc_figure", "attacks_section_html"]
 
 ATTACKS_FIGURE = "attacks_roc.png"
 _ATTACKS = [a.value for a in Attack]
-ATTACK_REPORT_COLUMNS: tuple[str, ...] = (
+# the statistics the attacks run on (orchestrator.aggregate.ATTACK_STATISTICS): column prefix -> report name
+_STATISTICS = {"": "probe (−ΔS)", "known_context_": "known-context loss"}
+# the verdict columns of every attack (probes.attacks.attack_metric_columns, evaluate_attacks and
+# attack_run_headline): ids and verdicts or counts, no raw value. ATTACK_VERDICT_COLUMN is the public
+# results allow-list's entry for them (orchestrator.reports._RESULT_PATTERNS must include it).
+ATTACK_VERDICT_SUFFIXES: tuple[str, ...] = ("outcome", "p_value_threshold", "null_memorization", "run_outcome",
+                                            "run_epoch", "run_auc", "run_null_splits", "run_null_memorization")
+ATTACK_VERDICT_COLUMN = re.compile(rf"^(known_context_)?({'|'.join(_ATTACKS)})_({'|'.join(ATTACK_VERDICT_SUFFIXES)})$")
+ATTACK_REPORT_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys((
     "run_id", "task", "model", "lr", "q", "label_mode", "seed", "epoch", "sanity_check", "outcome",
     "auc", "auc_low", "auc_high", "tpr_at_1pct", "calibrated_loss_auc", "calibrated_loss_auc_low",
     "calibrated_loss_auc_high", "calibrated_loss_tpr_at_1pct", "attack_references", "attack_roc",
     *(f"{a}_{stat}" for a in _ATTACKS for stat in ("auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_1pct_low",
                                                    "tpr_at_1pct_high", "tpr_at_0_1pct", "null_auc",
                                                    "null_detections", "n_nonmembers")),
-)
+    *(f"{p}{a}_{stat}" for p in _STATISTICS for a in _ATTACKS
+      for stat in ("auc", "auc_low", "auc_high", "p_value", "null_splits", *ATTACK_VERDICT_SUFFIXES)),
+)))
 
 
 def _public(results: pd.DataFrame) -> pd.DataFrame:
@@ -86,6 +101,74 @@ def attack_table(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _count(value: object) -> int | None:
+    return None if value is None or pd.isna(value) else int(float(value))
+
+
+def attack_verdict_table(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per (audited run, statistic, attack) with verdict columns (see the module docstring):
+    ``headline epoch``, ``AUC`` [95% interval] and ``p-value`` at it, ``p-value bar`` (``family_alpha /
+    checkpoints`` under selection_aware), ``verdict`` (the run headline's), ``null FP (run headline)`` (null
+    runs whose headline is memorization, of the null runs) and ``null FP (checkpoints)`` (memorization
+    verdicts on the attack null splits of every checkpoint, of the null splits probed)."""
+    df = _public(results)
+    rows = []
+    for p, statistic in _STATISTICS.items():
+        for a in _ATTACKS:
+            c = f"{p}{a}_"
+            if f"{c}run_outcome" not in df.columns:
+                continue
+            for (run_id, task), group in df[df[f"{c}run_outcome"].notna()].groupby(["run_id", "task"], sort=True):
+                first = group.iloc[0]
+                epoch = first.get(f"{c}run_epoch")
+                at = group[group["epoch"].astype(float) == float(epoch)] if pd.notna(epoch) else group.iloc[:0]
+                head = at.iloc[0] if len(at) else first
+                k_run, n_run = _count(first.get(f"{c}run_null_memorization")), _count(first.get(f"{c}run_null_splits"))
+                k_ckpt = group[f"{c}null_memorization"].sum() if f"{c}null_memorization" in group.columns else None
+                n_ckpt = group[f"{c}null_splits"].sum() if f"{c}null_splits" in group.columns else None
+                rows.append({
+                    "task": task, "run_id": run_id, "label_mode": first.get("label_mode"), "statistic": statistic,
+                    "attack": a, "headline epoch": "–" if pd.isna(epoch) else int(epoch),
+                    "AUC": _interval(head, c) if len(at) else "–",
+                    "p-value": f"{float(head[f'{c}p_value']):.2g}" if len(at) and pd.notna(head.get(f"{c}p_value")) else "–",
+                    "p-value bar": (f"{float(head[f'{c}p_value_threshold']):.2g}"
+                                    if len(at) and pd.notna(head.get(f"{c}p_value_threshold")) else "–"),
+                    "verdict": str(first[f"{c}run_outcome"]),
+                    "null FP (run headline)": "–" if k_run is None or n_run is None else f"{k_run} / {n_run}",
+                    "null FP (checkpoints)": ("–" if k_ckpt is None or n_ckpt is None
+                                              else f"{int(k_ckpt)} / {int(n_ckpt)}"),
+                })
+    return pd.DataFrame(rows)
+
+
+def _verdict_summary(results: pd.DataFrame) -> str:
+    """Per statistic and attack, over the sweep: runs called memorization and null runs that were (false
+    positives), at run-headline level."""
+    df = _public(results)
+    parts = []
+    for p, statistic in _STATISTICS.items():
+        for a in _ATTACKS:
+            c = f"{p}{a}_"
+            if f"{c}run_outcome" not in df.columns:
+                continue
+            runs = df[df[f"{c}run_outcome"].notna()].drop_duplicates(["run_id", "task"])
+            if runs.empty:
+                continue
+            found = int((runs[f"{c}run_outcome"] == "memorization").sum())
+            k = int(runs[f"{c}run_null_memorization"].fillna(0).sum()) if f"{c}run_null_memorization" in runs else 0
+            n = int(runs[f"{c}run_null_splits"].fillna(0).sum()) if f"{c}run_null_splits" in runs else 0
+            parts.append(f"{a} on the {statistic}: memorization in {found} of {len(runs)} runs, "
+                         f"{k} of {n} null runs (false positives)")
+    return "; ".join(parts)
+
+
+def _html_table(table: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
+                   for row in table.itertuples(index=False))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
 def attack_roc_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
     """Log-log ROC curves (one panel per run at its peak checkpoint): IclMem calibrated loss, LiRA online /
     offline, RMIA, and the chance diagonal; the FPR axis starts at 1 / n_nonmembers, the smallest non-zero
@@ -130,9 +213,6 @@ def attacks_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
     if table.empty:
         return ""
     figure = attack_roc_figure(results, Path(figure_dir) / ATTACKS_FIGURE)
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
-                   for row in table.itertuples(index=False))
     note = ("Reference-model attacks on the same checkpoints (probe.references = K reference fine-tunes per run, "
             "each on a random half of the run's members and non-members). LiRA online: per-query Gaussians of the "
             "statistic (calibrated probe loss, −ΔS) under references that trained on the query and those that did "
@@ -141,8 +221,18 @@ def attacks_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
             "its bootstrap 95% interval; null AUC: the attack on a random half of the non-members labelled "
             "member (rows the run never trained on), which must stay near 0.5. Reference trials are not audited "
             "runs: their rows are in reference_results.parquet, not in the tables above.")
-    parts = ["<h2>Reference-model attacks: LiRA and RMIA</h2>", f"<p>{html.escape(note)}</p>",
-             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"]
+    parts = ["<h2>Reference-model attacks: LiRA and RMIA</h2>", f"<p>{html.escape(note)}</p>", _html_table(table)]
+    verdicts = attack_verdict_table(results)
+    if not verdicts.empty:
+        verdict_note = ("Verdicts: every attack is judged by the sweep's own memorization rule (the rule and "
+                        "thresholds of the outcome column, on the attack's AUC, interval, TPR at the rule's α and "
+                        "one-sided p-value); under selection_aware its p-value must stay below family_alpha / "
+                        "checkpoints, the family its run headline (the checkpoint with the attack's highest AUC) "
+                        "is the maximum of. Its attack null splits are judged the same way: every memorization "
+                        "verdict there is a false positive (null FP: at the null runs' headlines, and over all "
+                        "checkpoints). ")
+        summary = _verdict_summary(results)
+        parts += [f"<p>{html.escape(verdict_note + (summary + '.' if summary else ''))}</p>", _html_table(verdicts)]
     if figure is not None:
         parts.append(f'<img src="{html.escape(f"{Path(figure_dir).name}/{figure.name}")}" alt="attack ROC, log-log">')
     return "\n".join(parts)

@@ -63,6 +63,7 @@ from iclmem.runfolder import (
 from iclmem.vocab import BASE_MODEL_ROW, Attack, CanaryKind, Outcome, Regime, ScoreKind, VerdictRule, values
 from iclmem.vocab import DETECTABLE as _DETECTABLE
 from iclmem.vocab import MAIN_REGIME as _MAIN_REGIME
+from orchestrator.attacks_report import ATTACK_VERDICT_COLUMN
 from probes.metrics import allowed_false_positives, clopper_pearson
 
 OUTCOMES: tuple[str, ...] = values(Outcome)
@@ -116,6 +117,8 @@ _RESULT_PATTERNS = (
     # canary exposure summaries (probes.canaries.summary_columns); the per-canary records stay in results.parquet
     re.compile(rf"^canary_(({'|'.join(values(CanaryKind))})_)?(exposure|known_context_exposure|label_rank)_c\d+$"),
     re.compile(r"^canary_(holdout|exposure_max)$"),
+    # each reference-model attack's verdict, null false positives and run headline (#16 item 4)
+    ATTACK_VERDICT_COLUMN,
 )
 SPLIT_COLUMNS: tuple[str, ...] = (
     "task", "label_mode", "seed", "q", "n_rows", "n_classes", "majority_share", "numeric_share",

@@ -19,21 +19,30 @@ population P = members and non-members), and which queries each reference traine
   population samples z are the other queries of the audit (members and non-members alike; there are no
   spare rows of P that no model saw), and Pr(x) is the mean over all K references (each query is in about
   half of them, the paper's online setting), so no offline scaling factor a is needed.
+
+**Verdicts.** Every attack is judged by IclMem's own memorization rule (``probes.outcomes.memorization_holds``,
+the sweep's ``OutcomeThresholds``): at each checkpoint it is ``memorization`` or ``no_signal``
+(:func:`attack_verdict`), and so is each of its attack null splits, whose memorization verdicts are false
+positives. Under ``selection_aware`` the family of an attack's run headline (:func:`attack_run_headline`:
+the checkpoint with the attack's highest AUC) is the run's checkpoints times its one score
+(:data:`ATTACK_COMPETING_SCORES`), so the p-value bar is ``family_alpha / checkpoints``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from scipy.stats import norm
 
 from iclmem.errors import ProbeError
-from iclmem.vocab import Attack, Calibration, ScoreKind
+from iclmem.vocab import Attack, Calibration, Outcome, ScoreKind
 from probes.epsilon import DEFAULT_EPSILON_DELTA, epsilon_lower_bound
-from probes.metrics import clopper_pearson, membership_metrics, roc_curve
+from probes.metrics import CheckpointMetrics, clopper_pearson, membership_metrics, roc_curve
+from probes.outcomes import OutcomeThresholds, memorization_holds, peak_checkpoint
 
 # Below this many in- (and out-) references per query the variance is pooled over all queries (Carlini et
 # al. fix the variance below 64 shadow models, i.e. 32 in and 32 out per example).
@@ -185,21 +194,43 @@ def attack_null_split(n_nonmembers: int, index: int, seed: int) -> np.ndarray:
 
 
 ATTACK_ALPHAS: tuple[float, ...] = (0.01, 0.001)  # TPR at 1% and 0.1% FPR, with Clopper-Pearson intervals
+# An attack's run headline is the maximum of its one score over the run's checkpoints: the selection-aware
+# family is checkpoints x 1 (IclMem's own is checkpoints x competing score kinds).
+ATTACK_COMPETING_SCORES = 1
+
+
+def attack_alphas(thresholds: OutcomeThresholds) -> tuple[float, ...]:
+    """The FPRs an attack's TPR is reported at: 1%, 0.1% and the verdict rule's ``memorization_alpha``."""
+    return tuple(dict.fromkeys([*ATTACK_ALPHAS, float(thresholds.memorization_alpha)]))
+
+
+def attack_verdict(m: CheckpointMetrics, thresholds: OutcomeThresholds, n_checkpoints: int) -> Outcome:
+    """One attack's outcome at one checkpoint: ``memorization`` when IclMem's memorization rule
+    (:func:`probes.outcomes.memorization_holds`, the sweep's thresholds and rule) holds on the attack's
+    metrics, with the selection-aware family ``n_checkpoints`` x :data:`ATTACK_COMPETING_SCORES`; else
+    ``no_signal`` (collapse, inversion and overfitting describe the model, not an attack's scores)."""
+    holds = memorization_holds(m, thresholds, n_checkpoints, n_competing=ATTACK_COMPETING_SCORES)
+    return Outcome.MEMORIZATION if holds else Outcome.NO_SIGNAL
 
 
 def attack_metric_columns(scores: np.ndarray, member: np.ndarray, prefix: str, *, n_resamples: int,
-                          seed: int = 0, epsilon_delta: float = DEFAULT_EPSILON_DELTA) -> dict[str, Any]:
-    """AUC with its stratified-bootstrap interval and Mann-Whitney p-value, TPR at 1% and 0.1% FPR with
-    Clopper-Pearson intervals over the members (the counts behind each TPR are kept too), and the ε lower
-    bound the attack proves at δ = ``epsilon_delta`` (:func:`probes.epsilon.epsilon_lower_bound`, the same
-    construction as IclMem's own score), as ``<prefix>auc``, ``<prefix>tpr_at_1pct``,
-    ``<prefix>tpr_at_0_1pct_low``, ``<prefix>epsilon_lb``, ..."""
+                          seed: int = 0, epsilon_delta: float = DEFAULT_EPSILON_DELTA,
+                          thresholds: OutcomeThresholds | None = None, n_checkpoints: int = 1) -> dict[str, Any]:
+    """AUC with its stratified-bootstrap interval and Mann-Whitney p-value, TPR at 1%, 0.1% and the rule's
+    ``memorization_alpha`` FPR with Clopper-Pearson intervals over the members (the counts behind each TPR
+    are kept too), the ε lower bound the attack proves at δ = ``epsilon_delta``
+    (:func:`probes.epsilon.epsilon_lower_bound`, the same construction as IclMem's own score), and the
+    attack's verdict under ``thresholds`` (:func:`attack_verdict`; default: ``OutcomeThresholds()``) with
+    the p-value bar it used, as ``<prefix>auc``, ``<prefix>tpr_at_1pct``, ``<prefix>tpr_at_0_1pct_low``,
+    ``<prefix>epsilon_lb``, ``<prefix>outcome``, ``<prefix>p_value_threshold``, ..."""
+    th = thresholds or OutcomeThresholds()
+    alphas = attack_alphas(th)
     member = np.asarray(member, dtype=bool)
     m = membership_metrics(scores[member], scores[~member], ScoreKind.LOSS, Calibration.CALIBRATED,
-                           alphas=ATTACK_ALPHAS, n_resamples=n_resamples, seed=seed)
+                           alphas=alphas, n_resamples=n_resamples, seed=seed)
     out: dict[str, Any] = {f"{prefix}auc": m.auc, f"{prefix}auc_low": m.auc_interval.low,
                            f"{prefix}auc_high": m.auc_interval.high, f"{prefix}p_value": m.p_value}
-    for alpha in ATTACK_ALPHAS:
+    for alpha in alphas:
         t = m.tpr_at(alpha)
         cp = clopper_pearson(t.n_true_positives, t.n_members)
         label = f"{prefix}tpr_at_{alpha * 100:g}pct".replace(".", "_")  # 0.1% -> tpr_at_0_1pct (no dot in a key)
@@ -207,6 +238,8 @@ def attack_metric_columns(scores: np.ndarray, member: np.ndarray, prefix: str, *
                     f"{label}_realized_fpr": t.realized_fpr, f"{label}_n_true_positives": t.n_true_positives})
     out[f"{prefix}n_members"], out[f"{prefix}n_nonmembers"] = int(member.sum()), int((~member).sum())
     out[f"{prefix}epsilon_lb"] = epsilon_lower_bound(scores[member], scores[~member], epsilon_delta).epsilon
+    out[f"{prefix}outcome"] = attack_verdict(m, th, n_checkpoints).value
+    out[f"{prefix}p_value_threshold"] = th.p_value_threshold(n_checkpoints, ATTACK_COMPETING_SCORES)
     return out
 
 
@@ -224,11 +257,17 @@ class AttackInputs:
 
 def evaluate_attacks(inputs: AttackInputs, *, prefix: str = "", n_resamples: int = 1000, null_splits: int = 1,
                      seed: int = 0, epsilon_delta: float = DEFAULT_EPSILON_DELTA,
+                     thresholds: OutcomeThresholds | None = None, n_checkpoints: int = 1,
                      ) -> tuple[dict[str, Any], dict[str, dict[str, list[float]]]]:
-    """Every attack's metric columns on the real split (``<prefix><attack>_auc``, ...) and on
-    ``null_splits`` attack null splits (:func:`attack_null_split`: ``<prefix><attack>_null_auc`` (their
-    mean), ``_null_detections`` (splits whose AUC interval lies above 0.5) and ``_null_evidence`` (JSON,
-    per split: sizes, AUC, interval, p-value)), and the ROC curve (fpr, tpr) of each attack."""
+    """Every attack's metric columns and verdict on the real split (``<prefix><attack>_auc``, ...,
+    ``_outcome``; :func:`attack_metric_columns`) and on ``null_splits`` attack null splits
+    (:func:`attack_null_split`: ``<prefix><attack>_null_auc`` (their mean), ``_null_detections`` (splits
+    whose AUC interval lies above 0.5), ``_null_memorization`` (splits the same verdict rule calls
+    memorization: false positives) and ``_null_evidence`` (JSON, per split: sizes, AUC, interval, p-value,
+    TPR at ``memorization_alpha`` and verdict)), and the ROC curve (fpr, tpr) of each attack.
+    ``thresholds`` / ``n_checkpoints``: the sweep's verdict rule and how many checkpoints the run's
+    headline selects from (:func:`attack_verdict`)."""
+    th = thresholds or OutcomeThresholds()
     member = np.asarray(inputs.member, dtype=bool)
     columns: dict[str, Any] = {f"{prefix}attack_references": inputs.stats.n_references,
                                f"{prefix}attack_global_variance": fit_gaussians(inputs.stats).global_variance}
@@ -238,25 +277,69 @@ def evaluate_attacks(inputs: AttackInputs, *, prefix: str = "", n_resamples: int
         scores = attack_scores(attack, inputs.stats, inputs.target_log_p, inputs.reference_log_p)
         a = f"{prefix}{attack.value}_"
         columns.update(attack_metric_columns(scores, member, a, n_resamples=n_resamples, seed=seed,
-                                             epsilon_delta=epsilon_delta))
+                                             epsilon_delta=epsilon_delta, thresholds=th, n_checkpoints=n_checkpoints))
         curve = roc_curve(scores[member], scores[~member])
         curves[attack.value] = {"fpr": [float(v) for v in curve.fpr], "tpr": [float(v) for v in curve.tpr]}
-        records = []
+        records: list[dict[str, Any]] = []
         for j in range(null_splits):
             fake = attack_null_split(len(nonmember_pos), j, seed)
             sub = scores[nonmember_pos]
-            m = membership_metrics(sub[fake], sub[~fake], ScoreKind.LOSS, Calibration.CALIBRATED, alphas=(0.01,),
-                                   n_resamples=n_resamples, seed=seed)
+            m = membership_metrics(sub[fake], sub[~fake], ScoreKind.LOSS, Calibration.CALIBRATED,
+                                   alphas=(0.01, th.memorization_alpha), n_resamples=n_resamples, seed=seed)
             records.append({"index": j, "n_members": int(fake.sum()), "n_nonmembers": int((~fake).sum()),
                             "auc": m.auc, "auc_low": m.auc_interval.low, "auc_high": m.auc_interval.high,
-                            "p_value": m.p_value})
+                            "p_value": m.p_value, "tpr_at_alpha": m.tpr_at(th.memorization_alpha).tpr,
+                            "outcome": attack_verdict(m, th, n_checkpoints).value})
         columns[f"{a}null_splits"] = null_splits
         columns[f"{a}null_auc"] = float(np.mean([r["auc"] for r in records])) if records else float("nan")
         columns[f"{a}null_detections"] = sum(r["auc_low"] > 0.5 for r in records)
+        columns[f"{a}null_memorization"] = sum(r["outcome"] == Outcome.MEMORIZATION.value for r in records)
         columns[f"{a}null_evidence"] = json.dumps(records, sort_keys=True)
     return columns, curves
 
 
+def attack_peak(epochs: Sequence[int], aucs: Sequence[float]) -> int | None:
+    """Position of one attack's run headline among a run's checkpoints: the highest AUC, ties to the
+    earliest epoch, NaN skipped -- :func:`probes.outcomes.peak_checkpoint`, IclMem's own peak selection, on
+    the attack's one score. None when no checkpoint has an AUC."""
+    rows = [{"epoch": int(e), f"calibrated_{ScoreKind.LOSS.value}_auc": float(a)} for e, a in zip(epochs, aucs)]
+    if all(math.isnan(r[f"calibrated_{ScoreKind.LOSS.value}_auc"]) for r in rows):
+        return None
+    return peak_checkpoint(rows, kinds=(ScoreKind.LOSS,)).index
+
+
+def attack_run_headline(epochs: Sequence[int], aucs: Sequence[float], outcomes: Sequence[str],
+                        null_evidence: Sequence[Sequence[Mapping[str, Any]]], prefix: str = "") -> dict[str, Any]:
+    """One attack's run headline from its per-checkpoint columns (one entry per checkpoint of the run: epoch,
+    ``<attack>_auc``, ``<attack>_outcome`` and the parsed ``<attack>_null_evidence`` records):
+
+    * ``<prefix>run_outcome``, ``_run_epoch``, ``_run_auc``: the verdict at the checkpoint with the attack's
+      highest AUC (:func:`attack_peak`), as IclMem's run headline is its peak checkpoint's;
+    * ``<prefix>run_null_splits``, ``_run_null_memorization``: attack null split j of every checkpoint is one
+      null run (the same rows throughout); its headline is picked on the null split exactly as on the real
+      one (highest null AUC) and counted when its verdict is memorization -- a false positive."""
+    if not len(epochs) == len(aucs) == len(outcomes) == len(null_evidence):
+        raise ProbeError("attack run headline: one epoch, AUC, outcome and null evidence per checkpoint")
+    out: dict[str, Any] = {f"{prefix}run_outcome": None, f"{prefix}run_epoch": math.nan, f"{prefix}run_auc": math.nan}
+    peak = attack_peak(epochs, aucs)
+    if peak is not None:
+        out[f"{prefix}run_outcome"] = str(outcomes[peak])
+        out[f"{prefix}run_epoch"] = float(epochs[peak])
+        out[f"{prefix}run_auc"] = float(aucs[peak])
+    by_split: dict[int, list[tuple[int, float, str]]] = {}
+    for epoch, records in zip(epochs, null_evidence):
+        for r in records:
+            by_split.setdefault(int(r["index"]), []).append((int(epoch), float(r["auc"]), str(r["outcome"])))
+    hits = 0
+    for trials in by_split.values():
+        head = attack_peak([t[0] for t in trials], [t[1] for t in trials])
+        hits += head is not None and trials[head][2] == Outcome.MEMORIZATION.value
+    out[f"{prefix}run_null_splits"] = len(by_split)
+    out[f"{prefix}run_null_memorization"] = hits
+    return out
+
+
 __all__ = ["AttackInputs", "evaluate_attacks", "attack_metric_columns", "ATTACK_ALPHAS", "ReferenceStatistics", "GaussianFit", "fit_gaussians", "lira_online", "lira_offline", "rmia",
            "attack_scores", "attack_null_split", "PER_QUERY_VARIANCE_MIN",
-           "RMIA_GAMMA"]
+           "RMIA_GAMMA", "ATTACK_COMPETING_SCORES", "attack_alphas", "attack_verdict", "attack_peak",
+           "attack_run_headline"]

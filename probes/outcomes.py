@@ -147,13 +147,19 @@ class OutcomeThresholds:
         rule = VerdictRule(rule)
         return dataclasses.replace(self, rule=rule.rule, strict=rule.strict)
 
-    def family_size(self, n_checkpoints: int) -> int:
-        """K of the selection-aware rule: the (checkpoint, score kind) pairs a run headline picks from."""
-        return max(1, int(n_checkpoints)) * len(self.score_kinds)
+    def family_size(self, n_checkpoints: int, n_competing: int | None = None) -> int:
+        """K of the selection-aware rule: the (checkpoint, score kind) pairs a run headline picks from.
+        ``n_competing``: how many scores compete per checkpoint when that is not the competing score kinds
+        (a reference-model attack's headline picks from its one score over the checkpoints:
+        ``probes.attacks.attack_verdict``)."""
+        n = len(self.score_kinds) if n_competing is None else int(n_competing)
+        if n < 1:
+            raise ProbeError(f"a selection-aware family needs >= 1 competing score per checkpoint, got {n_competing!r}")
+        return max(1, int(n_checkpoints)) * n
 
-    def p_value_threshold(self, n_checkpoints: int) -> float:
+    def p_value_threshold(self, n_checkpoints: int, n_competing: int | None = None) -> float:
         """The p-value a deciding kind must stay below under ``selection_aware`` (0 <= p < this)."""
-        return self.family_alpha / self.family_size(n_checkpoints)
+        return self.family_alpha / self.family_size(n_checkpoints, n_competing)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "OutcomeThresholds":
@@ -288,18 +294,18 @@ def _collapse(ev: OutcomeEvidence, th: OutcomeThresholds) -> tuple[bool, dict[st
     return holds, {"loss_ratio": float(ev.loss_ratio), "output_std": float(ev.output_std)}
 
 
-def memorization_holds(m: Any, th: OutcomeThresholds, n_checkpoints: int = 1) -> bool:
+def memorization_holds(m: Any, th: OutcomeThresholds, n_checkpoints: int = 1, n_competing: int | None = None) -> bool:
     """The memorization rule on one score kind's metrics (calibrated, or raw for ``raw_outcome``):
     AUC above the threshold, TPR at alpha at least alpha + margin, in strict mode the AUC interval's
     lower bound above the threshold too, and under ``selection_aware`` the kind's one-sided Mann-Whitney
-    p-value below ``family_alpha / K`` (K = ``n_checkpoints`` x competing kinds). The one place this rule
-    is written."""
+    p-value below ``family_alpha / K`` (K = ``n_checkpoints`` x competing kinds, or x ``n_competing`` when
+    given: a reference-model attack's own family). The one place this rule is written."""
     tpr = m.tpr_at(th.memorization_alpha).tpr
     ok = m.auc > th.memorization_auc and tpr - th.memorization_alpha >= th.memorization_tpr_margin - _TPR_EPS
     if th.strict:
         ok = ok and m.auc_interval.low > th.memorization_auc
     if th.rule is OutcomeRule.SELECTION_AWARE:
-        ok = ok and m.p_value < th.p_value_threshold(n_checkpoints)
+        ok = ok and m.p_value < th.p_value_threshold(n_checkpoints, n_competing)
     return bool(ok)
 
 

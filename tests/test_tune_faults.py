@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -74,6 +75,27 @@ def _cli(*args: str, **kwargs) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
 
+def _kill_driver_once_a_trial_reaches(driver: subprocess.Popen, run_dir: Path, epoch: int,
+                                      run_id_matches: Callable[[str], bool] = lambda _run_id: True,
+                                      timeout: float = 300.0) -> Path:
+    """Wait until some trial whose run id ``run_id_matches`` has reported ``epoch`` as its last result (its
+    ``result.json`` under ``run_dir/tune``), then SIGKILL the driver's process group; that trial's
+    ``result.json``. Fails with the driver's output if it ended first, or after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    finished = None
+    while time.monotonic() < deadline and finished is None:
+        for result in (run_dir / "tune").rglob("result.json"):
+            lines = [json.loads(line) for line in result.read_text().splitlines() if line.strip()]
+            if lines and lines[-1].get("epoch") == epoch and run_id_matches(str(lines[-1].get("run_id"))):
+                finished = result
+        time.sleep(0.5)
+    assert finished is not None, (driver.communicate(timeout=5)[0] if driver.poll() is not None
+                                  else f"no matching trial reached epoch {epoch}")
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait(timeout=30)
+    return finished
+
+
 def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, tmp_path, fault_ledger):
     """The driver joins the session's Ray, is SIGKILLed after the first trial finished, and
     ``iclmem resume`` completes the sweep; the finished trial reported each epoch exactly once."""
@@ -91,17 +113,7 @@ def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, 
     }))
     run_dir = tmp_path / "run"
     driver = _cli("run", str(config), "--out", str(run_dir), "--address", address, start_new_session=True)
-    deadline = time.monotonic() + 300
-    finished = None
-    while time.monotonic() < deadline and finished is None:
-        for result in (run_dir / "tune").rglob("result.json"):
-            lines = [json.loads(line) for line in result.read_text().splitlines() if line.strip()]
-            if lines and lines[-1].get("epoch") == 8:
-                finished = result
-        time.sleep(0.5)
-    assert finished is not None, driver.communicate(timeout=5)[0] if driver.poll() is not None else "no trial finished"
-    os.killpg(driver.pid, signal.SIGKILL)
-    driver.wait(timeout=30)
+    finished = _kill_driver_once_a_trial_reaches(driver, run_dir, 8)
 
     resumed = _cli("resume", str(run_dir), "--address", address)
     out, _ = resumed.communicate(timeout=600)
@@ -142,17 +154,7 @@ def test_a_killed_driver_resumes_reference_trials_like_any_other(ray_session, tm
     }))
     run_dir = tmp_path / "run"
     driver = _cli("run", str(config), "--out", str(run_dir), "--address", address, start_new_session=True)
-    deadline = time.monotonic() + 300
-    finished = None
-    while time.monotonic() < deadline and finished is None:
-        for result in (run_dir / "tune").rglob("result.json"):
-            lines = [json.loads(line) for line in result.read_text().splitlines() if line.strip()]
-            if lines and lines[-1].get("epoch") == 6 and "-ref" in str(lines[-1].get("run_id")):
-                finished = result
-        time.sleep(0.5)
-    assert finished is not None, driver.communicate(timeout=5)[0] if driver.poll() is not None else "no reference finished"
-    os.killpg(driver.pid, signal.SIGKILL)
-    driver.wait(timeout=30)
+    finished = _kill_driver_once_a_trial_reaches(driver, run_dir, 6, lambda run_id: "-ref" in run_id)
 
     resumed = _cli("resume", str(run_dir), "--address", address)
     out, _ = resumed.communicate(timeout=600)
