@@ -549,22 +549,46 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
             ray.shutdown()
 
 
-def claim_run_folder(run_dir: Path, sweep: SweepConfig) -> None:
+def claim_run_folder(run_dir: Path, sweep: SweepConfig | None = None, *, kind: str = "tabular",
+                     config_hash: str | None = None) -> None:
     """A new sweep writes into a new or empty folder, or continues a run of the same config; never into
-    someone else's files or over another sweep's results (which would be attributed to this config)."""
-    kind = folder_kind(run_dir)
-    if kind in ("missing", "empty"):
+    someone else's files or over another sweep's results (which would be attributed to this config).
+
+    ``kind`` is the run this driver writes (what :func:`iclmem.runfolder.folder_kind` calls it): "tabular"
+    (``iclmem run``, of ``sweep``) or "lm" (``iclmem lm run``, of the LM sweep whose hash is ``config_hash``).
+    Raises :class:`ConfigError` (nothing written) for any other folder."""
+    found = folder_kind(run_dir)
+    if found in ("missing", "empty"):
         return
-    if kind == "tabular":
-        stored = json.loads((run_dir / SWEEP_FILE).read_text())
-        if config_hash_of(stored) == sweep.config_hash():
-            return
-        raise ConfigError(
-            f"{run_dir} holds a sweep of another config ({stored.get('name')!r}, hash {config_hash_of(stored)}; "
-            f"this one is {sweep.config_hash()}): continue that one with `iclmem resume {run_dir}`, or give "
-            "--out a new folder")
+    if config_hash is None:
+        if sweep is None:
+            raise TypeError("claim_run_folder needs the sweep or its config_hash")
+        config_hash = sweep.config_hash()
     if kind == "lm":
-        raise ConfigError(f"{run_dir} holds a language-model probe run; give --out a new folder")
+        if found == "lm":
+            from iclmem.provenance import Provenance
+
+            record = Provenance.read(run_dir)  # an "lm" folder has one
+            if record is not None and record.config_hash == config_hash:
+                return
+            name, stored_hash = (record.sweep_name, record.config_hash) if record is not None else ("?", "?")
+            raise ConfigError(
+                f"{run_dir} holds a language-model probe run of another config ({name!r}, hash {stored_hash}; "
+                f"this one is {config_hash}): continue that one with `iclmem lm resume {run_dir}`, or give "
+                "--out a new folder")
+        if found == "tabular":
+            raise ConfigError(f"{run_dir} holds a tabular sweep (`iclmem run`); give --out a new folder")
+    else:
+        if found == "tabular":
+            stored = json.loads((run_dir / SWEEP_FILE).read_text())
+            if config_hash_of(stored) == config_hash:
+                return
+            raise ConfigError(
+                f"{run_dir} holds a sweep of another config ({stored.get('name')!r}, hash {config_hash_of(stored)}; "
+                f"this one is {config_hash}): continue that one with `iclmem resume {run_dir}`, or give "
+                "--out a new folder")
+        if found == "lm":
+            raise ConfigError(f"{run_dir} holds a language-model probe run; give --out a new folder")
     raise ConfigError(f"{run_dir} is not empty and is not an iclmem run folder: iclmem writes nothing among other "
                       "files; give --out a new or empty folder")
 
@@ -668,5 +692,6 @@ def start_probe_pools(prepared: PreparedSweep, run_dir: Path) -> ProbePools:
             base_model_name=model_cfg.name, base_options=dict(model_cfg.options),
             base_weights=ray.put(base.state_arrays()), base_digest=model_digest(base),
             tasks=tasks, suite_spec=sweep.probe.suite, settings=settings, cache_dir=str(cache),
+            reference_tasks=dict(prepared.reference_tasks),
         )
     return ProbePools(pools)

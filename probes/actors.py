@@ -79,7 +79,8 @@ class ProbeWorker(_PoolWorker):
 
     def __init__(self, base_model_name: str, base_options: dict[str, Any], base_weights: Any,
                  base_digest: str, tasks: dict[str, Any], suite_spec: Any, settings: ProbeSettings,
-                 cache_dir: str, torch_threads: int = 1, device: str | None = None) -> None:
+                 cache_dir: str, torch_threads: int = 1, device: str | None = None,
+                 reference_tasks: dict[str, str] | None = None) -> None:
         import torch
 
         from trainables.models import build_model
@@ -105,6 +106,8 @@ class ProbeWorker(_PoolWorker):
         self.cache_dir = cache_dir
         self._plans: dict[str, ProbePlan] = {}
         self._canaries: dict[tuple[str, str], Any] = {}
+        # a reference trial's task fingerprint -> its target's (probe.references): see ``run``
+        self.reference_tasks = dict(reference_tasks or {})
 
     def plan(self, task_key: str) -> ProbePlan:
         if task_key not in self._plans:
@@ -169,9 +172,17 @@ class ProbeWorker(_PoolWorker):
         started = time.perf_counter()
         task = self.tasks[job.task_key]
         notes: list[str] = []
+        settings, base_plan = self.settings, None
+        target_key = self.reference_tasks.get(job.task_key)
+        if target_key is not None:
+            # A reference trial probes its target's 2Q queries with other member flags: the base model's scores
+            # are the target's own table (one computation for the run and its K references), and its null
+            # splits are skipped (the attacks' null splits come from the target's query table instead).
+            base_plan = (self.tasks[target_key].fingerprint, self.plan(target_key))
+            settings = replace(settings, null_splits=0)
         result = probe_checkpoint(
             self._model_for(job, notes), task, self.plan(job.task_key), self.cache_dir, self.base_digest,
-            self.base, self.settings, job.identity, job.epoch, canaries=self.canaries(job),
+            self.base, settings, job.identity, job.epoch, canaries=self.canaries(job), base_plan=base_plan,
         )
         result.row["probe_seconds"] = round(time.perf_counter() - started, 3)
         result.row["probe_node"] = _node_id()

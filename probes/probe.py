@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from iclmem.atomic import write_json_atomic, write_parquet_atomic
-from iclmem.errors import ConfigError
+from iclmem.errors import ConfigError, ProbeError
 from iclmem.runfolder import QUERIES_SUFFIX
 from iclmem.vocab import SCORE_KINDS, Outcome, VerdictRule
 from probes.calibration import model_digest, read_parquet_checked, reference_scores
@@ -219,14 +219,22 @@ def probe_checkpoint(
     identity: dict[str, Any],
     epoch: int,
     canaries: Any = None,
+    base_plan: tuple[str, ProbePlan] | None = None,
 ) -> ProbeResult:
     """Probe ``model`` (a checkpoint of the run ``identity``) against the shared reference model.
 
     A fine-tuned checkpoint is also probed on ``settings.null_splits`` null splits of the task (rows it
     never saw, labelled member / non-member at random, see ``trainables.data.null_split``); the untouched
     base model (the pipeline sanity check) is not, its ΔS being zero by construction. With ``canaries`` (the
-    run's ``trainables.canaries.CanarySet``) the row also carries each canary's exposure (``canary_*``)."""
-    reference = reference_scores(cache_dir, task.fingerprint, plan, base_digest, base_model)
+    run's ``trainables.canaries.CanarySet``) the row also carries each canary's exposure (``canary_*``).
+    ``base_plan`` = (task fingerprint, plan) of another split of the same queries whose base-model scores
+    stand in for this plan's (a reference trial uses its target's): same rows, labels and contexts, only
+    the member flags differ, and those are taken from ``plan``."""
+    if base_plan is None:
+        reference = reference_scores(cache_dir, task.fingerprint, plan, base_digest, base_model)
+    else:
+        reference = with_member_flags(reference_scores(cache_dir, base_plan[0], base_plan[1], base_digest, base_model),
+                                      plan)
     finetuned = score(model, plan)
     predictions = icl_predictions(model, task)
     loss_ft, p_true_ft = predictions.loss, predictions.p_true
@@ -265,6 +273,19 @@ def probe_checkpoint(
     curve = roc_curve(calibrated.members, calibrated.nonmembers)
     roc = pd.DataFrame({"fpr": curve.fpr, "tpr": curve.tpr})
     return ProbeResult(row, manip, roc, queries=query_table(finetuned, reference, plan, loss_ft, loss_base))
+
+
+def with_member_flags(table: pd.DataFrame, plan: ProbePlan) -> pd.DataFrame:
+    """A scores table of the same queries as ``plan`` (any order, any member flags) with ``plan``'s member
+    flags; a query ``plan`` does not hold is an error, not a silent drop."""
+    q = plan.queries
+    ids = np.asarray(q.query_ids, np.int64)
+    flags = pd.Series(np.asarray(q.member, bool), index=ids)
+    if set(table["query_id"].unique()) != set(ids.tolist()):
+        raise ProbeError("the base-model scores stood in for another split hold other queries than the plan")
+    out = table.copy()
+    out["member"] = flags.loc[out["query_id"].to_numpy(np.int64)].to_numpy()
+    return out
 
 
 # canary probe plans, built once per (task, canary set, suite, seed) in a process and reused for every checkpoint

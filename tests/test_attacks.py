@@ -283,6 +283,11 @@ def test_planted_label_shuffled_members_are_detected_by_lira_and_rmia_and_null_s
         evidence = json.loads(row[f"{a.value}_null_evidence"])
         assert all(r["auc_low"] <= 0.5 <= r["auc_high"] for r in evidence), (a, evidence)
     assert sum(row[f"known_context_{a.value}_null_detections"] for a in Attack) <= 1
+    # verdicts under the default rule (selection_aware, one checkpoint): the known-context attacks find the
+    # planted members, and no attack null split on the probe statistic is a false positive
+    for a in Attack:
+        assert row[f"known_context_{a.value}_outcome"] == "memorization", a
+        assert row[f"{a.value}_null_memorization"] == 0, a
 
 
 # ------------------------------------------------------------------------------------------- a real sweep
@@ -315,12 +320,215 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
     assert (audited["attack_references"] == 2).all()
     for a in Attack:  # the ε lower bound each attack proves, beside IclMem's own
         assert (audited[f"{a.value}_epsilon_lb"] >= 0).all(), a
+    for prefix in ("", "known_context_"):  # every attack's verdict, its null false positives, its run headline
+        for a in Attack:
+            c = f"{prefix}{a.value}_"
+            assert audited[f"{c}outcome"].isin(["memorization", "no_signal"]).all(), c
+            assert audited[f"{c}null_memorization"].between(0, 1).all(), c
+            assert audited[f"{c}run_outcome"].nunique() == 1 and audited[f"{c}run_epoch"].isin([2, 4]).all(), c
+            assert (audited[f"{c}run_null_splits"] == 1).all(), c
+            assert np.allclose(audited[f"{c}p_value_threshold"].astype(float), 0.05 / 2), c
     # every attack column reaches the report and W&B (the allow-list), and the report has the section
     public = public_results(pd.read_parquet(run_dir / "results.parquet"))
     assert {"lira_online_auc", "rmia_tpr_at_0_1pct", "lira_offline_null_evidence", "attack_roc"} <= set(public.columns)
     assert "lira_online_auc" in load_results(run_dir).columns
     page = (run_dir / "report.html").read_text()
     assert "Reference-model attacks: LiRA and RMIA" in page and "attacks_roc.png" in page
+    assert "null FP (run headline)" in page  # the attack verdict table reaches the page (allow-listed columns)
+    # the base model scored the target's queries once for the run and both references (its real split and its
+    # null split pool): a reference trial reads the target's table and probes no null split of its own
+    from iclmem.runfolder import REFERENCE_DIR
+
+    assert len(list((run_dir / REFERENCE_DIR).glob("reference_*.parquet"))) == 2
     assert (run_dir / "figures" / "attacks_roc.png").stat().st_size > 1000
     # the report's outcome counts see one audited run, not three
     assert "-ref0" not in page.split("Reference-model attacks")[0]
+
+
+# ------------------------------------------------------------------------------------------- verdicts (#16 item 4)
+def _separated(n_members: int = 20, n_nonmembers: int = 20) -> tuple[np.ndarray, np.ndarray]:
+    """Scores where every member outranks every non-member: AUC 1, TPR 1 at every FPR."""
+    scores = np.concatenate([100.0 + np.arange(n_members), np.arange(n_nonmembers, dtype=float)])
+    return scores, np.arange(n_members + n_nonmembers) < n_members
+
+
+def _borderline() -> tuple[np.ndarray, np.ndarray]:
+    """20 members, 20 non-members (values 0..19): 4 members above every non-member give TPR@10% = 0.2 (2
+    false positives allowed), i.e. TPR - alpha = the 0.10 margin exactly; the other 16 sit among the
+    non-members so that AUC = 0.66 and the one-sided Mann-Whitney p = 0.043: the paper's rule holds, and the
+    selection-aware bar family_alpha / checkpoints holds for one checkpoint (0.05) but not for two (0.025)."""
+    nonmembers = np.arange(20, dtype=float)
+    members = np.concatenate([[100.0, 101.0, 102.0, 103.0], np.linspace(6.5, 15.5, 16)])
+    return np.concatenate([members, nonmembers]), np.arange(40) < 20
+
+
+def test_an_attack_that_separates_members_is_called_memorization_under_the_sweeps_rule():
+    from probes.attacks import attack_metric_columns
+    from probes.outcomes import OutcomeThresholds
+
+    scores, member = _separated()
+    for rule in ("selection_aware", "selection_aware_strict", "paper", "paper_strict"):
+        th = OutcomeThresholds().for_rule(rule)
+        cols = attack_metric_columns(scores, member, "x_", n_resamples=200, thresholds=th, n_checkpoints=4)
+        assert cols["x_auc"] == 1.0 and cols["x_tpr_at_10pct"] == 1.0 and cols["x_p_value"] < 1e-6
+        assert cols["x_outcome"] == "memorization", rule
+        # the family of an attack's headline is its checkpoints (one score each), not x IclMem's score kinds
+        assert cols["x_p_value_threshold"] == pytest.approx(0.05 / 4)
+
+
+def test_an_attack_is_not_called_memorization_without_evidence_or_above_the_selection_aware_bar():
+    from probes.attacks import attack_metric_columns
+    from probes.outcomes import OutcomeThresholds
+
+    # chance: the members are the non-members' values, shifted by nothing
+    chance = np.concatenate([np.arange(20.0), np.arange(20.0)])
+    member = np.arange(40) < 20
+    for rule in ("selection_aware", "paper"):
+        cols = attack_metric_columns(chance, member, "x_", n_resamples=200,
+                                     thresholds=OutcomeThresholds().for_rule(rule))
+        assert cols["x_auc"] == 0.5 and cols["x_outcome"] == "no_signal", rule
+    # borderline: the paper's rule says memorization, the selection-aware rule only below its bar
+    scores, member = _borderline()
+    paper = attack_metric_columns(scores, member, "x_", n_resamples=200,
+                                  thresholds=OutcomeThresholds(rule="paper"), n_checkpoints=2)
+    assert paper["x_auc"] == pytest.approx(0.66) and paper["x_tpr_at_10pct"] == pytest.approx(0.2)
+    assert 0.025 < paper["x_p_value"] < 0.05
+    assert paper["x_outcome"] == "memorization"
+    one = attack_metric_columns(scores, member, "x_", n_resamples=200, thresholds=OutcomeThresholds(), n_checkpoints=1)
+    two = attack_metric_columns(scores, member, "x_", n_resamples=200, thresholds=OutcomeThresholds(), n_checkpoints=2)
+    assert (one["x_outcome"], two["x_outcome"]) == ("memorization", "no_signal")
+    assert two["x_p_value_threshold"] == pytest.approx(0.025)
+    # strict: the AUC interval's lower bound must clear 0.5 too (16 of 20 members among the non-members)
+    strict = attack_metric_columns(scores, member, "x_", n_resamples=200,
+                                   thresholds=OutcomeThresholds(rule="paper", strict=True))
+    assert strict["x_outcome"] == ("memorization" if strict["x_auc_low"] > 0.5 else "no_signal")
+
+
+def test_attack_null_splits_are_classified_by_the_same_rule_and_counted_as_false_positives():
+    """Clean references: no attack null split is called memorization. Then the non-members that attack null
+    split 0 labels "member" are made to look trained on (statistic +1 on the target, as the members): every
+    attack must call that null split memorization -- the count is measured, not assumed to be zero."""
+    member, stats = _stats(n=400, gap=1.0, sd=0.3, seed=5)
+    # RMIA's log p(label): the statistic itself (higher on a trained row, as a likelihood is)
+    clean, _ = evaluate_attacks(AttackInputs(member, stats, stats.target, stats.references), n_resamples=200,
+                                null_splits=3, n_checkpoints=2)
+    for a in Attack:
+        assert clean[f"{a.value}_outcome"] == "memorization"
+        records = json.loads(clean[f"{a.value}_null_evidence"])
+        assert [r["outcome"] for r in records] == ["no_signal"] * 3 and clean[f"{a.value}_null_memorization"] == 0
+
+    nonmember_pos = np.flatnonzero(~member)
+    planted = nonmember_pos[attack_null_split(len(nonmember_pos), 0, 0)]
+    target = stats.target.copy()
+    target[planted] += 1.0
+    leaky = ReferenceStatistics(target, stats.references, stats.in_reference)
+    columns, _ = evaluate_attacks(AttackInputs(member, leaky, target, stats.references), n_resamples=200,
+                                  null_splits=3, n_checkpoints=2)
+    for a in Attack:
+        records = json.loads(columns[f"{a.value}_null_evidence"])
+        assert records[0]["outcome"] == "memorization" and records[0]["auc_low"] > 0.5, a
+        assert columns[f"{a.value}_null_memorization"] == sum(r["outcome"] == "memorization" for r in records) >= 1
+        # each record's verdict is the rule applied to its own numbers
+        for r in records:
+            expected = r["auc"] > 0.5 and r["tpr_at_alpha"] - 0.1 >= 0.1 - 1e-12 and r["p_value"] < 0.05 / 2
+            assert (r["outcome"] == "memorization") == expected, (a, r)
+
+
+def test_an_attacks_run_headline_is_its_peak_checkpoint_and_null_runs_are_picked_the_same_way():
+    from probes.attacks import attack_run_headline
+
+    def rec(j, auc, outcome):
+        return {"index": j, "auc": auc, "outcome": outcome}
+
+    head = attack_run_headline(
+        [2, 4, 6], [0.6, 0.9, 0.9], ["no_signal", "memorization", "no_signal"],
+        [[rec(0, 0.7, "memorization"), rec(1, 0.5, "no_signal")],
+         [rec(0, 0.5, "no_signal"), rec(1, 0.8, "no_signal")],
+         [rec(0, 0.4, "no_signal"), rec(1, 0.6, "memorization")]], prefix="x_")
+    # AUC 0.9 at epochs 4 and 6: the earlier one is the headline (IclMem's tie rule)
+    assert head == {"x_run_outcome": "memorization", "x_run_epoch": 4.0, "x_run_auc": 0.9,
+                    "x_run_null_splits": 2, "x_run_null_memorization": 1}
+    # null run 0 peaks at epoch 2 (memorization: a false positive); null run 1 at epoch 4 (no_signal), even
+    # though its epoch-6 checkpoint alone says memorization
+    none = attack_run_headline([2], [float("nan")], ["no_signal"], [[]])
+    assert none["run_outcome"] is None and none["run_null_splits"] == 0
+
+
+def _query_tables(n: int = 40, k: int = 2, epochs=(2, 4), gap: float = 2.0, seed: int = 0):
+    """Synthetic per-query tables (probes.probe.query_table's columns) of a target run "r" and its k
+    references "r-ref<i>" (complementary halves): a trained row's losses are lower by ``gap``."""
+    rng = np.random.default_rng(seed)
+    ids = np.arange(100, 100 + n)
+    member = np.arange(n) < n // 2
+    halves = rng.permutation(n) < n // 2
+    ins = [halves if i % 2 == 0 else ~halves for i in range(k)]
+    base = rng.normal(2.0, 0.3, n)
+
+    def table(trained, e):
+        noise = np.random.default_rng([seed, e, int(trained.sum()), int(trained[0])]).normal(0, 0.3, (2, n))
+        return pd.DataFrame({"query_id": ids, "member": trained, "s_loss": base - gap * trained + noise[0],
+                             "s_ref_loss": base, "known_context_loss": base - gap * trained + noise[1],
+                             "known_context_loss_base": base})
+
+    tables = {}
+    for e in epochs:
+        tables[("r", f"e{e:04d}")] = table(member, e)
+        for i in range(k):
+            tables[(f"r-ref{i}", f"e{e:04d}")] = table(ins[i], e)
+    results = pd.DataFrame([{"run_id": "r", "task": "t", "seed": 0, "epoch": e, "sanity_check": False,
+                             "n_checkpoints_in_family": len(epochs)} for e in epochs])
+    references = pd.DataFrame([{"run_id": f"r-ref{i}", "task": "t", "epoch": e, "reference_of": "r",
+                                "reference_index": i} for e in epochs for i in range(k)])
+    return results, references, tables
+
+
+def test_attack_columns_use_the_query_tables_collect_loaded_and_equal_reading_them_from_disk(tmp_path):
+    from iclmem.atomic import write_parquet_atomic
+    from orchestrator.aggregate import attack_columns
+    from orchestrator.attacks_report import ATTACK_VERDICT_COLUMN
+    from orchestrator.reports import _allowed_result_column
+
+    results, references, tables = _query_tables()
+    (tmp_path / "sweep.json").write_text(json.dumps({"probe": {"references": 2, "bootstrap": 100, "null_splits": 2},
+                                                     "outcome": {"rule": "selection_aware"}}))
+    handed = attack_columns(results, references, tmp_path, log=lambda _m: None, queries=tables)
+    assert handed["lira_online_auc"].notna().all() and (handed["attack_references"] == 2).all()
+    for (run, stem), table in tables.items():  # nothing on disk was read above: the run folder had no tables
+        write_parquet_atomic(table, tmp_path / "probes" / run / f"{stem}.queries.parquet")
+    from_disk = attack_columns(results, references, tmp_path, log=lambda _m: None)
+    pd.testing.assert_frame_equal(handed, from_disk)
+    # verdicts per checkpoint and the run headline on every row of the run
+    for prefix in ("", "known_context_"):
+        for a in Attack:
+            c = f"{prefix}{a.value}_"
+            assert (handed[f"{c}outcome"] == "memorization").all(), c
+            assert np.allclose(handed[f"{c}p_value_threshold"].astype(float), 0.05 / 2), c
+            assert (handed[f"{c}run_outcome"] == "memorization").all() and handed[f"{c}run_epoch"].isin([2, 4]).all()
+            assert (handed[f"{c}run_null_splits"] == 2).all() and (handed[f"{c}null_splits"] == 2).all()
+            assert handed[f"{c}run_null_memorization"].between(0, 2).all()
+    # every new column is a verdict, a count or a metric that the public allow-list admits
+    new = set(handed.columns) - set(results.columns)
+    assert {c for c in new if not (_allowed_result_column(c) or ATTACK_VERDICT_COLUMN.match(c))} == set()
+    assert {c for c in new if ATTACK_VERDICT_COLUMN.match(c)} == {
+        f"{p}{a.value}_{s}" for p in ("", "known_context_") for a in Attack
+        for s in ("outcome", "p_value_threshold", "null_memorization", "run_outcome", "run_epoch", "run_auc",
+                  "run_null_splits", "run_null_memorization")}
+
+
+def test_the_attacks_report_section_shows_each_attacks_verdict_and_its_null_false_positives(tmp_path):
+    from orchestrator.aggregate import attack_columns
+    from orchestrator.attacks_report import attack_verdict_table, attacks_section_html
+
+    results, references, tables = _query_tables()
+    (tmp_path / "sweep.json").write_text(json.dumps({"probe": {"references": 2, "bootstrap": 50, "null_splits": 2}}))
+    full = attack_columns(results, references, tmp_path, log=lambda _m: None, queries=tables)
+    full = full.assign(label_mode="normal", outcome="no_signal")
+    full["rmia_run_null_memorization"] = 1.0  # as if one of the run's two null runs were a false positive
+    table = attack_verdict_table(full)
+    assert len(table) == 6 and set(table["attack"]) == {a.value for a in Attack}
+    assert set(table["verdict"]) == {"memorization"}
+    rmia = table[(table["attack"] == "rmia") & (table["statistic"] == "probe (−ΔS)")].iloc[0]
+    assert rmia["null FP (run headline)"] == "1 / 2"
+    assert rmia["p-value bar"] == "0.025" and rmia["headline epoch"] in (2, 4)
+    page = attacks_section_html(full, tmp_path / "figures")
+    assert "verdict" in page and "null FP (run headline)" in page and "memorization in 1 of 1 runs" in page
