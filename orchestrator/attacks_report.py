@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from iclmem.vocab import Attack
+from orchestrator.report_parts import html_table, img_tag, save_png
 
 __all__ = ["ATTACK_REPORT_COLUMNS", "ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "ATTACKS_FIGURE",
            "attack_table", "attack_verdict_table", "attack_roc_figure", "attacks_section_html"]
@@ -162,13 +163,6 @@ def _verdict_summary(results: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
-def _html_table(table: pd.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
-                   for row in table.itertuples(index=False))
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
 def attack_roc_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
     """Log-log ROC curves (one panel per run at its peak checkpoint): IclMem calibrated loss, LiRA online /
     offline, RMIA, and the chance diagonal; the FPR axis starts at 1 / n_nonmembers, the smallest non-zero
@@ -176,10 +170,7 @@ def attack_roc_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
     peaks = _peaks(results)
     if peaks.empty or "attack_roc" not in peaks.columns:
         return None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
-    from iclmem.atomic import atomic_write
 
     n = len(peaks)
     fig = Figure(figsize=(4.2 * min(n, 3), 3.8 * math.ceil(n / 3)), layout="constrained")
@@ -201,10 +192,7 @@ def attack_roc_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
         ax.set_title(f"{row['task']} {row.get('label_mode', '')} e{int(row['epoch'])} ({str(row['run_id'])[-6:]})",
                      fontsize=8)
         ax.legend(fontsize=6, loc="lower right")
-    FigureCanvasAgg(fig)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(path, lambda handle: fig.savefig(handle, dpi=110, format="png"))
+    return save_png(fig, path)
 
 
 def attacks_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
@@ -221,7 +209,7 @@ def attacks_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
             "its bootstrap 95% interval; null AUC: the attack on a random half of the non-members labelled "
             "member (rows the run never trained on), which must stay near 0.5. Reference trials are not audited "
             "runs: their rows are in reference_results.parquet, not in the tables above.")
-    parts = ["<h2>Reference-model attacks: LiRA and RMIA</h2>", f"<p>{html.escape(note)}</p>", _html_table(table)]
+    parts = ["<h2>Reference-model attacks: LiRA and RMIA</h2>", f"<p>{html.escape(note)}</p>", html_table(table)]
     verdicts = attack_verdict_table(results)
     if not verdicts.empty:
         verdict_note = ("Verdicts: every attack is judged by the sweep's own memorization rule (the rule and "
@@ -232,7 +220,7 @@ def attacks_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
                         "verdict there is a false positive (null FP: at the null runs' headlines, and over all "
                         "checkpoints). ")
         summary = _verdict_summary(results)
-        parts += [f"<p>{html.escape(verdict_note + (summary + '.' if summary else ''))}</p>", _html_table(verdicts)]
+        parts += [f"<p>{html.escape(verdict_note + (summary + '.' if summary else ''))}</p>", html_table(verdicts)]
     if figure is not None:
-        parts.append(f'<img src="{html.escape(f"{Path(figure_dir).name}/{figure.name}")}" alt="attack ROC, log-log">')
+        parts.append(img_tag(figure_dir, figure, "attack ROC, log-log"))
     return "\n".join(parts)

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from orchestrator.report_parts import html_table, img_tag, save_png
+
 __all__ = ["CANARY_REPORT_COLUMNS", "CANARIES_FIGURE", "canary_copies", "canary_table", "canary_figure",
            "canaries_section_html", "chance_exposure"]
 
@@ -77,10 +79,7 @@ def canary_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
     df = _public(results)
     if df.empty:
         return None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
-    from iclmem.atomic import atomic_write
 
     copies = canary_copies(results)
     holdout = int(df["canary_holdout"].min())
@@ -102,10 +101,7 @@ def canary_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
         ax.set_ylabel(f"mean exposure (bits, vs {holdout} held out)")
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=6, loc="upper left")
-    FigureCanvasAgg(fig)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(path, lambda handle: fig.savefig(handle, dpi=110, format="png"))
+    return save_png(fig, path)
 
 
 def canaries_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
@@ -115,9 +111,6 @@ def canaries_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
         return ""
     holdout = int(_public(results)["canary_holdout"].min())
     figure = canary_figure(results, Path(figure_dir) / CANARIES_FIGURE)
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
-                   for row in table.itertuples(index=False))
     note = (f"Canaries (sweep setting canaries): crafted rows inserted into each run's fine-tuning members 1, 2, 4 "
             f"or 8 times, and {holdout} more per kind drawn the same way but never trained on. A canary's exposure "
             f"is log2({holdout} + 1) − log2(1 + the number of held-out canaries scoring at least as high): "
@@ -128,8 +121,7 @@ def canaries_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
             "candidates with C′ (1 = predicted). Means over the canaries of each copy count; exposure that grows "
             "with the copies is memorization of those rows.")
     parts = ["<h2>Canaries: exposure by number of copies</h2>", f"<p>{html.escape(note)}</p>",
-             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"]
+             html_table(table)]
     if figure is not None:
-        parts.append(f'<img src="{html.escape(f"{Path(figure_dir).name}/{figure.name}")}" alt="canary exposure '
-                     'by copies">')
+        parts.append(img_tag(figure_dir, figure, "canary exposure by copies"))
     return "\n".join(parts)

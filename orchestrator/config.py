@@ -356,18 +356,16 @@ class SweepConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _references_fit_the_regimes(self) -> "SweepConfig":
+    def _single_task_settings_fit_the_regimes(self) -> "SweepConfig":
+        """probe.references and canaries are defined on one task's members and non-members."""
         other = [str(r) for r in self.grid.regime if r != Regime.SINGLE_FIXED]
-        if self.probe.references and other:
+        if not other:
+            return self
+        if self.probe.references:
             raise ValueError(f"probe.references ({self.probe.references}) needs every run to be regime single_fixed, "
                              f"but grid.regime has {other}: reference fine-tunes are defined on one task's "
                              "members and non-members; sweep those regimes in a file without probe.references")
-        return self
-
-    @model_validator(mode="after")
-    def _canaries_fit_the_regimes(self) -> "SweepConfig":
-        other = [str(r) for r in self.grid.regime if r != Regime.SINGLE_FIXED]
-        if self.canaries.enabled and other:
+        if self.canaries.enabled:
             raise ValueError(f"canaries are inserted into one task's members, so every run must be regime "
                              f"single_fixed, but grid.regime has {other}; sweep those regimes in a file without "
                              "canaries")

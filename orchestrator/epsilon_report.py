@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from iclmem.vocab import SCORE_KINDS
+from orchestrator.report_parts import img_tag, save_png
 
 __all__ = ["EPSILON_REPORT_COLUMNS", "epsilon_public", "epsilon_table", "epsilon_figure", "epsilon_section_html",
            "EPSILON_FIGURE"]
@@ -84,11 +85,7 @@ def epsilon_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
     df = _fine_tuned(epsilon_public(results))
     if df.empty or "epsilon_lb" not in df.columns or df["epsilon_lb"].isna().all():
         return None
-    # no pyplot (as orchestrator.figures): a standalone Figure on the Agg canvas leaves global backend state alone
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-
-    from iclmem.atomic import atomic_write
 
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
     ax = fig.add_subplot()
@@ -114,10 +111,7 @@ def epsilon_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
         ax.set_xscale("symlog", linthresh=1)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7, loc="best")
-    FigureCanvasAgg(fig)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(path, lambda handle: fig.savefig(handle, dpi=110, format="png"))
+    return save_png(fig, path)
 
 
 def _cell(value: object) -> str:
@@ -157,5 +151,5 @@ def epsilon_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
     parts = ["<h2>Privacy: ε lower bounds and DP-SGD</h2>", f"<p>{html.escape(note)}</p>",
              f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"]
     if figure is not None:
-        parts.append(f'<img src="{html.escape(f"{Path(figure_dir).name}/{figure.name}")}" alt="ε over epochs">')
+        parts.append(img_tag(figure_dir, figure, "ε over epochs"))
     return "\n".join(parts)
