@@ -193,8 +193,12 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
     task = prepare_task(_task_source(task_config), settings, seed=0, q=q)
     prepare_s = time.perf_counter() - start
 
+    canaries = getattr(sweep, "canaries", None)
+    # with canaries every step carries their copies as extra query rows (their probe contexts are counted
+    # by count_work, not here)
     spec = FinetuneSpec(model=model_name, model_options=model_options, lr=1e-4, epochs=epochs + 1,
-                        grad_clip=sweep.training.grad_clip, weight_decay=sweep.training.weight_decay)
+                        grad_clip=sweep.training.grad_clip, weight_decay=sweep.training.weight_decay,
+                        canaries=canaries.settings() if canaries is not None and canaries.enabled else None)
     finetuner = Finetuner(spec, [task], device=device)
     finetuner.run_epoch()  # warm-up: kernels, allocator
     epoch_s = _median_time(finetuner.run_epoch, epochs)
