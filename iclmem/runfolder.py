@@ -32,6 +32,7 @@ WANDB_DIR = "wandb"
 # kept here instead of on the console unless ``--verbose``. Append-only, as a log is.
 CONSOLE_LOG_FILE = "console.log"
 RUN_STATE_FILE = "run_state.json"  # how the last driver of this folder ended (:class:`RunStatus`); see ``write_run_state``
+# ``iclmem lm run | lm resume`` (``orchestrator.lm_sweep``) write RUN_STATE_FILE and CONSOLE_LOG_FILE too.
 
 # An LM probe run folder (``iclmem lm run``; its provenance has ``kind = "lm"``)
 LM_SWEEP_FILE = "lm_sweep.json"  # the validated LM sweep config, as resumed by ``iclmem lm resume``

@@ -93,14 +93,15 @@ def cmd_lm(args: argparse.Namespace) -> int:
     quiet = (lambda _line: None) if args.quiet else print
     if args.lm_command == "resume":
         run_dir = Path(args.run_dir)
-        results = run_lm_sweep(None, run_dir, resume=True, address=args.address, num_cpus=args.num_cpus, log=quiet)
+        results = run_lm_sweep(None, run_dir, resume=True, address=args.address, num_cpus=args.num_cpus, log=quiet,
+                               verbose=args.verbose)
     else:
         cfg = load_lm_sweep(args.config)
         if args.wandb:
             cfg = cfg.model_copy(update={"wandb": cfg.wandb.model_copy(update={"mode": WandbMode(args.wandb)})})
         run_dir = Path(args.out) if args.out else _default_run_dir(args.config)
         results = run_lm_sweep(args.config, run_dir, config=cfg, address=args.address, num_cpus=args.num_cpus,
-                               log=quiet)
+                               log=quiet, verbose=args.verbose)
     print(f"[iclmem] language-model probes: {len(results)} result rows; report at {run_dir / LM_REPORT_FILE}")
     return 0
 
@@ -259,13 +260,17 @@ def build_parser() -> argparse.ArgumentParser:
     lm_sub = lm.add_subparsers(dest="lm_command", required=True)
     lr = parser(lm_sub, "run", help="run an LM sweep file's probes on the probe pool")
     lr.add_argument("config", help="LM sweep YAML (see configs/lm_quickstart.yaml)")
-    lr.add_argument("--out", default=None, help="run folder (default: ./runs/<config>-<time>)")
+    lr.add_argument("--out", default=None, help="run folder: new, empty, or an LM run of the same config to "
+                    "continue (default: ./runs/<config>-<time>)")
     lr.add_argument("--wandb", choices=wandb_modes, default=None,
                     help="override the sweep's wandb.mode (default: the sweep's, offline unless set)")
-    ray_args(lr, console_log=False)
     lres = parser(lm_sub, "resume", help="finish an LM sweep from its run folder; stored units are not recomputed")
     lres.add_argument("run_dir", help="the run folder of `iclmem lm run`")
-    ray_args(lres, console_log=False)
+    for lm_driver in (lr, lres):
+        ray_args(lm_driver, console_log=False)
+        lm_driver.add_argument("--verbose", action="store_true",
+                               help="show Ray's, W&B's and Python's warnings on the console instead of keeping "
+                                    "them in RUN_DIR/console.log")
     lv = parser(lm_sub, "validate", help="check an LM sweep file, reporting every mistake at once; then load "
                 "its models and datasets")
     lv.add_argument("config", help="LM sweep YAML")
@@ -337,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
 @contextlib.contextmanager
 def _short_warnings(enabled: bool) -> Iterator[None]:
     """Python warnings as one line each, without the source path and line the default format adds, and
-    each message once. ``run`` and ``resume`` keep the full form, in the run folder's console log."""
+    each message once. ``run`` and ``resume`` (tabular and LM) keep the full form, in the run folder's
+    console log."""
     import warnings
 
     if not enabled:
@@ -365,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     args = build_parser().parse_args(argv)
     try:
-        with _short_warnings(args.command not in ("run", "resume")):
+        # run, resume, lm run and lm resume keep the full form, in the run folder's console log
+        sweeping = args.command in ("run", "resume") or (args.command == "lm" and args.lm_command in ("run", "resume"))
+        with _short_warnings(not sweeping):
             return int(args.func(args) or 0)
     except SweepInterrupted as exc:
         print(str(exc), file=sys.stderr, flush=True)

@@ -35,14 +35,17 @@ import pandas as pd
 from iclmem.atomic import atomic_write, write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError, DataError, ProbeError, SweepInterrupted
 from iclmem.provenance import Provenance
-from iclmem.raysession import ensure_ray
+from iclmem.raysession import ensure_ray, quiet_console
 from iclmem.runfolder import (
+    CONSOLE_LOG_FILE,
     LM_ASSETS_DIR,
     LM_EXPOSURE_DIR,
     LM_REPORT_FILE,
     LM_RESULTS_FILE,
     LM_SWEEP_FILE,
     LM_UNITS_DIR,
+    RunStatus,
+    write_run_state,
 )
 from iclmem.vocab import LMProbe, NerVariant
 from orchestrator.lm_config import LMSweepConfig, load_lm_sweep, parse_lm_sweep
@@ -111,7 +114,10 @@ def lm_provenance(cfg: LMSweepConfig) -> Provenance:
 def _stored_config(run_dir: Path) -> LMSweepConfig:
     stored = run_dir / LM_SWEEP_FILE
     if not stored.is_file():
-        record = Provenance.read(run_dir)
+        try:
+            record = Provenance.read(run_dir)
+        except DataError:  # someone else's provenance.json
+            record = None
         if record is not None and record.kind != "lm":
             raise ConfigError(f"{run_dir} is a {record.kind} run folder: resume it with `iclmem resume {run_dir}`")
         raise ConfigError(f"{run_dir} holds no {LM_SWEEP_FILE}: not an iclmem LM run folder")
@@ -308,31 +314,122 @@ def log_to_wandb(cfg: LMSweepConfig, run_dir: Path, results: pd.DataFrame) -> No
 # ------------------------------------------------------------------------------------------- the sweep
 def run_lm_sweep(config_path: str | Path | None, run_dir: str | Path, *, config: LMSweepConfig | None = None,
                  address: str | None = None, num_cpus: int | None = None, resume: bool = False,
-                 log: Callable[[str], None] = print) -> pd.DataFrame:
+                 log: Callable[[str], None] = print, verbose: bool = True) -> pd.DataFrame:
     """Run (or, with ``resume``, finish from the run folder's stored config) an LM probe sweep; returns the
     results table (:data:`RESULT_COLUMNS`, also at ``RUN_DIR/lm_results.parquet``). Units already stored
-    in ``RUN_DIR`` are not computed again."""
+    in ``RUN_DIR`` are not computed again.
+
+    The run folder is handled as the tabular driver's (``orchestrator.sweep.run_sweep``): a new run claims
+    a new or empty folder, or one holding an LM run of the same config (``claim_run_folder``), before
+    writing anything; ``run_state.json`` says running / complete / failed / interrupted; ``verbose=False``
+    (the command line's default) keeps what Ray, wandb and Python warnings print in ``RUN_DIR/console.log``;
+    Ctrl-C raises :class:`SweepInterrupted` (exit 130) after a bounded clean-up, every stored unit kept."""
+    from orchestrator.sweep import catch_interrupts
+
+    with catch_interrupts() as interrupts:
+        try:
+            return _run_lm_sweep(config_path, run_dir, config=config, address=address, num_cpus=num_cpus,
+                                 resume=resume, log=log, verbose=verbose, interrupts=interrupts)
+        except KeyboardInterrupt:
+            # the clean-up has run, and the state is recorded where the run folder was written
+            folder = Path(run_dir).resolve()
+            if (folder / LM_SWEEP_FILE).is_file():
+                raise SweepInterrupted(str(folder), hint=_interrupted_hint(folder)) from None
+            raise SweepInterrupted(str(folder), hint="interrupted before the run folder was written \u2014 start "
+                                   f"again with `iclmem lm run {config_path or 'CONFIG'} --out {folder}`") from None
+
+
+def _interrupted_hint(run_dir: Path) -> str:
+    return f"interrupted \u2014 continue with `iclmem lm resume {run_dir}`"
+
+
+def _stored_units(units_dir: Path) -> int:
+    """How many unit results are stored (a unit's JSON is written last)."""
+    return sum(1 for _ in units_dir.glob("*/*.json")) if units_dir.is_dir() else 0
+
+
+def _resolve_new_or_continued(cfg: LMSweepConfig, run_dir: Path) -> LMInputs:
+    """:func:`resolve_inputs`; when that fails (or is interrupted) for a folder that held no run yet, the
+    built-in assets it may have started are removed, so the folder can be claimed again."""
+    import shutil
+
+    fresh = not (run_dir / LM_SWEEP_FILE).exists()
+    existed = run_dir.exists()
+    try:
+        return resolve_inputs(cfg, run_dir)
+    except BaseException:
+        if fresh:
+            shutil.rmtree(run_dir / LM_ASSETS_DIR, ignore_errors=True)
+            if not existed and run_dir.is_dir() and not any(run_dir.iterdir()):
+                run_dir.rmdir()
+        raise
+
+
+def _run_lm_sweep(config_path: str | Path | None, run_dir: str | Path, *, config: LMSweepConfig | None,
+                  address: str | None, num_cpus: int | None, resume: bool, log: Callable[[str], None],
+                  verbose: bool, interrupts: Any) -> pd.DataFrame:
+    import warnings
+    from contextlib import nullcontext
+
+    from orchestrator.sweep import claim_run_folder, console_warnings
+
+    run_dir = Path(run_dir).resolve()
+    if resume:
+        cfg = _stored_config(run_dir)
+    else:
+        cfg = config or load_lm_sweep(config_path)
+        claim_run_folder(run_dir, kind="lm", config_hash=cfg.config_hash())  # before anything is written
+    # Python warnings of the inputs' loading are held until the run folder (and its console log) exists.
+    with warnings.catch_warnings(record=True) as early_warnings:
+        inputs = _resolve_new_or_continued(cfg, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / LM_SWEEP_FILE, cfg.model_dump(mode="json"))
+    lm_provenance(cfg).write(run_dir)
+    write_run_state(run_dir, RunStatus.RUNNING)
+
+    def interrupted(how: str) -> None:
+        write_run_state(run_dir, RunStatus.INTERRUPTED,
+                        note=f"stopped by {how}; {_stored_units(run_dir / LM_UNITS_DIR)} unit result(s) kept; "
+                             f"`iclmem lm resume {run_dir}` computes the rest")
+
+    with quiet_console(None if verbose else run_dir / CONSOLE_LOG_FILE) as console, \
+            (console_warnings(console) if not verbose else nullcontext()):
+        for w in early_warnings:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        interrupts.console_fd = console.err.fileno()
+        interrupts.run_dir, interrupts.resume_command = str(run_dir), "iclmem lm resume"
+        if log is print:  # the default: iclmem's own lines go to the terminal, not into the console log
+            log = console.line
+        interrupts.record = lambda: interrupted("a second Ctrl-C, clean-up skipped")
+        try:
+            return _drive_lm(cfg, inputs, run_dir, address=address, num_cpus=num_cpus, log=log,
+                             interrupts=interrupts)
+        except KeyboardInterrupt:  # every unit stored so far is kept and not computed again on resume
+            if interrupts.record is not None:  # not once the sweep is recorded complete
+                interrupted("Ctrl-C")
+            raise
+        except BaseException as exc:
+            write_run_state(run_dir, RunStatus.FAILED, note=f"{type(exc).__name__}: {exc}"[:2000])
+            raise
+
+
+def _drive_lm(cfg: LMSweepConfig, inputs: LMInputs, run_dir: Path, *, address: str | None, num_cpus: int | None,
+              log: Callable[[str], None], interrupts: Any) -> pd.DataFrame:
+    """Ray side of :func:`run_lm_sweep`: the units on the probe pool, then the table, the report and W&B."""
     import ray
 
     from orchestrator.reports import write_lm_html_report
 
-    run_dir = Path(run_dir).resolve()
-    cfg = _stored_config(run_dir) if resume else (config or load_lm_sweep(config_path))
-    inputs = resolve_inputs(cfg, run_dir)
-    write_json_atomic(run_dir / LM_SWEEP_FILE, cfg.model_dump(mode="json"))
-    lm_provenance(cfg).write(run_dir)
     plan = UnitPlan.build(cfg, inputs, run_dir / LM_UNITS_DIR)
     log(f"[iclmem] lm sweep {cfg.name!r}: {plan.total()} unit(s) on {len(inputs.models)} model(s) x "
         f"{len(inputs.datasets)} dataset(s) -> {run_dir}")
 
-    started = ensure_ray(address, num_cpus=num_cpus)
+    started = False
     pool = None
     try:
+        started = ensure_ray(address, num_cpus=num_cpus)
         pool = start_lm_pool(cfg, inputs)
         run_units(pool, plan, log)
-    except KeyboardInterrupt:  # Ctrl-C: every unit stored so far is kept and not recomputed on resume
-        raise SweepInterrupted(str(run_dir), hint="interrupted \u2014 continue with "
-                               f"`iclmem lm resume {run_dir}`") from None
     finally:
         if pool is not None:
             pool.shutdown()
@@ -353,5 +450,7 @@ def run_lm_sweep(config_path: str | Path | None, run_dir: str | Path, *, config:
         raise ProbeError(f"{len(missing)} LM unit(s) could not be run after retries: {missing}; first error: "
                          f"{first}. Every other result is saved in {run_dir}; `iclmem lm resume {run_dir}` "
                          "runs the missing ones again.")
+    write_run_state(run_dir, RunStatus.COMPLETE)
+    interrupts.record = None  # a Ctrl-C from here on leaves a complete sweep complete
     log(f"[iclmem] lm sweep {cfg.name!r}: {len(results)} result row(s) -> {run_dir / LM_RESULTS_FILE}")
     return results

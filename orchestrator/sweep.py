@@ -294,6 +294,7 @@ class Interrupts:
         self.in_tune = False
         self.console_fd = 2  # where the second Ctrl-C's one line goes; the terminal under quiet_console
         self.run_dir = ""
+        self.resume_command = "iclmem resume"  # what continues the sweep (``iclmem lm resume`` for LM sweeps)
         self.record: Callable[[], None] | None = None  # records the interruption in the run folder
 
     @property
@@ -308,7 +309,7 @@ class Interrupts:
                     self.record()
                 except Exception:  # exiting at once matters more than the record
                     pass
-            hint = f"; `iclmem resume {self.run_dir}` continues it" if self.run_dir else ""
+            hint = f"; `{self.resume_command} {self.run_dir}` continues it" if self.run_dir else ""
             os.write(self.console_fd, f"iclmem: interrupted again, exiting at once{hint}\n".encode())
             os._exit(EXIT_INTERRUPTED)
         if self.in_tune and _tune_listens_to_sigusr1():

@@ -96,6 +96,7 @@ _HANGING_CLEANUP = textwrap.dedent("""
 
     with catch_interrupts() as interrupts:
         interrupts.run_dir = "/runs/somewhere"
+        {set_command}
         try:
             print("running", flush=True)
             time.sleep(60)
@@ -106,8 +107,11 @@ _HANGING_CLEANUP = textwrap.dedent("""
 """)
 
 
-def test_a_second_ctrl_c_exits_at_once_even_while_the_clean_up_hangs():
-    proc = subprocess.Popen([sys.executable, "-c", _HANGING_CLEANUP], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+@pytest.mark.parametrize("set_command, command", [("pass", "iclmem resume"),
+                                                  ("interrupts.resume_command = 'iclmem lm resume'", "iclmem lm resume")])
+def test_a_second_ctrl_c_exits_at_once_even_while_the_clean_up_hangs(set_command, command):
+    script = _HANGING_CLEANUP.replace("{set_command}", set_command)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "running"
@@ -125,7 +129,7 @@ def test_a_second_ctrl_c_exits_at_once_even_while_the_clean_up_hangs():
     out, err = proc.communicate()
     assert proc.returncode == 130
     assert "clean-up finished" not in out
-    assert "interrupted again, exiting at once; `iclmem resume /runs/somewhere` continues it" in err
+    assert f"interrupted again, exiting at once; `{command} /runs/somewhere` continues it" in err
 
 
 def test_the_handler_is_removed_after_the_sweep():
