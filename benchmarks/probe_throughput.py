@@ -19,8 +19,13 @@ members and Q non-members), same 48-manipulation default suite, same seed:
 Both sides alternate over ``--rounds`` rounds (batched, naive, naive, batched, ...); the rates are medians.
 
 Headline: distance to the machine's limit -- the model FLOPs of one batched ``score`` call (counted by
-``torch.utils.flop_counter.FlopCounterMode``) over the time inside the forward, as a share of a plain
-float32 ``torch.matmul`` at the same thread count and the forward's own shape (target >= 50 %).
+``torch.utils.flop_counter.FlopCounterMode`` on the reference forward) over the time inside the forward, as a
+share of a plain float32 ``torch.matmul`` at the same thread count and the forward's own shape (target >= 50 %),
+for pfn-mini's CPU inference forward (``ContextAttentionBlock.forward_inference``, what ``score`` runs) and,
+interleaved in the same rounds, for the reference forward (``PfnMini.fast_inference = False``: the module's
+autograd ``forward``), whose scores it must reproduce. Times are both wall clock and the calling thread's CPU
+time (``time.thread_time``; with 1 torch thread all the work runs on it), the second insensitive to other
+processes taking the shared CPUs.
 Secondary: (query x manipulation) scores per second of each side and their ratio (target >= 20x on CPU),
 and the share of ``score`` time spent outside the model's forward pass (``log_probs`` calls timed by
 wrapping the adapter's method; target <= 25 %).
@@ -42,25 +47,31 @@ SECTION = "Probe throughput: batched engine vs one context per forward"
 TARGET_SPEEDUP = 20.0
 TARGET_OUTSIDE = 0.25
 TARGET_FRACTION = 0.5  # achieved model FLOP rate of the batched forward / the machine's matmul rate
+SMALL_CALL = 256  # tokens: forward calls below this are "small" (pfn_mini._SHORTCUT_MIN_ROWS)
 
 
 class ForwardTimer:
-    """Wraps ``model.log_probs`` (instance attribute over the class method) and sums its wall time."""
+    """Wraps ``model.log_probs`` (instance attribute over the class method) and sums its wall and CPU time."""
 
     def __init__(self, model) -> None:
         self.model = model
         self.seconds = 0.0
+        self.cpu_seconds = 0.0  # the calling thread's CPU time (time.thread_time)
         self.calls = 0
         self.tokens = 0  # context rows + query rows over all calls
+        self.per_call: list[tuple[int, float]] = []  # (tokens, CPU seconds) of each call
         self._orig = model.log_probs
 
     def __enter__(self) -> "ForwardTimer":
         def timed(*args, **kwargs):
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.thread_time()
             out = self._orig(*args, **kwargs)
             self.seconds += time.perf_counter() - start
+            self.cpu_seconds += time.thread_time() - cpu_start
             self.calls += 1
-            self.tokens += args[0].shape[0] * (args[0].shape[1] + args[2].shape[1])
+            tokens = args[0].shape[0] * (args[0].shape[1] + args[2].shape[1])
+            self.tokens += tokens
+            self.per_call.append((tokens, time.thread_time() - cpu_start))
             return out
 
         self.model.log_probs = timed
@@ -70,7 +81,23 @@ class ForwardTimer:
         del self.model.log_probs  # back to the class method
 
 
-def batched(model, queries, suite, seed: int, plan=None) -> dict:
+def fast_forward(model, on: bool):
+    """Context manager: pfn-mini's CPU inference forward on (what ``score`` runs) or off (the reference)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def switch():
+        previous = model.module.fast_inference
+        model.module.fast_inference = on
+        try:
+            yield
+        finally:
+            model.module.fast_inference = previous
+
+    return switch()
+
+
+def batched(model, queries, suite, seed: int, plan=None, fast: bool = True) -> dict:
     from probes.scoring import ProbePlan, score
 
     out = {}
@@ -79,12 +106,16 @@ def batched(model, queries, suite, seed: int, plan=None) -> dict:
         plan = ProbePlan.build(queries, suite, seed, compress_rows=model.supports_context_weights)  # as probe actors do
         plan.representatives(model.invariances)  # the shortcut's table: once per plan, like the plan itself
         out["plan_seconds"] = time.perf_counter() - start
-    with ForwardTimer(model) as timer:
+    with ForwardTimer(model) as timer, fast_forward(model, fast):
         start = time.perf_counter()
         table = score(model, plan)
         out["score_seconds"] = time.perf_counter() - start
-    out.update(forward_seconds=timer.seconds, forward_calls=timer.calls, contexts=len(table), table=table, plan=plan,
-               tokens=timer.tokens)
+    small = [(t, sec) for t, sec in timer.per_call if t < SMALL_CALL]
+    out["small_time_share"] = sum(sec for _, sec in small) / max(timer.cpu_seconds, 1e-12)
+    out["small_token_share"] = sum(t for t, _ in small) / max(timer.tokens, 1)
+    out["small_calls"] = len(small)
+    out.update(forward_seconds=timer.seconds, forward_cpu_seconds=timer.cpu_seconds, forward_calls=timer.calls,
+               contexts=len(table), table=table, plan=plan, tokens=timer.tokens)
     return out
 
 
@@ -115,6 +146,30 @@ def naive(model, queries, suite, seed: int, n_queries: int) -> dict:
             "loss": np.array(loss, dtype=np.float32)}
 
 
+def cpu_matmul_rate(m: int, k: int, n: int, seconds: float = 0.5) -> float:
+    """``_common.matmul_rate`` timed on the calling thread's CPU time: float32 ``[m, k] @ [k, n]`` FLOP/s,
+    median of 5 repetitions after a warm-up."""
+    import statistics
+
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(m, k, generator=generator), torch.randn(k, n, generator=generator)
+    torch.matmul(a, b)
+    reps, start = 0, time.thread_time()
+    while time.thread_time() - start < seconds / 5 or reps < 3:
+        torch.matmul(a, b)
+        reps += 1
+    inner = max(1, int(seconds / 5 / max((time.thread_time() - start) / reps, 1e-9)))
+    rates = []
+    for _ in range(5):
+        start = time.thread_time()
+        for _ in range(inner):
+            torch.matmul(a, b)
+        rates.append(2.0 * m * k * n * inner / max(time.thread_time() - start, 1e-9))
+    return float(statistics.median(rates))
+
+
 def token_redundancy(plan) -> float:
     """Context tokens per context / distinct tokens per context. Every context row carries the query's
     features, so rows with one label and no distractor column are identical tokens."""
@@ -140,15 +195,22 @@ def measure(task_name: str, args, model) -> dict:
 
     # Warm-up (imports, allocator, kernels), then alternate.
     naive(model, queries, suite, args.seed, 1)
-    b_runs, n_runs = [], []
+    b_runs, n_runs, ref_runs = [], [], []
     for r in range(args.rounds):
-        order = ("batched", "naive") if r % 2 == 0 else ("naive", "batched")
+        order = ("batched", "reference", "naive") if r % 2 == 0 else ("naive", "reference", "batched")
         for side in order:
-            if side == "batched":
+            if side == "reference":  # the same batched score with the reference forward
+                plan = b_runs[0]["plan"] if b_runs else None
+                ref = batched(model, queries, suite, args.seed, plan=plan, fast=False)
+                ref_runs.append(ref)
+                print(f"  round {r}: reference forward {ref['forward_seconds']:.2f} s "
+                      f"(CPU {ref['forward_cpu_seconds']:.2f} s)", flush=True)
+            elif side == "batched":
                 b = batched(model, queries, suite, args.seed)
                 b_runs.append(b)
                 print(f"  round {r}: plan {b['plan_seconds']:.2f} s, score {b['score_seconds']:.2f} s "
-                      f"(forward {b['forward_seconds']:.2f} s in {b['forward_calls']} calls) -> "
+                      f"(forward {b['forward_seconds']:.2f} s, CPU {b['forward_cpu_seconds']:.2f} s, in "
+                      f"{b['forward_calls']} calls) -> "
                       f"{b['contexts'] / b['score_seconds']:,.0f} contexts/s", flush=True)
             else:
                 n = naive(model, queries, suite, args.seed, n_naive)
@@ -159,11 +221,16 @@ def measure(task_name: str, args, model) -> dict:
     # The machine's limit: model FLOPs of one batched score call over its forward time, against a plain
     # float32 matmul at this thread count of the forward's typical shape ([tokens of one forward call,
     # d_model] @ [d_model, d_ff], pfn-mini's widest product) and of a large square one.
-    flops, _ = count_flops(lambda: batched(model, queries, suite, args.seed, plan=b_runs[0]["plan"]), model.module)
+    # FLOPs of the reference forward: the products the model's math needs (the inference forward does the same
+    # products, except that its cross-head attention layout, used below 6 keys, multiplies 4x the attention's
+    # few FLOPs; those extra FLOPs are not credited).
+    flops, _ = count_flops(lambda: batched(model, queries, suite, args.seed, plan=b_runs[0]["plan"], fast=False),
+                           model.module)
     config = model.module.config
     tokens_per_call = max(1, round(b_runs[0]["tokens"] / max(b_runs[0]["forward_calls"], 1)))
     shape = (tokens_per_call, config.d_model, config.d_ff)
     comparable = matmul_rate(*shape)
+    comparable_cpu = cpu_matmul_rate(*shape)
     square = matmul_rate(1024, 1024, 1024)
 
     # Where the forward's time goes: the matrix products' share of the operators' self time (profiler).
@@ -173,7 +240,9 @@ def measure(task_name: str, args, model) -> dict:
         batched(model, queries, suite, args.seed, plan=b_runs[0]["plan"])
     ops = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
     total_ops = sum(ops.values())
-    matmul_us = sum(v for k, v in ops.items() if k in ("aten::addmm", "aten::mm", "aten::bmm"))
+    products = ("aten::addmm", "aten::addmm_", "aten::mm", "aten::bmm", "aten::baddbmm",
+                "mkldnn::_linear_pointwise")  # the last: oneDNN linear with its bias (and GELU) fused
+    matmul_us = sum(v for k, v in ops.items() if k in products)
     matmul_share = matmul_us / total_ops
     top = sorted(ops.items(), key=lambda kv: -kv[1])[:5]
 
@@ -181,10 +250,14 @@ def measure(task_name: str, args, model) -> dict:
     head = b_runs[0]["table"]["loss"].to_numpy()[: n_runs[0]["contexts"]]
     max_diff = float(np.max(np.abs(head - n_runs[0]["loss"])))
     assert max_diff < 1e-3, f"naive and batched scores differ by {max_diff}"
+    # The inference forward against the reference forward, same contexts: every score column.
+    fast_diff = max(float(np.max(np.abs(b_runs[0]["table"][c].to_numpy() - ref_runs[0]["table"][c].to_numpy())))
+                    for c in ("loss", "entropy", "confidence"))
+    assert fast_diff <= 1e-5, f"inference and reference forwards' scores differ by {fast_diff}"
 
     out = {"task": task_name, "queries": len(queries.query_ids), "classes": queries.n_classes,
            "features": queries.features.shape[1], "contexts": b_runs[0]["contexts"], "n_naive": n_naive,
-           "naive_contexts": n_runs[0]["contexts"], "max_diff": max_diff, "suite": len(suite),
+           "naive_contexts": n_runs[0]["contexts"], "max_diff": max_diff, "fast_diff": fast_diff, "suite": len(suite),
            "groups": len(b_runs[0]["plan"].groups), "calls": b_runs[0]["forward_calls"],
            "redundancy": token_redundancy(b_runs[0]["plan"]),
            "tokens": float(np.mean([e.plan.labels.size + 1 for e in b_runs[0]["plan"].planned]))}
@@ -202,9 +275,21 @@ def measure(task_name: str, args, model) -> dict:
     out["flops"] = flops
     out["forwarded"] = int(len(b_runs[0]["plan"].planned) * (1 - b_runs[0]["plan"].forwards_saved(model.invariances)))
     out["flop_rate"] = flops / median([b["forward_seconds"] for b in b_runs])
+    out["flop_rate_cpu"] = flops / median([b["forward_cpu_seconds"] for b in b_runs])
+    out["ref_flop_rate"] = flops / median([b["forward_seconds"] for b in ref_runs])
+    out["ref_flop_rate_cpu"] = flops / median([b["forward_cpu_seconds"] for b in ref_runs])
+    out["small_time_share"] = median([b["small_time_share"] for b in b_runs])
+    out["small_token_share"] = b_runs[0]["small_token_share"]
+    out["small_calls"] = b_runs[0]["small_calls"]
+    out["fwd_speedup"] = median([b["forward_cpu_seconds"] for b in ref_runs]) / median(
+        [b["forward_cpu_seconds"] for b in b_runs])
     out["flop_rate_score"] = flops / out["score_s"]
     out["matmul_shape"], out["matmul_rate"], out["square_rate"] = shape, comparable, square
     out["fraction"] = out["flop_rate"] / comparable
+    out["matmul_rate_cpu"] = comparable_cpu
+    out["fraction_cpu"] = out["flop_rate_cpu"] / comparable_cpu
+    out["ref_fraction"] = out["ref_flop_rate"] / comparable
+    out["ref_fraction_cpu"] = out["ref_flop_rate_cpu"] / comparable_cpu
     out["fraction_square"] = out["flop_rate"] / square
     out["matmul_share"] = matmul_share
     # the products' own rate: FLOPs over their self time in the profile (attention's few FLOPs included)
@@ -239,15 +324,24 @@ def main(argv: list[str] | None = None) -> int:
     h = results[0]
     ok_speed, ok_outside = h["speedup"] >= TARGET_SPEEDUP, h["outside"] <= TARGET_OUTSIDE
     ok_fraction = all(r["fraction"] >= TARGET_FRACTION for r in results)
-    limit_rows = [(r["task"], f"{r['flops'] / 1e9:.2f}", f"{r['forwarded']} of {r['contexts']}",
-                   f"{r['flop_rate'] / 1e9:.1f}", f"{r['flop_rate_score'] / 1e9:.1f}",
-                   "x".join(str(d) for d in r["matmul_shape"]), f"{r['matmul_rate'] / 1e9:.1f}",
-                   f"**{r['fraction']:.0%}**", f"{r['square_rate'] / 1e9:.1f}", f"{r['fraction_square']:.0%}",
-                   f"{r['speedup']:.1f}x") for r in results]
-    limit_table = md_table(["task", "model GFLOP per `score`", "contexts forwarded", "forward GFLOP/s",
-                            "whole `score` GFLOP/s", "matmul shape (m x k x n)", "matmul GFLOP/s",
-                            "**forward / matmul**", "1024^3 matmul GFLOP/s", "forward / 1024^3", "naive ratio"],
-                           limit_rows, align="lrrrrlrrrrr")
+    ok_fraction_cpu = all(r["fraction_cpu"] >= TARGET_FRACTION for r in results)
+    limit_rows = []
+    for r in results:
+        shape = "x".join(str(d) for d in r["matmul_shape"])
+        limit_rows += [
+            (r["task"], "inference (`score`)", f"{r['flops'] / 1e9:.2f}", f"{r['forwarded']} of {r['contexts']}",
+             f"{r['flop_rate'] / 1e9:.1f}", shape, f"{r['matmul_rate'] / 1e9:.1f}", f"**{r['fraction']:.0%}**",
+             f"{r['flop_rate_cpu'] / 1e9:.1f}", f"{r['matmul_rate_cpu'] / 1e9:.1f}", f"**{r['fraction_cpu']:.0%}**",
+             f"{r['flop_rate_score'] / 1e9:.1f}", f"{r['fraction_square']:.0%}", f"{r['speedup']:.1f}x"),
+            (r["task"], "reference (autograd `forward`)", "same", "same", f"{r['ref_flop_rate'] / 1e9:.1f}", shape,
+             f"{r['matmul_rate'] / 1e9:.1f}", f"{r['ref_fraction']:.0%}", f"{r['ref_flop_rate_cpu'] / 1e9:.1f}",
+             f"{r['matmul_rate_cpu'] / 1e9:.1f}", f"{r['ref_fraction_cpu']:.0%}", "–", "–", "–"),
+        ]
+    limit_table = md_table(["task", "forward", "model GFLOP per `score`", "contexts forwarded", "forward GFLOP/s (wall)",
+                            "matmul shape (m x k x n)", "matmul GFLOP/s (wall)", "**forward / matmul (wall)**",
+                            "forward GFLOP/s (CPU time)", "matmul GFLOP/s (CPU time)",
+                            "**forward / matmul (CPU time)**", "whole `score` GFLOP/s (wall)", "forward / 1024^3 (wall)",
+                            "naive ratio"], limit_rows, align="llrrrlrrrrrrrr")
 
     rows = []
     for r in results:
@@ -271,30 +365,53 @@ def main(argv: list[str] | None = None) -> int:
     shares = "; ".join(f"`{r['task']}` {r['matmul_share']:.0%} of the time, the products running at "
                        f"{r['products_fraction']:.0%} of the matmul rate (top operators: {r['top_ops']})" for r in results)
     why = (("Why the target is not reached: the matrix products are only part of the forward's time."
-            if not ok_fraction else "Where the forward's time goes.")
-           + " Share of the operators' self time in matrix products (torch profiler over one `score` call): "
-           + shares + ". pfn-mini is narrow (d_model 128, d_ff 256) and its contexts short (3-12 tokens), so per "
-           "token the memory-bound work that the FLOP count leaves out (`copy_`: each linear layer's bias written "
-           "into its output before the product, as torch's CPU `addmm` does; attention softmax over 2-11 keys in "
-           "SDPA's CPU kernel; GELU; layer norms) costs about as much as the products; the achieved "
-           "share cannot exceed the matrix products' time share even if they ran at the full matmul rate, so "
-           "larger batches do not help: the remaining operators would have to be fused into the products (a "
-           "compiled forward).")
+            if not (ok_fraction and ok_fraction_cpu) else "Where the forward's time goes.")
+           + " Share of the operators' self time in matrix products (torch profiler over one `score` call with the "
+           "inference forward; oneDNN's `_linear_pointwise` includes the bias and GELU it fuses): " + shares
+           + ". pfn-mini is narrow (d_model 128, d_ff 256) and its contexts short (3-12 tokens), so per token the "
+           "memory-bound work that the FLOP count leaves out costs a large share next to the products. The "
+           "inference forward (`ContextAttentionBlock.forward_inference`, used by every CPU forward without "
+           "autograd) removes what it can in eager PyTorch: SDPA's CPU flash kernel, slow at 2-11 keys, is "
+           "replaced by batched products on views of q and k with the softmax's denominator folded into the "
+           "value product; the first feed-forward layer's bias and GELU run inside one oneDNN product; "
+           "residuals are accumulated in place (`addmm_`), without the bias copies and temporaries of the "
+           "reference. Measured forward speed-up over the reference in the same rounds (CPU time): "
+           + ", ".join(f"`{r['task']}` {r['fwd_speedup']:.2f}x" for r in results)
+           + "; max |difference| of the scores (loss = -log-prob, entropy, confidence) between the two: "
+           + ", ".join(f"`{r['task']}` {r['fast_diff']:.1e}" for r in results)
+           + ". What is left: the layer norms, the bias adds and the attention's small products stay separate "
+           "passes; the products themselves run below the plain matmul's rate; every `score` call's smallest "
+           "shape groups (a few tables of up to 12 tokens) pay a fixed cost per forward call that their few "
+           "FLOPs do not amortise: forward calls of < " + str(SMALL_CALL) + " tokens carry "
+           + ", ".join(f"`{r['task']}` {r['small_token_share']:.1%} of the tokens but {r['small_time_share']:.0%} of "
+                       f"the forward's CPU time ({r['small_calls']} of {r['calls']} calls)" for r in results)
+           + " (merging shape groups into one call would need a ragged forward); and the wall-clock figures also carry the machine's load "
+           "(the CPU-time columns do not). Fusing the rest would take a compiled forward (`torch.compile`, "
+           "whose per-process compile of 15-27 shapes per task was not attempted here) or hand-written kernels.")
     text = "\n".join([
         "**Headline: distance to the machine's limit.** Achieved model FLOP rate of the batched forward as a share "
-        "of this machine's float32 matmul rate at the same thread count and the forward's own matrix shape: "
-        + ", ".join(f"`{r['task']}` **{r['fraction']:.0%}**" for r in results)
-        + f" (target >= {TARGET_FRACTION:.0%}: {verdict(ok_fraction)}).",
+        "of this machine's float32 matmul rate at the same thread count and the forward's own matrix shape, "
+        "wall clock: "
+        + ", ".join(f"`{r['task']}` **{r['fraction']:.0%}** (reference forward {r['ref_fraction']:.0%})" for r in results)
+        + f" (target >= {TARGET_FRACTION:.0%}: {verdict(ok_fraction)}); on the calling thread's CPU time: "
+        + ", ".join(f"`{r['task']}` **{r['fraction_cpu']:.0%}** (reference {r['ref_fraction_cpu']:.0%})"
+                    for r in results)
+        + f" ({verdict(ok_fraction_cpu)}).",
         "",
         limit_table,
         "",
         "Model FLOPs = matrix products of one batched `score` call (linear layers, attention; 2 per multiply-add) "
-        "counted by `torch.utils.flop_counter.FlopCounterMode`; elementwise work (layer norms, GELU, softmax) is "
+        "counted by `torch.utils.flop_counter.FlopCounterMode` on the reference forward (the inference forward "
+        "does the same products, plus 4x the attention's few FLOPs in its cross-head layout below 6 keys, which "
+        "are not credited); elementwise work (layer norms, GELU, softmax) is "
         "not counted, so it lowers the achieved rate. Forward GFLOP/s = those FLOPs / time inside the adapter's "
-        "`log_probs` (median of the rounds); whole-`score` GFLOP/s divides by the whole call. The matmul is a "
-        "plain `torch.matmul` of float32 `[tokens of one forward call, d_model] @ [d_model, d_ff]` (pfn-mini's "
+        "`log_probs` (median of the rounds), in wall-clock or in the calling thread's CPU time (`time.thread_time`; "
+        "1 torch thread, so all the work runs on it: the machine is shared, and CPU time leaves out the time "
+        "other processes hold the cores); whole-`score` GFLOP/s divides by the whole call (wall). Reference rows: "
+        "the same `score` calls with `PfnMini.fast_inference = False` (the autograd `forward`, SDPA), interleaved "
+        "in the same rounds. The matmul is a plain `torch.matmul` of float32 `[tokens of one forward call, d_model] @ [d_model, d_ff]` (pfn-mini's "
         "widest product, rows = the mean tokens per forward call of the run) at the same thread count, median "
-        "of 5 timed repetitions; the square 1024^3 product is the machine's best case. Contexts forwarded: "
+        "of 5 timed repetitions, each timed both ways; the square 1024^3 product is the machine's best case. Contexts forwarded: "
         "the invariance shortcut scores contexts identical under pfn-mini's row order and uniform multiplicity "
         "once (see *Work avoided*), so the FLOPs and rates are those of the work actually done.",
         "",
