@@ -21,6 +21,7 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Iterator
 
 import pandas as pd
 
@@ -106,6 +107,14 @@ def _count(value: object) -> int | None:
     return None if value is None or pd.isna(value) else int(float(value))
 
 
+def _judged_attacks(df: pd.DataFrame) -> Iterator[tuple[str, str, str]]:
+    """(statistic, attack, column prefix) of every attack whose run headline the results hold."""
+    for p, statistic in _STATISTICS.items():
+        for a in _ATTACKS:
+            if f"{p}{a}_run_outcome" in df.columns:
+                yield statistic, a, f"{p}{a}_"
+
+
 def attack_verdict_table(results: pd.DataFrame) -> pd.DataFrame:
     """One row per (audited run, statistic, attack) with verdict columns (see the module docstring):
     ``headline epoch``, ``AUC`` [95% interval] and ``p-value`` at it, ``p-value bar`` (``family_alpha /
@@ -114,31 +123,27 @@ def attack_verdict_table(results: pd.DataFrame) -> pd.DataFrame:
     verdicts on the attack null splits of every checkpoint, of the null splits probed)."""
     df = _public(results)
     rows = []
-    for p, statistic in _STATISTICS.items():
-        for a in _ATTACKS:
-            c = f"{p}{a}_"
-            if f"{c}run_outcome" not in df.columns:
-                continue
-            for (run_id, task), group in df[df[f"{c}run_outcome"].notna()].groupby(["run_id", "task"], sort=True):
-                first = group.iloc[0]
-                epoch = first.get(f"{c}run_epoch")
-                at = group[group["epoch"].astype(float) == float(epoch)] if pd.notna(epoch) else group.iloc[:0]
-                head = at.iloc[0] if len(at) else first
-                k_run, n_run = _count(first.get(f"{c}run_null_memorization")), _count(first.get(f"{c}run_null_splits"))
-                k_ckpt = group[f"{c}null_memorization"].sum() if f"{c}null_memorization" in group.columns else None
-                n_ckpt = group[f"{c}null_splits"].sum() if f"{c}null_splits" in group.columns else None
-                rows.append({
-                    "task": task, "run_id": run_id, "label_mode": first.get("label_mode"), "statistic": statistic,
-                    "attack": a, "headline epoch": "–" if pd.isna(epoch) else int(epoch),
-                    "AUC": _interval(head, c) if len(at) else "–",
-                    "p-value": f"{float(head[f'{c}p_value']):.2g}" if len(at) and pd.notna(head.get(f"{c}p_value")) else "–",
-                    "p-value bar": (f"{float(head[f'{c}p_value_threshold']):.2g}"
-                                    if len(at) and pd.notna(head.get(f"{c}p_value_threshold")) else "–"),
-                    "verdict": str(first[f"{c}run_outcome"]),
-                    "null FP (run headline)": "–" if k_run is None or n_run is None else f"{k_run} / {n_run}",
-                    "null FP (checkpoints)": ("–" if k_ckpt is None or n_ckpt is None
-                                              else f"{int(k_ckpt)} / {int(n_ckpt)}"),
-                })
+    for statistic, a, c in _judged_attacks(df):
+        for (run_id, task), group in df[df[f"{c}run_outcome"].notna()].groupby(["run_id", "task"], sort=True):
+            first = group.iloc[0]
+            epoch = first.get(f"{c}run_epoch")
+            at = group[group["epoch"].astype(float) == float(epoch)] if pd.notna(epoch) else group.iloc[:0]
+            head = at.iloc[0] if len(at) else first
+            k_run, n_run = _count(first.get(f"{c}run_null_memorization")), _count(first.get(f"{c}run_null_splits"))
+            k_ckpt = group[f"{c}null_memorization"].sum() if f"{c}null_memorization" in group.columns else None
+            n_ckpt = group[f"{c}null_splits"].sum() if f"{c}null_splits" in group.columns else None
+            rows.append({
+                "task": task, "run_id": run_id, "label_mode": first.get("label_mode"), "statistic": statistic,
+                "attack": a, "headline epoch": "–" if pd.isna(epoch) else int(epoch),
+                "AUC": _interval(head, c) if len(at) else "–",
+                "p-value": f"{float(head[f'{c}p_value']):.2g}" if len(at) and pd.notna(head.get(f"{c}p_value")) else "–",
+                "p-value bar": (f"{float(head[f'{c}p_value_threshold']):.2g}"
+                                if len(at) and pd.notna(head.get(f"{c}p_value_threshold")) else "–"),
+                "verdict": str(first[f"{c}run_outcome"]),
+                "null FP (run headline)": "–" if k_run is None or n_run is None else f"{k_run} / {n_run}",
+                "null FP (checkpoints)": ("–" if k_ckpt is None or n_ckpt is None
+                                          else f"{int(k_ckpt)} / {int(n_ckpt)}"),
+            })
     return pd.DataFrame(rows)
 
 
@@ -147,19 +152,15 @@ def _verdict_summary(results: pd.DataFrame) -> str:
     positives), at run-headline level."""
     df = _public(results)
     parts = []
-    for p, statistic in _STATISTICS.items():
-        for a in _ATTACKS:
-            c = f"{p}{a}_"
-            if f"{c}run_outcome" not in df.columns:
-                continue
-            runs = df[df[f"{c}run_outcome"].notna()].drop_duplicates(["run_id", "task"])
-            if runs.empty:
-                continue
-            found = int((runs[f"{c}run_outcome"] == "memorization").sum())
-            k = int(runs[f"{c}run_null_memorization"].fillna(0).sum()) if f"{c}run_null_memorization" in runs else 0
-            n = int(runs[f"{c}run_null_splits"].fillna(0).sum()) if f"{c}run_null_splits" in runs else 0
-            parts.append(f"{a} on the {statistic}: memorization in {found} of {len(runs)} runs, "
-                         f"{k} of {n} null runs (false positives)")
+    for statistic, a, c in _judged_attacks(df):
+        runs = df[df[f"{c}run_outcome"].notna()].drop_duplicates(["run_id", "task"])
+        if runs.empty:
+            continue
+        found = int((runs[f"{c}run_outcome"] == "memorization").sum())
+        k = int(runs[f"{c}run_null_memorization"].fillna(0).sum()) if f"{c}run_null_memorization" in runs else 0
+        n = int(runs[f"{c}run_null_splits"].fillna(0).sum()) if f"{c}run_null_splits" in runs else 0
+        parts.append(f"{a} on the {statistic}: memorization in {found} of {len(runs)} runs, "
+                     f"{k} of {n} null runs (false positives)")
     return "; ".join(parts)
 
 
