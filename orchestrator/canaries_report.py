@@ -6,7 +6,8 @@ Reads only the columns :data:`CANARY_REPORT_COLUMNS` names and the ``canary_*_c<
 * :func:`canary_table` -- one row per (run, checkpoint): mean exposure of the probe's calibrated loss per
   copy count, the same for the known-context statistic, and the mean rank of the trained label;
 * :func:`canary_figure` -- mean exposure against copy count (log2 axis), one line per checkpoint epoch,
-  one panel per statistic, with the chance level and the ceiling log2(H + 1);
+  one row of panels per run (the first 12) and one panel per statistic, with the chance level and the
+  ceiling log2(H + 1);
 * :func:`canaries_section_html` -- both as an HTML fragment (empty without canary columns).
 """
 
@@ -26,6 +27,7 @@ __all__ = ["CANARY_REPORT_COLUMNS", "CANARIES_FIGURE", "canary_copies", "canary_
            "canaries_section_html", "chance_exposure"]
 
 CANARIES_FIGURE = "canary_exposure.png"
+MAX_FIGURE_RUNS = 12  # panels beyond this many runs would be unreadable; the table lists every run
 CANARY_REPORT_COLUMNS: tuple[str, ...] = ("run_id", "task", "model", "lr", "q", "label_mode", "seed", "epoch",
                                           "sanity_check", "canary_holdout", "canary_exposure_max")
 _COPIES = re.compile(r"^canary_exposure_c(\d+)$")
@@ -62,7 +64,7 @@ def canary_table(results: pd.DataFrame) -> pd.DataFrame:
     copies = canary_copies(results)
     rows = []
     for _, row in df.sort_values(["task", "run_id", "epoch"]).iterrows():
-        out = {"task": row["task"], "run_id": row["run_id"], "label_mode": row.get("label_mode"),
+        out = {"task": row["task"], "run_id": row["run_id"], "lr": row.get("lr"), "label_mode": row.get("label_mode"),
                "epoch": int(row["epoch"])}
         for stat, name in (("exposure", "probe exposure"), ("known_context_exposure", "known-context exposure")):
             out[f"{name} (bits), copies " + " / ".join(str(k) for k in copies)] = " / ".join(
@@ -83,24 +85,28 @@ def canary_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
 
     copies = canary_copies(results)
     holdout = int(df["canary_holdout"].min())
-    fig = Figure(figsize=(9, 3.6), layout="constrained")
-    for i, (stat, title) in enumerate((("exposure", "probe (calibrated loss)"),
-                                       ("known_context_exposure", "known context C′"))):
-        ax = fig.add_subplot(1, 2, i + 1)
-        epochs = sorted(df["epoch"].unique())
-        colours = [f"C{j % 10}" for j in range(len(epochs))]
-        for colour, epoch in zip(colours, epochs):
-            at = df[df["epoch"] == epoch]  # mean over runs at this epoch
-            ax.plot(copies, [float(at[f"canary_{stat}_c{k}"].mean()) for k in copies], marker="o", color=colour,
-                    label=f"epoch {int(epoch)}")
-        ax.axhline(chance_exposure(holdout), color="grey", linestyle=":", label="chance")
-        ax.axhline(math.log2(holdout + 1), color="black", linestyle="--", linewidth=0.8, label="ceiling")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(copies, [str(k) for k in copies])
-        ax.set_xlabel("copies of the canary in the fine-tuning members")
-        ax.set_ylabel(f"mean exposure (bits, vs {holdout} held out)")
-        ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=6, loc="upper left")
+    runs = list(df.groupby(["run_id", "task"], sort=True))[:MAX_FIGURE_RUNS]  # one row of panels per run
+    fig = Figure(figsize=(9, 3.2 * len(runs)), layout="constrained")
+    for r, ((run_id, task), run) in enumerate(runs):
+        first = run.iloc[0]
+        name = (f"{task} lr={float(first['lr']):g} {first.get('label_mode', '')} ({str(run_id)[-6:]})"
+                if "lr" in run.columns else f"{task} ({str(run_id)[-6:]})")
+        for i, (stat, title) in enumerate((("exposure", "probe (calibrated loss)"),
+                                           ("known_context_exposure", "known context C′"))):
+            ax = fig.add_subplot(len(runs), 2, 2 * r + i + 1)
+            epochs = sorted(run["epoch"].unique())
+            for j, epoch in enumerate(epochs):
+                at = run[run["epoch"] == epoch].iloc[0]
+                ax.plot(copies, [float(at[f"canary_{stat}_c{k}"]) for k in copies], marker="o", color=f"C{j % 10}",
+                        label=f"epoch {int(epoch)}")
+            ax.axhline(chance_exposure(holdout), color="grey", linestyle=":", label="chance")
+            ax.axhline(math.log2(holdout + 1), color="black", linestyle="--", linewidth=0.8, label="ceiling")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(copies, [str(k) for k in copies])
+            ax.set_xlabel("copies of the canary in the fine-tuning members")
+            ax.set_ylabel(f"mean exposure (bits, vs {holdout} held out)")
+            ax.set_title(f"{name}: {title}", fontsize=8)
+            ax.legend(fontsize=6, loc="upper left")
     return save_png(fig, path)
 
 
