@@ -268,3 +268,49 @@ def test_a_sweep_with_canaries_logs_them_probes_their_exposure_and_reports_it(ra
     page = (run_dir / "report.html").read_text()
     assert "Canaries: exposure by number of copies" in page and "canary_exposure.png" in page
     assert (run_dir / "figures" / "canary_exposure.png").stat().st_size > 1000
+
+
+# ------------------------------------------------------------------------------------------- the real adapters
+@pytest.mark.parametrize("name", ["tabicl", "tabpfn-v2", "contexttab"])
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_canaries_train_and_probe_through_every_real_adapter_on_its_own_inputs(name, tmp_path):
+    """Tiny random instances: a canary is a row in the model's own input contract (ConTextTab: real
+    columns), trained with its copies and scored by the probe; the untouched model exposes none."""
+    from test_adapter_contract import CLASSIFIERS, _require
+
+    from probes.probe import ProbeSettings, probe_checkpoint
+    from probes.scoring import ProbePlan, ProbeQueries
+    from trainables.finetune import Finetuner, FinetuneSpec
+    from trainables.models import build_model
+
+    _require(name)
+    torch.manual_seed(0)
+    options = CLASSIFIERS[name]
+    base = build_model(name, **options)
+    settings = base.prep_settings(PrepSettings(context_size=12))
+    task = prepare_task(TaskSource("iris", "builtin", None, None, None), settings, "normal", 0, q=6)
+    canaries = {"kinds": ["outlier", "rare_label"], "copies": [1, 4], "per_group": 2, "holdout": 4}
+    finetuner = Finetuner(FinetuneSpec(model=name, model_options=options, epochs=2, checkpoint_epochs=(2,),
+                                       canaries=canaries), [task], model=build_model(name, **options))
+    assert finetuner.batches(1)[0].query_x.shape[1] == 6 + 2 * 2 * (1 + 4)
+    for _ in range(2):
+        finetuner.run_epoch()
+    plan = ProbePlan.build(ProbeQueries.from_task(task), _small_suite(), task.seed,
+                           compress_rows=base.supports_context_weights)
+    row = probe_checkpoint(finetuner.model, task, plan, tmp_path, "base", base,
+                           ProbeSettings(n_resamples=10, null_splits=0), {"run_id": name}, 2,
+                           canaries=finetuner.canaries).row
+    records = json.loads(row["canary_records"])
+    assert len(records) == 2 * 2 * 2 and row["canary_exposure_max"] == pytest.approx(math.log2(5))
+    for k in (1, 4):
+        assert 0 <= row[f"canary_exposure_c{k}"] <= math.log2(5)
+        assert 1 <= row[f"canary_label_rank_c{k}"] <= task.n_classes
+    untouched = probe_checkpoint(base, task, plan, tmp_path, "base", base, ProbeSettings(n_resamples=10, null_splits=0),
+                                 {"run_id": "base"}, 0, canaries=finetuner.canaries).row
+    assert untouched["canary_exposure_c1"] == 0.0 and untouched["canary_exposure_c4"] == 0.0
+
+
+def _small_suite():
+    from probes.manipulations import suite_from_spec
+
+    return suite_from_spec(["base", "skew_true_x2"])
