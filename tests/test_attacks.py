@@ -237,18 +237,23 @@ def planted_attacks(*, n_references: int = 8, epochs: int = 150, lr: float = 1e-
     settings = ProbeSettings(n_resamples=bootstrap, null_splits=0)
     suite = suite_from_spec(list(PLANTED_SUITE))
 
-    def run(t, cache):
+    def plan_of(t):
+        return ProbePlan.build(ProbeQueries.from_task(t), suite, t.seed, compress_rows=base.supports_context_weights)
+
+    def run(t, cache, base_plan=None):
         started = time.perf_counter()
         finetuner = Finetuner(FinetuneSpec(model="pfn-mini", lr=lr, epochs=epochs, seed=seed), [t])
         finetuner.train()
-        plan = ProbePlan.build(ProbeQueries.from_task(t), suite, t.seed, compress_rows=base.supports_context_weights)
-        result = probe_checkpoint(finetuner.model, t, plan, cache, digest, base, settings, {"run_id": "planted"},
-                                  epoch=epochs)
+        result = probe_checkpoint(finetuner.model, t, plan_of(t), cache, digest, base, settings, {"run_id": "planted"},
+                                  epoch=epochs, base_plan=base_plan)
         return result, time.perf_counter() - started
 
     with tempfile.TemporaryDirectory() as cache:
         target, target_s = run(prepared, cache)
-        refs = [run(reference_task(prepared, k), cache) for k in range(n_references)]
+        # as a sweep's probe actor does (probes.actors.ProbeWorker.run): a reference reads its target's
+        # base-model scores
+        target_plan = (prepared.fingerprint, plan_of(prepared))
+        refs = [run(reference_task(prepared, k), cache, target_plan) for k in range(n_references)]
     columns, _ = attacks_for_checkpoint(target.queries, [r.queries for r, _ in refs], n_resamples=bootstrap,
                                         null_splits=3, seed=seed)
     return {**target.row, **columns, "target_seconds": target_s, "reference_seconds": [s for _, s in refs],
