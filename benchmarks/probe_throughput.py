@@ -21,9 +21,10 @@ Both sides alternate over ``--rounds`` rounds (batched, naive, naive, batched, .
 Headline: distance to the machine's limit -- the model FLOPs of one batched ``score`` call (counted by
 ``torch.utils.flop_counter.FlopCounterMode`` on the reference forward) over the time inside the forward, as a
 share of a plain float32 ``torch.matmul`` at the same thread count and the forward's own shape (target >= 50 %),
-for pfn-mini's CPU inference forward (``ContextAttentionBlock.forward_inference``, what ``score`` runs) and,
-interleaved in the same rounds, for the reference forward (``PfnMini.fast_inference = False``: the module's
-autograd ``forward``), whose scores it must reproduce. Times are both wall clock and the calling thread's CPU
+for pfn-mini's CPU inference forward (``ContextAttentionBlock.forward_inference``, what ``score`` runs, small
+shape groups merged into padded calls) and, interleaved in the same rounds, for the reference forward
+(``PfnMini.fast_inference = False``: the module's autograd ``forward``; ``score(merge=False)``: one call per shape
+group), whose scores it must reproduce. Times are both wall clock and the calling thread's CPU
 time (``time.thread_time``; with 1 torch thread all the work runs on it), the second insensitive to other
 processes taking the shared CPUs.
 Secondary: (query x manipulation) scores per second of each side and their ratio (target >= 20x on CPU),
@@ -97,7 +98,7 @@ def fast_forward(model, on: bool):
     return switch()
 
 
-def batched(model, queries, suite, seed: int, plan=None, fast: bool = True) -> dict:
+def batched(model, queries, suite, seed: int, plan=None, fast: bool = True, merge: bool = True) -> dict:
     from probes.scoring import ProbePlan, score
 
     out = {}
@@ -108,7 +109,7 @@ def batched(model, queries, suite, seed: int, plan=None, fast: bool = True) -> d
         out["plan_seconds"] = time.perf_counter() - start
     with ForwardTimer(model) as timer, fast_forward(model, fast):
         start = time.perf_counter()
-        table = score(model, plan)
+        table = score(model, plan, merge=merge)
         out["score_seconds"] = time.perf_counter() - start
     small = [(t, sec) for t, sec in timer.per_call if t < SMALL_CALL]
     out["small_time_share"] = sum(sec for _, sec in small) / max(timer.cpu_seconds, 1e-12)
@@ -201,7 +202,7 @@ def measure(task_name: str, args, model) -> dict:
         for side in order:
             if side == "reference":  # the same batched score with the reference forward
                 plan = b_runs[0]["plan"] if b_runs else None
-                ref = batched(model, queries, suite, args.seed, plan=plan, fast=False)
+                ref = batched(model, queries, suite, args.seed, plan=plan, fast=False, merge=False)
                 ref_runs.append(ref)
                 print(f"  round {r}: reference forward {ref['forward_seconds']:.2f} s "
                       f"(CPU {ref['forward_cpu_seconds']:.2f} s)", flush=True)
@@ -221,11 +222,11 @@ def measure(task_name: str, args, model) -> dict:
     # The machine's limit: model FLOPs of one batched score call over its forward time, against a plain
     # float32 matmul at this thread count of the forward's typical shape ([tokens of one forward call,
     # d_model] @ [d_model, d_ff], pfn-mini's widest product) and of a large square one.
-    # FLOPs of the reference forward: the products the model's math needs (the inference forward does the same
-    # products, except that its cross-head attention layout, used below 6 keys, multiplies 4x the attention's
-    # few FLOPs; those extra FLOPs are not credited).
-    flops, _ = count_flops(lambda: batched(model, queries, suite, args.seed, plan=b_runs[0]["plan"], fast=False),
-                           model.module)
+    # FLOPs of the reference forward without merged calls: the products the model's math needs (the inference
+    # forward does the same products, except that its cross-head attention layout, used below 6 keys, multiplies
+    # 4x the attention's few FLOPs, and merged calls carry zero-weight padding rows; neither is credited).
+    flops, _ = count_flops(lambda: batched(model, queries, suite, args.seed, plan=b_runs[0]["plan"], fast=False,
+                                           merge=False), model.module)
     config = model.module.config
     tokens_per_call = max(1, round(b_runs[0]["tokens"] / max(b_runs[0]["forward_calls"], 1)))
     shape = (tokens_per_call, config.d_model, config.d_ff)
@@ -281,6 +282,8 @@ def measure(task_name: str, args, model) -> dict:
     out["small_time_share"] = median([b["small_time_share"] for b in b_runs])
     out["small_token_share"] = b_runs[0]["small_token_share"]
     out["small_calls"] = b_runs[0]["small_calls"]
+    out["ref_calls"] = ref_runs[0]["forward_calls"]  # one call per shape group (and chunk): no merging
+    out["padding"] = b_runs[0]["tokens"] / ref_runs[0]["tokens"] - 1  # zero-weight rows of merged calls
     out["fwd_speedup"] = median([b["forward_cpu_seconds"] for b in ref_runs]) / median(
         [b["forward_cpu_seconds"] for b in b_runs])
     out["flop_rate_score"] = flops / out["score_s"]
@@ -379,13 +382,23 @@ def main(argv: list[str] | None = None) -> int:
            + ", ".join(f"`{r['task']}` {r['fwd_speedup']:.2f}x" for r in results)
            + "; max |difference| of the scores (loss = -log-prob, entropy, confidence) between the two: "
            + ", ".join(f"`{r['task']}` {r['fast_diff']:.1e}" for r in results)
-           + ". What is left: the layer norms, the bias adds and the attention's small products stay separate "
-           "passes; the products themselves run below the plain matmul's rate; every `score` call's smallest "
-           "shape groups (a few tables of up to 12 tokens) pay a fixed cost per forward call that their few "
-           "FLOPs do not amortise: forward calls of < " + str(SMALL_CALL) + " tokens carry "
-           + ", ".join(f"`{r['task']}` {r['small_token_share']:.1%} of the tokens but {r['small_time_share']:.0%} of "
+           + ". `score` also sizes the forward calls (probes/scoring.py): a CPU call holds at most "
+           "`CPU_MAX_TOKENS` (4096) tokens (measured on pfn-mini with random tables of 11 tokens: ~5% less CPU time "
+           "per token at 2-4k tokens per call than at 20k; on `digits`' whole `score` call ~2%, within the "
+           "rounds' noise), and shape groups of fewer than 256 tokens -- the few tables with several distractor "
+           "columns and 3-40 rows, whose calls used to cost about twice their share of tokens in fixed per-call "
+           "overhead -- are merged within one feature count (`merge_small_groups`), each context padded to the "
+           "merged call's row count with rows of weight 0 (no rows for pfn-mini: exp(logit + log 0) = 0), at "
+           "most 1.3x the real tokens per merged call: forward calls "
+           + ", ".join(f"`{r['task']}` {r['calls']} instead of {r['ref_calls']}, {r['padding']:.1%} more tokens "
+                       f"(padding, whose FLOPs are not credited)" for r in results)
+           + "; the reference rows run unmerged (one call per shape group, as before), so the speed-up above "
+           "includes the merging. What is left: the layer norms, the bias adds and the attention's small products "
+           "stay separate passes; the products themselves run below the plain matmul's rate; forward calls of < "
+           + str(SMALL_CALL) + " tokens carry "
+           + ", ".join(f"`{r['task']}` {r['small_token_share']:.1%} of the tokens and {r['small_time_share']:.0%} of "
                        f"the forward's CPU time ({r['small_calls']} of {r['calls']} calls)" for r in results)
-           + " (merging shape groups into one call would need a ragged forward); and the wall-clock figures also carry the machine's load "
+           + "; and the wall-clock figures also carry the machine's load "
            "(the CPU-time columns do not). Fusing the rest would take a compiled forward (`torch.compile`, "
            "whose per-process compile of 15-27 shapes per task was not attempted here) or hand-written kernels.")
     text = "\n".join([
@@ -401,15 +414,15 @@ def main(argv: list[str] | None = None) -> int:
         limit_table,
         "",
         "Model FLOPs = matrix products of one batched `score` call (linear layers, attention; 2 per multiply-add) "
-        "counted by `torch.utils.flop_counter.FlopCounterMode` on the reference forward (the inference forward "
-        "does the same products, plus 4x the attention's few FLOPs in its cross-head layout below 6 keys, which "
-        "are not credited); elementwise work (layer norms, GELU, softmax) is "
+        "counted by `torch.utils.flop_counter.FlopCounterMode` on the reference forward without merged calls (the "
+        "inference forward does the same products, plus 4x the attention's few FLOPs in its cross-head layout "
+        "below 6 keys and the padding rows of merged calls, neither credited); elementwise work (layer norms, GELU, softmax) is "
         "not counted, so it lowers the achieved rate. Forward GFLOP/s = those FLOPs / time inside the adapter's "
         "`log_probs` (median of the rounds), in wall-clock or in the calling thread's CPU time (`time.thread_time`; "
         "1 torch thread, so all the work runs on it: the machine is shared, and CPU time leaves out the time "
         "other processes hold the cores); whole-`score` GFLOP/s divides by the whole call (wall). Reference rows: "
-        "the same `score` calls with `PfnMini.fast_inference = False` (the autograd `forward`, SDPA), interleaved "
-        "in the same rounds. The matmul is a plain `torch.matmul` of float32 `[tokens of one forward call, d_model] @ [d_model, d_ff]` (pfn-mini's "
+        "the same `score` calls with `PfnMini.fast_inference = False` (the autograd `forward`, SDPA) and "
+        "`merge=False` (one call per shape group: the previous engine), interleaved in the same rounds. The matmul is a plain `torch.matmul` of float32 `[tokens of one forward call, d_model] @ [d_model, d_ff]` (pfn-mini's "
         "widest product, rows = the mean tokens per forward call of the run) at the same thread count, median "
         "of 5 timed repetitions, each timed both ways; the square 1024^3 product is the machine's best case. Contexts forwarded: "
         "the invariance shortcut scores contexts identical under pfn-mini's row order and uniform multiplicity "
@@ -438,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         "probed at 9 checkpoints plus the shared reference builds it once per probe actor.",
         "",
         "Why the speed-up is what it is: the batched engine spends "
-        f"{h['fwd_share']:.0%} of its time in the forward pass and does one call per context shape, so it is bound by "
+        f"{h['fwd_share']:.0%} of its time in the forward pass and does one call per context shape (small shapes merged), so it is bound by "
         f"the model's arithmetic ({h['b_fwd_ms']:.3f} ms of forward per context on `{h['task']}`), while the naive "
         f"loop pays a fixed per-call cost of the framework and of pfn-mini's dozens of small ops ({h['n_fwd_ms']:.3f} ms "
         "per context, almost independent of the context's size). The ratio is therefore the per-call overhead over "

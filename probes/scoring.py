@@ -1,8 +1,9 @@
 """Batched probe scoring: every (query, manipulation) pair of a prepared task, for one model.
 
 Contexts of equal shape are stacked into one tensor batch and scored in a single forward pass per
-chunk; the Python work per context is only the plan, built once per (task, suite, seed) and reused for
-every checkpoint and for the reference model.
+chunk (for a model that takes row weights, shape groups too small to fill a call share one, padded with
+zero-weight rows: :func:`merge_small_groups`); the Python work per context is only the plan, built once per
+(task, suite, seed) and reused for every checkpoint and for the reference model.
 
 Scores (ICLMEM_SPEC.md, Stage II) for candidate distribution p over Y and true label y*:
 ``loss = -log p(y*)``, ``entropy = H(p)``, ``confidence = p(y*)``; all in float32.
@@ -206,7 +207,8 @@ def model_device(model: Any) -> torch.device:
 
 
 @torch.no_grad()
-def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: bool = True) -> pd.DataFrame:
+def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: bool = True,
+          merge: bool = True) -> pd.DataFrame:
     """One row per (query, manipulation): query_id, member, manipulation, category, loss, entropy, confidence.
 
     Rows come back in plan order (query-major, suite order), so tables from two models align row by row.
@@ -214,6 +216,9 @@ def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: b
     scored once and their scores copied (:meth:`ProbePlan.representatives`). Runs on the model's device;
     ``max_batch`` contexts per forward (default: 2048 on CPU; on CUDA as many as fit, starting from
     ``CUDA_MAX_BATCH`` and halving on an out-of-memory error). Scores are float32 whatever the device.
+    On CPU a call holds at most ``CPU_MAX_TOKENS`` tokens unless ``max_batch`` is given, and with ``merge``
+    (the default) shape groups too small to fill a forward call are merged, their contexts padded with
+    zero-weight rows, for models that take row weights (:func:`merge_small_groups`).
     """
     model.module.eval()
     q = plan.queries
@@ -223,11 +228,13 @@ def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: b
     out = {k: np.empty(n, dtype=np.float32) for k in SCORE_COLUMNS}
     invariances: frozenset[Any] = frozenset(getattr(model, "invariances", ()))
     groups = plan.unique_groups(invariances) if shortcut else plan.groups
+    if merge and device.type == "cpu" and _can_pad(model, plan):
+        groups = merge_small_groups(groups)
     batch = max_batch or (CUDA_MAX_BATCH if device.type == "cuda" else CPU_MAX_BATCH)
-    for _shape, indices in groups:
+    for shape, indices in groups:
         start = 0
         while start < len(indices):
-            chunk = indices[start : start + batch]
+            chunk = indices[start : start + _chunk_size(batch, shape, max_batch, device)]
             try:
                 scores = _score_chunk(model, plan, chunk, device)
             except torch.OutOfMemoryError:
@@ -288,14 +295,96 @@ def reference_batch(plans: Sequence[ContextPlan], reference_rows: np.ndarray) ->
     return np.ascontiguousarray(np.stack(out), dtype=np.float32)
 
 
+CPU_MAX_TOKENS = 4096  # tokens (context + query rows) per CPU forward call: measured on pfn-mini (random tables of
+# 11 tokens), ~5% more CPU time per token at 20k tokens per call than at 2-4k; on digits' score call ~2%
+MERGE_BELOW = 256  # tokens: shape groups smaller than this are merged with others (merge_small_groups)
+MERGE_MAX_PADDING = 1.3  # padded tokens / real tokens of a merged call at most
+
+
+def _chunk_size(batch: int, shape: Any, max_batch: int | None, device: torch.device) -> int:
+    """Contexts per forward call of a group of ``shape``: ``batch``, capped on CPU at CPU_MAX_TOKENS tokens."""
+    if max_batch is not None or device.type != "cpu":
+        return batch
+    return max(1, min(batch, CPU_MAX_TOKENS // (int(shape.n_rows) + 1)))
+
+
+def _can_pad(model: Any, plan: ProbePlan) -> bool:
+    """Contexts may be padded with zero-weight rows: the model takes row weights, where a row of weight 0 is
+    no row (pfn-mini: exp(logit + log 0) = 0; tests/test_fast_forward.py), and it does not normalise
+    features over the context (reference statistics). Padding adds rows, not columns, so a column layout
+    (per context) is unaffected."""
+    return (plan.row_weights is not None and bool(getattr(model, "supports_context_weights", False))
+            and not getattr(model, "normalizes_over_context", False))
+
+
+def merge_small_groups(groups: Groups) -> Groups:
+    """Shape groups of fewer than MERGE_BELOW tokens merged, within one feature count (kept + distractor
+    columns), into groups whose contexts are padded to the largest row count among them: one forward call
+    instead of several small ones, whose fixed cost per call their few tokens do not amortise. Groups taken
+    in order of row count; a merged group closes when the next would push its padded tokens past
+    MERGE_MAX_PADDING x its real tokens. The merged group's shape is that largest shape (rows padded to)."""
+    out: list[tuple[Any, tuple[int, ...]]] = []
+    small: dict[int, list[tuple[Any, tuple[int, ...]]]] = {}
+    for shape, indices in groups:
+        if len(indices) * (shape.n_rows + 1) < MERGE_BELOW:
+            small.setdefault(shape.n_kept + shape.n_distractors, []).append((shape, indices))
+        else:
+            out.append((shape, indices))
+    for members in small.values():
+        members.sort(key=lambda g: g[0].n_rows)
+        bins: list[list[tuple[Any, tuple[int, ...]]]] = []
+        for group in members:
+            if bins:
+                candidate = bins[-1] + [group]
+                real = sum(len(idx) * (shape.n_rows + 1) for shape, idx in candidate)
+                padded = sum(len(idx) for _, idx in candidate) * (group[0].n_rows + 1)
+                if padded <= MERGE_MAX_PADDING * real:
+                    bins[-1] = candidate
+                    continue
+            bins.append([group])
+        out += [(merged[-1][0], tuple(i for _, idx in merged for i in idx)) for merged in bins]
+    return tuple(out)
+
+
+def _materialize_padded(plan: ProbePlan, chunk: Sequence[int], query_rows: np.ndarray,
+                        n_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``materialize_batch`` for plans of several row counts (one feature count): context_x [B, n_rows, F],
+    context_y [B, n_rows], query_x [B, F] and row weights [B, n_rows], each context's rows padded with zero
+    features, label 0 and weight 0 after its own."""
+    assert plan.row_weights is not None
+    q = plan.queries
+    entries = [plan.planned[i] for i in chunk]
+    n_features = entries[0].plan.n_kept + entries[0].plan.n_distractors
+    batch = len(entries)
+    context_x = np.zeros((batch, n_rows, n_features), dtype=np.float32)
+    context_y = np.zeros((batch, n_rows), dtype=np.int64)
+    query_x = np.empty((batch, n_features), dtype=np.float32)
+    row_weight = np.zeros((batch, n_rows), dtype=np.float32)
+    by_rows: dict[int, list[int]] = {}
+    for b, entry in enumerate(entries):
+        by_rows.setdefault(entry.plan.n_rows, []).append(b)
+    for rows, positions in by_rows.items():
+        at = np.asarray(positions)
+        cx, cy, qx = materialize_batch([entries[b].plan for b in positions], q.features[query_rows[at]])
+        context_x[at, :rows], context_y[at, :rows], query_x[at] = cx, cy, qx
+        row_weight[at, :rows] = np.stack([plan.row_weights[chunk[b]] for b in positions])
+    return context_x, context_y, query_x, row_weight
+
+
 def _score_chunk(model: Any, plan: ProbePlan, chunk: Sequence[int], device: torch.device) -> dict[str, np.ndarray]:
     q = plan.queries
     entries = [plan.planned[i] for i in chunk]
     query_rows = np.fromiter((e.query_index for e in entries), dtype=np.int64, count=len(entries))
-    context_x, context_y, query_x = materialize_batch([e.plan for e in entries], q.features[query_rows])
+    n_rows = {e.plan.n_rows for e in entries}
     weights = {}  # only models that take row multiplicities get the keyword
-    if plan.row_weights is not None:
-        weights["context_weight"] = torch.from_numpy(np.stack([plan.row_weights[i] for i in chunk])).to(device)  # [B, N]
+    if len(n_rows) == 1:
+        context_x, context_y, query_x = materialize_batch([e.plan for e in entries], q.features[query_rows])
+        if plan.row_weights is not None:
+            weights["context_weight"] = torch.from_numpy(np.stack([plan.row_weights[i] for i in chunk])).to(device)  # [B, N]
+    else:  # a merged chunk (merge_small_groups): each shape materialised, padded to N rows of weight 0
+        assert plan.row_weights is not None
+        context_x, context_y, query_x, row_weight = _materialize_padded(plan, chunk, query_rows, max(n_rows))
+        weights["context_weight"] = torch.from_numpy(row_weight).to(device)
     reference = None
     if getattr(model, "normalizes_over_context", False) and q.reference_rows is not None:
         reference = torch.from_numpy(reference_batch([e.plan for e in entries], q.reference_rows)).to(device)

@@ -131,3 +131,71 @@ def test_training_keeps_the_autograd_forward_and_its_gradients():
     assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
     assert all(float(g.abs().sum()) > 0 for g in grads.values())
     assert float((out.detach() - no_grad_out).abs().max()) <= TOLERANCE  # same function either way
+
+
+@pytest.mark.parametrize("n_context", [3, 8], ids=["cross_head", "per_head"])
+def test_zero_weight_padding_rows_change_nothing(shipped, n_context):
+    """Rows of weight 0 appended to every context (what score's merged shape groups add) are no rows, in
+    both forwards: the inference forward's [v | w] column and the reference's log(0) = -inf bias."""
+    context_x, context_y, query_x, weight = _inputs(100, n_context, 1, 18, seed=n_context, weighted=True)
+    pad = 4
+    padded_x = torch.cat([context_x, torch.zeros(100, pad, 18)], dim=1)
+    padded_y = torch.cat([context_y, torch.zeros(100, pad, dtype=torch.int64)], dim=1)
+    padded_w = torch.cat([weight, torch.zeros(100, pad)], dim=1)
+    reference = _log_probs(shipped, False, context_x, context_y, query_x, weight)
+    for fast in (True, False):
+        out = _log_probs(shipped, fast, padded_x, padded_y, query_x, padded_w)
+        assert float((out - reference).abs().max()) <= TOLERANCE
+
+
+def test_merge_small_groups_keeps_every_context_once_within_one_feature_count():
+    from probes.manipulations import PlanShape
+    from probes.scoring import MERGE_BELOW, MERGE_MAX_PADDING, merge_small_groups
+
+    assert 1000 * 3 >= MERGE_BELOW > 6 * 4
+
+    groups = ((PlanShape(2, 16, 0), tuple(range(0, 1000))),  # large: untouched
+              (PlanShape(3, 16, 2), tuple(range(1000, 1006))), (PlanShape(4, 16, 2), tuple(range(1006, 1021))),
+              (PlanShape(5, 16, 2), tuple(range(1021, 1039))), (PlanShape(10, 16, 2), tuple(range(1039, 1042))),
+              (PlanShape(4, 14, 0), tuple(range(1042, 1050))),  # another feature count: never with the others
+              (PlanShape(30, 16, 2), tuple(range(1050, 1053))))  # far more rows: padding bound keeps it apart
+    merged = merge_small_groups(groups)
+    flat = sorted(i for _, idx in merged for i in idx)
+    assert flat == list(range(1053))
+    assert (PlanShape(2, 16, 0), tuple(range(1000))) in merged
+    shape_of = {i: shape for shape, idx in groups for i in idx}
+    for shape, idx in merged:
+        assert len({shape_of[i].n_kept + shape_of[i].n_distractors for i in idx}) == 1
+        assert shape.n_rows == max(shape_of[i].n_rows for i in idx)
+        real = sum(shape_of[i].n_rows + 1 for i in idx)
+        assert len(idx) * (shape.n_rows + 1) <= MERGE_MAX_PADDING * real or len({shape_of[i] for i in idx}) == 1
+    assert len(merged) < len(groups)  # 3, 4, 5 rows merged
+    assert any(len({shape_of[i] for i in idx}) > 1 for _, idx in merged)
+
+
+def test_merged_score_table_is_the_unmerged_reference_table(shipped, monkeypatch):
+    """score's merged (padded) forward calls against one call per shape group and the reference forward."""
+    task = prepare_task(TaskSource("breast_cancer", "builtin"), seed=0, q=6, context_size=40)
+    plan = ProbePlan.build(ProbeQueries.from_task(task), default_suite(), task.seed,
+                           compress_rows=shipped.supports_context_weights)
+    calls = []
+    original = shipped.log_probs
+
+    def counted(context_x, *args, **kwargs):
+        calls.append(tuple(context_x.shape))
+        return original(context_x, *args, **kwargs)
+
+    monkeypatch.setattr(shipped, "log_probs", counted)
+    merged = score(shipped, plan)
+    merged_calls = list(calls)
+    calls.clear()
+    shipped.module.fast_inference = False
+    try:
+        reference = score(shipped, plan, merge=False)
+    finally:
+        shipped.module.fast_inference = True
+    assert len(merged_calls) < len(calls)  # some shape groups did share a call
+    keys = ["query_id", "member", "manipulation", "category"]
+    assert merged[keys].equals(reference[keys])
+    for column in ("loss", "entropy", "confidence"):
+        assert np.max(np.abs(merged[column].to_numpy() - reference[column].to_numpy())) <= TOLERANCE
