@@ -57,6 +57,13 @@ def read_parquet_checked(path: Path) -> pd.DataFrame | None:
         return None
 
 
+def resolve_model(model_or_factory: Any | Callable[[], Any]) -> Any:
+    """A model, from the model itself or from a zero-argument factory (so a cache hit builds nothing)."""
+    if callable(model_or_factory) and not hasattr(model_or_factory, "log_probs"):
+        return model_or_factory()
+    return model_or_factory
+
+
 def reference_scores(
     cache_dir: str | Path, task_fingerprint: str, plan: ProbePlan, base_digest: str,
     base_model: Any | Callable[[], Any],
@@ -66,7 +73,6 @@ def reference_scores(
     cached = read_parquet_checked(path)
     if cached is not None and len(cached) == len(plan.planned):
         return cached
-    model = base_model() if callable(base_model) and not hasattr(base_model, "log_probs") else base_model
-    table = score(model, plan)
+    table = score(resolve_model(base_model), plan)
     write_parquet_atomic(table, path)
     return table

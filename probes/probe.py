@@ -21,7 +21,7 @@ from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError, ProbeError
 from iclmem.runfolder import QUERIES_SUFFIX
 from iclmem.vocab import SCORE_KINDS, Outcome, VerdictRule
-from probes.calibration import model_digest, read_parquet_checked, reference_scores
+from probes.calibration import model_digest, read_parquet_checked, reference_scores, resolve_model
 from probes.canaries import canary_records, label_ranks
 from probes.canaries import summary_columns as canary_summary_columns
 from probes.metrics import (
@@ -119,15 +119,23 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def base_icl(cache_dir: str | Path, task: Any, base_digest: str, base_model: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The base model's ordinary ICL (loss, p_true) per query, cached like the reference scores."""
-    path = Path(cache_dir) / f"base_icl_{task.fingerprint[:16]}_{base_digest}.parquet"
+def _cached_frame(path: Path, compute: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+    """The table at ``path``, computed and written (atomically) when it is missing or unreadable."""
     cached = read_parquet_checked(path)
     if cached is None:
-        model = base_model() if callable(base_model) and not hasattr(base_model, "log_probs") else base_model
-        predictions = icl_predictions(model, task)
-        cached = pd.DataFrame({"loss": predictions.loss, "p_true": predictions.p_true})
+        cached = compute()
         write_parquet_atomic(cached, path)
+    return cached
+
+
+def base_icl(cache_dir: str | Path, task: Any, base_digest: str, base_model: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The base model's ordinary ICL (loss, p_true) per query, cached like the reference scores."""
+
+    def compute() -> pd.DataFrame:
+        predictions = icl_predictions(resolve_model(base_model), task)
+        return pd.DataFrame({"loss": predictions.loss, "p_true": predictions.p_true})
+
+    cached = _cached_frame(Path(cache_dir) / f"base_icl_{task.fingerprint[:16]}_{base_digest}.parquet", compute)
     return cached["loss"].to_numpy(), cached["p_true"].to_numpy()
 
 
@@ -141,9 +149,25 @@ def icl_utility_columns(predictions: Any, member: np.ndarray) -> dict[str, float
                                  ("loss", np.asarray(predictions.loss, dtype=np.float64)))}
 
 
-# null-split pool plans, built once per (task, splits, suite, seed) in a process and reused for every checkpoint
-_NULL_PLANS: dict[tuple[Any, ...], ProbePlan] = {}
-_NULL_PLANS_MAX = 64
+# plans over other rows than a task's own (null-split pools, canaries), built once per key in a process and
+# reused for every checkpoint
+_DERIVED_PLANS: dict[tuple[Any, ...], ProbePlan] = {}
+_DERIVED_PLANS_MAX = 64
+
+
+def _derived_plan(key: tuple[Any, ...], plan: ProbePlan, query_ids: np.ndarray, member: np.ndarray,
+                  labels: np.ndarray, features: np.ndarray, n_classes: int) -> ProbePlan:
+    """A plan over the given rows with ``plan``'s suite, seed, row compression, C' statistics and columns."""
+    key = (*key, plan.suite_fingerprint, plan.seed, plan.row_weights is not None)
+    if key not in _DERIVED_PLANS:
+        if len(_DERIVED_PLANS) >= _DERIVED_PLANS_MAX:
+            _DERIVED_PLANS.pop(next(iter(_DERIVED_PLANS)))
+        queries = ProbeQueries(query_ids=np.asarray(query_ids, np.int64), member=np.asarray(member, bool),
+                               labels=np.asarray(labels, np.int64), features=np.asarray(features, np.float32),
+                               n_classes=int(n_classes), reference_rows=plan.queries.reference_rows,
+                               columns=plan.queries.columns)
+        _DERIVED_PLANS[key] = ProbePlan.build(queries, plan.suite, plan.seed, compress_rows=plan.row_weights is not None)
+    return _DERIVED_PLANS[key]
 
 
 def null_pool_plan(task: Any, splits: list[tuple[np.ndarray, np.ndarray]], plan: ProbePlan) -> ProbePlan:
@@ -151,20 +175,10 @@ def null_pool_plan(task: Any, splits: list[tuple[np.ndarray, np.ndarray]], plan:
     ``plan``). A query's contexts depend only on (seed, query id, label), never on the other queries, so
     scoring the union once and cutting it into the splits gives each split the scores it would get alone,
     at the cost of scoring each row once however many splits share it."""
-    compress = plan.row_weights is not None
     rows = np.unique(np.concatenate([np.concatenate(s) for s in splits]))
-    key = (task.fingerprint, hashlib.sha256(rows.tobytes()).hexdigest(), plan.suite_fingerprint, plan.seed, compress)
-    if key not in _NULL_PLANS:
-        if len(_NULL_PLANS) >= _NULL_PLANS_MAX:
-            _NULL_PLANS.pop(next(iter(_NULL_PLANS)))
-        queries = ProbeQueries(query_ids=np.asarray(task.row_ids)[rows].astype(np.int64),
-                               member=np.zeros(len(rows), dtype=bool),  # each split sets its own flags
-                               labels=np.asarray(task.labels)[rows].astype(np.int64),
-                               features=np.asarray(task.features, dtype=np.float32)[rows],
-                               n_classes=int(task.n_classes), reference_rows=plan.queries.reference_rows,
-                               columns=plan.queries.columns)
-        _NULL_PLANS[key] = ProbePlan.build(queries, plan.suite, plan.seed, compress_rows=compress)
-    return _NULL_PLANS[key]
+    return _derived_plan(("null", task.fingerprint, hashlib.sha256(rows.tobytes()).hexdigest()), plan,
+                         np.asarray(task.row_ids)[rows], np.zeros(len(rows), dtype=bool),  # each split sets its own flags
+                         np.asarray(task.labels)[rows], np.asarray(task.features)[rows], task.n_classes)
 
 
 def split_scores_table(pool: pd.DataFrame, member_ids: np.ndarray, nonmember_ids: np.ndarray) -> pd.DataFrame:
@@ -288,30 +302,19 @@ def with_member_flags(table: pd.DataFrame, plan: ProbePlan) -> pd.DataFrame:
     return out
 
 
-# canary probe plans, built once per (task, canary set, suite, seed) in a process and reused for every checkpoint
-_CANARY_PLANS: dict[tuple[Any, ...], ProbePlan] = {}
-
-
 def canary_plan(task: Any, canaries: Any, plan: ProbePlan) -> ProbePlan:
     """The probe plan of a run's canaries (inserted ones as members, held-out ones as non-members), with
     the task's plan's suite, seed, context statistics and columns."""
-    key = (task.fingerprint, canaries.fingerprint, plan.suite_fingerprint, plan.seed, plan.row_weights is not None)
-    if key not in _CANARY_PLANS:
-        if len(_CANARY_PLANS) >= _NULL_PLANS_MAX:
-            _CANARY_PLANS.pop(next(iter(_CANARY_PLANS)))
-        queries = ProbeQueries(query_ids=np.asarray(canaries.ids, np.int64), member=np.asarray(canaries.inserted),
-                               labels=np.asarray(canaries.labels, np.int64),
-                               features=np.asarray(canaries.features, np.float32), n_classes=int(task.n_classes),
-                               reference_rows=plan.queries.reference_rows, columns=plan.queries.columns)
-        _CANARY_PLANS[key] = ProbePlan.build(queries, plan.suite, plan.seed, compress_rows=plan.row_weights is not None)
-    return _CANARY_PLANS[key]
+    return _derived_plan(("canaries", task.fingerprint, canaries.fingerprint), plan, canaries.ids, canaries.inserted,
+                         canaries.labels, canaries.features, task.n_classes)
 
 
 def canary_columns(model: Any, task: Any, plan: ProbePlan, canaries: Any, cache_dir: str | Path, base_digest: str,
                    base_model: Any) -> dict[str, Any]:
     """Exposure of the run's canaries at this checkpoint (``probes.canaries``): the probe's calibrated
     loss and the known-context calibrated loss of every canary, inserted and held out, and the rank of its
-    trained label; the base model's statistics are cached like the reference scores of the real split."""
+    trained label; the base model's statistics of both are computed once and cached like the reference
+    scores of the real split."""
     cplan = canary_plan(task, canaries, plan)
     ref_key = f"{task.fingerprint}|canaries|{canaries.fingerprint}"
     reference = robustness_scores(reference_scores(cache_dir, ref_key, cplan, base_digest, base_model))
@@ -320,11 +323,16 @@ def canary_columns(model: Any, task: Any, plan: ProbePlan, canaries: Any, cache_
     loss = ScoreKind.LOSS.value
     probe_stat = membership_score(ScoreKind.LOSS, finetuned.loc[ids, loss].to_numpy() - reference.loc[ids, loss].to_numpy())
     labels = torch.from_numpy(np.asarray(canaries.labels, np.int64))
+
+    def base_loss() -> pd.DataFrame:
+        log_probs = icl_log_probs(resolve_model(base_model), task, canaries.features, plan.queries.columns)
+        return pd.DataFrame({"loss": distribution_scores(log_probs, labels)["loss"].astype(np.float64)})
+
     lp_ft = icl_log_probs(model, task, canaries.features, plan.queries.columns)
-    base = base_model() if callable(base_model) and not hasattr(base_model, "log_probs") else base_model
-    lp_base = lp_ft if base is model else icl_log_probs(base, task, canaries.features, plan.queries.columns)
-    known_stat = membership_score(ScoreKind.LOSS, distribution_scores(lp_ft, labels)["loss"].astype(np.float64)
-                                  - distribution_scores(lp_base, labels)["loss"].astype(np.float64))
+    loss_base = _cached_frame(Path(cache_dir) / f"base_icl_canaries_{task.fingerprint[:16]}_"
+                              f"{canaries.fingerprint[:16]}_{base_digest}.parquet", base_loss)["loss"].to_numpy()
+    known_stat = membership_score(ScoreKind.LOSS,
+                                  distribution_scores(lp_ft, labels)["loss"].astype(np.float64) - loss_base)
     records = canary_records(ids, canaries.kinds, canaries.copies, probe_stat, known_stat,
                              label_ranks(lp_ft.numpy(), canaries.labels), int(task.n_classes))
     return canary_summary_columns(records)
