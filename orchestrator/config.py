@@ -256,8 +256,9 @@ class CanaryConfig(_Strict):
         """The ``trainables.canaries.CanarySettings`` of a run (as a dict), or None when off."""
         if not self.enabled:
             return None
-        return {"kinds": [str(k.value) for k in self.kinds], "copies": list(self.copies),
-                "per_group": self.per_group, "holdout": self.holdout}
+        from trainables.canaries import CanarySettings
+
+        return CanarySettings(tuple(self.kinds), tuple(self.copies), self.per_group, self.holdout).as_dict()
 
 
 HASH_NEUTRAL_BLOCKS["canaries"] = CanaryConfig().model_dump(mode="json")

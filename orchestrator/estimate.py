@@ -74,6 +74,15 @@ class Work:
         return sum(getattr(self, name).values())
 
 
+def _canary_settings(sweep: Any) -> Any:
+    """The sweep's ``trainables.canaries.CanarySettings``, or None without canaries."""
+    from trainables.canaries import CanarySettings
+
+    canaries = getattr(sweep, "canaries", None)
+    settings = canaries.settings() if canaries is not None else None
+    return None if settings is None else CanarySettings.from_value(settings)
+
+
 def count_work(sweep: Any) -> Work:
     """Count the work of a loaded sweep (``orchestrator.config.load_sweep``)."""
     from orchestrator.config import expand_grid
@@ -93,11 +102,11 @@ def count_work(sweep: Any) -> Work:
     contexts = lambda counter, per: {k: n * per * 2 * k[1] * suite for k, n in counter.items()}  # noqa: E731
     prepared = {(task, tr.q, tr.label_mode, tr.seed) for tr in trials for task in tr.task.split("+")}
     probe_contexts = contexts(runs_by, len(schedule))
-    canaries = getattr(sweep, "canaries", None)
-    if canaries is not None and canaries.enabled:
+    canaries = _canary_settings(sweep)
+    if canaries is not None:
         # every fine-tuned checkpoint also scores each canary, inserted or held out, under the whole suite
-        n_canaries = len(canaries.kinds) * (canaries.per_group * len(canaries.copies) + canaries.holdout)
-        probe_contexts = {k: v + runs_by[k] * len(schedule) * n_canaries * suite for k, v in probe_contexts.items()}
+        probe_contexts = {k: v + runs_by[k] * len(schedule) * canaries.n_canaries * suite
+                          for k, v in probe_contexts.items()}
     return Work(
         runs=len(trials), epochs=t.epochs, schedule=tuple(schedule), suite=suite,
         tasks=tuple(tk.name for tk in sweep.tasks), runs_by=dict(runs_by), steps=steps,
@@ -193,12 +202,11 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
     task = prepare_task(_task_source(task_config), settings, seed=0, q=q)
     prepare_s = time.perf_counter() - start
 
-    canaries = getattr(sweep, "canaries", None)
     # with canaries every step carries their copies as extra query rows (their probe contexts are counted
     # by count_work, not here)
     spec = FinetuneSpec(model=model_name, model_options=model_options, lr=1e-4, epochs=epochs + 1,
                         grad_clip=sweep.training.grad_clip, weight_decay=sweep.training.weight_decay,
-                        canaries=canaries.settings() if canaries is not None and canaries.enabled else None)
+                        canaries=_canary_settings(sweep))
     finetuner = Finetuner(spec, [task], device=device)
     finetuner.run_epoch()  # warm-up: kernels, allocator
     epoch_s = _median_time(finetuner.run_epoch, epochs)

@@ -72,6 +72,11 @@ class CanarySettings:
                    per_group=int(data.get("per_group", 4)), holdout=int(data.get("holdout", 32)))
 
     @property
+    def n_canaries(self) -> int:
+        """Canaries of a run, inserted and held out: the extra queries every checkpoint's probe scores."""
+        return len(self.kinds) * (self.per_group * len(self.copies) + self.holdout)
+
+    @property
     def n_inserted_rows(self) -> int:
         """Query rows the canaries add to each fine-tuning step (every copy is one row)."""
         return len(self.kinds) * self.per_group * sum(self.copies)
