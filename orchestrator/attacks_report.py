@@ -16,7 +16,6 @@ fpr / tpr, which ``orchestrator.aggregate.attack_columns`` writes), so no raw va
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import re
@@ -26,7 +25,7 @@ from typing import Iterator
 import pandas as pd
 
 from iclmem.vocab import Attack
-from orchestrator.report_parts import html_table, img_tag, save_png
+from orchestrator.report_parts import html_table, paragraph, save_png, section_html
 
 __all__ = ["ATTACK_REPORT_COLUMNS", "ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "ATTACKS_FIGURE",
            "attack_table", "attack_verdict_table", "attack_roc_figure", "attacks_section_html"]
@@ -210,7 +209,7 @@ def attacks_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
             "its bootstrap 95% interval; null AUC: the attack on a random half of the non-members labelled "
             "member (rows the run never trained on), which must stay near 0.5. Reference trials are not audited "
             "runs: their rows are in reference_results.parquet, not in the tables above.")
-    parts = ["<h2>Reference-model attacks: LiRA and RMIA</h2>", f"<p>{html.escape(note)}</p>", html_table(table)]
+    blocks = [paragraph(note), html_table(table)]
     verdicts = attack_verdict_table(results)
     if not verdicts.empty:
         verdict_note = ("Verdicts: every attack is judged by the sweep's own memorization rule (the rule and "
@@ -221,7 +220,5 @@ def attacks_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
                         "verdict there is a false positive (null FP: at the null runs' headlines, and over all "
                         "checkpoints). ")
         summary = _verdict_summary(results)
-        parts += [f"<p>{html.escape(verdict_note + (summary + '.' if summary else ''))}</p>", html_table(verdicts)]
-    if figure is not None:
-        parts.append(img_tag(figure_dir, figure, "attack ROC, log-log"))
-    return "\n".join(parts)
+        blocks += [paragraph(verdict_note + (summary + "." if summary else "")), html_table(verdicts)]
+    return section_html("Reference-model attacks: LiRA and RMIA", blocks, figure_dir, figure, "attack ROC, log-log")

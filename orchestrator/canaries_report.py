@@ -13,7 +13,6 @@ Reads only the columns :data:`CANARY_REPORT_COLUMNS` names and the ``canary_*_c<
 
 from __future__ import annotations
 
-import html
 import math
 import re
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from orchestrator.report_parts import html_table, img_tag, save_png
+from orchestrator.report_parts import html_table, paragraph, save_png, section_html
 
 __all__ = ["CANARY_REPORT_COLUMNS", "CANARIES_FIGURE", "canary_copies", "canary_table", "canary_figure",
            "canaries_section_html", "chance_exposure"]
@@ -126,8 +125,5 @@ def canaries_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
             "calibrated loss of the trained label with C′; label rank is the trained label's rank among the "
             "candidates with C′ (1 = predicted). Means over the canaries of each copy count; exposure that grows "
             "with the copies is memorization of those rows.")
-    parts = ["<h2>Canaries: exposure by number of copies</h2>", f"<p>{html.escape(note)}</p>",
-             html_table(table)]
-    if figure is not None:
-        parts.append(img_tag(figure_dir, figure, "canary exposure by copies"))
-    return "\n".join(parts)
+    return section_html("Canaries: exposure by number of copies", [paragraph(note), html_table(table)], figure_dir,
+                        figure, "canary exposure by copies")

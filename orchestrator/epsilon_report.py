@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from iclmem.vocab import SCORE_KINDS
-from orchestrator.report_parts import img_tag, save_png
+from orchestrator.report_parts import paragraph, save_png, section_html
 
 __all__ = ["EPSILON_REPORT_COLUMNS", "epsilon_public", "epsilon_table", "epsilon_figure", "epsilon_section_html",
            "EPSILON_FIGURE"]
@@ -148,8 +148,6 @@ def epsilon_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
     note = (f"ε_lb: the privacy loss the audit's attack proves at δ = {float(delta.iloc[0]):g} (Clopper–Pearson 95% "
             "bounds on TPR and FPR, maximised over thresholds; 0 = no evidence). A DP run's accountant ε is an "
             "upper bound on the same quantity, so ε_lb above it is a bug in one of them.") if not delta.empty else ""
-    parts = ["<h2>Privacy: ε lower bounds and DP-SGD</h2>", f"<p>{html.escape(note)}</p>",
-             f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"]
-    if figure is not None:
-        parts.append(img_tag(figure_dir, figure, "ε over epochs"))
-    return "\n".join(parts)
+    table_html = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return section_html("Privacy: ε lower bounds and DP-SGD", [paragraph(note), table_html], figure_dir, figure,
+                        "ε over epochs")

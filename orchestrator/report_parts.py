@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pandas as pd
 
-__all__ = ["save_png", "html_table", "img_tag"]
+__all__ = ["save_png", "html_table", "img_tag", "paragraph", "section_html"]
 
 
 def save_png(fig: Any, path: str | Path, dpi: int = 110) -> Path:
@@ -37,3 +37,17 @@ def img_tag(figure_dir: str | Path, figure: Path, alt: str) -> str:
     """An <img> for ``figure`` (written in ``figure_dir``), by a path relative to the page's folder (taken
     to be ``figure_dir``'s parent)."""
     return f'<img src="{html.escape(f"{Path(figure_dir).name}/{figure.name}")}" alt="{html.escape(alt)}">'
+
+
+def paragraph(text: str) -> str:
+    """A <p> of plain ``text``, escaped."""
+    return f"<p>{html.escape(text)}</p>"
+
+
+def section_html(heading: str, blocks: Sequence[str], figure_dir: str | Path, figure: Path | None, alt: str) -> str:
+    """An optional section of the report: its heading, its HTML ``blocks`` (paragraphs, tables) and, when
+    one was written, its figure."""
+    parts = [f"<h2>{html.escape(heading)}</h2>", *blocks]
+    if figure is not None:
+        parts.append(img_tag(figure_dir, figure, alt))
+    return "\n".join(parts)
