@@ -72,7 +72,8 @@ def test_inference_forward_gives_the_reference_log_probs(shipped, shape, weighte
     assert torch.equal(fast.argmax(-1), reference.argmax(-1))
     # the shortcut really ran (no silent SDPA fallback) wherever it is meant to
     large = batch * (n_context + n_query) >= pfn_mini._SHORTCUT_MIN_ROWS
-    assert counter.calls == (0 if large else shipped.module.config.n_layers)
+    # SDPA once per block and row segment (context rows, query rows; the last block: query rows only)
+    assert counter.calls == (0 if large else 2 * shipped.module.config.n_layers - 1)
 
 
 def test_weights_equal_to_copies_of_rows(shipped):
@@ -199,3 +200,81 @@ def test_merged_score_table_is_the_unmerged_reference_table(shipped, monkeypatch
     assert merged[keys].equals(reference[keys])
     for column in ("loss", "entropy", "confidence"):
         assert np.max(np.abs(merged[column].to_numpy() - reference[column].to_numpy())) <= TOLERANCE
+
+
+def _every_token_through_every_block(module, context_x, context_y, query_x, weight):
+    """pfn-mini's function computed the plain way (its forward before it skipped unread work): every
+    token through every block, keys and values computed for every token and the context's used."""
+    n_context = context_x.shape[1]
+    tokens = torch.cat([module._encode_features(context_x) + module.y_embedding(context_y),
+                        module._encode_features(query_x)], dim=1)
+    key_bias = None if weight is None else weight.float().log()[:, None, None, :]
+    batch, length, width = tokens.shape
+    for block in module.blocks:
+        q, k, v = block.qkv(block.norm_attn(tokens)).chunk(3, dim=-1)
+
+        def heads(t):
+            return t.reshape(batch, t.shape[1], block.n_heads, -1).transpose(1, 2)
+
+        attended = F.scaled_dot_product_attention(heads(q), heads(k[:, :n_context]), heads(v[:, :n_context]),
+                                                  attn_mask=key_bias).transpose(1, 2).reshape(batch, length, width)
+        tokens = tokens + block.out(attended)
+        tokens = tokens + block.ff(block.norm_ff(tokens))
+    return module.head(tokens[:, n_context:])
+
+
+@pytest.mark.parametrize("shape", [(150, 2, 1, 16), (40, 7, 3, 9), (4, 3, 2, 5)], ids=lambda s: "x".join(map(str, s)))
+def test_both_forwards_skip_only_work_the_output_never_reads(shipped, shape):
+    """Keys and values of query rows and the last block's context rows are never computed; the logits
+    are still those of every token through every block, with and without row weights."""
+    for weighted in (False, True):
+        inputs = _inputs(*shape, seed=7, weighted=weighted)
+        with torch.no_grad():
+            full = _every_token_through_every_block(shipped.module, *inputs)
+            for fast in (True, False):
+                shipped.module.fast_inference = fast
+                try:
+                    out = shipped.module(*inputs)
+                finally:
+                    shipped.module.fast_inference = True
+                assert out.shape == full.shape
+                assert float((out - full).abs().max()) <= TOLERANCE
+
+
+def test_training_gradients_equal_those_of_every_token_through_every_block():
+    module = build_model("pfn-mini", weights="random", seed=6).module.train()
+    inputs = _inputs(30, 5, 2, 8, seed=4, weighted=True)
+    labels = torch.randint(0, 3, (30 * 2,), generator=torch.Generator().manual_seed(1))
+    grads = []
+    for forward in (module, lambda *a: _every_token_through_every_block(module, *a)):
+        module.zero_grad()
+        F.cross_entropy(forward(*inputs)[..., :3].reshape(-1, 3), labels).backward()
+        grads.append({name: p.grad.clone() for name, p in module.named_parameters()})
+    for name, reference in grads[1].items():
+        assert torch.allclose(grads[0][name], reference, rtol=1e-4, atol=1e-6), name
+
+
+def test_reference_forward_counts_only_the_products_the_output_reads(shipped):
+    """FLOPs of the reference forward (what the probe benchmark credits) = those of every token through
+    every block minus the products skipped: each block's keys and values of the M query rows, and the last
+    block's queries, output and feed-forward products of the N context rows. (FlopCounterMode credits SDPA's
+    CPU kernel with no FLOPs, so the attention's few products count in neither.)"""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch, n_context, n_query = 20, 4, 2
+    inputs = _inputs(batch, n_context, n_query, 10, seed=2, weighted=False)
+    config = shipped.module.config
+    d, d_ff = config.d_model, config.d_ff
+    counts = []
+    shipped.module.fast_inference = False
+    try:
+        for forward in (shipped.module, lambda *a: _every_token_through_every_block(shipped.module, *a)):
+            with torch.no_grad(), FlopCounterMode(display=False) as counter:
+                forward(*inputs)
+            counts.append(counter.get_total_flops())
+    finally:
+        shipped.module.fast_inference = True
+    skipped_per_table = (config.n_layers * n_query * 2 * (2 * d * d)  # k, v of query rows
+                         + n_context * 2 * (d * d + d * d + 2 * d * d_ff))  # last block: q, out, ff of context rows
+    assert counts[0] > 0
+    assert counts[1] - counts[0] == batch * skipped_per_table

@@ -37,7 +37,14 @@ class PfnMiniConfig:
 
 
 class ContextAttentionBlock(nn.Module):
-    """Pre-norm transformer block whose keys and values come from the context tokens only."""
+    """Pre-norm transformer block whose keys and values come from the context tokens only.
+
+    Only the work the model's output reads is done: keys and values of the context rows (a query row is
+    never a key), and in the last block (``queries_only``) the query rows' attention and feed-forward (the
+    head reads nothing else). Context rows' keys and values never depend on query rows, so this is the same
+    function as running every token through every block, with about a fifth fewer products on the probe's
+    contexts (tests/test_fast_forward.py checks both forwards against that full computation).
+    """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int) -> None:
         super().__init__()
@@ -48,69 +55,90 @@ class ContextAttentionBlock(nn.Module):
         self.norm_ff = nn.LayerNorm(d_model)
         self.ff = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
 
-    def forward(self, tokens: torch.Tensor, n_context: int, key_bias: torch.Tensor | None = None) -> torch.Tensor:
-        # tokens: [B, N+M, D]; the first n_context tokens are the context rows.
-        # key_bias: [B, 1, 1, N] added to the attention logits (log row multiplicities), or None.
+    def forward(self, tokens: torch.Tensor, n_context: int, key_bias: torch.Tensor | None = None,
+                queries_only: bool = False) -> torch.Tensor:
+        # tokens: [B, N+M, D]; the first n_context tokens are the context rows. Returns [B, N+M, D], or the
+        # query rows [B, M, D] if queries_only. key_bias: [B, 1, 1, N] added to the attention logits (log row
+        # multiplicities), or None.
         batch, length, width = tokens.shape
         head_dim = width // self.n_heads
-        q, k, v = self.qkv(self.norm_attn(tokens)).chunk(3, dim=-1)  # each [B, N+M, D]
+        h = self.norm_attn(tokens)
+        if queries_only:
+            tokens, h_query = tokens[:, n_context:], h[:, n_context:]
+        else:
+            h_query = h
+        weight, bias = self.qkv.weight, self.qkv.bias  # rows: q, k, v (qkv.chunk(3) of one product)
+        q = F.linear(h_query, weight[:width], bias[:width])
+        k, v = F.linear(h[:, :n_context], weight[width:], bias[width:]).chunk(2, dim=-1)
 
         def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(batch, t.shape[1], self.n_heads, head_dim).transpose(1, 2)  # [B, H, L, Dh]
+            return t.reshape(batch, t.shape[1], self.n_heads, head_dim).transpose(1, 2)  # [B, H, rows, Dh]
 
-        attended = F.scaled_dot_product_attention(
-            heads(q), heads(k[:, :n_context]), heads(v[:, :n_context]), attn_mask=key_bias
-        )  # [B, H, N+M, Dh]
-        attended = attended.transpose(1, 2).reshape(batch, length, width)
+        attended = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=key_bias)
+        attended = attended.transpose(1, 2).reshape(batch, q.shape[1], width)
         tokens = tokens + self.out(attended)
         return tokens + self.ff(self.norm_ff(tokens))
 
     def forward_inference(self, tokens: torch.Tensor, batch: int, n_context: int,
-                          context_weight: torch.Tensor | None) -> torch.Tensor:
-        """``forward`` on flat tokens [B*(N+M), D] (each table's N context then M query rows, as ``forward``'s
-        [B, N+M, D] flattened), for CPU inference without autograd: ``tokens`` is updated in place and
-        returned; ``context_weight`` [B, N] or None (``forward``'s key_bias is its log).
+                          context_weight: torch.Tensor | None, queries_only: bool = False,
+                          masks: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+        """``forward`` for CPU inference without autograd, on flat tokens in context-first layout: the
+        B*N context rows (table-major), then the B*M query rows (table-major), [B*(N+M), D]. Returns the
+        tokens in the same layout, updated in place, or the query rows [B*M, D] if ``queries_only``.
+        ``context_weight`` [B, N] or None (``forward``'s key_bias is its log); ``masks``: a per-forward
+        cache for ``_context_attention`` (the same for every block).
 
         The same math rearranged for pfn-mini's shapes (D = 128, 2-11 keys per table), where the
         memory-bound work around the matrix products costs about as much as the products (measured in the
         *Probe throughput* section of benchmarks/RESULTS.md); log-probs agree with ``forward`` to rounding
         (tests/test_fast_forward.py):
 
+        * context rows first, so that their keys and values are one product over a contiguous slice and
+          the last block's query rows another;
         * the first feed-forward layer, its bias and its exact (erf) GELU as one oneDNN product (``_linear``)
           instead of ``addmm`` copying the bias into its output first and a separate GELU pass;
         * residuals as ``tokens.addmm_(a, W.T).add_(b)`` = ``tokens + (a @ W.T + b)``, without temporaries;
         * attention by ``_context_attention`` instead of SDPA's CPU flash kernel, whose per-(table, head)
-          overhead dominates at 2-11 keys; q and (k, v) as two products so that q comes out contiguous
-          and the attention takes per-table views of it without a copy; k and v without their biases,
-          which the attention does not need (see below).
+          overhead dominates at 2-11 keys, written straight into one output; k and v without their biases,
+          which the attention does not need: softmax over the keys ignores q.b_k, the same for every key of
+          a query, and the attention weights sum to 1, so b_v comes out as it went in and joins the output
+          layer's bias: out(a + b_v) = a W_o^T + (b_o + W_o b_v).
         """
         width = tokens.shape[1]
-        length = tokens.shape[0] // batch
+        n_rows = tokens.shape[0] // batch
+        n_query = n_rows - n_context
+        split = batch * n_context  # context rows before, query rows after
+        small = tokens.shape[0] < _SHORTCUT_MIN_ROWS  # the whole call's tokens, also in the last block
         h = F.layer_norm(tokens, (width,), self.norm_attn.weight, self.norm_attn.bias, self.norm_attn.eps)
-        attended = None
-        if batch * length >= _SHORTCUT_MIN_ROWS:
-            # the rows of qkv.weight that chunk(3) gives to q, then k and v: q comes out contiguous [B*L, D].
-            # k and v without their biases (no bias copied into the product's output): softmax over the keys
-            # ignores q.b_k, the same for every key of a query, and the attention weights sum to 1, so b_v
-            # comes out as it went in and joins the output layer's bias: out(a + b_v) = a W_o^T + (b_o + W_o b_v).
-            w, b = self.qkv.weight, self.qkv.bias
-            q = torch.addmm(b[:width], h, w[:width].t())
-            kv = torch.mm(h, w[width:].t())  # [B*L, 2D]
-            attended = _context_attention(q, kv, batch, length, n_context, self.n_heads, context_weight)
-            if attended is not None:
-                out_bias = torch.addmv(self.out.bias, self.out.weight, b[2 * width:])
-        if attended is None:  # few tokens, or logits outside the shortcut's exact range: SDPA, as in forward
-            out_bias = self.out.bias
-            qkv = torch.addmm(self.qkv.bias, h, self.qkv.weight.t())  # [B*L, 3D]
-            q, k, v = qkv[:, :width], qkv[:, width:2 * width], qkv[:, 2 * width:]  # chunk(3, dim=-1): views
+        if queries_only:
+            tokens, h_query, segments = tokens[split:], h[split:], [(0, n_query)]
+        else:
+            h_query, segments = h, [(0, n_context), (split, n_query)]
+        w, b = self.qkv.weight, self.qkv.bias
+        q = torch.addmm(b[:width], h_query, w[:width].t())  # [rows, D]
+        k = torch.mm(h[:split], w[width:2 * width].t())  # [B*N, D]
+        v = torch.mm(h[:split], w[2 * width:].t())
+        attended = torch.empty_like(q)
+        out_bias = torch.addmv(self.out.bias, self.out.weight, b[2 * width:])
+        key_bias = None
+        for start, n_rows_each in segments:
+            rows = slice(start, start + batch * n_rows_each)
+            if (small
+                    or not _context_attention(q[rows], k, v, batch, n_rows_each, n_context, self.n_heads,
+                                              context_weight, masks, attended[rows])):
+                # few tokens (SDPA's one kernel beats the shortcut's small ops), or logits outside the
+                # shortcut's exact range: SDPA, as in forward (with the biases the shortcut leaves out)
+                if key_bias is None and context_weight is not None:
+                    key_bias = context_weight.float().log()[:, None, None, :]
+                heads = self.n_heads
 
-            def heads(t: torch.Tensor, n: int) -> torch.Tensor:
-                return t.view(batch, length, self.n_heads, -1)[:, :n].transpose(1, 2)
+                def per_head(t: torch.Tensor, n: int) -> torch.Tensor:
+                    return t.reshape(batch, n, heads, -1).transpose(1, 2)
 
-            key_bias = None if context_weight is None else context_weight.float().log()[:, None, None, :]
-            attended = F.scaled_dot_product_attention(
-                heads(q, length), heads(k, n_context), heads(v, n_context), attn_mask=key_bias
-            ).transpose(1, 2).reshape(batch * length, width)
+                sdpa = F.scaled_dot_product_attention(
+                    per_head(q[rows], n_rows_each), per_head(k + b[width:2 * width], n_context),
+                    per_head(v, n_context), attn_mask=key_bias)  # v's bias: in out_bias
+                attended[rows] = sdpa.transpose(1, 2).reshape(-1, width)
         tokens.addmm_(attended, self.out.weight.t()).add_(out_bias)
         h = F.layer_norm(tokens, (width,), self.norm_ff.weight, self.norm_ff.bias, self.norm_ff.eps)
         first, act, second = self.ff
@@ -142,65 +170,67 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, gelu: boo
 # the max subtraction changes nothing but rounding. Outside them the caller uses SDPA.
 _MAX_LOGIT = 60.0
 _MIN_DENOMINATOR = 1e-20
-# Below this many keys one product per table over every (head, head) pair is cheaper than one per head
-# (measured: 2-5 keys: cross-head ~1.5x faster; 6-11 keys: per head up to ~1.3x faster).
-_CROSS_HEAD_BELOW = 6
+# Below this many (query row, key) pairs per table one product per table over every (head, head) pair is
+# cheaper than one per head (measured on 40-1000 tables: the query rows' segment, 1 row x 2-30 keys,
+# cross-head 1.5-2.5x faster; context rows x 2-6 keys 1.3-2.4x faster; 8 x 8 and up, per head 1.0-2x faster).
+_CROSS_HEAD_BELOW = 64
 # Below this many tokens per forward the shortcut's ~20 small ops per block cost more than SDPA's one kernel
 # (forward_inference then uses SDPA).
 _SHORTCUT_MIN_ROWS = 256
 
 
-def _context_attention(q: torch.Tensor, kv: torch.Tensor, batch: int, length: int, n_context: int,
-                       n_heads: int, context_weight: torch.Tensor | None) -> torch.Tensor | None:
-    """softmax(q k^T / sqrt(Dh) + log w) v per table and head, the keys and values being each table's first
-    ``n_context`` tokens: what SDPA computes in ``ContextAttentionBlock.forward``.
+def _context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: int, length: int,
+                       n_context: int, n_heads: int, context_weight: torch.Tensor | None,
+                       masks: dict[int, torch.Tensor] | None, out: torch.Tensor) -> bool:
+    """softmax(q k^T / sqrt(Dh) + log w) v per table and head, into ``out``: what SDPA computes in
+    ``ContextAttentionBlock.forward``.
 
-    q: contiguous [B*L, D] and kv: contiguous [B*L, 2D] (k then v; L tokens per table);
-    context_weight: [B, N] or None. Returns [B*L, D], or None (the caller then uses SDPA) when a logit
-    exceeds _MAX_LOGIT or a denominator is below _MIN_DENOMINATOR (or NaN).
+    q: contiguous [B*L, D] (L query rows per table); k, v: contiguous [B*N, D] (N keys per table);
+    context_weight: [B, N] or None; masks: a cache of the cross-head masks by L (or None); out: contiguous
+    [B*L, D]. Returns False, writing nothing, when a logit exceeds _MAX_LOGIT or a denominator is below
+    _MIN_DENOMINATOR (or NaN): the caller then uses SDPA.
 
     Why it equals SDPA:
     * softmax(x)_j = exp(x_j) / sum_i exp(x_i) with no maximum subtracted: identical in exact arithmetic,
       and within the two bounds only rounding differs (~1e-7 relative);
-    * exp(x + log w) = w exp(x): the row multiplicities scale the rows of [v | 1] instead of biasing logits;
-    * [v | 1]: the product of exp(logits) with the extra column (ones, or w) is sum_i w_i exp(x_i), the
-      softmax denominator, so one product gives numerator and denominator.
+    * exp(x + log w) = w exp(x): the row multiplicities scale the exponentiated logits (or the rows of
+      [v | 1]) instead of biasing them;
     Two layouts of the logits' products (same result, chosen by speed):
-    * per head (N >= _CROSS_HEAD_BELOW): for each head a batch of per-table [L, Dh] x [Dh, N] products on
-      strided views of q and k;
-    * cross-head (fewer keys): per table, q viewed [L*H, Dh] (rows = (token, head)) times k's context rows
-      copied to [N*H, Dh]: every head's logits plus the cross-head ones (head h's query, head h' != h's
-      key), which a 0/1 mask zeroes after exp() -- 4x the attention's few FLOPs in one product per table
-      instead of 2 x H tiny ones. The masked weights times [v | 1] viewed [N*H, Dh+1] give each
-      (token, head) row its own head's sums, already in the [B*L, D] layout.
+    * per head (L x N >= _CROSS_HEAD_BELOW): for each head a batch of per-table [L, Dh] x [Dh, N] products on
+      strided views of q and k; [v | 1] (times w) gives numerator and denominator in one product;
+    * cross-head (fewer pairs, e.g. a table's query row): per table, q viewed [L*H, Dh] (rows = (token, head)) times k viewed
+      [N*H, Dh]: every head's logits plus the cross-head ones (head h's query, head h' != h's key), which a
+      0/1 mask (times w) zeroes after exp() -- 4x the attention's few FLOPs in one product per table
+      instead of 2 x H tiny ones. The masked weights times v viewed [N*H, Dh] give each (token, head) row
+      its own head's sum, already in the [B*L, D] layout; their row sums are the denominators.
     """
     width = q.shape[1]
     head_dim = width // n_heads
     scale = head_dim ** -0.5
     dtype, device = q.dtype, q.device
-    per_table = kv.view(batch, length, 2 * width)
-    k = per_table[:, :n_context, :width]  # [B, N, D], row stride 2D
-    v = per_table[:, :n_context, width:].view(batch, n_context, n_heads, head_dim)
-    if n_context < _CROSS_HEAD_BELOW:
+    if length * n_context < _CROSS_HEAD_BELOW:
         logits = torch.empty(batch, length * n_heads, n_context * n_heads, dtype=dtype, device=device)
-        keys = k.reshape(batch, n_context * n_heads, head_dim)  # a copy of the context rows
-        torch.baddbmm(logits, q.view(batch, length * n_heads, head_dim), keys.transpose(1, 2), beta=0.0,
-                      alpha=scale, out=logits)
+        torch.baddbmm(logits, q.view(batch, length * n_heads, head_dim),
+                      k.view(batch, n_context * n_heads, head_dim).transpose(1, 2), beta=0.0, alpha=scale,
+                      out=logits)
         if not float(logits.max()) <= _MAX_LOGIT:  # also catches NaN
-            return None
-        same_head = torch.eye(n_heads, dtype=dtype, device=device)[None, :, None, :]  # [1, H, 1, H]
-        same_head = same_head.expand(length, n_heads, n_context, n_heads).reshape(1, length * n_heads, -1)
-        weights = logits.exp_().mul_(same_head)  # unnormalised attention weights, 0 across heads
-        values = torch.empty(batch, n_context, n_heads, head_dim + 1, dtype=dtype, device=device)
-        values[..., :head_dim] = v
-        values[..., head_dim] = 1.0
-        if context_weight is not None:
-            values.mul_(context_weight.to(dtype).view(batch, n_context, 1, 1))
-        out = torch.bmm(weights, values.view(batch, n_context * n_heads, head_dim + 1))  # [B, L*H, Dh+1]
-        denominator = out[..., head_dim:]
+            return False
+        mask = None if masks is None else masks.get(length)
+        if mask is None:
+            mask = torch.eye(n_heads, dtype=dtype, device=device)[None, :, None, :]  # [1, H, 1, H]
+            mask = mask.expand(length, n_heads, n_context, n_heads).reshape(1, length * n_heads, -1)
+            if context_weight is not None:  # [B, 1, N*H]: w of each key row, repeated per head
+                mask = mask * context_weight.to(dtype).repeat_interleave(n_heads, dim=1)[:, None, :]
+            if masks is not None:
+                masks[length] = mask
+        weights = logits.exp_().mul_(mask)  # unnormalised attention weights, 0 across heads
+        denominator = weights.sum(-1, keepdim=True)  # [B, L*H, 1]
         if not float(denominator.min()) >= _MIN_DENOMINATOR:
-            return None
-        return (out[..., :head_dim] / denominator).view(batch * length, width)
+            return False
+        result = out.view(batch, length * n_heads, head_dim)
+        torch.bmm(weights, v.view(batch, n_context * n_heads, head_dim), out=result)
+        result.div_(denominator)
+        return True
 
     q4, k4 = q.view(batch, length, n_heads, head_dim), k.view(batch, n_context, n_heads, head_dim)
     logits = torch.empty(n_heads, batch, length, n_context, dtype=dtype, device=device)
@@ -208,21 +238,20 @@ def _context_attention(q: torch.Tensor, kv: torch.Tensor, batch: int, length: in
         torch.baddbmm(logits[head], q4[:, :, head], k4[:, :, head].transpose(1, 2), beta=0.0, alpha=scale,
                       out=logits[head])
     if not float(logits.max()) <= _MAX_LOGIT:
-        return None
+        return False
     logits.exp_()
     values = torch.empty(n_heads, batch, n_context, head_dim + 1, dtype=dtype, device=device)
-    values[..., :head_dim] = v.permute(2, 0, 1, 3)
+    values[..., :head_dim] = v.view(batch, n_context, n_heads, head_dim).permute(2, 0, 1, 3)
     values[..., head_dim] = 1.0
     if context_weight is not None:
         values.mul_(context_weight.to(dtype).view(1, batch, n_context, 1))
-    out = torch.bmm(logits.view(n_heads * batch, length, n_context),
-                    values.view(n_heads * batch, n_context, head_dim + 1)).view(n_heads, batch, length, head_dim + 1)
-    denominator = out[..., head_dim:]
+    sums = torch.bmm(logits.view(n_heads * batch, length, n_context),
+                     values.view(n_heads * batch, n_context, head_dim + 1)).view(n_heads, batch, length, -1)
+    denominator = sums[..., head_dim:]
     if not float(denominator.min()) >= _MIN_DENOMINATOR:
-        return None
-    attended = torch.empty(batch, length, n_heads, head_dim, dtype=dtype, device=device)
-    torch.div(out[..., :head_dim], denominator, out=attended.permute(2, 0, 1, 3))
-    return attended.view(batch * length, width)
+        return False
+    torch.div(sums[..., :head_dim], denominator, out=out.view(batch, length, n_heads, head_dim).permute(2, 0, 1, 3))
+    return True
 
 
 class PfnMini(nn.Module):
@@ -255,20 +284,26 @@ class PfnMini(nn.Module):
         # context_weight: [B, N] row multiplicities, or None. Identical context rows stay identical
         # through every layer (they see the same keys), so one row with multiplicity c plus a log(c)
         # bias on its attention logit computes exactly what c copies of it would, with fewer tokens.
-        n_context = context_x.shape[1]
-        context_tokens = self._encode_features(context_x) + self.y_embedding(context_y)
-        query_tokens = self._encode_features(query_x)
+        batch, n_context, _ = context_x.shape
+        n_query = query_x.shape[1]
+        context_tokens = self._encode_features(context_x) + self.y_embedding(context_y)  # [B, N, D]
+        query_tokens = self._encode_features(query_x)  # [B, M, D]
+        last = len(self.blocks) - 1
+        if self.uses_fast_inference(context_tokens):
+            width = context_tokens.shape[-1]
+            # context-first flat layout (see forward_inference); cat's fresh output: updated in place
+            flat = torch.cat([context_tokens.reshape(batch * n_context, width),
+                              query_tokens.reshape(batch * n_query, width)])
+            masks: dict[int, torch.Tensor] = {}  # the attention's cross-head masks, the same for every block
+            for i, block in enumerate(self.blocks):
+                flat = block.forward_inference(flat, batch, n_context, context_weight, queries_only=i == last,
+                                               masks=masks)
+            return self.head(flat.view(batch, n_query, width))
         tokens = torch.cat([context_tokens, query_tokens], dim=1)  # [B, N+M, D]
-        if self.uses_fast_inference(tokens):
-            batch, length, width = tokens.shape
-            flat = tokens.view(batch * length, width)  # cat's fresh output: the blocks update it in place
-            for block in self.blocks:
-                flat = block.forward_inference(flat, batch, n_context, context_weight)
-            return self.head(flat.view(batch, length, width)[:, n_context:])
         key_bias = None if context_weight is None else context_weight.float().log()[:, None, None, :]
-        for block in self.blocks:
-            tokens = block(tokens, n_context, key_bias)
-        return self.head(tokens[:, n_context:])
+        for i, block in enumerate(self.blocks):
+            tokens = block(tokens, n_context, key_bias, queries_only=i == last)
+        return self.head(tokens)  # [B, M, D]: the last block keeps the query rows only
 
     def uses_fast_inference(self, tokens: torch.Tensor) -> bool:
         """The blocks' ``forward_inference`` (same math, fewer memory passes; see it) serves CPU float32
