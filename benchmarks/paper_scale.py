@@ -40,8 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for n in args.workers:
         e = est.on(n)
-        bound = "longest run" if e.longest_s * n >= e.parallel_s else "total / N"
-        rows.append((f"N = {n}", human(e.wall_s), f"{e.device_hours:,.2f}", bound))
+        rows.append((f"N = {n}", human(e.wall_s), f"{e.device_hours:,.2f}", e.bound))
     w = est.work
     config = Path(args.config)
     shown = config.relative_to(REPO) if config.resolve().is_relative_to(REPO) else config

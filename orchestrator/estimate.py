@@ -17,10 +17,10 @@
    (its cost per trial, and a Tune experiment's fixed cost).
 3. **Predict** device-seconds per kind of work and the wall time on N workers (N parallel slots: cores for
    a CPU sweep, GPUs for a CUDA one): driver start + Ray start + Stage I + the Tune experiment's fixed cost
-   + max(parallel work / N, the longest chain: one run's trial overhead, epochs and saves, then the probe
-   of its last checkpoint). The parallel
-   work packs perfectly (fine-tuning and probing overlap, as the pipeline's checkpoint callback makes
-   them). Not modelled: data transfer between nodes, W&B upload, report rendering.
+   + max(parallel work / N, the probe actors' work / min(probe actors, N), the longest chain: one run's
+   trial overhead, epochs and saves, then the probe of its last checkpoint). Within those bounds the
+   parallel work packs perfectly (fine-tuning and probing overlap, as the pipeline's checkpoint callback
+   makes them). Not modelled: data transfer between nodes, W&B upload, report rendering.
 
 Costs are measured at the torch thread count a trial uses (``torch_threads``, default 1).
 """
@@ -28,6 +28,7 @@ Costs are measured at the torch thread count a trial uses (``torch_threads``, de
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import subprocess
 import sys
@@ -107,6 +108,10 @@ def count_work(sweep: Any) -> Work:
         # every fine-tuned checkpoint also scores each canary, inserted or held out, under the whole suite
         probe_contexts = {k: v + runs_by[k] * len(schedule) * canaries.n_canaries * suite
                           for k, v in probe_contexts.items()}
+    reference_contexts = contexts(references, 1)
+    if canaries is not None:  # and the base model scores them once per reference (cached beside its scores)
+        reference_contexts = {k: v + references[k] * canaries.n_canaries * suite
+                              for k, v in reference_contexts.items()}
     return Work(
         runs=len(trials), epochs=t.epochs, schedule=tuple(schedule), suite=suite,
         tasks=tuple(tk.name for tk in sweep.tasks), runs_by=dict(runs_by), steps=steps,
@@ -114,7 +119,7 @@ def count_work(sweep: Any) -> Work:
         checkpoint_jobs={k: n * len(schedule) for k, n in runs_by.items()},
         probe_contexts=probe_contexts, controls=dict(controls),
         control_contexts=contexts(controls, 1), references=dict(references),
-        reference_contexts=contexts(references, 1),
+        reference_contexts=reference_contexts,
         reference_contexts_saved=sum((runs - 1) * 2 * key[2] * suite for key, runs in refs.items()),
         prepared_tasks=len(prepared),
         model_options={m.name: dict(m.options) for m in sweep.models},
@@ -231,13 +236,19 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
     score_s = _median_time(lambda: score(base, plan), max(1, score_rounds))
 
     # The rest of a probe, with every score table stubbed (random scores of the plan's shape); the contexts
-    # of plans other than the task's (e.g. null splits' pools) are counted, to be costed as scoring.
+    # of plans other than the task's (e.g. null splits' pools) are counted, to be costed as scoring. With
+    # canaries the rest includes their known-context forwards on the checkpoint; their probe contexts are
+    # counted by count_work (the canary plan is one object per process: probe.canary_plan caches it).
+    canaries = finetuner.canaries
+    counted_elsewhere = {id(plan)}
+    if canaries is not None:
+        counted_elsewhere.add(id(probe_mod.canary_plan(task, canaries, plan)))
     rng = np.random.default_rng(0)
     stubs: dict[int, Any] = {}
     asked = {"score": 0, "reference": 0, "calls": 0}
 
     def stub(p: Any, kind: str) -> Any:
-        if p is not plan:
+        if id(p) not in counted_elsewhere:
             asked[kind] += len(p.planned)
         return stubs.setdefault(id(p), _stub_table(p, rng))
 
@@ -265,8 +276,11 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
             def probe_rest() -> None:
                 asked["calls"] += 1
                 result["r"] = probe_mod.probe_checkpoint(finetuner.model, task, plan, cache, digest, base,
-                                                         probe_settings, {"run_id": "estimate"}, 1)
+                                                         probe_settings, {"run_id": "estimate"}, 1,
+                                                         canaries=canaries)
 
+            if canaries is not None:  # the base model's canary losses: cached once per task in a sweep
+                probe_mod.canary_columns(finetuner.model, task, plan, canaries, cache, digest, base)
             rest_s = _median_time(probe_rest, 2)
             writes = iter(range(10))
             rest_s += load_s + _median_time(lambda: result["r"].save(cache, f"job{next(writes)}"), 2)
@@ -426,19 +440,39 @@ class Estimate:
     serial_s: dict[str, float]  # on the driver, before the parallel work
     longest_s: float
     plan_builds: int
+    probe_s: float = 0.0  # the part of compute_s that only the probe actors do
+    probe_actors: int = 1  # resources.probe_actors
 
     @property
     def parallel_s(self) -> float:
         return sum(self.compute_s.values())
 
+    def _bounds(self) -> dict[str, float]:
+        """Lower bounds of the parallel phase: all work over N workers; the probe actors' work over those
+        of them that fit on the N workers (every checkpoint's probe runs on one of them); the longest chain."""
+        return {"total work / N": self.parallel_s / self.workers,
+                f"the {self.probe_actors} probe actor(s)": self.probe_s / min(self.probe_actors, self.workers),
+                "the longest run": self.longest_s}
+
+    @property
+    def phase_s(self) -> float:
+        """Wall time of the parallel phase: its largest lower bound (the work packs perfectly otherwise)."""
+        return max(self._bounds().values())
+
+    @property
+    def bound(self) -> str:
+        """Which bound sets the parallel phase (the first of equal ones)."""
+        bounds = self._bounds()
+        return max(bounds, key=lambda k: bounds[k])
+
     @property
     def wall_s(self) -> float:
-        return sum(self.serial_s.values()) + max(self.parallel_s / self.workers, self.longest_s)
+        return sum(self.serial_s.values()) + self.phase_s
 
     @property
     def device_hours(self) -> float:
         """Device-hours held: N workers for the parallel phase (the busy share is parallel / (N x wall))."""
-        return self.workers * max(self.parallel_s / self.workers, self.longest_s) / 3600
+        return self.workers * self.phase_s / 3600
 
     @property
     def device(self) -> str:
@@ -485,7 +519,14 @@ def predict(work: Work, costs: dict[tuple[str, int], UnitCosts], workers: int, o
               "Stage I (driver)": work.prepared_tasks * mean_prepare, "Tune experiment (setup, teardown)": o.tune_fixed_s}
     longest = max(run_s[k] + probe_s[k] for k in keys)
     del references
-    return Estimate(work, costs, o, workers, compute, serial, longest, plan_builds)
+    probe_work = sum(v for k, v in compute.items() if k in _PROBE_ACTOR_WORK)
+    return Estimate(work, costs, o, workers, compute, serial, longest, plan_builds, probe_work, probe_actors)
+
+
+# the kinds of work in ``predict``'s compute_s that run on the probe actors (the rest runs in Tune trials)
+_PROBE_ACTOR_WORK = frozenset({"probe scoring (checkpoints + controls)", "rest of probes (ICL, bootstrap, AUCs)",
+                               "reference scoring (once per reference)", "probe plans (per task and probe actor)",
+                               "probe actor start"})
 
 
 def estimate(config: str | Path, workers: int, device: str | None = None, task: str | None = None,
@@ -580,7 +621,11 @@ def render(est: Estimate, markdown: bool = False) -> str:
         _table(["compute", "device time", "device-hours"], compute_rows, markdown),
         "",
         f"Predicted on {est.workers} worker(s): wall time {human(est.wall_s)} ({est.wall_s:.0f} s; "
-        + ("bound by the longest run" if est.longest_s * est.workers >= est.parallel_s else "bound by total work / N")
+        + f"bound by {est.bound}"
         + f"), {est.device_hours:.3f} device-hours held, {est.parallel_s / 3600:.3f} busy.",
     ]
+    if est.bound.endswith("probe actor(s)"):  # every checkpoint's probe waits for one of too few actors
+        needed = min(est.workers, math.ceil(est.probe_s / max(est.parallel_s / est.workers, 1e-9)))
+        text.append(f"The probes are the bottleneck: raise resources.probe_actors to about {needed} (each takes "
+                    "a worker's share of the devices) to be bound by total work / N.")
     return "\n".join(text)

@@ -222,6 +222,30 @@ def test_the_estimate_counts_the_canaries_probe_contexts():
     assert on.total("probe_contexts") - plain.total("probe_contexts") == runs * checkpoints * 2 * (2 * 4 + 8) * suite
 
 
+
+def test_the_estimate_times_a_probe_with_its_canaries_without_counting_their_contexts_twice(monkeypatch):
+    """measure_unit_costs runs the rest of a probe with the run's canaries (their known-context forwards on
+    the checkpoint are in rest_s); their probe contexts, counted by count_work, are not also counted as
+    the extra contexts of other plans (with null splits off there are none)."""
+    import probes.probe as probe_mod
+    from orchestrator.config import parse_sweep
+    from orchestrator.estimate import measure_unit_costs
+
+    sweep = parse_sweep({"name": "c", "tasks": [{"name": "iris"}], "data": {"context_size": 30},
+                         "probe": {"bootstrap": 20, "suite": ["base", "skew_true_x2"], "null_splits": 0},
+                         "canaries": {"kinds": ["outlier"], "per_group": 2, "copies": [1, 4], "holdout": 8}}, "test")
+    seen = []
+    original = probe_mod.canary_columns
+
+    def recorded(model, task, plan, canaries, *args, **kwargs):
+        seen.append(len(canaries.ids))
+        return original(model, task, plan, canaries, *args, **kwargs)
+
+    monkeypatch.setattr(probe_mod, "canary_columns", recorded)
+    costs = measure_unit_costs(sweep, "pfn-mini", {}, 20, sweep.tasks[0], torch.device("cpu"), epochs=1)
+    assert seen and all(n == 2 * 2 + 8 for n in seen)  # the rest of the probe scored the canaries
+    assert costs.extra_contexts == 0 and costs.extra_reference_contexts == 0
+
 # ------------------------------------------------------------------------------------------- a real sweep
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning")

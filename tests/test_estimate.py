@@ -84,10 +84,34 @@ def test_prediction_adds_each_kind_of_work_and_divides_the_parallel_part_by_the_
     assert two.wall_s == pytest.approx(6.5 + one.parallel_s / 2)
     assert one.on(2).wall_s == pytest.approx(two.wall_s)
     # many workers: bound by the longest chain (a run's start, epochs, saves, then its last probe)
-    many = predict(work, _costs(), 1000, OVERHEADS)
+    many = predict(work, _costs(), 1000, OVERHEADS, probe_actors=1000)
     assert many.longest_s == pytest.approx(2.0 + 5 * 0.1 + 2 * 0.05 + 120 * 1e-3 + 0.4)
-    assert many.wall_s == pytest.approx(6.5 + many.longest_s)
+    assert many.wall_s == pytest.approx(6.5 + many.longest_s) and many.bound == "the longest run"
     assert many.device_hours == pytest.approx(1000 * many.longest_s / 3600)
+
+
+def test_probe_work_on_too_few_probe_actors_bounds_the_wall_time(config):
+    """Every checkpoint's probe runs on one of the probe actors: with 1 of them its work is serial however
+    many workers there are, and the estimate says so (and how many actors would lift the bound)."""
+    work = count_work(load_sweep(config))
+    costs = _costs(score_per_context_s=0.05)  # probing dominates
+    one_actor = predict(work, costs, 8, OVERHEADS, probe_actors=1)
+    c = one_actor.compute_s
+    probe_work = (c["probe scoring (checkpoints + controls)"] + c["rest of probes (ICL, bootstrap, AUCs)"]
+                  + c["reference scoring (once per reference)"] + c["probe plans (per task and probe actor)"]
+                  + c["probe actor start"])
+    assert one_actor.probe_s == pytest.approx(probe_work)
+    assert probe_work > one_actor.parallel_s / 8  # the bound binds here
+    assert one_actor.wall_s == pytest.approx(6.5 + probe_work)
+    assert one_actor.bound == "the 1 probe actor(s)"
+    assert "raise resources.probe_actors" in render(one_actor)
+    # with as many probe actors as workers the same work is bound by total work / N again
+    eight = predict(work, costs, 8, OVERHEADS, probe_actors=8)
+    assert eight.bound == "total work / N"
+    assert eight.wall_s == pytest.approx(6.5 + eight.parallel_s / 8) and eight.wall_s < one_actor.wall_s
+    # probe actors beyond the workers do not add parallelism
+    assert predict(work, costs, 2, OVERHEADS, probe_actors=50).phase_s >= predict(work, costs, 2, OVERHEADS,
+                                                                                   probe_actors=2).phase_s
 
 
 def test_slower_unit_costs_predict_a_longer_sweep(config):
