@@ -32,13 +32,19 @@ def _default_run_dir(config: str) -> Path:
     return DEFAULT_RUNS / f"{Path(config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def with_wandb_mode(config: Any, mode: str) -> Any:
+    """The sweep (tabular or LM) with ``--wandb MODE`` in place of its ``wandb.mode``, as the enum the schema
+    holds (``model_copy`` does not validate: a plain string would serialise with a warning)."""
+    return config.model_copy(update={"wandb": config.wandb.model_copy(update={"mode": WandbMode(mode)})})
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.config import load_sweep
     from orchestrator.sweep import run_sweep
 
     sweep = load_sweep(args.config)
     if args.wandb:
-        sweep = sweep.model_copy(update={"wandb": sweep.wandb.model_copy(update={"mode": args.wandb})})
+        sweep = with_wandb_mode(sweep, args.wandb)
     run_dir = Path(args.out) if args.out else _default_run_dir(args.config)
     print(f"[iclmem] sweep {sweep.name!r} ({sweep.config_hash()}) -> {run_dir}", flush=True)
     results = run_sweep(args.config, run_dir, sweep=sweep, address=args.address, progress=not args.quiet,
@@ -74,7 +80,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_lm(args: argparse.Namespace) -> int:
     from iclmem.runfolder import LM_REPORT_FILE
-    from iclmem.vocab import WandbMode
     from orchestrator.lm_config import load_lm_sweep
     from orchestrator.lm_sweep import run_lm_sweep
 
@@ -98,7 +103,7 @@ def cmd_lm(args: argparse.Namespace) -> int:
     else:
         cfg = load_lm_sweep(args.config)
         if args.wandb:
-            cfg = cfg.model_copy(update={"wandb": cfg.wandb.model_copy(update={"mode": WandbMode(args.wandb)})})
+            cfg = with_wandb_mode(cfg, args.wandb)
         run_dir = Path(args.out) if args.out else _default_run_dir(args.config)
         results = run_lm_sweep(args.config, run_dir, config=cfg, address=args.address, num_cpus=args.num_cpus,
                                log=quiet, verbose=args.verbose)

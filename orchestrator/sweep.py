@@ -39,6 +39,7 @@ from iclmem.runfolder import (
 )
 from orchestrator.config import SweepConfig, config_hash_of, load_sweep, parse_sweep
 from orchestrator.prepare import EXPERIMENT_NAME, PreparedSweep, prepare_sweep, provenance, trial_config
+from orchestrator.wandb_logger import WANDB_FINISH_TIMEOUT_S
 
 
 # ------------------------------------------------------------------------------------------- storage
@@ -275,7 +276,6 @@ def trial_logger_for(sweep: SweepConfig, run_dir: Path):
 
 
 # ------------------------------------------------------------------------------------------- Ctrl-C
-WANDB_FINISH_TIMEOUT_S = 10.0  # after a Ctrl-C, how long the driver waits for W&B to close its trial runs
 
 
 class Interrupts:

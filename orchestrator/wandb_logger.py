@@ -33,7 +33,7 @@ import re
 import secrets
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -188,24 +188,33 @@ class WandbResultsLogger:
                                reinit="create_new")
         return self._run
 
-    def finish(self) -> None:
+    def finish(self, timeout: float | None = None) -> bool:
         """Finish the summary run. With ``teardown_on_finish`` (default) also shut the wandb service down:
         ``run.finish()`` can return before the service has flushed the offline transaction log
         (``run-*.wandb``), and only the service's exit guarantees the file is complete on disk. Pass
-        ``teardown_on_finish=False`` when other W&B runs in this process are still active."""
-        if self._run is not None:
-            import wandb
+        ``teardown_on_finish=False`` when other W&B runs in this process are still active. With ``timeout``
+        (seconds), False if W&B has not finished by then (see :func:`close_within`)."""
+        if self._run is None:
+            return True
+        import wandb
 
-            self._run.finish()
-            self._run = None
+        run, self._run = self._run, None
+
+        def close() -> None:
+            run.finish()
             if self.teardown_on_finish:
                 wandb.teardown()
+
+        return close_within(close, timeout, "the summary run", Path(run.dir) if getattr(run, "dir", None) else
+                            Path("wandb"))
 
     def __enter__(self) -> "WandbResultsLogger":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.finish()
+    def __exit__(self, exc_type: Any, *_exc: Any) -> None:
+        # a Ctrl-C while logging: wait for W&B no longer than the drivers do after one
+        self.finish(timeout=WANDB_FINISH_TIMEOUT_S if exc_type is not None and issubclass(
+            exc_type, KeyboardInterrupt) else None)
 
     # -- logging -----------------------------------------------------------------------------------
 
@@ -588,8 +597,6 @@ class WandbTrialLogger:
         in their ``RUN_DIR/wandb`` folders up to the last flush; ``iclmem resume`` continues the same runs."""
         if not self._runs:
             return True
-        import threading
-
         import wandb
 
         runs, self._runs = list(self._runs.values()), {}
@@ -599,18 +606,29 @@ class WandbTrialLogger:
                 run.finish()
             wandb.teardown()
 
-        if timeout is None:
-            close()
-            return True
-        # a daemon thread: one that never returns must not keep the interrupted process alive
-        closer = threading.Thread(target=close, name="iclmem-wandb-finish", daemon=True)
-        closer.start()
-        closer.join(timeout)
-        if closer.is_alive():
-            log.warning("W&B did not finish its %d trial run(s) within %.0f s; left as they are under %s",
-                        len(runs), timeout, self.run_dir / WANDB_DIR)
-            return False
+        return close_within(close, timeout, f"its {len(runs)} trial run(s)", self.run_dir / WANDB_DIR)
+
+
+WANDB_FINISH_TIMEOUT_S = 10.0  # after a Ctrl-C, how long a driver waits for W&B to close its runs
+
+
+def close_within(close: Callable[[], None], timeout: float | None, what: str, where: Path) -> bool:
+    """Run ``close`` (finishing W&B runs); with ``timeout``, return False after that many seconds if it has
+    not returned -- after a Ctrl-C the wandb service may have had the same SIGINT and never answer -- with a
+    warning that names ``what`` was left and ``where`` its data is."""
+    if timeout is None:
+        close()
         return True
+    import threading
+
+    # a daemon thread: one that never returns must not keep the interrupted process alive
+    closer = threading.Thread(target=close, name="iclmem-wandb-finish", daemon=True)
+    closer.start()
+    closer.join(timeout)
+    if closer.is_alive():
+        log.warning("W&B did not finish %s within %.0f s; left as they are under %s", what, timeout, where)
+        return False
+    return True
 
 
 def make_trial_logger(kind: str | None = None, **kwargs: Any) -> TrialLogger:

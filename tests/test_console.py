@@ -225,3 +225,21 @@ def test_under_the_quiet_console_iclmems_own_warnings_still_reach_the_terminal_i
             warnings.showwarning = previous
     assert terminal.getvalue() == "[iclmem] warning: task 't': column 'x' has only missing values and is dropped\n"
     assert f"{own}:848: UserWarning" in log.getvalue() and "/site-packages/lib.py:3: DeprecationWarning" in log.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["tabular", "lm"])
+def test_the_wandb_flag_overrides_the_mode_as_the_schemas_enum_without_a_serializer_warning(kind):
+    import warnings
+
+    if kind == "tabular":
+        from orchestrator.config import load_sweep
+        config = load_sweep(Path(cli.__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
+    else:
+        from orchestrator.lm_config import load_lm_sweep
+        config = load_lm_sweep(Path(cli.__file__).resolve().parents[1] / "configs" / "lm_quickstart.yaml")
+    changed = cli.with_wandb_mode(config, "disabled")
+    assert changed.wandb.mode is WandbMode.DISABLED
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # pydantic's "Expected `enum`" serializer warning would raise
+        assert changed.model_dump(mode="json")["wandb"]["mode"] == "disabled"
+    assert config.wandb.mode is not WandbMode.DISABLED  # the loaded config is left as it was

@@ -443,6 +443,39 @@ def test_finish_with_a_timeout_returns_while_wandb_hangs_and_without_one_waits(t
     assert logger.finish() is True and "plain" in finished  # no timeout: waits for W&B as before
 
 
+def test_a_ctrl_c_while_the_summary_run_logs_waits_for_wandb_only_within_the_bound(tmp_path, monkeypatch):
+    """The summary logger (tabular and LM drivers' last W&B upload) closes its run like the trial logger:
+    after a Ctrl-C inside its block no longer than WANDB_FINISH_TIMEOUT_S; otherwise it waits as before."""
+    import threading
+    import time
+
+    monkeypatch.setattr(W, "WANDB_FINISH_TIMEOUT_S", 0.5)
+    release = threading.Event()
+    finished: list[str] = []
+
+    class _Run:
+        def __init__(self, hangs: bool) -> None:
+            self.hangs, self.dir = hangs, str(tmp_path)
+
+        def finish(self) -> None:
+            if self.hangs:
+                release.wait(60)
+            finished.append("hanging" if self.hangs else "plain")
+
+    logger = W.WandbResultsLogger("p", mode="disabled", teardown_on_finish=False)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with logger:
+            logger._run = _Run(hangs=True)
+            raise KeyboardInterrupt
+    assert time.monotonic() - started < 5 and finished == [] and logger._run is None
+    release.set()
+
+    with W.WandbResultsLogger("p", mode="disabled", teardown_on_finish=False) as plain:
+        plain._run = _Run(hangs=False)
+    assert "plain" in finished and plain._run is None  # no Ctrl-C: finished, not left
+
+
 class _RecordingTrialLogger(W.NullTrialLogger):
     def __init__(self) -> None:
         self.training: list[tuple[str, int]] = []
