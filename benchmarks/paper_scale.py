@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in args.workers:
         e = est.on(n)
         rows.append((f"N = {n}", human(e.wall_s), f"{e.device_hours:,.2f}", e.bound))
+    needed = [(n, k) for n in args.workers if (k := est.on(n).probe_actors_needed()) is not None]
     w = est.work
     config = Path(args.config)
     shown = config.relative_to(REPO) if config.resolve().is_relative_to(REPO) else config
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{w.total('probe_contexts') + w.total('control_contexts'):,} probe contexts and "
         f"{w.total('reference_contexts'):,} reference contexts; with the configured model measured on this "
         f"{est.device} ≈ **{human(est.parallel_s)}** of parallel work → "
-        + ", ".join(f"{r[0].replace('N = ', 'N=')}: **{r[1]}**" for r in rows) + ".",
+        + ", ".join(f"{r[0].replace('N = ', 'N=')}: **{r[1]}** (bound by {r[3]})" for r in rows) + ".",
         "",
         f"Written by `iclmem estimate {shown} --workers N --task {args.task}` (this script is a thin caller of "
         f"`orchestrator/estimate.py`); unit costs measured on the built-in `{args.task}` task, {args.threads} torch "
@@ -60,10 +61,15 @@ def main(argv: list[str] | None = None) -> int:
         "",
         md_table(["workers", "wall time", "device-hours held", "bound by"], rows),
         "",
-        "Model: every unit of work runs on one worker at the measured cost; N workers pack it perfectly (fine-"
-        "tuning and probing overlap, as the pipeline's checkpoint callback makes them); wall = driver start + Ray "
-        "start + Stage I + max(parallel work / N, the longest chain: one run's start, epochs and saves, then the "
-        "probe of its last checkpoint). Not modelled: transfers between nodes, W&B upload, report rendering.",
+        "Model: every unit of work runs on one worker at the measured cost; within the bounds below N workers "
+        "pack it perfectly (fine-tuning and probing overlap, as the pipeline's checkpoint callback makes them); "
+        "wall = driver start + Ray start + Stage I + max(parallel work / N, the probe actors' work / "
+        f"min(probe actors, N) with `resources.probe_actors` = {est.probe_actors} here, the longest chain: one "
+        "run's start, epochs and saves, then the probe of its last checkpoint). Every checkpoint's probe runs on "
+        "one of the probe actors, so where they bind their number, not N, sets the wall time"
+        + (": " + ", ".join(f"N={n}: raise it to about {k}" for n, k in needed) + " to be bound by total work / N"
+           if needed else " (they bind at none of these N)")
+        + ". Not modelled: transfers between nodes, W&B upload, report rendering.",
     ])
     publish(SECTION, text, args.no_write, argv)
     return 0

@@ -469,6 +469,13 @@ class Estimate:
     def wall_s(self) -> float:
         return sum(self.serial_s.values()) + self.phase_s
 
+    def probe_actors_needed(self) -> int | None:
+        """About how many probe actors would bring their bound down to total work / N (at most N), or None
+        where the configured ones do not bind."""
+        if not self.bound.endswith("probe actor(s)"):
+            return None
+        return min(self.workers, math.ceil(self.probe_s / max(self.parallel_s / self.workers, 1e-9)))
+
     @property
     def device_hours(self) -> float:
         """Device-hours held: N workers for the parallel phase (the busy share is parallel / (N x wall))."""
@@ -624,8 +631,8 @@ def render(est: Estimate, markdown: bool = False) -> str:
         + f"bound by {est.bound}"
         + f"), {est.device_hours:.3f} device-hours held, {est.parallel_s / 3600:.3f} busy.",
     ]
-    if est.bound.endswith("probe actor(s)"):  # every checkpoint's probe waits for one of too few actors
-        needed = min(est.workers, math.ceil(est.probe_s / max(est.parallel_s / est.workers, 1e-9)))
+    needed = est.probe_actors_needed()
+    if needed is not None:  # every checkpoint's probe waits for one of too few actors
         text.append(f"The probes are the bottleneck: raise resources.probe_actors to about {needed} (each takes "
                     "a worker's share of the devices) to be bound by total work / N.")
     return "\n".join(text)

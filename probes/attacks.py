@@ -18,7 +18,10 @@ population P = members and non-members), and which queries each reference traine
   score(x) = share of population samples z with LR(x) / LR(z) > gamma (gamma = 1). Our adaptation: the
   population samples z are the other queries of the audit (members and non-members alike; there are no
   spare rows of P that no model saw), and Pr(x) is the mean over all K references (each query is in about
-  half of them, the paper's online setting), so no offline scaling factor a is needed.
+  half of them, the paper's online setting), so no offline scaling factor a is needed. For any fixed
+  population the score is a non-decreasing function of LR(x), so every ROC-based figure (AUC, TPR at a
+  FPR, the ε bound) is that of LR(x) itself: another population (e.g. rows no model saw) could only merge
+  ranks into ties, not reorder them (tests/test_attacks.py).
 
 **Verdicts.** Every attack is judged by IclMem's own memorization rule (``probes.outcomes.memorization_holds``,
 the sweep's ``OutcomeThresholds``): at each checkpoint it is ``memorization`` or ``no_signal``
