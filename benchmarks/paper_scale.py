@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         f"min(probe actors, N) with `resources.probe_actors` = {est.probe_actors} here, the longest chain: one "
         "run's start, epochs and saves, then the probe of its last checkpoint). Every checkpoint's probe runs on "
         "one of the probe actors, so where they bind their number, not N, sets the wall time"
-        + (": " + ", ".join(f"N={n}: raise it to about {k}" for n, k in needed) + " to be bound by total work / N"
+        + (": " + ", ".join(f"N={n}: with about {k} of them the prediction is "
+                             f"{human(est.on(n).with_probe_actors(k).wall_s)}" for n, k in needed)
            if needed else " (they bind at none of these N)")
         + ". Not modelled: transfers between nodes, W&B upload, report rendering.",
     ])

@@ -469,6 +469,10 @@ class Estimate:
     def wall_s(self) -> float:
         return sum(self.serial_s.values()) + self.phase_s
 
+    def with_probe_actors(self, probe_actors: int) -> "Estimate":
+        """The same measured grid with another number of probe actors (their plans and starts recounted)."""
+        return predict(self.work, self.costs, self.workers, self.overheads, probe_actors)
+
     def probe_actors_needed(self) -> int | None:
         """About how many probe actors would bring their bound down to total work / N (at most N), or None
         where the configured ones do not bind."""
@@ -633,6 +637,7 @@ def render(est: Estimate, markdown: bool = False) -> str:
     ]
     needed = est.probe_actors_needed()
     if needed is not None:  # every checkpoint's probe waits for one of too few actors
-        text.append(f"The probes are the bottleneck: raise resources.probe_actors to about {needed} (each takes "
-                    "a worker's share of the devices) to be bound by total work / N.")
+        lifted = est.with_probe_actors(needed)
+        text.append(f"The probes are the bottleneck: with resources.probe_actors = {needed} (each takes a worker's "
+                    f"share of the devices) the prediction is {human(lifted.wall_s)}, bound by {lifted.bound}.")
     return "\n".join(text)

@@ -104,7 +104,11 @@ def test_probe_work_on_too_few_probe_actors_bounds_the_wall_time(config):
     assert probe_work > one_actor.parallel_s / 8  # the bound binds here
     assert one_actor.wall_s == pytest.approx(6.5 + probe_work)
     assert one_actor.bound == "the 1 probe actor(s)"
-    assert "raise resources.probe_actors" in render(one_actor)
+    needed = one_actor.probe_actors_needed()
+    assert needed is not None and 1 < needed <= 8
+    lifted = one_actor.with_probe_actors(needed)
+    assert lifted.wall_s < one_actor.wall_s and lifted.probe_actors == needed
+    assert f"with resources.probe_actors = {needed}" in render(one_actor)
     # with as many probe actors as workers the same work is bound by total work / N again
     eight = predict(work, costs, 8, OVERHEADS, probe_actors=8)
     assert eight.bound == "total work / N"
