@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
            "memory-bound work that the FLOP count leaves out costs a large share next to the products. The "
            "inference forward (`ContextAttentionBlock.forward_inference`, used by every CPU forward without "
            "autograd) removes what it can in eager PyTorch: context rows first in one flat tensor, so that keys "
-           "and values are one product over the context rows and the last block one over the query rows; SDPA's "
+           "and values are products over a contiguous slice of context rows and the last block runs on one of query rows; SDPA's "
            "CPU flash kernel, slow at 2-11 keys, is replaced by batched products on views of q, k and v written "
            "straight into one output, the softmax's denominator from the same products; the first feed-forward layer's bias and GELU run inside one oneDNN product; "
            "residuals are accumulated in place (`addmm_`), without the bias copies and temporaries of the "

@@ -93,8 +93,9 @@ class ContextAttentionBlock(nn.Module):
         *Probe throughput* section of benchmarks/RESULTS.md); log-probs agree with ``forward`` to rounding
         (tests/test_fast_forward.py):
 
-        * context rows first, so that their keys and values are one product over a contiguous slice and
-          the last block's query rows another;
+        * context rows first, so that keys and values are products over a contiguous slice of context rows
+          (k and v apart, each contiguous, so the attention takes plain views of them) and the last block
+          runs on a contiguous slice of query rows;
         * the first feed-forward layer, its bias and its exact (erf) GELU as one oneDNN product (``_linear``)
           instead of ``addmm`` copying the bias into its output first and a separate GELU pass;
         * residuals as ``tokens.addmm_(a, W.T).add_(b)`` = ``tokens + (a @ W.T + b)``, without temporaries;
