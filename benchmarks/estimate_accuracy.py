@@ -17,6 +17,7 @@ slows the sweep and the measured unit costs alike only if it stays the same thro
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -84,9 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                 # Diagnostic, after the fact: the cores the sweep actually got (its CPU-seconds / wall) in
                 # place of N, i.e. what the prediction would have been had it known the machine's load.
                 got = measured["cpu_s"] / measured["wall_s"]
-                serial = sum(est.serial_s.values())
-                adjusted = serial + max(est.parallel_s / max(got, 1e-6),
-                                        est.probe_s / max(min(est.probe_actors, got), 1e-6), est.longest_s)
+                adjusted = dataclasses.replace(est, workers=max(got, 1e-6)).wall_s  # the estimate's own bounds
                 pairs.append((config, est, measured, ratio))
                 print(f"{config} round {r}: predicted {est.wall_s:.1f} s, measured {measured['wall_s']:.1f} s "
                       f"(ratio {ratio:.2f}); busy device-seconds predicted "

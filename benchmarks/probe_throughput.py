@@ -225,17 +225,16 @@ def measure(task_name: str, args, model) -> dict:
     # float32 matmul at this thread count of the forward's typical shape ([tokens of one forward call,
     # d_model] @ [d_model, d_ff], pfn-mini's widest product) and of a large square one.
     # FLOPs of the reference forward without merged calls: the products the model's math needs (the inference
-    # forward does the same products, except that its cross-head attention layout, used below 6 keys, multiplies
-    # 4x the attention's few FLOPs, and merged calls carry zero-weight padding rows; neither is credited).
+    # forward does the same products, except that merged calls carry zero-weight padding rows, not credited;
+    # FlopCounterMode credits no attention FLOPs in either).
     flops, _ = count_flops(lambda: batched(model, queries, suite, args.seed, plan=b_runs[0]["plan"], fast=False,
                                            merge=False), model.module)
     config = model.module.config
-    # Products both forwards skip because the output never reads them (see ContextAttentionBlock): keys and
-    # values of the query rows in every block, the last block's q, output and feed-forward products of the
-    # context rows. FLOPs of every token through every block = flops + these.
-    d, d_ff = config.d_model, config.d_ff
-    skipped = sum(batch * (config.n_layers * n_query * 2 * 2 * d * d + n_context * 2 * (2 * d * d + 2 * d * d_ff))
-                  for batch, n_context, n_query in ref_runs[0]["shapes"])
+    # Products both forwards skip because the output never reads them: FLOPs of every token through every
+    # block = flops + these.
+    from trainables.models.pfn_mini import unread_products_flops
+
+    skipped = sum(unread_products_flops(config, *call) for call in ref_runs[0]["shapes"])
     tokens_per_call = max(1, round(b_runs[0]["tokens"] / max(b_runs[0]["forward_calls"], 1)))
     shape = (tokens_per_call, config.d_model, config.d_ff)
     comparable = matmul_rate(*shape)

@@ -79,6 +79,10 @@ class ContextAttentionBlock(nn.Module):
         tokens = tokens + self.out(attended)
         return tokens + self.ff(self.norm_ff(tokens))
 
+    def _per_head(self, t: torch.Tensor, batch: int, rows: int) -> torch.Tensor:
+        """[B*rows, D] (rows table-major) -> [B, H, rows, Dh], SDPA's layout."""
+        return t.reshape(batch, rows, self.n_heads, -1).transpose(1, 2)
+
     def forward_inference(self, tokens: torch.Tensor, batch: int, n_context: int,
                           context_weight: torch.Tensor | None, queries_only: bool = False,
                           masks: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
@@ -121,24 +125,22 @@ class ContextAttentionBlock(nn.Module):
         v = torch.mm(h[:split], w[2 * width:].t())
         attended = torch.empty_like(q)
         out_bias = torch.addmv(self.out.bias, self.out.weight, b[2 * width:])
-        key_bias = None
+        sdpa_context: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         for start, n_rows_each in segments:
             rows = slice(start, start + batch * n_rows_each)
             if (small
                     or not _context_attention(q[rows], k, v, batch, n_rows_each, n_context, self.n_heads,
                                               context_weight, masks, attended[rows])):
                 # few tokens (SDPA's one kernel beats the shortcut's small ops), or logits outside the
-                # shortcut's exact range: SDPA, as in forward (with the biases the shortcut leaves out)
-                if key_bias is None and context_weight is not None:
-                    key_bias = context_weight.float().log()[:, None, None, :]
-                heads = self.n_heads
-
-                def per_head(t: torch.Tensor, n: int) -> torch.Tensor:
-                    return t.reshape(batch, n, heads, -1).transpose(1, 2)
-
-                sdpa = F.scaled_dot_product_attention(
-                    per_head(q[rows], n_rows_each), per_head(k + b[width:2 * width], n_context),
-                    per_head(v, n_context), attn_mask=key_bias)  # v's bias: in out_bias
+                # shortcut's exact range: SDPA, as in forward (with k's bias the shortcut leaves out; v's is
+                # in out_bias); the keys, values and log weights once for the block's segments
+                if sdpa_context is None:
+                    sdpa_context = (self._per_head(k + b[width:2 * width], batch, n_context),
+                                    self._per_head(v, batch, n_context),
+                                    None if context_weight is None else context_weight.float().log()[:, None, None, :])
+                keys, values, key_bias = sdpa_context
+                sdpa = F.scaled_dot_product_attention(self._per_head(q[rows], batch, n_rows_each), keys, values,
+                                                      attn_mask=key_bias)
                 attended[rows] = sdpa.transpose(1, 2).reshape(-1, width)
         tokens.addmm_(attended, self.out.weight.t()).add_(out_bias)
         h = F.layer_norm(tokens, (width,), self.norm_ff.weight, self.norm_ff.bias, self.norm_ff.eps)
@@ -253,6 +255,18 @@ def _context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch:
         return False
     torch.div(sums[..., :head_dim], denominator, out=out.view(batch, length, n_heads, head_dim).permute(2, 0, 1, 3))
     return True
+
+
+def unread_products_flops(config: PfnMiniConfig, batch: int, n_context: int, n_query: int) -> int:
+    """FLOPs (2 per multiply-add) of the products that every token through every block would add to what
+    ``ContextAttentionBlock`` computes for ``batch`` tables of ``n_context`` + ``n_query`` rows, none of
+    which the output reads: keys and values of the query rows in every block, and the last block's query,
+    output and feed-forward products of the context rows (tests/test_fast_forward.py checks it against
+    FlopCounterMode; the probe benchmark reports it)."""
+    d, d_ff = config.d_model, config.d_ff
+    query_keys_values = config.n_layers * n_query * 2 * (2 * d * d)
+    last_block_context = n_context * 2 * (d * d + d * d + 2 * d * d_ff)
+    return batch * (query_keys_values + last_block_context)
 
 
 class PfnMini(nn.Module):
