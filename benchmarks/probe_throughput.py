@@ -27,6 +27,8 @@ shape groups merged into padded calls) and, interleaved in the same rounds, for 
 group), whose scores it must reproduce. Times are both wall clock and the calling thread's CPU
 time (``time.thread_time``; with 1 torch thread all the work runs on it), the second insensitive to other
 processes taking the shared CPUs.
+Also measured: forward CPU time and page faults per ``score`` with glibc's default malloc thresholds against
+the ones ``score`` sets (``iclmem/allocator.py``), each in fresh child processes of this script.
 Secondary: (query x manipulation) scores per second of each side and their ratio (target >= 20x on CPU),
 and the share of ``score`` time spent outside the model's forward pass (``log_probs`` calls timed by
 wrapping the adapter's method; target <= 25 %).
@@ -184,6 +186,58 @@ def token_redundancy(plan) -> float:
     return total / distinct
 
 
+def allocator_child(args) -> int:
+    """In a fresh process: ``--rounds`` + 1 batched ``score`` calls of ``--allocator-child`` with the allocator's
+    thresholds kept (``--retain 1``, as ``score`` sets them) or glibc's adaptive defaults (``--retain 0``: the
+    call inside ``score`` disabled); prints the median forward CPU time and minor page faults per ``score``
+    after the first (warm-up) call, as JSON."""
+    import json
+    import resource
+
+    import probes.scoring as scoring
+    from probes.manipulations import default_suite
+    from probes.scoring import ProbePlan, ProbeQueries
+    from trainables.data import TaskSource, prepare_task
+    from trainables.models import build_model
+
+    if not args.retain:
+        scoring.retain_freed_memory = lambda: False  # glibc's own thresholds: what score ran with before
+    model = build_model("pfn-mini")
+    task = prepare_task(TaskSource(args.allocator_child, "builtin"), seed=args.seed, q=args.q,
+                        context_size=args.context)
+    queries = ProbeQueries.from_task(task)
+    plan = ProbePlan.build(queries, default_suite(), args.seed, compress_rows=model.supports_context_weights)
+    plan.representatives(model.invariances)
+    cpu, faults = [], []
+    for r in range(args.rounds + 1):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        run = batched(model, queries, default_suite(), args.seed, plan=plan)
+        if r:
+            cpu.append(run["forward_cpu_seconds"])
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    print(json.dumps({"forward_cpu_s": median(cpu), "faults": median(faults)}))
+    return 0
+
+
+def allocator_effect(task_name: str, args) -> dict:
+    """Forward CPU time and page faults per ``score`` with glibc's default thresholds and with the ones
+    ``iclmem.allocator`` keeps, each in fresh processes (the setting is process-wide and cannot be undone),
+    alternating default / retained / retained / default; medians."""
+    import json
+    import subprocess
+
+    runs: dict[int, list[dict]] = {0: [], 1: []}
+    for retain in (0, 1, 1, 0):
+        out = subprocess.run([sys.executable, __file__, "--allocator-child", task_name, "--retain", str(retain),
+                              "--rounds", str(max(args.rounds, 3)), "--seed", str(args.seed), "--q", str(args.q),
+                              "--context", str(args.context), "--threads", str(args.threads)],
+                             capture_output=True, text=True, check=True)
+        runs[retain].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    pick = {retain: {k: median([r[k] for r in rs]) for k in ("forward_cpu_s", "faults")} for retain, rs in runs.items()}
+    return {"alloc_default_s": pick[0]["forward_cpu_s"], "alloc_default_faults": pick[0]["faults"],
+            "alloc_retained_s": pick[1]["forward_cpu_s"], "alloc_retained_faults": pick[1]["faults"]}
+
+
 def measure(task_name: str, args, model) -> dict:
     from probes.manipulations import default_suite
     from probes.scoring import ProbeQueries
@@ -256,6 +310,8 @@ def measure(task_name: str, args, model) -> dict:
     matmul_share = matmul_us / total_ops
     top = sorted(ops.items(), key=lambda kv: -kv[1])[:5]
 
+    alloc = allocator_effect(task_name, args)
+
     # The naive loop scored the same contexts: its losses must match the batched table's.
     head = b_runs[0]["table"]["loss"].to_numpy()[: n_runs[0]["contexts"]]
     max_diff = float(np.max(np.abs(head - n_runs[0]["loss"])))
@@ -308,6 +364,7 @@ def measure(task_name: str, args, model) -> dict:
     out["attention_share"] = attention_us / total_ops
     # the linear layers' own rate: the credited FLOPs over their products' self time in the profile
     out["products_fraction"] = flops / (linear_us * 1e-6) / comparable
+    out.update(alloc)
     out["top_ops"] = ", ".join(f"{k.replace('aten::', '')} {v / total_ops:.0%}" for k, v in top)
     return out
 
@@ -324,7 +381,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads (probe actors run with 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--allocator-child", metavar="TASK", help=argparse.SUPPRESS)  # see allocator_effect
+    p.add_argument("--retain", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.allocator_child:
+        set_threads(args.threads)
+        return allocator_child(args)
     if args.quick:
         args.rounds, args.naive_queries, args.tasks = 1, 4, args.tasks[:1]
     set_threads(args.threads)
@@ -382,6 +444,15 @@ def main(argv: list[str] | None = None) -> int:
             if not (ok_fraction and ok_fraction_cpu) else "Where the forward's time goes.")
            + " Share of the operators' self time in matrix products (torch profiler over one `score` call with the "
            "inference forward; oneDNN's `_linear_pointwise` includes the bias and GELU it fuses): " + shares
+           + ". Freed memory is kept mapped (`iclmem/allocator.py`, set by `score` for its process): each forward "
+           "call allocates and frees activations of a few MB, which glibc's adaptive thresholds hand back to the "
+           "kernel and fault in again (zeroed) on the next call. Measured in fresh processes (default / retained, "
+           "alternating, medians): "
+           + ", ".join(f"`{r['task']}` {r['alloc_default_faults']:,.0f} / {r['alloc_retained_faults']:,.0f} minor "
+                       f"page faults per `score`, forward CPU time {r['alloc_default_s'] * 1e3:.0f} / "
+                       f"{r['alloc_retained_s'] * 1e3:.0f} ms ({r['alloc_default_s'] / r['alloc_retained_s']:.2f}x)"
+                       for r in results)
+           + "; the rates above are the retained ones (the matmul's too: it runs in the same process)"
            + ". pfn-mini is narrow (d_model 128, d_ff 256) and its contexts short (3-12 tokens), so per token the "
            "memory-bound work that the FLOP count leaves out costs a large share next to the products. The "
            "inference forward (`ContextAttentionBlock.forward_inference`, used by every CPU forward without "
