@@ -223,7 +223,7 @@ def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: b
     """
     model.module.eval()
     # the forward calls' activations are MBs each, freed and allocated again thousands of times per call:
-    # keep their pages mapped instead of faulting them in again (~15% of the forward on digits; see there)
+    # keep their pages mapped instead of faulting them in again (9% of the forward on digits; see there)
     retain_freed_memory()
     q = plan.queries
     _use_columns(model, q.columns)
