@@ -205,13 +205,13 @@ def allocator_child(args) -> int:
     model = build_model("pfn-mini")
     task = prepare_task(TaskSource(args.allocator_child, "builtin"), seed=args.seed, q=args.q,
                         context_size=args.context)
-    queries = ProbeQueries.from_task(task)
-    plan = ProbePlan.build(queries, default_suite(), args.seed, compress_rows=model.supports_context_weights)
+    queries, suite = ProbeQueries.from_task(task), default_suite()
+    plan = ProbePlan.build(queries, suite, args.seed, compress_rows=model.supports_context_weights)
     plan.representatives(model.invariances)
     cpu, faults = [], []
     for r in range(args.rounds + 1):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        run = batched(model, queries, default_suite(), args.seed, plan=plan)
+        run = batched(model, queries, suite, args.seed, plan=plan)
         if r:
             cpu.append(run["forward_cpu_seconds"])
             faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)

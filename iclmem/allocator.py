@@ -43,8 +43,13 @@ def retain_freed_memory() -> bool:
         return _applied
 
 
+def uses_glibc() -> bool:
+    """This process runs on glibc (Linux), whose thresholds ``retain_freed_memory`` sets."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
 def _set_thresholds() -> bool:
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not uses_glibc():
         return False
     name = ctypes.util.find_library("c") or "libc.so.6"
     try:

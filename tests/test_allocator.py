@@ -1,22 +1,23 @@
 """iclmem.allocator: freed activation memory stays mapped, so repeated forwards stop page-faulting.
 
-Each case runs in a fresh interpreter: the thresholds are process-wide and glibc adapts its own, so the
-test session's process (whose scoring already set them) cannot show the difference."""
+The fault and scoring cases run in fresh interpreters: the thresholds are process-wide and glibc adapts its
+own, so the test session's process (whose scoring already set them) cannot show the difference."""
 
 from __future__ import annotations
 
 import json
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from iclmem.allocator import retain_freed_memory, uses_glibc
+
 REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(
-    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+    not uses_glibc(),
     reason="the thresholds are glibc's (Linux); elsewhere retain_freed_memory changes nothing",
 )
 
@@ -47,10 +48,14 @@ print(json.dumps({{"applied": applied, "faults": faults}}))
 """
 
 
-def _faults(apply: bool) -> dict:
-    out = subprocess.run([sys.executable, "-c", _PROGRAM.format(repo=str(REPO), apply=apply)],
-                         capture_output=True, text=True, check=True, timeout=120)
+def _run_fresh(program: str) -> dict:
+    """Runs ``program`` in a fresh interpreter; the JSON object on its last output line."""
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=300)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _faults(apply: bool) -> dict:
+    return _run_fresh(_PROGRAM.format(repo=str(REPO), apply=apply))
 
 
 def test_retained_memory_stops_the_page_faults_of_repeated_activations():
@@ -65,8 +70,6 @@ def test_retained_memory_stops_the_page_faults_of_repeated_activations():
 
 
 def test_retain_freed_memory_answers_the_same_on_a_second_call():
-    from iclmem.allocator import retain_freed_memory
-
     assert retain_freed_memory() is retain_freed_memory() is True
 
 
@@ -88,6 +91,4 @@ print(json.dumps({{"before": before, "after": allocator._applied}}))
 def test_scoring_a_probe_keeps_freed_memory_mapped_in_its_process():
     # probes.scoring.score sets the thresholds itself, so every probe path (probe actors, local scoring,
     # the estimate's unit costs) runs with them
-    out = subprocess.run([sys.executable, "-c", _SCORE_PROGRAM.format(repo=str(REPO))],
-                         capture_output=True, text=True, check=True, timeout=300)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"before": None, "after": True}
+    assert _run_fresh(_SCORE_PROGRAM.format(repo=str(REPO))) == {"before": None, "after": True}
