@@ -76,19 +76,22 @@ def probe_case(name: str, options: dict[str, Any], task: Any, device, reps: int)
     rep = plan.representatives(model.invariances)
     forwarded = int((rep == range(len(rep))).sum())
     forward_seconds = [0.0]
-    original = model.log_probs
 
-    def timed_forward(*args, **kwargs):
-        _sync(device)
-        start = time.perf_counter()
-        out = original(*args, **kwargs)
-        _sync(device)
-        forward_seconds[0] += time.perf_counter() - start
-        return out
+    def timed(original):
+        def timed_forward(*args, **kwargs):
+            _sync(device)
+            start = time.perf_counter()
+            out = original(*args, **kwargs)
+            _sync(device)
+            forward_seconds[0] += time.perf_counter() - start
+            return out
+
+        return timed_forward
 
     score(model, plan)  # warm-up: kernels, allocator, the plan's shortcut tables
     flops, _ = count_flops(lambda: score(model, plan), model.module)
-    model.log_probs = timed_forward
+    # score calls log_probs, or log_probs_many where the model packs batches (pfn-mini on a CPU)
+    model.log_probs, model.log_probs_many = timed(model.log_probs), timed(model.log_probs_many)
     _peak_reset(device)
     seconds, forwards = [], []
     for _ in range(reps):
@@ -99,7 +102,7 @@ def probe_case(name: str, options: dict[str, Any], task: Any, device, reps: int)
         _sync(device)
         seconds.append(time.perf_counter() - start)
         forwards.append(forward_seconds[0])
-    del model.log_probs
+    del model.log_probs, model.log_probs_many
     s, f = statistics.median(seconds), statistics.median(forwards)
     return {"contexts": len(plan.planned), "forwarded": forwarded, "score_s": s, "forward_s": f,
             "contexts_per_s": len(plan.planned) / s, "forwarded_per_s": forwarded / s,

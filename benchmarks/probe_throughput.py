@@ -21,8 +21,8 @@ Both sides alternate over ``--rounds`` rounds (batched, naive, naive, batched, .
 Headline: distance to the machine's limit -- the model FLOPs of one batched ``score`` call (counted by
 ``torch.utils.flop_counter.FlopCounterMode`` on the reference forward) over the time inside the forward, as a
 share of a plain float32 ``torch.matmul`` at the same thread count and the forward's own shape (target >= 50 %),
-for pfn-mini's CPU inference forward (``ContextAttentionBlock.forward_inference``, what ``score`` runs, small
-shape groups merged into padded calls) and, interleaved in the same rounds, for the reference forward
+for pfn-mini's CPU inference forward (``ContextAttentionBlock.forward_inference``, what ``score`` runs: small
+shape groups merged into padded ones, every call filled with several shape groups) and, interleaved in the same rounds, for the reference forward
 (``PfnMini.fast_inference = False``: the module's autograd ``forward``; ``score(merge=False)``: one call per shape
 group), whose scores it must reproduce. Times are both wall clock and the calling thread's CPU
 time (``time.thread_time``; with 1 torch thread all the work runs on it), the second insensitive to other
@@ -30,7 +30,7 @@ processes taking the shared CPUs.
 Also measured: forward CPU time and page faults per ``score`` with glibc's default malloc thresholds against
 the ones ``score`` sets (``iclmem/allocator.py``), each in fresh child processes of this script.
 Secondary: (query x manipulation) scores per second of each side and their ratio (target >= 20x on CPU),
-and the share of ``score`` time spent outside the model's forward pass (``log_probs`` calls timed by
+and the share of ``score`` time spent outside the model's forward pass (``log_probs`` and ``log_probs_many`` calls timed by
 wrapping the adapter's method; target <= 25 %).
 """
 
@@ -50,11 +50,12 @@ SECTION = "Probe throughput: batched engine vs one context per forward"
 TARGET_SPEEDUP = 20.0
 TARGET_OUTSIDE = 0.25
 TARGET_FRACTION = 0.5  # achieved model FLOP rate of the batched forward / the machine's matmul rate
-SMALL_CALL = 256  # tokens: forward calls below this are "small" (pfn_mini._SHORTCUT_MIN_ROWS)
+SMALL_CALL = 256  # tokens: forward calls below this are "small" (probes.scoring.MERGE_BELOW)
 
 
 class ForwardTimer:
-    """Wraps ``model.log_probs`` (instance attribute over the class method) and sums its wall and CPU time."""
+    """Wraps ``model.log_probs`` and ``model.log_probs_many`` (instance attributes over the class methods) and
+    sums their wall and CPU time; a ``log_probs_many`` call is one forward call of all its batches' tokens."""
 
     def __init__(self, model) -> None:
         self.model = model
@@ -63,27 +64,33 @@ class ForwardTimer:
         self.calls = 0
         self.tokens = 0  # context rows + query rows over all calls
         self.per_call: list[tuple[int, float]] = []  # (tokens, CPU seconds) of each call
-        self.shapes: list[tuple[int, int, int]] = []  # (tables, context rows, query rows) of each call
-        self._orig = model.log_probs
+        self.shapes: list[tuple[int, int, int]] = []  # (tables, context rows, query rows) of each batch
+        self._single, self._many = model.log_probs, model.log_probs_many
+
+    def _timed(self, fn, batches, *args, **kwargs):
+        start, cpu_start = time.perf_counter(), time.thread_time()
+        out = fn(*args, **kwargs)
+        self.seconds += time.perf_counter() - start
+        self.cpu_seconds += time.thread_time() - cpu_start
+        self.calls += 1
+        tokens = sum(x.shape[0] * (x.shape[1] + q.shape[1]) for x, q in batches)
+        self.tokens += tokens
+        self.per_call.append((tokens, time.thread_time() - cpu_start))
+        self.shapes += [(x.shape[0], x.shape[1], q.shape[1]) for x, q in batches]
+        return out
 
     def __enter__(self) -> "ForwardTimer":
-        def timed(*args, **kwargs):
-            start, cpu_start = time.perf_counter(), time.thread_time()
-            out = self._orig(*args, **kwargs)
-            self.seconds += time.perf_counter() - start
-            self.cpu_seconds += time.thread_time() - cpu_start
-            self.calls += 1
-            tokens = args[0].shape[0] * (args[0].shape[1] + args[2].shape[1])
-            self.tokens += tokens
-            self.per_call.append((tokens, time.thread_time() - cpu_start))
-            self.shapes.append((args[0].shape[0], args[0].shape[1], args[2].shape[1]))
-            return out
+        def single(*args, **kwargs):
+            return self._timed(self._single, [(args[0], args[2])], *args, **kwargs)
 
-        self.model.log_probs = timed
+        def many(batches, n_classes):
+            return self._timed(self._many, [(b.context_x, b.query_x) for b in batches], batches, n_classes)
+
+        self.model.log_probs, self.model.log_probs_many = single, many
         return self
 
     def __exit__(self, *exc) -> None:
-        del self.model.log_probs  # back to the class method
+        del self.model.log_probs, self.model.log_probs_many  # back to the class methods
 
 
 def fast_forward(model, on: bool):
@@ -298,17 +305,34 @@ def measure(task_name: str, args, model) -> dict:
     # Where the forward's time goes: the matrix products' share of the operators' self time (profiler).
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        batched(model, queries, suite, args.seed, plan=b_runs[0]["plan"])
+    # The compiled attention (trainables/models/kernels.py) is no torch operator: its CPU time is taken by
+    # wrapping it for the profiled call and counted as one more entry.
+    import trainables.models.pfn_mini as pfn_mini
+
+    kernel = pfn_mini.context_attention
+    attention_seconds = 0.0
+
+    def timed_attention(*a, **kw):
+        nonlocal attention_seconds
+        start = time.thread_time()
+        kernel(*a, **kw)
+        attention_seconds += time.thread_time() - start
+
+    pfn_mini.context_attention = timed_attention
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            batched(model, queries, suite, args.seed, plan=b_runs[0]["plan"])
+    finally:
+        pfn_mini.context_attention = kernel
     ops = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    ops["context_attention (compiled)"] = attention_seconds * 1e6
     total_ops = sum(ops.values())
-    products = ("aten::addmm", "aten::addmm_", "aten::mm", "aten::bmm", "aten::baddbmm",
-                "mkldnn::_linear_pointwise")  # the last: oneDNN linear with its bias (and GELU) fused
-    matmul_us = sum(v for k, v in ops.items() if k in products)
-    linear_us = sum(v for k, v in ops.items() if k in products and "bmm" not in k)  # the credited products
-    attention_us = matmul_us - linear_us  # bmm / baddbmm: the attention's per-table products (not credited)
-    matmul_share = matmul_us / total_ops
-    top = sorted(ops.items(), key=lambda kv: -kv[1])[:5]
+    products = ("aten::addmm", "aten::addmm_", "aten::mm", "mkldnn::_linear_pointwise")  # the last: oneDNN
+    # linear with its bias (and GELU) fused; the credited products, all of them the linear layers'
+    linear_us = sum(v for k, v in ops.items() if k in products)
+    attention_us = ops["context_attention (compiled)"]  # not credited (FlopCounterMode credits SDPA nothing)
+    matmul_share = linear_us / total_ops
+    top = sorted(ops.items(), key=lambda kv: -kv[1])[:6]
 
     alloc = allocator_effect(task_name, args)
 
@@ -438,12 +462,14 @@ def main(argv: list[str] | None = None) -> int:
         f"`{r['task']}`: {r['queries']} queries, {r['classes']} classes, {r['features']} features, {r['contexts']} "
         f"contexts of {r['tokens']:.1f} tokens on average, naive on the first {r['n_naive']} queries (max |diff| of "
         f"the losses vs batched {r['max_diff']:.1e})" for r in results)
-    shares = "; ".join(f"`{r['task']}` {r['matmul_share']:.0%} of the time, the linear layers' products at "
-                       f"{r['products_fraction']:.0%} of the matmul rate (top operators: {r['top_ops']})" for r in results)
+    shares = "; ".join(f"`{r['task']}`: the linear layers' products {r['matmul_share']:.0%} of the time, at "
+                       f"{r['products_fraction']:.0%} of the matmul rate; the compiled attention "
+                       f"{r['attention_share']:.0%} (top entries: {r['top_ops']})" for r in results)
     why = (("Why the target is not reached: the matrix products are only part of the forward's time."
             if not (ok_fraction and ok_fraction_cpu) else "Where the forward's time goes.")
-           + " Share of the operators' self time in matrix products (torch profiler over one `score` call with the "
-           "inference forward; oneDNN's `_linear_pointwise` includes the bias and GELU it fuses): " + shares
+           + " Shares of the forward's CPU time (torch profiler's operator self times over one `score` call with "
+           "the inference forward, plus the compiled attention, timed apart since it is no torch operator; oneDNN's "
+           "`_linear_pointwise` includes the bias and GELU it fuses): " + shares
            + ". Freed memory is kept mapped (`iclmem/allocator.py`, set by `score` for its process): each forward "
            "call allocates and frees activations of a few MB, which glibc's adaptive thresholds hand back to the "
            "kernel and fault in again (zeroed) on the next call. Measured in fresh processes (default / retained, "
@@ -456,31 +482,33 @@ def main(argv: list[str] | None = None) -> int:
            + ". pfn-mini is narrow (d_model 128, d_ff 256) and its contexts short (3-12 tokens), so per token the "
            "memory-bound work that the FLOP count leaves out costs a large share next to the products. The "
            "inference forward (`ContextAttentionBlock.forward_inference`, used by every CPU forward without "
-           "autograd) removes what it can in eager PyTorch: context rows first in one flat tensor, so that keys "
-           "and values are products over a contiguous slice of context rows and the last block runs on one of query rows; SDPA's "
-           "CPU flash kernel, slow at 2-11 keys, is replaced by batched products on views of q, k and v written "
-           "straight into one output, the softmax's denominator from the same products; the first feed-forward layer's bias and GELU run inside one oneDNN product; "
-           "residuals are accumulated in place (`addmm_`), without the bias copies and temporaries of the "
+           "autograd) removes what it can: context rows first in one flat tensor, so that keys and values are "
+           "products over a contiguous slice of context rows and the last block runs on one of query rows; the "
+           "attention of all of a batch's tables (2-40 keys each) in one compiled loop "
+           "(`trainables/models/kernels.py`, numba: each query row's logits, softmax and weighted values per head "
+           "in registers, written straight into one output) instead of SDPA's CPU flash kernel, whose per-(table, "
+           "head) overhead dominates at so few keys; the first feed-forward layer's bias and GELU inside one oneDNN "
+           "product; residuals accumulated in place (`addmm_`), without the bias copies and temporaries of the "
            "reference. Measured forward speed-up over the reference in the same rounds (CPU time): "
            + ", ".join(f"`{r['task']}` {r['fwd_speedup']:.2f}x" for r in results)
            + "; max |difference| of the scores (loss = -log-prob, entropy, confidence) between the two: "
            + ", ".join(f"`{r['task']}` {r['fast_diff']:.1e}" for r in results)
            + ". `score` also sizes the forward calls (probes/scoring.py): a CPU call holds at most "
            "`CPU_MAX_TOKENS` (4096) tokens (measured on pfn-mini with random tables of 11 tokens: ~5% less CPU time "
-           "per token at 2-4k tokens per call than at 20k; on `digits`' whole `score` call ~2%, within the "
-           "rounds' noise), and shape groups of fewer than 256 tokens -- the few tables with several distractor "
-           "columns and 3-40 rows, whose calls used to cost about twice their share of tokens in fixed per-call "
-           "overhead -- are merged within one feature count (`merge_small_groups`), each context padded to the "
-           "merged call's row count with rows of weight 0 (no rows for pfn-mini: exp(logit + log 0) = 0), at "
-           "most 1.3x the real tokens per merged call: forward calls "
+           "per token at 2-4k tokens per call than at 20k), filled with several shape groups (`pack_groups`; "
+           "`PfnMini.forward_many` runs batches of different row, query and feature counts in one pass: the "
+           "token-wise work of all of them in one op per layer, each batch's attention over its own tables), "
+           "and shape groups of fewer than 256 tokens -- the few tables with several distractor columns and 3-40 "
+           "rows -- merged first within one feature count (`merge_small_groups`), each context padded to the "
+           "merged group's row count with rows of weight 0 (no rows: the attention skips a key of weight 0), at "
+           "most 1.3x the real tokens per merged group, which saves the attention a loop per tiny group: forward "
+           "calls "
            + ", ".join(f"`{r['task']}` {r['calls']} instead of {r['ref_calls']}, {r['padding']:.1%} more tokens "
                        f"(padding, whose FLOPs are not credited)" for r in results)
-           + "; the reference rows run unmerged (one call per shape group, as before), so the speed-up above "
-           "includes the merging. What is left: the layer norms and the bias adds stay separate passes; the "
-           "attention's per-table products (`bmm`, `baddbmm`: "
-           + ", ".join(f"`{r['task']}` {r['attention_share']:.0%}" for r in results)
-           + " of the time), a few FLOPs each, cost their per-matrix overhead; the linear layers' products run "
-           "below the plain matmul's rate; forward calls of < "
+           + "; the reference rows run with one call per shape group (`merge=False`, as before), so the speed-up "
+           "above includes the packing. What is left: the layer norms and the bias adds stay separate passes over "
+           "memory; the linear layers' products run below the plain matmul's rate (the 128-wide q, k, v and "
+           "output products least efficiently); forward calls of < "
            + str(SMALL_CALL) + " tokens carry "
            + ", ".join(f"`{r['task']}` {r['small_token_share']:.1%} of the tokens and {r['small_time_share']:.0%} of "
                        f"the forward's CPU time ({r['small_calls']} of {r['calls']} calls)" for r in results)
@@ -488,8 +516,7 @@ def main(argv: list[str] | None = None) -> int:
            "(the CPU-time columns do not). A compiled forward was tried once (`torch.compile` of the reference "
            "forward, Inductor, dynamic shapes, frozen weights, on `breast_cancer`'s calls before the forwards "
            "skipped unread work): 38 s to compile in each process, then 187 ms of forward CPU time per `score` "
-           "against 196 ms for the eager inference forward of the time -- not pursued; fusing the rest would "
-           "take hand-written kernels.")
+           "against 196 ms for the eager inference forward of the time -- not pursued.")
     text = "\n".join([
         "**Headline: distance to the machine's limit.** Achieved model FLOP rate of the batched forward as a share "
         "of this machine's float32 matmul rate at the same thread count and the forward's own matrix shape, "
@@ -504,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "Model FLOPs = matrix products of one batched `score` call (linear layers; 2 per multiply-add) "
         "counted by `torch.utils.flop_counter.FlopCounterMode` on the reference forward without merged calls (the "
-        "inference forward does the same products, plus the padding rows of merged calls, not credited); "
+        "inference forward does the same products, plus the padding rows of merged groups, not credited); "
         "`FlopCounterMode` credits SDPA's CPU kernel with no FLOPs, so the attention's few products (<1% of the "
         "FLOPs at 2-40 keys) are not credited either, nor is elementwise work (layer norms, GELU, softmax): all of "
         "it lowers the achieved rate. Only the products the output reads are done and credited: both forwards "
@@ -517,8 +544,9 @@ def main(argv: list[str] | None = None) -> int:
         + "; crediting those products, as this section did before the forwards skipped them, the same times would "
         "read " + ", ".join(f"`{r['task']}` {r['fraction'] * r['full_flops'] / r['flops']:.0%}" for r in results)
         + " (wall): a rate of work nobody reads, not a closer distance to the limit. Forward GFLOP/s = those FLOPs / time inside the adapter's "
-        "`log_probs` (median of the rounds), in wall-clock or in the calling thread's CPU time (`time.thread_time`; "
-        "1 torch thread, so all the work runs on it: the machine is shared, and CPU time leaves out the time "
+        "`log_probs` / `log_probs_many` (median of the rounds), in wall-clock or in the calling thread's CPU time (`time.thread_time`; "
+        "1 torch thread and a single-threaded attention loop, so all the work runs on it: the machine is shared, "
+        "and CPU time leaves out the time "
         "other processes hold the cores); whole-`score` GFLOP/s divides by the whole call (wall). Reference rows: "
         "the same `score` calls with `PfnMini.fast_inference = False` (the autograd `forward`, SDPA) and "
         "`merge=False` (one call per shape group: the previous engine), interleaved in the same rounds. The matmul is a plain `torch.matmul` of float32 `[tokens of one forward call, d_model] @ [d_model, d_ff]` (pfn-mini's "
@@ -544,13 +572,14 @@ def main(argv: list[str] | None = None) -> int:
         "",
         table,
         "",
-        "Time in forward = wall time inside the adapter's `log_probs` (wrapped with a timer) / total; the rest of "
+        "Time in forward = wall time inside the adapter's `log_probs` / `log_probs_many` (wrapped with a timer) / "
+        "total; the rest of "
         "`score` is stacking plans into arrays (`materialize_batch`), the scores and the result table. Plan "
         "building (`ProbePlan.build`: one RNG draw and plan per context) is per task, not per checkpoint: a run "
         "probed at 9 checkpoints plus the shared reference builds it once per probe actor.",
         "",
         "Why the speed-up is what it is: the batched engine spends "
-        f"{h['fwd_share']:.0%} of its time in the forward pass and does one call per context shape (small shapes merged), so it is bound by "
+        f"{h['fwd_share']:.0%} of its time in the forward pass and fills each call with contexts of several shapes, so it is bound by "
         f"the model's arithmetic ({h['b_fwd_ms']:.3f} ms of forward per context on `{h['task']}`), while the naive "
         f"loop pays a fixed per-call cost of the framework and of pfn-mini's dozens of small ops ({h['n_fwd_ms']:.3f} ms "
         "per context, almost independent of the context's size). The ratio is therefore the per-call overhead over "

@@ -2,8 +2,9 @@
 
 Contexts of equal shape are stacked into one tensor batch and scored in a single forward pass per
 chunk (for a model that takes row weights, shape groups too small to fill a call share one, padded with
-zero-weight rows: :func:`merge_small_groups`); the Python work per context is only the plan, built once per
-(task, suite, seed) and reused for every checkpoint and for the reference model.
+zero-weight rows: :func:`merge_small_groups`; for a model that runs batches of several shapes in one pass,
+every CPU call is filled with several groups: :func:`pack_groups`); the Python work per context is only the
+plan, built once per (task, suite, seed) and reused for every checkpoint and for the reference model.
 
 Scores (ICLMEM_SPEC.md, Stage II) for candidate distribution p over Y and true label y*:
 ``loss = -log p(y*)``, ``entropy = H(p)``, ``confidence = p(y*)``; all in float32.
@@ -30,6 +31,7 @@ from probes.manipulations import (
     materialize_batch,
     suite_fingerprint,
 )
+from trainables.models.base import ContextBatch
 
 SCORE_COLUMNS = ("loss", "entropy", "confidence")
 Groups = tuple[tuple[Any, tuple[int, ...]], ...]  # (shape, indices into a plan's contexts)
@@ -218,8 +220,10 @@ def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: b
     ``max_batch`` contexts per forward (default: 2048 on CPU; on CUDA as many as fit, starting from
     ``CUDA_MAX_BATCH`` and halving on an out-of-memory error). Scores are float32 whatever the device.
     On CPU a call holds at most ``CPU_MAX_TOKENS`` tokens unless ``max_batch`` is given, and with ``merge``
-    (the default) shape groups too small to fill a forward call are merged, their contexts padded with
-    zero-weight rows, for models that take row weights (:func:`merge_small_groups`).
+    (the default) shape groups share forward calls: those too small to fill one are merged, their contexts
+    padded with zero-weight rows, for models that take row weights (:func:`merge_small_groups`), and for
+    models that run batches of several shapes in one pass (``packs_batches``) every call is filled with
+    several groups (:func:`pack_groups`). ``merge=False``: one call per shape group (or chunk of one).
     """
     model.module.eval()
     # the forward calls' activations are MBs each, freed and allocated again thousands of times per call:
@@ -235,6 +239,12 @@ def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: b
     if merge and device.type == "cpu" and _can_pad(model, plan):
         groups = merge_small_groups(groups)
     batch = max_batch or (CUDA_MAX_BATCH if device.type == "cuda" else CPU_MAX_BATCH)
+    if merge and _packs(model, device, max_batch):  # every call filled to CPU_MAX_TOKENS across shape groups
+        for chunks in pack_groups(groups):
+            for chunk, scores in zip(chunks, _score_packed(model, plan, chunks, device)):
+                for key, values in scores.items():
+                    out[key][np.asarray(chunk)] = values
+        groups = ()
     for shape, indices in groups:
         start = 0
         while start < len(indices):
@@ -375,38 +385,89 @@ def _materialize_padded(plan: ProbePlan, chunk: Sequence[int], query_rows: np.nd
     return context_x, context_y, query_x, row_weight
 
 
-def _score_chunk(model: Any, plan: ProbePlan, chunk: Sequence[int], device: torch.device) -> dict[str, np.ndarray]:
+def _chunk_batch(plan: ProbePlan, chunk: Sequence[int], device: torch.device) -> tuple[ContextBatch, np.ndarray]:
+    """The forward inputs of ``chunk`` (plan indices of one shape, or of a merged group) and each context's
+    query row."""
     q = plan.queries
     entries = [plan.planned[i] for i in chunk]
     query_rows = np.fromiter((e.query_index for e in entries), dtype=np.int64, count=len(entries))
     n_rows = {e.plan.n_rows for e in entries}
-    weights = {}  # only models that take row multiplicities get the keyword
+    weight = None  # only models that take row multiplicities get them
     if len(n_rows) == 1:
         context_x, context_y, query_x = materialize_batch([e.plan for e in entries], q.features[query_rows])
         if plan.row_weights is not None:
-            weights["context_weight"] = torch.from_numpy(np.stack([plan.row_weights[i] for i in chunk])).to(device)  # [B, N]
+            weight = torch.from_numpy(np.stack([plan.row_weights[i] for i in chunk])).to(device)  # [B, N]
     else:  # a merged chunk (merge_small_groups): each shape materialised, padded to N rows of weight 0
         assert plan.row_weights is not None
         context_x, context_y, query_x, row_weight = _materialize_padded(plan, chunk, query_rows, max(n_rows))
-        weights["context_weight"] = torch.from_numpy(row_weight).to(device)
+        weight = torch.from_numpy(row_weight).to(device)
+    batch = ContextBatch(torch.from_numpy(context_x).to(device),  # [B, N, F']
+                         torch.from_numpy(context_y).to(device),  # [B, N]
+                         torch.from_numpy(query_x)[:, None, :].to(device),  # [B, 1, F']
+                         weight)
+    return batch, query_rows
+
+
+def _score_chunk(model: Any, plan: ProbePlan, chunk: Sequence[int], device: torch.device) -> dict[str, np.ndarray]:
+    q = plan.queries
+    entries = [plan.planned[i] for i in chunk]
+    batch, query_rows = _chunk_batch(plan, chunk, device)
     reference = None
     if getattr(model, "normalizes_over_context", False) and q.reference_rows is not None:
         reference = torch.from_numpy(reference_batch([e.plan for e in entries], q.reference_rows)).to(device)
     layout_hook = getattr(model, "column_layout", None)
     layout = torch.from_numpy(column_layout([e.plan for e in entries]))
+    weights = {} if batch.context_weight is None else {"context_weight": batch.context_weight}
     with contextlib.ExitStack() as stack:
         if reference is not None:
             stack.enter_context(model.feature_statistics(reference))
         if layout_hook is not None:
             stack.enter_context(layout_hook(layout))
-        log_probs = model.log_probs(
-            torch.from_numpy(context_x).to(device),  # [B, N, F']
-            torch.from_numpy(context_y).to(device),  # [B, N]
-            torch.from_numpy(query_x)[:, None, :].to(device),  # [B, 1, F']
-            q.n_classes,
-            **weights,
-        )[:, 0]  # [B, C]
+        log_probs = model.log_probs(batch.context_x, batch.context_y, batch.query_x, q.n_classes, **weights)[:, 0]  # [B, C]
     return distribution_scores(log_probs, torch.from_numpy(q.labels[query_rows]))
+
+
+def _packs(model: Any, device: torch.device, max_batch: int | None) -> bool:
+    """Forward calls hold several shape groups (:func:`pack_groups`): CPU, default call sizes, and a model
+    whose ``log_probs_many`` runs batches of any shapes in one pass (and reads no per-call hooks)."""
+    return (bool(getattr(model, "packs_batches", False)) and device.type == "cpu" and max_batch is None
+            and not getattr(model, "normalizes_over_context", False))
+
+
+def pack_groups(groups: Groups, max_tokens: int = CPU_MAX_TOKENS) -> list[list[tuple[int, ...]]]:
+    """Shape groups cut into forward calls of at most ``max_tokens`` tokens (context + query rows), each call a
+    list of chunks of one group's contexts: groups in order, a call filled before the next opens, a group
+    split between calls at a context boundary (a context larger than ``max_tokens`` gets a call of its own).
+    Every context lands in exactly one chunk, in its group's order."""
+    calls: list[list[tuple[int, ...]]] = []
+    current: list[tuple[int, ...]] = []
+    room = max_tokens
+    for shape, indices in groups:
+        tokens = int(shape.n_rows) + 1
+        start = 0
+        while start < len(indices):
+            fits = room // tokens
+            if fits <= 0 and current:
+                calls.append(current)
+                current, room = [], max_tokens
+                continue
+            take = min(len(indices) - start, max(1, fits))
+            current.append(tuple(indices[start:start + take]))
+            room -= take * tokens
+            start += take
+    if current:
+        calls.append(current)
+    return calls
+
+
+def _score_packed(model: Any, plan: ProbePlan, chunks: Sequence[Sequence[int]],
+                  device: torch.device) -> list[dict[str, np.ndarray]]:
+    """The scores of several chunks (of different shapes) from one ``log_probs_many`` call."""
+    q = plan.queries
+    inputs = [_chunk_batch(plan, chunk, device) for chunk in chunks]
+    log_probs = model.log_probs_many([batch for batch, _ in inputs], q.n_classes)
+    return [distribution_scores(lp[:, 0], torch.from_numpy(q.labels[query_rows]))
+            for lp, (_, query_rows) in zip(log_probs, inputs)]
 
 
 class ICLPredictions(NamedTuple):

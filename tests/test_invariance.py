@@ -128,13 +128,17 @@ def test_shortcut_forwards_each_representative_once_and_copies_its_scores(task):
     model = build_model("pfn-mini")
     plan = ProbePlan.build(ProbeQueries.from_task(task), default_suite(), task.seed, compress_rows=True)
     forwarded = []
-    original = model.log_probs
+    original, original_many = model.log_probs, model.log_probs_many
 
     def counting(context_x, *args, **kwargs):
         forwarded.append(context_x.shape[0])
         return original(context_x, *args, **kwargs)
 
-    model.log_probs = counting
+    def counting_many(batches, n_classes):  # score's packed CPU calls
+        forwarded.extend(b.context_x.shape[0] for b in batches)
+        return original_many(batches, n_classes)
+
+    model.log_probs, model.log_probs_many = counting, counting_many
     fast = score(model, plan)
     n_fast = sum(forwarded)
     forwarded.clear()

@@ -15,7 +15,7 @@ import hashlib
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -48,6 +48,17 @@ class Invariance(str, Enum):
     UNIFORM_MULTIPLICITY = "uniform_multiplicity"
 
 
+class ContextBatch(NamedTuple):
+    """One batch of same-shape tables for :meth:`ModelAdapter.log_probs_many`: context_x [B, N, F] float32,
+    context_y [B, N] int64, query_x [B, M, F] float32, context_weight [B, N] (row multiplicities; models
+    with ``supports_context_weights`` only) or None."""
+
+    context_x: torch.Tensor
+    context_y: torch.Tensor
+    query_x: torch.Tensor
+    context_weight: torch.Tensor | None = None
+
+
 class ModelAdapter(abc.ABC):
     """A tabular in-context model seen through iclmem's eyes."""
 
@@ -68,6 +79,10 @@ class ModelAdapter(abc.ABC):
     # What the model is built to read (:class:`~iclmem.vocab.InputContract`): Stage I prepares every task
     # once per contract, and a sweep hands each model the task prepared for its own.
     input_contract: InputContract = InputContract.REDUCED
+    # True when :meth:`log_probs_many` runs batches of different shapes in one forward pass (pfn-mini on the
+    # CPU): the probe engine then fills each CPU forward call with several shape groups. Packed calls get
+    # no per-call hooks, so such a model reads neither column layouts nor reference statistics.
+    packs_batches: bool = False
 
     def __init__(self, module: torch.nn.Module, options: dict[str, Any] | None = None) -> None:
         self.module = module
@@ -127,6 +142,12 @@ class ModelAdapter(abc.ABC):
         else:
             logits = self._weighted_logits(context_x.float(), context_y.long(), query_x.float(), context_weight)
         return torch.log_softmax(logits[..., :n_classes].float(), dim=-1)
+
+    def log_probs_many(self, batches: Sequence[ContextBatch], n_classes: int) -> list[torch.Tensor]:
+        """:meth:`log_probs` of each batch ([B, M, C] each, in order); one forward pass for all of them where
+        the model ``packs_batches``, else one each."""
+        return [self.log_probs(b.context_x, b.context_y, b.query_x, n_classes, context_weight=b.context_weight)
+                for b in batches]
 
     @contextlib.contextmanager
     def feature_statistics(self, reference_x: torch.Tensor | None) -> Iterator[None]:

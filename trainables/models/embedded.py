@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from iclmem.errors import CheckpointError
 from iclmem.vocab import InputContract
-from trainables.models.base import MODELS, Invariance, ModelAdapter, read_weights
+from trainables.models.base import MODELS, ContextBatch, Invariance, ModelAdapter, read_weights
 from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, local_checkpoint
 from trainables.models.pfn_mini import PfnMini, PfnMiniConfig
 
@@ -25,6 +25,8 @@ class PfnMiniAdapter(ModelAdapter):
     invariances = frozenset({Invariance.ROW_ORDER, Invariance.UNIFORM_MULTIPLICITY})
     # A small fixed-width model: today's preparation, whitened PCA down to data.max_features.
     input_contract = InputContract.REDUCED
+    packs_batches = True  # PfnMini.forward_many: one CPU inference pass for batches of any shapes
+
 
     def __init__(self, module: PfnMini, options: dict[str, Any] | None = None) -> None:
         super().__init__(module, options)
@@ -37,6 +39,14 @@ class PfnMiniAdapter(ModelAdapter):
     def _weighted_logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
                          context_weight: torch.Tensor) -> torch.Tensor:
         return self.module(context_x, context_y, query_x, context_weight)
+
+    def log_probs_many(self, batches: Sequence[ContextBatch], n_classes: int) -> list[torch.Tensor]:
+        self._require_classifier()
+        for b in batches:
+            self.check_shapes(b.context_x, b.context_y, b.query_x, n_classes)
+        logits = self.module.forward_many([(b.context_x.float(), b.context_y.long(), b.query_x.float(),
+                                            b.context_weight) for b in batches])
+        return [torch.log_softmax(out[..., :n_classes].float(), dim=-1) for out in logits]
 
 
 def _shipped(**_options: Any) -> Path:

@@ -16,11 +16,14 @@ Shapes: B tables, N context rows, M query rows, F features (F <= max_features), 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from trainables.models.kernels import context_attention
 
 
 @dataclass(frozen=True)
@@ -79,69 +82,52 @@ class ContextAttentionBlock(nn.Module):
         tokens = tokens + self.out(attended)
         return tokens + self.ff(self.norm_ff(tokens))
 
-    def _per_head(self, t: torch.Tensor, batch: int, rows: int) -> torch.Tensor:
-        """[B*rows, D] (rows table-major) -> [B, H, rows, Dh], SDPA's layout."""
-        return t.reshape(batch, rows, self.n_heads, -1).transpose(1, 2)
+    def forward_inference(self, tokens: torch.Tensor, groups: Sequence[TableGroup], split: int,
+                          queries_only: bool = False) -> torch.Tensor:
+        """``forward`` for CPU inference without autograd, on flat tokens [R, D] in context-first layout: the
+        context rows of every group (each group's table-major), then their query rows, ``split`` = the
+        number of context rows; ``groups`` says where each group's rows are (several batches of tables of
+        different shapes share one call: ``PfnMini.forward_many``). Returns the tokens in the same layout,
+        updated in place, or the query rows [R - split, D] if ``queries_only``.
 
-    def forward_inference(self, tokens: torch.Tensor, batch: int, n_context: int,
-                          context_weight: torch.Tensor | None, queries_only: bool = False,
-                          masks: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
-        """``forward`` for CPU inference without autograd, on flat tokens in context-first layout: the
-        B*N context rows (table-major), then the B*M query rows (table-major), [B*(N+M), D]. Returns the
-        tokens in the same layout, updated in place, or the query rows [B*M, D] if ``queries_only``.
-        ``context_weight`` [B, N] or None (``forward``'s key_bias is its log); ``masks``: a per-forward
-        cache for ``_context_attention`` (the same for every block).
-
-        The same math rearranged for pfn-mini's shapes (D = 128, 2-11 keys per table), where the
+        The same math rearranged for pfn-mini's shapes (D = 128, 2-40 keys per table), where the
         memory-bound work around the matrix products costs about as much as the products (measured in the
         *Probe throughput* section of benchmarks/RESULTS.md); log-probs agree with ``forward`` to rounding
         (tests/test_fast_forward.py):
 
         * context rows first, so that keys and values are products over a contiguous slice of context rows
-          (k and v apart, each contiguous, so the attention takes plain views of them) and the last block
-          runs on a contiguous slice of query rows;
+          and the last block runs on a contiguous slice of query rows; the token-wise work (layer norms,
+          products, residuals) of every group in one op each;
         * the first feed-forward layer, its bias and its exact (erf) GELU as one oneDNN product (``_linear``)
           instead of ``addmm`` copying the bias into its output first and a separate GELU pass;
         * residuals as ``tokens.addmm_(a, W.T).add_(b)`` = ``tokens + (a @ W.T + b)``, without temporaries;
-        * attention by ``_context_attention`` instead of SDPA's CPU flash kernel, whose per-(table, head)
-          overhead dominates at 2-11 keys, written straight into one output; k and v without their biases,
-          which the attention does not need: softmax over the keys ignores q.b_k, the same for every key of
-          a query, and the attention weights sum to 1, so b_v comes out as it went in and joins the output
-          layer's bias: out(a + b_v) = a W_o^T + (b_o + W_o b_v).
+        * the attention of each group by one compiled loop (``kernels.context_attention``) instead of SDPA's
+          CPU flash kernel, whose per-(table, head) overhead dominates at 2-40 keys, written straight into
+          one output; k and v without their biases, which the attention does not need: softmax over the
+          keys ignores q.b_k, the same for every key of a query, and the attention weights sum to 1, so b_v
+          comes out as it went in and joins the output layer's bias: out(a + b_v) = a W_o^T + (b_o + W_o b_v).
         """
         width = tokens.shape[1]
-        n_rows = tokens.shape[0] // batch
-        n_query = n_rows - n_context
-        split = batch * n_context  # context rows before, query rows after
-        small = tokens.shape[0] < _SHORTCUT_MIN_ROWS  # the whole call's tokens, also in the last block
         h = F.layer_norm(tokens, (width,), self.norm_attn.weight, self.norm_attn.bias, self.norm_attn.eps)
         if queries_only:
-            tokens, h_query, segments = tokens[split:], h[split:], [(0, n_query)]
+            tokens, h_query, first_row = tokens[split:], h[split:], split
         else:
-            h_query, segments = h, [(0, n_context), (split, n_query)]
-        w, b = self.qkv.weight, self.qkv.bias
+            h_query, first_row = h, 0
+        w, b = self.qkv.weight, self.qkv.bias  # rows: q, k, v
         q = torch.addmm(b[:width], h_query, w[:width].t())  # [rows, D]
-        k = torch.mm(h[:split], w[width:2 * width].t())  # [B*N, D]
+        k = torch.mm(h[:split], w[width:2 * width].t())  # [context rows, D]
         v = torch.mm(h[:split], w[2 * width:].t())
         attended = torch.empty_like(q)
+        for group in groups:
+            keys = slice(group.context_start, group.context_start + group.batch * group.n_context)
+            segments = [(group.query_start, group.n_query)]
+            if not queries_only:  # the context rows attend too
+                segments.insert(0, (group.context_start, group.n_context))
+            for start, rows_each in segments:
+                rows = slice(start - first_row, start - first_row + group.batch * rows_each)
+                context_attention(q[rows], k[keys], v[keys], group.batch, rows_each, group.n_context, self.n_heads,
+                                  group.weight, attended[rows])
         out_bias = torch.addmv(self.out.bias, self.out.weight, b[2 * width:])
-        sdpa_context: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
-        for start, n_rows_each in segments:
-            rows = slice(start, start + batch * n_rows_each)
-            if (small
-                    or not _context_attention(q[rows], k, v, batch, n_rows_each, n_context, self.n_heads,
-                                              context_weight, masks, attended[rows])):
-                # few tokens (SDPA's one kernel beats the shortcut's small ops), or logits outside the
-                # shortcut's exact range: SDPA, as in forward (with k's bias the shortcut leaves out; v's is
-                # in out_bias); the keys, values and log weights once for the block's segments
-                if sdpa_context is None:
-                    sdpa_context = (self._per_head(k + b[width:2 * width], batch, n_context),
-                                    self._per_head(v, batch, n_context),
-                                    None if context_weight is None else context_weight.float().log()[:, None, None, :])
-                keys, values, key_bias = sdpa_context
-                sdpa = F.scaled_dot_product_attention(self._per_head(q[rows], batch, n_rows_each), keys, values,
-                                                      attn_mask=key_bias)
-                attended[rows] = sdpa.transpose(1, 2).reshape(-1, width)
         tokens.addmm_(attended, self.out.weight.t()).add_(out_bias)
         h = F.layer_norm(tokens, (width,), self.norm_ff.weight, self.norm_ff.bias, self.norm_ff.eps)
         first, act, second = self.ff
@@ -149,6 +135,20 @@ class ContextAttentionBlock(nn.Module):
         assert isinstance(second, nn.Linear)
         hidden = _linear(h, first.weight, first.bias, gelu=True)
         return tokens.addmm_(hidden, second.weight.t()).add_(second.bias)
+
+
+@dataclass(frozen=True)
+class TableGroup:
+    """Where one batch of same-shape tables lies in ``forward_inference``'s flat tokens: ``batch`` tables of
+    ``n_context`` context rows from row ``context_start`` and ``n_query`` query rows from row ``query_start``
+    (each table-major); ``weight`` [batch, n_context] float32 contiguous row multiplicities, or None."""
+
+    batch: int
+    n_context: int
+    n_query: int
+    context_start: int
+    query_start: int
+    weight: torch.Tensor | None
 
 
 # oneDNN's fused linear (the op Inductor's CPU backend calls): bias and the exact GELU inside the product.
@@ -166,95 +166,6 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, gelu: boo
                                                   "none" if gelu else "")
     out = torch.addmm(bias, x, weight.t())
     return F.gelu(out) if gelu else out
-
-
-# Largest attention logit the shortcut exponentiates without subtracting a maximum, and the smallest softmax
-# denominator it accepts: within these exp() neither overflows nor loses precision to underflow, so skipping
-# the max subtraction changes nothing but rounding. Outside them the caller uses SDPA.
-_MAX_LOGIT = 60.0
-_MIN_DENOMINATOR = 1e-20
-# Below this many (query row, key) pairs per table one product per table over every (head, head) pair is
-# cheaper than one per head (measured on 40-1000 tables: the query rows' segment, 1 row x 2-30 keys,
-# cross-head 1.5-2.5x faster; context rows x 2-6 keys 1.3-2.4x faster; 8 x 8 and up, per head 1.0-2x faster).
-_CROSS_HEAD_BELOW = 64
-# Below this many tokens per forward the shortcut's ~20 small ops per block cost more than SDPA's one kernel
-# (forward_inference then uses SDPA).
-_SHORTCUT_MIN_ROWS = 256
-
-
-def _context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: int, length: int,
-                       n_context: int, n_heads: int, context_weight: torch.Tensor | None,
-                       masks: dict[int, torch.Tensor] | None, out: torch.Tensor) -> bool:
-    """softmax(q k^T / sqrt(Dh) + log w) v per table and head, into ``out``: what SDPA computes in
-    ``ContextAttentionBlock.forward``.
-
-    q: contiguous [B*L, D] (L query rows per table); k, v: contiguous [B*N, D] (N keys per table);
-    context_weight: [B, N] or None; masks: a cache of the cross-head masks by L (or None); out: contiguous
-    [B*L, D]. Returns False, writing nothing, when a logit exceeds _MAX_LOGIT or a denominator is below
-    _MIN_DENOMINATOR (or NaN): the caller then uses SDPA.
-
-    Why it equals SDPA:
-    * softmax(x)_j = exp(x_j) / sum_i exp(x_i) with no maximum subtracted: identical in exact arithmetic,
-      and within the two bounds only rounding differs (~1e-7 relative);
-    * exp(x + log w) = w exp(x): the row multiplicities scale the exponentiated logits (or the rows of
-      [v | 1]) instead of biasing them;
-    Two layouts of the logits' products (same result, chosen by speed):
-    * per head (L x N >= _CROSS_HEAD_BELOW): for each head a batch of per-table [L, Dh] x [Dh, N] products on
-      strided views of q and k; [v | 1] (times w) gives numerator and denominator in one product;
-    * cross-head (fewer pairs, e.g. a table's query row): per table, q viewed [L*H, Dh] (rows = (token, head)) times k viewed
-      [N*H, Dh]: every head's logits plus the cross-head ones (head h's query, head h' != h's key), which a
-      0/1 mask (times w) zeroes after exp() -- 4x the attention's few FLOPs in one product per table
-      instead of 2 x H tiny ones. The masked weights times v viewed [N*H, Dh] give each (token, head) row
-      its own head's sum, already in the [B*L, D] layout; their row sums are the denominators.
-    """
-    width = q.shape[1]
-    head_dim = width // n_heads
-    scale = head_dim ** -0.5
-    dtype, device = q.dtype, q.device
-    if length * n_context < _CROSS_HEAD_BELOW:
-        logits = torch.empty(batch, length * n_heads, n_context * n_heads, dtype=dtype, device=device)
-        torch.baddbmm(logits, q.view(batch, length * n_heads, head_dim),
-                      k.view(batch, n_context * n_heads, head_dim).transpose(1, 2), beta=0.0, alpha=scale,
-                      out=logits)
-        if not float(logits.max()) <= _MAX_LOGIT:  # also catches NaN
-            return False
-        mask = None if masks is None else masks.get(length)
-        if mask is None:
-            mask = torch.eye(n_heads, dtype=dtype, device=device)[None, :, None, :]  # [1, H, 1, H]
-            mask = mask.expand(length, n_heads, n_context, n_heads).reshape(1, length * n_heads, -1)
-            if context_weight is not None:  # [B, 1, N*H]: w of each key row, repeated per head
-                mask = mask * context_weight.to(dtype).repeat_interleave(n_heads, dim=1)[:, None, :]
-            if masks is not None:
-                masks[length] = mask
-        weights = logits.exp_().mul_(mask)  # unnormalised attention weights, 0 across heads
-        denominator = weights.sum(-1, keepdim=True)  # [B, L*H, 1]
-        if not float(denominator.min()) >= _MIN_DENOMINATOR:
-            return False
-        result = out.view(batch, length * n_heads, head_dim)
-        torch.bmm(weights, v.view(batch, n_context * n_heads, head_dim), out=result)
-        result.div_(denominator)
-        return True
-
-    q4, k4 = q.view(batch, length, n_heads, head_dim), k.view(batch, n_context, n_heads, head_dim)
-    logits = torch.empty(n_heads, batch, length, n_context, dtype=dtype, device=device)
-    for head in range(n_heads):
-        torch.baddbmm(logits[head], q4[:, :, head], k4[:, :, head].transpose(1, 2), beta=0.0, alpha=scale,
-                      out=logits[head])
-    if not float(logits.max()) <= _MAX_LOGIT:
-        return False
-    logits.exp_()
-    values = torch.empty(n_heads, batch, n_context, head_dim + 1, dtype=dtype, device=device)
-    values[..., :head_dim] = v.view(batch, n_context, n_heads, head_dim).permute(2, 0, 1, 3)
-    values[..., head_dim] = 1.0
-    if context_weight is not None:
-        values.mul_(context_weight.to(dtype).view(1, batch, n_context, 1))
-    sums = torch.bmm(logits.view(n_heads * batch, length, n_context),
-                     values.view(n_heads * batch, n_context, head_dim + 1)).view(n_heads, batch, length, -1)
-    denominator = sums[..., head_dim:]
-    if not float(denominator.min()) >= _MIN_DENOMINATOR:
-        return False
-    torch.div(sums[..., :head_dim], denominator, out=out.view(batch, length, n_heads, head_dim).permute(2, 0, 1, 3))
-    return True
 
 
 def unread_products_flops(config: PfnMiniConfig, batch: int, n_context: int, n_query: int) -> int:
@@ -300,25 +211,54 @@ class PfnMini(nn.Module):
         # through every layer (they see the same keys), so one row with multiplicity c plus a log(c)
         # bias on its attention logit computes exactly what c copies of it would, with fewer tokens.
         batch, n_context, _ = context_x.shape
-        n_query = query_x.shape[1]
         context_tokens = self._encode_features(context_x) + self.y_embedding(context_y)  # [B, N, D]
         query_tokens = self._encode_features(query_x)  # [B, M, D]
-        last = len(self.blocks) - 1
         if self.uses_fast_inference(context_tokens):
-            width = context_tokens.shape[-1]
-            # context-first flat layout (see forward_inference); cat's fresh output: updated in place
-            flat = torch.cat([context_tokens.reshape(batch * n_context, width),
-                              query_tokens.reshape(batch * n_query, width)])
-            masks: dict[int, torch.Tensor] = {}  # the attention's cross-head masks, the same for every block
-            for i, block in enumerate(self.blocks):
-                flat = block.forward_inference(flat, batch, n_context, context_weight, queries_only=i == last,
-                                               masks=masks)
-            return self.head(flat.view(batch, n_query, width))
+            return self._forward_inference([(context_tokens, query_tokens, context_weight)])[0]
+        last = len(self.blocks) - 1
         tokens = torch.cat([context_tokens, query_tokens], dim=1)  # [B, N+M, D]
         key_bias = None if context_weight is None else context_weight.float().log()[:, None, None, :]
         for i, block in enumerate(self.blocks):
             tokens = block(tokens, n_context, key_bias, queries_only=i == last)
         return self.head(tokens)  # [B, M, D]: the last block keeps the query rows only
+
+    def forward_many(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]
+                     ) -> list[torch.Tensor]:
+        """``forward`` of each (context_x, context_y, query_x, context_weight) in ``batches``, each batch with
+        its own B, N, M and F: on the CPU inference path one pass for all of them (their token-wise work in
+        one op per layer, each batch's attention over its own tables), else one ``forward`` each."""
+        encoded = [(self._encode_features(cx) + self.y_embedding(cy), self._encode_features(qx), w)
+                   for cx, cy, qx, w in batches]
+        if not encoded or not all(self.uses_fast_inference(context) for context, _, _ in encoded):
+            return [self.forward(*inputs) for inputs in batches]
+        return self._forward_inference(encoded)
+
+    def _forward_inference(self, encoded: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+                           ) -> list[torch.Tensor]:
+        """The blocks' ``forward_inference`` over encoded batches (context tokens [B, N, D], query tokens
+        [B, M, D], row weights [B, N] or None) laid out in one context-first flat tensor; logits per batch."""
+        groups, context_parts, query_parts = [], [], []
+        split = sum(context.shape[0] * context.shape[1] for context, _, _ in encoded)
+        context_start, query_start = 0, split
+        for context, query, weight in encoded:
+            (batch, n_context, width), n_query = context.shape, query.shape[1]
+            context_parts.append(context.reshape(batch * n_context, width))
+            query_parts.append(query.reshape(batch * n_query, width))
+            groups.append(TableGroup(batch, n_context, n_query, context_start, query_start,
+                                     None if weight is None else weight.to(torch.float32).contiguous()))
+            context_start += batch * n_context
+            query_start += batch * n_query
+        flat = torch.cat(context_parts + query_parts)  # cat's fresh output: updated in place by the blocks
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            flat = block.forward_inference(flat, groups, split, queries_only=i == last)
+        logits = self.head(flat)  # [query rows of every batch, max_classes]
+        out, start = [], 0
+        for group in groups:
+            rows = group.batch * group.n_query
+            out.append(logits[start:start + rows].view(group.batch, group.n_query, -1))
+            start += rows
+        return out
 
     def uses_fast_inference(self, tokens: torch.Tensor) -> bool:
         """The blocks' ``forward_inference`` (same math, fewer memory passes; see it) serves CPU float32

@@ -1,0 +1,96 @@
+"""Compiled CPU kernels for pfn-mini's inference forward (``ContextAttentionBlock.forward_inference``).
+
+pfn-mini's attention runs over tiny tables (2-40 keys per table, thousands of tables per forward call):
+a handful of FLOPs per (table, head), which eager PyTorch spends as a dozen batched ops with per-matrix
+overhead each. Here one loop does a whole call's attention, every (query row, head) in registers: logits,
+the softmax (maximum subtracted, as SDPA does) and the weighted sum of values, straight into the output.
+
+Compiled by numba on first use in a process (about a second) and cached on disk next to this file
+(``__pycache__``), so later processes -- probe actors, Ray workers -- load it instead. Single-threaded:
+probe actors run one torch thread each.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+
+def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, weight: np.ndarray, weighted: bool, batch: int,
+               length: int, n_context: int, n_heads: int, out: np.ndarray) -> None:  # pragma: no cover (compiled)
+    width = q.shape[1]
+    head_dim = width // n_heads
+    scale = np.float32(1.0 / math.sqrt(head_dim))
+    logits = np.empty(n_context, np.float32)
+    acc = np.empty(head_dim, np.float32)
+    for b in range(batch):
+        first_key = b * n_context
+        for row in range(b * length, (b + 1) * length):
+            for h in range(n_heads):
+                c0 = h * head_dim
+                top = np.float32(-np.inf)
+                for j in range(n_context):
+                    s = np.float32(0.0)
+                    for d in range(head_dim):
+                        s += q[row, c0 + d] * k[first_key + j, c0 + d]
+                    s *= scale
+                    logits[j] = s
+                    if s > top and not (weighted and weight[b, j] == 0.0):  # a weight-0 key is no key (SDPA: -inf)
+                        top = s
+                denominator = np.float32(0.0)
+                acc[:] = 0.0
+                for j in range(n_context):
+                    if weighted and weight[b, j] == 0.0:
+                        continue  # not 0 * exp(): a weight-0 key's logit may lie far above the others'
+                    p = np.exp(logits[j] - top)
+                    if weighted:
+                        p *= weight[b, j]
+                    denominator += p
+                    for d in range(head_dim):
+                        acc[d] += p * v[first_key + j, c0 + d]
+                inverse = np.float32(1.0) / denominator
+                for d in range(head_dim):
+                    out[row, c0 + d] = acc[d] * inverse
+
+
+@functools.cache
+def _compiled() -> Callable[..., None]:
+    import numba  # imported on first use: ~0.3 s that processes which never probe on CPU do not pay
+
+    # reassoc: the dot products and sums over a head's 32 dimensions vectorise (float rounding only, like
+    # any BLAS); no fast-math beyond it, and numpy's error model (0/0 is NaN, not an exception), so NaN and
+    # infinities propagate as in SDPA
+    return numba.njit(cache=True, nogil=True, boundscheck=False, error_model="numpy",
+                      fastmath={"reassoc", "contract"})(_attention)
+
+
+_NO_WEIGHT = np.ones((1, 1), dtype=np.float32)
+
+
+def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: int, length: int, n_context: int,
+                      n_heads: int, weight: torch.Tensor | None, out: torch.Tensor) -> None:
+    """softmax(q k^T / sqrt(Dh)) v per table and head with each key's softmax term scaled by its row's
+    ``weight`` (= a log-weight bias on its logit, as ``ContextAttentionBlock.forward`` gives SDPA), into
+    ``out``.
+
+    q, out: [B*L, D] (L query rows per table, table-major); k, v: [B*N, D] (N keys per table); weight: [B, N]
+    or None; D = n_heads * Dh. All C-contiguous float32 on the CPU (row slices of contiguous tensors are)."""
+    tensors: dict[str, Any] = {"q": q, "k": k, "v": v, "out": out}
+    if weight is not None:
+        tensors["weight"] = weight
+    for name, t in tensors.items():
+        if t.device.type != "cpu" or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"context_attention takes contiguous float32 CPU tensors; {name} is {t.dtype} on "
+                             f"{t.device}, contiguous={t.is_contiguous()}")
+    if (q.shape[0] != batch * length or k.shape[0] != batch * n_context or v.shape != k.shape or out.shape != q.shape
+            or (weight is not None and tuple(weight.shape) != (batch, n_context))):
+        raise ValueError(f"context_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, out "
+                         f"{tuple(out.shape)}, weight {None if weight is None else tuple(weight.shape)} do not fit "
+                         f"{batch} tables of {length} query rows and {n_context} keys")
+    weights = _NO_WEIGHT if weight is None else weight.numpy()
+    _compiled()(q.numpy(), k.numpy(), v.numpy(), weights, weight is not None, batch, length, n_context, n_heads,
+                out.numpy())
