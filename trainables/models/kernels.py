@@ -57,15 +57,76 @@ def _attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, weight: np.ndarray, 
                     out[row, c0 + d] = acc[d] * inverse
 
 
+def _attention_pairs(q: np.ndarray, k: np.ndarray, v: np.ndarray, weight: np.ndarray, weighted: bool, batch: int,
+                     length: int, n_context: int, n_heads: int, out: np.ndarray) -> None:  # pragma: no cover
+    # _attention for tables of >= 2 query rows, two rows at a time: each key and value row loaded once for
+    # both (measured 13-24% faster at 2-33 rows per table; slower at 1 row, which _attention keeps). An odd
+    # last row pairs with itself: computed twice, written once.
+    width = q.shape[1]
+    head_dim = width // n_heads
+    scale = np.float32(1.0 / math.sqrt(head_dim))
+    logits = np.empty((2, n_context), np.float32)
+    acc0 = np.empty(head_dim, np.float32)
+    acc1 = np.empty(head_dim, np.float32)
+    for b in range(batch):
+        first_key = b * n_context
+        end = (b + 1) * length
+        for row in range(b * length, end, 2):
+            other = min(row + 1, end - 1)
+            for h in range(n_heads):
+                c0 = h * head_dim
+                q0 = q[row, c0:c0 + head_dim]
+                q1 = q[other, c0:c0 + head_dim]
+                top0 = np.float32(-np.inf)
+                top1 = np.float32(-np.inf)
+                for j in range(n_context):
+                    key = k[first_key + j, c0:c0 + head_dim]
+                    s0 = np.float32(0.0)
+                    s1 = np.float32(0.0)
+                    for d in range(head_dim):
+                        s0 += q0[d] * key[d]
+                        s1 += q1[d] * key[d]
+                    s0 *= scale
+                    s1 *= scale
+                    logits[0, j] = s0
+                    logits[1, j] = s1
+                    if not (weighted and weight[b, j] == 0.0):  # a weight-0 key is no key (SDPA: -inf)
+                        top0 = max(top0, s0)
+                        top1 = max(top1, s1)
+                denominator0 = np.float32(0.0)
+                denominator1 = np.float32(0.0)
+                acc0[:] = 0.0
+                acc1[:] = 0.0
+                for j in range(n_context):
+                    if weighted and weight[b, j] == 0.0:
+                        continue  # not 0 * exp(): a weight-0 key's logit may lie far above the others'
+                    p0 = np.exp(logits[0, j] - top0)
+                    p1 = np.exp(logits[1, j] - top1)
+                    if weighted:
+                        p0 *= weight[b, j]
+                        p1 *= weight[b, j]
+                    denominator0 += p0
+                    denominator1 += p1
+                    value = v[first_key + j, c0:c0 + head_dim]
+                    for d in range(head_dim):
+                        acc0[d] += p0 * value[d]
+                        acc1[d] += p1 * value[d]
+                inverse0 = np.float32(1.0) / denominator0
+                inverse1 = np.float32(1.0) / denominator1
+                for d in range(head_dim):
+                    out[row, c0 + d] = acc0[d] * inverse0
+                    out[other, c0 + d] = acc1[d] * inverse1
+
+
 @functools.cache
-def _compiled() -> Callable[..., None]:
+def _compiled(pairs: bool) -> Callable[..., None]:
     import numba  # imported on first use: ~0.3 s that processes which never probe on CPU do not pay
 
     # reassoc: the dot products and sums over a head's 32 dimensions vectorise (float rounding only, like
     # any BLAS); no fast-math beyond it, and numpy's error model (0/0 is NaN, not an exception), so NaN and
     # infinities propagate as in SDPA
     return numba.njit(cache=True, nogil=True, boundscheck=False, error_model="numpy",
-                      fastmath={"reassoc", "contract"})(_attention)
+                      fastmath={"reassoc", "contract"})(_attention_pairs if pairs else _attention)
 
 
 _NO_WEIGHT = np.ones((1, 1), dtype=np.float32)
@@ -92,5 +153,5 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: 
                          f"{tuple(out.shape)}, weight {None if weight is None else tuple(weight.shape)} do not fit "
                          f"{batch} tables of {length} query rows and {n_context} keys")
     weights = _NO_WEIGHT if weight is None else weight.numpy()
-    _compiled()(q.numpy(), k.numpy(), v.numpy(), weights, weight is not None, batch, length, n_context, n_heads,
-                out.numpy())
+    _compiled(length >= 2)(q.numpy(), k.numpy(), v.numpy(), weights, weight is not None, batch, length, n_context,
+                           n_heads, out.numpy())
