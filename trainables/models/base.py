@@ -48,6 +48,12 @@ class Invariance(str, Enum):
     UNIFORM_MULTIPLICITY = "uniform_multiplicity"
 
 
+def candidate_log_probs(logits: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """Log-probabilities [..., C] normalised over the candidates {0, ..., n_classes-1} only, in float32, from
+    unnormalised scores [..., >= C] (a model's outputs beyond the candidates are no candidates)."""
+    return torch.log_softmax(logits[..., :n_classes].float(), dim=-1)
+
+
 class ContextBatch(NamedTuple):
     """One batch of same-shape tables for :meth:`ModelAdapter.log_probs_many`: context_x [B, N, F] float32,
     context_y [B, N] int64, query_x [B, M, F] float32, context_weight [B, N] (row multiplicities; models
@@ -141,7 +147,7 @@ class ModelAdapter(abc.ABC):
             logits = self._logits(context_x.float(), context_y.long(), query_x.float())
         else:
             logits = self._weighted_logits(context_x.float(), context_y.long(), query_x.float(), context_weight)
-        return torch.log_softmax(logits[..., :n_classes].float(), dim=-1)
+        return candidate_log_probs(logits, n_classes)
 
     def log_probs_many(self, batches: Sequence[ContextBatch], n_classes: int) -> list[torch.Tensor]:
         """:meth:`log_probs` of each batch ([B, M, C] each, in order); one forward pass for all of them where

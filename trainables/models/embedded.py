@@ -10,7 +10,7 @@ import torch
 
 from iclmem.errors import CheckpointError
 from iclmem.vocab import InputContract
-from trainables.models.base import MODELS, ContextBatch, Invariance, ModelAdapter, read_weights
+from trainables.models.base import MODELS, ContextBatch, Invariance, ModelAdapter, candidate_log_probs, read_weights
 from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, local_checkpoint
 from trainables.models.pfn_mini import PfnMini, PfnMiniConfig
 
@@ -26,7 +26,6 @@ class PfnMiniAdapter(ModelAdapter):
     # A small fixed-width model: today's preparation, whitened PCA down to data.max_features.
     input_contract = InputContract.REDUCED
     packs_batches = True  # PfnMini.forward_many: one CPU inference pass for batches of any shapes
-
 
     def __init__(self, module: PfnMini, options: dict[str, Any] | None = None) -> None:
         super().__init__(module, options)
@@ -46,7 +45,7 @@ class PfnMiniAdapter(ModelAdapter):
             self.check_shapes(b.context_x, b.context_y, b.query_x, n_classes)
         logits = self.module.forward_many([(b.context_x.float(), b.context_y.long(), b.query_x.float(),
                                             b.context_weight) for b in batches])
-        return [torch.log_softmax(out[..., :n_classes].float(), dim=-1) for out in logits]
+        return [candidate_log_probs(out, n_classes) for out in logits]
 
 
 def _shipped(**_options: Any) -> Path:

@@ -227,11 +227,10 @@ class PfnMini(nn.Module):
         """``forward`` of each (context_x, context_y, query_x, context_weight) in ``batches``, each batch with
         its own B, N, M and F: on the CPU inference path one pass for all of them (their token-wise work in
         one op per layer, each batch's attention over its own tables), else one ``forward`` each."""
-        encoded = [(self._encode_features(cx) + self.y_embedding(cy), self._encode_features(qx), w)
-                   for cx, cy, qx, w in batches]
-        if not encoded or not all(self.uses_fast_inference(context) for context, _, _ in encoded):
+        if not batches or not self.uses_fast_inference(self.x_encoder.weight):  # the tokens' dtype and device
             return [self.forward(*inputs) for inputs in batches]
-        return self._forward_inference(encoded)
+        return self._forward_inference([(self._encode_features(cx) + self.y_embedding(cy), self._encode_features(qx),
+                                         w) for cx, cy, qx, w in batches])
 
     def _forward_inference(self, encoded: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
                            ) -> list[torch.Tensor]:
