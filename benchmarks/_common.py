@@ -37,7 +37,7 @@ RESULTS_INTRO = (
     "under whatever else was running (load average given per section)."
 )
 
-PACKAGES = ("torch", "numpy", "pandas", "scikit-learn", "ray", "psutil")
+PACKAGES = ("torch", "numba", "numpy", "pandas", "scikit-learn", "ray", "psutil")
 
 
 # ------------------------------------------------------------------------------------------ provenance

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-CORE_PACKAGES = ("iclmem", "torch", "ray", "numpy", "pandas", "scikit-learn", "wandb", "pyarrow")
+CORE_PACKAGES = ("iclmem", "torch", "numba", "ray", "numpy", "pandas", "scikit-learn", "wandb", "pyarrow")
 
 
 def package_versions(packages: Iterable[str] = CORE_PACKAGES) -> dict[str, str]:
