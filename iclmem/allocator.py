@@ -5,9 +5,11 @@ frees them a few microseconds later, thousands of times per ``score``. glibc's m
 its mmap threshold with fresh ``mmap``s and hands the top of its heap back to the kernel once more than its
 trim threshold is free; both adapt to the workload, but not fast enough for this pattern, so the next
 allocation of the same size faults its pages in again and the kernel zeroes them. Measured on pfn-mini's
-probe (benchmarks/RESULTS.md, *Probe throughput*, fresh processes): ~31,000 minor page faults (~120 MB zeroed)
-per ``score`` on ``digits`` and ~4,000 on ``breast_cancer``, costing 9% / 7% of their forward time; with the
-thresholds below, none.
+probe when ``score`` made one call per shape group (benchmarks/RESULTS.md, *Probe throughput*, fresh
+processes): ~31,000 minor page faults (~120 MB zeroed) per ``score`` on ``digits`` and ~4,000 on
+``breast_cancer``, costing 9% / 7% of their forward time; with the thresholds below, none. Since ``score``
+packs several shape groups into each of pfn-mini's calls, the same benchmark measures a handful of faults
+either way (the thresholds still serve unpacked calls: ``merge=False``, models that do not pack).
 
 The cost: a process keeps up to ``TRIM_THRESHOLD_BYTES`` of freed heap mapped (it is reused by the next
 allocations), and chunks up to ``MMAP_THRESHOLD_BYTES`` come from the heap. Process-wide, glibc only (Linux);

@@ -226,8 +226,9 @@ def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: b
     several groups (:func:`pack_groups`). ``merge=False``: one call per shape group (or chunk of one).
     """
     model.module.eval()
-    # the forward calls' activations are MBs each, freed and allocated again thousands of times per call:
-    # keep their pages mapped instead of faulting them in again (9% of the forward on digits; see there)
+    # forward calls' activations are MBs each, freed and allocated again call after call: keep their pages
+    # mapped instead of faulting them in again (see there: 9% of the forward on digits with one call per
+    # shape group; score's packed calls for pfn-mini measure no page faults either way)
     retain_freed_memory()
     q = plan.queries
     _use_columns(model, q.columns)
@@ -242,24 +243,22 @@ def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: b
     if merge and _packs(model, device, max_batch):  # every call filled to CPU_MAX_TOKENS across shape groups
         for chunks in pack_groups(groups):
             for chunk, scores in zip(chunks, _score_packed(model, plan, chunks, device)):
-                for key, values in scores.items():
-                    out[key][np.asarray(chunk)] = values
-        groups = ()
-    for shape, indices in groups:
-        start = 0
-        while start < len(indices):
-            chunk = indices[start : start + _chunk_size(batch, shape, max_batch, device)]
-            try:
-                scores = _score_chunk(model, plan, chunk, device)
-            except torch.OutOfMemoryError:
-                if batch == 1 or max_batch is not None:
-                    raise
-                batch = max(1, min(batch, len(chunk)) // 2)  # batches sized to what the device holds
-                torch.cuda.empty_cache()
-                continue
-            for key, values in scores.items():
-                out[key][np.asarray(chunk)] = values
-            start += len(chunk)
+                _store(out, chunk, scores)
+    else:
+        for shape, indices in groups:
+            start = 0
+            while start < len(indices):
+                chunk = indices[start : start + _chunk_size(batch, shape, max_batch, device)]
+                try:
+                    scores = _score_chunk(model, plan, chunk, device)
+                except torch.OutOfMemoryError:
+                    if batch == 1 or max_batch is not None:
+                        raise
+                    batch = max(1, min(batch, len(chunk)) // 2)  # batches sized to what the device holds
+                    torch.cuda.empty_cache()
+                    continue
+                _store(out, chunk, scores)
+                start += len(chunk)
     if shortcut:
         rep = plan.representatives(invariances)
         for key in SCORE_COLUMNS:
@@ -277,6 +276,13 @@ def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: b
             **out,
         }
     )
+
+
+def _store(out: dict[str, np.ndarray], chunk: Sequence[int], scores: dict[str, np.ndarray]) -> None:
+    """Write one chunk's scores into the plan-ordered score columns."""
+    rows = np.asarray(chunk)
+    for key, values in scores.items():
+        out[key][rows] = values
 
 
 def _use_columns(model: Any, columns: Any) -> None:

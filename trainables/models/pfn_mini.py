@@ -210,7 +210,7 @@ class PfnMini(nn.Module):
         # context_weight: [B, N] row multiplicities, or None. Identical context rows stay identical
         # through every layer (they see the same keys), so one row with multiplicity c plus a log(c)
         # bias on its attention logit computes exactly what c copies of it would, with fewer tokens.
-        batch, n_context, _ = context_x.shape
+        n_context = context_x.shape[1]
         context_tokens = self._encode_features(context_x) + self.y_embedding(context_y)  # [B, N, D]
         query_tokens = self._encode_features(query_x)  # [B, M, D]
         if self.uses_fast_inference(context_tokens):
