@@ -74,6 +74,24 @@ def test_inference_forward_gives_the_reference_log_probs(shipped, shape, weighte
     assert counter.calls == 0  # the compiled attention served every block, at every size
 
 
+@pytest.mark.parametrize("n_features", [1, 7, 16])
+@pytest.mark.parametrize("fast", [True, False], ids=["inference", "reference"])
+def test_features_are_encoded_as_if_zero_padded_and_rescaled_to_max_features(shipped, n_features, fast):
+    """pfn-mini reads F features as max_features (20) with the missing ones zero and all of them scaled by
+    sqrt(20 / F): both forwards read only the F real features' weight columns, rescaled, and must give what
+    the padded, rescaled input itself gives (where F = 20, no slice and a scale of 1)."""
+    context_x, context_y, query_x, weight = _inputs(40, 5, 2, n_features, seed=n_features, weighted=True)
+    max_features = shipped.module.config.max_features
+    scale = (max_features / n_features) ** 0.5
+
+    def padded(x):
+        return F.pad(x, (0, max_features - n_features)) * scale
+
+    as_given = _log_probs(shipped, fast, context_x, context_y, query_x, weight)
+    as_padded = _log_probs(shipped, fast, padded(context_x), context_y, padded(query_x), weight)
+    assert float((as_given - as_padded).abs().max()) <= TOLERANCE
+
+
 def test_weights_equal_to_copies_of_rows(shipped):
     """A row of multiplicity 3 is 3 copies of it (the invariance the shortcut's [v | w] column keeps)."""
     context_x, context_y, query_x, _ = _inputs(120, 3, 1, 10, seed=5, weighted=False)

@@ -195,14 +195,18 @@ class PfnMini(nn.Module):
         )
         self.fast_inference = True  # see uses_fast_inference
 
-    def _encode_features(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [B, L, F] -> [B, L, D]. Zero-pad to max_features and rescale so the encoder sees the same
-        # total feature energy whatever F is (TabPFN's trick for variable feature counts).
-        n_features = x.shape[-1]
+    def _feature_weight(self, n_features: int) -> torch.Tensor:
+        """The encoder's weight for F = ``n_features`` features, [D, F]. The encoder reads x zero-padded to
+        max_features and rescaled so that it sees the same total feature energy whatever F is (TabPFN's trick
+        for variable feature counts); the zero columns add nothing, so this is the F real features' weight
+        columns, rescaled, and no padded copy of x is made."""
         if n_features > self.config.max_features:
             raise ValueError(f"pfn-mini takes at most {self.config.max_features} features, got {n_features}")
-        padded = F.pad(x, (0, self.config.max_features - n_features))
-        return self.x_encoder(padded * math.sqrt(self.config.max_features / max(n_features, 1)))
+        return self.x_encoder.weight[:, :n_features] * math.sqrt(self.config.max_features / max(n_features, 1))
+
+    def _encode_features(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, L, F] -> [B, L, D]
+        return F.linear(x, self._feature_weight(x.shape[-1]), self.x_encoder.bias)
 
     def forward(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
                 context_weight: torch.Tensor | None = None) -> torch.Tensor:
@@ -210,11 +214,11 @@ class PfnMini(nn.Module):
         # context_weight: [B, N] row multiplicities, or None. Identical context rows stay identical
         # through every layer (they see the same keys), so one row with multiplicity c plus a log(c)
         # bias on its attention logit computes exactly what c copies of it would, with fewer tokens.
+        if self.uses_fast_inference(self.x_encoder.weight):
+            return self._forward_inference([(context_x, context_y, query_x, context_weight)])[0]
         n_context = context_x.shape[1]
         context_tokens = self._encode_features(context_x) + self.y_embedding(context_y)  # [B, N, D]
         query_tokens = self._encode_features(query_x)  # [B, M, D]
-        if self.uses_fast_inference(context_tokens):
-            return self._forward_inference([(context_tokens, query_tokens, context_weight)])[0]
         last = len(self.blocks) - 1
         tokens = torch.cat([context_tokens, query_tokens], dim=1)  # [B, N+M, D]
         key_bias = None if context_weight is None else context_weight.float().log()[:, None, None, :]
@@ -229,25 +233,32 @@ class PfnMini(nn.Module):
         one op per layer, each batch's attention over its own tables), else one ``forward`` each."""
         if not batches or not self.uses_fast_inference(self.x_encoder.weight):  # the tokens' dtype and device
             return [self.forward(*inputs) for inputs in batches]
-        return self._forward_inference([(self._encode_features(cx) + self.y_embedding(cy), self._encode_features(qx),
-                                         w) for cx, cy, qx, w in batches])
+        return self._forward_inference(batches)
 
-    def _forward_inference(self, encoded: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    def _forward_inference(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]
                            ) -> list[torch.Tensor]:
-        """The blocks' ``forward_inference`` over encoded batches (context tokens [B, N, D], query tokens
-        [B, M, D], row weights [B, N] or None) laid out in one context-first flat tensor; logits per batch."""
-        groups, context_parts, query_parts = [], [], []
-        split = sum(context.shape[0] * context.shape[1] for context, _, _ in encoded)
-        context_start, query_start = 0, split
-        for context, query, weight in encoded:
-            (batch, n_context, width), n_query = context.shape, query.shape[1]
-            context_parts.append(context.reshape(batch * n_context, width))
-            query_parts.append(query.reshape(batch * n_query, width))
+        """The blocks' ``forward_inference`` over batches (context_x [B, N, F], context_y [B, N], query_x
+        [B, M, F], row weights [B, N] or None), encoded straight into one context-first flat tensor [rows, D]
+        (each context row: its label's embedding plus the encoder's bias, then += its features' product; no
+        padded, encoded or concatenated copies); logits per batch."""
+        split = sum(context_x.shape[0] * context_x.shape[1] for context_x, _, _, _ in batches)
+        n_rows = split + sum(query_x.shape[0] * query_x.shape[1] for _, _, query_x, _ in batches)
+        weight, bias = self.x_encoder.weight, self.x_encoder.bias
+        flat = torch.empty(n_rows, weight.shape[0], dtype=weight.dtype, device=weight.device)  # updated in place
+        label_rows = self.y_embedding.weight + bias  # [C, D]
+        groups, context_start, query_start = [], 0, split
+        for context_x, context_y, query_x, row_weight in batches:
+            (batch, n_context, n_features), n_query = context_x.shape, query_x.shape[1]
+            feature_weight = self._feature_weight(n_features).t()  # [F, D]
+            context = flat[context_start:context_start + batch * n_context]
+            torch.index_select(label_rows, 0, context_y.reshape(-1), out=context)
+            context.addmm_(context_x.reshape(-1, n_features), feature_weight)
+            torch.addmm(bias, query_x.reshape(-1, n_features), feature_weight,
+                        out=flat[query_start:query_start + batch * n_query])
             groups.append(TableGroup(batch, n_context, n_query, context_start, query_start,
-                                     None if weight is None else weight.to(torch.float32).contiguous()))
+                                     None if row_weight is None else row_weight.to(torch.float32).contiguous()))
             context_start += batch * n_context
             query_start += batch * n_query
-        flat = torch.cat(context_parts + query_parts)  # cat's fresh output: updated in place by the blocks
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             flat = block.forward_inference(flat, groups, split, queries_only=i == last)
