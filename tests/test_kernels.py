@@ -48,6 +48,25 @@ def test_matches_sdpa_per_table_and_head(batch, length, n_context, weighted):
     assert float((out - _sdpa(q, k, v, batch, length, n_context, 4, weight)).abs().max()) <= 1e-5
 
 
+@pytest.mark.parametrize("length", [1, 2, 5], ids=lambda n: f"{n}_rows")
+def test_query_bias_is_added_to_every_query_row(length):
+    """The query product's bias, given apart: the kernel on q with it equals the kernel (and SDPA) on q + bias,
+    in the one-row loop and the two-row loop (odd and even rows)."""
+    g = torch.Generator().manual_seed(length)
+    batch, n_context = 9, 4
+    q, k, v = (torch.randn(batch * rows, 128, generator=g) for rows in (length, n_context, n_context))
+    bias = torch.randn(128, generator=g) * 3
+    weight = torch.randint(1, 4, (batch, n_context), generator=g).float()
+    with_bias = torch.empty_like(q)
+    context_attention(q, k, v, batch, length, n_context, 4, weight, with_bias, query_bias=bias)
+    added = torch.empty_like(q)
+    context_attention(q + bias, k, v, batch, length, n_context, 4, weight, added)
+    assert float((with_bias - added).abs().max()) <= 1e-5
+    assert float((with_bias - _sdpa(q + bias, k, v, batch, length, n_context, 4, weight)).abs().max()) <= 1e-5
+    context_attention(q, k, v, batch, length, n_context, 4, weight, added)  # without it: another attention
+    assert float((with_bias - added).abs().max()) > 1e-2
+
+
 def test_large_logits_and_zero_weights():
     """Logits of several hundred (exp overflows float32 unless the maximum is subtracted) and keys of
     weight 0 (no key at all: the padding rows of score's merged calls)."""
@@ -85,3 +104,5 @@ def test_refuses_what_it_cannot_read():
         context_attention(q, q, q, 2, 1, 1, 4, None, out)
     with pytest.raises(ValueError, match="do not fit 4 tables"):
         context_attention(q, q, q, 4, 1, 1, 4, torch.ones(4, 2), out)  # weights of 2 keys per table, not 1
+    with pytest.raises(ValueError, match="query_bias \\(64,\\) do not fit"):
+        context_attention(q, q, q, 4, 1, 1, 4, None, out, query_bias=torch.zeros(64))

@@ -105,7 +105,8 @@ class ContextAttentionBlock(nn.Module):
           CPU flash kernel, whose per-(table, head) overhead dominates at 2-40 keys, written straight into
           one output; k and v without their biases, which the attention does not need: softmax over the
           keys ignores q.b_k, the same for every key of a query, and the attention weights sum to 1, so b_v
-          comes out as it went in and joins the output layer's bias: out(a + b_v) = a W_o^T + (b_o + W_o b_v).
+          comes out as it went in and joins the output layer's bias: out(a + b_v) = a W_o^T + (b_o + W_o b_v);
+          q's bias added by the attention as it reads each query row (no pass copying it into q first).
         """
         width = tokens.shape[1]
         h = F.layer_norm(tokens, (width,), self.norm_attn.weight, self.norm_attn.bias, self.norm_attn.eps)
@@ -114,7 +115,7 @@ class ContextAttentionBlock(nn.Module):
         else:
             h_query, first_row = h, 0
         w, b = self.qkv.weight, self.qkv.bias  # rows: q, k, v
-        q = torch.addmm(b[:width], h_query, w[:width].t())  # [rows, D]
+        q = torch.mm(h_query, w[:width].t())  # [rows, D], its bias added by the attention
         k = torch.mm(h[:split], w[width:2 * width].t())  # [context rows, D]
         v = torch.mm(h[:split], w[2 * width:].t())
         attended = torch.empty_like(q)
@@ -126,7 +127,7 @@ class ContextAttentionBlock(nn.Module):
             for start, rows_each in segments:
                 rows = slice(start - first_row, start - first_row + group.batch * rows_each)
                 context_attention(q[rows], k[keys], v[keys], group.batch, rows_each, group.n_context, self.n_heads,
-                                  group.weight, attended[rows])
+                                  group.weight, attended[rows], query_bias=b[:width])
         out_bias = torch.addmv(self.out.bias, self.out.weight, b[2 * width:])
         tokens.addmm_(attended, self.out.weight.t()).add_(out_bias)
         h = F.layer_norm(tokens, (width,), self.norm_ff.weight, self.norm_ff.bias, self.norm_ff.eps)
