@@ -196,18 +196,26 @@ class PfnMini(nn.Module):
         )
         self.fast_inference = True  # see uses_fast_inference
 
-    def _feature_weight(self, n_features: int) -> torch.Tensor:
-        """The encoder's weight for F = ``n_features`` features, [D, F]. The encoder reads x zero-padded to
-        max_features and rescaled so that it sees the same total feature energy whatever F is (TabPFN's trick
-        for variable feature counts); the zero columns add nothing, so this is the F real features' weight
-        columns, rescaled, and no padded copy of x is made."""
+    def _encoder_operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [..., F] -> (x', W') with F.linear(x', W', b) the encoder's output [..., D].
+
+        The encoder reads F features zero-padded to max_features and rescaled by sqrt(max_features / F), so
+        that it sees the same total feature energy whatever F is (TabPFN's trick for variable feature counts).
+        The zero columns add nothing: only the F real features' weight columns are multiplied, with no padded
+        copy of x; the scale stays on x, which keeps every sum in the order the padded product gave
+        (bit-identical logits and gradients: fine-tuning on shuffled labels amplifies any rounding change).
+        One feature keeps a zero column: MKL's one-column product rounds differently from the padded one."""
+        n_features = x.shape[-1]
         if n_features > self.config.max_features:
             raise ValueError(f"pfn-mini takes at most {self.config.max_features} features, got {n_features}")
-        return self.x_encoder.weight[:, :n_features] * math.sqrt(self.config.max_features / max(n_features, 1))
+        scale = math.sqrt(self.config.max_features / max(n_features, 1))
+        if n_features < 2:
+            x, n_features = F.pad(x, (0, 2 - n_features)), 2
+        return x * scale, self.x_encoder.weight[:, :n_features]
 
     def _encode_features(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, L, F] -> [B, L, D]
-        return F.linear(x, self._feature_weight(x.shape[-1]), self.x_encoder.bias)
+        return F.linear(*self._encoder_operands(x), self.x_encoder.bias)
 
     def forward(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
                 context_weight: torch.Tensor | None = None) -> torch.Tensor:
@@ -240,21 +248,22 @@ class PfnMini(nn.Module):
                            ) -> list[torch.Tensor]:
         """The blocks' ``forward_inference`` over batches (context_x [B, N, F], context_y [B, N], query_x
         [B, M, F], row weights [B, N] or None), encoded straight into one context-first flat tensor [rows, D]
-        (each context row: its label's embedding plus the encoder's bias, then += its features' product; no
-        padded, encoded or concatenated copies); logits per batch."""
+        (no padded, encoded or concatenated copies of the tokens); logits per batch."""
         split = sum(context_x.shape[0] * context_x.shape[1] for context_x, _, _, _ in batches)
         n_rows = split + sum(query_x.shape[0] * query_x.shape[1] for _, _, query_x, _ in batches)
         weight, bias = self.x_encoder.weight, self.x_encoder.bias
         flat = torch.empty(n_rows, weight.shape[0], dtype=weight.dtype, device=weight.device)  # updated in place
-        label_rows = self.y_embedding.weight + bias  # [C, D]
+        labels = self.y_embedding.weight  # [C, D]
         groups, context_start, query_start = [], 0, split
         for context_x, context_y, query_x, row_weight in batches:
-            (batch, n_context, n_features), n_query = context_x.shape, query_x.shape[1]
-            feature_weight = self._feature_weight(n_features).t()  # [F, D]
-            context = flat[context_start:context_start + batch * n_context]
-            torch.index_select(label_rows, 0, context_y.reshape(-1), out=context)
-            context.addmm_(context_x.reshape(-1, n_features), feature_weight)
-            torch.addmm(bias, query_x.reshape(-1, n_features), feature_weight,
+            (batch, n_context, _), n_query = context_x.shape, query_x.shape[1]
+            (context_features, feature_weight), (query_features, _) = map(self._encoder_operands, (context_x, query_x))
+            width = feature_weight.shape[1]
+            # the sums in forward's order: (x W^T + b) + the label's embedding
+            context = torch.addmm(bias, context_features.reshape(-1, width), feature_weight.t(),
+                                  out=flat[context_start:context_start + batch * n_context])
+            context.add_(F.embedding(context_y.reshape(-1), labels))
+            torch.addmm(bias, query_features.reshape(-1, width), feature_weight.t(),
                         out=flat[query_start:query_start + batch * n_query])
             groups.append(TableGroup(batch, n_context, n_query, context_start, query_start,
                                      None if row_weight is None else row_weight.to(torch.float32).contiguous()))
