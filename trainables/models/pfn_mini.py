@@ -248,7 +248,8 @@ class PfnMini(nn.Module):
                            ) -> list[torch.Tensor]:
         """The blocks' ``forward_inference`` over batches (context_x [B, N, F], context_y [B, N], query_x
         [B, M, F], row weights [B, N] or None), encoded straight into one context-first flat tensor [rows, D]
-        (no padded, encoded or concatenated copies of the tokens); logits per batch."""
+        (each row the encoder's product written in place, context rows then plus their labels' embeddings: no
+        zero-padded features, no per-batch token tensors, no concatenation); logits per batch."""
         split = sum(context_x.shape[0] * context_x.shape[1] for context_x, _, _, _ in batches)
         n_rows = split + sum(query_x.shape[0] * query_x.shape[1] for _, _, query_x, _ in batches)
         weight, bias = self.x_encoder.weight, self.x_encoder.bias
