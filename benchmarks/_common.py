@@ -62,13 +62,36 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     return " ".join(["python3", script_text, *(shlex.quote(a) for a in argv[1:])])
 
 
+def cpu_model() -> str:
+    """The CPU's model name and widest vector extension, from /proc/cpuinfo (Linux), or ''.
+
+    The shares of the matmul rate in RESULTS.md depend on the CPU (the same probe forward read 54-57% of
+    it on one machine and 61-66% on another whose plain matmul ran at half the rate), so every section
+    names it.
+    """
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:  # pragma: no cover - not on Linux
+        return ""
+    name, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not name:
+            name = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    vector = next((f for f in ("avx512f", "avx2", "avx", "sse4_2") if f in flags), "")
+    return ", ".join(part for part in (name, vector.upper()) if part)
+
+
 def machine() -> str:
     cpus = os.cpu_count()
     try:
         load = "load average %.1f / %.1f / %.1f" % os.getloadavg()
     except OSError:  # pragma: no cover - not on Linux
         load = "load average n/a"
-    return f"{platform.machine()}, {cpus} CPU(s), {load}"
+    model = cpu_model()
+    return f"{platform.machine()}{f' ({model})' if model else ''}, {cpus} CPU(s), {load}"
 
 
 def provenance(argv: Sequence[str] | None = None, extra_packages: Iterable[str] = ()) -> str:

@@ -310,8 +310,18 @@ def measure(task_name: str, args, model) -> dict:
     # FLOPs of the reference forward without merged calls: the products the model's math needs (the inference
     # forward does the same products, except that merged calls carry zero-weight padding rows, not credited;
     # FlopCounterMode credits no attention FLOPs in either).
-    flops, _ = count_flops(lambda: batched(model, queries, suite, args.seed, plan=b_runs[0]["plan"], fast=False,
-                                           merge=False), model.module)
+    # The reference forward multiplies the encoder's weight by features zero-padded to max_features (training
+    # keeps that product for its rounding); the inference forward multiplies the real features' columns only.
+    # The count credits the latter, the work done: the zero columns are none.
+    from torch.nn.functional import linear
+
+    module = model.module
+    module._encode_features = lambda x: linear(*module._encoder_operands(x), module.x_encoder.bias)
+    try:
+        flops, _ = count_flops(lambda: batched(model, queries, suite, args.seed, plan=b_runs[0]["plan"],
+                                               fast=False, merge=False), module)
+    finally:
+        del module._encode_features  # the method again
     config = model.module.config
     # Products both forwards skip because the output never reads them: FLOPs of every token through every
     # block = flops + these.

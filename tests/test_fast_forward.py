@@ -78,8 +78,9 @@ def test_inference_forward_gives_the_reference_log_probs(shipped, shape, weighte
 @pytest.mark.parametrize("fast", [True, False], ids=["inference", "reference"])
 def test_features_are_encoded_as_if_zero_padded_and_rescaled_to_max_features(shipped, n_features, fast):
     """pfn-mini reads F features as max_features (20) with the missing ones zero and all of them scaled by
-    sqrt(20 / F): both forwards read only the F real features' weight columns, rescaled, and must give what
-    the padded, rescaled input itself gives (where F = 20, no slice and a scale of 1)."""
+    sqrt(20 / F): the inference forward reads only the F real features' weight columns, rescaled, the
+    reference forward pads; both must give what the padded, rescaled input itself gives (where F = 20, no
+    slice and a scale of 1)."""
     context_x, context_y, query_x, weight = _inputs(40, 5, 2, n_features, seed=n_features, weighted=True)
     max_features = shipped.module.config.max_features
     scale = (max_features / n_features) ** 0.5
@@ -95,8 +96,10 @@ def test_features_are_encoded_as_if_zero_padded_and_rescaled_to_max_features(shi
 @pytest.mark.parametrize("n_features", [0, 1, 2, 7, 16, 20])
 def test_training_encoder_is_bit_identical_to_the_padded_product(n_features):
     """Fine-tuning on shuffled labels for hundreds of epochs diverges from a changed rounding within a few
-    epochs, and the planted tests' verdicts with it: the encoder that skips the padding must give the padded
-    product's logits and gradients bit for bit, not just to rounding."""
+    epochs, and the planted tests' verdicts with it: the encoder that training runs must give the padded
+    product's logits and gradients bit for bit, not just to rounding, on every CPU. (A product over the real
+    features' weight columns only, as the inference forward runs, gave other gradients for F = 1 and 2 on an
+    AVX2-only machine, and the same on another.)"""
     module = build_model("pfn-mini", weights="random", seed=n_features).module
     x = torch.randn(64, 9, n_features, generator=torch.Generator().manual_seed(n_features))
     padded = F.pad(x, (0, 20 - n_features)) * (20 / max(n_features, 1)) ** 0.5

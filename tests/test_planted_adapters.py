@@ -1,5 +1,5 @@
 """Planted ground truth through each real adapter (tiny, randomly initialised from its own architecture):
-label-shuffled members, many epochs at lr 1e-3, must be detected (calibrated AUC interval above 0.5).
+label-shuffled members, many epochs at lr 1e-3 (3e-3 for TabICL's tiny instance), must be detected (calibrated AUC interval above 0.5).
 
 TabPFN v2 standardises every feature over its context rows; a zero-information probe context repeats
 the query in every row, so without help every feature is constant and the query's features vanish. The
@@ -26,16 +26,18 @@ def _require(name: str) -> None:
 
 
 # Epochs each tiny model needs (benchmarks/planted_adapters.py: TabPFN v2 0.89 [0.79, 0.97] at 200, ConTextTab
-# 0.80 [0.67, 0.91] at 100 reading iris's real columns, TabICL 0.68 [0.55, 0.80] at 200, one thread as a
-# trial runs). TabICL's tiny instance is the weakest: trained on two threads its interval is [0.46, 0.75], so
-# this check is marginal for it.
+# 0.80 [0.67, 0.91] at 100 reading iris's real columns, one thread as a trial runs). TabICL's tiny instance
+# is the weakest and its verdict moves with the CPU's rounding: at lr 1e-3 one machine measured 0.68
+# [0.55, 0.80] and another 0.61 [0.48, 0.76] (seeds 1, 2: 0.59, 0.50); at lr 3e-3, 200 epochs, seeds 0, 1,
+# 2 gave 0.69 [0.57, ..], 0.72 [0.59, ..], 0.69 [0.54, ..] there. Trained on two threads it stays marginal.
 EPOCHS = {"tabpfn-v2": 200, "contexttab": 100, "tabicl": 200}
+LEARNING_RATES = {"tabpfn-v2": 1e-3, "contexttab": 1e-3, "tabicl": 3e-3}
 
 
 @pytest.mark.parametrize("name", sorted(EPOCHS))
 def test_label_shuffled_members_are_detected_through_each_real_adapter(name):
     _require(name)
-    row = planted_check(name, CLASSIFIERS[name], epochs=EPOCHS[name])
+    row = planted_check(name, CLASSIFIERS[name], lr=LEARNING_RATES[name], epochs=EPOCHS[name])
     assert row["auc_low"] > 0.5, row
     assert row["outcome"] == "memorization"
 

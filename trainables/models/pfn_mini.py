@@ -197,14 +197,12 @@ class PfnMini(nn.Module):
         self.fast_inference = True  # see uses_fast_inference
 
     def _encoder_operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [..., F] -> (x', W') with F.linear(x', W', b) the encoder's output [..., D].
+        """x [..., F] -> (x', W') with F.linear(x', W', b) the encoder's output [..., D], to rounding.
 
-        The encoder reads F features zero-padded to max_features and rescaled by sqrt(max_features / F), so
-        that it sees the same total feature energy whatever F is (TabPFN's trick for variable feature counts).
-        The zero columns add nothing: only the F real features' weight columns are multiplied, with no padded
-        copy of x; the scale stays on x, which keeps every sum in the order the padded product gave
-        (bit-identical logits and gradients: fine-tuning on shuffled labels amplifies any rounding change).
-        One feature keeps a zero column: MKL's one-column product rounds differently from the padded one."""
+        For the inference forward: the encoder reads F features zero-padded to max_features (see
+        ``_encode_features``); the zero columns add nothing, so only the F real features' weight columns
+        are multiplied, with no padded copy of x. The sums run over fewer terms, so the result can differ
+        from the padded product in the last bits (by how much depends on the CPU's matmul kernels)."""
         n_features = x.shape[-1]
         if n_features > self.config.max_features:
             raise ValueError(f"pfn-mini takes at most {self.config.max_features} features, got {n_features}")
@@ -214,8 +212,16 @@ class PfnMini(nn.Module):
         return x * scale, self.x_encoder.weight[:, :n_features]
 
     def _encode_features(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [B, L, F] -> [B, L, D]
-        return F.linear(*self._encoder_operands(x), self.x_encoder.bias)
+        # x: [B, L, F] -> [B, L, D]. Zero-pad to max_features and rescale so the encoder sees the same
+        # total feature energy whatever F is (TabPFN's trick for variable feature counts). Training keeps
+        # the padded product: fine-tuning on shuffled labels for hundreds of epochs amplifies any change of
+        # rounding into other weights and verdicts, and the multiply skipping the zero columns rounds like
+        # the padded one on some CPUs only (on an AVX2-only machine its gradients differed in the last bits).
+        n_features = x.shape[-1]
+        if n_features > self.config.max_features:
+            raise ValueError(f"pfn-mini takes at most {self.config.max_features} features, got {n_features}")
+        padded = F.pad(x, (0, self.config.max_features - n_features))
+        return self.x_encoder(padded * math.sqrt(self.config.max_features / max(n_features, 1)))
 
     def forward(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
                 context_weight: torch.Tensor | None = None) -> torch.Tensor:
