@@ -1,5 +1,6 @@
 """Planted ground truth through each real adapter (tiny, randomly initialised from its own architecture):
-label-shuffled members, many epochs at lr 1e-3 (3e-3 for TabICL's tiny instance), must be detected (calibrated AUC interval above 0.5).
+label-shuffled members, many epochs at lr 1e-3 (3e-3 for TabICL's tiny instance), must be detected
+(calibrated AUC interval above 0.5).
 
 TabPFN v2 standardises every feature over its context rows; a zero-information probe context repeats
 the query in every row, so without help every feature is constant and the query's features vanish. The

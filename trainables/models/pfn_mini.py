@@ -202,7 +202,8 @@ class PfnMini(nn.Module):
         For the inference forward: the encoder reads F features zero-padded to max_features (see
         ``_encode_features``); the zero columns add nothing, so only the F real features' weight columns
         are multiplied, with no padded copy of x. The sums run over fewer terms, so the result can differ
-        from the padded product in the last bits (by how much depends on the CPU's matmul kernels)."""
+        from the padded product in the last bits (by how much depends on the CPU's matmul kernels). Fewer than
+        two features keep zero columns up to two: MKL's one-column product rounded further from the padded one."""
         n_features = x.shape[-1]
         if n_features > self.config.max_features:
             raise ValueError(f"pfn-mini takes at most {self.config.max_features} features, got {n_features}")
