@@ -65,6 +65,8 @@ def test_a_model_that_normalises_over_its_context_sees_the_query_only_with_refer
         with model.feature_statistics(torch.randn(2, 20, 5, generator=generator)):
             with_reference = model.log_probs(context_x, context_y, queries, 3)
         after = model.log_probs(context_x, context_y, queries, 3)
-    assert torch.equal(alone[0], alone[1])  # the query's features vanished
+    # the query's features vanished: the two queries' outputs agree to rounding (not bit for bit: on two
+    # threads the batch's two tables can take different kernel paths), against > 1e-3 with the statistics
+    assert float((alone[0] - alone[1]).abs().max()) <= 1e-5
     assert (with_reference[0] - with_reference[1]).abs().max() > 1e-3  # now they reach the model
     assert torch.equal(after, alone)  # the statistics apply within the block only
