@@ -205,9 +205,7 @@ class PfnMini(nn.Module):
         from the padded product in the last bits (by how much depends on the CPU's matmul kernels). Fewer than
         two features keep zero columns up to two: MKL's one-column product rounded further from the padded one."""
         n_features = x.shape[-1]
-        if n_features > self.config.max_features:
-            raise ValueError(f"pfn-mini takes at most {self.config.max_features} features, got {n_features}")
-        scale = math.sqrt(self.config.max_features / max(n_features, 1))
+        scale = self._feature_scale(n_features)
         if n_features < 2:
             x, n_features = F.pad(x, (0, 2 - n_features)), 2
         return x * scale, self.x_encoder.weight[:, :n_features]
@@ -219,10 +217,15 @@ class PfnMini(nn.Module):
         # rounding into other weights and verdicts, and the multiply skipping the zero columns rounds like
         # the padded one on some CPUs only (on an AVX2-only machine its gradients differed in the last bits).
         n_features = x.shape[-1]
+        scale = self._feature_scale(n_features)
+        return self.x_encoder(F.pad(x, (0, self.config.max_features - n_features)) * scale)
+
+    def _feature_scale(self, n_features: int) -> float:
+        """sqrt(max_features / F): F features read as max_features carry the same total energy; refuses F
+        above max_features."""
         if n_features > self.config.max_features:
             raise ValueError(f"pfn-mini takes at most {self.config.max_features} features, got {n_features}")
-        padded = F.pad(x, (0, self.config.max_features - n_features))
-        return self.x_encoder(padded * math.sqrt(self.config.max_features / max(n_features, 1)))
+        return math.sqrt(self.config.max_features / max(n_features, 1))
 
     def forward(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
                 context_weight: torch.Tensor | None = None) -> torch.Tensor:
