@@ -32,6 +32,22 @@ class LabelMode(Vocab):
     SHUFFLED_ALL = "shuffled_all"
 
 
+class LabelDesign(Vocab):
+    """Which labels the non-members (and every row outside members and C') are scored on under
+    ``shuffled_members`` (docs/METHOD.md, "Exchangeable members and non-members").
+
+    ``matched`` (default): the non-members' labels are permuted among themselves, and so are those of the
+    rows no part of the split uses (the null splits' pool), each by a stream of its own, exactly as the
+    members' are: before training, which row of a (member, non-member) pair is trained on is a fair coin,
+    labels as scored included. ``unmatched``: the paper's design, non-members keep their true labels; the
+    two groups then differ in label correctness before any training (a classifier on C' alone separates
+    them), kept only to reproduce the paper. The other label modes treat every row alike already, so the
+    setting changes nothing there."""
+
+    MATCHED = "matched"
+    UNMATCHED = "unmatched"
+
+
 class SourceKind(Vocab):
     """Where a table comes from."""
 

@@ -154,10 +154,18 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
       competing score kinds (the family its verdict reads);
     * ``run_epsilon_lb`` (and ``_epoch``, ``_kind``): the run headline's, the maximum over the run's
       checkpoints and competing kinds;
-    * DP-SGD rows (``dp_noise_multiplier`` set): ``dp_steps`` and ``dp_epsilon``, the accountant's ε after the
-      checkpoint's epoch, and ``epsilon_consistent``: whether every calibrated kind's bound stays at or below
-      it. False is a bug in the audit or in the accounting, printed as a warning; None where there is no
-      accountant or the audit's δ is below the accountant's (then the bound is not comparable).
+    * DP-SGD rows (``dp_noise_multiplier`` set): ``dp_steps`` and ``dp_epsilon``, the accountant's (add/remove
+      one) ε after the checkpoint's epoch; ``dp_epsilon_replace_one``, the same mechanism's ε for the
+      neighbour relation the audit's game plays (which row of a member / non-member pair is trained on:
+      replace one, :meth:`trainables.dp.DPSettings.epsilon_replace_one_at`); and ``epsilon_consistent``:
+      whether every calibrated kind's bound stays at or below the replace-one ε. False is a bug in the audit
+      or in the accounting, printed as a warning; None where there is no accountant or the audit's δ is
+      below the accountant's (then the bound is not comparable).
+
+    A checkpoint whose split is not exchangeable (``exchangeable`` False: the paper's unmatched
+    shuffled_members design, or a blind baseline separating the groups) gets no ε lower bound at all: every
+    ``*epsilon_lb`` column is NaN there and ``epsilon_lb_withheld`` says why, since its rates measure the
+    label difference between the groups as much as membership.
     """
     import math
     import warnings
@@ -167,6 +175,14 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
     if results.empty:
         return results
     out = results.copy()
+    if "exchangeable" in out.columns:
+        separable = out["exchangeable"].map(lambda v: v is False or v == 0 or v == "False").to_numpy(bool)
+        out["epsilon_lb_withheld"] = [
+            ("members and non-members are separable without the model (label design "
+             f"{row.get('label_design')}, blind AUC {float(row.get('blind_auc', math.nan)):.3f}): no ε lower bound")
+            if sep else None for sep, (_, row) in zip(separable, out.iterrows())]
+        for column in [c for c in out.columns if c.endswith("epsilon_lb")]:
+            out.loc[separable, column] = math.nan
     kinds = [k.value for k in SCORE_KINDS if f"calibrated_{k.value}_epsilon_lb" in out.columns]
     if not kinds:
         return out
@@ -196,21 +212,23 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
         return out
     from trainables.dp import DPSettings
 
-    spent, steps, consistent = [], [], []
+    spent, spent_replace, steps, consistent = [], [], [], []
     inconsistent, not_comparable = [], []
     for i, row in out.iterrows():
         if pd.isna(row.get("dp_noise_multiplier")):
             spent.append(math.nan)
+            spent_replace.append(math.nan)
             steps.append(None)
             consistent.append(None)
             continue
         dp = DPSettings(**{f: row[f"dp_{f}"] for f in ("target_epsilon", "delta", "max_grad_norm", "noise_multiplier",
                                                      "epochs", "sample_rate", "steps_per_epoch", "accountant")})
-        eps = dp.epsilon_at(int(row["epoch"]))
-        spent.append(eps)
+        spent.append(dp.epsilon_at(int(row["epoch"])))
+        eps = dp.epsilon_replace_one_at(int(row["epoch"]))
+        spent_replace.append(eps)
         steps.append(dp.steps_at(int(row["epoch"])))
         audit = any_kind[out.index.get_loc(i)]
-        if math.isnan(audit):
+        if math.isnan(audit) or math.isnan(eps):
             consistent.append(None)
         elif lb_delta[out.index.get_loc(i)] < dp.delta:
             # (ε, δ)-DP says nothing at a smaller δ, so a bound computed there may exceed ε legitimately
@@ -221,8 +239,10 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
             consistent.append(ok)
             if not ok:
                 inconsistent.append(f"{row['run_id']} [{row.get('task')}] epoch {int(row['epoch'])}: "
-                                    f"audited epsilon_lb {audit:.4g} > accountant epsilon {eps:.4g} (delta {dp.delta:g})")
-    out["dp_epsilon"], out["dp_steps"], out["epsilon_consistent"] = spent, steps, consistent
+                                    f"audited epsilon_lb {audit:.4g} > accountant's replace-one epsilon {eps:.4g} "
+                                    f"(delta {dp.delta:g})")
+    out["dp_epsilon"], out["dp_epsilon_replace_one"] = spent, spent_replace
+    out["dp_steps"], out["epsilon_consistent"] = steps, consistent
     if not_comparable:
         log(f"[iclmem] note: epsilon_consistent is not checked for {len(set(not_comparable))} DP run(s) whose audit "
             "delta (outcome.epsilon_delta) is below training.dp_delta; set them equal to compare")

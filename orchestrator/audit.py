@@ -17,16 +17,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from iclmem.atomic import json_safe, write_json_atomic
 from iclmem.errors import CheckpointError, ConfigError, DataError
 from iclmem.runfolder import GROUND_TRUTH_FILE, PREPARED_DIR, PROBES_DIR, REFERENCE_DIR, VERDICT_FILE
-from iclmem.vocab import LabelMode
+from iclmem.vocab import LabelDesign, LabelMode
+
+# Draws of non-members for external members before the audit gives up on finding exchangeable ones (Stage
+# I's max_redraws + 1).
+MAX_NONMEMBER_DRAWS = 21
 
 # What a probe uses when neither a flag nor the checkpoint says otherwise.
 DEFAULTS: dict[str, Any] = {"base_model": "pfn-mini", "q": 50, "label_mode": LabelMode.NORMAL.value, "seed": 0,
@@ -54,9 +59,38 @@ def parse_task(spec: str) -> Any:
 
 
 # ------------------------------------------------------------------------------------------ inputs
-def read_member_ids(path: str | Path) -> np.ndarray:
+@dataclasses.dataclass(frozen=True)
+class MemberFile:
+    """A ``--members`` file: row ids, and the label each was trained on when the file gives one."""
+
+    row_ids: np.ndarray  # int64 [n]
+    labels: tuple[str, ...] | None  # the trained label of each row (class names), or None
+
+
+def read_member_file(path: str | Path) -> MemberFile:
+    """``ROW_ID`` or ``ROW_ID,LABEL`` per line (every line alike; a tab or spaces also separate): the rows
+    the checkpoint was fine-tuned on and, under a shuffled label mode, the label each was trained with."""
+    file = Path(path)
+    ids = read_member_ids(file, allow_labels=True)
+    text = file.read_text()
+    labels: list[str] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            parts = [p for p in re.split(r"[,\t ]+", line, maxsplit=1) if p]
+            labels.append(parts[1].strip() if len(parts) > 1 else "")
+    given = [bool(v) for v in labels]
+    if any(given) and not all(given):
+        first = given.index(False) if given[0] else given.index(True)
+        raise DataError(f"{file}: some lines give a trained label and others do not (line {first + 1} of the ids "
+                        "differs from the first); give ROW_ID,LABEL on every line or on none")
+    return MemberFile(ids, tuple(labels) if all(given) else None)
+
+
+def read_member_ids(path: str | Path, allow_labels: bool = False) -> np.ndarray:
     """Row ids, one per line (blank lines and ``#`` comments skipped); :class:`DataError` naming the file
-    and line of anything else, of a repeated id, and of a file with none."""
+    and line of anything else, of a repeated id, and of a file with none. With ``allow_labels`` a line may
+    carry a label after its id (``ROW_ID,LABEL``), read by :func:`read_member_file`."""
     file = Path(path)
     if not file.is_file():
         raise DataError(f"members file not found: {file}" + (" (it is a folder)" if file.is_dir() else ""))
@@ -69,10 +103,12 @@ def read_member_ids(path: str | Path) -> np.ndarray:
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
+        head = re.split(r"[,\t ]+", line, maxsplit=1)[0] if allow_labels else line
         try:
-            value = int(line)
+            value = int(head)
         except ValueError:
-            raise DataError(f"{file}:{number}: {line!r} is not an integer row id (one row id per line)") from None
+            raise DataError(f"{file}:{number}: {head!r} is not an integer row id (one row id per line"
+                            + (", optionally followed by its trained label: ROW_ID,LABEL)" if allow_labels else ")")) from None
         if value < 0:
             raise DataError(f"{file}:{number}: row id {value} is negative")
         if value in seen:
@@ -181,31 +217,66 @@ def _positions(task: Any, row_ids: Any, what: str, source: str) -> np.ndarray:
     return np.array([position[int(r)] for r in row_ids], dtype=np.int64)
 
 
-def with_members(task: Any, member_row_ids: np.ndarray, seed: int, source: str = "--members") -> Any:
-    """The task re-split around externally given members (row ids of the source table)."""
+def with_members(task: Any, member_row_ids: np.ndarray, seed: int, source: str = "--members",
+                 member_labels: Sequence[str] | None = None) -> Any:
+    """The task re-split around externally given members (row ids of the source table).
+
+    The members are scored on ``member_labels`` (class names: the labels they were trained with) when
+    given, else on the table's labels, which only a ``normal`` run trained on: under a shuffled label mode
+    the trained labels must be given (a member scored on its true label while it was trained on a permuted
+    one would be measured against the wrong answer). Non-members are drawn with the members' label counts
+    from the rows outside the members and C'; when the members carry given labels, the non-members' table
+    labels are permuted among themselves, so the two groups carry labels from the same kind of draw."""
     members = _positions(task, member_row_ids, "member", source)
+    if member_labels is None and task.label_mode is not LabelMode.NORMAL:
+        raise ConfigError(f"--members {source}: label mode {task.label_mode.value} trains members on labels other "
+                          "than the table's, and the file gives none: add each row's trained label after its id "
+                          "(ROW_ID,LABEL), or audit with --label-mode normal")
     rest = np.setdiff1d(np.arange(len(task.row_ids)), members)
     context = np.setdiff1d(np.asarray(task.context_idx), members)
     rest = np.setdiff1d(rest, context)
     rng = np.random.default_rng(seed)
-    labels = np.asarray(task.labels)
-    nonmembers = []
-    for label, count in zip(*np.unique(labels[members], return_counts=True)):
-        pool = rest[labels[rest] == label]
-        if len(pool) < count:
-            raise DataError(f"not enough non-member rows of label {task.class_names[label]!r} to match the "
-                            f"members of {source}")
-        nonmembers.append(rng.choice(pool, size=count, replace=False))
-    return _resplit(task, members, np.sort(np.concatenate(nonmembers)), context)
+    labels = np.array(task.original_labels, dtype=np.int64)
+    labels[context] = np.asarray(task.labels)[context]  # C' as Stage I labels it for this mode
+    if member_labels is not None:
+        index = {name: i for i, name in enumerate(task.class_names)}
+        unknown = sorted({v for v in member_labels if v not in index})
+        if unknown:
+            raise DataError(f"{source}: labels {unknown[:10]} are not classes of task {task.name!r} "
+                            f"({list(task.class_names)[:10]})")
+        labels[members] = [index[v] for v in member_labels]
+    from probes.blind import task_blind_baseline
+
+    for attempt in range(MAX_NONMEMBER_DRAWS):
+        # as Stage I does, a draw whose groups are separable without the model is drawn again
+        rng = np.random.default_rng(seed if attempt == 0 else [seed, attempt])
+        nonmembers = []
+        for label, count in zip(*np.unique(labels[members], return_counts=True)):
+            pool = rest[task.original_labels[rest] == label]
+            if len(pool) < count:
+                raise DataError(f"not enough non-member rows of label {task.class_names[label]!r} to match the "
+                                f"members of {source}")
+            nonmembers.append(rng.choice(pool, size=count, replace=False))
+        chosen = np.sort(np.concatenate(nonmembers))
+        drawn = labels.copy()
+        if member_labels is not None:
+            drawn[chosen] = labels[chosen[rng.permutation(len(chosen))]]
+        split = _resplit(task, members, chosen, context, labels=drawn)
+        if not task_blind_baseline(split).separable:
+            return split
+    raise DataError(f"{source}: in {MAX_NONMEMBER_DRAWS} draws of non-members, every one was separable from the "
+                    "members without the model (blind baseline interval excluding 0.5): the members' labels differ "
+                    "from the table's other rows beyond chance")
 
 
 def with_recorded_split(task: Any, truth: dict[str, Any], source: str) -> Any:
     """The task split exactly as the checkpoint's ground-truth log records it: the same member, non-member
-    and context rows with the labels the run trained on (shuffled ones included)."""
+    and context rows with the labels the run trained on and was probed on (shuffled ones included). The
+    other rows (the null splits' pool) keep the labels Stage I gives them under the recorded design."""
     if list(task.class_names) != list(truth["class_names"]):
         raise DataError(f"the table's classes {list(task.class_names)[:10]} are not the ones {source} records "
                         f"({list(truth['class_names'])[:10]}): is --task the table this checkpoint was trained on?")
-    labels = np.array(task.original_labels, dtype=np.int64)
+    labels = np.array(task.labels, dtype=np.int64)
     parts = []
     for part in ("member", "nonmember", "context"):
         rows = _positions(task, truth[f"{part}_row_ids"], part, source)
@@ -260,7 +331,8 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
         raise ConfigError(f"checkpoint not found: {path}")
     if base_weights is not None and not Path(base_weights).is_file():
         raise ConfigError(f"--base-weights {base_weights}: file not found")
-    member_ids = read_member_ids(members) if members else None  # a bad file fails before any work
+    member_file = read_member_file(members) if members else None  # a bad file fails before any work
+    member_ids = None if member_file is None else member_file.row_ids
     record = read_checkpoint_record(path)
 
     # What the checkpoint records wins over defaults; a contradicting flag is refused.
@@ -300,8 +372,11 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
         base = build_model(model_name, **options)
     # Stage I under the base model's input contract (ConTextTab reads the real columns, TabICL and TabPFN
     # unreduced numbers), as a sweep prepares the task for that model
-    prepared = load_or_prepare(source, base.prep_settings(PrepSettings(context_size=context_size)), label_mode,
-                               seed, q=q, cache_dir=out_dir / PREPARED_DIR)
+    # a log written before label-matched non-members existed records no design: those runs used the paper's
+    design = (record.truth.get("label_design", LabelDesign.UNMATCHED.value)
+              if record is not None and record.truth is not None else LabelDesign.MATCHED.value)
+    prepared = load_or_prepare(source, base.prep_settings(PrepSettings(context_size=context_size, label_design=design)),
+                               label_mode, seed, q=q, cache_dir=out_dir / PREPARED_DIR)
     if member_ids is not None:
         ids = member_ids
         if record is not None and record.truth is not None:
@@ -310,7 +385,8 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
                                   f"member rows ({len(record.truth['member_row_ids'])} ids); drop --members")
             prepared = with_recorded_split(prepared, record.truth, truth_file)
         else:
-            prepared = with_members(prepared, ids, seed, source=members)
+            assert member_file is not None
+            prepared = with_members(prepared, ids, seed, source=members, member_labels=member_file.labels)
     elif record is not None and record.truth is not None:
         prepared = with_recorded_split(prepared, record.truth, truth_file)
 

@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from iclmem.errors import ConfigError
-from iclmem.vocab import CanaryKind, LabelMode, Regime, TaskKind, TrialRole, WandbMode
+from iclmem.vocab import CanaryKind, LabelDesign, LabelMode, Regime, TaskKind, TrialRole, WandbMode
 from trainables.dp import DEFAULT_DP_DELTA, DPAccountant
 
 
@@ -186,6 +186,10 @@ class DataConfig(_Strict):
     context_size: int = Field(128, ge=2)
     regression_bins: int = Field(10, ge=2)
     max_features: int = Field(16, ge=1)
+    # shuffled_members only: ``matched`` (default) permutes the non-members' labels among themselves as the
+    # members' are, so the two groups are exchangeable before training; ``unmatched`` is the paper's design
+    # (non-members on true labels), kept to reproduce it: its groups are separable without the model
+    label_design: LabelDesign = LabelDesign.MATCHED
     # Stage I cache shared across run folders (prepared tasks are immutable and named by a hash of every
     # input); default: RUN_DIR/prepared.
     cache_dir: str | None = None
@@ -523,6 +527,10 @@ def expand_grid(sweep: SweepConfig) -> list[TrialSpec]:
                 parts.append({"dp": dp, "delta": t.dp_delta, "max_grad_norm": t.dp_max_grad_norm,
                               "accountant": str(t.dp_accountant)})
                 tag = f"-dp{dp:g}"
+            if mode == LabelMode.SHUFFLED_MEMBERS:
+                # the label design changes what the non-members are scored on: another design, another run
+                # (ids of shuffled_members runs from before label-matched non-members existed do not recur)
+                parts.append({"label_design": str(sweep.data.label_design)})
             if sweep.canaries.enabled:  # canaries change the weights: a run with them is another run
                 parts.append({"canaries": sweep.canaries.settings()})
             key = json.dumps(parts, sort_keys=True, default=str)

@@ -202,7 +202,7 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
 
     settings = build_model(model_name, **{**model_options, "weights": "random"}).prep_settings(
         PrepSettings(context_size=sweep.data.context_size, regression_bins=sweep.data.regression_bins,
-                     max_features=sweep.data.max_features))  # the model's own input width, as the sweep prepares it
+                     max_features=sweep.data.max_features, label_design=sweep.data.label_design))  # the model's own input width, as the sweep prepares it
     start = time.perf_counter()
     task = prepare_task(_task_source(task_config), settings, seed=0, q=q)
     prepare_s = time.perf_counter() - start

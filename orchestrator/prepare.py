@@ -79,7 +79,7 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
         raise ConfigError(f"{source}: model weights not found (nothing was started):\n  - " + "\n  - ".join(problems))
 
     settings = PrepSettings(regression_bins=sweep.data.regression_bins, max_features=sweep.data.max_features,
-                            context_size=sweep.data.context_size)
+                            context_size=sweep.data.context_size, label_design=sweep.data.label_design)
     trials = expand_grid(sweep)
     # Each model (name + options) once, with random weights: its input contract and limits decide how
     # Stage I prepares the tasks it meets (the weights themselves were located above).

@@ -96,7 +96,10 @@ RESULT_COLUMNS: tuple[str, ...] = (
     # ε lower bounds (orchestrator.aggregate.epsilon_columns) and a DP-SGD run's accountant record
     "epsilon_lb", "epsilon_lb_kind", "epsilon_lb_delta", "run_epsilon_lb", "run_epsilon_lb_epoch",
     "run_epsilon_lb_kind", "dp_delta", "dp_max_grad_norm", "dp_noise_multiplier", "dp_accountant", "dp_epsilon",
-    "dp_steps", "epsilon_consistent",
+    "dp_steps", "epsilon_consistent", "dp_epsilon_replace_one", "epsilon_lb_withheld",
+    # exchangeability (probes.blind, probes.probe.blind_columns) and the spec's collapse indicators beside ours
+    "label_design", "blind_auc", "blind_auc_low", "blind_auc_high", "blind_separable", "exchangeable",
+    "loss_ratio_true", "loss_ratio_spec", "output_std_spec",
     # utility with C' (probes.probe.icl_utility_columns): what DP-SGD trades against ε
     "member_icl_accuracy", "nonmember_icl_accuracy", "member_icl_loss", "nonmember_icl_loss",
     # reference-model attacks (orchestrator.aggregate.attack_columns): counts, and ROC curves (fpr / tpr JSON)
@@ -124,6 +127,7 @@ SPLIT_COLUMNS: tuple[str, ...] = (
     "task", "label_mode", "seed", "q", "n_rows", "n_classes", "majority_share", "numeric_share",
     "tvd", "ks", "ks_pvalue", "wasserstein", "redraws", "exact_duplicates", "feature_duplicates",
     "input_contract", "pca_reason",  # one row per (task, model input contract)
+    "label_design", "blind_auc", "blind_auc_low", "blind_auc_high", "blind_redraws",
 )
 MANIPULATION_COLUMNS: tuple[str, ...] = ("run_id", "task", "epoch", "manipulation", "category", "auc")
 ROC_COLUMNS: tuple[str, ...] = ("fpr", "tpr")
@@ -342,6 +346,9 @@ def null_records(results: pd.DataFrame) -> pd.DataFrame:
 def null_error_rates(results: pd.DataFrame, *, confidence: float = 0.95) -> pd.DataFrame:
     """Empirical false-positive rate of every verdict rule on the null splits, with Clopper-Pearson intervals.
 
+    Each level also comes ``_non_collapsed``: over the trials whose verdict under that rule is not collapse
+    (a collapsed checkpoint's null trials cannot be false positives, so counting them dilutes the rate).
+
     A null split labels two disjoint sets of never-trained rows member / non-member, so a memorization
     verdict on it is a false positive by construction. ``checkpoint`` level: one trial per (fine-tuned
     checkpoint, null split). ``run_headline`` level: one trial per (run, null split index): the run's
@@ -363,7 +370,11 @@ def null_error_rates(results: pd.DataFrame, *, confidence: float = 0.95) -> pd.D
         col = f"outcome_{rule.value}"
         if col not in recs.columns:
             continue
-        for level, d in (("checkpoint", recs), ("run_headline", heads)):
+        # a null trial on a collapsed checkpoint is a collapse whatever its AUC, so it can never be a false
+        # positive: the rate over the trials that could be is given beside the rate over all
+        live, heads_live = recs[recs[col] != Outcome.COLLAPSE.value], heads[heads[col] != Outcome.COLLAPSE.value]
+        for level, d in (("checkpoint", recs), ("run_headline", heads), ("checkpoint_non_collapsed", live),
+                         ("run_headline_non_collapsed", heads_live)):
             k, n = int((d[col] == DETECTABLE).sum()), int(len(d))
             iv = clopper_pearson(k, n, confidence)
             rows.append({"rule": rule.value, "level": level, "n_null": n, "n_memorization": k,
@@ -596,7 +607,7 @@ def outcome_rates_per_q(
 TASK_TABLE_COLUMNS = (
     "task", "q", "lr", "model", "regime", "label_mode", "seed", "run_id", "outcome",
     *(f"outcome_{r}" for r in values(VerdictRule)), "auc", "auc_low",
-    "auc_high", "p_value", "tpr_at_1pct", "tpr_at_10pct", "n_members", "n_nonmembers", "loss_ratio",
+    "auc_high", "p_value", "blind_auc", "tpr_at_1pct", "tpr_at_10pct", "n_members", "n_nonmembers", "loss_ratio",
     "known_context_auc", "epoch", "score_kind", "peak_auc", "peak_kind",
 )
 
@@ -664,8 +675,35 @@ def peak_vulnerability_per_task(results: pd.DataFrame, *, regime: str | None = M
     out = pd.DataFrame(rows)
     if out.empty:
         return out
+    null_peaks = null_peak_auc_per_task(results, regime=regime, by=by)
+    if not null_peaks.empty:
+        out = out.merge(null_peaks, on=["task", *by], how="left")
     return out.sort_values(["peak_auc", "task", *by], ascending=[False, True, *([True] * len(by))],
                            kind="mergesort").reset_index(drop=True)
+
+
+def null_peak_auc_per_task(results: pd.DataFrame, *, regime: str | None = MAIN_REGIME,
+                           by: tuple[str, ...] = ()) -> pd.DataFrame:
+    """The null counterpart of each task's peak AUC: the same maximum (over the task's runs, epochs and
+    competing score kinds) taken on null split j instead of the real split, for every null split index j;
+    ``null_peak_auc`` is its 95th percentile over j (with one null split per checkpoint, that one maximum),
+    ``null_peak_n`` the number of indices. A peak AUC below it is what chance reaches with that much
+    selection, so "peak AUC 0.67" is read against it rather than against 0.5."""
+    recs = null_records(_filter_regime(results, regime))
+    if recs.empty:
+        return pd.DataFrame()
+    kinds = [f"auc_{k}" for k in competing_kinds(results) if f"auc_{k}" in recs.columns]
+    if not kinds:
+        return pd.DataFrame()
+    by = tuple(c for c in by if c in recs.columns)
+    recs["_auc"] = recs[kinds].astype(float).max(axis=1)
+    per_index = recs.groupby(["task", *by, "null_index"], sort=True)["_auc"].max().reset_index()
+    rows = []
+    for group, d in per_index.groupby(["task", *by], sort=True):
+        group = group if isinstance(group, tuple) else (group,)
+        rows.append({**dict(zip(("task", *by), group)), "null_peak_auc": float(np.percentile(d["_auc"], 95)),
+                     "null_peak_n": int(len(d))})
+    return pd.DataFrame(rows)
 
 
 def split_validation(split_report: pd.DataFrame, *, tvd_max: float = 0.05, ks_max: float = 0.05) -> pd.DataFrame:
@@ -1072,6 +1110,45 @@ def _completeness_html(comp: pd.DataFrame, schedule: tuple[int, ...] | None, int
     return "".join(lines)
 
 
+def blind_baseline_summary(results: pd.DataFrame) -> dict[str, Any]:
+    """Over the fine-tuned runs (one split each): how many, the blind AUC's median and range, how many are
+    separable without the model (interval excluding 0.5) and how many use the paper's unmatched design."""
+    ft = _fine_tuned_rows(results)
+    if ft.empty or "blind_auc" not in ft.columns:
+        return {}
+    runs = ft.drop_duplicates(_run_key(ft))
+    aucs = runs["blind_auc"].astype(float).dropna()
+    if aucs.empty:
+        return {}
+    separable = runs["blind_separable"].fillna(False).astype(bool) if "blind_separable" in runs.columns else None
+    unmatched = (runs["label_design"] == "unmatched") if "label_design" in runs.columns else None
+    not_exchangeable = (runs["exchangeable"].map(lambda v: v is False or v == 0) if "exchangeable" in runs.columns
+                        else pd.Series(False, index=runs.index))
+    return {"n_runs": int(len(aucs)), "median": float(aucs.median()), "low": float(aucs.min()),
+            "high": float(aucs.max()), "n_separable": int(separable.sum()) if separable is not None else 0,
+            "n_unmatched": int(unmatched.sum()) if unmatched is not None else 0,
+            "n_not_exchangeable": int(not_exchangeable.sum())}
+
+
+def _blind_items(results: pd.DataFrame) -> list[str]:
+    b = blind_baseline_summary(results)
+    if not b:
+        return []
+    items = [f"<li><b>Blind baseline:</b> members vs non-members scored by a model fitted on C′ alone (no "
+             f"fine-tuned model, labels as probed): AUC median {b['median']:.3f} (range {b['low']:.3f}–"
+             f"{b['high']:.3f}) over {b['n_runs']} run{'s' if b['n_runs'] != 1 else ''}; {b['n_separable']} "
+             "separable (95% interval excluding 0.5). Column <code>blind_auc</code> beside every verdict.</li>"]
+    if b["n_not_exchangeable"]:
+        why = (f"{b['n_unmatched']} use the paper's unmatched design (<code>data.label_design: unmatched</code>: "
+               "members scored on permuted labels, non-members on true ones)" if b["n_unmatched"] else
+               "their blind interval excludes 0.5")
+        items.append(f'<li class="warn"><b>Members and non-members are separable without the model in '
+                     f"{b['n_not_exchangeable']} of {b['n_runs']} runs</b>: {why}. Their AUCs and verdicts measure "
+                     "the difference between the groups' labels as much as membership: read each against its "
+                     "blind AUC. No ε lower bound is given for them.</li>")
+    return items
+
+
 def _summary_html(results: pd.DataFrame, sweep: Mapping[str, Any], comp: pd.DataFrame,
                   schedule: tuple[int, ...] | None, interrupted: bool, noops: pd.DataFrame,
                   settings: Mapping[str, str], rule: str, source: str = "") -> str:
@@ -1094,6 +1171,7 @@ def _summary_html(results: pd.DataFrame, sweep: Mapping[str, Any], comp: pd.Data
         f"checkpoint{'s' if len(ft) != 1 else ''} (epochs {html.escape(', '.join(map(str, epochs)) or 'none')})."
         f"{controls}</li>",
         _completeness_html(comp, schedule, interrupted, missing_runs(results, sweep)),
+        *_blind_items(results),
     ]
     if not noops.empty:
         for model, d in noops.groupby("model", sort=True):

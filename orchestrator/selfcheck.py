@@ -7,6 +7,11 @@ calibrated AUC's interval must lie above 0.5. Used by the adapter tests and by
 ``benchmarks/planted_adapters.py``; ``reference_statistics=False`` probes without handing the model the
 fine-tuning context's feature statistics, which shows what a model that normalises over its context
 loses without them.
+
+The no-membership control (:func:`no_membership_check`) is the opposite: a model that never saw the audited
+rows, audited as if it had. Every verdict on it other than no_signal (or collapse) is a false claim, in
+every label mode; under the paper's unmatched ``shuffled_members`` design it fails, which is the witness
+that the control can fail.
 """
 
 from __future__ import annotations
@@ -15,9 +20,18 @@ import dataclasses
 import tempfile
 from typing import Any, Mapping, Sequence
 
-from iclmem.vocab import LabelMode
+from iclmem.errors import ConfigError
+from iclmem.vocab import LabelDesign, LabelMode, Vocab
 
 PLANTED_SUITE = ("base", "skew_true_x2", "position_first", "combo2_random_distractors_1")
+
+
+class NoMembershipControl(Vocab):
+    """Models that never saw the audited rows (``no_membership_check``)."""
+
+    UNRELATED_TRUE = "unrelated_true"  # fine-tuned on other rows of the table, with their true labels
+    UNRELATED_FLIPPED = "unrelated_flipped"  # the same rows with every label moved to the next class
+    NOISED = "noised"  # the base model's weights plus Gaussian noise, never fine-tuned
 
 
 def planted_check(model: str, options: Mapping[str, Any], *, lr: float = 1e-3, epochs: int = 200,
@@ -68,3 +82,68 @@ def _planted_check(model: str, options: Mapping[str, Any], *, lr: float, epochs:
                                   ProbeSettings(n_resamples=bootstrap, null_splits=0),  # the planted split only
                                   {"run_id": f"planted-{model}"}, epoch=epochs)
     return result.row
+
+
+def no_membership_check(control: NoMembershipControl | str, label_mode: LabelMode | str, *,
+                        label_design: LabelDesign | str = LabelDesign.MATCHED, task: str = "breast_cancer",
+                        q: int = 50, context_size: int = 64, seed: int = 0, unrelated_rows: int = 100,
+                        lr: float = 3e-3, epochs: int = 60, noise: float = 1.0, bootstrap: int = 200,
+                        suite: Sequence[str] = PLANTED_SUITE, torch_threads: int = 1) -> dict[str, Any]:
+    """Audit a pfn-mini that never saw the audited members or non-members; returns the results row.
+
+    ``unrelated_*``: fine-tuned (``lr``, ``epochs``, single_fixed with C') on ``unrelated_rows`` rows that are
+    neither members, non-members nor C', on their true labels or on labels moved one class on; ``noised``:
+    the shipped weights plus N(0, (``noise`` x each tensor's std)^2), never trained. The split is Stage I's
+    for ``label_mode`` and ``label_design``, probed with ``suite`` and no null splits."""
+    import numpy as np
+    import torch
+
+    from probes.calibration import model_digest
+    from probes.manipulations import suite_from_spec
+    from probes.probe import ProbeSettings, probe_checkpoint
+    from probes.scoring import ProbePlan, ProbeQueries
+    from trainables.data import PrepSettings, TaskSource, prepare_task
+    from trainables.finetune import Finetuner, FinetuneSpec
+    from trainables.models import build_model
+
+    control = NoMembershipControl(control)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(torch_threads)
+    try:
+        prepared = prepare_task(TaskSource(task, "builtin"), PrepSettings(context_size=context_size,
+                                                                          label_design=label_design),
+                                label_mode, seed=seed, q=q)
+        base = build_model("pfn-mini", weights="shipped")
+        if control is NoMembershipControl.NOISED:
+            model = build_model("pfn-mini", weights="shipped")
+            generator = torch.Generator().manual_seed(1000 + seed)
+            with torch.no_grad():
+                for parameter in model.module.parameters():
+                    std = float(parameter.std()) if parameter.numel() > 1 else float(parameter.abs().mean())
+                    parameter.add_(noise * std * torch.randn(parameter.shape, generator=generator))
+        else:
+            used = np.zeros(len(prepared.labels), dtype=bool)
+            used[prepared.member_idx] = used[prepared.nonmember_idx] = used[prepared.context_idx] = True
+            free = np.flatnonzero(~used)
+            if len(free) < unrelated_rows:
+                raise ConfigError(f"task {task!r}: {len(free)} rows outside the audit, {unrelated_rows} asked for")
+            rows = np.sort(np.random.default_rng([77, seed]).permutation(free)[:unrelated_rows])
+            labels = np.array(prepared.labels)
+            labels[rows] = np.asarray(prepared.original_labels)[rows]
+            if control is NoMembershipControl.UNRELATED_FLIPPED:
+                labels[rows] = (labels[rows] + 1) % prepared.n_classes
+            elsewhere = dataclasses.replace(prepared, member_idx=rows, labels=labels,
+                                            fingerprint=f"{prepared.fingerprint}-unrelated-{control.value}")
+            finetuner = Finetuner(FinetuneSpec(model="pfn-mini", model_options={"weights": "shipped"}, lr=lr,
+                                               epochs=epochs, seed=seed), [elsewhere])
+            finetuner.train()
+            model = finetuner.model
+        plan = ProbePlan.build(ProbeQueries.from_task(prepared), suite_from_spec(list(suite)), prepared.seed,
+                               compress_rows=base.supports_context_weights)
+        with tempfile.TemporaryDirectory() as cache:
+            result = probe_checkpoint(model, prepared, plan, cache, model_digest(base), base,
+                                      ProbeSettings(n_resamples=bootstrap, null_splits=0),
+                                      {"run_id": f"control-{control.value}-{label_mode}-{seed}"}, epoch=epochs)
+        return result.row
+    finally:
+        torch.set_num_threads(previous)

@@ -20,7 +20,8 @@ import torch
 from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError, ProbeError
 from iclmem.runfolder import QUERIES_SUFFIX
-from iclmem.vocab import SCORE_KINDS, Outcome, VerdictRule
+from iclmem.vocab import SCORE_KINDS, LabelDesign, Outcome, VerdictRule
+from probes.blind import task_blind_baseline
 from probes.calibration import model_digest, read_parquet_checked, reference_scores, resolve_model
 from probes.canaries import canary_records, label_ranks
 from probes.canaries import summary_columns as canary_summary_columns
@@ -128,15 +129,51 @@ def _cached_frame(path: Path, compute: Callable[[], pd.DataFrame]) -> pd.DataFra
     return cached
 
 
-def base_icl(cache_dir: str | Path, task: Any, base_digest: str, base_model: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The base model's ordinary ICL (loss, p_true) per query, cached like the reference scores."""
+def base_icl(cache_dir: str | Path, task: Any, base_digest: str,
+             base_model: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The base model's ordinary ICL per query, cached like the reference scores: (loss, p) of the label as
+    probed, and the loss of the table's own label (what the collapse indicators read)."""
 
     def compute() -> pd.DataFrame:
         predictions = icl_predictions(resolve_model(base_model), task)
-        return pd.DataFrame({"loss": predictions.loss, "p_true": predictions.p_true})
+        return pd.DataFrame({"loss": predictions.loss, "p_true": predictions.p_true,
+                             "loss_original": predictions.loss_original})
 
-    cached = _cached_frame(Path(cache_dir) / f"base_icl_{task.fingerprint[:16]}_{base_digest}.parquet", compute)
-    return cached["loss"].to_numpy(), cached["p_true"].to_numpy()
+    cached = _cached_frame(Path(cache_dir) / f"base_icl2_{task.fingerprint[:16]}_{base_digest}.parquet", compute)
+    return cached["loss"].to_numpy(), cached["p_true"].to_numpy(), cached["loss_original"].to_numpy()
+
+
+def collapse_indicators(predictions: Any, loss_base: np.ndarray, loss_base_original: np.ndarray,
+                        member: np.ndarray) -> dict[str, float]:
+    """The collapse indicators the verdict reads, and the two views they are taken from.
+
+    * ``loss_ratio_true`` / ``output_std`` : on the non-members' own (table) labels: rows the run never
+      trained on, scored on the truth, say whether the model still predicts the task.
+    * ``loss_ratio_spec`` / ``output_std_spec``: the spec's, over members and non-members on the labels as
+      probed (members: the labels trained on).
+    * ``loss_ratio`` (what the rule compares with ``collapse_loss_ratio``): the smaller of the two ratios, so
+      a checkpoint is called collapsed only when its loss exploded whichever labels it is read on. Each view
+      alone misreads a shuffled label mode (docs/METHOD.md, "Collapse"): on true labels, a model that
+      memorised permuted member labels unlearns the task for unseen rows (measured: ratio 19-46 at chance
+      accuracy, while the members are found with AUC 0.72-0.75); on the labels as probed, a model that got
+      better at the true task reads as worse on permuted labels (ratio 5.3-5.4 for a model that never saw
+      the audited rows). The true-label view also decides near-constant output (``output_std``)."""
+    member = np.asarray(member, dtype=bool)
+    ratio_true = loss_ratio(float(np.mean(predictions.loss_original[~member])),
+                            float(np.mean(np.asarray(loss_base_original)[~member])))
+    ratio_spec = loss_ratio(float(np.mean(predictions.loss)), float(np.mean(loss_base)))
+    return {"loss_ratio": min(ratio_true, ratio_spec), "output_std": output_std(np.asarray(predictions.p_original)[~member]),
+            "loss_ratio_true": ratio_true, "loss_ratio_spec": ratio_spec, "output_std_spec": output_std(predictions.p_true)}
+
+
+def blind_columns(task: Any) -> dict[str, Any]:
+    """The split's blind baseline (probes.blind: members vs non-members scored by a model fitted on C'
+    alone), its label design and whether the split is exchangeable (a design that treats both groups
+    alike and a blind interval containing 0.5): no membership claim and no ε bound rests on one that is not."""
+    blind = task_blind_baseline(task)
+    design = getattr(task.split_report, "label_design", LabelDesign.MATCHED.value)
+    return {**blind.columns(), "label_design": design,
+            "exchangeable": bool(design != LabelDesign.UNMATCHED.value and not blind.separable)}
 
 
 def icl_utility_columns(predictions: Any, member: np.ndarray) -> dict[str, float]:
@@ -195,10 +232,12 @@ def verdicts_by_rule(evidence: Any, thresholds: OutcomeThresholds, n_checkpoints
 
 
 def _null_record(index: int, evidence: Any, verdicts: dict[VerdictRule, Any], n_members: int,
-                 n_nonmembers: int) -> dict[str, Any]:
+                 n_nonmembers: int, blind_auc: float = float("nan")) -> dict[str, Any]:
     """What the error-rate tables need of one null split on one checkpoint: its size, the calibrated AUC,
-    interval and p-value per score kind (the peak selection reads the AUCs) and its verdict per rule."""
-    rec: dict[str, Any] = {"index": int(index), "n_members": int(n_members), "n_nonmembers": int(n_nonmembers)}
+    interval and p-value per score kind (the peak selection reads the AUCs), its verdict per rule, and its
+    blind baseline's AUC (both sides carry labels from one generator, so it sits at chance)."""
+    rec: dict[str, Any] = {"index": int(index), "n_members": int(n_members), "n_nonmembers": int(n_nonmembers),
+                           "blind_auc": float(blind_auc)}
     for k, m in evidence.calibrated.items():
         kv = ScoreKind(k).value
         rec[f"auc_{kv}"] = float(m.auc)
@@ -251,10 +290,12 @@ def probe_checkpoint(
                                       plan)
     finetuned = score(model, plan)
     predictions = icl_predictions(model, task)
-    loss_ft, p_true_ft = predictions.loss, predictions.p_true
-    loss_base, _ = base_icl(cache_dir, task, base_digest, base_model)
-    ratio = loss_ratio(float(np.mean(loss_ft)), float(np.mean(loss_base)))
-    std = output_std(p_true_ft)
+    loss_ft = predictions.loss
+    loss_base, _, loss_base_original = base_icl(cache_dir, task, base_digest, base_model)
+    # ICLPredictions hold members then non-members (ProbeQueries.from_task's order)
+    member_first = np.arange(len(task.member_idx) + len(task.nonmember_idx)) < len(task.member_idx)
+    collapse = collapse_indicators(predictions, loss_base, loss_base_original, member_first)
+    ratio, std = collapse["loss_ratio"], collapse["output_std"]
     th = settings.thresholds
     n_ckpt = settings.n_checkpoints
     fine_tuned = model is not base_model
@@ -269,7 +310,7 @@ def probe_checkpoint(
     # sanity_check: the untouched base model probed as a checkpoint (ΔS ≡ 0: a pipeline check, not a control)
     row = {**identity, **outcome.as_dict(), "sanity_check": not fine_tuned, "rule": th.verdict_rule.value,
            **{f"outcome_{r.value}": v.outcome.value for r, v in verdicts.items()}, **row,
-           "loss_ratio": ratio, "output_std": std,
+           **collapse, **blind_columns(task),
            "n_members": int(plan.queries.member.sum()), "n_nonmembers": int((~plan.queries.member).sum()),
            **icl_utility_columns(predictions, plan.queries.member)}
     row.update(known_context_columns(loss_ft, loss_base, plan.queries.member, settings))
@@ -433,7 +474,8 @@ def _null_columns(model: Any, task: Any, plan: ProbePlan, cache_dir: str | Path,
                                       ratio, std, thresholds=th, n_resamples=settings.n_resamples,
                                       seed=settings.bootstrap_seed)
             verdicts = verdicts_by_rule(evidence, th, settings.n_checkpoints)
-            records.append(_null_record(j, evidence, verdicts, len(members), len(nonmembers)))
+            blind = task_blind_baseline(task, members, nonmembers)
+            records.append(_null_record(j, evidence, verdicts, len(members), len(nonmembers), blind.auc))
     out: dict[str, Any] = {"null_splits": n}
     for r in VerdictRule:
         out[f"null_memorization_{r.value}"] = sum(rec[f"outcome_{r.value}"] == Outcome.MEMORIZATION.value

@@ -479,9 +479,13 @@ def _score_packed(model: Any, plan: ProbePlan, chunks: Sequence[Sequence[int]],
 class ICLPredictions(NamedTuple):
     """Ordinary in-context prediction per query (members then non-members, ``ProbeQueries`` order)."""
 
-    loss: np.ndarray  # float32 [2Q] cross-entropy of the true label
-    p_true: np.ndarray  # float32 [2Q] p(true label)
-    correct: np.ndarray  # bool [2Q] the most probable candidate is the true label
+    loss: np.ndarray  # float32 [2Q] cross-entropy of the label as probed (members: the label trained on)
+    p_true: np.ndarray  # float32 [2Q] p(label as probed)
+    correct: np.ndarray  # bool [2Q] the most probable candidate is the label as probed
+    # the same two on the table's own labels (task.original_labels): under a shuffled label mode the labels
+    # as probed are permuted ones, and whether the model still predicts the task (collapse) is read here
+    loss_original: np.ndarray  # float32 [2Q]
+    p_original: np.ndarray  # float32 [2Q]
 
 
 @torch.no_grad()
@@ -512,4 +516,6 @@ def icl_predictions(model: Any, task: Any) -> ICLPredictions:
     true_labels = torch.from_numpy(queries.labels)
     scores = distribution_scores(log_probs, true_labels)
     correct = (log_probs.argmax(dim=1) == true_labels).numpy()
-    return ICLPredictions(scores["loss"], scores["confidence"], correct)
+    idx = np.concatenate([np.asarray(task.member_idx), np.asarray(task.nonmember_idx)])
+    original = distribution_scores(log_probs, torch.from_numpy(np.asarray(task.original_labels, np.int64)[idx]))
+    return ICLPredictions(scores["loss"], scores["confidence"], correct, original["loss"], original["confidence"])

@@ -282,12 +282,15 @@ def test_normal_mode_trains_on_true_labels(cancer_normal: PreparedTask) -> None:
     assert np.array_equal(cancer_normal.labels, cancer_normal.original_labels)
 
 
-def test_shuffled_members_permutes_member_labels_only(cancer_normal: PreparedTask) -> None:
-    task = prepare_task(builtin("breast_cancer"), label_mode="shuffled_members", seed=0)
+def test_unmatched_shuffled_members_permutes_member_labels_only(cancer_normal: PreparedTask) -> None:
+    """The paper's design (data.label_design: unmatched): only the members' labels are permuted."""
+    task = prepare_task(builtin("breast_cancer"), PrepSettings(label_design="unmatched"),
+                        label_mode="shuffled_members", seed=0)
     m = task.member_idx
     changed = np.flatnonzero(task.labels != task.original_labels)
     assert changed.size > 0 and set(changed) <= set(m), "only member labels may change"
     assert np.array_equal(np.sort(task.labels[m]), np.sort(task.original_labels[m])), "member marginal preserved"
+    assert task.split_report.label_design == "unmatched" and not task.split_report.exchangeable
     assert np.array_equal(np.bincount(task.labels), np.bincount(task.original_labels)), "table marginal preserved"
     # nothing else differs from the normal task
     assert np.array_equal(task.original_labels, cancer_normal.original_labels)
@@ -555,3 +558,65 @@ def test_invalid_source_and_label_mode_are_config_errors(tmp_path: Path) -> None
     assert TaskSource(name="t", kind="builtin", task="regression").task is TaskKind.REGRESSION  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="unknown label_mode 'shuffled'"):
         prepare_task(builtin("iris"), label_mode="shuffled", q=30, context_size=60)
+
+
+def test_matched_shuffled_members_permutes_each_group_among_itself(cancer_normal: PreparedTask) -> None:
+    """The default design: members, non-members and the rows outside the split each have their labels
+    permuted among themselves (C' keeps its true labels), so every group keeps its label counts and the
+    members and non-members carry labels from the same kind of draw."""
+    task = prepare_task(builtin("breast_cancer"), label_mode="shuffled_members", seed=0)
+    m, n, c = task.member_idx, task.nonmember_idx, task.context_idx
+    rest = np.setdiff1d(np.arange(len(task.labels)), np.concatenate([m, n, c]))
+    for group in (m, n, rest):
+        assert not np.array_equal(task.labels[group], task.original_labels[group])
+        assert np.array_equal(np.bincount(task.labels[group], minlength=2),
+                              np.bincount(task.original_labels[group], minlength=2))
+    assert np.array_equal(task.labels[c], task.original_labels[c])
+    # the members' permutation is the one the paper's design draws: the same rows train on the same labels
+    unmatched = prepare_task(builtin("breast_cancer"), PrepSettings(label_design="unmatched"),
+                             label_mode="shuffled_members", seed=0)
+    assert np.array_equal(task.member_idx, unmatched.member_idx)
+    assert np.array_equal(task.labels[m], unmatched.labels[m])
+    assert task.split_report.label_design == "matched" and task.split_report.exchangeable
+
+
+# On a binary task a permutation leaves about half the member labels right, so the unmatched groups differ
+# less (measured 0.69-0.79 at |C'| = 60) than on 3+ classes (0.77-0.96)
+@pytest.mark.parametrize("name,q,unmatched_above", [("iris", 30, 0.7), ("wine", 30, 0.7), ("breast_cancer", 50, 0.6),
+                                                    ("digits", 100, 0.7)])
+def test_the_blind_baseline_sits_at_chance_on_matched_splits_and_separates_unmatched_ones(name, q,
+                                                                                           unmatched_above) -> None:
+    """A logistic regression fitted on C' alone tells the paper's unmatched groups apart (members scored on
+    permuted labels, non-members on true ones) and cannot tell the matched ones apart."""
+    for seed in (0, 1):
+        matched = prepare_task(builtin(name), PrepSettings(context_size=60), "shuffled_members", seed=seed, q=q)
+        unmatched = prepare_task(builtin(name), PrepSettings(context_size=60, label_design="unmatched"),
+                                 "shuffled_members", seed=seed, q=q)
+        for task in (matched, prepare_task(builtin(name), PrepSettings(context_size=60), "normal", seed=seed, q=q)):
+            r = task.split_report
+            assert r.blind_auc_low <= 0.5 <= r.blind_auc_high and 0.35 <= r.blind_auc <= 0.65, (name, seed, r)
+        assert unmatched.split_report.blind_auc > unmatched_above and unmatched.split_report.blind_auc_low > 0.5, (name, seed)
+        assert not unmatched.split_report.exchangeable
+
+
+def test_a_split_whose_groups_are_separable_without_the_model_is_redrawn(monkeypatch) -> None:
+    """Stage I refuses a draw whose blind interval excludes 0.5 and redraws; when no draw passes it fails
+    naming the task and the label mode."""
+    import probes.blind as blind
+
+    calls = []
+    real = blind.blind_baseline
+
+    def first_separable(*args, **kwargs):
+        calls.append(1)
+        out = real(*args, **kwargs)
+        return blind.BlindBaseline(0.9, 0.8, 0.95, out.n_members, out.n_nonmembers) if len(calls) == 1 else out
+
+    monkeypatch.setattr(blind, "blind_baseline", first_separable)
+    task = prepare_task(builtin("iris"), PrepSettings(context_size=30), "normal", seed=0, q=30)
+    assert task.split_report.blind_redraws == 1 and task.split_report.split_seed == 1
+    assert task.split_report.blind_auc_low <= 0.5 <= task.split_report.blind_auc_high
+
+    monkeypatch.setattr(blind, "blind_baseline", lambda *a, **k: blind.BlindBaseline(0.2, 0.1, 0.3, 30, 30))
+    with pytest.raises(SplitError, match=r"task 'iris', label_mode shuffled_members: .*separable without the model"):
+        prepare_task(builtin("iris"), PrepSettings(context_size=30, max_redraws=3), "shuffled_members", seed=0, q=30)

@@ -114,8 +114,9 @@ def test_shuffled_member_labels_are_memorized_while_the_base_model_stays_near_ch
     chance = float(np.sum((np.bincount(labels) / len(labels)) ** 2))
     assert base["member_icl_accuracy"] < chance + 0.15
     assert tuned["member_icl_accuracy"] >= 0.95
-    # ... and it has not learned a rule that transfers: non-members (true labels) do worse than before.
-    assert tuned["nonmember_icl_accuracy"] < base["nonmember_icl_accuracy"]
+    # ... and it has not learned a rule that transfers: the non-members (scored, like the members, on labels
+    # permuted among themselves) stay near chance
+    assert tuned["nonmember_icl_accuracy"] < chance + 0.15
 
 
 def test_regime_values_are_the_spec_vocabulary():

@@ -443,3 +443,70 @@ def test_multi_random_trains_one_model_on_both_tasks_every_epoch(tmp_path):
     ft.run_epoch()
     steps = {int(s["step"]) for s in ft.optimizer.state_dict()["state"].values()}
     assert steps == {2}  # one model, one step per task in the epoch
+
+
+# ------------------------------------------------------------------ #29: rates over what could be a false positive
+
+
+def test_null_trials_on_collapsed_checkpoints_are_left_out_of_the_non_collapsed_rate():
+    collapsed = {**_null(1, 0.9, False), **{f"outcome_{r.value}": Outcome.COLLAPSE.value for r in VerdictRule}}
+    rows = [
+        {"run_id": "r", "task": "t", "epoch": 1, "regime": "single_fixed", "threshold_score_kinds": "loss,entropy",
+         "null_evidence": json.dumps([_null(0, 0.70, True), collapsed])},
+        {"run_id": "r", "task": "t", "epoch": 2, "regime": "single_fixed", "threshold_score_kinds": "loss,entropy",
+         "null_evidence": json.dumps([_null(0, 0.60, False), _null(1, 0.55, False)])},
+    ]
+    rates = R.null_error_rates(pd.DataFrame(rows)).set_index(["rule", "level"])
+    assert tuple(rates.loc[("paper", "checkpoint"), ["n_null", "n_memorization"]]) == (4, 1)
+    assert tuple(rates.loc[("paper", "checkpoint_non_collapsed"), ["n_null", "n_memorization"]]) == (3, 1)
+    # null split 1's headline is the collapsed epoch-1 trial (AUC 0.9): no trial left for it
+    assert tuple(rates.loc[("paper", "run_headline"), ["n_null", "n_memorization"]]) == (2, 1)
+    assert tuple(rates.loc[("paper", "run_headline_non_collapsed"), ["n_null", "n_memorization"]]) == (1, 1)
+
+
+def test_the_task_peak_is_reported_beside_the_same_maximum_over_its_null_splits():
+    def row(run, epoch, auc, nulls):
+        return {"run_id": run, "task": "t", "epoch": epoch, "regime": "single_fixed", "lr": 1e-3, "q": 50,
+                "outcome": "no_signal", "auc": auc, "auc_loss": auc, "auc_entropy": auc - 0.05,
+                "threshold_score_kinds": "loss,entropy",
+                "null_evidence": json.dumps([_null(j, a, False) for j, a in enumerate(nulls)])}
+
+    results = pd.DataFrame([row("a", 1, 0.62, [0.55, 0.58]), row("a", 2, 0.60, [0.61, 0.52]),
+                            row("b", 1, 0.66, [0.57, 0.64])])
+    peak = R.peak_vulnerability_per_task(results).iloc[0]
+    assert peak["peak_auc"] == pytest.approx(0.66)
+    # null split 0: max(0.55, 0.61, 0.57) = 0.61; null split 1: max(0.58, 0.52, 0.64) = 0.64 -> 95th pct
+    assert peak["null_peak_n"] == 2 and peak["null_peak_auc"] == pytest.approx(np.percentile([0.61, 0.64], 95))
+
+
+def test_every_probe_row_carries_its_blind_baseline_and_the_collapse_indicators_views(shuffled_run, task):
+    from probes.blind import task_blind_baseline
+
+    blind = task_blind_baseline(task)
+    for _, row in shuffled_run.iterrows():
+        assert (row["blind_auc"], row["blind_auc_low"], row["blind_auc_high"]) == (blind.auc, blind.auc_low,
+                                                                                 blind.auc_high)
+        assert row["label_design"] == "matched" and row["exchangeable"]
+        assert row["loss_ratio"] == min(row["loss_ratio_true"], row["loss_ratio_spec"])
+    # the null splits were drawn from rows whose labels were permuted like the members': at chance too
+    for rec in json.loads(shuffled_run.iloc[-1]["null_evidence"]):
+        assert 0.3 < rec["blind_auc"] < 0.7
+
+
+def test_the_report_prints_the_blind_baseline_and_warns_when_the_groups_are_separable(tmp_path, shuffled_run):
+    matched = tmp_path / "matched"
+    matched.mkdir()
+    shuffled_run.to_parquet(matched / "results.parquet", index=False)
+    R.write_html_report(matched, make_figures=False)
+    top = (matched / "report.html").read_text()
+    top = top[: top.index('id="provenance"')]
+    assert "Blind baseline:" in top and "separable without the model" not in top
+    unmatched = tmp_path / "unmatched"
+    unmatched.mkdir()
+    paper = shuffled_run.assign(label_design="unmatched", exchangeable=False, blind_auc=0.79, blind_auc_low=0.7,
+                                blind_auc_high=0.87, blind_separable=True)
+    paper.to_parquet(unmatched / "results.parquet", index=False)
+    R.write_html_report(unmatched, make_figures=False)
+    top = (unmatched / "report.html").read_text()
+    top = top[: top.index('id="provenance"')]
+    assert "separable without the model in 1 of 1 runs" in top and "unmatched design" in top

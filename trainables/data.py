@@ -25,11 +25,12 @@ import pandas as pd
 from iclmem.atomic import atomic_write, write_json_atomic
 from iclmem.errors import ConfigError, DataError, SplitError
 from iclmem.registry import Registry
-from iclmem.vocab import ColumnKind, InputContract, LabelMode, SourceKind, TaskKind, values
+from iclmem.vocab import ColumnKind, InputContract, LabelDesign, LabelMode, SourceKind, TaskKind, values
 
 __all__ = [
     "TaskKind",
     "LabelMode",
+    "LabelDesign",
     "TaskSource",
     "PrepSettings",
     "SplitReport",
@@ -55,7 +56,8 @@ __all__ = [
 
 # Bumped whenever preparation changes in a way that alters arrays, so stale cache entries are not reused.
 # 2: tasks are prepared per input contract and carry their column description.
-PREP_FORMAT_VERSION = 2
+# 3: label-matched non-members under shuffled_members, the blind baseline in the split report and its check.
+PREP_FORMAT_VERSION = 3
 
 # Distractor columns the probe suite may append to a context (the default suite's ``distractors_2``):
 # a model's feature limit minus these is what Stage I may hand it.
@@ -145,6 +147,9 @@ class PrepSettings:
     tvd_max: float = 0.05
     ks_max: float = 0.05
     contract: InputContract = InputContract.REDUCED  # what the model reads (iclmem.vocab.InputContract)
+    # shuffled_members only: the non-members' labels permuted like the members' (matched, the default) or
+    # left true (unmatched, the paper's design: the groups are separable before training)
+    label_design: LabelDesign = LabelDesign.MATCHED
 
     def __post_init__(self) -> None:
         try:
@@ -152,6 +157,11 @@ class PrepSettings:
         except ValueError:
             raise ConfigError(f"invalid preparation setting: unknown input contract {self.contract!r}; expected one "
                               f"of {', '.join(values(InputContract))}") from None
+        try:
+            object.__setattr__(self, "label_design", LabelDesign(self.label_design))
+        except ValueError:
+            raise ConfigError(f"invalid preparation setting: unknown label_design {self.label_design!r}; expected "
+                              f"one of {', '.join(values(LabelDesign))}") from None
 
         def is_count(value: object, minimum: int) -> bool:
             return _is_int(value) and int(value) >= minimum  # type: ignore[call-overload]
@@ -208,6 +218,23 @@ class SplitReport:
     # what the features were prepared for, and why PCA was applied (None: it was not)
     input_contract: str = InputContract.REDUCED.value
     pca_reason: str | None = None
+    # the blind baseline (probes/blind.py): members vs non-members scored by a model fitted on C' alone,
+    # on the labels as probed; its interval excluding 0.5 means the groups differ before any training
+    label_design: str = LabelDesign.MATCHED.value
+    blind_auc: float | None = None
+    blind_auc_low: float | None = None
+    blind_auc_high: float | None = None
+    blind_redraws: int = 0  # draws refused because their blind baseline was separable
+
+    @property
+    def exchangeable(self) -> bool:
+        """False for the paper's unmatched shuffled_members design, or a split whose blind interval excludes
+        0.5: its members and non-members can be told apart without the model, so no membership claim (and
+        no ε lower bound) rests on it."""
+        if self.blind_auc_low is None or self.blind_auc_high is None:
+            return self.label_design != LabelDesign.UNMATCHED.value
+        return (self.label_design != LabelDesign.UNMATCHED.value
+                and not (self.blind_auc_low > 0.5 or self.blind_auc_high < 0.5))
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -945,6 +972,8 @@ _STREAM_SHUFFLE_MEMBERS = 2
 _STREAM_SPLIT = 3
 _STREAM_NULL = 4
 _STREAM_REFERENCE = 5
+_STREAM_SHUFFLE_NONMEMBERS = 6
+_STREAM_SHUFFLE_UNUSED = 7
 
 
 def _rng(seed: int, stream: int) -> np.random.Generator:
@@ -1099,6 +1128,9 @@ def _file_digest(path: Path) -> str:
 
 
 def _fingerprint(resolved: _ResolvedSource, settings: PrepSettings, label_mode: LabelMode, seed: int) -> str:
+    if label_mode is not LabelMode.SHUFFLED_MEMBERS:
+        # the design only changes shuffled_members: elsewhere both give the same arrays, and one cache entry
+        settings = dataclasses.replace(settings, label_design=LabelDesign.MATCHED)
     source = resolved.source
     if source.kind == "builtin":
         import sklearn
@@ -1115,7 +1147,8 @@ def _fingerprint(resolved: _ResolvedSource, settings: PrepSettings, label_mode: 
         "identity": identity,
         "target": resolved.target,
         "task": resolved.task.value if resolved.task else None,
-        "settings": {**dataclasses.asdict(settings), "contract": settings.contract.value},
+        "settings": {**dataclasses.asdict(settings), "contract": settings.contract.value,
+                     "label_design": settings.label_design.value},
         "label_mode": label_mode.value,
         "seed": int(seed),
     }
@@ -1171,17 +1204,44 @@ def prepare_task(
 
     alloc, per_class = _check_sizes(name, table, labels, settings)
 
-    split: _Split | None = None
+    # Under shuffled_members the paper's (unmatched) design scores members on permuted labels and
+    # non-members on true ones; every other (mode, design) treats members and non-members alike, so their
+    # blind baseline must sit at chance, and a draw whose blind interval excludes 0.5 is redrawn.
+    design = settings.label_design if label_mode is LabelMode.SHUFFLED_MEMBERS else LabelDesign.MATCHED
+    check_blind = design is LabelDesign.MATCHED
+
+    from probes.blind import blind_baseline  # the one owner of the blind scorer (pure numpy / scikit-learn)
+
+    accepted: tuple[_Split, np.ndarray, np.ndarray | None, Any] | None = None
     best: _Split | None = None
+    blind_refused: list[float] = []
     redraws = 0
     for redraws in range(settings.max_redraws + 1):
-        candidate = _draw_split(labels, target_values, n_classes, alloc, per_class, _rng(seed + redraws, _STREAM_SPLIT))
-        if _split_passes(candidate, table.task, settings):
-            split = candidate
-            break
-        if best is None or _distance(candidate) < _distance(best):
-            best = candidate
-    if split is None:
+        draw_seed = seed + redraws
+        candidate = _draw_split(labels, target_values, n_classes, alloc, per_class, _rng(draw_seed, _STREAM_SPLIT))
+        if not _split_passes(candidate, table.task, settings):
+            if best is None or _distance(candidate) < _distance(best):
+                best = candidate
+            continue
+        scored, scored_values = _scored_labels(labels, target_values, candidate, label_mode, design, draw_seed)
+        rows = np.concatenate([candidate.members, candidate.nonmembers])
+        flags = np.arange(len(rows)) < len(candidate.members)
+        blind = blind_baseline(table.features[candidate.context], scored[candidate.context], table.features[rows],
+                               scored[rows], flags, n_classes)
+        if check_blind and blind.separable:
+            blind_refused.append(blind.auc)
+            continue
+        accepted = (candidate, scored, scored_values, blind)
+        break
+    if accepted is None:
+        if blind_refused:
+            raise SplitError(
+                f"task {name!r}, label_mode {label_mode.value}: every member / non-member draw that passed the "
+                f"distribution check had members and non-members separable without the model ({len(blind_refused)} "
+                f"draws, blind AUC {min(blind_refused):.3f}..{max(blind_refused):.3f}, interval excluding 0.5) after "
+                f"{settings.max_redraws} redraws (seeds {seed}..{seed + settings.max_redraws}); raise q or "
+                f"max_redraws, or use another seed"
+            )
         assert best is not None
         if table.task is TaskKind.REGRESSION:
             detail = (
@@ -1194,12 +1254,7 @@ def prepare_task(
             f"task {name!r}: no member / non-member split passed the distribution check after "
             f"{settings.max_redraws} redraws (seeds {seed}..{seed + settings.max_redraws}); {detail}"
         )
-
-    if label_mode is LabelMode.SHUFFLED_MEMBERS:
-        perm = _rng(seed, _STREAM_SHUFFLE_MEMBERS).permutation(len(split.members))
-        labels[split.members] = labels[split.members[perm]]
-        if target_values is not None:
-            target_values[split.members] = target_values[split.members[perm]]
+    split, labels, target_values, blind = accepted
 
     report = SplitReport(
         **table.counts,
@@ -1210,6 +1265,11 @@ def prepare_task(
         ks=split.ks,
         ks_pvalue=split.ks_pvalue,
         wasserstein=split.wasserstein,
+        label_design=design.value,
+        blind_auc=blind.auc,
+        blind_auc_low=blind.auc_low,
+        blind_auc_high=blind.auc_high,
+        blind_redraws=len(blind_refused),
     )
     return PreparedTask(
         name=name,
@@ -1230,6 +1290,34 @@ def prepare_task(
         bin_edges=table.bin_edges,
         columns=table.columns,
     )
+
+
+def _scored_labels(labels: np.ndarray, target_values: np.ndarray | None, split: _Split, label_mode: LabelMode,
+                   design: LabelDesign, draw_seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The labels every row is trained and probed with, given one draw of the split.
+
+    ``shuffled_members``: the members' labels are permuted among the members. Under the matched design the
+    non-members' labels are permuted among the non-members, and the labels of the rows no part of the split
+    uses (the null splits' pool) among those rows, each by an independent stream of ``draw_seed``: a
+    uniform random permutation within each group, so before training the two groups are exchangeable, labels
+    as scored included, and each keeps its label counts (the TVD / KS check still holds). C' keeps its true
+    labels in both designs. Other modes: the labels unchanged (``shuffled_all`` permuted the whole table
+    before the split)."""
+    scored = labels.copy()
+    values_out = None if target_values is None else target_values.copy()
+    if label_mode is not LabelMode.SHUFFLED_MEMBERS:
+        return scored, values_out
+    groups = [(split.members, _STREAM_SHUFFLE_MEMBERS)]
+    if design is LabelDesign.MATCHED:
+        used = np.zeros(len(labels), dtype=bool)
+        used[split.members] = used[split.nonmembers] = used[split.context] = True
+        groups += [(split.nonmembers, _STREAM_SHUFFLE_NONMEMBERS), (np.flatnonzero(~used), _STREAM_SHUFFLE_UNUSED)]
+    for rows, stream in groups:
+        perm = _rng(draw_seed, stream).permutation(len(rows))
+        scored[rows] = labels[rows[perm]]
+        if values_out is not None and target_values is not None:
+            values_out[rows] = target_values[rows[perm]]
+    return scored, values_out
 
 
 def null_split(task: PreparedTask, index: int) -> tuple[np.ndarray, np.ndarray]:
@@ -1319,6 +1407,7 @@ def ground_truth_log(task: PreparedTask, null_splits: int = 0) -> dict[str, Any]
         "fingerprint": task.fingerprint,
         "task_kind": task.task_kind.value,
         "label_mode": task.label_mode.value,
+        "label_design": task.split_report.label_design,
         "seed": task.seed,
         "split_seed": task.split_report.split_seed,
         "class_names": list(task.class_names),
@@ -1332,8 +1421,12 @@ def ground_truth_log(task: PreparedTask, null_splits: int = 0) -> dict[str, Any]
         "nonmember_original_labels": labels(task.original_labels, task.nonmember_idx),
         "context_original_labels": labels(task.original_labels, task.context_idx),
         "split_report": task.split_report.to_dict(),
+        # each null split's rows with the labels they are probed with and their true labels
         "null_splits": [
-            {"index": j, "member_row_ids": ids(m), "nonmember_row_ids": ids(n)}
+            {"index": j, "member_row_ids": ids(m), "nonmember_row_ids": ids(n),
+             "member_labels": labels(task.labels, m), "nonmember_labels": labels(task.labels, n),
+             "member_original_labels": labels(task.original_labels, m),
+             "nonmember_original_labels": labels(task.original_labels, n)}
             for j, (m, n) in ((j, null_split(task, j)) for j in range(null_splits))
         ],
     }

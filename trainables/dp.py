@@ -187,6 +187,18 @@ class DPSettings:
         """The accountant's ε after ``epoch`` epochs (what a checkpoint of that epoch guarantees)."""
         return epsilon_spent(self.noise_multiplier, self.sample_rate, self.steps_at(epoch), self.delta, self.accountant)
 
+    def epsilon_replace_one_at(self, epoch: int) -> float:
+        """ε after ``epoch`` epochs for the neighbour relation the membership audit plays: replace one row.
+
+        The accountant's ε is for add/remove-one neighbours. The audit's game swaps which row of a (member,
+        non-member) pair is trained on, a replace-one neighbour: the clipped gradient sum then moves by up to
+        2 × ``max_grad_norm``, so each step is the same Gaussian mechanism at half the noise multiplier (exact
+        with sample rate 1, the fixed batches this module trains with). NaN for a sampled batch (sample rate
+        < 1), where this simple argument does not hold and no replace-one bound is claimed."""
+        if self.sample_rate != 1.0:
+            return math.nan
+        return epsilon_spent(self.noise_multiplier / 2.0, 1.0, self.steps_at(epoch), self.delta, self.accountant)
+
     def as_dict(self) -> dict[str, Any]:
         return {"target_epsilon": self.target_epsilon, "delta": self.delta, "max_grad_norm": self.max_grad_norm,
                 "noise_multiplier": self.noise_multiplier, "epochs": self.epochs, "sample_rate": self.sample_rate,

@@ -1,0 +1,121 @@
+"""The blind baseline: how well members and non-members can be told apart without the audited model.
+
+A membership test compares two groups that should differ in one thing only: whether the model trained on
+them. If the groups already differ before training (members scored on permuted labels, non-members on
+true ones, as in the paper's ``shuffled_members`` design), any change of the model's accuracy or
+confidence reads as membership. The blind baseline measures that: a multinomial logistic regression fitted
+on the fine-tuning context C' alone (its features and the labels it is trained with) scores every query on
+the label it is probed with; the statistic is that query's loss ``-log p(y_probed | x)``.
+
+Orientation: members are the positive class and a *higher* blind loss counts as member-like (the labels
+of the members are the harder ones to predict from C' when only they were permuted), so the paper's
+unmatched design reads well above 0.5. Either direction away from 0.5 means the groups are separable
+without the model; :attr:`BlindBaseline.separable` is the two-sided test (the 95% stratified-bootstrap
+interval excludes 0.5). Pure numpy / scikit-learn; no Ray, no torch.
+
+Shapes: context features float32 [n_context, F] with labels int64 [n_context]; query features float32
+[n, F] with labels int64 [n] and member flags bool [n].
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from iclmem.errors import ProbeError
+
+# The blind losses are rounded to this many decimals before ranking, so that the last bits of the
+# logistic regression's fit (which differ between CPUs' vector units) cannot reorder two queries and move
+# the AUC, and with it Stage I's redraw decision, from one machine to another.
+_LOSS_DECIMALS = 6
+_P_FLOOR = 1e-12
+BLIND_RESAMPLES = 1000  # stratified bootstrap resamples of the blind AUC's interval
+BLIND_SEED = 0
+
+
+@dataclass(frozen=True)
+class BlindBaseline:
+    """Members-vs-non-members AUC of the C'-only scorer, with its 95% stratified-bootstrap interval."""
+
+    auc: float
+    auc_low: float
+    auc_high: float
+    n_members: int
+    n_nonmembers: int
+
+    @property
+    def separable(self) -> bool:
+        """True when the interval excludes 0.5: the groups differ before any training."""
+        return bool(self.auc_low > 0.5 or self.auc_high < 0.5)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "BlindBaseline":
+        return cls(float(data["auc"]), float(data["auc_low"]), float(data["auc_high"]), int(data["n_members"]),
+                   int(data["n_nonmembers"]))
+
+    def columns(self, prefix: str = "blind_") -> dict[str, Any]:
+        """The results-row columns: ``blind_auc``, ``blind_auc_low``, ``blind_auc_high``, ``blind_separable``."""
+        return {f"{prefix}auc": self.auc, f"{prefix}auc_low": self.auc_low, f"{prefix}auc_high": self.auc_high,
+                f"{prefix}separable": self.separable}
+
+
+def blind_losses(context_x: np.ndarray, context_y: np.ndarray, query_x: np.ndarray, query_y: np.ndarray,
+                 n_classes: int) -> np.ndarray:
+    """float64 [n]: each query's loss -log p(y | x) under a logistic regression fitted on C' alone."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
+    cx = np.asarray(context_x, dtype=np.float64)
+    cy = np.asarray(context_y, dtype=np.int64)
+    qx = np.asarray(query_x, dtype=np.float64)
+    qy = np.asarray(query_y, dtype=np.int64)
+    if cx.ndim != 2 or qx.ndim != 2 or cx.shape[1] != qx.shape[1] or len(cx) != len(cy) or len(qx) != len(qy):
+        raise ProbeError(f"blind baseline: context {cx.shape} / {cy.shape} and queries {qx.shape} / {qy.shape} "
+                         "do not fit together")
+    present = np.unique(cy)
+    p = np.full((len(qx), int(n_classes)), _P_FLOOR)
+    if len(present) < 2:
+        p[:, present] = 1.0  # a one-class context predicts its class for everything
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model = LogisticRegression(C=1.0, max_iter=2000).fit(cx, cy)
+        p[:, model.classes_] = np.maximum(model.predict_proba(qx), _P_FLOOR)
+    loss = -np.log(p[np.arange(len(qy)), qy])
+    return np.round(loss, _LOSS_DECIMALS)
+
+
+def blind_baseline(context_x: np.ndarray, context_y: np.ndarray, query_x: np.ndarray, query_y: np.ndarray,
+                   member: np.ndarray, n_classes: int, n_resamples: int = BLIND_RESAMPLES,
+                   seed: int = BLIND_SEED) -> BlindBaseline:
+    """The blind AUC (members positive, higher blind loss = member-like) and its bootstrap interval."""
+    from probes.metrics import auc, bootstrap_intervals
+
+    member = np.asarray(member, dtype=bool)
+    if member.all() or not member.any():
+        raise ProbeError("blind baseline: needs at least one member and one non-member")
+    loss = blind_losses(context_x, context_y, query_x, query_y, n_classes)
+    value = auc(loss[member], loss[~member])
+    interval = bootstrap_intervals(loss[member], loss[~member], alphas=(), n_resamples=n_resamples, seed=seed).auc
+    return BlindBaseline(value, interval.low, interval.high, int(member.sum()), int((~member).sum()))
+
+
+def task_blind_baseline(task: Any, member_idx: np.ndarray | None = None,
+                        nonmember_idx: np.ndarray | None = None) -> BlindBaseline:
+    """The blind baseline of a prepared task's split (or of the given member / non-member positions, e.g.
+    a null split), each row scored on the label it is probed with (``task.labels``)."""
+    m = np.asarray(task.member_idx if member_idx is None else member_idx, dtype=np.int64)
+    n = np.asarray(task.nonmember_idx if nonmember_idx is None else nonmember_idx, dtype=np.int64)
+    rows = np.concatenate([m, n])
+    features, labels, ctx = np.asarray(task.features), np.asarray(task.labels), np.asarray(task.context_idx)
+    flags = np.concatenate([np.ones(len(m), dtype=bool), np.zeros(len(n), dtype=bool)])
+    return blind_baseline(features[ctx], labels[ctx], features[rows], labels[rows], flags, task.n_classes)
+
+
+__all__ = ["BlindBaseline", "blind_losses", "blind_baseline", "task_blind_baseline", "BLIND_RESAMPLES"]
