@@ -2,16 +2,18 @@
 
     python3 benchmarks/verdict_error_rates.py [--quick] [--seeds 3] [--null-splits 20] [--epochs 30]
                                               [--checkpoints 1,5,10,30] [--q 50] [--bootstrap 200]
-                                              [--carte ../shared/data/carte] [--carte-task spotify]
+                                              [--task digits] [--carte ../shared/data/carte] [--carte-task spotify]
                                               [--carte-null-splits 10] [--no-write]
 
-For each task (the quickstart's ``breast_cancer`` and one CARTE table), label mode (normal and
+For each task (the quickstart's ``digits`` and one CARTE table), label mode (normal and
 shuffled_members) and seed, the shipped pfn-mini is fine-tuned as the quickstart does (single_fixed,
 lr 1e-3, Q members, C' of ``--context`` rows) on the pure path (``trainables.finetune.Finetuner``, no Ray)
 and every checkpoint of the schedule is probed by ``probes.probe.probe_checkpoint`` exactly as a probe
 actor does: the real member split plus ``--null-splits`` null splits, each two disjoint sets of rows the
 run never saw, labelled member / non-member with the members' label counts. Every memorization verdict on
-a null split is a false positive by construction.
+a null split is a false positive by construction. Under shuffled_members the non-members and the null
+splits' rows carry labels permuted among themselves (label-matched, the default design), so the null splits
+test the same kind of labels as the real split; each task's blind baseline is printed beside its rates.
 
 Reported per rule (paper, paper strict, selection_aware, selection_aware strict), at checkpoint level (one
 trial per checkpoint x null split) and at run-headline level (one trial per run x null split: the
@@ -134,6 +136,13 @@ def markdown(per_task: dict[str, pd.DataFrame], args, seconds: float) -> str:
                      f"({fmt(head.fpr)}; interval {fmt(head.fpr_low)}–{fmt(head.fpr_high)}) — target ≤ "
                      f"{TARGET:.0%}: {verdict(head.fpr <= TARGET)}")
         lines.append("")
+        ft = results[results["epoch"] > 0].drop_duplicates("run_id")
+        if "blind_auc" in ft.columns:
+            for mode, d in ft.groupby("label_mode", sort=True):
+                lines.append(f"Blind baseline ({mode}, members vs non-members scored by a model fitted on C' alone): "
+                             f"AUC {fmt(d['blind_auc'].min())}–{fmt(d['blind_auc'].max())} over {len(d)} runs; "
+                             f"{int(d['blind_separable'].astype(bool).sum())} separable.")
+            lines.append("")
         real = real_headlines(results)
         lines.append("Real member split, runs whose headline is memorization (shuffled member labels are planted "
                      "memorization):")
@@ -155,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--bootstrap", type=int, default=200)
+    ap.add_argument("--task", default="digits", help="the built-in table (the quickstart's)")
     ap.add_argument("--carte", default=str(REPO.parent / "shared" / "data" / "carte"))
     ap.add_argument("--carte-task", default="spotify")
     ap.add_argument("--carte-null-splits", type=int, default=None,
@@ -169,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from trainables.data import TaskSource
 
-    tasks = [("quickstart: breast_cancer", TaskSource("breast_cancer", "builtin"), args.null_splits)]
+    tasks = [(f"quickstart: {args.task}", TaskSource(args.task, "builtin"), args.null_splits)]
     if Path(args.carte, f"{args.carte_task}.parquet").is_file():
         tasks.append((f"CARTE: {args.carte_task}", TaskSource(args.carte_task, "carte", args.carte),
                       args.carte_null_splits or args.null_splits))

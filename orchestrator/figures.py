@@ -407,12 +407,12 @@ def build_perturbation_ranking(
     manipulation_auc: pd.DataFrame, results: pd.DataFrame | None = None, *, top: int = 20,
 ) -> Figure | None:
     """Horizontal bars of the ``top`` manipulations (App. 7.3). With ``results``: the paper's ranking, mean
-    ΔAUC to the checkpoint's overall AUC(ΔS) over checkpoints flagged memorization
+    ΔAUC to the unmanipulated context's AUC at the same checkpoint, over checkpoints flagged memorization
     (:func:`orchestrator.reports.perturbation_effectiveness`), the title naming the grid axes it pools;
     without: mean per-manipulation AUC over every fine-tuned checkpoint."""
     if results is not None:
         rank, value, ref, label = (R.perturbation_effectiveness(manipulation_auc, results), "mean_delta_auc", 0.0,
-                                   "mean AUC minus overall AUC(ΔS), memorized checkpoints")
+                                   "mean AUC minus the unmanipulated context's AUC, memorized checkpoints")
     else:
         rank, value, ref, label = R.perturbation_ranking(manipulation_auc), "mean_auc", 0.5, "mean AUC over checkpoints"
     if rank.empty:

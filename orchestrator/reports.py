@@ -689,13 +689,18 @@ def null_peak_auc_per_task(results: pd.DataFrame, *, regime: str | None = MAIN_R
     ``null_peak_auc`` is its 95th percentile over j (with one null split per checkpoint, that one maximum),
     ``null_peak_n`` the number of indices. A peak AUC below it is what chance reaches with that much
     selection, so "peak AUC 0.67" is read against it rather than against 0.5."""
-    recs = null_records(_filter_regime(results, regime))
+    scoped = _filter_regime(results, regime)
+    recs = null_records(scoped)
     if recs.empty:
         return pd.DataFrame()
     kinds = [f"auc_{k}" for k in competing_kinds(results) if f"auc_{k}" in recs.columns]
     if not kinds:
         return pd.DataFrame()
-    by = tuple(c for c in by if c in recs.columns)
+    by = tuple(c for c in by if c in scoped.columns)
+    missing = [c for c in by if c not in recs.columns]
+    if missing:  # the grid axes a run is split by come from its rows
+        key = [c for c in _run_key(scoped) if c in recs.columns]
+        recs = recs.merge(scoped[key + missing].drop_duplicates(key), on=key, how="left")
     recs["_auc"] = recs[kinds].astype(float).max(axis=1)
     per_index = recs.groupby(["task", *by, "null_index"], sort=True)["_auc"].max().reset_index()
     rows = []
@@ -801,12 +806,14 @@ def perturbation_ranking(
 def perturbation_effectiveness(
     manipulation_auc: pd.DataFrame, results: pd.DataFrame, *, by: Literal["manipulation", "category"] = "manipulation",
 ) -> pd.DataFrame:
-    """App. 7.3 as the paper computes it: over the checkpoints with detectable memorization only
-    (``outcome == memorization``), each manipulation's AUC on its own minus the checkpoint's overall
-    AUC(ΔS) of the same score (calibrated loss: ``auc_loss``); manipulations (or categories) ranked by
-    the mean of that Δ (rank 1 = the manipulation that exposes members best relative to the whole suite).
-    Empty when no checkpoint is flagged."""
-    cols = ["rank", by, "mean_delta_auc", "std_delta_auc", "mean_auc", "n"]
+    """App. 7.3: over the checkpoints with detectable memorization only (``outcome == memorization``), each
+    manipulation's AUC (calibrated loss) on its own minus the AUC of the unmanipulated multiple-choice
+    context (the ``base`` manipulation) at the same checkpoint: how much a manipulation exposes members
+    beyond the plain probe. Manipulations (or categories) ranked by the mean of that Δ (rank 1 = the one
+    that exposes members best). A checkpoint whose suite has no ``base`` manipulation is compared with its
+    overall AUC(ΔS) instead (``auc_loss``); ``mean_delta_auc_vs_suite`` gives that comparison for every
+    row, and ``reference`` says which one ``mean_delta_auc`` used. Empty when no checkpoint is flagged."""
+    cols = ["rank", by, "mean_delta_auc", "std_delta_auc", "mean_delta_auc_vs_suite", "mean_auc", "n", "reference"]
     df = public_manipulation_auc(manipulation_auc)
     if df.empty or results.empty or "auc_loss" not in results.columns:
         return pd.DataFrame(columns=cols)
@@ -815,13 +822,20 @@ def perturbation_effectiveness(
     df = df.merge(flagged, on=["run_id", "epoch"], how="inner")
     if df.empty:
         return pd.DataFrame(columns=cols)
-    df["delta_auc"] = df["auc"] - df["auc_loss"]
     if by not in ("manipulation", "category"):
         raise ValueError(f"by must be 'manipulation' or 'category', not {by!r}")
+    base = (df[df["manipulation"] == BASE_MANIPULATION][["run_id", "epoch", "auc"]]
+            .drop_duplicates(["run_id", "epoch"]).rename(columns={"auc": "_base_auc"}))
+    df = df.merge(base, on=["run_id", "epoch"], how="left")
+    df["delta_auc_vs_suite"] = df["auc"] - df["auc_loss"]
+    df["delta_auc"] = (df["auc"] - df["_base_auc"]).where(df["_base_auc"].notna(), df["delta_auc_vs_suite"])
+    df["_reference"] = np.where(df["_base_auc"].notna(), BASE_MANIPULATION, "overall")
     keys = ["manipulation", "category"] if by == "manipulation" and "category" in df.columns else [by]
     g = df.groupby(keys, sort=False)
     out = pd.DataFrame({"mean_delta_auc": g["delta_auc"].mean(), "std_delta_auc": g["delta_auc"].std(ddof=1),
-                        "mean_auc": g["auc"].mean(), "n": g.size()}).reset_index()
+                        "mean_delta_auc_vs_suite": g["delta_auc_vs_suite"].mean(),
+                        "mean_auc": g["auc"].mean(), "n": g.size(),
+                        "reference": g["_reference"].agg(lambda v: "+".join(sorted(set(v))))}).reset_index()
     out = out.sort_values(["mean_delta_auc", keys[0]], ascending=[False, True], kind="mergesort")
     out.insert(0, "rank", np.arange(1, len(out) + 1))
     return out.reset_index(drop=True)
@@ -1395,7 +1409,9 @@ def write_html_report(
         t, err = optional(split_validation, split)
         body = _note(err) if err else df_to_html(t)
     section("split-validation", "Split validation (Tab. 6)",
-            "Members vs non-members: TVD (classification) or KS with p-value and Wasserstein (regression).", body)
+            "Members vs non-members: TVD (classification) or KS with p-value and Wasserstein (regression); the label "
+            "design, the blind baseline (AUC of a model fitted on C' alone, with its 95% interval) and the draws "
+            "Stage I refused because their groups were separable without the model.", body)
 
     t, err = optional(calibration_impact, results, regime=regime)
     section("calibration", "Calibration impact (App. 7.4)",
@@ -1411,8 +1427,9 @@ def write_html_report(
         body = (_noop_html(noops) + (_note(err) if err else df_to_html(t)) + (_note(err2) if err2 else df_to_html(t2))
                 + figure("perturbation_ranking", "Mean per-manipulation ΔAUC"))
     section("perturbations", "Perturbation effectiveness (App. 7.3)",
-            "Over checkpoints with detectable memorization: each manipulation's AUC minus the checkpoint's "
-            "overall AUC(ΔS) (calibrated loss), ranked by the mean of that difference.", body)
+            "Over checkpoints with detectable memorization: each manipulation's AUC (calibrated loss) minus the "
+            "AUC of the unmanipulated context (base) at the same checkpoint, ranked by the mean of that "
+            "difference; mean_delta_auc_vs_suite is the same against the checkpoint's overall AUC(ΔS).", body)
 
     if split is None:
         body = _note(f"{SPLIT_REPORT_FILE} not found; section skipped.")

@@ -88,8 +88,11 @@ def no_membership_check(control: NoMembershipControl | str, label_mode: LabelMod
                         label_design: LabelDesign | str = LabelDesign.MATCHED, task: str = "breast_cancer",
                         q: int = 50, context_size: int = 64, seed: int = 0, unrelated_rows: int = 100,
                         lr: float = 3e-3, epochs: int = 60, noise: float = 1.0, bootstrap: int = 200,
-                        suite: Sequence[str] = PLANTED_SUITE, torch_threads: int = 1) -> dict[str, Any]:
+                        suite: Sequence[str] = PLANTED_SUITE, torch_threads: int = 1,
+                        prepared: Any = None) -> dict[str, Any]:
     """Audit a pfn-mini that never saw the audited members or non-members; returns the results row.
+    ``prepared``: a prepared task to audit instead of the built-in ``task`` (its label mode and design are
+    then its own).
 
     ``unrelated_*``: fine-tuned (``lr``, ``epochs``, single_fixed with C') on ``unrelated_rows`` rows that are
     neither members, non-members nor C', on their true labels or on labels moved one class on; ``noised``:
@@ -110,9 +113,10 @@ def no_membership_check(control: NoMembershipControl | str, label_mode: LabelMod
     previous = torch.get_num_threads()
     torch.set_num_threads(torch_threads)
     try:
-        prepared = prepare_task(TaskSource(task, "builtin"), PrepSettings(context_size=context_size,
-                                                                          label_design=label_design),
-                                label_mode, seed=seed, q=q)
+        if prepared is None:
+            prepared = prepare_task(TaskSource(task, "builtin"), PrepSettings(context_size=context_size,
+                                                                              label_design=label_design),
+                                    label_mode, seed=seed, q=q)
         base = build_model("pfn-mini", weights="shipped")
         if control is NoMembershipControl.NOISED:
             model = build_model("pfn-mini", weights="shipped")
@@ -143,7 +147,8 @@ def no_membership_check(control: NoMembershipControl | str, label_mode: LabelMod
         with tempfile.TemporaryDirectory() as cache:
             result = probe_checkpoint(model, prepared, plan, cache, model_digest(base), base,
                                       ProbeSettings(n_resamples=bootstrap, null_splits=0),
-                                      {"run_id": f"control-{control.value}-{label_mode}-{seed}"}, epoch=epochs)
+                                      {"run_id": f"control-{control.value}-{prepared.label_mode}-{seed}"},
+                                      epoch=epochs)
         return result.row
     finally:
         torch.set_num_threads(previous)

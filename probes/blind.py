@@ -87,8 +87,8 @@ def blind_losses(context_x: np.ndarray, context_y: np.ndarray, query_x: np.ndarr
             warnings.simplefilter("ignore", ConvergenceWarning)
             model = LogisticRegression(C=1.0, max_iter=2000).fit(cx, cy)
         p[:, model.classes_] = np.maximum(model.predict_proba(qx), _P_FLOOR)
-    loss = -np.log(p[np.arange(len(qy)), qy])
-    return np.round(loss, _LOSS_DECIMALS)
+    loss: np.ndarray = np.round(-np.log(p[np.arange(len(qy)), qy]), _LOSS_DECIMALS)
+    return loss
 
 
 def blind_baseline(context_x: np.ndarray, context_y: np.ndarray, query_x: np.ndarray, query_y: np.ndarray,

@@ -280,36 +280,41 @@ def planted_attacks(*, n_references: int = 8, epochs: int = 150, lr: float = 1e-
             "query_tables": (target.queries, [r.queries for r, _ in refs])}
 
 
+# The planted design under label-matched non-members (#29): digits, whose 10 classes leave ~90% of the
+# permuted member labels wrong (on iris, Q = 30, the matched design left RMIA's interval at 0.43-0.60 from
+# seed to seed: too weak to assert on any CPU).
+PLANTED_ATTACKS = {"task": "digits", "q": 100, "context_size": 100, "lr": 3e-3, "epochs": 60, "n_references": 4}
+
+
 @pytest.mark.slow
 def test_planted_label_shuffled_members_are_detected_by_lira_and_rmia_and_null_splits_are_not():
-    """pfn-mini on iris, Q = 30, |C'| = 60, shuffled member labels, lr 1e-3, 300 epochs, K = 4 (~60 s on a
-    loaded 2-core host). Measured (seed 0, 200 resamples): IclMem calibrated loss AUC 0.691 [0.552, ..],
-    TPR@1% 0.033; on the probe statistic RMIA 0.662 [0.543, ..], TPR@1% 0.000, LiRA offline 0.602, LiRA
-    online 0.641; on the known-context loss LiRA online 0.993, RMIA 0.997, TPR@1% 0.900 and 0.967.
-    LiRA is weaker than ΔS on the zero-information probe statistic: the spread of that statistic over
-    reference fine-tunes (sd ~2.5 nats) dwarfs the per-query in/out gap (~0.9), so 2 in- and 2
-    out-references per query cannot place a query's Gaussians (README, "Reference-model attacks").
-    TPR@1% of the probe statistic is not compared: with 30 non-members it is the share of members above
-    the top non-member, and which statistic wins it flips with the training's rounding (300 epochs on
-    shuffled labels diverge from the 10th epoch on when a product's summation order changes; before the
-    model skipped its unread products: calibrated 0.000, RMIA 0.167).
+    """pfn-mini on digits, Q = 100, |C'| = 100, shuffled member labels (label-matched non-members), lr 3e-3,
+    60 epochs, K = 4 (~10 s). Measured over seeds 0, 1, 2 (200 resamples): IclMem calibrated loss AUC
+    0.75-0.88 (interval from 0.70), TPR@1% 0.14-0.18; on the probe statistic RMIA 0.74-0.89 (from 0.68),
+    LiRA online 0.70-0.80, offline 0.71-0.82; on the known-context loss every attack's interval from 0.86,
+    RMIA's TPR@1% 0.58-0.59. LiRA is weaker than ΔS on the zero-information probe statistic: the spread of
+    that statistic over reference fine-tunes dwarfs the per-query in/out gap, so 2 in- and 2 out-references
+    per query cannot place a query's Gaussians (README, "Reference-model attacks"). LiRA's TPR@1% on the
+    known-context loss (0.10-0.23) is not compared with ΔS's: with 100 non-members one false positive is
+    allowed, and which wins moves with the seed.
     """
-    row = planted_attacks(n_references=4, epochs=300)
+    row = planted_attacks(**PLANTED_ATTACKS)
     # the base-calibrated score finds the planted members (as orchestrator.selfcheck's planted check does) ...
-    assert row["calibrated_loss_auc_low"] > 0.5
+    assert row["calibrated_loss_auc_low"] > 0.6
     # ... and so does RMIA on the same statistic
-    assert row["rmia_auc_low"] > 0.5
-    # on the known-context loss both LiRA and RMIA detect, far above chance and above ΔS's TPR@1%
+    assert row["rmia_auc_low"] > 0.6
+    # on the known-context loss every attack detects, far above chance; RMIA beats ΔS in the tail
     for a in ("lira_online", "lira_offline", "rmia"):
         assert row[f"known_context_{a}_auc_low"] > 0.75, a
-        assert row[f"known_context_{a}_tpr_at_1pct"] > row["calibrated_loss_tpr_at_1pct"], a
+    assert row["known_context_rmia_tpr_at_1pct"] > row["calibrated_loss_tpr_at_1pct"] + 0.2
     # LiRA online on the probe statistic is weaker than ΔS (see the docstring): the measured gap, kept honest
     assert row["lira_online_auc"] < row["calibrated_loss_auc"]
-    # rows the target never trained on, labelled member at random (3 splits of its 30 non-members): no
-    # attack on the probe statistic detects, and at most one of the 9 known-context intervals misses 0.5
-    for a in Attack:
-        evidence = json.loads(row[f"{a.value}_null_evidence"])
-        assert all(r["auc_low"] <= 0.5 <= r["auc_high"] for r in evidence), (a, evidence)
+    # rows the target never trained on, labelled member at random (3 splits of its non-members): no attack
+    # verdict on them, and at most one of the 9 intervals on the probe statistic (and of the 9 on the
+    # known-context loss) misses 0.5, as 95% intervals may
+    misses = sum(not (r["auc_low"] <= 0.5 <= r["auc_high"]) for a in Attack
+                 for r in json.loads(row[f"{a.value}_null_evidence"]))
+    assert misses <= 1, misses
     assert sum(row[f"known_context_{a.value}_null_detections"] for a in Attack) <= 1
     # verdicts under the default rule (selection_aware, one checkpoint): the known-context attacks find the
     # planted members, and no attack null split on the probe statistic is a false positive

@@ -25,10 +25,13 @@ FAKE_WANDB_KEY = "local-0123456789abcdef0123456789abcdef01234567"  # shaped like
 
 
 def _canary_table(path: Path) -> Path:
-    """breast_cancer plus a text column whose every value holds a canary string."""
-    from sklearn.datasets import load_breast_cancer
+    """digits plus a text column whose every value holds a canary string. Digits: with label-matched
+    non-members (#29) a binary table's planted signal is too weak to assert (breast_cancer, Q = 50, 30
+    epochs: AUC 0.52-0.71, TPR@10% 0.10-0.22, no seed of three called memorization), ten classes keep it
+    (AUC 0.76-0.89, TPR@10% 0.36-0.78, every seed)."""
+    from sklearn.datasets import load_digits
 
-    data = load_breast_cancer(as_frame=True).frame
+    data = load_digits(as_frame=True).frame
     data.insert(0, "patient_note", [f"{CANARY}-{i:04d}" for i in range(len(data))])
     data.to_csv(path, index=False)
     return path

@@ -256,21 +256,29 @@ def test_calibration_impact_compares_the_same_rule_over_non_collapsed_checkpoint
     assert t["raw_only"] == 1 and t["calibrated_only"] == 1
 
 
-def test_perturbation_effectiveness_is_over_memorized_checkpoints_as_delta_to_the_overall_auc():
+def test_perturbation_effectiveness_is_over_memorized_checkpoints_as_delta_to_the_unmanipulated_context():
     results = pd.DataFrame([
         {"run_id": "m", "task": "t", "regime": "single_fixed", "epoch": 1, "outcome": "memorization", "auc_loss": 0.70},
         {"run_id": "n", "task": "t", "regime": "single_fixed", "epoch": 1, "outcome": "no_signal", "auc_loss": 0.50},
+        {"run_id": "o", "task": "t", "regime": "single_fixed", "epoch": 1, "outcome": "memorization", "auc_loss": 0.80},
     ])
     manip = pd.DataFrame([
+        {"run_id": "m", "task": "t", "epoch": 1, "manipulation": "base", "category": "base", "auc": 0.65},
         {"run_id": "m", "task": "t", "epoch": 1, "manipulation": "a", "category": "x", "auc": 0.75},
         {"run_id": "m", "task": "t", "epoch": 1, "manipulation": "b", "category": "y", "auc": 0.60},
         # a non-memorized checkpoint where b looks best: must not count
+        {"run_id": "n", "task": "t", "epoch": 1, "manipulation": "base", "category": "base", "auc": 0.50},
         {"run_id": "n", "task": "t", "epoch": 1, "manipulation": "a", "category": "x", "auc": 0.40},
         {"run_id": "n", "task": "t", "epoch": 1, "manipulation": "b", "category": "y", "auc": 0.99},
+        # a suite without the base context: compared with the checkpoint's overall AUC instead
+        {"run_id": "o", "task": "t", "epoch": 1, "manipulation": "a", "category": "x", "auc": 0.90},
     ])
-    t = R.perturbation_effectiveness(manip, results)
-    assert list(t["manipulation"]) == ["a", "b"]
-    assert t["mean_delta_auc"].tolist() == pytest.approx([0.05, -0.10]) and t["n"].tolist() == [1, 1]
+    t = R.perturbation_effectiveness(manip, results).set_index("manipulation")
+    assert list(t.index) == ["a", "base", "b"]
+    # a: (0.75 - 0.65 against base, 0.90 - 0.80 against o's overall) / 2; b: 0.60 - 0.65
+    assert t.loc["a", "mean_delta_auc"] == pytest.approx(0.10) and t.loc["a", "reference"] == "base+overall"
+    assert t.loc["b", "mean_delta_auc"] == pytest.approx(-0.05) and t.loc["base", "mean_delta_auc"] == 0.0
+    assert t.loc["b", "mean_delta_auc_vs_suite"] == pytest.approx(-0.10) and t["n"].tolist() == [2, 1, 1]
 
 
 def test_the_peak_checkpoint_of_a_run_is_chosen_over_the_competing_kinds_only():
@@ -477,6 +485,11 @@ def test_the_task_peak_is_reported_beside_the_same_maximum_over_its_null_splits(
     assert peak["peak_auc"] == pytest.approx(0.66)
     # null split 0: max(0.55, 0.61, 0.57) = 0.61; null split 1: max(0.58, 0.52, 0.64) = 0.64 -> 95th pct
     assert peak["null_peak_n"] == 2 and peak["null_peak_auc"] == pytest.approx(np.percentile([0.61, 0.64], 95))
+    # split by a grid axis the null records do not carry themselves: each value gets its own null peak
+    by_mode = results.assign(label_mode=["normal", "normal", "shuffled_members"])
+    table = R.peak_vulnerability_per_task(by_mode, by=("label_mode",)).set_index("label_mode")
+    assert table.loc["normal", "null_peak_auc"] == pytest.approx(np.percentile([0.61, 0.58], 95))
+    assert table.loc["shuffled_members", "null_peak_auc"] == pytest.approx(np.percentile([0.57, 0.64], 95))
 
 
 def test_every_probe_row_carries_its_blind_baseline_and_the_collapse_indicators_views(shuffled_run, task):
