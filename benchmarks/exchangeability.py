@@ -129,9 +129,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{control}\n\n"
             "**Planted power** (label-shuffled members, the planted check's suite, 200 resamples): runs called "
             "memorization under each design. The matched design's cost is in the tail: on a binary task "
-            "half the non-members' permuted labels stay wrong, and a model that unlearned the task gives "
-            "those a member-like ΔS, so TPR@10% (which the rule reads) drops while the AUC stays clear of "
-            "0.5; on 3+ classes the power is kept.\n\n"
+            "about half the permuted labels stay right, a model that unlearned the task gives the non-members "
+            "whose permuted label is wrong a member-like ΔS, so TPR@10% (which the rule reads) drops while the "
+            "AUC stays above 0.5; on 3+ classes the power is kept.\n\n"
             f"{planted}\n")
     publish(SECTION, text, args.no_write, argv)
 

@@ -1,10 +1,11 @@
 """Reference-model attacks (probe.references): what K references cost, and attack TPR@1% against K.
 
-    python3 benchmarks/references.py [--epochs 300] [--max-k 8] [--no-write]
+    python3 benchmarks/references.py [--max-k 8] [--no-write]
 
 One planted run without Ray (``tests/test_attacks.py::planted_attacks``, the fine-tuning and probe code a
-sweep's trials and probe actors run): pfn-mini on iris, Q = 30 label-shuffled members, C' of 60 rows,
-lr 1e-3, the planted suite, one torch thread; then ``--max-k`` reference models, each fine-tuned and
+sweep's trials and probe actors run) with the planted test's setting (``PLANTED_ATTACKS``: pfn-mini on
+digits, Q = 100 label-shuffled members with label-matched non-members, C' of 100 rows, lr 3e-3, 60
+epochs), the planted suite, one torch thread; then ``--max-k`` reference models, each fine-tuned and
 probed on its half of the run's members + non-members. Cost: wall time (fine-tune + probe) of the
 references over that of the audited run, measured in this one run. Attacks against K: reference k's half
 does not depend on K, so the attacks at K = 2, 4, 8 use the first K references of the same run.
@@ -23,23 +24,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from _common import fmt, md_table, publish, set_threads  # noqa: E402
 
 SECTION = "Reference-model attacks: cost of K references and TPR@1% against K"
-NOTE = ("Reading: RMIA matches ΔS's AUC on the zero-information probe statistic and beats its TPR@1%; LiRA does not, because that statistic varies by ~2.5 nats between reference fine-tunes of the same recipe while a row's in/out gap is ~0.9, so with K/2 in- and K/2 out-references per query the per-query Gaussians are mostly noise (online LiRA even falls with K here). On the known-context loss, whose per-row signal is large, every attack reaches AUC 0.88-0.96. Reference halves do not depend on K and training is deterministic, so the attack numbers repeat exactly between runs; the time ratio does not (it was 12.1x at K = 8 in a run sharing the 2 cores with a test suite).")
+NOTE = ("Reading: RMIA comes close to ΔS's AUC on the zero-information probe statistic; LiRA stays below it, because that statistic varies more between reference fine-tunes of the same recipe than a row's in/out gap, so with K/2 in- and K/2 out-references per query the per-query Gaussians are mostly noise. On the known-context loss, whose per-row signal is large, every attack is far above chance. Reference halves do not depend on K and training is deterministic, so the attack numbers repeat exactly between runs on one machine; the time ratio does not.")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=300)
     parser.add_argument("--max-k", type=int, default=8)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     set_threads(1)
-    from test_attacks import planted_attacks
+    from test_attacks import PLANTED_ATTACKS, planted_attacks
 
     from orchestrator.aggregate import attacks_for_checkpoint
 
     start = time.perf_counter()
-    row = planted_attacks(n_references=args.max_k, epochs=args.epochs)
+    setting = {**PLANTED_ATTACKS, "n_references": args.max_k}
+    row = planted_attacks(**setting)
     total = time.perf_counter() - start
     target_s, refs_s = row["target_seconds"], row["reference_seconds"]
     target_q, ref_q = row["query_tables"]
@@ -54,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{fmt(row['calibrated_loss_tpr_at_1pct'])}; known-context loss {fmt(row['known_context_calibrated_auc'])} / "
                 f"{fmt(row['known_context_calibrated_tpr_at_1pct'])}.")
     text = "\n".join([
-        f"pfn-mini (shipped weights), iris, Q = 30 label-shuffled members, |C'| = 60, lr 1e-3, {args.epochs} epochs, "
-        "planted suite (4 manipulations), 200 bootstrap resamples, one torch thread. Each cell: AUC / TPR@1% "
-        "(30 non-members: no false positive allowed, so TPR@1% is the share of members above every non-member; "
-        "TPR@0.1% is the same number here).",
+        f"pfn-mini (shipped weights), {setting['task']}, Q = {setting['q']} label-shuffled members (label-matched "
+        f"non-members), |C'| = {setting['context_size']}, lr {setting['lr']:g}, {setting['epochs']} epochs, planted "
+        f"suite (4 manipulations), 200 bootstrap resamples, one torch thread. Each cell: AUC / TPR@1% "
+        f"({setting['q']} non-members: {setting['q'] // 100} false positive(s) allowed at 1%).",
         "",
         f"**Cost**: audited run {target_s:.1f} s (fine-tune + probe), references {fmt(sum(refs_s) / len(refs_s), 3)} s "
         f"each on average ({len(refs_s)} of them, {sum(refs_s):.1f} s): K references cost about K times the "

@@ -154,7 +154,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     row = audit_checkpoint(args.checkpoint, args.task, base_model=args.base_model, base_weights=args.base_weights,
                            out=args.out, q=args.q, label_mode=args.label_mode, seed=args.seed,
                            bootstrap=args.bootstrap, members=args.members, context_size=args.context_size)
-    keys = ["outcome", "score_kind", "auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "loss_ratio"]
+    keys = ["outcome", "score_kind", "auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "loss_ratio",
+            "blind_auc", "blind_auc_low", "blind_auc_high", "exchangeable"]
     print(json.dumps({k: row.get(k) for k in keys}, indent=1, default=str))
     return 0
 
@@ -318,7 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"context rows ({recorded.format(DEFAULTS['context_size'])})")
     pr.add_argument("--members", default=None, metavar="FILE",
                     help="file of member row ids, one per line, for a model fine-tuned elsewhere (default: "
-                         "the members the checkpoint records, else iclmem's own split)")
+                         "the members the checkpoint records, else iclmem's own split); ROW_ID,LABEL gives the "
+                         "label each was trained with, which a shuffled --label-mode requires")
     pr.add_argument("--out", default=None, help="audit folder (default: ./runs/audit-<task>)")
     pr.set_defaults(func=cmd_probe)
 
