@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from _common import fmt, md_table, publish, set_threads  # noqa: E402
 
 SECTION = "Reference-model attacks: cost of K references and TPR@1% against K"
-NOTE = ("Reading: RMIA comes close to ΔS's AUC on the zero-information probe statistic; LiRA stays below it, because that statistic varies more between reference fine-tunes of the same recipe than a row's in/out gap, so with K/2 in- and K/2 out-references per query the per-query Gaussians are mostly noise. On the known-context loss, whose per-row signal is large, every attack is far above chance. Reference halves do not depend on K and training is deterministic, so the attack numbers repeat exactly between runs on one machine; the time ratio does not.")
+NOTE = ("Reading: LiRA runs on the logit of p(label) under each of the suite's manipulations (one Gaussian per row and manipulation, scores averaged), RMIA on the mean probe loss. On the zero-information probe RMIA comes close to ΔS's AUC and LiRA stays below it (the statistics vary more between reference fine-tunes of the same recipe than a row's in/out gap, so with K/2 in- and K/2 out-references per row the Gaussians are mostly noise), though LiRA's TPR@1% passes ΔS's from K = 4 on. On the known-context prediction, whose per-row signal is large, every attack is far above chance and far above ΔS in the tail. Reference halves do not depend on K and training is deterministic, so the attack numbers repeat exactly between runs on one machine; the time ratio does not.")
 
 
 def main(argv: list[str] | None = None) -> int:

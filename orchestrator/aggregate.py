@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import numpy as np
 import pandas as pd
 
 from iclmem.atomic import write_parquet_atomic
@@ -259,15 +260,41 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
 # Reference-model attacks (issue #16): LiRA online / offline and RMIA beside IclMem's calibrated score
 # --------------------------------------------------------------------------------------------------
 
+def _iclmem_statistic(table: pd.DataFrame) -> Any:
+    """IclMem's calibrated probe loss: -(S - S_ref), the orientation of probes.metrics.membership_score."""
+    return table["s_ref_loss"] - table["s_loss"]
+
+
+def _known_context_logit(table: pd.DataFrame) -> Any:
+    from probes.attacks import logit_of_loss
+
+    return pd.Series(logit_of_loss(table["known_context_loss"].to_numpy(np.float64)), index=table.index)
+
+
 # the statistics the attacks run on: results-column prefix -> (LiRA statistic, RMIA log p(label)), both per query
-# from a checkpoint's query table (probes.probe.query_table); higher statistic = more member-like
+# from a checkpoint's query table (probes.probe.query_table); higher statistic = more member-like. The probe's
+# LiRA statistic is replaced by the per-manipulation logits when every table stores them (_lira_statistics).
 ATTACK_STATISTICS: dict[str, tuple[Callable[[pd.DataFrame], Any], Callable[[pd.DataFrame], Any]]] = {
-    # IclMem's calibrated probe loss: -(S - S_ref), the orientation of probes.metrics.membership_score
-    "": (lambda t: t["s_ref_loss"] - t["s_loss"], lambda t: -t["s_loss"]),
-    # the known-context loss with C' (base-calibrated): the issue's second statistic
-    "known_context_": (lambda t: t["known_context_loss_base"] - t["known_context_loss"],
-                       lambda t: -t["known_context_loss"]),
+    "": (_iclmem_statistic, lambda t: -t["s_loss"]),
+    # the known-context prediction with C': the logit of p(label), as Carlini et al. scale confidences
+    "known_context_": (_known_context_logit, lambda t: -t["known_context_loss"]),
 }
+
+
+def _lira_statistics(prefix: str, target: pd.DataFrame, references: list[pd.DataFrame]) -> tuple[Any, Any]:
+    """(target [n] or [n, M], references [K, n] or [K, n, M]) of one statistic: for the probe, the logit of
+    p(y*) under each of its M manipulations when the target and every reference stored them (the same ones),
+    else the single per-query statistic of :data:`ATTACK_STATISTICS`."""
+    from probes.attacks import LOGIT_PREFIX
+
+    if not prefix:
+        columns = [c for c in target.columns if c.startswith(LOGIT_PREFIX)]
+        if columns and all(set(columns) <= set(t.columns) for t in references):
+            return (target[columns].to_numpy(np.float64),
+                    np.stack([t[columns].to_numpy(np.float64) for t in references]))
+    statistic = ATTACK_STATISTICS[prefix][0]
+    return (np.asarray(statistic(target), np.float64),
+            np.stack([np.asarray(statistic(t), np.float64) for t in references]))
 
 
 def split_references(results: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -320,9 +347,8 @@ def attacks_for_checkpoint(target: pd.DataFrame, references: list[pd.DataFrame],
     in_ref = np.stack([t["member"].to_numpy(bool) for t in aligned])
     columns: dict[str, Any] = {}
     curves: dict[str, Any] = {}
-    for prefix, (statistic, log_p) in ATTACK_STATISTICS.items():
-        stats = ReferenceStatistics(statistic(target).to_numpy(np.float64),
-                                    np.stack([statistic(t).to_numpy(np.float64) for t in aligned]), in_ref)
+    for prefix, (_, log_p) in ATTACK_STATISTICS.items():
+        stats = ReferenceStatistics(*_lira_statistics(prefix, target, aligned), in_ref)
         inputs = AttackInputs(member=member, stats=stats, target_log_p=log_p(target).to_numpy(np.float64),
                               reference_log_p=np.stack([log_p(t).to_numpy(np.float64) for t in aligned]))
         delta = {} if epsilon_delta is None else {"epsilon_delta": epsilon_delta}
@@ -331,7 +357,7 @@ def attacks_for_checkpoint(target: pd.DataFrame, references: list[pd.DataFrame],
         columns.update(cols)
         if not prefix:
             curves.update(roc)
-    iclmem = ATTACK_STATISTICS[""][0](target).to_numpy(np.float64)
+    iclmem = np.asarray(_iclmem_statistic(target), np.float64)
     curve = roc_curve(iclmem[member], iclmem[~member])
     curves["iclmem_calibrated_loss"] = {"fpr": [float(v) for v in curve.fpr], "tpr": [float(v) for v in curve.tpr]}
     return columns, curves

@@ -10,7 +10,12 @@ population P = members and non-members), and which queries each reference traine
   (out); score = log N(s; mu_in, sigma_in) - log N(s; mu_out, sigma_out). With few references a per-query
   variance is noise, so, as Carlini et al. do below 64 shadow models ("fixed variance"), one global
   standard deviation of all in-statistics (and one of all out-statistics) replaces it; the means stay
-  per query (the median, as in their code).
+  per query (the median, as in their code). **The statistic, as Carlini et al. score augmentations**:
+  the logit-scaled confidence φ = log p(y*) - log(1 - p(y*)) under each of the probe's M manipulations
+  (for the known-context statistic, the one context C'), each (query, manipulation) with its own Gaussians
+  (the pooled deviation is then one per manipulation), and the query's score the mean of its M
+  per-manipulation scores. A run folder written before the per-manipulation logits were stored falls
+  back to one base-calibrated statistic per query.
 * **LiRA offline**: one-sided, out-references only: score = -log P(S >= s) under N(mu_out, sigma_out).
 * **RMIA** (Zarifzadeh et al. 2024, "Low-Cost High-Power Membership Inference Attacks"):
   LR(x) = p(x | target) / mean_k p(x | reference_k), with p(x | model) the model's probability of the
@@ -52,26 +57,40 @@ from probes.outcomes import OutcomeThresholds, memorization_holds, peak_checkpoi
 PER_QUERY_VARIANCE_MIN = 32
 RMIA_GAMMA = 1.0
 _SIGMA_FLOOR = 1e-12  # keeps a degenerate (constant) statistic from dividing by zero
+# A query table's per-manipulation LiRA statistics: ``logit_<manipulation name>`` (probes.probe.query_table)
+LOGIT_PREFIX = "logit_"
+_LOGIT_LOSS_FLOOR = 1e-12  # p(y*) = 1 would make the logit infinite: the loss is floored here first
+
+
+def logit_of_loss(loss: Any) -> np.ndarray:
+    """φ = log p - log(1 - p) of p = exp(-loss), computed from the loss without forming p (stable near p = 1,
+    where 1 - p underflows): φ = -loss - log(1 - exp(-loss))."""
+    x = np.maximum(np.asarray(loss, dtype=np.float64), _LOGIT_LOSS_FLOOR)
+    return np.asarray(-x - np.log(-np.expm1(-x)), dtype=np.float64)
 
 
 @dataclass(frozen=True)
 class ReferenceStatistics:
-    """One statistic per query on the target and on each reference, and which references trained on it.
+    """One statistic per query (or one per query and manipulation) on the target and on each reference,
+    and which references trained on each query.
 
-    ``target``: float64 [n]; ``references``: float64 [K, n]; ``in_reference``: bool [K, n], True where
-    reference k fine-tuned on query i (with the same label the target would have trained it on)."""
+    ``target``: float64 [n], or [n, M] with one column per probe manipulation; ``references``: float64
+    [K, n] (or [K, n, M]); ``in_reference``: bool [K, n], True where reference k fine-tuned on query i (with
+    the same label the target would have trained it on). With M columns LiRA fits one Gaussian per
+    (query, manipulation) and averages the per-manipulation scores, as Carlini et al. score augmentations."""
 
     target: np.ndarray
     references: np.ndarray
     in_reference: np.ndarray
 
     def __post_init__(self) -> None:
-        t = np.asarray(self.target, dtype=np.float64).reshape(-1)
+        t = np.asarray(self.target, dtype=np.float64)
+        t = t.reshape(-1) if t.ndim != 2 else t
         r = np.asarray(self.references, dtype=np.float64)
         m = np.asarray(self.in_reference, dtype=bool)
-        if r.ndim != 2 or r.shape[1] != t.size or m.shape != r.shape:
-            raise ProbeError(f"reference statistics: target has {t.size} queries, references {r.shape}, "
-                             f"in-reference mask {m.shape}: need [K, n] for both")
+        if r.ndim != t.ndim + 1 or r.shape[1:] != t.shape or m.shape != r.shape[:2]:
+            raise ProbeError(f"reference statistics: target {t.shape}, references {r.shape}, in-reference mask "
+                             f"{m.shape}: need target [n] (or [n, M]), references [K, n] (or [K, n, M]), mask [K, n]")
         if r.shape[0] < 1:
             raise ProbeError("reference statistics: no reference model")
         if not (np.isfinite(t).all() and np.isfinite(r).all()):
@@ -84,10 +103,16 @@ class ReferenceStatistics:
     def n_references(self) -> int:
         return int(self.references.shape[0])
 
+    @property
+    def n_manipulations(self) -> int:
+        """M: the statistics per query (1 for a single statistic)."""
+        return 1 if self.target.ndim == 1 else int(self.target.shape[1])
+
 
 @dataclass(frozen=True)
 class GaussianFit:
-    """Per-query Gaussian parameters of the in- and out-reference statistics (NaN mean: no such reference)."""
+    """Per-query (per (query, manipulation) with M statistics: [n, M]) Gaussian parameters of the in- and
+    out-reference statistics (NaN mean: no such reference)."""
 
     mu_in: np.ndarray
     sigma_in: np.ndarray
@@ -96,24 +121,34 @@ class GaussianFit:
     global_variance: bool  # True: the sigmas are the pooled (Carlini "fixed variance") ones
 
 
+def _broadcast_mask(mask: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The [K, n] mask shaped to broadcast over [K, n] or [K, n, M] values."""
+    return mask.reshape(mask.shape + (1,) * (values.ndim - mask.ndim))
+
+
 def _masked_median(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    masked = np.where(mask, values, np.nan)
-    out = np.full(values.shape[1], np.nan)
+    masked = np.where(_broadcast_mask(mask, values), values, np.nan)
+    out = np.full(values.shape[1:], np.nan)
     has = mask.any(axis=0)
     out[has] = np.nanmedian(masked[:, has], axis=0)
     return out
 
 
 def _sigma(values: np.ndarray, mask: np.ndarray, per_query: bool) -> np.ndarray:
-    n = values.shape[1]
     if per_query:
-        masked = np.where(mask, values, np.nan)
+        masked = np.where(_broadcast_mask(mask, values), values, np.nan)
         with np.errstate(invalid="ignore"):
             sd = np.nanstd(masked, axis=0)
         return np.asarray(np.maximum(np.nan_to_num(sd, nan=_SIGMA_FLOOR), _SIGMA_FLOOR), dtype=np.float64)
-    pooled = values[mask]
-    sd = float(np.std(pooled)) if pooled.size > 1 else 0.0
-    return np.full(n, max(sd, _SIGMA_FLOOR))
+    pooled = values[mask]  # [count] or [count, M]: one pooled deviation per manipulation
+    sd = np.std(pooled, axis=0) if pooled.shape[0] > 1 else np.zeros(pooled.shape[1:])
+    return np.asarray(np.broadcast_to(np.maximum(sd, _SIGMA_FLOOR), values.shape[1:]), dtype=np.float64).copy()
+
+
+def _per_query(scores: np.ndarray) -> np.ndarray:
+    """[n] scores from [n] or [n, M] per-manipulation ones (their mean: Carlini et al.'s combination of
+    augmentations)."""
+    return np.asarray(scores.mean(axis=1) if scores.ndim == 2 else scores, dtype=np.float64)
 
 
 def fit_gaussians(stats: ReferenceStatistics, per_query_min: int = PER_QUERY_VARIANCE_MIN) -> GaussianFit:
@@ -130,9 +165,12 @@ def fit_gaussians(stats: ReferenceStatistics, per_query_min: int = PER_QUERY_VAR
 def lira_offline(stats: ReferenceStatistics, fit: GaussianFit | None = None) -> np.ndarray:
     """-log P(S >= s) under each query's out-Gaussian: large when the target's statistic sits far above
     what models that never saw the query give it. A query no reference left out scores 0 (no evidence)."""
-    fit = fit or fit_gaussians(stats)
+    return _per_query(_lira_offline_each(stats, fit or fit_gaussians(stats)))
+
+
+def _lira_offline_each(stats: ReferenceStatistics, fit: GaussianFit) -> np.ndarray:
     score = -norm.logsf(stats.target, loc=np.nan_to_num(fit.mu_out), scale=fit.sigma_out)
-    return np.where(np.isnan(fit.mu_out), 0.0, score)
+    return np.asarray(np.where(np.isnan(fit.mu_out), 0.0, score), dtype=np.float64)
 
 
 def lira_online(stats: ReferenceStatistics, fit: GaussianFit | None = None) -> np.ndarray:
@@ -142,9 +180,9 @@ def lira_online(stats: ReferenceStatistics, fit: GaussianFit | None = None) -> n
     s = stats.target
     ratio = (norm.logpdf(s, loc=np.nan_to_num(fit.mu_in), scale=fit.sigma_in)
              - norm.logpdf(s, loc=np.nan_to_num(fit.mu_out), scale=fit.sigma_out))
-    offline = lira_offline(stats, fit)
+    offline = _lira_offline_each(stats, fit)
     out = np.where(np.isnan(fit.mu_in), offline, ratio)
-    return np.where(np.isnan(fit.mu_out), 0.0, out)
+    return _per_query(np.where(np.isnan(fit.mu_out), 0.0, out))
 
 
 def rmia(target_log_p: np.ndarray, reference_log_p: np.ndarray, gamma: float = RMIA_GAMMA) -> np.ndarray:
@@ -342,7 +380,7 @@ def attack_run_headline(epochs: Sequence[int], aucs: Sequence[float], outcomes: 
     return out
 
 
-__all__ = ["AttackInputs", "evaluate_attacks", "attack_metric_columns", "ATTACK_ALPHAS", "ReferenceStatistics", "GaussianFit", "fit_gaussians", "lira_online", "lira_offline", "rmia",
+__all__ = ["LOGIT_PREFIX", "logit_of_loss", "AttackInputs", "evaluate_attacks", "attack_metric_columns", "ATTACK_ALPHAS", "ReferenceStatistics", "GaussianFit", "fit_gaussians", "lira_online", "lira_offline", "rmia",
            "attack_scores", "attack_null_split", "PER_QUERY_VARIANCE_MIN",
            "RMIA_GAMMA", "ATTACK_COMPETING_SCORES", "attack_alphas", "attack_verdict", "attack_peak",
            "attack_run_headline"]

@@ -21,6 +21,7 @@ from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError, ProbeError
 from iclmem.runfolder import QUERIES_SUFFIX
 from iclmem.vocab import SCORE_KINDS, LabelDesign, Outcome, VerdictRule
+from probes.attacks import LOGIT_PREFIX, logit_of_loss
 from probes.blind import task_blind_baseline
 from probes.calibration import model_digest, read_parquet_checked, reference_scores, resolve_model
 from probes.canaries import canary_records, label_ranks
@@ -391,7 +392,13 @@ def query_table(finetuned: pd.DataFrame, reference: pd.DataFrame, plan: ProbePla
     known = pd.DataFrame({"known_context_loss": np.asarray(loss_ft, np.float64),
                           "known_context_loss_base": np.asarray(loss_base, np.float64)},
                          index=np.asarray(plan.queries.query_ids, np.int64))
-    return out.join(known, on="query_id").reset_index(drop=True)
+    # LiRA's per-manipulation statistic (probes.attacks): the logit of p(y*) under each manipulation, in
+    # suite order, for the fine-tuned model only (each reference trial's own table holds its own)
+    order = list(dict.fromkeys(finetuned["manipulation"]))
+    per_manip = finetuned.pivot(index="query_id", columns="manipulation", values=ScoreKind.LOSS.value)[order]
+    logits = pd.DataFrame(logit_of_loss(per_manip.to_numpy(np.float64)), index=per_manip.index.astype(np.int64),
+                          columns=[f"{LOGIT_PREFIX}{m}" for m in order])
+    return out.join(known, on="query_id").join(logits, on="query_id").reset_index(drop=True)
 
 
 def headline_columns(scores: MembershipInput, evidence: Any, verdict: Any,
