@@ -9,6 +9,7 @@ and each is computed once.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -102,9 +103,12 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
         # same limits share a preparation; the member / non-member / context split is the same for all
         model_settings = model.prep_settings(settings)
         keys = []
-        # multi_random trains on a pool of Q + context_size member rows (all of them members), so its
-        # split draws that many members and as many non-members.
-        members = trial.q + sweep.data.context_size if trial.regime == Regime.MULTI_RANDOM else trial.q
+        # multi_random trains on a pool of the Q members together with C' (all of them members), so its
+        # split puts C' in the pool and draws as many non-members, C''s label counts included.
+        pooled = trial.regime == Regime.MULTI_RANDOM
+        if pooled:
+            model_settings = dataclasses.replace(model_settings, context_in_pool=True)
+        members = trial.q
         for name in trial.task.split("+"):
             memo_key = (name, members, trial.label_mode, trial.seed, model_settings)
             if memo_key not in memo:
@@ -124,7 +128,8 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
                 memo[memo_key] = task.fingerprint
                 report = task.split_report
                 pca = f"; {report.pca_reason}" if report.pca_reason else ""
-                log(f"prepared {name} members={members} {trial.label_mode} seed={trial.seed} for "
+                pool = f" + C' ({len(task.context_idx)} rows) in the pool" if pooled else ""
+                log(f"prepared {name} members={members}{pool} {trial.label_mode} seed={trial.seed} for "
                     f"{report.input_contract} inputs: {task.features.shape[0]} rows, {task.n_features} features, "
                     f"{task.n_classes} classes{pca}")
             keys.append(memo[memo_key])

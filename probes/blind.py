@@ -106,6 +106,21 @@ def blind_baseline(context_x: np.ndarray, context_y: np.ndarray, query_x: np.nda
     return BlindBaseline(value, interval.low, interval.high, int(member.sum()), int((~member).sum()))
 
 
+def blind_fit_rows(n_rows: int, member_idx: np.ndarray, nonmember_idx: np.ndarray,
+                   context_idx: np.ndarray) -> np.ndarray:
+    """The rows the blind scorer is fitted on: C', unless C' is part of the audited member pool
+    (multi_random), where a scorer fitted on it would have seen members; then the rows no part of the split
+    uses (C' itself when there are none)."""
+    context = np.asarray(context_idx, dtype=np.int64)
+    members = np.asarray(member_idx, dtype=np.int64)
+    if not np.isin(context, members).any():
+        return context
+    used = np.zeros(int(n_rows), dtype=bool)
+    used[members] = used[np.asarray(nonmember_idx, dtype=np.int64)] = used[context] = True
+    free = np.flatnonzero(~used)
+    return free if len(free) else context
+
+
 def task_blind_baseline(task: Any, member_idx: np.ndarray | None = None,
                         nonmember_idx: np.ndarray | None = None) -> BlindBaseline:
     """The blind baseline of a prepared task's split (or of the given member / non-member positions, e.g.
@@ -113,9 +128,11 @@ def task_blind_baseline(task: Any, member_idx: np.ndarray | None = None,
     m = np.asarray(task.member_idx if member_idx is None else member_idx, dtype=np.int64)
     n = np.asarray(task.nonmember_idx if nonmember_idx is None else nonmember_idx, dtype=np.int64)
     rows = np.concatenate([m, n])
-    features, labels, ctx = np.asarray(task.features), np.asarray(task.labels), np.asarray(task.context_idx)
+    features, labels = np.asarray(task.features), np.asarray(task.labels)
+    fit = blind_fit_rows(len(labels), np.asarray(task.member_idx), np.asarray(task.nonmember_idx),
+                         np.asarray(task.context_idx))
     flags = np.concatenate([np.ones(len(m), dtype=bool), np.zeros(len(n), dtype=bool)])
-    return blind_baseline(features[ctx], labels[ctx], features[rows], labels[rows], flags, task.n_classes)
+    return blind_baseline(features[fit], labels[fit], features[rows], labels[rows], flags, task.n_classes)
 
 
-__all__ = ["BlindBaseline", "blind_losses", "blind_baseline", "task_blind_baseline", "BLIND_RESAMPLES"]
+__all__ = ["BlindBaseline", "blind_losses", "blind_baseline", "blind_fit_rows", "task_blind_baseline", "BLIND_RESAMPLES"]

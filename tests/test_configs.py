@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -186,6 +187,27 @@ def test_torch_threads_per_trial_reaches_the_trainable_and_the_recompute_recipe(
     config = trial_config(prepared.trials[0], prepared)
     assert config["torch_threads"] == 2
     assert jobs_for(config, 1, None, tmp_path / "probes")[0].recipe["torch_threads"] == 2
+
+
+def test_a_multi_random_run_is_prepared_with_c_prime_in_its_member_pool_and_matched_non_members(tmp_path):
+    """Spec: multi_random's training pool is its members together with C'; every pool row is a member and
+    as many non-members are drawn. On a minority-class table the pool then holds C''s uniform rows, not
+    Q + |C'| rows in class proportion (which left the minority class a handful of context rows)."""
+    from orchestrator.config import parse_sweep
+    from orchestrator.prepare import prepare_sweep
+
+    sweep = parse_sweep({"name": "s", "tasks": [{"name": "breast_cancer"}], "grid": {"q": [20],
+                         "regime": ["single_fixed", "multi_random"]}, "data": {"context_size": 60}})
+    prepared = prepare_sweep(sweep, tmp_path / "prepared", log=lambda _m: None)
+    by_run = {t.regime: prepared.tasks[prepared.trial_tasks[t.run_id][0]] for t in prepared.trials}
+    single, pooled = by_run["single_fixed"], by_run["multi_random"]
+    assert len(single.member_idx) == 20 and not set(single.context_idx) & set(single.member_idx)
+    assert len(pooled.member_idx) == len(pooled.nonmember_idx) == 20 + 60
+    assert set(pooled.context_idx) <= set(pooled.member_idx)
+    assert np.bincount(pooled.labels[pooled.context_idx]).tolist() == [30, 30]
+    assert (np.bincount(pooled.labels[pooled.member_idx]) == np.bincount(pooled.labels[pooled.nonmember_idx])).all()
+    # the blind scorer never sees a member: fitted on the rows outside the split, it sits at chance
+    assert pooled.split_report.blind_auc_low <= 0.5 <= pooled.split_report.blind_auc_high
 
 
 # --------------------------------------------------------------------------- the DP-SGD axis (issue #15)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from iclmem.errors import ConfigError
-from trainables.data import TaskSource, prepare_task
+from trainables.data import PrepSettings, TaskSource, prepare_task
 from trainables.finetune import Finetuner, FinetuneSpec, Regime, fixed_batch, load_checkpoint_model, random_batch
 
 
@@ -47,13 +47,19 @@ def test_single_fixed_steps_on_the_fixed_context_and_member_queries(shuffled_tas
 
 
 def test_multi_random_draws_a_fresh_uniform_context_and_q_queries_from_the_member_pool_every_epoch():
-    # Stage I gives multi_random Q + context_size members (here 20 + 60) and as many non-members.
-    pool_task = prepare_task(TaskSource("breast_cancer", "builtin"), seed=0, q=80, context_size=60)
+    # Stage I gives multi_random its Q members together with C' as the pool (here 20 + 60) and as many
+    # non-members, C''s label counts included
+    pool_task = prepare_task(TaskSource("breast_cancer", "builtin"), PrepSettings(context_size=60, context_in_pool=True),
+                             seed=0, q=20)
+    assert set(pool_task.context_idx) <= set(pool_task.member_idx) and len(pool_task.member_idx) == 80
+    assert np.array_equal(np.bincount(pool_task.labels[pool_task.member_idx]),
+                          np.bincount(pool_task.labels[pool_task.nonmember_idx]))
     first, second = random_batch(pool_task, 1, 0, n_queries=20), random_batch(pool_task, 2, 0, n_queries=20)
     assert not torch.equal(first.context_x, second.context_x)
-    # the pool holds 30 rows of the minority class: 29 of each class in the context leaves it one for the queries
-    assert first.query_x.shape[1] == 20 and first.context_x.shape[1] == 58
-    assert np.bincount(first.context_y[0].numpy(), minlength=2).tolist() == [29, 29]
+    # C' is uniform (30 + 30) and the proportional members add both classes: the full 60-row uniform context
+    # is drawn from the pool every epoch (with the members alone it had held 29 of each, the minority's pool)
+    assert first.query_x.shape[1] == 20 and first.context_x.shape[1] == 60
+    assert np.bincount(first.context_y[0].numpy(), minlength=2).tolist() == [30, 30]
     assert set(first.query_y[0].numpy()) == {0, 1}
     members = {tuple(r) for r in np.asarray(pool_task.features)[pool_task.member_idx]}
     for rows in (first.context_x[0], first.query_x[0]):

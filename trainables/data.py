@@ -56,7 +56,8 @@ __all__ = [
 
 # Bumped whenever preparation changes in a way that alters arrays, so stale cache entries are not reused.
 # 2: tasks are prepared per input contract and carry their column description.
-# 3: label-matched non-members under shuffled_members, the blind baseline in the split report and its check.
+# 3: label-matched non-members under shuffled_members, the blind baseline in the split report and its check,
+#    multi_random's member pool with C' in it.
 PREP_FORMAT_VERSION = 3
 
 # Distractor columns the probe suite may append to a context (the default suite's ``distractors_2``):
@@ -150,6 +151,9 @@ class PrepSettings:
     # shuffled_members only: the non-members' labels permuted like the members' (matched, the default) or
     # left true (unmatched, the paper's design: the groups are separable before training)
     label_design: LabelDesign = LabelDesign.MATCHED
+    # multi_random: the member pool is the Q members together with C' (spec: "each task's training pool is
+    # its members together with C'"); as many non-members are drawn, C''s label counts included
+    context_in_pool: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -180,6 +184,7 @@ class PrepSettings:
             (is_count(self.max_redraws, 0), f"max_redraws must be an integer >= 0, got {self.max_redraws!r}"),
             (is_share(self.tvd_max), f"tvd_max must be a number in [0, 1], got {self.tvd_max!r}"),
             (is_share(self.ks_max), f"ks_max must be a number in [0, 1], got {self.ks_max!r}"),
+            (isinstance(self.context_in_pool, bool), f"context_in_pool must be true or false, got {self.context_in_pool!r}"),
         ]
         for ok, message in problems:
             if not ok:
@@ -1014,14 +1019,13 @@ def _draw_split(
     member_alloc: np.ndarray,
     per_class_context: int,
     rng: np.random.Generator,
+    context_in_pool: bool = False,
 ) -> _Split:
     members: list[np.ndarray] = []
     nonmembers: list[np.ndarray] = []
     context: list[np.ndarray] = []
-    for c in range(n_classes):
-        rows = rng.permutation(np.flatnonzero(labels == c))
-        context.append(rows[:per_class_context])
-        pool = rows[per_class_context : per_class_context + 2 * member_alloc[c]]
+
+    def pair_up(pool: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if target_values is not None:
             # Matched pairs: sort the pool by target (random order among ties, from the permutation)
             # and send one row of each adjacent pair to each side. Member and non-member ECDFs then
@@ -1030,8 +1034,24 @@ def _draw_split(
             pool = pool[np.argsort(target_values[pool], kind="stable")]
         pairs = pool.reshape(-1, 2)
         flip = rng.integers(0, 2, size=len(pairs))
-        members.append(pairs[np.arange(len(pairs)), flip])
-        nonmembers.append(pairs[np.arange(len(pairs)), 1 - flip])
+        return pairs[np.arange(len(pairs)), flip], pairs[np.arange(len(pairs)), 1 - flip]
+
+    for c in range(n_classes):
+        rows = rng.permutation(np.flatnonzero(labels == c))
+        if context_in_pool:
+            # C' is part of the member pool: its rows are paired with as many non-member rows of the class
+            # (a fair coin per pair, as for the members), so the pool and the non-members match in labels
+            start = 2 * per_class_context
+            in_pool, out_pool = pair_up(rows[:start])
+            context.append(in_pool)
+            members.append(in_pool)
+            nonmembers.append(out_pool)
+        else:
+            start = per_class_context
+            context.append(rows[:per_class_context])
+        chosen, left = pair_up(rows[start : start + 2 * member_alloc[c]])
+        members.append(chosen)
+        nonmembers.append(left)
     m = np.sort(np.concatenate(members)).astype(np.int64)
     n = np.sort(np.concatenate(nonmembers)).astype(np.int64)
     ctx = np.sort(np.concatenate(context)).astype(np.int64)
@@ -1059,7 +1079,7 @@ def _split_passes(split: _Split, task: TaskKind, settings: PrepSettings) -> bool
 
 def _check_sizes(name: str, table: _Table, labels: np.ndarray, settings: PrepSettings) -> tuple[np.ndarray, int]:
     n_rows, n_classes = len(labels), len(table.class_names)
-    needed = 2 * settings.q + settings.context_size
+    needed = 2 * settings.q + settings.context_size * (2 if settings.context_in_pool else 1)
     if n_rows < needed:
         raise DataError(
             f"task {name!r}: too few rows: 2*q + context_size = 2*{settings.q} + {settings.context_size} = {needed} "
@@ -1076,12 +1096,15 @@ def _check_sizes(name: str, table: _Table, labels: np.ndarray, settings: PrepSet
         )
     counts = np.bincount(labels, minlength=n_classes)
     alloc = _allocate(counts, settings.q)
+    context_rows = 2 * per_class if settings.context_in_pool else per_class
     for c in range(n_classes):
-        need_c = per_class + 2 * int(alloc[c])
+        need_c = context_rows + 2 * int(alloc[c])
         if counts[c] < need_c:
+            context_part = (f"{per_class} for the uniform context and {per_class} non-members matching it"
+                            if settings.context_in_pool else f"{per_class} for the uniform context")
             raise DataError(
                 f"task {name!r}: class {table.class_names[c]!r} has {counts[c]} rows but {need_c} are needed "
-                f"({per_class} for the uniform context + 2*{alloc[c]} for members and non-members); "
+                f"({context_part} + 2*{alloc[c]} for members and non-members); "
                 f"lower q or context_size"
             )
     return alloc, per_class
@@ -1210,7 +1233,8 @@ def prepare_task(
     design = settings.label_design if label_mode is LabelMode.SHUFFLED_MEMBERS else LabelDesign.MATCHED
     check_blind = design is LabelDesign.MATCHED
 
-    from probes.blind import blind_baseline  # the one owner of the blind scorer (pure numpy / scikit-learn)
+    # the one owner of the blind scorer (pure numpy / scikit-learn)
+    from probes.blind import blind_baseline, blind_fit_rows
 
     accepted: tuple[_Split, np.ndarray, np.ndarray | None, Any] | None = None
     best: _Split | None = None
@@ -1218,7 +1242,8 @@ def prepare_task(
     redraws = 0
     for redraws in range(settings.max_redraws + 1):
         draw_seed = seed + redraws
-        candidate = _draw_split(labels, target_values, n_classes, alloc, per_class, _rng(draw_seed, _STREAM_SPLIT))
+        candidate = _draw_split(labels, target_values, n_classes, alloc, per_class, _rng(draw_seed, _STREAM_SPLIT),
+                                settings.context_in_pool)
         if not _split_passes(candidate, table.task, settings):
             if best is None or _distance(candidate) < _distance(best):
                 best = candidate
@@ -1226,8 +1251,8 @@ def prepare_task(
         scored, scored_values = _scored_labels(labels, target_values, candidate, label_mode, design, draw_seed)
         rows = np.concatenate([candidate.members, candidate.nonmembers])
         flags = np.arange(len(rows)) < len(candidate.members)
-        blind = blind_baseline(table.features[candidate.context], scored[candidate.context], table.features[rows],
-                               scored[rows], flags, n_classes)
+        fit = blind_fit_rows(len(labels), candidate.members, candidate.nonmembers, candidate.context)
+        blind = blind_baseline(table.features[fit], scored[fit], table.features[rows], scored[rows], flags, n_classes)
         if check_blind and blind.separable:
             blind_refused.append(blind.auc)
             continue

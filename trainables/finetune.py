@@ -3,9 +3,10 @@
 Regimes (ICLMEM_SPEC.md, "Stage I — controlled fine-tuning"):
 * ``single_fixed``: each epoch is one AdamW step on (context C', the Q member rows as queries).
 * ``multi_fixed``: one model, one such step per task per epoch.
-* ``multi_random``: each task's pool is its member rows (Stage I draws Q + context_size of them, and as
-  many non-members); every epoch draws a fresh uniform-label context of ``context_size`` rows and Q
-  query rows from the pool, so every pool row is a member (spec: "every pool row is a member").
+* ``multi_random``: each task's pool is its member rows, which Stage I makes the Q members together with
+  C' (``PrepSettings.context_in_pool``; as many non-members, C''s label counts included); every epoch
+  draws a fresh uniform-label context of ``context_size`` rows and Q query rows from the pool, so every
+  pool row is a member (spec: "every pool row is a member").
 
 A ``Finetuner`` holds the model, optimizer and RNG; ``save``/``restore`` move all three through a
 checkpoint folder so a resumed run continues bit-exactly.
