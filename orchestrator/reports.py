@@ -992,8 +992,9 @@ THRESHOLD_MEANINGS: dict[str, str] = {
             "selection_aware (the paper's rule and a p-value below family_alpha / K)",
     "strict": "strict mode: memorization also needs the calibrated AUC's 95% interval to lie above memorization_auc",
     "score_kinds": "the score kinds that compete for a checkpoint's maximum signal",
-    "collapse_loss_ratio": "collapse when the loss ratio L_FT / L_base exceeds this",
-    "collapse_output_std": "collapse when the standard deviation of the fine-tuned model's p(true label) is below this",
+    "collapse_loss_ratio": "collapse when the loss ratio L_FT / L_base exceeds this (the smaller of the non-members' "
+                           "true-label ratio and the spec's ratio on the labels as probed)",
+    "collapse_output_std": "collapse when the standard deviation of the fine-tuned model's p(true label) over the non-members is below this",
     "memorization_auc": "memorization needs a calibrated AUC above this",
     "memorization_alpha": "the false-positive rate α at which memorization reads the TPR",
     "memorization_tpr_margin": "memorization needs TPR@α − α of at least this",
@@ -1490,7 +1491,9 @@ def _verdict_rule_html(results: pd.DataFrame, settings: Mapping[str, str] | None
                    "narrow it." if r["fpr_high"] > 0.10 else "") + "</p>")
     return (head + line + "<p class=\"caption\">Null splits: two disjoint sets of rows the run never saw, "
             "labelled member and non-member with the members' label counts, probed on every fine-tuned "
-            "checkpoint. Every memorization verdict on them is a false positive.</p>"
+            "checkpoint (under shuffled_members with label-matched non-members, both sides carry labels permuted "
+            "among the unused rows, as the real split's do). Every memorization verdict on them is a false "
+            "positive; the _non_collapsed levels count only the trials a collapse verdict did not pre-empt.</p>"
             + df_to_html(rates) + "</section>")
 
 

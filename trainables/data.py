@@ -1326,7 +1326,8 @@ def _scored_labels(labels: np.ndarray, target_values: np.ndarray | None, split: 
     uses (the null splits' pool) among those rows, each by an independent stream of ``draw_seed``: a
     uniform random permutation within each group, so before training the two groups are exchangeable, labels
     as scored included, and each keeps its label counts (the TVD / KS check still holds). C' keeps its true
-    labels in both designs. Other modes: the labels unchanged (``shuffled_all`` permuted the whole table
+    labels in both designs, unless it is part of the member pool (multi_random), where it is permuted with
+    the members. Other modes: the labels unchanged (``shuffled_all`` permuted the whole table
     before the split)."""
     scored = labels.copy()
     values_out = None if target_values is None else target_values.copy()
