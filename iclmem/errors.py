@@ -72,6 +72,16 @@ class ProbeError(IclmemError):
     """A probe could not be built or scored."""
 
 
+class TrialsFailed(IclmemError):
+    """Fine-tuning trials ended on an error: the sweep is not complete, whatever else it stored (exit 1;
+    ``run_state.json`` says failed and names the runs). ``causes`` maps each distinct cause (one line) to
+    the run ids it stopped."""
+
+    def __init__(self, message: str, causes: dict[str, list[str]] | None = None) -> None:
+        super().__init__(message)
+        self.causes = dict(causes or {})
+
+
 class SweepInterrupted(IclmemError):
     """The user stopped a sweep (Ctrl-C); every finished result is kept in ``run_dir`` and
     ``iclmem resume run_dir`` continues it (``hint`` replaces that advice where it does not apply)."""

@@ -31,6 +31,8 @@ from iclmem.errors import ConfigError
 from iclmem.vocab import CanaryKind, LabelDesign, LabelMode, Regime, TaskKind, TrialRole, WandbMode
 from trainables.dp import DEFAULT_DP_DELTA, DPAccountant
 
+_FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max, without importing numpy here
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -116,14 +118,20 @@ class GridConfig(_Strict):
         for v in values:
             if not v > 0:
                 raise ValueError(f"learning rates must be > 0, got {v}")
+            # the optimizer holds the rate as a float32: past its range every trial fails on its first step
+            if not v <= _FLOAT32_MAX:
+                raise ValueError(f"learning rate {v} does not fit a float32 (at most {_FLOAT32_MAX:.3g}): every "
+                                 "trial would fail on its first step")
         return values
 
     @field_validator("q")
     @classmethod
     def _positive_q(cls, values: list[int]) -> list[int]:
         for v in values:
-            if v < 1:
-                raise ValueError(f"Q (member rows) must be >= 1, got {v}")
+            if v < 2:
+                # Q = 1 makes every AUC 0 or 1 and its interval a point: no split can pass the blind baseline
+                raise ValueError(f"Q (member rows) must be >= 2, got {v}: a membership AUC compares at least two "
+                                 "members with two non-members")
         return values
 
     @field_validator("dp")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -23,7 +24,7 @@ from typing import Any, Callable, Iterator
 import pandas as pd
 
 from iclmem.atomic import write_json_atomic
-from iclmem.errors import EXIT_INTERRUPTED, ConfigError, SweepInterrupted
+from iclmem.errors import EXIT_INTERRUPTED, ConfigError, SweepInterrupted, TrialsFailed
 from iclmem.raysession import Console, ensure_ray, quiet_console
 from iclmem.runfolder import (
     CONSOLE_LOG_FILE,
@@ -383,6 +384,30 @@ def console_warnings(console: Console) -> Iterator[None]:
         warnings.showwarning = original
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def failure_cause(error: BaseException | str) -> str:
+    """One line for a trial's error: the last ``SomethingError: ...`` line of Ray's wrapped traceback (the
+    trainable's own exception), without terminal colours; else the error's first line."""
+    lines = [_ANSI.sub("", line).strip() for line in str(error).splitlines()]
+    lines = [line for line in lines if line]
+    named = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b.*:", line)]
+    cause = (named[-1] if named else lines[0] if lines else type(error).__name__)
+    return cause[:300]
+
+
+def trial_failures(grid: Any) -> dict[str, list[str]]:
+    """Distinct causes of the trials Tune ended on an error, each with the run ids it stopped (sorted)."""
+    causes: dict[str, list[str]] = {}
+    for result in grid:
+        if getattr(result, "error", None) is None:
+            continue
+        run_id = str(_unwrap(result.config or {}).get("run_id", "?"))
+        causes.setdefault(failure_cause(result.error), []).append(run_id)
+    return {cause: sorted(runs) for cause, runs in causes.items()}
+
+
 def incomplete_runs(prepared: PreparedSweep, progress: Progress) -> list[str]:
     """Run ids whose trial Tune had not seen to the end (status TERMINATED) when the sweep stopped; a
     trial the driver never saw counts as incomplete."""
@@ -446,7 +471,7 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
         try:
             return _drive(prepared, run_dir, address=address, resume=resume, progress=progress, num_cpus=num_cpus,
                           log=log, console=console, interrupts=interrupts)
-        except (KeyboardInterrupt, SweepInterrupted):  # _drive has recorded the state
+        except (KeyboardInterrupt, SweepInterrupted, TrialsFailed):  # _drive has recorded the state
             raise
         except BaseException as exc:
             write_run_state(run_dir, RunStatus.FAILED, note=f"{type(exc).__name__}: {exc}"[:2000])
@@ -502,6 +527,7 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
             write_run_state(run_dir, RunStatus.INTERRUPTED, unfinished,
                             note=f"stopped by Ctrl-C; {len(prog.verdicts)} checkpoint result(s) kept")
             raise SweepInterrupted(str(run_dir))
+        causes = trial_failures(grid)
         # Catch-up: every checkpoint on storage gets a result (already-probed ones return at once).
         for result in grid:
             config = _unwrap(result.config or {})
@@ -524,6 +550,17 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
         from iclmem.errors import ProbeError
 
         where = f" (Ray's and Tune's messages are in {console.log_path})" if console.log_path else ""
+        if causes:
+            failed_runs = sorted({run for runs in causes.values() for run in runs})
+            for cause, runs in causes.items():
+                log(f"[iclmem] {len(runs)} trial(s) failed: {cause} ({', '.join(runs[:5])}"
+                    f"{f', and {len(runs) - 5} more' if len(runs) > 5 else ''})")
+            write_run_state(run_dir, RunStatus.FAILED, failed_runs,
+                            note=f"{len(failed_runs)} trial(s) failed: " + "; ".join(causes)[:1800])
+            raise TrialsFailed(
+                f"{len(failed_runs)} of {len(prepared.trials)} trial(s) failed (causes above){where}; the "
+                f"{len(results)} checkpoint result(s) stored are kept in {run_dir}. Fix what the cause names and "
+                "run again.", causes)
         if pool.failed:
             raise ProbeError(
                 f"{len(pool.failed)} checkpoint(s) could not be probed (first error above); every other result is "

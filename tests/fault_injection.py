@@ -102,3 +102,13 @@ def _driver_saw(result_file: Path, epoch: int) -> bool:
         except (ValueError, AttributeError):  # a line being appended right now
             continue
     return epoch in epochs
+
+
+def failing_at_lr_trainable(config: dict[str, Any], prepared: dict[str, Any] | None = None) -> None:
+    """The real trainable, except that a trial whose learning rate is ``_fail_lr`` (0.01) raises before
+    its first epoch, its message coloured as Ray prints a worker's error: a setting the config accepts
+    that fails every such trial at run time."""
+    trial = config.get("__trial__", config)
+    if float(trial["finetune"]["lr"]) == 0.01:
+        raise RuntimeError("\x1b[36minjected\x1b[39m failure: lr 0.01 cannot be trained")
+    finetune_trainable(config, prepared)

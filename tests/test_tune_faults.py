@@ -231,3 +231,39 @@ def test_a_probe_job_already_in_flight_is_not_submitted_twice(ray_session, tmp_p
     finally:
         pool.shutdown()
     assert len(rows) == 1 and not pool.failed
+
+
+def test_a_sweep_whose_trials_fail_ends_failed_naming_each_cause_and_keeps_the_others_results(ray_session, tmp_path,
+                                                                                              monkeypatch):
+    """A trial that fails at run time is a failure, not a finished sweep: run_sweep raises TrialsFailed (exit
+    1 on the command line) after aggregating what the other trials stored, with one line per distinct cause
+    naming the runs, and run_state.json says failed and lists them (#34)."""
+    import fault_injection
+
+    import trainables.trainable
+    from iclmem.errors import EXIT_FAILURE, TrialsFailed
+    from orchestrator.config import expand_grid, parse_sweep
+    from orchestrator.sweep import run_sweep
+
+    monkeypatch.setattr(trainables.trainable, "finetune_trainable", fault_injection.failing_at_lr_trainable)
+    sweep = parse_sweep({
+        "name": "failing", "tasks": [{"name": "iris"}], "grid": {"lr": [1e-3, 1e-2], "q": [10]},
+        "data": {"context_size": 30}, "training": {"epochs": 2, "checkpoint_epochs": [1, 2]},
+        "probe": {"suite": ["base", "skew_true_x2"], "bootstrap": 10, "null_splits": 0},
+        "resources": {"cpus_per_trial": 0.5, "cpus_per_probe_actor": 0.5}, "wandb": {"mode": "disabled"},
+    })
+    lines: list[str] = []
+    with pytest.raises(TrialsFailed, match=r"1 of 2 trial\(s\) failed") as caught:
+        run_sweep(None, tmp_path / "run", sweep=sweep, progress=False, log=lines.append)
+    failed = [t.run_id for t in expand_grid(sweep) if t.lr == 1e-2]
+    assert caught.value.causes == {"RuntimeError: injected failure: lr 0.01 cannot be trained": failed}
+    assert TrialsFailed.exit_code == EXIT_FAILURE
+    assert any(line.startswith("[iclmem] 1 trial(s) failed: RuntimeError: injected failure") and failed[0] in line
+               for line in lines), lines
+    state = json.loads((tmp_path / "run" / "run_state.json").read_text())
+    assert state["status"] == "failed" and state["incomplete_runs"] == failed
+    import pandas as pd
+
+    results = pd.read_parquet(tmp_path / "run" / "results.parquet")
+    trained = results[results["regime"] == "single_fixed"]
+    assert sorted(trained["epoch"]) == [1, 2] and set(trained["lr"]) == {1e-3}  # the other trial's results stay

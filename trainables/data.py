@@ -180,7 +180,8 @@ class PrepSettings:
                 f"max_features must be None or an integer >= 1, got {self.max_features!r}",
             ),
             (is_count(self.context_size, 1), f"context_size must be an integer >= 1, got {self.context_size!r}"),
-            (is_count(self.q, 1), f"q must be an integer >= 1, got {self.q!r}"),
+            (is_count(self.q, 2), f"q must be an integer >= 2 (a membership AUC compares at least two members with "
+                                  f"two non-members), got {self.q!r}"),
             (is_count(self.max_redraws, 0), f"max_redraws must be an integer >= 0, got {self.max_redraws!r}"),
             (is_share(self.tvd_max), f"tvd_max must be a number in [0, 1], got {self.tvd_max!r}"),
             (is_share(self.ks_max), f"ks_max must be a number in [0, 1], got {self.ks_max!r}"),
