@@ -384,6 +384,24 @@ def console_warnings(console: Console) -> Iterator[None]:
         warnings.showwarning = original
 
 
+def unsatisfiable_resources(resources: Any, available: dict[str, float]) -> list[str]:
+    """What a single Ray node holding ``available`` (``ray.cluster_resources()``) can never give one trial or
+    one probe actor of ``resources`` (the sweep's ``resources`` block), one line each naming the setting."""
+    asks = [("resources.cpus_per_trial", "CPU", resources.cpus_per_trial),
+            ("resources.gpus_per_trial", "GPU", resources.gpus_per_trial),
+            ("resources.cpus_per_probe_actor", "CPU", resources.cpus_per_probe_actor),
+            ("resources.gpus_per_probe_actor", "GPU", resources.gpus_per_probe_actor)]
+    asks += [(f"resources.trial_resources.{k}", k, v) for k, v in resources.trial_resources.items()]
+    asks += [(f"resources.probe_resources.{k}", k, v) for k, v in resources.probe_resources.items()]
+    problems = []
+    for setting, kind, amount in asks:
+        have = float(available.get(kind, 0.0))
+        if amount and amount > have:
+            problems.append(f"{setting}: {amount:g} {kind} asked, the local Ray has {have:g}"
+                            + (" (no GPU found)" if kind == "GPU" and not have else ""))
+    return problems
+
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -500,6 +518,12 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
         note=f"stopped by a second Ctrl-C, clean-up skipped; {len(prog.verdicts)} checkpoint result(s) kept")
     try:
         started = ensure_ray(address, num_cpus=num_cpus)
+        if not address:
+            # one local node: a trial or actor asking for more than it holds would wait forever, silently
+            problems = unsatisfiable_resources(sweep.resources, ray.cluster_resources())
+            if problems:
+                raise ConfigError("the local Ray cannot run this sweep (nothing was started; Stage I's results are "
+                                  "kept):\n  - " + "\n  - ".join(problems))
         pool = start_probe_pools(prepared, run_dir)
         probes_dir = run_dir / PROBES_DIR
         for key, identity in prepared.controls:

@@ -267,3 +267,25 @@ def test_a_sweep_whose_trials_fail_ends_failed_naming_each_cause_and_keeps_the_o
     results = pd.read_parquet(tmp_path / "run" / "results.parquet")
     trained = results[results["regime"] == "single_fixed"]
     assert sorted(trained["epoch"]) == [1, 2] and set(trained["lr"]) == {1e-3}  # the other trial's results stay
+
+
+def test_resources_the_local_ray_cannot_give_are_refused_before_any_trial_instead_of_hanging(ray_session, tmp_path):
+    """A trial or probe actor asking for more than the one local node holds would wait forever with the
+    console at "running 0" (#34): it is refused at once, naming the setting, with Stage I's results kept."""
+    from iclmem.errors import ConfigError
+    from orchestrator.config import parse_sweep
+    from orchestrator.sweep import run_sweep
+
+    base = {"name": "greedy", "tasks": [{"name": "iris"}], "grid": {"q": [10]}, "data": {"context_size": 30},
+            "training": {"epochs": 1, "checkpoint_epochs": [1]}, "wandb": {"mode": "disabled"}}
+    for resources, expected in (({"gpus_per_trial": 1}, r"resources.gpus_per_trial: 1 GPU asked, the local Ray has 0 "
+                                                         r"\(no GPU found\)"),
+                                ({"cpus_per_trial": 1000}, r"resources.cpus_per_trial: 1000 CPU asked, the local Ray has 2"),
+                                ({"gpus_per_probe_actor": 1}, r"resources.gpus_per_probe_actor: 1 GPU")):
+        run_dir = tmp_path / next(iter(resources))
+        with pytest.raises(ConfigError, match=expected):
+            run_sweep(None, run_dir, sweep=parse_sweep({**base, "resources": resources}), progress=False,
+                      log=lambda _m: None)
+        assert json.loads((run_dir / "run_state.json").read_text())["status"] == "failed"
+        assert not (run_dir / "tune").exists() or not any((run_dir / "tune").rglob("checkpoint_*"))
+        assert any((run_dir / "prepared").glob("*.npz"))  # Stage I's work is kept
