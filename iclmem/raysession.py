@@ -4,12 +4,35 @@ the quiet console a driver runs Ray under."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, TextIO
 
 DEFAULT_OBJECT_STORE_BYTES = 512 * 1024 * 1024
+# How long a driver waits for a Ray head's port to accept a connection before calling the address wrong
+# (ray.init itself retries an unreachable head for minutes, printing only to the console log).
+ADDRESS_TIMEOUT_S = 5.0
+_HOST_PORT = re.compile(r"^(?:ray://)?(?P<host>\[[^\]]+\]|[^:/\s]+):(?P<port>\d{1,5})$")
+
+
+def unreachable_address(address: str | None, timeout: float = ADDRESS_TIMEOUT_S) -> str | None:
+    """Why ``address`` (``HOST:PORT`` or ``ray://HOST:PORT``) cannot be a Ray head, or None: nothing accepts a
+    TCP connection on that port within ``timeout`` seconds. Other forms ("auto") are left to Ray, which
+    answers them at once."""
+    import socket
+
+    match = _HOST_PORT.match((address or "").strip())
+    if match is None:
+        return None
+    host, port = match.group("host").strip("[]"), int(match.group("port"))
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or type(exc).__name__)
+        return f"nothing answers on {host}:{port} ({reason} within {timeout:g} s)"
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None,

@@ -460,6 +460,13 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
                address: str | None, resume: bool, progress: bool, num_cpus: int | None,
                log: Callable[[str], None], verbose: bool, interrupts: Interrupts) -> pd.DataFrame:
     run_dir = Path(run_dir).resolve()
+    if address:
+        from iclmem.raysession import unreachable_address
+
+        why = unreachable_address(address)
+        if why:  # before any work: ray.init would retry for minutes, saying so only in the console log
+            raise ConfigError(f"--address {address}: no Ray head there, {why}; start one with `ray start --head` "
+                              "(or give the address `ray status` prints), or drop --address to run on an embedded Ray")
     if resume:
         stored = run_dir / SWEEP_FILE
         if not stored.is_file():

@@ -205,3 +205,44 @@ def test_a_stored_sweep_with_the_default_schedule_and_few_epochs_validates_again
     # An explicit schedule past the end is still refused.
     with pytest.raises(IclmemError, match=r"checkpoint_epochs \[10\] exceed epochs \(5\)"):
         parse_sweep(_merge(BASE, {"training": {"epochs": 5, "checkpoint_epochs": [1, 10]}}), "s.yaml")
+
+
+def _closed_local_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # a port the OS just handed out and nobody listens on once it is closed
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_address_where_no_ray_head_answers_is_refused_in_seconds_before_anything_is_written(tmp_path):
+    """ray.init retries an unreachable head for minutes, saying so only in console.log (#34): the driver
+    checks the port first and refuses with exit 2, naming the address, and writes no run folder."""
+    import os
+    import subprocess
+    import sys
+
+    port = _closed_local_port()
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(Path(__file__).parents[1] / "configs" /
+                           "quickstart.yaml"), "--out", str(out), "--address", f"127.0.0.1:{port}"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "WANDB_MODE": "disabled"})
+    assert proc.returncode == 2, proc.stderr
+    assert f"--address 127.0.0.1:{port}: no Ray head there, nothing answers on 127.0.0.1:{port}" in proc.stderr
+    assert not out.exists()
+
+
+def test_the_address_check_accepts_a_listening_port_and_leaves_other_forms_to_ray():
+    import socket
+
+    from iclmem.raysession import unreachable_address
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        assert unreachable_address(f"127.0.0.1:{port}") is None
+        assert unreachable_address(f"ray://127.0.0.1:{port}") is None
+    assert unreachable_address("auto") is None and unreachable_address(None) is None
+    assert "nothing answers on 127.0.0.1" in unreachable_address(f"127.0.0.1:{_closed_local_port()}", timeout=2)
