@@ -460,13 +460,6 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
                address: str | None, resume: bool, progress: bool, num_cpus: int | None,
                log: Callable[[str], None], verbose: bool, interrupts: Interrupts) -> pd.DataFrame:
     run_dir = Path(run_dir).resolve()
-    if address:
-        from iclmem.raysession import unreachable_address
-
-        why = unreachable_address(address)
-        if why:  # before any work: ray.init would retry for minutes, saying so only in the console log
-            raise ConfigError(f"--address {address}: no Ray head there, {why}; start one with `ray start --head` "
-                              "(or give the address `ray status` prints), or drop --address to run on an embedded Ray")
     if resume:
         stored = run_dir / SWEEP_FILE
         if not stored.is_file():
@@ -524,6 +517,14 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
         run_dir, RunStatus.INTERRUPTED, incomplete_runs(prepared, prog),
         note=f"stopped by a second Ctrl-C, clean-up skipped; {len(prog.verdicts)} checkpoint result(s) kept")
     try:
+        if address:
+            from iclmem.raysession import unreachable_address
+
+            why = unreachable_address(address)
+            if why:  # after the config and the tables were checked, before Ray: ray.init would retry for minutes
+                raise ConfigError(f"--address {address}: no Ray head there, {why}; start one with `ray start --head` "
+                                  "(or give the address `ray status` prints), or drop --address to run on an "
+                                  "embedded Ray")
         started = ensure_ray(address, num_cpus=num_cpus)
         if not address:
             # one local node: a trial or actor asking for more than it holds would wait forever, silently

@@ -215,9 +215,10 @@ def _closed_local_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_an_address_where_no_ray_head_answers_is_refused_in_seconds_before_anything_is_written(tmp_path):
-    """ray.init retries an unreachable head for minutes, saying so only in console.log (#34): the driver
-    checks the port first and refuses with exit 2, naming the address, and writes no run folder."""
+def test_an_address_where_no_ray_head_answers_is_refused_in_seconds_before_any_ray_work(tmp_path):
+    """ray.init retries an unreachable head for minutes, saying so only in console.log (#34): once the config
+    and the tables are checked, the driver checks the port and refuses with exit 2, naming the address,
+    before any Ray work; the run folder says failed, with no trial in it."""
     import os
     import subprocess
     import sys
@@ -230,7 +231,10 @@ def test_an_address_where_no_ray_head_answers_is_refused_in_seconds_before_anyth
                           env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "WANDB_MODE": "disabled"})
     assert proc.returncode == 2, proc.stderr
     assert f"--address 127.0.0.1:{port}: no Ray head there, nothing answers on 127.0.0.1:{port}" in proc.stderr
-    assert not out.exists()
+    import json
+
+    assert json.loads((out / "run_state.json").read_text())["status"] == "failed"
+    assert not (out / "tune").exists()
 
 
 def test_the_address_check_accepts_a_listening_port_and_leaves_other_forms_to_ray():
