@@ -45,7 +45,7 @@ LM_ASSETS_DIR = "lm_assets"  # the built-in synthetic model and dataset, built o
 __all__ = [
     "FIGURES_DIR", "MANIPULATION_AUC_FILE", "PREPARED_DIR", "PROBES_DIR", "PROVENANCE_FILE", "REFERENCE_DIR",
     "REFERENCE_RESULTS_FILE", "REPORT_FILE", "RESULTS_FILE", "ROC_DIR", "SPLIT_REPORT_FILE", "SWEEP_FILE", "TUNE_DIR", "VERDICT_FILE",
-    "WANDB_DIR", "folder_kind", "roc_path", "GROUND_TRUTH_FILE", "CONSOLE_LOG_FILE", "RUN_STATE_FILE", "RunStatus",
+    "WANDB_DIR", "folder_kind", "roc_path", "unwritable", "GROUND_TRUTH_FILE", "CONSOLE_LOG_FILE", "RUN_STATE_FILE", "RunStatus",
     "read_run_state", "write_run_state", "QUERIES_SUFFIX", "probe_stem",
     "LM_ASSETS_DIR", "LM_EXPOSURE_DIR", "LM_REPORT_FILE", "LM_RESULTS_FILE", "LM_SWEEP_FILE", "LM_UNITS_DIR",
 ]
@@ -53,7 +53,8 @@ __all__ = [
 
 def folder_kind(path: str | Path) -> str:
     """What ``path`` is: "missing", "empty", "tabular" (an iclmem sweep: ``sweep.json``), "lm" (an iclmem
-    language-model run, by its provenance record), or "foreign" (anything else: someone's files)."""
+    language-model run, by its provenance record), "audit" (an ``iclmem probe`` folder, likewise), or
+    "foreign" (anything else: someone's files)."""
     from iclmem.errors import DataError
     from iclmem.provenance import Provenance
 
@@ -70,7 +71,27 @@ def folder_kind(path: str | Path) -> str:
         record = Provenance.read(folder)  # the provenance record's one reader
     except DataError:  # a provenance.json that is not iclmem's
         return "foreign"
-    return "lm" if record is not None and record.kind == "lm" else "foreign"
+    return record.kind if record is not None and record.kind in ("lm", "audit") else "foreign"
+
+
+def unwritable(folder: str | Path) -> str | None:
+    """Why iclmem could not write in ``folder`` (or create it), or None: checked before any work, so a
+    read-only mount or a file in the way is one line of bad input, not a traceback after Stage I."""
+    import os
+    import tempfile
+
+    target = Path(folder).expanduser().absolute()
+    while not target.exists() and target != target.parent:
+        target = target.parent
+    if not target.is_dir():
+        return f"{target} is a file, not a folder"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".iclmem-write-check-", dir=target)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"{target} is not writable ({exc.strerror or exc})"
+    return None
 
 
 def roc_path(run_dir: str | Path, run_id: str, epoch: int) -> Path:

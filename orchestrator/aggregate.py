@@ -83,10 +83,30 @@ def split_report_table(prepared: Any) -> pd.DataFrame:
 
 
 def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], None] = print,
-              wandb_mode: str | None = None) -> pd.DataFrame:
+              wandb_mode: str | None = None, replace_fewer: bool = True) -> pd.DataFrame:
+    """Rebuild ``RUN_DIR/results.parquet`` (and the tables and report beside it) from the stored probe results.
+
+    ``replace_fewer=False`` (``iclmem report`` without ``--force``) refuses, writing nothing, when the probe
+    results cover fewer checkpoints than the results table already holds: a missing or pruned ``probes/``
+    folder must not turn a table of results into an emptier one."""
     run_dir = Path(run_dir)
     results, manipulation_auc, rocs, queries = collect(run_dir, keep_queries=_references_per_run(run_dir) > 0)
     results, references = split_references(results)
+    if not replace_fewer and (run_dir / RESULTS_FILE).is_file():
+        import pyarrow.parquet as pq
+
+        try:
+            stored_rows = pq.ParquetFile(run_dir / RESULTS_FILE).metadata.num_rows
+        except Exception:  # noqa: BLE001 - an unreadable table holds nothing worth keeping
+            stored_rows = 0
+        if len(results) < stored_rows:
+            from iclmem.errors import DataError
+
+            raise DataError(
+                f"{run_dir / PROBES_DIR} holds results for {len(results)} checkpoint(s), but {run_dir / RESULTS_FILE} "
+                f"has {stored_rows} row(s): rebuilding would drop {stored_rows - len(results)} (is {PROBES_DIR}/ "
+                "missing or pruned?). Nothing was rewritten; `iclmem resume` probes missing checkpoints again, "
+                "and `iclmem report --force` rebuilds from what is stored")
     if not references.empty:  # reference models are not audit targets: their rows live in a file of their own
         reference_ids = set(references["run_id"])
         rocs = {key: roc for key, roc in rocs.items() if key[0] not in reference_ids}

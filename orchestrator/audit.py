@@ -26,6 +26,7 @@ import numpy as np
 
 from iclmem.atomic import json_safe, write_json_atomic
 from iclmem.errors import CheckpointError, ConfigError, DataError
+from iclmem.provenance import Provenance
 from iclmem.runfolder import GROUND_TRUTH_FILE, PREPARED_DIR, PROBES_DIR, REFERENCE_DIR, VERDICT_FILE
 from iclmem.vocab import LabelDesign, LabelMode
 
@@ -51,6 +52,9 @@ def parse_task(spec: str) -> Any:
     from trainables.data import TaskSource
 
     if ":" not in spec:
+        if spec.endswith((".csv", ".parquet")):
+            raise ConfigError(f"--task {spec}: a table needs its target column after a colon: --task {spec}:TARGET "
+                              "(a CARTE folder is DIR:NAME)")
         return TaskSource(spec, "builtin")
     left, right = spec.rsplit(":", 1)
     if left.endswith((".csv", ".parquet")):
@@ -346,7 +350,16 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
     source = parse_task(task) if task else None
     if record is not None and record.truth is not None:
         if source is None:
+            from trainables.data import BUILTIN_TASKS
+
+            if record.task not in BUILTIN_TASKS:  # a table's path is not in the checkpoint's record
+                raise ConfigError(f"{path} was fine-tuned on task {record.task!r}, read from a table whose path the "
+                                  f"checkpoint does not record: give that table with --task FILE.csv:TARGET (or "
+                                  f"--task CARTE_DIR:{record.task}); its rows and classes are checked against "
+                                  f"{truth_file}")
             source = parse_task(record.task or "")
+        elif source.kind == "table" and source.name != record.task:
+            source = dataclasses.replace(source, name=str(record.task))  # a file's name need not be the task's
         elif source.name != record.task:
             raise ConfigError(f"--task {task} conflicts with the checkpoint: {truth_file} records task {record.task}")
     if source is None:
@@ -356,7 +369,8 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
              f"auditing q={q}, label mode {label_mode}, seed {seed}, context size "
              f"{context_size or DEFAULTS['context_size']} from the flags or their defaults")
 
-    out_dir = Path(out) if out else Path("runs") / f"audit-{source.name}"
+    # the default folder is the checkpoint's own: a second checkpoint of the same task gets another one
+    out_dir = Path(out) if out else Path("runs") / f"audit-{source.name}-{audit_hash(path)[:8]}"
     if record is not None and record.truth is not None:
         n_classes = len(record.truth["class_names"])
         per_class = record.context_per_class or 0
@@ -370,6 +384,13 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
         base = _build_weights(model_name, options, Path(base_weights), "base")
     else:
         base = build_model(model_name, **options)
+    model = _build_weights(model_name, options, path, "fine-tuned")  # weights of another model: refused here
+    # flags and models are settled: claimed before any work, so that an audit stopped half-way can run again
+    claim_audit_folder(out_dir, path, "--out" if out else "the default audit folder")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    audit_provenance(path, {"checkpoint": str(path.resolve()), "task": task, "base_model": base_model,
+                            "base_weights": base_weights, "q": q, "label_mode": label_mode, "seed": seed,
+                            "members": members}, seed).write(out_dir)
     # Stage I under the base model's input contract (ConTextTab reads the real columns, TabICL and TabPFN
     # unreduced numbers), as a sweep prepares the task for that model
     # a log written before label-matched non-members existed records no design: those runs used the paper's
@@ -390,7 +411,6 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
     elif record is not None and record.truth is not None:
         prepared = with_recorded_split(prepared, record.truth, truth_file)
 
-    model = _build_weights(model_name, options, path, "fine-tuned")
     plan = ProbePlan.build(ProbeQueries.from_task(prepared), default_suite(), seed,
                            compress_rows=base.supports_context_weights)
     settings = ProbeSettings(n_resamples=bootstrap, thresholds=OutcomeThresholds())
@@ -408,7 +428,59 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
                               identity, epoch=-1, canaries=canaries)
     result.save(out_dir / PROBES_DIR, path.name)
     write_json_atomic(out_dir / VERDICT_FILE, strict_json(result.row))
+    audit_provenance(path, {"checkpoint": str(path.resolve()), "task": task or record_task_spec(source),
+                            "base_model": model_name, "base_options": options, "base_weights": base_weights, "q": q,
+                            "label_mode": label_mode, "seed": seed, "bootstrap": bootstrap,
+                            "context_size": context_size, "members": members}, seed).write(out_dir)
     return dict(result.row)
+
+
+def audit_provenance(checkpoint: Path, config: dict[str, Any], seed: int | None) -> Provenance:
+    """The audit folder's provenance record (kind "audit"): the settings the audit ran with, as resolved."""
+    return Provenance.collect(kind="audit", sweep_name=f"audit-{checkpoint.name}", config=config,
+                              config_hash=audit_hash(checkpoint), seeds=[] if seed is None else [int(seed)])
+
+
+def record_task_spec(source: Any) -> str:
+    """The ``--task`` form of a task source (what ``parse_task`` reads back)."""
+    if source.kind == "table":
+        return f"{source.path}:{source.target}"
+    if source.kind == "carte":
+        return f"{source.path}:{source.name}"
+    return str(source.name)
+
+
+def audit_hash(checkpoint: Path) -> str:
+    """An audit folder's identity: the checkpoint it audits (its resolved path). A folder is reused for a
+    new audit of the same checkpoint only."""
+    return hashlib.sha256(str(checkpoint.resolve()).encode()).hexdigest()[:16]
+
+
+def claim_audit_folder(out_dir: Path, checkpoint: Path, flag: str) -> None:
+    """``iclmem probe`` writes into a new or empty folder, or the audit folder of the same checkpoint; never
+    among someone else's files, over another checkpoint's verdict, or into a sweep's run folder.
+    :class:`ConfigError` (nothing written) otherwise."""
+    from iclmem.runfolder import folder_kind, unwritable
+
+    found = folder_kind(out_dir)
+    where = f"{flag} {out_dir}"
+    if found == "audit":
+        record = Provenance.read(out_dir)
+        if record is not None and record.config_hash == audit_hash(checkpoint):
+            found = "empty"  # the same checkpoint's audit: a new verdict replaces the old one
+        else:
+            audited = record.config.get("checkpoint", "?") if record is not None else "?"
+            raise ConfigError(f"{where} holds the audit of another checkpoint ({audited}); give --out a new folder")
+    if found in ("tabular", "lm"):
+        raise ConfigError(f"{where} is an iclmem run folder; `iclmem probe` writes its audit into a folder of its "
+                          "own: give --out a new folder")
+    if found == "foreign":
+        what = "a file" if out_dir.exists() and not out_dir.is_dir() else "not empty and not an iclmem audit folder"
+        raise ConfigError(f"{where} is {what}: iclmem writes nothing among other files; give --out a new or empty "
+                          "folder")
+    problem = unwritable(out_dir)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
 
 
 def strict_json(row: dict[str, Any]) -> Any:

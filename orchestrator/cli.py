@@ -112,24 +112,28 @@ def cmd_lm(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from iclmem.runfolder import folder_kind
+    from iclmem.runfolder import folder_kind, unwritable
     from orchestrator.aggregate import aggregate
+    from orchestrator.config import read_stored_sweep
 
     run_dir = Path(args.run_dir)
     if folder_kind(run_dir) != "tabular":  # never write tables and a report into someone else's folder
         raise ConfigError(f"{run_dir} is not an iclmem sweep folder (it holds no sweep.json); `iclmem report` "
                           "rebuilds the results of a folder `iclmem run` wrote")
-    results = aggregate(run_dir, wandb_mode=args.wandb)
+    sweep = read_stored_sweep(run_dir)  # a damaged sweep.json is named before anything is rewritten
+    problem = unwritable(run_dir)
+    if problem:
+        raise ConfigError(f"{run_dir}: {problem}; `iclmem report` rewrites the tables and the report there")
+    results = aggregate(run_dir, wandb_mode=args.wandb, replace_fewer=args.force)
     if args.wandb_report:
         from orchestrator.wandb_logger import build_wandb_report, resolve_wandb_mode
 
         if resolve_wandb_mode(args.wandb or "online") != "online":
             raise ConfigError("--wandb-report publishes to W&B: pass --wandb online and export WANDB_API_KEY")
-        sweep = json.loads((run_dir / "sweep.json").read_text())
-        entity = sweep["wandb"].get("entity") or os.environ.get("WANDB_ENTITY")
+        entity = sweep.wandb.entity or os.environ.get("WANDB_ENTITY")
         if not entity:
             raise ConfigError("--wandb-report needs a W&B entity: set wandb.entity in the sweep or WANDB_ENTITY")
-        report = build_wandb_report(entity, sweep["wandb"]["project"], sweep["name"], results, run_dir=run_dir,
+        report = build_wandb_report(entity, sweep.wandb.project, sweep.name, results, run_dir=run_dir,
                                     publish=True)
         print(f"[iclmem] W&B report: {getattr(report, 'url', '')}")
     return 0
@@ -288,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--wandb", choices=wandb_modes, default=None,
                      help="W&B mode of the summary run (default: the sweep's)")
     rep.add_argument("--wandb-report", action="store_true", help="also publish a W&B Report (online mode, key in env)")
+    rep.add_argument("--force", action="store_true",
+                     help="rebuild even when the stored probe results cover fewer checkpoints than the results "
+                          "table already holds (which is otherwise refused, leaving the table as it is)")
     rep.set_defaults(func=cmd_report)
 
     m = parser(sub, "models", help="registered model adapters and whether their extras are installed")
@@ -321,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="file of member row ids, one per line, for a model fine-tuned elsewhere (default: "
                          "the members the checkpoint records, else iclmem's own split); ROW_ID,LABEL gives the "
                          "label each was trained with, which a shuffled --label-mode requires")
-    pr.add_argument("--out", default=None, help="audit folder (default: ./runs/audit-<task>)")
+    pr.add_argument("--out", default=None, help="audit folder: new, empty, or an earlier audit of the same checkpoint (default: "
+                    "./runs/audit-<task>-<checkpoint id>)")
     pr.set_defaults(func=cmd_probe)
 
     e = parser(sub, "estimate", help="the grid's work, unit costs measured on this device, and the predicted "

@@ -27,11 +27,14 @@ from pydantic import (
     model_validator,
 )
 
-from iclmem.errors import ConfigError
+from iclmem.errors import ConfigError, DataError
 from iclmem.vocab import CanaryKind, LabelDesign, LabelMode, Regime, TaskKind, TrialRole, WandbMode
 from trainables.dp import DEFAULT_DP_DELTA, DPAccountant
 
 _FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max, without importing numpy here
+# numpy's legacy RandomState and scikit-learn's random_state take seeds in [0, 2**32): a larger one fails
+# inside Stage I or a trial, so the schema refuses it
+SEED_MAX = 2**32 - 1
 
 
 class _Strict(BaseModel):
@@ -132,6 +135,15 @@ class GridConfig(_Strict):
                 # Q = 1 makes every AUC 0 or 1 and its interval a point: no split can pass the blind baseline
                 raise ValueError(f"Q (member rows) must be >= 2, got {v}: a membership AUC compares at least two "
                                  "members with two non-members")
+        return values
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_in_range(cls, values: list[int]) -> list[int]:
+        for v in values:
+            if not 0 <= v <= SEED_MAX:
+                raise ValueError(f"seeds must be integers in [0, {SEED_MAX}] (what numpy and scikit-learn accept), "
+                                 f"got {v}")
         return values
 
     @field_validator("dp")
@@ -349,6 +361,20 @@ class SweepConfig(_Strict):
     storage_path: str | None = None
     max_failures: int = Field(2, ge=0)
 
+    @field_validator("storage_path")
+    @classmethod
+    def _storage_is_a_folder(cls, value: str | None) -> str | None:
+        if value is None or "://" in value:  # a bucket is reached at launch (orchestrator.sweep.check_storage)
+            return value
+        path = Path(value).expanduser()
+        for part in (path, *path.parents):
+            if part.exists():
+                if not part.is_dir():
+                    raise ValueError(f"{str(part)!r} is a file, not a folder: Tune keeps checkpoints under "
+                                     "storage_path, so it must be a folder (or s3://..., gs://...)")
+                break
+        return value
+
     @field_validator("tasks")
     @classmethod
     def _unique_tasks(cls, tasks: list[TaskConfig]) -> list[TaskConfig]:
@@ -421,7 +447,15 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if path.resolve() in seen:
         raise ConfigError(f"{path}: include cycle through {[str(p) for p in seen]}")
     try:
-        data = yaml.load(path.read_text(), Loader=UniqueKeyLoader) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line}); save the "
+                          "sweep file as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        data = yaml.load(text, Loader=UniqueKeyLoader) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
@@ -469,6 +503,29 @@ def read_config(model: type[ConfigT], path: str | Path) -> ConfigT:
 
 def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepConfig:
     return validate_config(SweepConfig, data, source)
+
+
+def read_stored_sweep(run_dir: str | Path) -> SweepConfig:
+    """The validated sweep a run folder records (``sweep.json``, written by ``orchestrator.sweep.record_sweep``):
+    the one reader ``resume``, ``report`` and ``run``'s folder claim share. :class:`DataError` names the file
+    when it is missing, not JSON, or not a sweep this iclmem accepts."""
+    from iclmem.runfolder import SWEEP_FILE
+
+    path = Path(run_dir) / SWEEP_FILE
+    if not path.is_file():
+        raise DataError(f"{Path(run_dir)} holds no {SWEEP_FILE}: not an iclmem run folder")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: damaged, not the JSON iclmem wrote ({exc}); restore it from a copy, or start the "
+                        "sweep again in a new folder") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: damaged, not the sweep record iclmem wrote (a JSON {type(data).__name__})")
+    try:
+        return parse_sweep(data, str(path))
+    except ConfigError as exc:
+        raise DataError(f"{exc}\n({path} is not a sweep this iclmem version accepts: edited by hand, or written by "
+                        "another version)") from None
 
 
 def load_sweep(path: str | Path) -> SweepConfig:

@@ -121,7 +121,14 @@ def _stored_config(run_dir: Path) -> LMSweepConfig:
         if record is not None and record.kind != "lm":
             raise ConfigError(f"{run_dir} is a {record.kind} run folder: resume it with `iclmem resume {run_dir}`")
         raise ConfigError(f"{run_dir} holds no {LM_SWEEP_FILE}: not an iclmem LM run folder")
-    return parse_lm_sweep(json.loads(stored.read_text()), str(stored))
+    try:
+        data = json.loads(stored.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{stored}: damaged, not the JSON iclmem wrote ({exc}); restore it from a copy, or run the "
+                        "LM sweep again in a new folder") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{stored}: damaged, not the LM sweep record iclmem wrote (a JSON {type(data).__name__})")
+    return parse_lm_sweep(data, str(stored))
 
 
 # ------------------------------------------------------------------------------------------- units
@@ -371,6 +378,7 @@ def _run_lm_sweep(config_path: str | Path | None, run_dir: str | Path, *, config
     import warnings
     from contextlib import nullcontext
 
+    from iclmem.runfolder import unwritable
     from orchestrator.sweep import claim_run_folder, console_warnings
 
     run_dir = Path(run_dir).resolve()
@@ -378,6 +386,10 @@ def _run_lm_sweep(config_path: str | Path | None, run_dir: str | Path, *, config
         cfg = _stored_config(run_dir)
     else:
         cfg = config or load_lm_sweep(config_path)
+    problem = unwritable(run_dir)
+    if problem:
+        raise ConfigError(f"{'run folder' if resume else '--out'} {run_dir}: {problem}; nothing was started")
+    if not resume:
         claim_run_folder(run_dir, kind="lm", config_hash=cfg.config_hash())  # before anything is written
     # Python warnings of the inputs' loading are held until the run folder (and its console log) exists.
     with warnings.catch_warnings(record=True) as early_warnings:

@@ -24,21 +24,23 @@ from typing import Any, Callable, Iterator
 import pandas as pd
 
 from iclmem.atomic import write_json_atomic
-from iclmem.errors import EXIT_INTERRUPTED, ConfigError, SweepInterrupted, TrialsFailed
+from iclmem.errors import EXIT_INTERRUPTED, ConfigError, DataError, SweepInterrupted, TrialsFailed
 from iclmem.raysession import Console, ensure_ray, quiet_console
 from iclmem.runfolder import (
     CONSOLE_LOG_FILE,
     PREPARED_DIR,
     PROBES_DIR,
+    PROVENANCE_FILE,
     REFERENCE_DIR,
     SWEEP_FILE,
     TUNE_DIR,
     RunStatus,
     folder_kind,
     probe_stem,
+    unwritable,
     write_run_state,
 )
-from orchestrator.config import SweepConfig, config_hash_of, load_sweep, parse_sweep
+from orchestrator.config import SweepConfig, load_sweep, read_stored_sweep
 from orchestrator.prepare import EXPERIMENT_NAME, PreparedSweep, prepare_sweep, provenance, trial_config
 from orchestrator.wandb_logger import WANDB_FINISH_TIMEOUT_S
 
@@ -61,6 +63,36 @@ def check_storage(storage_path: str) -> None:
             "on every node (export ICLMEM_STORAGE=<shared root> as cluster.yaml does, or ICLMEM_SHARED_STORAGE=1 to "
             "confirm that storage_path is a shared mount)."
         )
+
+
+STORAGE_CHECK_TIMEOUT_S = 30.0  # a bucket that does not answer a listing in this time is refused
+
+
+def unreachable_storage(storage_path: str, timeout_s: float = STORAGE_CHECK_TIMEOUT_S) -> str | None:
+    """Why Tune could not keep checkpoints at ``storage_path``, or None: a local folder must be creatable and
+    writable; a bucket (``s3://``, ``gs://`` ...) must answer a listing within ``timeout_s`` seconds. Checked
+    before Ray starts: otherwise the first trial fails with a traceback (or the filesystem retries for
+    minutes) after Stage I."""
+    if "://" not in storage_path or storage_path.startswith("file://"):
+        return unwritable(storage_path.removeprefix("file://"))
+    outcome: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            import pyarrow.fs
+
+            filesystem, path = pyarrow.fs.FileSystem.from_uri(storage_path)
+            filesystem.get_file_info(path)
+            outcome.append(None)
+        except Exception as exc:  # noqa: BLE001 - any failure to reach the bucket is the answer
+            outcome.append(str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__)
+
+    worker = threading.Thread(target=probe, name="iclmem-storage-check", daemon=True)  # a hung client is left behind
+    worker.start()
+    worker.join(timeout_s)
+    if not outcome:
+        return f"no answer within {timeout_s:g} s (network, credentials or the bucket's name)"
+    return outcome[0]
 
 
 # ------------------------------------------------------------------------------------------- progress
@@ -461,16 +493,21 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
                log: Callable[[str], None], verbose: bool, interrupts: Interrupts) -> pd.DataFrame:
     run_dir = Path(run_dir).resolve()
     if resume:
-        stored = run_dir / SWEEP_FILE
-        if not stored.is_file():
-            if folder_kind(run_dir) == "lm":
-                raise ConfigError(f"{run_dir} is a language-model probe run: continue it with `iclmem lm resume {run_dir}`")
-            raise ConfigError(f"{run_dir} holds no {SWEEP_FILE}: not an iclmem run folder")
-        sweep = parse_sweep(json.loads(stored.read_text()), str(stored))
+        if not (run_dir / SWEEP_FILE).is_file() and folder_kind(run_dir) == "lm":
+            raise ConfigError(f"{run_dir} is a language-model probe run: continue it with `iclmem lm resume {run_dir}`")
+        sweep = read_stored_sweep(run_dir)
+        check_results_match(run_dir, sweep)
     elif sweep is None:
         sweep = load_sweep(config_path)
-    if not resume:
-        claim_run_folder(run_dir, sweep)
+    problem = unwritable(run_dir)
+    if problem:
+        raise ConfigError(f"{'run folder' if resume else '--out'} {run_dir}: {problem}; nothing was started")
+    if not resume and claim_run_folder(run_dir, sweep):
+        # the same config's folder: continue it as `iclmem resume` would, never re-train a finished trial
+        check_results_match(run_dir, sweep)
+        log(f"[iclmem] {run_dir} holds this sweep already: continuing it (finished trials are kept, as `iclmem "
+            "resume` does)")
+        resume = True
     source = str(config_path) if config_path else str(run_dir / SWEEP_FILE) if resume else f"sweep {sweep.name!r}"
     # Python warnings of Stage I are held until the run folder (and its console log) exists.
     with warnings.catch_warnings(record=True) as early_warnings:
@@ -525,6 +562,11 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
                 raise ConfigError(f"--address {address}: no Ray head there, {why}; start one with `ray start --head` "
                                   "(or give the address `ray status` prints), or drop --address to run on an "
                                   "embedded Ray")
+        storage = storage_for(sweep, run_dir)
+        why = unreachable_storage(storage)
+        if why:  # before Ray and before any trial: Tune would fail on its first checkpoint
+            raise ConfigError(f"storage_path {storage}: cannot keep checkpoints there: {why}; fix storage_path in "
+                              "the sweep (or the credentials of its bucket). Stage I's results are kept")
         started = ensure_ray(address, num_cpus=num_cpus)
         if not address:
             # one local node: a trial or actor asking for more than it holds would wait forever, silently
@@ -619,17 +661,36 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
             ray.shutdown()
 
 
+def check_results_match(run_dir: Path, sweep: SweepConfig) -> None:
+    """The stored results of ``run_dir`` were made by ``sweep``: its provenance record (written with the
+    first results) names the same config hash. A ``sweep.json`` edited after the run started would
+    otherwise mix rows of two configs under one folder; :class:`ConfigError` names both hashes."""
+    from iclmem.provenance import Provenance
+
+    try:
+        record = Provenance.read(run_dir)
+    except DataError as exc:
+        raise DataError(f"{exc}; the folder's results cannot be attributed to a config") from None
+    if record is not None and record.config_hash != sweep.config_hash():
+        raise ConfigError(
+            f"{run_dir / SWEEP_FILE} (config hash {sweep.config_hash()}) no longer matches the config its results "
+            f"were made with ({PROVENANCE_FILE}: hash {record.config_hash}, sweep {record.sweep_name!r}): was "
+            "sweep.json edited? Resuming would mix results of two configs. Run the edited sweep in a new folder "
+            f"(`iclmem run SWEEP --out NEW`), or restore {SWEEP_FILE} to resume this one; nothing was changed")
+
+
 def claim_run_folder(run_dir: Path, sweep: SweepConfig | None = None, *, kind: str = "tabular",
-                     config_hash: str | None = None) -> None:
+                     config_hash: str | None = None) -> bool:
     """A new sweep writes into a new or empty folder, or continues a run of the same config; never into
     someone else's files or over another sweep's results (which would be attributed to this config).
 
     ``kind`` is the run this driver writes (what :func:`iclmem.runfolder.folder_kind` calls it): "tabular"
     (``iclmem run``, of ``sweep``) or "lm" (``iclmem lm run``, of the LM sweep whose hash is ``config_hash``).
-    Raises :class:`ConfigError` (nothing written) for any other folder."""
+    Returns True when the folder holds a run of the same config (to be continued), False for a new or empty
+    one; raises :class:`ConfigError` (nothing written) for any other folder."""
     found = folder_kind(run_dir)
     if found in ("missing", "empty"):
-        return
+        return False
     if config_hash is None:
         if sweep is None:
             raise TypeError("claim_run_folder needs the sweep or its config_hash")
@@ -640,7 +701,7 @@ def claim_run_folder(run_dir: Path, sweep: SweepConfig | None = None, *, kind: s
 
             record = Provenance.read(run_dir)  # an "lm" folder has one
             if record is not None and record.config_hash == config_hash:
-                return
+                return True
             name, stored_hash = (record.sweep_name, record.config_hash) if record is not None else ("?", "?")
             raise ConfigError(
                 f"{run_dir} holds a language-model probe run of another config ({name!r}, hash {stored_hash}; "
@@ -650,11 +711,11 @@ def claim_run_folder(run_dir: Path, sweep: SweepConfig | None = None, *, kind: s
             raise ConfigError(f"{run_dir} holds a tabular sweep (`iclmem run`); give --out a new folder")
     else:
         if found == "tabular":
-            stored = json.loads((run_dir / SWEEP_FILE).read_text())
-            if config_hash_of(stored) == config_hash:
-                return
+            stored = read_stored_sweep(run_dir)
+            if stored.config_hash() == config_hash:
+                return True
             raise ConfigError(
-                f"{run_dir} holds a sweep of another config ({stored.get('name')!r}, hash {config_hash_of(stored)}; "
+                f"{run_dir} holds a sweep of another config ({stored.name!r}, hash {stored.config_hash()}; "
                 f"this one is {config_hash}): continue that one with `iclmem resume {run_dir}`, or give "
                 "--out a new folder")
         if found == "lm":

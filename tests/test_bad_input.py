@@ -49,6 +49,7 @@ def _tables(root: Path) -> dict[str, Path]:
         "text_target": good.assign(label=[f"v{i % 7}x" for i in range(n)]),
         "leak": good.assign(label_copy=good["label"]),
         "all_nan": good.assign(empty=np.nan),
+        "nan_target": good.assign(label=np.nan),
     }.items():
         paths[name] = root / f"{name}.csv"
         frame.to_csv(paths[name], index=False)
@@ -99,6 +100,9 @@ CASES = [
     ("too-many-candidate-labels", {"data": {"regression_bins": 12}, "tasks": [{"name": "diabetes"}], "grid": {"q": [50]}},
      ["diabetes", "12 candidate labels", "at most 10"]),
     ("table-without-target", {"tasks": [{"name": "t", "path": "x.csv"}]}, ["tasks.0", "target"]),
+    ("all-missing-target", _table_task("nan_target"), ["tasks.0", "target column 'label' has no values"]),
+    ("seed-beyond-numpy", {"grid": {"seed": [123456789012345678901234]}}, ["grid.seed", "[0, 4294967295]"]),
+    ("storage-path-is-a-file", {"storage_path": "@good"}, ["storage_path", "is a file, not a folder"]),
 ]
 
 

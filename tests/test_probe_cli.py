@@ -219,3 +219,69 @@ def test_base_weights_name_the_base_models_file(plain, tmp_path):
     proc = _cli(str(folder / MODEL_FILE), "--task", "iris", "--base-model", "tabicl", "--base-weights",
                 str(tmp_path / "tabicl-v1.ckpt"))
     assert proc.returncode == 2 and f"--base-weights {tmp_path / 'tabicl-v1.ckpt'}: file not found" in proc.stderr
+
+
+# ------------------------------------------------------------------------------- the audit folder (#34)
+def _digests(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_probe_never_writes_among_a_users_files_or_over_their_verdict(recorded, tmp_path):
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / VERDICT_FILE).write_text('{"my": "own verdict"}')
+    (users / "notes.txt").write_text("keep")
+    before = _digests(users)
+    with pytest.raises(ConfigError, match="not empty and not an iclmem audit folder"):
+        audit_checkpoint(str(recorded), out=str(users))
+    assert _digests(users) == before
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep")
+    proc = _cli(str(recorded), "--out", str(a_file))
+    assert proc.returncode == 2 and f"--out {a_file} is a file" in proc.stderr and "Traceback" not in proc.stderr
+    assert a_file.read_text() == "keep"
+
+
+def test_an_audit_folder_takes_a_new_audit_of_its_own_checkpoint_only(recorded, plain, tmp_path):
+    from orchestrator.config import parse_sweep
+    from orchestrator.sweep import record_sweep
+
+    out = tmp_path / "audit"
+    first = audit_checkpoint(str(recorded), bootstrap=20, out=str(out))
+    again = audit_checkpoint(str(recorded), bootstrap=20, out=str(out))  # the same checkpoint: its verdict anew
+    assert again["auc"] == first["auc"]
+    assert json.loads((out / "provenance.json").read_text())["kind"] == "audit"
+    before = _digests(out)
+    with pytest.raises(ConfigError, match=r"holds the audit of another checkpoint"):
+        audit_checkpoint(str(plain[0]), "iris", bootstrap=20, out=str(out), **IRIS)
+    assert _digests(out) == before
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    record_sweep(run_dir, parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "wandb": {"mode": "disabled"}}))
+    with pytest.raises(ConfigError, match="is an iclmem run folder"):
+        audit_checkpoint(str(recorded), out=str(run_dir))
+
+
+def test_a_table_task_without_its_target_is_named_as_such(plain, tmp_path):
+    proc = _cli(str(plain[0]), "--task", "rows.csv", "--out", str(tmp_path / "a"))
+    assert proc.returncode == 2 and "--task rows.csv: a table needs its target column after a colon" in proc.stderr
+
+
+def test_a_checkpoint_of_a_table_task_asks_for_its_table_and_audits_it_under_another_file_name(tmp_path):
+    from sklearn.datasets import load_iris
+
+    frame = load_iris(as_frame=True).frame.rename(columns={"target": "species"})
+    table = tmp_path / "flowers.csv"
+    frame.to_csv(table, index=False)
+    task = prepare_task(TaskSource("flowers", "table", str(table), "species"), seed=0, q=20, context_size=30)
+    finetuner = Finetuner(FinetuneSpec(lr=1e-3, epochs=1, seed=0), [task])
+    finetuner.train()
+    folder = finetuner.save(tmp_path / "e1")
+    write_json_atomic(folder / GROUND_TRUTH_FILE, {"run_id": "r", "regime": "single_fixed",
+                                                   "tasks": [ground_truth_log(task)]})
+    with pytest.raises(ConfigError, match=r"fine-tuned on task 'flowers', read from a table .* --task FILE.csv:TARGET"):
+        audit_checkpoint(str(folder), out=str(tmp_path / "a"))
+    copy = tmp_path / "copy-of-the-table.csv"  # the same rows under another file name
+    copy.write_bytes(table.read_bytes())
+    row = audit_checkpoint(str(folder), f"{copy}:species", bootstrap=20, out=str(tmp_path / "b"))
+    assert row["task"] == "flowers" and row["n_members"] == 20

@@ -64,7 +64,7 @@ def test_an_existing_file_as_run_folder_is_refused_by_the_cli_without_a_tracebac
     target = tmp_path / "a-file"
     target.write_text("keep me")
     out = _cli("run", str(sweep), "--out", str(target))
-    assert out.returncode == 2 and "not an iclmem run folder" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and f"{target} is a file, not a folder" in out.stderr and "Traceback" not in out.stderr
     assert target.read_text() == "keep me"
 
 
@@ -113,3 +113,123 @@ def test_a_key_given_twice_in_a_sweep_file_is_an_error_naming_it(tmp_path):
 def test_version_names_the_package_and_the_commit():
     out = _cli("--version")
     assert out.returncode == 0 and out.stdout.startswith("iclmem 0.") and "git " in out.stdout
+
+
+# ----------------------------------------------------------------------------------------------------------
+# #34: every command that writes claims its folder; a finished run is continued, never re-trained; a stored
+# sweep that no longer matches its results, or a probes folder gone missing, is refused with the files intact
+# ----------------------------------------------------------------------------------------------------------
+def _main(capsys, *args: str) -> tuple[int, str]:
+    from orchestrator.cli import main
+
+    code = main(list(args))
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def finished(ray_session, tmp_path_factory) -> Path:
+    """A finished sweep of two checkpoints, written by the real driver."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    run_sweep(None, run_dir, sweep=parse_sweep(SWEEP), progress=False, log=lambda _line: None)
+    return run_dir
+
+
+def _copy(run_dir: Path, target: Path) -> Path:
+    import shutil
+
+    shutil.copytree(run_dir, target)
+    return target
+
+
+def _trial_files(run_dir: Path) -> dict[str, str]:
+    return {k: v for k, v in _digests(run_dir / "tune").items() if "checkpoint_" in k or k.endswith("result.json")}
+
+
+@pytest.mark.slow  # a real sweep, run twice into one folder
+def test_run_given_a_finished_folder_of_the_same_config_continues_it_without_retraining(finished, tmp_path):
+    import pandas as pd
+
+    run_dir = _copy(finished, tmp_path / "again")
+    before = pd.read_parquet(run_dir / "results.parquet")
+    trained = _trial_files(run_dir)
+    lines: list[str] = []
+    after = run_sweep(None, run_dir, sweep=parse_sweep(SWEEP), progress=False, log=lines.append)
+    assert any("holds this sweep already: continuing it" in line for line in lines), lines
+    assert _trial_files(run_dir) == trained, "a finished trial was fine-tuned again"
+    assert len(after) == len(before) == 3  # the base model's sanity row and two checkpoints
+    assert after.sort_values("epoch")["auc"].tolist() == before.sort_values("epoch")["auc"].tolist()
+
+
+@pytest.mark.slow  # reads the finished sweep
+def test_resume_refuses_a_sweep_json_edited_after_the_results_naming_both_hashes(finished, tmp_path, capsys):
+    import json
+
+    run_dir = _copy(finished, tmp_path / "edited")
+    stored = json.loads((run_dir / "sweep.json").read_text())
+    stored["grid"]["lr"] = [2e-3]
+    (run_dir / "sweep.json").write_text(json.dumps(stored))
+    before = _digests(run_dir)
+    code, err = _main(capsys, "resume", str(run_dir))
+    assert code == 2, err
+    edited_hash = parse_sweep(stored).config_hash()
+    assert f"config hash {edited_hash}" in err and f"hash {parse_sweep(SWEEP).config_hash()}" in err
+    assert "Traceback" not in err and _digests(run_dir) == before
+
+
+@pytest.mark.slow  # reads the finished sweep
+def test_report_refuses_to_replace_the_results_by_an_emptier_table_unless_forced(finished, tmp_path, capsys):
+    import shutil
+
+    import pandas as pd
+
+    run_dir = _copy(finished, tmp_path / "pruned")
+    shutil.rmtree(run_dir / "probes")
+    before = _digests(run_dir)
+    code, err = _main(capsys, "report", str(run_dir))
+    assert code == 2, err
+    assert "holds results for 0 checkpoint(s)" in err and "has 3 row(s)" in err and "--force" in err
+    assert _digests(run_dir) == before, "a refused report changed the folder"
+    code, err = _main(capsys, "report", str(run_dir), "--force")
+    assert code == 0, err
+    assert len(pd.read_parquet(run_dir / "results.parquet")) == 0
+
+
+@pytest.mark.slow  # reads the finished sweep
+@pytest.mark.parametrize("command", ["report", "resume"])
+def test_a_damaged_sweep_json_is_one_line_naming_it_with_exit_2(finished, tmp_path, capsys, command):
+    run_dir = _copy(finished, tmp_path / "damaged")
+    (run_dir / "sweep.json").write_text("{garbage")
+    before = _digests(run_dir)
+    code, err = _main(capsys, command, str(run_dir))
+    assert code == 2, err
+    assert "sweep.json: damaged, not the JSON iclmem wrote" in err and "Traceback" not in err
+    assert _digests(run_dir) == before
+
+
+def test_an_out_folder_that_cannot_be_written_is_refused_before_stage_one(tmp_path, capsys):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump(SWEEP))
+    code, err = _main(capsys, "run", str(sweep), "--out", "/proc/iclmem-cannot-write-here")
+    assert code == 2, err
+    assert "--out /proc/iclmem-cannot-write-here: /proc is not writable" in err and "Traceback" not in err
+
+
+def test_a_non_utf8_sweep_file_is_one_line_naming_the_byte_and_line(tmp_path, capsys):
+    sweep = tmp_path / "latin1.yaml"
+    sweep.write_bytes("name: caf\u00e9\ntasks: [{name: iris}]\n".encode("latin-1"))
+    code, err = _main(capsys, "validate", str(sweep), "--schema-only")
+    assert code == 2, err
+    assert f"{sweep}: not UTF-8 text (byte 0xe9 on line 1)" in err
+
+
+def test_storage_that_cannot_keep_checkpoints_is_named_before_ray_starts(tmp_path):
+    from orchestrator.sweep import unreachable_storage
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    assert "is a file" in unreachable_storage(str(a_file / "tune"))
+    assert unreachable_storage(str(tmp_path / "new" / "tune")) is None
+    assert "not writable" in unreachable_storage("/proc/iclmem-storage")
+    # a bucket that cannot be reached (no network here; elsewhere no such bucket) is an answer, not a hang
+    why = unreachable_storage("gs://iclmem-no-such-bucket-7f3a9c/x", timeout_s=3)
+    assert why, "an unreachable bucket was accepted"

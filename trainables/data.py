@@ -872,6 +872,9 @@ def _build_table(resolved: _ResolvedSource, settings: PrepSettings) -> _Table:
     frame.index = pd.RangeIndex(n_rows_source)
 
     target_missing = frame[target].isna()
+    if bool(target_missing.all()):  # said before the feature columns, which would all read "only missing" next
+        raise DataError(f"task {name!r}: target column {target!r} has no values (all {n_rows_source} rows are "
+                        f"missing); is {target!r} the right column?")
     frame = frame.loc[~target_missing]
     _check_leakage(frame, target, name)
     feature_columns = [c for c in frame.columns if c != target]
