@@ -82,6 +82,11 @@ class TrialsFailed(IclmemError):
         self.causes = dict(causes or {})
 
 
+class SweepStalled(IclmemError):
+    """A sweep made no progress for ``resources.stall_timeout_min`` (trials or probe actors waiting for
+    resources the cluster does not give): stopped, resumable, exit 1. The message quotes what Ray waits for."""
+
+
 class SweepInterrupted(IclmemError):
     """The user stopped a sweep (Ctrl-C); every finished result is kept in ``run_dir`` and
     ``iclmem resume run_dir`` continues it (``hint`` replaces that advice where it does not apply)."""

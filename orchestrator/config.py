@@ -62,6 +62,7 @@ HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("training", "dp_accountant"): DPAccountant.RDP.value,
     ("outcome", "epsilon_delta"): 1e-5,
     ("probe", "references"): 0,
+    ("resources", "stall_timeout_min"): 30.0,
 }
 
 
@@ -338,6 +339,9 @@ class ResourcesConfig(ProbeActorsConfig):
     gpus_per_trial: float = Field(0.0, ge=0)
     max_concurrent_trials: int | None = Field(None, ge=1)
     trial_resources: dict[str, float] = Field(default_factory=dict)  # custom resources, e.g. {worker: 1}
+    # minutes without progress (no trial running, none started or finished, no epoch or probe result) after
+    # which the driver stops the sweep, saying what Ray waits for, and exits 1 (resumable); 0 = wait forever
+    stall_timeout_min: float = Field(30.0, ge=0)
 
 
 class WandbConfig(_Strict):

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 import pandas as pd
 
 from iclmem.atomic import write_json_atomic
-from iclmem.errors import EXIT_INTERRUPTED, ConfigError, DataError, SweepInterrupted, TrialsFailed
+from iclmem.errors import EXIT_INTERRUPTED, ConfigError, DataError, SweepInterrupted, SweepStalled, TrialsFailed
 from iclmem.raysession import Console, ensure_ray, quiet_console
 from iclmem.runfolder import (
     CONSOLE_LOG_FILE,
@@ -96,10 +96,86 @@ def unreachable_storage(storage_path: str, timeout_s: float = STORAGE_CHECK_TIME
 
 
 # ------------------------------------------------------------------------------------------- progress
+class Watchdog:
+    """Notices a sweep that stopped moving: :meth:`observe` is given, at every step of the driver's loop, a
+    value that changes whenever anything progresses (trial states, epochs reported, probe results) and
+    whether work is visibly under way; it answers True once neither has happened for ``timeout_s``
+    seconds (never with ``timeout_s`` 0). A trial that waits for resources no node gives leaves Tune's loop
+    turning without progress: this is what turns that silent hang into an error."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s, self.clock = float(timeout_s), clock
+        self._signature: Any = object()
+        self._since = clock()
+
+    def observe(self, signature: Any, busy: bool = False) -> bool:
+        now = self.clock()
+        if busy or signature != self._signature:
+            self._signature, self._since = signature, now
+            return False
+        return self.timeout_s > 0 and now - self._since >= self.timeout_s
+
+    @property
+    def idle_s(self) -> float:
+        return self.clock() - self._since
+
+
+# Lines of Ray's and Tune's log that say why nothing is scheduled (quoted when a sweep stalls)
+_RAY_WAIT_REASONS = re.compile(r"insufficient|infeasible|cannot be scheduled|no available node|enough resources|"
+                               r"waiting for resources|pending", re.IGNORECASE)
+
+
+def ray_wait_reason(console_log: Path | None, tail_bytes: int = 200_000) -> str | None:
+    """The last line of the run's console log (what Ray and Tune printed) that says why work waits."""
+    if console_log is None or not console_log.is_file():
+        return None
+    with open(console_log, "rb") as handle:
+        handle.seek(max(0, console_log.stat().st_size - tail_bytes))
+        lines = handle.read().decode("utf-8", "replace").splitlines()
+    for line in reversed(lines):
+        if _RAY_WAIT_REASONS.search(line) and "[iclmem]" not in line:
+            return " ".join(line.split())[:400]
+    return None
+
+
+def _resources_text(resources: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in sorted(resources.items()) if v and not k.startswith(("node:", "memory",
+                     "object_store_memory", "accelerator_type"))) or "nothing"
+
+
+def stall_reason(trials: list, idle_s: float, console_log: Path | None, waiting_on: str = "") -> str:
+    """One paragraph: how long nothing moved, what waits and what it asks, what the cluster has, and Ray's own
+    explanation from the console log when it gave one."""
+    import ray
+
+    pending = [t for t in trials if str(t.status) == "PENDING"]
+    parts = [f"no progress for {idle_s / 60:.1f} min"]
+    if pending:
+        try:
+            asks = dict(pending[0].placement_group_factory.required_resources)
+        except Exception:  # noqa: BLE001 - the explanation must not fail on an internal attribute
+            asks = {}
+        parts.append(f"{len(pending)} trial(s) waiting to start, each asking {_resources_text(asks)}")
+    if waiting_on:
+        parts.append(waiting_on)
+    try:
+        parts.append(f"the cluster holds {_resources_text(ray.cluster_resources())} ("
+                     f"{_resources_text(ray.available_resources())} free)")
+    except Exception:  # noqa: BLE001
+        pass
+    quote = ray_wait_reason(console_log)
+    if quote:
+        parts.append(f'Ray says: "{quote}"')
+    return "; ".join(parts)
+
+
 class Progress:
     def __init__(self, n_trials: int, enabled: bool = True, log: Callable[[str], None] = print) -> None:
         self.n_trials, self.enabled, self.log = n_trials, enabled, log
         self.done = self.failed = self.running = 0
+        self.watchdog: Watchdog | None = None  # set by the driver from resources.stall_timeout_min
+        self.console_log: Path | None = None  # where Ray's messages go (quoted when the sweep stalls)
+        self.stall: str | None = None  # why the sweep was stopped for making no progress
         self.verdicts: dict[tuple[str, int], str] = {}  # (run_id, epoch) -> outcome; a re-probe counts once
         self.trial_status: dict[str, str] = {}  # run_id -> Tune's status of its trial, as last seen
         self._last_line = ""
@@ -168,6 +244,13 @@ class ProbeOnCheckpoint:
         self.progress.done = sum(t.status == "TERMINATED" for t in trials)
         self.progress.failed = sum(t.status == "ERROR" for t in trials)
         self.progress.show()
+        watchdog = self.progress.watchdog
+        if watchdog is not None and self.progress.stall is None:
+            moved = (tuple(sorted((str(t.trial_id), str(t.status), int((t.last_result or {}).get("training_iteration", 0)))
+                                  for t in trials)), len(self.progress.verdicts))
+            if watchdog.observe(moved, busy=self.progress.running > 0):
+                self.progress.stall = stall_reason(trials, watchdog.idle_s, self.progress.console_log)
+                os.kill(os.getpid(), signal.SIGUSR1)  # Tune's own graceful stop: state saved, trials stopped
 
 
 def _tune_callback(pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any):
@@ -431,6 +514,18 @@ def unsatisfiable_resources(resources: Any, available: dict[str, float]) -> list
         if amount and amount > have:
             problems.append(f"{setting}: {amount:g} {kind} asked, the local Ray has {have:g}"
                             + (" (no GPU found)" if kind == "GPU" and not have else ""))
+    if problems:
+        return problems
+    # the probe actors start first and hold their share for the whole sweep: a trial must fit beside them
+    for kind, per_trial, per_actor in (("CPU", resources.cpus_per_trial, resources.cpus_per_probe_actor),
+                                       ("GPU", resources.gpus_per_trial, resources.gpus_per_probe_actor)):
+        held = resources.probe_actors * per_actor
+        have = float(available.get(kind, 0.0))
+        if per_trial and held and per_trial + held > have:
+            problems.append(f"resources.{kind.lower()}s_per_trial: {per_trial:g} {kind} asked, but the "
+                            f"{resources.probe_actors} probe actor(s) hold {held:g} of the local Ray's {have:g} "
+                            f"{kind} for the whole sweep: no trial could start (lower it, or "
+                            f"resources.probe_actors / {kind.lower()}s_per_probe_actor)")
     return problems
 
 
@@ -526,7 +621,7 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
         try:
             return _drive(prepared, run_dir, address=address, resume=resume, progress=progress, num_cpus=num_cpus,
                           log=log, console=console, interrupts=interrupts)
-        except (KeyboardInterrupt, SweepInterrupted, TrialsFailed):  # _drive has recorded the state
+        except (KeyboardInterrupt, SweepInterrupted, SweepStalled, TrialsFailed):  # _drive has recorded the state
             raise
         except BaseException as exc:
             write_run_state(run_dir, RunStatus.FAILED, note=f"{type(exc).__name__}: {exc}"[:2000])
@@ -550,6 +645,8 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
     started = False
     finish_timeout: float | None = None
     prog = Progress(len(prepared.trials), enabled=progress, log=log)
+    prog.watchdog = Watchdog(sweep.resources.stall_timeout_min * 60)
+    prog.console_log = console.log_path
     interrupts.record = lambda: write_run_state(
         run_dir, RunStatus.INTERRUPTED, incomplete_runs(prepared, prog),
         note=f"stopped by a second Ctrl-C, clean-up skipped; {len(prog.verdicts)} checkpoint result(s) kept")
@@ -589,6 +686,17 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
             grid = tuner.fit()
         finally:
             interrupts.in_tune = False
+        if prog.stall is not None:  # the watchdog stopped Tune: resumable, like an interruption, but exit 1
+            finish_timeout = WANDB_FINISH_TIMEOUT_S
+            for row in pool.poll():
+                prog.outcome(row)
+                trial_logger.log_probe(row)
+            write_run_state(run_dir, RunStatus.INTERRUPTED, incomplete_runs(prepared, prog),
+                            note=f"stopped for making no progress: {prog.stall}"[:2000])
+            raise SweepStalled(
+                f"{prog.stall}. The sweep was stopped ({len(prog.verdicts)} checkpoint result(s) kept in {run_dir}); "
+                "give the trials resources the cluster has (resources.* in the sweep) or add nodes, then "
+                f"`iclmem resume {run_dir}` (resources.stall_timeout_min sets this limit; 0 waits forever)")
         if interrupts.interrupted:
             # Tune has stopped the trials and saved its state. Results the probe pool has finished are
             # on disk already (each is stored by its actor); collect those that came in without waiting
@@ -610,7 +718,14 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
             for checkpoint, metrics in result.best_checkpoints or []:
                 for job in jobs_for(config, int(metrics["epoch"]), checkpoint, probes_dir):
                     pool.submit(job)
-        for row in pool.drain():
+        try:
+            drained = pool.drain(watchdog=Watchdog(sweep.resources.stall_timeout_min * 60))
+        except SweepStalled as stalled:
+            write_run_state(run_dir, RunStatus.INTERRUPTED, incomplete_runs(prepared, prog),
+                            note=f"stopped for making no progress: {stalled}"[:2000])
+            raise SweepStalled(f"{stalled}; every trial finished and the results stored are kept: `iclmem resume "
+                               f"{run_dir}` probes the rest") from None
+        for row in drained:
             prog.outcome(row)
             trial_logger.log_probe(row)
         trial_logger.finish()  # every row is in: close the trial runs before the summary run starts
@@ -768,8 +883,24 @@ class ProbePools:
     def poll(self, timeout: float = 0.0) -> list[dict[str, Any]]:
         return [row for pool in self.pools.values() for row in pool.poll(timeout=timeout / len(self.pools))]
 
-    def drain(self) -> list[dict[str, Any]]:
-        return [row for pool in self.pools.values() for row in pool.drain()]
+    def drain(self, watchdog: Watchdog | None = None, poll_every: float = 0.5) -> list[dict[str, Any]]:
+        """Every pending job's row. With ``watchdog``: :class:`SweepStalled` once no job has finished for its
+        timeout (probe actors waiting for resources no node gives)."""
+        rows = self.poll()
+        while self.pending:
+            got = self.poll(timeout=poll_every)
+            rows.extend(got)
+            if watchdog is not None and watchdog.observe(len(rows)) and self.pending:
+                from iclmem.errors import SweepStalled
+
+                raise SweepStalled(f"no progress for {watchdog.idle_s / 60:.1f} min: {self.pending} probe job(s) "
+                                   "waiting, none finished (probe actors waiting for resources? see "
+                                   "resources.cpus_per_probe_actor, gpus_per_probe_actor, probe_resources)")
+        return rows
+
+    @property
+    def pending(self) -> int:
+        return sum(len(pool.pending) for pool in self.pools.values())
 
     @property
     def failed(self) -> list:

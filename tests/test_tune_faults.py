@@ -281,11 +281,72 @@ def test_resources_the_local_ray_cannot_give_are_refused_before_any_trial_instea
     for resources, expected in (({"gpus_per_trial": 1}, r"resources.gpus_per_trial: 1 GPU asked, the local Ray has 0 "
                                                          r"\(no GPU found\)"),
                                 ({"cpus_per_trial": 1000}, r"resources.cpus_per_trial: 1000 CPU asked, the local Ray has 2"),
-                                ({"gpus_per_probe_actor": 1}, r"resources.gpus_per_probe_actor: 1 GPU")):
-        run_dir = tmp_path / next(iter(resources))
+                                ({"gpus_per_probe_actor": 1}, r"resources.gpus_per_probe_actor: 1 GPU"),
+                                ({"cpus_per_trial": 2}, r"resources.cpus_per_trial: 2 CPU asked, but the 1 probe "
+                                                        r"actor\(s\) hold 1 of the local Ray's 2 CPU")):
+        run_dir = tmp_path / "-".join(f"{k}{v}" for k, v in resources.items())
         with pytest.raises(ConfigError, match=expected):
             run_sweep(None, run_dir, sweep=parse_sweep({**base, "resources": resources}), progress=False,
                       log=lambda _m: None)
         assert json.loads((run_dir / "run_state.json").read_text())["status"] == "failed"
         assert not (run_dir / "tune").exists() or not any((run_dir / "tune").rglob("checkpoint_*"))
         assert any((run_dir / "prepared").glob("*.npz"))  # Stage I's work is kept
+
+
+def test_a_sweep_that_waits_for_resources_no_node_gives_stops_after_the_stall_timeout_saying_why(ray_session, tmp_path):
+    """On a cluster (--address) the driver cannot know every node type in advance: a trial asking for a
+    resource nobody holds waits in Tune's loop with the console at "running 0" (#34). After
+    resources.stall_timeout_min without progress the sweep stops, names what the trials ask and what the
+    cluster has, exits 1 (SweepStalled) and stays resumable (run_state interrupted)."""
+    from iclmem.errors import SweepStalled
+    from orchestrator.config import parse_sweep
+    from orchestrator.sweep import run_sweep
+
+    sweep = parse_sweep({"name": "stalled", "tasks": [{"name": "iris"}], "grid": {"q": [10]},
+                         "data": {"context_size": 30}, "training": {"epochs": 1, "checkpoint_epochs": [1]},
+                         "resources": {"trial_resources": {"iclmem_absent_accelerator": 1}, "stall_timeout_min": 0.1},
+                         "wandb": {"mode": "disabled"}})
+    started = time.monotonic()
+    with pytest.raises(SweepStalled) as caught:
+        run_sweep(None, tmp_path / "run", sweep=sweep, address="auto", progress=False, log=lambda _m: None)
+    waited = time.monotonic() - started
+    message = str(caught.value)
+    assert "no progress for 0.1 min" in message and "1 trial(s) waiting to start" in message, message
+    assert "iclmem_absent_accelerator 1" in message and "the cluster holds CPU 2" in message, message
+    assert "iclmem resume" in message and SweepStalled.exit_code == 1
+    assert waited < 120, f"the stall was noticed only after {waited:.0f} s"
+    state = json.loads((tmp_path / "run" / "run_state.json").read_text())
+    assert state["status"] == "interrupted" and "no progress" in state["note"]
+
+
+def test_the_watchdog_fires_only_after_the_timeout_without_change_and_never_while_busy():
+    from orchestrator.sweep import Watchdog
+
+    now = [0.0]
+    dog = Watchdog(60, clock=lambda: now[0])
+    assert not dog.observe("a")
+    now[0] = 59
+    assert not dog.observe("a")
+    now[0] = 61
+    assert dog.observe("a")  # 61 s without a change
+    assert not dog.observe("b")  # a change restarts the clock
+    now[0] = 200
+    assert not dog.observe("b", busy=True)  # a running trial is progress
+    now[0] = 259
+    assert not dog.observe("b")
+    now[0] = 261
+    assert dog.observe("b")
+    assert not Watchdog(0, clock=lambda: now[0]).observe("x") and not Watchdog(0, clock=lambda: 1e9).observe("x")
+
+
+def test_the_stall_message_quotes_the_last_line_where_ray_says_why_it_waits(tmp_path):
+    from orchestrator.sweep import ray_wait_reason
+
+    log = tmp_path / "console.log"
+    log.write_text("(raylet) something else\n[iclmem] trials 0/1 done, 0 running\nWARNING insufficient_resources_"
+                   "manager.py:163 -- Ignore this message if the cluster is autoscaling. No trial is running and no "
+                   "new trial has been started within the last 60 seconds. This could be due to the cluster not "
+                   "having enough resources available.\nunrelated tail\n")
+    quote = ray_wait_reason(log)
+    assert quote is not None and quote.startswith("WARNING insufficient_resources_manager.py:163")
+    assert ray_wait_reason(tmp_path / "absent.log") is None
