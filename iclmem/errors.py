@@ -82,6 +82,12 @@ class TrialsFailed(IclmemError):
         self.causes = dict(causes or {})
 
 
+class DiskFull(IclmemError):
+    """A disk the sweep writes to (the run folder, Tune's storage) ran full: the sweep stopped with what it
+    had stored kept, ``run_state.json`` says interrupted, and ``iclmem resume`` continues once there is room
+    (exit 1)."""
+
+
 class SweepStalled(IclmemError):
     """A sweep made no progress for ``resources.stall_timeout_min`` (trials or probe actors waiting for
     resources the cluster does not give): stopped, resumable, exit 1. The message quotes what Ray waits for."""

@@ -24,7 +24,15 @@ from typing import Any, Callable, Iterator
 import pandas as pd
 
 from iclmem.atomic import write_json_atomic
-from iclmem.errors import EXIT_INTERRUPTED, ConfigError, DataError, SweepInterrupted, SweepStalled, TrialsFailed
+from iclmem.errors import (
+    EXIT_INTERRUPTED,
+    ConfigError,
+    DataError,
+    DiskFull,
+    SweepInterrupted,
+    SweepStalled,
+    TrialsFailed,
+)
 from iclmem.raysession import Console, ensure_ray, quiet_console
 from iclmem.runfolder import (
     CONSOLE_LOG_FILE,
@@ -32,6 +40,7 @@ from iclmem.runfolder import (
     PROBES_DIR,
     PROVENANCE_FILE,
     REFERENCE_DIR,
+    RUN_STATE_FILE,
     SWEEP_FILE,
     TUNE_DIR,
     RunStatus,
@@ -63,6 +72,59 @@ def check_storage(storage_path: str) -> None:
             "on every node (export ICLMEM_STORAGE=<shared root> as cluster.yaml does, or ICLMEM_SHARED_STORAGE=1 to "
             "confirm that storage_path is a shared mount)."
         )
+
+
+_NO_SPACE = ("No space left on device", "[Errno 28]", "errno 28", "Disk quota exceeded", "[Errno 122]")
+
+
+def is_disk_full(error: BaseException | str) -> bool:
+    """Whether ``error`` (an exception with its causes, or a trial's error text) is a full disk or quota."""
+    import errno
+
+    seen: set[int] = set()
+    current: BaseException | str | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(marker in str(current) for marker in _NO_SPACE):
+            return True
+        current = (current.__cause__ or current.__context__) if isinstance(current, BaseException) else None
+    return False
+
+
+FULL_DISK_BYTES = 2**20  # a folder with less room than this counts as full
+
+
+def free_space(run_dir: Path, storage: str | None) -> list[tuple[str, str, int]]:
+    """(what, folder, free bytes) of the run folder and a local Tune storage."""
+    import shutil
+
+    out = []
+    for label, folder in (("run folder", str(run_dir)), ("Tune storage", storage)):
+        if folder and "://" not in folder:
+            probe = Path(folder)
+            while not probe.exists() and probe != probe.parent:
+                probe = probe.parent
+            try:
+                out.append((label, folder, int(shutil.disk_usage(probe).free)))
+            except OSError:
+                pass
+    return out
+
+
+def disk_full_error(run_dir: Path, storage: str | None, detail: str) -> DiskFull:
+    """The error a sweep ends with when a disk ran full: which folders are short of room and how much each
+    has, and how to continue. Records the run as interrupted (resumable) when the state can still be written."""
+    where = [f"{label} {folder}: {free / 2**20:.1f} MiB free" for label, folder, free in free_space(run_dir, storage)]
+    try:
+        write_run_state(run_dir, RunStatus.INTERRUPTED, note=f"stopped: disk full ({detail})"[:2000])
+        recorded = ""
+    except OSError:
+        recorded = f" ({RUN_STATE_FILE} could not be updated: no room)"
+    return DiskFull(f"a disk ran full ({detail[:300]}); {'; '.join(where) or 'see the paths above'}. The sweep stopped "
+                    f"with every stored result kept{recorded}: free space (or point storage_path elsewhere), then "
+                    f"`iclmem resume {run_dir}`")
 
 
 STORAGE_CHECK_TIMEOUT_S = 30.0  # a bucket that does not answer a listing in this time is refused
@@ -120,6 +182,16 @@ class Watchdog:
         return self.clock() - self._since
 
 
+def _console_tail(console_log: Path | None, tail_bytes: int = 50_000, since: int = 0) -> str:
+    """The end of the run's console log (what Ray and Tune printed), from byte ``since`` on (what this
+    driver appended), or "" without one."""
+    if console_log is None or not console_log.is_file():
+        return ""
+    with open(console_log, "rb") as handle:
+        handle.seek(max(since, console_log.stat().st_size - tail_bytes))
+        return handle.read().decode("utf-8", "replace")
+
+
 # Lines of Ray's and Tune's log that say why nothing is scheduled (quoted when a sweep stalls)
 _RAY_WAIT_REASONS = re.compile(r"insufficient|infeasible|cannot be scheduled|no available node|enough resources|"
                                r"waiting for resources|pending", re.IGNORECASE)
@@ -127,12 +199,7 @@ _RAY_WAIT_REASONS = re.compile(r"insufficient|infeasible|cannot be scheduled|no 
 
 def ray_wait_reason(console_log: Path | None, tail_bytes: int = 200_000) -> str | None:
     """The last line of the run's console log (what Ray and Tune printed) that says why work waits."""
-    if console_log is None or not console_log.is_file():
-        return None
-    with open(console_log, "rb") as handle:
-        handle.seek(max(0, console_log.stat().st_size - tail_bytes))
-        lines = handle.read().decode("utf-8", "replace").splitlines()
-    for line in reversed(lines):
+    for line in reversed(_console_tail(console_log, tail_bytes).splitlines()):
         if _RAY_WAIT_REASONS.search(line) and "[iclmem]" not in line:
             return " ".join(line.split())[:400]
     return None
@@ -221,6 +288,13 @@ class ProbeOnCheckpoint:
         self.trial_logger = None
 
     # Tune's Callback interface (duck-typed so this class stays importable without a Tune subclass).
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        from trainables.trainable import DAMAGED_CHECKPOINT_METRIC
+
+        damaged = (result or {}).get(DAMAGED_CHECKPOINT_METRIC)
+        if damaged and self.progress is not None:  # the trial's own warning stays on its node
+            self.progress.log(f"[iclmem] WARNING {damaged}")
+
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         if self.pool is None:
             return
@@ -312,7 +386,24 @@ def jobs_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Pa
 
 
 # ------------------------------------------------------------------------------------------- the sweep
-def _tuner(prepared: PreparedSweep, run_dir: Path, callbacks: list, restore: bool):
+def damaged_tune_state(experiment: str) -> str | None:
+    """The newest experiment-state file of a local Tune experiment folder when it does not parse (Tune would
+    restore no trial from it, or trials without their configs), else None. Buckets are left to Tune."""
+    folder = Path(experiment)
+    if "://" in experiment or not folder.is_dir():
+        return None
+    states = sorted(folder.glob("experiment_state-*.json"))
+    if not states:
+        return None
+    try:
+        json.loads(states[-1].read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return str(states[-1])
+    return None
+
+
+def _tuner(prepared: PreparedSweep, run_dir: Path, callbacks: list, restore: bool,
+           log: Callable[[str], None] = print):
     from ray import tune
 
     from trainables.trainable import finetune_trainable
@@ -327,8 +418,18 @@ def _tuner(prepared: PreparedSweep, run_dir: Path, callbacks: list, restore: boo
     )
     if restore:
         path = f"{storage.rstrip('/')}/{EXPERIMENT_NAME}"
-        if tune.Tuner.can_restore(path):
-            return tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
+        damaged = damaged_tune_state(path)
+        if damaged is None and tune.Tuner.can_restore(path):
+            try:
+                return tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
+            except Exception as exc:  # noqa: BLE001 - a state Tune cannot read is handled as damaged below
+                damaged = f"{path} ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"
+        if damaged is not None:
+            aside = f"{path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+            os.rename(path, aside)
+            log(f"[iclmem] WARNING Tune's experiment state {damaged} is damaged (a full disk, or a crash while it was "
+                f"written): set aside as {aside}. The trials start again from epoch 0 (fine-tuning is deterministic: "
+                "the same checkpoints), and every stored probe result is kept")
         # Stopped before Tune saved any state (e.g. Ctrl-C while the probe pool started): no trial has
         # a checkpoint yet, so starting them afresh loses nothing.
     configs = [trial_config(t, prepared) for t in prepared.trials]
@@ -611,6 +712,8 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
     record_sweep(run_dir, sweep)
     write_run_state(run_dir, RunStatus.RUNNING)
     interrupts.run_dir = str(run_dir)
+    log_file = run_dir / CONSOLE_LOG_FILE
+    log_start = log_file.stat().st_size if log_file.is_file() else 0  # an earlier driver's lines are not ours
     with quiet_console(None if verbose else run_dir / CONSOLE_LOG_FILE) as console, \
             (console_warnings(console) if not verbose else nullcontext()):
         for w in early_warnings:
@@ -621,9 +724,17 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
         try:
             return _drive(prepared, run_dir, address=address, resume=resume, progress=progress, num_cpus=num_cpus,
                           log=log, console=console, interrupts=interrupts)
-        except (KeyboardInterrupt, SweepInterrupted, SweepStalled, TrialsFailed):  # _drive has recorded the state
+        except (KeyboardInterrupt, SweepInterrupted, SweepStalled, TrialsFailed, DiskFull):  # _drive recorded the state
             raise
         except BaseException as exc:
+            said = [line.strip() for line in _console_tail(console.log_path, since=log_start).splitlines()
+                    if is_disk_full(line)]
+            storage = storage_for(sweep, run_dir)
+            full = [folder for _, folder, free in free_space(run_dir, storage) if free < FULL_DISK_BYTES]
+            # Tune may fail on the damage a full disk did (a half-written state file), not on the disk itself
+            if is_disk_full(exc) or said or full:
+                detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                raise disk_full_error(run_dir, storage, detail if is_disk_full(exc) or not said else said[-1]) from None
             write_run_state(run_dir, RunStatus.FAILED, note=f"{type(exc).__name__}: {exc}"[:2000])
             raise
 
@@ -678,7 +789,7 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
 
             pool.submit(ProbeJob(identity, 0, None, key, str(probes_dir / identity["run_id"]), "e0000"))
         callbacks = [_tune_callback(pool, probes_dir, prog, trial_logger), _trial_results_callback(trial_logger)]
-        tuner = _tuner(prepared, run_dir, callbacks, restore=resume)
+        tuner = _tuner(prepared, run_dir, callbacks, restore=resume, log=log)
         if resume:
             reattach(tuner, pool, probes_dir, prog, trial_logger)
         interrupts.in_tune = True
@@ -739,6 +850,9 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
         from iclmem.errors import ProbeError
 
         where = f" (Ray's and Tune's messages are in {console.log_path})" if console.log_path else ""
+        full = [cause for cause in causes if is_disk_full(cause)]
+        if full:  # not the trials' fault: resumable once there is room
+            raise disk_full_error(run_dir, storage_for(sweep, run_dir), full[0])
         if causes:
             failed_runs = sorted({run for runs in causes.values() for run in runs})
             for cause, runs in causes.items():

@@ -88,25 +88,34 @@ class ProbeResult:
     @classmethod
     def load(cls, directory: str | Path, stem: str) -> "ProbeResult | None":
         """A stored result, or None when any part is missing or fails its checksum (then it is recomputed)."""
-        directory = Path(directory)
-        try:
-            stored = json.loads((directory / f"{stem}.json").read_text())
-        except (OSError, ValueError):
-            return None
-        payload = json.dumps(stored.get("row"), sort_keys=True)
-        if hashlib.sha256(payload.encode()).hexdigest() != stored.get("sha256"):
-            import warnings
+        import warnings
 
-            warnings.warn(f"probe result {directory / (stem + '.json')} fails its checksum; recomputing", stacklevel=2)
+        directory = Path(directory)
+        main = directory / f"{stem}.json"
+        if not main.exists():
+            return None  # not computed yet
+
+        def damaged(path: Path, why: str) -> None:  # said on the console: a resume names what it recomputes
+            warnings.warn(f"probe result {path} {why}; recomputing it", stacklevel=3)
+
+        try:
+            stored = json.loads(main.read_text())
+        except (OSError, ValueError):
+            damaged(main, "is damaged (not JSON)")
             return None
-        manip = read_parquet_checked(directory / f"{stem}.manip.parquet")
-        roc = read_parquet_checked(directory / f"{stem}.roc.parquet")
-        if manip is None or roc is None:
+        payload = json.dumps(stored.get("row") if isinstance(stored, dict) else None, sort_keys=True)
+        if not isinstance(stored, dict) or hashlib.sha256(payload.encode()).hexdigest() != stored.get("sha256"):
+            damaged(main, "fails its checksum")
             return None
-        queries = read_parquet_checked(directory / f"{stem}{QUERIES_SUFFIX}")
-        if queries is None and (directory / f"{stem}{QUERIES_SUFFIX}").exists():
-            return None  # present but damaged: recompute
-        return cls(stored["row"], manip, roc, queries=queries)
+        parts = {}
+        for suffix in (".manip.parquet", ".roc.parquet", QUERIES_SUFFIX):
+            path = directory / f"{stem}{suffix}"
+            parts[suffix] = read_parquet_checked(path)
+            if parts[suffix] is None and (path.exists() or suffix != QUERIES_SUFFIX):
+                if not path.exists():  # a damaged one was named by read_parquet_checked already
+                    damaged(path, "is missing")
+                return None
+        return cls(stored["row"], parts[".manip.parquet"], parts[".roc.parquet"], queries=parts[QUERIES_SUFFIX])
 
 
 def _jsonable(value: Any) -> Any:

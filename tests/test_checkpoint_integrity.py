@@ -201,6 +201,12 @@ def test_a_trial_whose_latest_checkpoint_was_truncated_is_recomputed_by_tune(ray
                 if line.strip()]
     # epochs 1-3, the fault, then the run recomputed from scratch: the truncated epoch-3 checkpoint was not used
     assert reported == [1, 2, 3, 1, 2, 3, 4, 5, 6]
+    # the first result after the fault names the damaged file, for the driver to print on the console
+    results = [json.loads(line) for line in (Path(by_id["damaged"].path) / "result.json").read_text().splitlines()
+               if line.strip()]
+    named = [r.get("damaged_checkpoint") for r in results if r.get("damaged_checkpoint")]
+    assert len(named) == 1 and "model.safetensors" in named[0] and "recomputing the run from epoch 0" in named[0]
+    assert results[3].get("damaged_checkpoint") == named[0]
 
     def final(result):
         with result.checkpoint.as_directory() as directory:

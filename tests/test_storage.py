@@ -41,9 +41,19 @@ def test_a_truncated_part_of_a_result_makes_it_recomputed(tmp_path):
         assert ProbeResult.load(tmp_path, "e0003") is None
 
 
-def test_a_half_written_result_is_invisible(tmp_path):
+def test_a_half_written_result_is_named_and_recomputed(tmp_path):
     (tmp_path / "e0001.json").write_text('{"row": {"run_id": "r"')  # a crash mid-write of a non-atomic writer
-    assert ProbeResult.load(tmp_path, "e0001") is None
+    with pytest.warns(UserWarning, match=r"e0001.json is damaged \(not JSON\); recomputing it"):
+        assert ProbeResult.load(tmp_path, "e0001") is None
+
+
+def test_a_result_missing_a_part_is_named_and_one_never_computed_is_silent(tmp_path, recwarn):
+    assert ProbeResult.load(tmp_path, "e0002") is None  # not computed yet: nothing to say
+    assert not [w for w in recwarn if "e0002" in str(w.message)]
+    _result().save(tmp_path, "e0003")
+    (tmp_path / "e0003.roc.parquet").unlink()
+    with pytest.warns(UserWarning, match=r"e0003.roc.parquet is missing; recomputing it"):
+        assert ProbeResult.load(tmp_path, "e0003") is None
 
 
 def test_a_damaged_prepared_task_cache_entry_is_recomputed(tmp_path):

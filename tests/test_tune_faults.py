@@ -350,3 +350,49 @@ def test_the_stall_message_quotes_the_last_line_where_ray_says_why_it_waits(tmp_
     quote = ray_wait_reason(log)
     assert quote is not None and quote.startswith("WARNING insufficient_resources_manager.py:163")
     assert ray_wait_reason(tmp_path / "absent.log") is None
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 10 MiB file system: room for one pfn-mini checkpoint (6.9 MB), not two."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=10m", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill ({made.stderr.strip() or made.returncode}): needs root")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_disk_that_runs_full_stops_the_sweep_resumably_and_resume_finishes_it_once_there_is_room(
+        ray_session, tmp_path, small_disk):
+    """#34: a full disk gave 16 tracebacks and left run_state "running". Now: one error naming the folder
+    short of room (DiskFull, exit 1), the stored results kept, run_state interrupted; after room is made,
+    `resume` sets Tune's half-written state aside (saying so) and finishes with every checkpoint probed."""
+    from iclmem.errors import DiskFull
+    from orchestrator.config import parse_sweep
+    from orchestrator.sweep import run_sweep
+
+    sweep = parse_sweep({"name": "full", "tasks": [{"name": "iris"}], "grid": {"q": [20]}, "data": {"context_size": 30},
+                         "training": {"epochs": 2, "checkpoint_epochs": [1, 2]}, "max_failures": 0,
+                         "storage_path": str(small_disk / "tune"), "wandb": {"mode": "disabled"}})
+    run_dir = tmp_path / "run"
+    with pytest.raises(DiskFull) as caught:
+        run_sweep(None, run_dir, sweep=sweep, progress=False, log=lambda _m: None)
+    message = str(caught.value)
+    assert f"Tune storage {small_disk / 'tune'}: 0.0 MiB free" in message and f"iclmem resume {run_dir}" in message
+    assert DiskFull.exit_code == 1
+    state = json.loads((run_dir / "run_state.json").read_text())
+    assert state["status"] == "interrupted" and "disk full" in state["note"]
+    # whatever was stored before the disk ran full (the epoch-1 probe result, when it finished in time) stays
+    kept = {str(p): p.read_bytes() for p in (run_dir / "probes").rglob("*.json")}
+
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    lines: list[str] = []
+    results = run_sweep(None, run_dir, resume=True, progress=False, log=lines.append)
+    trained = results[results["regime"] == "single_fixed"]
+    assert sorted(trained["epoch"]) == [1, 2]
+    assert json.loads((run_dir / "run_state.json").read_text())["status"] == "complete"
+    assert all(Path(name).read_bytes() == data for name, data in kept.items())
+    assert any("experiment state" in line and "is damaged" in line and "set aside" in line for line in lines), lines

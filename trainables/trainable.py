@@ -24,10 +24,17 @@ from trainables.data import ground_truth_log
 from trainables.finetune import Finetuner, FinetuneSpec
 
 
-def resume_or_recompute(finetuner: Finetuner, directory: str | Path, run_id: str) -> bool:
+# The metric a trial reports (with its first result after a resume) when the checkpoint it was to resume
+# from was damaged: the driver prints it on the console, since the trial's own stderr may be on another node
+DAMAGED_CHECKPOINT_METRIC = "damaged_checkpoint"
+
+
+def resume_or_recompute(finetuner: Finetuner, directory: str | Path, run_id: str,
+                        damaged: list[str] | None = None) -> bool:
     """Restore ``finetuner`` from a checkpoint folder. A checkpoint that fails its checksum is not used:
     the run is recomputed from epoch 0 (fine-tuning is deterministic in its config and seed, so the
-    recomputed checkpoints equal the lost ones) with a warning naming the file. Returns True if restored."""
+    recomputed checkpoints equal the lost ones) with a warning naming the file, also appended to
+    ``damaged``. Returns True if restored."""
     try:
         finetuner.restore(directory)
         return True
@@ -35,6 +42,8 @@ def resume_or_recompute(finetuner: Finetuner, directory: str | Path, run_id: str
         message = f"run {run_id}: {exc}; recomputing the run from epoch 0 instead of resuming from it"
         warnings.warn(message, stacklevel=2)
         print(f"[iclmem] WARNING {message}", file=sys.stderr, flush=True)
+        if damaged is not None:
+            damaged.append(message)
         return False
 
 
@@ -80,9 +89,10 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
     # device None = auto: CUDA exactly when Ray gave this trial GPUs (resources_per_trial / num_gpus)
     finetuner = Finetuner(spec, [prepared[key] for key in config["task_keys"]], device=config.get("device"))
     checkpoint = tune.get_checkpoint()
+    damaged: list[str] = []
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            resume_or_recompute(finetuner, directory, config["run_id"])
+            resume_or_recompute(finetuner, directory, config["run_id"], damaged)
     schedule = set(spec.schedule())
     identity = {"run_id": config["run_id"]}
     # next to every checkpoint: which rows were members, non-members, C' and null splits, and the labels
@@ -96,6 +106,8 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
         result = finetuner.run_epoch()
         metrics = {**identity, "epoch": result.epoch, "train_loss": result.train_loss,
                    "diverged": result.diverged, **result.metrics, **dp_metrics(finetuner)}
+        if damaged:  # once, with the first result after the resume
+            metrics[DAMAGED_CHECKPOINT_METRIC] = damaged.pop()
         if result.diverged:
             # Divergence is a result: stop cleanly; the last good checkpoint stays the latest one.
             tune.report(metrics)
