@@ -23,7 +23,6 @@ from iclmem.vocab import Regime
 from trainables.data import ground_truth_log
 from trainables.finetune import Finetuner, FinetuneSpec
 
-
 # The metric a trial reports (with its first result after a resume) when the checkpoint it was to resume
 # from was damaged: the driver prints it on the console, since the trial's own stderr may be on another node
 DAMAGED_CHECKPOINT_METRIC = "damaged_checkpoint"
