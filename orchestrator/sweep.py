@@ -1065,7 +1065,7 @@ def start_probe_pools(prepared: PreparedSweep, run_dir: Path) -> ProbePools:
         base = build_model(model_cfg.name, **model_cfg.options)
         pools[key] = ProbePool(
             res.probe_actors, options,
-            base_model_name=model_cfg.name, base_options=dict(model_cfg.options),
+            base_model_name=model_cfg.name, base_options=dict(model_cfg.options), base_skeleton=base.skeleton_options(),
             base_weights=ray.put(base.state_arrays()), base_digest=model_digest(base),
             tasks=tasks, suite_spec=sweep.probe.suite, settings=settings, cache_dir=str(cache),
             reference_tasks=dict(prepared.reference_tasks),

@@ -80,7 +80,7 @@ class ProbeWorker(_PoolWorker):
     def __init__(self, base_model_name: str, base_options: dict[str, Any], base_weights: Any,
                  base_digest: str, tasks: dict[str, Any], suite_spec: Any, settings: ProbeSettings,
                  cache_dir: str, torch_threads: int = 1, device: str | None = None,
-                 reference_tasks: dict[str, str] | None = None) -> None:
+                 reference_tasks: dict[str, str] | None = None, base_skeleton: dict[str, Any] | None = None) -> None:
         import torch
 
         from trainables.models import build_model
@@ -89,7 +89,9 @@ class ProbeWorker(_PoolWorker):
         torch.set_num_threads(torch_threads)
         # None = auto: CUDA exactly when Ray gave this actor GPUs (actor_options num_gpus)
         self.device = resolve_device(device)
-        self.base = build_model(base_model_name, **{**base_options, "weights": "random"})
+        # the base's own architecture (``ModelAdapter.skeleton_options``, recorded when the driver loaded it),
+        # then its weights from the object store
+        self.base = build_model(base_model_name, **(base_skeleton or {**base_options, "weights": "random"}))
         if self.device.type == "cpu":
             # base_weights: numpy arrays from the object store (an ObjectRef argument is resolved by Ray);
             # used in place, so the actors of a node share one copy of the reference model.

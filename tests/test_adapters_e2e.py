@@ -68,3 +68,43 @@ def test_a_sweep_over_two_models_probes_each_against_its_own_base_model(ray_sess
     assert sorted(controls["model"]) == ["pfn-mini", "tabpfn-v2"]
     assert (controls["auc"] == 0.5).all() and (controls["loss_ratio"] == 1.0).all()
     assert sorted(results[results["epoch"] == 1]["model"]) == ["pfn-mini", "tabpfn-v2"]
+
+
+def _weights_file_of_another_size(name: str, folder) -> str:
+    """A weights file whose architecture is neither the package's default nor the tiny one above: a TabICL
+    checkpoint in the official format (config + state_dict) and a TabPFN v2 file saved by its adapter."""
+    import torch
+
+    from trainables.models import build_model
+
+    if name == "tabicl":
+        model = build_model("tabicl", weights="random", **{**TABICL_TINY, "col_num_blocks": 2, "icl_num_blocks": 2})
+        path = folder / "tabicl-small.ckpt"
+        torch.save({"config": model.options["config"], "state_dict": model.module.state_dict()}, path)
+    else:
+        model = build_model("tabpfn-v2", weights="random", emsize=16, nlayers=2, nhead=2)
+        path = folder / "tabpfn-small.safetensors"
+        model.save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("name", ["tabicl", "tabpfn-v2"])
+def test_a_sweep_from_weights_of_another_size_probes_every_checkpoint_against_that_base(name, ray_session, tmp_path):
+    """#34: fine-tuning worked, then every probe failed ("Missing key(s) ... blocks.1"): the probe actors
+    built the reference model from the default architecture. They now build it from the base's recorded one."""
+    if not extra_is_installed(name):
+        pytest.skip(f"{name}: its optional extra is not installed (pip install 'iclmem[...]')")
+    weights = _weights_file_of_another_size(name, tmp_path)
+    sweep = parse_sweep({
+        "name": f"sized-{name}", "tasks": [{"name": "iris"}], "models": [{"name": name, "options": {"weights": weights}}],
+        "grid": {"lr": [1e-3], "q": [20]}, "data": {"context_size": 30},
+        "training": {"epochs": 1, "checkpoint_epochs": [1]},
+        "probe": {"suite": ["base", "skew_true_x2"], "bootstrap": 20},
+        "resources": {"cpus_per_probe_actor": 0.5, "cpus_per_trial": 0.5}, "wandb": {"mode": "disabled"},
+    })
+    results = run_sweep(None, tmp_path / "run", sweep=sweep, progress=False)
+    assert sorted(results["epoch"]) == [0, 1]  # the base model's sanity row and the fine-tuned checkpoint
+    control = results[results["epoch"] == 0].iloc[0]
+    assert control["auc"] == 0.5 and control["loss_ratio"] == 1.0
+    tuned = results[results["epoch"] == 1].iloc[0]
+    assert 0.0 < tuned["loss_ratio"] < 10 and tuned["loss_ratio"] != 1.0

@@ -125,3 +125,40 @@ def test_a_real_model_whose_weights_are_absent_is_refused_before_ray_starts(comm
     assert "Traceback" not in message
     assert list(ray_tmp.iterdir()) == []  # no Ray session was created
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name, options", [
+    ("pfn-mini", {"weights": "shipped"}),
+    ("tabicl", {"weights": "random", "embed_dim": 16, "col_num_blocks": 2, "col_nhead": 2, "col_num_inds": 8,
+                "row_num_blocks": 1, "row_nhead": 2, "row_num_cls": 2, "icl_num_blocks": 2, "icl_nhead": 2}),
+    ("tabpfn-v2", {"weights": "random", "emsize": 16, "nlayers": 2, "nhead": 2}),
+    ("tabpfn-v2", {"weights": "random", "emsize": 16, "nlayers": 1, "nhead": 2, "task": "regression",
+                   "num_buckets": 50}),
+])
+def test_a_model_rebuilt_from_its_skeleton_and_state_arrays_is_the_same_model(name, options, tmp_path):
+    """What a probe actor does with the reference model (#34): build the recorded architecture with random
+    weights, then load the shared arrays. Loaded from a file of a non-default size, the rebuilt model must
+    have every weight, and a regressor its bucket borders, and answer identically."""
+    import torch
+
+    from trainables.models import build_model
+    from trainables.models.extras import extra_is_installed
+
+    if not extra_is_installed(name):
+        pytest.skip(f"{name}: its optional extra is not installed")
+    made = build_model(name, **options)
+    if getattr(made, "criterion", None) is not None:  # a regressor's own borders (not the random build's)
+        from tabpfn.architectures.shared.bar_distribution import FullSupportBarDistribution
+
+        made.criterion = FullSupportBarDistribution(torch.linspace(-1.0, 3.0, made.criterion.borders.numel()) ** 3)
+    if options["weights"] == "random":  # through a file, as a user's weights arrive
+        made.save(tmp_path / "w.safetensors")
+        made = build_model(name, weights=str(tmp_path / "w.safetensors"))
+    rebuilt = build_model(name, **made.skeleton_options())
+    rebuilt.load_state_arrays(made.state_arrays(), copy=True)
+    original, copy = made.module.state_dict(), rebuilt.module.state_dict()
+    assert original.keys() == copy.keys()
+    assert all(torch.equal(value, copy[key]) for key, value in original.items())
+    if getattr(made, "criterion", None) is not None:
+        assert torch.equal(made.criterion.borders, rebuilt.criterion.borders)
+        assert not torch.equal(made.criterion.borders, build_model(name, **made.skeleton_options()).criterion.borders)

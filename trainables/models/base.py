@@ -198,6 +198,19 @@ class ModelAdapter(abc.ABC):
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
 
+    # options that locate weights (a file, a hub version), not the architecture: dropped by skeleton_options
+    WEIGHTS_OPTIONS = ("weights", "checkpoint", "checkpoint_version", "allow_download", "config")
+
+    def skeleton_options(self) -> dict[str, Any]:
+        """Options that build this model's architecture (size, task, temperature ...) with random weights,
+        as recorded with it (``options["config"]`` holds an adapter's full architecture, read from the
+        checkpoint it was loaded from): what a probe actor builds before loading the shared reference
+        weights into it with :meth:`load_state_arrays`. Building from the sweep's options instead would
+        take the default architecture, which a checkpoint of another size does not fit."""
+        own = {k: v for k, v in self.options.items() if k not in self.WEIGHTS_OPTIONS}
+        # the adapter's own options win over same-named architecture fields (TabPFN's config has a ``seed``)
+        return {**(self.options.get("config") or {}), **own, "weights": "random"}
+
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Weights as numpy arrays: what ``ray.put`` shares zero-copy between actors on a node."""
         return {k: v.detach().cpu().numpy() for k, v in self.module.state_dict().items()}
@@ -364,7 +377,7 @@ ModelFactory = Callable[..., ModelAdapter]
 MODELS: Registry[ModelFactory] = Registry("model")
 
 
-def build_model(name: str, **options: Any) -> ModelAdapter:
+def build_model(name: str, /, **options: Any) -> ModelAdapter:
     """Build a registered model. Unknown names are answered with the registered ones."""
     import trainables.models  # noqa: F401  (registers the built-in adapters)
 

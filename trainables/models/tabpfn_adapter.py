@@ -30,6 +30,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 from iclmem.errors import CheckpointError, ModelError
@@ -133,6 +134,25 @@ class TabPFNV2Adapter(NativeRegressionAdapter):
         return torch.stack([-criterion(outputs, z[..., c]) for c in range(z.shape[-1])], dim=-1)
 
     # -------------------------------------------------------------------------------- weights
+    # A regressor's bucket borders travel with its weights (they are not module state): a probe actor's
+    # reference model is built from skeleton_options (random borders) and gets the real ones here.
+    BORDERS_KEY = "__criterion__.borders"
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        arrays = super().state_arrays()
+        if self.criterion is not None:
+            arrays[self.BORDERS_KEY] = self.criterion.borders.detach().cpu().numpy()
+        return arrays
+
+    def load_state_arrays(self, arrays: dict[str, np.ndarray], copy: bool = True) -> None:
+        arrays = dict(arrays)
+        borders = arrays.pop(self.BORDERS_KEY, None)
+        super().load_state_arrays(arrays, copy=copy)
+        if borders is not None:
+            from tabpfn.architectures.shared.bar_distribution import FullSupportBarDistribution
+
+            self.criterion = FullSupportBarDistribution(torch.tensor(np.array(borders)))
+
     def metadata(self) -> dict[str, str]:
         meta = super().metadata()
         meta["architecture_name"] = ARCHITECTURE
