@@ -65,6 +65,16 @@ class BlindBaseline:
                 f"{prefix}separable": self.separable}
 
 
+def exchangeable(label_design: str, blind: BlindBaseline | None) -> bool:
+    """The one rule for whether a split's members and non-members are exchangeable before any training: a
+    label design that treats both groups alike (not the paper's unmatched ``shuffled_members``) and, where
+    the blind baseline was measured, an interval that contains 0.5. No membership claim and no ε lower
+    bound rests on a split for which this is False. ``label_design`` is a ``LabelDesign`` value."""
+    from iclmem.vocab import LabelDesign
+
+    return LabelDesign(label_design) != LabelDesign.UNMATCHED and not (blind is not None and blind.separable)
+
+
 def blind_losses(context_x: np.ndarray, context_y: np.ndarray, query_x: np.ndarray, query_y: np.ndarray,
                  n_classes: int) -> np.ndarray:
     """float64 [n]: each query's loss -log p(y | x) under a logistic regression fitted on C' alone."""
@@ -127,6 +137,22 @@ def task_blind_baseline(task: Any, member_idx: np.ndarray | None = None,
     a null split), each row scored on the label it is probed with (``task.labels``)."""
     m = np.asarray(task.member_idx if member_idx is None else member_idx, dtype=np.int64)
     n = np.asarray(task.nonmember_idx if nonmember_idx is None else nonmember_idx, dtype=np.int64)
+    # a split's baseline does not depend on the checkpoint: computed once per (task, split) in a process,
+    # not again for every checkpoint and null split a probe actor scores
+    key = (str(getattr(task, "fingerprint", id(task))), m.tobytes(), n.tobytes())
+    if key in _CACHE:
+        return _CACHE[key]
+    if len(_CACHE) >= _CACHE_MAX:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = _task_blind_baseline(task, m, n)
+    return _CACHE[key]
+
+
+_CACHE: dict[tuple[str, bytes, bytes], BlindBaseline] = {}
+_CACHE_MAX = 512
+
+
+def _task_blind_baseline(task: Any, m: np.ndarray, n: np.ndarray) -> BlindBaseline:
     rows = np.concatenate([m, n])
     features, labels = np.asarray(task.features), np.asarray(task.labels)
     fit = blind_fit_rows(len(labels), np.asarray(task.member_idx), np.asarray(task.nonmember_idx),

@@ -22,7 +22,7 @@ from iclmem.errors import ConfigError, ProbeError
 from iclmem.runfolder import QUERIES_SUFFIX
 from iclmem.vocab import SCORE_KINDS, LabelDesign, Outcome, VerdictRule
 from probes.attacks import LOGIT_PREFIX, logit_of_loss
-from probes.blind import task_blind_baseline
+from probes.blind import exchangeable, task_blind_baseline
 from probes.calibration import model_digest, read_parquet_checked, reference_scores, resolve_model
 from probes.canaries import canary_records, label_ranks
 from probes.canaries import summary_columns as canary_summary_columns
@@ -182,8 +182,7 @@ def blind_columns(task: Any) -> dict[str, Any]:
     alike and a blind interval containing 0.5): no membership claim and no ε bound rests on one that is not."""
     blind = task_blind_baseline(task)
     design = getattr(task.split_report, "label_design", LabelDesign.MATCHED.value)
-    return {**blind.columns(), "label_design": design,
-            "exchangeable": bool(design != LabelDesign.UNMATCHED.value and not blind.separable)}
+    return {**blind.columns(), "label_design": design, "exchangeable": exchangeable(design, blind)}
 
 
 def icl_utility_columns(predictions: Any, member: np.ndarray) -> dict[str, float]:

@@ -237,10 +237,12 @@ class SplitReport:
         """False for the paper's unmatched shuffled_members design, or a split whose blind interval excludes
         0.5: its members and non-members can be told apart without the model, so no membership claim (and
         no ε lower bound) rests on it."""
-        if self.blind_auc_low is None or self.blind_auc_high is None:
-            return self.label_design != LabelDesign.UNMATCHED.value
-        return (self.label_design != LabelDesign.UNMATCHED.value
-                and not (self.blind_auc_low > 0.5 or self.blind_auc_high < 0.5))
+        from probes.blind import BlindBaseline, exchangeable
+
+        blind = None
+        if self.blind_auc is not None and self.blind_auc_low is not None and self.blind_auc_high is not None:
+            blind = BlindBaseline(self.blind_auc, self.blind_auc_low, self.blind_auc_high, 0, 0)
+        return exchangeable(self.label_design, blind)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
