@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictInt,
     ValidationError,
     create_model,
     field_serializer,
@@ -110,9 +111,10 @@ class ModelConfig(_Strict):
 class GridConfig(_Strict):
     regime: list[Regime] = [Regime.SINGLE_FIXED]
     lr: list[float] = [1e-3]
-    q: list[int] = [50]
+    # strict: YAML's `true` or "50" is not a count of rows or a seed (pydantic would take them as 1 and 50)
+    q: list[StrictInt] = [50]
     label_mode: list[LabelMode] = [LabelMode.NORMAL]
-    seed: list[int] = [0]
+    seed: list[StrictInt] = [0]
     # DP-SGD target ε of each run (trainables.dp); inf (YAML .inf or "inf") = plain fine-tuning
     dp: list[float] = [math.inf]
 

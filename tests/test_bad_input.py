@@ -75,6 +75,8 @@ CASES = [
     ("q-one", {"grid": {"q": [1]}}, ["grid.q", ">= 2", "two members"]),
     ("q-negative", {"grid": {"q": [-5]}}, ["grid.q", ">= 2"]),
     ("q-wrong-type", {"grid": {"q": ["fifty"]}}, ["grid.q.0"]),
+    ("q-boolean", {"grid": {"q": [True]}}, ["grid.q.0", "valid integer"]),
+    ("seed-as-text", {"grid": {"seed": ["7"]}}, ["grid.seed.0", "valid integer"]),
     ("epochs-zero", {"training": {"epochs": 0}}, ["training.epochs"]),
     ("epochs-below-checkpoints", {"training": {"epochs": 3, "checkpoint_epochs": [5, 10]}}, ["training", "epochs (3)"]),
     ("unknown-top-level-key", {"probes": {"suite": "default"}}, ["probes", "unknown setting"]),
