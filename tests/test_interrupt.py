@@ -48,7 +48,7 @@ def _table(run_dir: Path) -> pd.DataFrame:
 
 
 @pytest.mark.slow  # three real sweeps (interrupted, resumed, uninterrupted), each with its own Ray
-def test_ctrl_c_stops_a_real_sweep_within_seconds_and_resume_gives_the_uninterrupted_table(tmp_path):
+def test_ctrl_c_stops_a_real_sweep_within_seconds_and_resume_gives_the_uninterrupted_table(tmp_path, ray_session):
     config = tmp_path / "sweep.yaml"
     config.write_text(yaml.safe_dump(SWEEP))
     run_dir = tmp_path / "run"
@@ -83,10 +83,12 @@ def test_ctrl_c_stops_a_real_sweep_within_seconds_and_resume_gives_the_uninterru
     assert json.loads((run_dir / RUN_STATE_FILE).read_text())["status"] == "complete"
     assert all((run_dir / p).is_file() for p in kept)
 
+    # the uninterrupted reference run, in this process on the session's Ray (the drivers above had their own)
+    from orchestrator.config import parse_sweep
+    from orchestrator.sweep import run_sweep
+
     clean_dir = tmp_path / "clean"
-    clean = _cli("run", str(config), "--out", str(clean_dir))
-    out, _ = clean.communicate(timeout=600)
-    assert clean.returncode == 0, out
+    run_sweep(None, clean_dir, sweep=parse_sweep(SWEEP), progress=False, log=lambda _line: None)
     pd.testing.assert_frame_equal(_table(run_dir), _table(clean_dir))
 
 
