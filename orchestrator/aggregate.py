@@ -402,8 +402,11 @@ def attack_columns(results: pd.DataFrame, references: pd.DataFrame, run_dir: Pat
     if results.empty or k_refs == 0:
         return results
     thresholds = OutcomeThresholds.from_dict(stored.get("outcome"))  # the rule IclMem's verdicts used
-    n_null = max(1, int(probe_cfg.get("null_splits", 1)))
-    n_resamples = int(probe_cfg.get("bootstrap", 1000))
+    from orchestrator.config import ProbeConfig
+
+    defaults = ProbeConfig()  # the schema's defaults, for a record written before a setting existed
+    n_null = int(probe_cfg.get("null_splits", defaults.null_splits))  # 0 means none, as for IclMem's own verdicts
+    n_resamples = int(probe_cfg.get("bootstrap", defaults.bootstrap))
     out = results.copy()
     out["attack_roc"] = None
     out["attack_references"] = 0

@@ -35,9 +35,17 @@ from iclmem.vocab import LabelDesign, LabelMode
 MAX_NONMEMBER_DRAWS = 21
 
 # What a probe uses when neither a flag nor the checkpoint says otherwise.
-DEFAULTS: dict[str, Any] = {"base_model": "pfn-mini", "q": 50, "label_mode": LabelMode.NORMAL.value, "seed": 0,
-                            "context_size": 128}
-DEFAULT_BOOTSTRAP = 1000
+def _schema_defaults() -> tuple[dict[str, Any], int]:
+    """A single probe's defaults are a sweep's (the schema's), declared once there: the first model, the
+    first value of each grid axis, the context size and the bootstrap resamples."""
+    from orchestrator.config import DataConfig, GridConfig, ModelConfig, ProbeConfig
+
+    grid = GridConfig()
+    return ({"base_model": ModelConfig().name, "q": int(grid.q[0]), "label_mode": LabelMode(grid.label_mode[0]).value,
+             "seed": int(grid.seed[0]), "context_size": int(DataConfig().context_size)}, int(ProbeConfig().bootstrap))
+
+
+DEFAULTS, DEFAULT_BOOTSTRAP = _schema_defaults()
 
 
 def min_bootstrap() -> int:

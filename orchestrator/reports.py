@@ -1053,7 +1053,10 @@ def _rule_in_force(results: pd.DataFrame, settings: Mapping[str, str]) -> str:
             pass
     if "rule" in results.columns and results["rule"].notna().any():
         return str(results["rule"].dropna().iloc[0])
-    return VerdictRule.PAPER.value
+    from orchestrator.config import OutcomeConfig  # neither config nor rows say: the schema's default rule
+
+    default = OutcomeConfig()
+    return VerdictRule.of(default.rule, default.strict).value
 
 
 def _rule_sentence(settings: Mapping[str, str], rule: str, p_threshold: str | None) -> str:

@@ -413,6 +413,18 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
     public = public_results(pd.read_parquet(run_dir / "results.parquet"))
     assert {"lira_online_auc", "rmia_tpr_at_0_1pct", "lira_offline_null_evidence", "attack_roc"} <= set(public.columns)
     assert "lira_online_auc" in load_results(run_dir).columns
+    # probe.null_splits 0 means no attack null split either (it used to be raised to one)
+    import json
+
+    from orchestrator.aggregate import aggregate
+
+    stored = json.loads((run_dir / "sweep.json").read_text())
+    stored["probe"]["null_splits"] = 0
+    (run_dir / "sweep.json").write_text(json.dumps(stored))
+    rebuilt = aggregate(run_dir, log=lambda _m: None)
+    rebuilt = rebuilt[~rebuilt["sanity_check"].astype(bool)]
+    for a in Attack:
+        assert (rebuilt[f"{a.value}_null_splits"] == 0).all() and (rebuilt[f"{a.value}_run_null_splits"] == 0).all()
     page = (run_dir / "report.html").read_text()
     assert "Reference-model attacks: LiRA and RMIA" in page and "attacks_roc.png" in page
     assert "null FP (run headline)" in page  # the attack verdict table reaches the page (allow-listed columns)

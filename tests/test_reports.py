@@ -609,3 +609,11 @@ def test_outcome_rates_and_peak_vulnerability_count_label_modes_apart_when_asked
     vuln = peak_vulnerability_per_task(df, by=("label_mode",)).set_index("label_mode")
     assert vuln.loc["normal", "detectable_share"] == 0 and vuln.loc["shuffled_members", "detectable_share"] == 1
     assert peak_vulnerability_per_task(df)["detectable_share"].iloc[0] == pytest.approx(1 / 3)
+
+
+def test_a_report_with_no_recorded_rule_names_the_schemas_default_rule_not_the_papers():
+    """Defaults live in the schema (#30): rows and config that record no rule read as the rule a sweep
+    would have used, selection_aware, not the paper's."""
+    from orchestrator.config import OutcomeConfig
+
+    assert R._rule_in_force(pd.DataFrame({"outcome": ["no_signal"]}), {}) == OutcomeConfig().rule.value == "selection_aware"

@@ -85,8 +85,8 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
     config = config.get("__trial__", config)  # the sweep driver passes each whole trial config as one grid value
     torch.set_num_threads(int(config.get("torch_threads", 1)))
     spec = FinetuneSpec(**config["finetune"])
-    # device None = auto: CUDA exactly when Ray gave this trial GPUs (resources_per_trial / num_gpus)
-    finetuner = Finetuner(spec, [prepared[key] for key in config["task_keys"]], device=config.get("device"))
+    # the device is auto: CUDA exactly when Ray gave this trial GPUs (resources.gpus_per_trial), else the CPU
+    finetuner = Finetuner(spec, [prepared[key] for key in config["task_keys"]])
     checkpoint = tune.get_checkpoint()
     damaged: list[str] = []
     if checkpoint is not None:
