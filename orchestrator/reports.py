@@ -58,6 +58,7 @@ from iclmem.runfolder import (
     ROC_DIR,
     SPLIT_REPORT_FILE,
     SWEEP_FILE,
+    RunStatus,
     roc_path,
 )
 from iclmem.vocab import BASE_MODEL_ROW, Attack, CanaryKind, Outcome, Regime, ScoreKind, VerdictRule, values
@@ -405,10 +406,8 @@ def verdict_rule_summary(results: pd.DataFrame) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 
 # The run folder's state record (iclmem.runfolder.RUN_STATE_FILE, written by the sweep driver): a driver
-# stopped by Ctrl-C leaves ``status: interrupted`` there. ``interrupted: true`` in it or in ``sweep.json``
-# says the same. Read as plain JSON: a damaged record must not stop the report.
-STATE_FILE: str = getattr(_runfolder, "RUN_STATE_FILE", "run_state.json")
-INTERRUPTED = "interrupted"
+# stopped by Ctrl-C leaves ``status: interrupted`` there (see ``was_interrupted``).
+STATE_FILE: str = _runfolder.RUN_STATE_FILE
 BASE_MANIPULATION = "base"  # the unmanipulated multiple-choice context every other manipulation varies
 
 
@@ -430,11 +429,14 @@ def load_sweep_config(run_dir: str | Path) -> dict[str, Any]:
 
 
 def was_interrupted(run_dir: str | Path) -> bool:
-    """Whether the sweep was stopped before it finished: ``interrupted: true`` in ``sweep.json`` or in the
-    run folder's state record, or that record's ``status: interrupted`` (a later driver that finishes the
-    sweep records ``complete`` there)."""
-    sweep, state = (_read_json_object(Path(run_dir) / name) for name in (SWEEP_FILE, STATE_FILE))
-    return sweep.get(INTERRUPTED) is True or state.get(INTERRUPTED) is True or state.get("status") == INTERRUPTED
+    """Whether the sweep was stopped before it finished: the run state's ``status: interrupted``, read by the
+    state's one reader (``iclmem.runfolder.read_run_state``; a later driver that finishes the sweep records
+    ``complete`` there). A damaged state record is reported as no record, never as a crash of the report."""
+    try:
+        state = _runfolder.read_run_state(run_dir)
+    except DataError:
+        return False
+    return state is not None and state["status"] == RunStatus.INTERRUPTED
 
 
 def checkpoint_schedule(sweep: Mapping[str, Any]) -> tuple[int, ...] | None:
@@ -460,7 +462,7 @@ def scheduled_runs_per_regime(sweep: Mapping[str, Any]) -> dict[str, int] | None
         from orchestrator.config import expand_grid, parse_sweep
 
         # the interruption marker is run-folder state, not a setting the schema knows
-        trials = expand_grid(parse_sweep({k: v for k, v in sweep.items() if k != INTERRUPTED}, SWEEP_FILE))
+        trials = expand_grid(parse_sweep(dict(sweep), SWEEP_FILE))
     except Exception:  # noqa: BLE001 - a config of another iclmem version: the count is left out, not guessed
         return None
     out: dict[str, int] = {}
@@ -502,7 +504,7 @@ def run_completeness(results: pd.DataFrame, schedule: tuple[int, ...] | None, *,
         elif "diverged" in g.columns and g["diverged"].fillna(False).astype(bool).any():
             status = "diverged"
         else:
-            status = INTERRUPTED if interrupted else "incomplete"
+            status = RunStatus.INTERRUPTED.value if interrupted else "incomplete"
         rows.append({**row, "n_stored": n_stored, "n_scheduled": len(schedule) if schedule else np.nan,
                      "last_epoch": max(epochs), "status": status})
     return pd.DataFrame(rows, columns=cols)
@@ -1094,7 +1096,7 @@ def _completeness_html(comp: pd.DataFrame, schedule: tuple[int, ...] | None, int
     lines = []
     if interrupted:
         lines.append("<li class=\"warn\"><b>Interrupted:</b> the sweep was stopped before it finished (as the run "
-                     f"folder's {html.escape(STATE_FILE)} or {SWEEP_FILE} records). Continue it with "
+                     f"folder's {html.escape(STATE_FILE)} records). Continue it with "
                      "<code>iclmem resume RUN_DIR</code>; the numbers here cover only what was stored.</li>")
     if schedule is None:
         lines.append(f"<li>Completeness not checked: no {SWEEP_FILE} with a training schedule in the run folder.</li>")

@@ -180,9 +180,8 @@ def make_synthetic_run_dir(
     further label mode (same outcomes, own run ids). ``noop``: manipulations (category ``position``) whose
     AUC equals ``base``'s at every checkpoint. ``drop_epochs``: run id -> epochs whose rows (and ROC) are
     not stored; ``drop_runs``: run ids with no stored row at all. ``interrupted``: ``"run_state"`` records
-    the interruption with the driver's own writer (``write_run_state``); a file name (``sweep.json``, the
-    state file) adds ``interrupted: true`` to that file. ``outcome``: the config's outcome block."""
-    from iclmem.atomic import write_json_atomic, write_parquet_atomic
+    the interruption with the driver's own writer (``write_run_state``). ``outcome``: the config's outcome block."""
+    from iclmem.atomic import write_parquet_atomic
     from orchestrator.sweep import record_sweep
 
     run_dir = Path(root)
@@ -232,10 +231,8 @@ def make_synthetic_run_dir(
         from iclmem.runfolder import RunStatus, write_run_state
 
         write_run_state(run_dir, RunStatus.INTERRUPTED, incomplete_runs=list(drop_epochs))
-    elif interrupted:  # the key `interrupted: true` added to that file
-        marker = run_dir / interrupted
-        state = json.loads(marker.read_text()) if marker.is_file() else {}
-        write_json_atomic(marker, {**state, "interrupted": True})
+    elif interrupted:
+        raise ValueError(f"interrupted={interrupted!r}: only the driver's own record ('run_state') exists")
 
     split_rows = []
     for (task, (n_rows, n_classes, maj, num, is_cls)), mode in ((t, m) for t in TASK_CHARS.items() for m in label_modes):

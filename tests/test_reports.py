@@ -408,15 +408,13 @@ def test_run_completeness_counts_stored_against_the_schedule(variant_results):
     assert (R.run_completeness(variant_results, None)["status"] == "unknown").all()
 
 
-@pytest.mark.parametrize("marker", ["run_state", "sweep.json", R.STATE_FILE])
-def test_an_interrupted_sweep_says_so_at_the_top_and_in_the_run_table(tmp_path, marker):
-    rd = _variant(tmp_path / "sweep", interrupted=marker)
+def test_an_interrupted_sweep_says_so_at_the_top_and_in_the_run_table(tmp_path):
+    rd = _variant(tmp_path / "sweep", interrupted="run_state")
     assert R.was_interrupted(rd)
     text = R.write_html_report(rd, make_figures=False).read_text()
     top = _visible(_section(text, "summary"))
     assert "Interrupted: the sweep was stopped" in top and "iclmem resume RUN_DIR" in top
     assert re.search(r"1 of \d+ runs are interrupted", top)
-    # the marker does not stop the grid from being read (sweep.json with the extra key still counts runs)
     assert "1 of the 48 single_fixed runs the grid schedules have no stored checkpoint" in top
     row = next(r for r in re.findall(r"<tr>(.*?)</tr>", _section(text, "task-table")) if INCOMPLETE_RUN in r)
     assert "<td>interrupted</td>" in row
