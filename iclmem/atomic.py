@@ -55,6 +55,21 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, **dumps: Any) -> P
     return write_text_atomic(path, json.dumps(obj, **options))
 
 
+def read_json_object(path: str | os.PathLike[str], what: str, remedy: str) -> dict[str, Any]:
+    """The JSON object at ``path`` that iclmem wrote with :func:`write_json_atomic` (a stored sweep, a
+    record). :class:`~iclmem.errors.DataError` names the file when it is not JSON or not an object: ``what``
+    names the record ("sweep record"), ``remedy`` says what to do ("start the sweep again in a new folder")."""
+    from iclmem.errors import DataError
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: damaged, not the JSON iclmem wrote ({exc}); restore it from a copy, or {remedy}") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: damaged, not the {what} iclmem wrote (a JSON {type(data).__name__})")
+    return data
+
+
 def json_safe(obj: Any) -> Any:
     """``obj`` with every non-finite float (NaN, inf) replaced by None, for JSON that other tools can read."""
     import math

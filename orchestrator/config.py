@@ -515,18 +515,13 @@ def read_stored_sweep(run_dir: str | Path) -> SweepConfig:
     """The validated sweep a run folder records (``sweep.json``, written by ``orchestrator.sweep.record_sweep``):
     the one reader ``resume``, ``report`` and ``run``'s folder claim share. :class:`DataError` names the file
     when it is missing, not JSON, or not a sweep this iclmem accepts."""
+    from iclmem.atomic import read_json_object
     from iclmem.runfolder import SWEEP_FILE
 
     path = Path(run_dir) / SWEEP_FILE
     if not path.is_file():
         raise DataError(f"{Path(run_dir)} holds no {SWEEP_FILE}: not an iclmem run folder")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{path}: damaged, not the JSON iclmem wrote ({exc}); restore it from a copy, or start the "
-                        "sweep again in a new folder") from None
-    if not isinstance(data, dict):
-        raise DataError(f"{path}: damaged, not the sweep record iclmem wrote (a JSON {type(data).__name__})")
+    data = read_json_object(path, "sweep record", "start the sweep again in a new folder")
     try:
         return parse_sweep(data, str(path))
     except ConfigError as exc:

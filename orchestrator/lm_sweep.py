@@ -24,7 +24,6 @@ Logs carry counts and names of models, datasets and types, never sentences.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,14 +120,10 @@ def _stored_config(run_dir: Path) -> LMSweepConfig:
         if record is not None and record.kind != "lm":
             raise ConfigError(f"{run_dir} is a {record.kind} run folder: resume it with `iclmem resume {run_dir}`")
         raise ConfigError(f"{run_dir} holds no {LM_SWEEP_FILE}: not an iclmem LM run folder")
-    try:
-        data = json.loads(stored.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{stored}: damaged, not the JSON iclmem wrote ({exc}); restore it from a copy, or run the "
-                        "LM sweep again in a new folder") from None
-    if not isinstance(data, dict):
-        raise DataError(f"{stored}: damaged, not the LM sweep record iclmem wrote (a JSON {type(data).__name__})")
-    return parse_lm_sweep(data, str(stored))
+    from iclmem.atomic import read_json_object
+
+    return parse_lm_sweep(read_json_object(stored, "LM sweep record", "run the LM sweep again in a new folder"),
+                          str(stored))
 
 
 # ------------------------------------------------------------------------------------------- units

@@ -156,3 +156,18 @@ def test_no_production_module_writes_a_file_except_through_the_atomic_helper():
                 if _DIRECT_WRITE.search(line) and "atomic_write(" not in line and not line.lstrip().startswith("#"):
                     offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert offenders == []
+
+
+def test_a_damaged_json_record_is_named_with_what_it_is_and_what_to_do(tmp_path):
+    from iclmem.atomic import read_json_object, write_json_atomic
+    from iclmem.errors import DataError
+
+    good = write_json_atomic(tmp_path / "ok.json", {"a": 1})
+    assert read_json_object(good, "sweep record", "start again") == {"a": 1}
+    (tmp_path / "cut.json").write_text('{"a": ')
+    with pytest.raises(DataError, match=r"cut.json: damaged, not the JSON iclmem wrote .*; restore it from a copy, or "
+                                        r"start again"):
+        read_json_object(tmp_path / "cut.json", "sweep record", "start again")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(DataError, match=r"list.json: damaged, not the sweep record iclmem wrote \(a JSON list\)"):
+        read_json_object(tmp_path / "list.json", "sweep record", "start again")
