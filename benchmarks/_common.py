@@ -21,8 +21,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -87,7 +88,7 @@ def cpu_model() -> str:
 def machine() -> str:
     cpus = os.cpu_count()
     try:
-        load = "load average %.1f / %.1f / %.1f" % os.getloadavg()
+        load = "load average {:.1f} / {:.1f} / {:.1f}".format(*os.getloadavg())
     except OSError:  # pragma: no cover - not on Linux
         load = "load average n/a"
     model = cpu_model()

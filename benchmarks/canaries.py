@@ -78,13 +78,14 @@ def main(argv: list[str] | None = None) -> int:
                 plain = Finetuner(FinetuneSpec(epochs=args.epochs, lr=lr), [task])
                 with_canaries = Finetuner(FinetuneSpec(epochs=args.epochs, lr=lr, canaries=settings), [task])
                 times = interleave({
-                    "probe": lambda: probe_checkpoint(model, task, plan, cache, "base", base, probe_settings,
-                                                      {"run_id": "bench"}, 1),
-                    "probe + canaries": lambda: probe_checkpoint(model, task, plan, cache, "base", base,
-                                                                 probe_settings, {"run_id": "bench"}, 1,
-                                                                 canaries=canaries),
-                    "step": lambda: plain.run_epoch(),
-                    "step + canaries": lambda: with_canaries.run_epoch(),
+                    # defaults bind this iteration's objects (the lambdas run within it, in interleave)
+                    "probe": lambda model=model: probe_checkpoint(model, task, plan, cache, "base", base,
+                                                                  probe_settings, {"run_id": "bench"}, 1),
+                    "probe + canaries": lambda model=model, canaries=canaries: probe_checkpoint(
+                        model, task, plan, cache, "base", base, probe_settings, {"run_id": "bench"}, 1,
+                        canaries=canaries),
+                    "step": lambda plain=plain: plain.run_epoch(),
+                    "step + canaries": lambda with_canaries=with_canaries: with_canaries.run_epoch(),
                 }, rounds=5)
                 cost = {k: median(v) for k, v in times.items()}
     total = time.perf_counter() - started

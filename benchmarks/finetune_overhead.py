@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{cold['end_to_end'] / p_med:.3f}", "– (fixed)",
                      f"ray.init {cold['init']:.2f} s, trial {cold['seconds']:.2f} s, fit() {cold['fit_wall']:.2f} s"))
     table = md_table(["side", "median s", "ratio to plain", "extra ms / epoch", "runs (s)"], rows, align="lrrrl")
-    split_rows = [("plain (nice %d)" % worker_nice, f"{median([o['first_iter'] for o in plain]):.3f}",
+    split_rows = [(f"plain (nice {worker_nice})", f"{median([o['first_iter'] for o in plain]):.3f}",
                    f"{median([o['median_iter'] for o in plain]) * 1e3:.1f}")]
     split_rows.append(("Tune trial (`time_this_iter_s`)", f"{median([o['first_iter'] for o in tuned]):.3f}",
                        f"{median([o['median_iter'] for o in tuned]) * 1e3:.1f}"))

@@ -76,7 +76,7 @@ class ForwardClock:
     def __init__(self, module) -> None:
         self.module, self.seconds, self.tokens, self.calls, self._start = module, 0.0, 0, 0, 0.0
 
-    def __enter__(self) -> "ForwardClock":
+    def __enter__(self) -> ForwardClock:
         def pre(_module, args, kwargs):
             ids = kwargs.get("input_ids", args[0] if args else None)
             self.tokens += int(ids.numel()) if ids is not None else 0

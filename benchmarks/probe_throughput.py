@@ -80,7 +80,7 @@ class ForwardTimer:
         self.shapes += [(x.shape[0], x.shape[1], q.shape[1]) for x, q in batches]
         return out
 
-    def __enter__(self) -> "ForwardTimer":
+    def __enter__(self) -> ForwardTimer:
         def single(*args, **kwargs):
             return self._timed(self._single, [(args[0], args[2])], *args, **kwargs)
 

@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             "–" if empty else f"{f['uss_over_empty'] / MB:,.0f}", f"{pool['ready_s']:.1f}",
         ))
     table = md_table(
-        ["pool of %d actors" % args.actors, "weights in store", "Σ PSS (MB)", "Σ USS (MB)",
+        [f"pool of {args.actors} actors", "weights in store", "Σ PSS (MB)", "Σ USS (MB)",
          "of Σ PSS: store pages (MB)", "object in store (MB)", "Σ PSS + store (MB)", "model-attributable (MB)",
          "÷ one copy", "USS over empty, per actor (MB)", "start + forward (s)"],
         rows, align="llrrrrrrrrr")

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[Any]], None] | Callable[[str], None], *,

@@ -6,9 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 CORE_PACKAGES = ("iclmem", "torch", "numba", "ray", "numpy", "pandas", "scikit-learn", "wandb", "pyarrow")
 
@@ -80,7 +81,7 @@ class Provenance:
     @classmethod
     def collect(cls, *, kind: str, sweep_name: str, config: Mapping[str, Any], config_hash: str,
                 seeds: Iterable[int], extra_packages: Iterable[str] = (),
-                embedded_model: Mapping[str, Any] | None = None) -> "Provenance":
+                embedded_model: Mapping[str, Any] | None = None) -> Provenance:
         import platform as _platform
 
         packages = package_versions((*CORE_PACKAGES, *extra_packages))
@@ -102,7 +103,7 @@ class Provenance:
         return write_json_atomic(Path(run_dir) / PROVENANCE_FILE, self.to_dict(), default=str)
 
     @classmethod
-    def read(cls, run_dir: str | Path) -> "Provenance | None":
+    def read(cls, run_dir: str | Path) -> Provenance | None:
         """The record in ``run_dir``, or None when there is none; a file that is not this record (another
         tool's, or damaged) raises DataError naming it."""
         import json

@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import TextIO
 
 DEFAULT_OBJECT_STORE_BYTES = 512 * 1024 * 1024
 # How long a driver waits for a Ray head's port to accept a connection before calling the address wrong

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from iclmem.errors import DuplicateNameError, UnknownNameError
 

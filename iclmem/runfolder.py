@@ -6,9 +6,10 @@ each file here is written atomically."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from iclmem.provenance import PROVENANCE_FILE
 

@@ -158,7 +158,7 @@ class VerdictRule(Vocab):
         return self.value.endswith("_strict")
 
     @classmethod
-    def of(cls, rule: "OutcomeRule | str", strict: bool) -> "VerdictRule":
+    def of(cls, rule: OutcomeRule | str, strict: bool) -> VerdictRule:
         return cls(f"{OutcomeRule(rule).value}{'_strict' if strict else ''}")
 
 

@@ -7,8 +7,9 @@ The table is rebuilt from the per-checkpoint result files every time, so appendi
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -19,8 +19,9 @@ import hashlib
 import json
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -86,7 +87,7 @@ def read_member_file(path: str | Path) -> MemberFile:
     ids = read_member_ids(file, allow_labels=True)
     text = file.read_text()
     labels: list[str] = []
-    for number, raw in enumerate(text.splitlines(), 1):
+    for raw in text.splitlines():
         line = raw.split("#", 1)[0].strip()
         if line:
             parts = [p for p in re.split(r"[,\t ]+", line, maxsplit=1) if p]

@@ -9,8 +9,9 @@ import os
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from iclmem.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, ConfigError, IclmemError, SweepInterrupted
 from iclmem.vocab import LabelMode, WandbMode, values
@@ -205,7 +206,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if action.help is argparse.SUPPRESS or not action.option_strings:
             return text
         if action.choices is not None and "%(choices)" not in text:
-            text += " (choices: %s)" % ", ".join(str(c) for c in action.choices)
+            text += " (choices: {})".format(", ".join(str(c) for c in action.choices))
         if "default" not in text and action.default is not argparse.SUPPRESS:
             if isinstance(action, argparse._StoreTrueAction):
                 text += " (default: off)"

@@ -30,9 +30,10 @@ import json
 import logging
 import math
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import click
 import jsonschema

@@ -92,7 +92,7 @@ class TaskConfig(_Strict):
     task: TaskKind | None = None
 
     @model_validator(mode="after")
-    def _one_source(self) -> "TaskConfig":
+    def _one_source(self) -> TaskConfig:
         sources = [s for s in (self.builtin, self.carte, self.path) if s]
         if len(sources) > 1:
             raise ValueError("give one of builtin, carte or path, not several")
@@ -186,7 +186,7 @@ class TrainingConfig(_Strict):
     dp_accountant: DPAccountant = DPAccountant.RDP
 
     @model_validator(mode="after")
-    def _schedule_fits(self) -> "TrainingConfig":
+    def _schedule_fits(self) -> TrainingConfig:
         if not self.checkpoint_epochs and not self.every_epoch:
             raise ValueError("checkpoint_epochs is empty and every_epoch is false: nothing would be probed")
         if any(e < 1 for e in self.checkpoint_epochs):
@@ -393,7 +393,7 @@ class SweepConfig(_Strict):
         return tasks
 
     @model_validator(mode="after")
-    def _dp_fits_the_regimes(self) -> "SweepConfig":
+    def _dp_fits_the_regimes(self) -> SweepConfig:
         if any(math.isfinite(e) for e in self.grid.dp) and Regime.MULTI_RANDOM in self.grid.regime:
             raise ValueError("grid.dp with a finite epsilon cannot run regime multi_random: its contexts are drawn "
                              "from the member rows, whose influence as context rows DP-SGD does not bound; "
@@ -401,7 +401,7 @@ class SweepConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _single_task_settings_fit_the_regimes(self) -> "SweepConfig":
+    def _single_task_settings_fit_the_regimes(self) -> SweepConfig:
         """probe.references and canaries are defined on one task's members and non-members."""
         other = [str(r) for r in self.grid.regime if r != Regime.SINGLE_FIXED]
         if not other:

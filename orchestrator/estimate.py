@@ -35,9 +35,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -469,7 +470,7 @@ class Estimate:
     def wall_s(self) -> float:
         return sum(self.serial_s.values()) + self.phase_s
 
-    def with_probe_actors(self, probe_actors: int) -> "Estimate":
+    def with_probe_actors(self, probe_actors: int) -> Estimate:
         """The same measured grid with another number of probe actors (their plans and starts recounted)."""
         return predict(self.work, self.costs, self.workers, self.overheads, probe_actors)
 
@@ -489,7 +490,7 @@ class Estimate:
     def device(self) -> str:
         return next(iter(self.costs.values())).device
 
-    def on(self, workers: int) -> "Estimate":
+    def on(self, workers: int) -> Estimate:
         """The same measured grid on another number of workers."""
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")

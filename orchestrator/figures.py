@@ -13,8 +13,9 @@ returns the :class:`~matplotlib.figure.Figure`, so tests can read panels, legend
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -27,7 +27,7 @@ class LMModelConfig(_Strict):
     builtin: Literal["synthetic"] | None = None  # tiny GPT-2 trained on the generated world
 
     @model_validator(mode="after")
-    def _one_source(self) -> "LMModelConfig":
+    def _one_source(self) -> LMModelConfig:
         if bool(self.path) == bool(self.builtin):
             raise ValueError("give exactly one of `path` (a local model directory) or `builtin: synthetic`")
         return self
@@ -43,7 +43,7 @@ class ThresholdConfig(_Strict):
     unmemorized: float = Field(ge=0, le=1)
 
     @model_validator(mode="after")
-    def _ordered(self) -> "ThresholdConfig":
+    def _ordered(self) -> ThresholdConfig:
         if self.unmemorized > self.memorized:
             raise ValueError("`unmemorized` must be <= `memorized`")
         return self
@@ -65,7 +65,7 @@ class LMDatasetConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _one_source(self) -> "LMDatasetConfig":
+    def _one_source(self) -> LMDatasetConfig:
         if bool(self.path) == bool(self.builtin):
             raise ValueError("give exactly one of `path` or `builtin: synthetic`")
         if self.builtin and self.format not in ("bio", SYNTHETIC_FORMAT):
@@ -97,7 +97,7 @@ class NerConfig(_Strict):
     batch_size: int = Field(8, ge=1)
 
     @model_validator(mode="after")
-    def _positives_fit(self) -> "NerConfig":
+    def _positives_fit(self) -> NerConfig:
         if self.positives > self.shots:
             raise ValueError("`positives` cannot exceed `shots`")
         return self
@@ -138,7 +138,7 @@ class LMSweepConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "LMSweepConfig":
+    def _unique_names(self) -> LMSweepConfig:
         for kind, names in (("model", [m.label for m in self.models]), ("dataset", [d.name for d in self.datasets])):
             dup = sorted({n for n in names if names.count(n) > 1})
             if dup:

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
@@ -152,7 +153,7 @@ class UnitPlan:
                       "-".join(p for p in parts if p), entity_type, seed)
 
     @classmethod
-    def build(cls, cfg: LMSweepConfig, inputs: LMInputs, units_dir: Path) -> "UnitPlan":
+    def build(cls, cfg: LMSweepConfig, inputs: LMInputs, units_dir: Path) -> UnitPlan:
         plan = cls(cfg, inputs, units_dir)
         settings = cfg.ner.settings()
         ner_needs_exposure = NerVariant.SEEN.value in settings.variants

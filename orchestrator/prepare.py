@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from iclmem.errors import ConfigError, IclmemError
 from iclmem.provenance import Provenance, git_commit

@@ -4,8 +4,9 @@ figure and to render a table, so every section's files are written atomically an
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 

@@ -39,8 +39,9 @@ import html
 import json
 import math
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from iclmem.errors import ConfigError
 from iclmem.vocab import LabelDesign, LabelMode, Vocab

@@ -17,9 +17,10 @@ import signal
 import threading
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pandas as pd
 

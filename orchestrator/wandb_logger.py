@@ -31,9 +31,10 @@ import logging
 import os
 import re
 import secrets
+from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -208,7 +209,7 @@ class WandbResultsLogger:
         return close_within(close, timeout, "the summary run", Path(run.dir) if getattr(run, "dir", None) else
                             Path("wandb"))
 
-    def __enter__(self) -> "WandbResultsLogger":
+    def __enter__(self) -> WandbResultsLogger:
         return self
 
     def __exit__(self, exc_type: Any, *_exc: Any) -> None:

@@ -22,7 +22,7 @@ import json
 import time
 import warnings
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -215,7 +215,7 @@ class LMUnitWorker(_PoolWorker):
         return LMUnitResult(row, table)
 
 
-@lru_cache(maxsize=None)
+@cache
 def remote_worker(worker_class: type) -> Any:
     """The Ray actor class of a worker kind: restarted without limit when its process dies, and an
     interrupted call is retried on the restarted actor."""

@@ -20,8 +20,9 @@ Shapes: context features float32 [n_context, F] with labels int64 [n_context]; q
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class BlindBaseline:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "BlindBaseline":
+    def from_dict(cls, data: Mapping[str, Any]) -> BlindBaseline:
         return cls(float(data["auc"]), float(data["auc_low"]), float(data["auc_high"]), int(data["n_members"]),
                    int(data["n_nonmembers"]))
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd

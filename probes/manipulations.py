@@ -92,9 +92,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -533,7 +534,7 @@ def rng_for(seed: int, query_id: int, manipulation_name: str) -> np.random.Gener
     blake2b (not Python's per-process salted ``hash()``) so every process and rerun agrees; PCG64 named
     explicitly so a change of numpy's default bit generator cannot change the contexts.
     """
-    key = f"{int(seed)}:{int(query_id)}:{manipulation_name}".encode("utf-8")
+    key = f"{int(seed)}:{int(query_id)}:{manipulation_name}".encode()
     digest = hashlib.blake2b(key, digest_size=16, person=_RNG_PERSON).digest()
     return np.random.Generator(np.random.PCG64(int.from_bytes(digest, "little")))
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -713,7 +714,7 @@ class MembershipInput:
     @classmethod
     def from_scores_tables(
         cls, fine_tuned: pd.DataFrame, reference: pd.DataFrame
-    ) -> "MembershipInput":
+    ) -> MembershipInput:
         """Build from two scores tables (fine-tuned, reference). Each is reduced to per-query
         robustness scores (:func:`robustness_scores`); the two must hold the same queries with the
         same member flags and the same manipulations."""

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -142,7 +143,7 @@ class OutcomeThresholds:
     def verdict_rule(self) -> VerdictRule:
         return VerdictRule.of(self.rule, self.strict)
 
-    def for_rule(self, rule: VerdictRule | str) -> "OutcomeThresholds":
+    def for_rule(self, rule: VerdictRule | str) -> OutcomeThresholds:
         """The same thresholds under another rule (the null-split error rates measure every rule)."""
         rule = VerdictRule(rule)
         return dataclasses.replace(self, rule=rule.rule, strict=rule.strict)
@@ -162,7 +163,7 @@ class OutcomeThresholds:
         return self.family_alpha / self.family_size(n_checkpoints, n_competing)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> "OutcomeThresholds":
+    def from_dict(cls, d: Mapping[str, Any] | None) -> OutcomeThresholds:
         d = dict(d or {})
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
@@ -232,7 +233,7 @@ class OutcomeEvidence:
         loss_ratio: float,
         output_std: float,
         **kwargs: Any,
-    ) -> "OutcomeEvidence":
+    ) -> OutcomeEvidence:
         return build_evidence(fine_tuned, reference, loss_ratio, output_std, **kwargs)
 
 

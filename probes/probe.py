@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -86,7 +87,7 @@ class ProbeResult:
                                  indent=None, allow_nan=True)
 
     @classmethod
-    def load(cls, directory: str | Path, stem: str) -> "ProbeResult | None":
+    def load(cls, directory: str | Path, stem: str) -> ProbeResult | None:
         """A stored result, or None when any part is missing or fails its checksum (then it is recomputed)."""
         import warnings
 

@@ -13,9 +13,10 @@ Scores (ICLMEM_SPEC.md, Stage II) for candidate distribution p over Y and true l
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from math import gcd
-from typing import Any, Collection, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -55,7 +56,7 @@ class ProbeQueries:
     columns: Any = None
 
     @classmethod
-    def from_task(cls, task: Any) -> "ProbeQueries":
+    def from_task(cls, task: Any) -> ProbeQueries:
         idx = np.concatenate([np.asarray(task.member_idx), np.asarray(task.nonmember_idx)])
         member = np.zeros(len(idx), dtype=bool)
         member[: len(task.member_idx)] = True
@@ -130,7 +131,7 @@ class ProbePlan:
 
     @classmethod
     def build(cls, queries: ProbeQueries, suite: Sequence[Manipulation], seed: int,
-              compress_rows: bool = False) -> "ProbePlan":
+              compress_rows: bool = False) -> ProbePlan:
         planned = build_plans(
             suite, seed, queries.query_ids, queries.labels, queries.n_classes, queries.features.shape[1]
         )

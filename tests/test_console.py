@@ -188,8 +188,8 @@ def test_commands_other_than_run_print_python_warnings_in_one_line_without_their
     import warnings
 
     def warns(args):
-        warnings.warn("TPR@0.01 rests on 0.5 expected false positives", UserWarning)
-        warnings.warn("TPR@0.01 rests on 0.5 expected false positives", UserWarning)  # another line: shown once
+        warnings.warn("TPR@0.01 rests on 0.5 expected false positives", UserWarning, stacklevel=1)
+        warnings.warn("TPR@0.01 rests on 0.5 expected false positives", UserWarning, stacklevel=1)  # shown once
         return 0
 
     monkeypatch.setattr(cli, "cmd_report", warns)

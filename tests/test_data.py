@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -414,7 +415,7 @@ def test_prepared_arrays_are_read_only(cancer_normal: PreparedTask) -> None:
         cancer_normal.features[0, 0] = 1.0
     with pytest.raises(ValueError):
         cancer_normal.labels[0] = 1
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cancer_normal.seed = 3  # type: ignore[misc]
 
 

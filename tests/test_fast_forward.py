@@ -256,7 +256,7 @@ def _every_token_through_every_block(module, context_x, context_y, query_x, weig
     for block in module.blocks:
         q, k, v = block.qkv(block.norm_attn(tokens)).chunk(3, dim=-1)
 
-        def heads(t):
+        def heads(t, block=block):  # bound now: called within this iteration only
             return t.reshape(batch, t.shape[1], block.n_heads, -1).transpose(1, 2)
 
         attended = F.scaled_dot_product_attention(heads(q), heads(k[:, :n_context]), heads(v[:, :n_context]),

@@ -79,7 +79,7 @@ def _minilm_files() -> tuple[Any, Any]:
             AutoModel.from_pretrained(path, local_files_only=True).eval().float())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _minilm_one(text: str) -> torch.Tensor:
     tokenizer, model = _minilm_files()
     with torch.no_grad():  # one string at a time: no padding anywhere
@@ -156,7 +156,7 @@ def test_the_split_is_the_same_for_every_contract_and_their_caches_do_not_collid
         assert numeric.n_features == numeric.split_report.n_encoded_features == 9  # price, 7 one-hot cities, days
         assert numeric.split_report.pca_reason is None
         assert tasks[InputContract.CELLS].n_features == 3
-        for contract, task in tasks.items():  # each cache entry returns its own contract's features
+        for task in tasks.values():  # each cache entry returns its own contract's features
             again = load_prepared(task.fingerprint, tmp_path)
             assert again == task and again.columns == task.columns
 

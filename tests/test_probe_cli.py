@@ -197,7 +197,7 @@ def _foreign_weights(tmp_path: Path) -> dict[str, Path]:
 
 
 def test_weights_of_another_model_or_shape_are_a_checkpoint_error_not_a_torch_traceback(tmp_path):
-    for kind, weights in _foreign_weights(tmp_path).items():
+    for weights in _foreign_weights(tmp_path).values():
         with pytest.raises(CheckpointError, match=rf"{weights}: not fine-tuned weights of model 'pfn-mini'"):
             audit_checkpoint(str(weights), "iris", out=str(tmp_path / "a"), **IRIS)
     proc = _cli(str(weights), "--task", "iris", "--q", "20", "--context-size", "30", "--out", str(tmp_path / "b"))

@@ -24,8 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,7 @@ class CanarySettings:
                 "per_group": int(self.per_group), "holdout": int(self.holdout)}
 
     @classmethod
-    def from_value(cls, value: "CanarySettings | Mapping[str, Any]") -> "CanarySettings":
+    def from_value(cls, value: CanarySettings | Mapping[str, Any]) -> CanarySettings:
         if isinstance(value, CanarySettings):
             return value
         data = dict(value)

@@ -28,9 +28,10 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -164,7 +165,7 @@ class DPSettings:
     @classmethod
     def calibrate(cls, target_epsilon: float, delta: float, max_grad_norm: float, epochs: int,
                   accountant: DPAccountant | str = DPAccountant.RDP, sample_rate: float = 1.0,
-                  steps_per_epoch: int = 1) -> "DPSettings":
+                  steps_per_epoch: int = 1) -> DPSettings:
         """Settings whose noise keeps ``epochs`` epochs within (``target_epsilon``, ``delta``)."""
         sigma = noise_multiplier_for(target_epsilon, delta, sample_rate, epochs * steps_per_epoch, accountant)
         return cls(target_epsilon=float(target_epsilon), delta=float(delta), max_grad_norm=float(max_grad_norm),
@@ -172,7 +173,7 @@ class DPSettings:
                    steps_per_epoch=int(steps_per_epoch), accountant=_accountant(accountant))
 
     @classmethod
-    def from_value(cls, value: "DPSettings | Mapping[str, Any]") -> "DPSettings":
+    def from_value(cls, value: DPSettings | Mapping[str, Any]) -> DPSettings:
         return value if isinstance(value, DPSettings) else cls(**dict(value))
 
     @property

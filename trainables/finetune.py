@@ -17,9 +17,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -118,7 +119,7 @@ class Batch:
     query_y: torch.Tensor  # int64 [1, M]
     n_classes: int
 
-    def to(self, device: torch.device) -> "Batch":
+    def to(self, device: torch.device) -> Batch:
         return Batch(self.context_x.to(device), self.context_y.to(device), self.query_x.to(device),
                      self.query_y.to(device), self.n_classes)
 

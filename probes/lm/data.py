@@ -28,9 +28,9 @@ Raw sentences are data, not logs: nothing in this module prints or logs them.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -102,7 +102,7 @@ class Sentence:
     def has_type(self, entity_type: str) -> bool:
         return any(s.type == entity_type for s in self.spans)
 
-    def replace_spans(self, replacements: Mapping[int, str]) -> "Sentence":
+    def replace_spans(self, replacements: Mapping[int, str]) -> Sentence:
         """A copy with span ``i`` replaced by the (whitespace-split) string ``replacements[i]``."""
         tokens: list[str] = []
         spans: list[Span] = []

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -15,7 +15,7 @@ The HTML holds numbers and entity-type names only, never sentences or entity str
 from __future__ import annotations
 
 import html
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd

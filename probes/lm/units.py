@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -115,7 +116,7 @@ class LMUnitResult:
                                  allow_nan=True)
 
     @classmethod
-    def load(cls, directory: str | Path, stem: str) -> "LMUnitResult | None":
+    def load(cls, directory: str | Path, stem: str) -> LMUnitResult | None:
         """The stored unit, or None when it is missing, partial or fails its checksum (then it is recomputed)."""
         import warnings
 

@@ -13,9 +13,10 @@ import abc
 import contextlib
 import hashlib
 import json
+from collections.abc import Callable, Iterator, Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -126,6 +127,7 @@ class ModelAdapter(abc.ABC):
     def _require_classifier(self) -> None:
         """Hook: adapters whose checkpoint may be a regressor refuse class log-probabilities here, before
         the shape checks, so the error names the remedy rather than "at most 0 candidate labels"."""
+        return None  # a classifier has nothing to refuse
 
     def _weighted_logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
                          context_weight: torch.Tensor) -> torch.Tensor:
@@ -189,7 +191,7 @@ class ModelAdapter(abc.ABC):
             return tensor.device
         return torch.device("cpu")
 
-    def to(self, device: str | torch.device) -> "ModelAdapter":
+    def to(self, device: str | torch.device) -> ModelAdapter:
         """Move the module to ``device`` (in place); returns self."""
         self.module.to(torch.device(device))
         return self

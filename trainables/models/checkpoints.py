@@ -9,9 +9,10 @@ started), and the adapters' builders call the same function to find the file the
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from iclmem.errors import CheckpointError
 from iclmem.registry import Registry

@@ -40,8 +40,9 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -212,7 +213,7 @@ class ConTextTabAdapter(ModelAdapter):
         """(name, kind) of each materialised column, given the task column each one is (-1: distractor)."""
         out: list[tuple[str, ColumnKind]] = []
         distractors = 0
-        for j, source in enumerate(sources):
+        for source in sources:
             if source < 0:  # the probe's noise: numbers, named as what they are
                 distractors += 1
                 out.append((f"noise_{distractors}", ColumnKind.NUMBER))

@@ -16,11 +16,12 @@ import contextlib
 import importlib
 import importlib.util
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
