@@ -305,22 +305,32 @@ def test_a_small_dp_sweep_never_audits_above_its_accountant(tmp_path):
 PLANTED_DP_SEEDS = (0, 2)
 
 
+def _planted_run(seed: int, eps: float | None) -> tuple:
+    """One planted run of the test below, on one thread: (outcome, AUC, ε_lb, DP record)."""
+    torch.set_num_threads(1)
+    task = _task(q=30, context=60, seed=seed)
+    dp = None if eps is None else DPSettings.calibrate(eps, 1e-5, 1.0, epochs=200)
+    ft = Finetuner(FinetuneSpec(model="pfn-mini", lr=3e-3, epochs=200, seed=seed, dp=dp), [task])
+    ft.train()
+    row = _probe(ft, task, {"run_id": f"planted-dp{eps}-seed{seed}"}, 200)
+    lb = max(row[f"calibrated_{k}_epsilon_lb"] for k in ("loss", "entropy", "confidence"))
+    return row["outcome"], row["auc"], lb, ft.dp_record()
+
+
 @pytest.mark.slow
-def test_planted_memorization_is_found_without_dp_and_not_under_dp_at_epsilon_1(capsys):
+def test_planted_memorization_is_found_without_dp_and_not_under_dp_at_epsilon_1(capsys, ray_session):
     """Label-shuffled members, lr 3e-3, 200 epochs (iris, Q = 30, |C'| = 60), two seeds: without DP at least
     one run is memorization with ε_lb > 0; the same runs under DP-SGD at ε = 1 are not memorization and
-    their ε_lb stays <= the accountant's ε <= 1."""
-    torch.set_num_threads(1)
-    results = {}
-    for seed in PLANTED_DP_SEEDS:
-        task = _task(q=30, context=60, seed=seed)
-        for eps in (None, 1.0):
-            dp = None if eps is None else DPSettings.calibrate(eps, 1e-5, 1.0, epochs=200)
-            ft = Finetuner(FinetuneSpec(model="pfn-mini", lr=3e-3, epochs=200, seed=seed, dp=dp), [task])
-            ft.train()
-            row = _probe(ft, task, {"run_id": f"planted-dp{eps}-seed{seed}"}, 200)
-            lb = max(row[f"calibrated_{k}_epsilon_lb"] for k in ("loss", "entropy", "confidence"))
-            results[seed, eps] = (row["outcome"], row["auc"], lb, ft.dp_record())
+    their ε_lb stays <= the accountant's ε <= 1. The four runs are Ray tasks of the session's Ray, two at a
+    time (each on one thread, as in a trial: the numbers are those of a sequential run)."""
+    import sys
+
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import tests/ by name
+    runs = [(seed, eps) for seed in PLANTED_DP_SEEDS for eps in (None, 1.0)]
+    remote = ray_session.remote(num_cpus=1)(_planted_run)
+    results = dict(zip(runs, ray_session.get([remote.remote(seed, eps) for seed, eps in runs]), strict=True))
     with capsys.disabled():
         for seed in PLANTED_DP_SEEDS:
             print(f"\nplanted seed {seed}: no DP {results[seed, None][:3]}; DP eps=1 {results[seed, 1.0][:3]}, "

@@ -34,9 +34,11 @@ def _epsilon_lb(row: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def matched_rows() -> list[dict]:
-    return [no_membership_check(control, mode, seed=seed) for control in NoMembershipControl for mode in MODES
-            for seed in SEEDS]
+def matched_rows(ray_session) -> list[dict]:
+    # Ray tasks of the session's Ray, two at a time; each check runs on one torch thread, as it would alone
+    check = ray_session.remote(num_cpus=1)(no_membership_check)
+    return ray_session.get([check.remote(control, mode, seed=seed) for control in NoMembershipControl
+                            for mode in MODES for seed in SEEDS])
 
 
 def test_models_that_never_saw_the_audited_rows_get_no_membership_verdict_in_every_label_mode(matched_rows):
