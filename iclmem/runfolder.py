@@ -46,7 +46,7 @@ LM_ASSETS_DIR = "lm_assets"  # the built-in synthetic model and dataset, built o
 __all__ = [
     "FIGURES_DIR", "MANIPULATION_AUC_FILE", "PREPARED_DIR", "PROBES_DIR", "PROVENANCE_FILE", "REFERENCE_DIR",
     "REFERENCE_RESULTS_FILE", "REPORT_FILE", "RESULTS_FILE", "ROC_DIR", "SPLIT_REPORT_FILE", "SWEEP_FILE", "TUNE_DIR", "VERDICT_FILE",
-    "WANDB_DIR", "folder_kind", "roc_path", "unwritable", "GROUND_TRUTH_FILE", "CONSOLE_LOG_FILE", "RUN_STATE_FILE", "RunStatus",
+    "WANDB_DIR", "folder_kind", "roc_path", "existing_ancestor", "unwritable", "GROUND_TRUTH_FILE", "CONSOLE_LOG_FILE", "RUN_STATE_FILE", "RunStatus",
     "read_run_state", "write_run_state", "QUERIES_SUFFIX", "probe_stem",
     "LM_ASSETS_DIR", "LM_EXPOSURE_DIR", "LM_REPORT_FILE", "LM_RESULTS_FILE", "LM_SWEEP_FILE", "LM_UNITS_DIR",
 ]
@@ -75,15 +75,22 @@ def folder_kind(path: str | Path) -> str:
     return record.kind if record is not None and record.kind in ("lm", "audit") else "foreign"
 
 
+def existing_ancestor(path: str | Path) -> Path:
+    """``path`` (``~`` expanded, made absolute) if it exists, else the nearest of its parents that does: where
+    a folder would be created, and so what decides whether it can be."""
+    target = Path(path).expanduser().absolute()
+    while not target.exists() and target != target.parent:
+        target = target.parent
+    return target
+
+
 def unwritable(folder: str | Path) -> str | None:
     """Why iclmem could not write in ``folder`` (or create it), or None: checked before any work, so a
     read-only mount or a file in the way is one line of bad input, not a traceback after Stage I."""
     import os
     import tempfile
 
-    target = Path(folder).expanduser().absolute()
-    while not target.exists() and target != target.parent:
-        target = target.parent
+    target = existing_ancestor(folder)
     if not target.is_dir():
         return f"{target} is a file, not a folder"
     try:

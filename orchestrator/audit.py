@@ -397,9 +397,10 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
     # flags and models are settled: claimed before any work, so that an audit stopped half-way can run again
     claim_audit_folder(out_dir, path, "--out" if out else "the default audit folder")
     out_dir.mkdir(parents=True, exist_ok=True)
-    audit_provenance(path, {"checkpoint": str(path.resolve()), "task": task, "base_model": base_model,
-                            "base_weights": base_weights, "q": q, "label_mode": label_mode, "seed": seed,
-                            "members": members}, seed).write(out_dir)
+    audit_provenance(path, {"checkpoint": str(path.resolve()), "task": task or record_task_spec(source),
+                            "base_model": model_name, "base_options": options, "base_weights": base_weights, "q": q,
+                            "label_mode": label_mode, "seed": seed, "bootstrap": bootstrap,
+                            "context_size": context_size, "members": members}, seed).write(out_dir)
     # Stage I under the base model's input contract (ConTextTab reads the real columns, TabICL and TabPFN
     # unreduced numbers), as a sweep prepares the task for that model
     # a log written before label-matched non-members existed records no design: those runs used the paper's
@@ -437,10 +438,6 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
                               identity, epoch=-1, canaries=canaries)
     result.save(out_dir / PROBES_DIR, path.name)
     write_json_atomic(out_dir / VERDICT_FILE, strict_json(result.row))
-    audit_provenance(path, {"checkpoint": str(path.resolve()), "task": task or record_task_spec(source),
-                            "base_model": model_name, "base_options": options, "base_weights": base_weights, "q": q,
-                            "label_mode": label_mode, "seed": seed, "bootstrap": bootstrap,
-                            "context_size": context_size, "members": members}, seed).write(out_dir)
     return dict(result.row)
 
 

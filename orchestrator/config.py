@@ -372,13 +372,12 @@ class SweepConfig(_Strict):
     def _storage_is_a_folder(cls, value: str | None) -> str | None:
         if value is None or "://" in value:  # a bucket is reached at launch (orchestrator.sweep.check_storage)
             return value
-        path = Path(value).expanduser()
-        for part in (path, *path.parents):
-            if part.exists():
-                if not part.is_dir():
-                    raise ValueError(f"{str(part)!r} is a file, not a folder: Tune keeps checkpoints under "
-                                     "storage_path, so it must be a folder (or s3://..., gs://...)")
-                break
+        from iclmem.runfolder import existing_ancestor
+
+        part = existing_ancestor(value)
+        if part.exists() and not part.is_dir():
+            raise ValueError(f"{str(part)!r} is a file, not a folder: Tune keeps checkpoints under "
+                             "storage_path, so it must be a folder (or s3://..., gs://...)")
         return value
 
     @field_validator("tasks")

@@ -374,17 +374,14 @@ def _run_lm_sweep(config_path: str | Path | None, run_dir: str | Path, *, config
     import warnings
     from contextlib import nullcontext
 
-    from iclmem.runfolder import unwritable
-    from orchestrator.sweep import claim_run_folder, console_warnings
+    from orchestrator.sweep import claim_run_folder, console_warnings, require_writable
 
     run_dir = Path(run_dir).resolve()
     if resume:
         cfg = _stored_config(run_dir)
     else:
         cfg = config or load_lm_sweep(config_path)
-    problem = unwritable(run_dir)
-    if problem:
-        raise ConfigError(f"{'run folder' if resume else '--out'} {run_dir}: {problem}; nothing was started")
+    require_writable(run_dir, resume)
     if not resume:
         claim_run_folder(run_dir, kind="lm", config_hash=cfg.config_hash())  # before anything is written
     # Python warnings of the inputs' loading are held until the run folder (and its console log) exists.

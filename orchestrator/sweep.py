@@ -45,6 +45,7 @@ from iclmem.runfolder import (
     SWEEP_FILE,
     TUNE_DIR,
     RunStatus,
+    existing_ancestor,
     folder_kind,
     probe_stem,
     unwritable,
@@ -104,11 +105,8 @@ def free_space(run_dir: Path, storage: str | None) -> list[tuple[str, str, int]]
     out = []
     for label, folder in (("run folder", str(run_dir)), ("Tune storage", storage)):
         if folder and "://" not in folder:
-            probe = Path(folder)
-            while not probe.exists() and probe != probe.parent:
-                probe = probe.parent
             try:
-                out.append((label, folder, int(shutil.disk_usage(probe).free)))
+                out.append((label, folder, int(shutil.disk_usage(existing_ancestor(folder)).free)))
             except OSError:
                 pass
     return out
@@ -211,7 +209,7 @@ def _resources_text(resources: dict[str, float]) -> str:
                      "object_store_memory", "accelerator_type"))) or "nothing"
 
 
-def stall_reason(trials: list, idle_s: float, console_log: Path | None, waiting_on: str = "") -> str:
+def stall_reason(trials: list, idle_s: float, console_log: Path | None) -> str:
     """One paragraph: how long nothing moved, what waits and what it asks, what the cluster has, and Ray's own
     explanation from the console log when it gave one."""
     import ray
@@ -224,8 +222,6 @@ def stall_reason(trials: list, idle_s: float, console_log: Path | None, waiting_
         except Exception:  # noqa: BLE001 - the explanation must not fail on an internal attribute
             asks = {}
         parts.append(f"{len(pending)} trial(s) waiting to start, each asking {_resources_text(asks)}")
-    if waiting_on:
-        parts.append(waiting_on)
     try:
         parts.append(f"the cluster holds {_resources_text(ray.cluster_resources())} ("
                      f"{_resources_text(ray.available_resources())} free)")
@@ -696,9 +692,7 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
         check_results_match(run_dir, sweep)
     elif sweep is None:
         sweep = load_sweep(config_path)
-    problem = unwritable(run_dir)
-    if problem:
-        raise ConfigError(f"{'run folder' if resume else '--out'} {run_dir}: {problem}; nothing was started")
+    require_writable(run_dir, resume)
     if not resume and claim_run_folder(run_dir, sweep):
         # the same config's folder: continue it as `iclmem resume` would, never re-train a finished trial
         check_results_match(run_dir, sweep)
@@ -732,10 +726,11 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
                     if is_disk_full(line)]
             storage = storage_for(sweep, run_dir)
             full = [folder for _, folder, free in free_space(run_dir, storage) if free < FULL_DISK_BYTES]
+            own = is_disk_full(exc)
             # Tune may fail on the damage a full disk did (a half-written state file), not on the disk itself
-            if is_disk_full(exc) or said or full:
+            if own or said or full:
                 detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                raise disk_full_error(run_dir, storage, detail if is_disk_full(exc) or not said else said[-1]) from None
+                raise disk_full_error(run_dir, storage, detail if own or not said else said[-1]) from None
             write_run_state(run_dir, RunStatus.FAILED, note=f"{type(exc).__name__}: {exc}"[:2000])
             raise
 
@@ -757,7 +752,8 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
     started = False
     finish_timeout: float | None = None
     prog = Progress(len(prepared.trials), enabled=progress, log=log)
-    prog.watchdog = Watchdog(sweep.resources.stall_timeout_min * 60)
+    stall_timeout_s = sweep.resources.stall_timeout_min * 60
+    prog.watchdog = Watchdog(stall_timeout_s)
     prog.console_log = console.log_path
     interrupts.record = lambda: write_run_state(
         run_dir, RunStatus.INTERRUPTED, incomplete_runs(prepared, prog),
@@ -831,7 +827,7 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
                 for job in jobs_for(config, int(metrics["epoch"]), checkpoint, probes_dir):
                     pool.submit(job)
         try:
-            drained = pool.drain(watchdog=Watchdog(sweep.resources.stall_timeout_min * 60))
+            drained = pool.drain(watchdog=Watchdog(stall_timeout_s))
         except SweepStalled as stalled:
             write_run_state(run_dir, RunStatus.INTERRUPTED, incomplete_runs(prepared, prog),
                             note=f"stopped for making no progress: {stalled}"[:2000])
@@ -853,7 +849,7 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
         where = f" (Ray's and Tune's messages are in {console.log_path})" if console.log_path else ""
         full = [cause for cause in causes if is_disk_full(cause)]
         if full:  # not the trials' fault: resumable once there is room
-            raise disk_full_error(run_dir, storage_for(sweep, run_dir), full[0])
+            raise disk_full_error(run_dir, storage, full[0])
         if causes:
             failed_runs = sorted({run for runs in causes.values() for run in runs})
             for cause, runs in causes.items():
@@ -889,6 +885,13 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
             pool.shutdown()
         if started:
             ray.shutdown()
+
+
+def require_writable(run_dir: Path, resume: bool) -> None:
+    """A driver (tabular or LM, new or resumed) refuses a run folder it could not write, before any work."""
+    problem = unwritable(run_dir)
+    if problem:
+        raise ConfigError(f"{'run folder' if resume else '--out'} {run_dir}: {problem}; nothing was started")
 
 
 def check_results_match(run_dir: Path, sweep: SweepConfig) -> None:
@@ -1006,8 +1009,6 @@ class ProbePools:
             got = self.poll(timeout=poll_every)
             rows.extend(got)
             if watchdog is not None and watchdog.observe(len(rows)) and self.pending:
-                from iclmem.errors import SweepStalled
-
                 raise SweepStalled(f"no progress for {watchdog.idle_s / 60:.1f} min: {self.pending} probe job(s) "
                                    "waiting, none finished (probe actors waiting for resources? see "
                                    "resources.cpus_per_probe_actor, gpus_per_probe_actor, probe_resources)")
