@@ -112,3 +112,14 @@ def failing_at_lr_trainable(config: dict[str, Any], prepared: dict[str, Any] | N
     if float(trial["finetune"]["lr"]) == 0.01:
         raise RuntimeError("\x1b[36minjected\x1b[39m failure: lr 0.01 cannot be trained")
     finetune_trainable(config, prepared)
+
+
+def full_disk_at_lr_trainable(config: dict[str, Any], prepared: dict[str, Any] | None = None) -> None:
+    """The real trainable, except that a trial whose learning rate is 0.01 meets a full disk (ENOSPC, as a
+    checkpoint write would) before its first epoch, while Tune's own state stays intact."""
+    import errno
+
+    trial = config.get("__trial__", config)
+    if float(trial["finetune"]["lr"]) == 0.01:
+        raise OSError(errno.ENOSPC, "No space left on device", "/scratch/checkpoint_000000/model.safetensors")
+    finetune_trainable(config, prepared)

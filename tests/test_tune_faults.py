@@ -346,7 +346,8 @@ def test_the_stall_message_quotes_the_last_line_where_ray_says_why_it_waits(tmp_
     log.write_text("(raylet) something else\n[iclmem] trials 0/1 done, 0 running\nWARNING insufficient_resources_"
                    "manager.py:163 -- Ignore this message if the cluster is autoscaling. No trial is running and no "
                    "new trial has been started within the last 60 seconds. This could be due to the cluster not "
-                   "having enough resources available.\nunrelated tail\n")
+                   "having enough resources available.\n[iclmem] 1 trial pending (iclmem's own line, not Ray's)\n"
+                   "unrelated tail\n")
     quote = ray_wait_reason(log)
     assert quote is not None and quote.startswith("WARNING insufficient_resources_manager.py:163")
     assert ray_wait_reason(tmp_path / "absent.log") is None
@@ -396,3 +397,29 @@ def test_a_disk_that_runs_full_stops_the_sweep_resumably_and_resume_finishes_it_
     assert json.loads((run_dir / "run_state.json").read_text())["status"] == "complete"
     assert all(Path(name).read_bytes() == data for name, data in kept.items())
     assert any("experiment state" in line and "is damaged" in line and "set aside" in line for line in lines), lines
+
+
+def test_a_trial_that_meets_a_full_disk_ends_the_sweep_resumably_not_as_a_failed_trial(ray_session, tmp_path,
+                                                                                      monkeypatch):
+    """The other way a full disk shows: a trial's own write fails with ENOSPC while Tune's state stays
+    readable. That is no fault of the trial's settings: DiskFull (exit 1), run_state interrupted, not
+    TrialsFailed with run_state failed."""
+    import fault_injection
+
+    import trainables.trainable
+    from iclmem.errors import DiskFull
+    from orchestrator.config import parse_sweep
+    from orchestrator.sweep import run_sweep
+
+    monkeypatch.setattr(trainables.trainable, "finetune_trainable", fault_injection.full_disk_at_lr_trainable)
+    sweep = parse_sweep({
+        "name": "full-trial", "tasks": [{"name": "iris"}], "grid": {"lr": [1e-2], "q": [10]},
+        "data": {"context_size": 30}, "training": {"epochs": 1, "checkpoint_epochs": [1]}, "max_failures": 0,
+        "probe": {"suite": ["base", "skew_true_x2"], "bootstrap": 10, "null_splits": 0},
+        "resources": {"cpus_per_trial": 0.5, "cpus_per_probe_actor": 0.5}, "wandb": {"mode": "disabled"},
+    })
+    with pytest.raises(DiskFull, match=r"a disk ran full \(OSError: \[Errno 28\] No space left on device") as caught:
+        run_sweep(None, tmp_path / "run", sweep=sweep, progress=False, log=lambda _m: None)
+    assert f"iclmem resume {tmp_path / 'run'}" in str(caught.value)
+    state = json.loads((tmp_path / "run" / "run_state.json").read_text())
+    assert state["status"] == "interrupted" and "disk full" in state["note"]
