@@ -621,3 +621,20 @@ def test_a_split_whose_groups_are_separable_without_the_model_is_redrawn(monkeyp
     monkeypatch.setattr(blind, "blind_baseline", lambda *a, **k: blind.BlindBaseline(0.2, 0.1, 0.3, 30, 30))
     with pytest.raises(SplitError, match=r"task 'iris', label_mode shuffled_members: .*separable without the model"):
         prepare_task(builtin("iris"), PrepSettings(context_size=30, max_redraws=3), "shuffled_members", seed=0, q=30)
+
+
+def test_the_blind_baseline_is_remembered_per_split_never_across_splits() -> None:
+    """A split's blind baseline is computed once per process and reused for every checkpoint; a null split
+    of the same task (other members and non-members) gets its own, equal to a fresh computation."""
+    from probes.blind import _task_blind_baseline, task_blind_baseline
+    from trainables.data import TaskSource, prepare_task
+
+    task = prepare_task(TaskSource("digits", "builtin"), label_mode="shuffled_members", seed=0, q=50, context_size=128)
+    real = task_blind_baseline(task)
+    assert task_blind_baseline(task) is real  # the second checkpoint's call: no refit
+    rows = np.concatenate([task.member_idx, task.nonmember_idx])
+    other = np.random.default_rng(1).permutation(rows)
+    null_members, null_nonmembers = np.sort(other[:50]), np.sort(other[50:])
+    null = task_blind_baseline(task, null_members, null_nonmembers)
+    assert null == _task_blind_baseline(task, null_members, null_nonmembers)
+    assert null != real
