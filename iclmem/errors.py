@@ -68,6 +68,11 @@ class CorruptCheckpointError(CheckpointError):
         return (type(self), (str(self), self.path))
 
 
+class ResultSchemaError(IclmemError):
+    """A results row or table does not match ``iclmem.record``: an undeclared column, a missing identity
+    column, or a table in a shape this iclmem no longer reads (the message names the version that wrote it)."""
+
+
 class ProbeError(IclmemError):
     """A probe could not be built or scored."""
 

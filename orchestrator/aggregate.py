@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.atomic import write_parquet_atomic
+from iclmem.record import CHECKPOINT_KEY, check_columns
 from iclmem.runfolder import (
     FIGURES_DIR,
     MANIPULATION_AUC_FILE,
@@ -28,8 +29,6 @@ from iclmem.runfolder import (
     roc_path,
 )
 from probes.probe import ProbeResult
-
-ID_COLUMNS = ["run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed", "epoch"]
 
 # per-query tables of the stored probe results, by (run folder under probes/, result stem): what
 # ``ProbeResult.load`` read, handed to the attacks so each table is read once
@@ -56,8 +55,8 @@ def collect(run_dir: Path, keep_queries: bool = True) -> tuple[pd.DataFrame, pd.
         rocs.setdefault((result.row["run_id"], int(result.row["epoch"])), result.roc)
     results = pd.DataFrame(rows)
     if not results.empty:
-        results = results.sort_values(ID_COLUMNS[:-1] + ["epoch"]).reset_index(drop=True)
-        first = [c for c in ID_COLUMNS if c in results.columns]
+        results = results.sort_values(list(CHECKPOINT_KEY)).reset_index(drop=True)
+        first = [c for c in CHECKPOINT_KEY if c in results.columns]
         results = results[first + [c for c in results.columns if c not in first]]
     manipulation_auc = pd.concat(manips, ignore_index=True) if manips else pd.DataFrame()
     return results, manipulation_auc, rocs, queries
@@ -116,6 +115,7 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
         write_parquet_atomic(references, run_dir / REFERENCE_RESULTS_FILE)
     results = attack_columns(results, references, run_dir, log, queries=queries)
     results = epsilon_columns(results, log)
+    check_columns(results.columns, str(run_dir / RESULTS_FILE))
     write_parquet_atomic(results, run_dir / RESULTS_FILE)
     write_parquet_atomic(manipulation_auc, run_dir / MANIPULATION_AUC_FILE)
     for (run_id, epoch), roc in rocs.items():

@@ -18,30 +18,24 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 
+from iclmem.record import ATTACK_VERDICT_SUFFIXES, CHECKPOINT_KEY
 from iclmem.vocab import Attack
 from orchestrator.report_parts import html_table, paragraph, save_png, section_html
 
-__all__ = ["ATTACK_REPORT_COLUMNS", "ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "ATTACKS_FIGURE",
+__all__ = ["ATTACK_REPORT_COLUMNS", "ATTACKS_FIGURE",
            "attack_table", "attack_verdict_table", "attack_roc_figure", "attacks_section_html"]
 
 ATTACKS_FIGURE = "attacks_roc.png"
 _ATTACKS = [a.value for a in Attack]
 # the statistics the attacks run on (orchestrator.aggregate.ATTACK_STATISTICS): column prefix -> report name
 _STATISTICS = {"": "probe (−ΔS)", "known_context_": "known-context loss"}
-# the verdict columns of every attack (probes.attacks.attack_metric_columns, evaluate_attacks and
-# attack_run_headline): ids and verdicts or counts, no raw value. ATTACK_VERDICT_COLUMN is the public
-# results allow-list's entry for them (orchestrator.reports._RESULT_PATTERNS must include it).
-ATTACK_VERDICT_SUFFIXES: tuple[str, ...] = ("outcome", "p_value_threshold", "null_memorization", "run_outcome",
-                                            "run_epoch", "run_auc", "run_null_splits", "run_null_memorization")
-ATTACK_VERDICT_COLUMN = re.compile(rf"^(known_context_)?({'|'.join(_ATTACKS)})_({'|'.join(ATTACK_VERDICT_SUFFIXES)})$")
 ATTACK_REPORT_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys((
-    "run_id", "task", "model", "lr", "q", "label_mode", "seed", "epoch", "sanity_check", "outcome",
+    *CHECKPOINT_KEY, "sanity_check", "outcome",
     "auc", "auc_low", "auc_high", "tpr_at_1pct", "calibrated_loss_auc", "calibrated_loss_auc_low",
     "calibrated_loss_auc_high", "calibrated_loss_tpr_at_1pct", "attack_references", "attack_roc",
     *(f"{a}_{stat}" for a in _ATTACKS for stat in ("auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_1pct_low",

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from iclmem.record import CHECKPOINT_KEY
 from orchestrator.report_parts import html_table, paragraph, save_png, section_html
 
 __all__ = ["CANARY_REPORT_COLUMNS", "CANARIES_FIGURE", "canary_copies", "canary_table", "canary_figure",
@@ -27,8 +28,7 @@ __all__ = ["CANARY_REPORT_COLUMNS", "CANARIES_FIGURE", "canary_copies", "canary_
 
 CANARIES_FIGURE = "canary_exposure.png"
 MAX_FIGURE_RUNS = 12  # panels beyond this many runs would be unreadable; the table lists every run
-CANARY_REPORT_COLUMNS: tuple[str, ...] = ("run_id", "task", "model", "lr", "q", "label_mode", "seed", "epoch",
-                                          "sanity_check", "canary_holdout", "canary_exposure_max")
+CANARY_REPORT_COLUMNS: tuple[str, ...] = (*CHECKPOINT_KEY, "sanity_check", "canary_holdout", "canary_exposure_max")
 _COPIES = re.compile(r"^canary_exposure_c(\d+)$")
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from iclmem.record import CHECKPOINT_KEY
 from iclmem.vocab import SCORE_KINDS
 from orchestrator.report_parts import paragraph, save_png, section_html
 
@@ -30,7 +31,7 @@ __all__ = ["EPSILON_REPORT_COLUMNS", "epsilon_public", "epsilon_table", "epsilon
 EPSILON_FIGURE = "epsilon_over_epochs.png"
 
 EPSILON_REPORT_COLUMNS: tuple[str, ...] = (
-    "run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed", "epoch", "outcome", "sanity_check",
+    *CHECKPOINT_KEY, "outcome", "sanity_check",
     "epsilon_lb", "epsilon_lb_kind", "epsilon_lb_delta", "run_epsilon_lb", "run_epsilon_lb_epoch",
     "run_epsilon_lb_kind", "dp_target_epsilon", "dp_delta", "dp_max_grad_norm", "dp_noise_multiplier",
     "dp_accountant", "dp_epsilon", "dp_steps", "epsilon_consistent", "member_icl_accuracy", "nonmember_icl_accuracy",

@@ -193,6 +193,8 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
     import warnings
 
     import probes.probe as probe_mod
+    from iclmem.record import RunIdentity
+    from iclmem.vocab import Regime
     from probes.calibration import model_digest
     from probes.outcomes import OutcomeThresholds
     from probes.probe import ProbeSettings
@@ -273,11 +275,13 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
             digest = model_digest(base)
             probe_mod.base_icl(cache, task, digest, base)  # cached once per task in a sweep
             result: dict[str, Any] = {}
+            identity = RunIdentity("estimate", task.name, model_name, Regime.SINGLE_FIXED.value, 1e-4, q,
+                                   str(task.label_mode), 0).as_dict()
 
             def probe_rest() -> None:
                 asked["calls"] += 1
                 result["r"] = probe_mod.probe_checkpoint(finetuner.model, task, plan, cache, digest, base,
-                                                         probe_settings, {"run_id": "estimate"}, 1,
+                                                         probe_settings, identity, 1,
                                                          canaries=canaries)
 
             if canaries is not None:  # the base model's canary losses: cached once per task in a sweep

@@ -25,6 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from iclmem.atomic import atomic_write
+from iclmem.record import GRID_AXES
 from iclmem.runfolder import FIGURES_DIR, MANIPULATION_AUC_FILE, ROC_DIR
 from iclmem.vocab import Outcome
 from orchestrator import reports as R
@@ -40,7 +41,7 @@ _OTHER_COLOR = "#e0e0e0"
 _DPI = 100
 FACET_AXES: tuple[str, ...] = R.FACET_AXES  # a figure facets by every one of these that varies
 # Every axis that can tell two runs apart, in the order a legend names them.
-RUN_AXES: tuple[str, ...] = ("task", "model", "regime", "lr", "q", "label_mode", "seed", "dp_target_epsilon")
+RUN_AXES: tuple[str, ...] = GRID_AXES
 CHANCE_LABEL = "chance (AUC 0.5)"
 _CHANCE_ZORDER = 10  # above every curve, so no run's line can hide the reference
 

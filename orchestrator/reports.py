@@ -50,6 +50,7 @@ from iclmem import runfolder as _runfolder
 from iclmem.atomic import write_text_atomic
 from iclmem.errors import DataError
 from iclmem.provenance import PUBLIC_FIELDS, Provenance
+from iclmem.record import public_columns
 from iclmem.runfolder import (
     FIGURES_DIR,
     LM_REPORT_FILE,
@@ -62,10 +63,9 @@ from iclmem.runfolder import (
     RunStatus,
     roc_path,
 )
-from iclmem.vocab import BASE_MODEL_ROW, Attack, CanaryKind, Outcome, Regime, ScoreKind, VerdictRule, values
+from iclmem.vocab import BASE_MODEL_ROW, Outcome, Regime, ScoreKind, VerdictRule, values
 from iclmem.vocab import DETECTABLE as _DETECTABLE
 from iclmem.vocab import MAIN_REGIME as _MAIN_REGIME
-from orchestrator.attacks_report import ATTACK_VERDICT_COLUMN
 from probes.metrics import allowed_false_positives, clopper_pearson
 
 OUTCOMES: tuple[str, ...] = values(Outcome)
@@ -84,47 +84,8 @@ FACET_AXES: tuple[str, ...] = ("model", "regime", "label_mode", "dp_target_epsil
 # Allow-lists: the only columns / fields any report, page or logger ever sees.
 # --------------------------------------------------------------------------------------------------
 
-RESULT_COLUMNS: tuple[str, ...] = (
-    "run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed", "epoch",
-    "outcome", "score_kind", "auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct",
-    "loss_ratio", "output_std", "mu_gap", "sigma_gap", "raw_auc", "ref_auc", "raw_outcome",
-    "config_hash", "git_commit",
-    # optional extras a sweep may add; all ids, flags or metrics
-    "diverged", "status", "strict_outcome", "n_members", "n_nonmembers", "raw_score_kind",
-    # the verdict rule, both verdicts, the null splits and the known-context baseline (all metrics or ids)
-    "rule", "p_value", "p_value_threshold", "n_checkpoints_in_family", "null_splits", "null_evidence",
-    "raw_memorization_flag", "calibrated_memorization_flag", "outcome_score_kind", "fine_tuned", "sanity_check",
-    "dp_target_epsilon",  # the grid's DP-SGD axis (a config number): figures facet by it
-    # ε lower bounds (orchestrator.aggregate.epsilon_columns) and a DP-SGD run's accountant record
-    "epsilon_lb", "epsilon_lb_kind", "epsilon_lb_delta", "run_epsilon_lb", "run_epsilon_lb_epoch",
-    "run_epsilon_lb_kind", "dp_delta", "dp_max_grad_norm", "dp_noise_multiplier", "dp_accountant", "dp_epsilon",
-    "dp_steps", "epsilon_consistent", "dp_epsilon_replace_one", "epsilon_lb_withheld",
-    # exchangeability (probes.blind, probes.probe.blind_columns) and the spec's collapse indicators beside ours
-    "label_design", "blind_auc", "blind_auc_low", "blind_auc_high", "blind_separable", "exchangeable",
-    "loss_ratio_true", "loss_ratio_spec", "output_std_spec",
-    # utility with C' (probes.probe.icl_utility_columns): what DP-SGD trades against ε
-    "member_icl_accuracy", "nonmember_icl_accuracy", "member_icl_loss", "nonmember_icl_loss",
-    # reference-model attacks (orchestrator.aggregate.attack_columns): counts, and ROC curves (fpr / tpr JSON)
-    "attack_references", "attack_global_variance", "known_context_attack_references",
-    "known_context_attack_global_variance", "attack_roc",
-)
-_KINDS = "|".join(SCORE_KINDS)
-_RESULT_PATTERNS = (
-    re.compile(rf"^(auc|auc_low|auc_high|raw_auc|ref_auc|tpr_at_1pct|tpr_at_10pct)_({_KINDS})$"),
-    re.compile(rf"^(tpr|fpr|threshold|raw_tpr|ref_tpr)_at_\d+pct(_low|_high)?(_({_KINDS}))?$"),
-    re.compile(rf"^(outcome|null_memorization)_({'|'.join(values(VerdictRule))})$"),
-    re.compile(r"^known_context_(calibrated_)?(auc|auc_low|auc_high|p_value|tpr_at_\d+pct(_low|_high)?)$"),
-    re.compile(rf"^(calibrated|uncalibrated|reference_only)_({_KINDS})_[a-z0-9_]+$"),
-    re.compile(r"^threshold_[a-z_]+$"),
-    re.compile(rf"^(known_context_)?({'|'.join(values(Attack))})_(auc|auc_low|auc_high|p_value|n_members|n_nonmembers"
-               r"|tpr_at_[0-9_]+pct(_low|_high|_realized_fpr|_n_true_positives)?"
-               r"|null_splits|null_auc|null_detections|null_evidence|epsilon_lb)$"),
-    # canary exposure summaries (probes.canaries.summary_columns); the per-canary records stay in results.parquet
-    re.compile(rf"^canary_(({'|'.join(values(CanaryKind))})_)?(exposure|known_context_exposure|label_rank)_c\d+$"),
-    re.compile(r"^canary_(holdout|exposure_max)$"),
-    # each reference-model attack's verdict, null false positives and run headline (#16 item 4)
-    ATTACK_VERDICT_COLUMN,
-)
+# The results row's columns, their meanings and which may leave the cluster are declared once, in
+# iclmem.record; the split and manipulation tables are the report's own.
 SPLIT_COLUMNS: tuple[str, ...] = (
     "task", "label_mode", "seed", "q", "n_rows", "n_classes", "majority_share", "numeric_share",
     "tvd", "ks", "ks_pvalue", "wasserstein", "redraws", "exact_duplicates", "feature_duplicates",
@@ -135,14 +96,9 @@ MANIPULATION_COLUMNS: tuple[str, ...] = ("run_id", "task", "epoch", "manipulatio
 ROC_COLUMNS: tuple[str, ...] = ("fpr", "tpr")
 
 
-def _allowed_result_column(name: str) -> bool:
-    return name in RESULT_COLUMNS or any(p.match(name) for p in _RESULT_PATTERNS)
-
-
 def public_results(results: pd.DataFrame) -> pd.DataFrame:
     """The results table reduced to allow-listed columns (ids, config, metrics, verdicts)."""
-    keep = [c for c in results.columns if isinstance(c, str) and _allowed_result_column(c)]
-    return results.loc[:, keep].copy()
+    return results.loc[:, public_columns(results.columns)].copy()
 
 
 def public_split_report(split: pd.DataFrame) -> pd.DataFrame:

@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from iclmem.errors import ConfigError
-from iclmem.vocab import LabelDesign, LabelMode, Vocab
+from iclmem.record import RunIdentity
+from iclmem.vocab import LabelDesign, LabelMode, Regime, Vocab
 
 PLANTED_SUITE = ("base", "skew_true_x2", "position_first", "combo2_random_distractors_1")
 
@@ -81,7 +82,8 @@ def _planted_check(model: str, options: Mapping[str, Any], *, lr: float, epochs:
     with tempfile.TemporaryDirectory() as cache:
         result = probe_checkpoint(finetuner.model, prepared, plan, cache, model_digest(base), base,
                                   ProbeSettings(n_resamples=bootstrap, null_splits=0),  # the planted split only
-                                  {"run_id": f"planted-{model}"}, epoch=epochs)
+                                  RunIdentity(f"planted-{model}", task, model, Regime.SINGLE_FIXED.value, lr, q,
+                                              LabelMode.SHUFFLED_MEMBERS.value, seed).as_dict(), epoch=epochs)
     return result.row
 
 
@@ -148,7 +150,9 @@ def no_membership_check(control: NoMembershipControl | str, label_mode: LabelMod
         with tempfile.TemporaryDirectory() as cache:
             result = probe_checkpoint(model, prepared, plan, cache, model_digest(base), base,
                                       ProbeSettings(n_resamples=bootstrap, null_splits=0),
-                                      {"run_id": f"control-{control.value}-{prepared.label_mode}-{seed}"},
+                                      RunIdentity(f"control-{control.value}-{prepared.label_mode}-{seed}", prepared.name,
+                                                  "pfn-mini", Regime.SINGLE_FIXED.value, lr, len(prepared.member_idx),
+                                                  str(prepared.label_mode), seed).as_dict(),
                                       epoch=epochs)
         return result.row
     finally:

@@ -41,6 +41,7 @@ import pandas as pd
 
 from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError
+from iclmem.record import IDENTITY_COLUMNS
 from iclmem.runfolder import MANIPULATION_AUC_FILE, RESULTS_FILE, SPLIT_REPORT_FILE, WANDB_DIR
 from orchestrator import reports as R
 
@@ -358,8 +359,7 @@ PEAK_PREFIX = "peak"
 CHECKPOINT_AUC_KEY = f"{PROBE_PREFIX}/checkpoint_auc"  # what the HTML report plots over epochs
 TRIAL_RUNS_FILE = "trial_runs.json"  # under RUN_DIR/wandb/: W&B run ids and what each run already holds
 # Top-level config of a trial's run: what W&B's run table groups and filters by.
-TRIAL_CONFIG_KEYS: tuple[str, ...] = ("run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed",
-                                      "config_hash", "git_commit",
+TRIAL_CONFIG_KEYS: tuple[str, ...] = (*IDENTITY_COLUMNS, "config_hash", "git_commit",
                                       # DP-SGD runs only (absent otherwise): group trial runs by ε in W&B
                                       "dp_target_epsilon", "dp_delta", "dp_max_grad_norm", "dp_noise_multiplier")
 # Keys Tune adds to every reported result: bookkeeping, not training metrics (``time_this_iter_s`` and

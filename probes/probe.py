@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import torch
 
 from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError, ProbeError
+from iclmem.record import check_row
 from iclmem.runfolder import QUERIES_SUFFIX
 from iclmem.vocab import SCORE_KINDS, LabelDesign, Outcome, VerdictRule
 from probes.attacks import LOGIT_PREFIX, logit_of_loss
@@ -74,8 +75,10 @@ class ProbeResult:
     queries: pd.DataFrame | None = None
 
     def save(self, directory: str | Path, stem: str) -> Path:
-        """Atomic, idempotent: the same inputs write the same files under the same names."""
+        """Atomic, idempotent: the same inputs write the same files under the same names. The row is checked
+        against ``iclmem.record`` first: an undeclared column is refused here, before anything is written."""
         directory = Path(directory)
+        check_row(self.row, f"probe result {directory / stem}")
         directory.mkdir(parents=True, exist_ok=True)
         write_parquet_atomic(self.manipulation_auc, directory / f"{stem}.manip.parquet")
         write_parquet_atomic(self.roc, directory / f"{stem}.roc.parquet")
@@ -279,7 +282,7 @@ def probe_checkpoint(
     base_digest: str,
     base_model: Any | Callable[[], Any],
     settings: ProbeSettings,
-    identity: dict[str, Any],
+    identity: Mapping[str, Any],
     epoch: int,
     canaries: Any = None,
     base_plan: tuple[str, ProbePlan] | None = None,
@@ -292,7 +295,9 @@ def probe_checkpoint(
     run's ``trainables.canaries.CanarySet``) the row also carries each canary's exposure (``canary_*``).
     ``base_plan`` = (task fingerprint, plan) of another split of the same queries whose base-model scores
     stand in for this plan's (a reference trial uses its target's): same rows, labels and contexts, only
-    the member flags differ, and those are taken from ``plan``."""
+    the member flags differ, and those are taken from ``plan``. ``identity``: the run's
+    ``iclmem.record.RunIdentity`` columns and any other declared run columns (config hash, DP settings);
+    :meth:`ProbeResult.save` refuses a row without all of them."""
     if base_plan is None:
         reference = reference_scores(cache_dir, task.fingerprint, plan, base_digest, base_model)
     else:

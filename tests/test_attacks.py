@@ -577,9 +577,8 @@ def _query_tables(n: int = 40, k: int = 2, epochs=(2, 4), gap: float = 2.0, seed
 
 def test_attack_columns_use_the_query_tables_collect_loaded_and_equal_reading_them_from_disk(tmp_path):
     from iclmem.atomic import write_parquet_atomic
+    from iclmem.record import ATTACK_VERDICT_COLUMN, is_public
     from orchestrator.aggregate import attack_columns
-    from orchestrator.attacks_report import ATTACK_VERDICT_COLUMN
-    from orchestrator.reports import _allowed_result_column
 
     results, references, tables = _query_tables()
     (tmp_path / "sweep.json").write_text(json.dumps({"probe": {"references": 2, "bootstrap": 100, "null_splits": 2},
@@ -601,7 +600,7 @@ def test_attack_columns_use_the_query_tables_collect_loaded_and_equal_reading_th
             assert handed[f"{c}run_null_memorization"].between(0, 2).all()
     # every new column is a verdict, a count or a metric that the public allow-list admits
     new = set(handed.columns) - set(results.columns)
-    assert {c for c in new if not (_allowed_result_column(c) or ATTACK_VERDICT_COLUMN.match(c))} == set()
+    assert {c for c in new if not is_public(c)} == set()
     assert {c for c in new if ATTACK_VERDICT_COLUMN.match(c)} == {
         f"{p}{a.value}_{s}" for p in ("", "known_context_") for a in Attack
         for s in ("outcome", "p_value_threshold", "null_memorization", "run_outcome", "run_epoch", "run_auc",

@@ -1,0 +1,260 @@
+"""The results row: every column of ``results.parquet``, what it means, and whether it may leave the cluster.
+
+This is the one declaration of the row that crosses the three layers. The probe writes a row and checks it
+here (:func:`check_row`: an unknown column, or a missing identity column, is an error at the writer, not a
+silent NaN at a reader); aggregation orders the table by :data:`CHECKPOINT_KEY`; the report, the figures and
+the W&B logger read only :func:`is_public` columns and group runs by :data:`IDENTITY_COLUMNS` /
+:data:`GRID_AXES`. Nothing else lists identity columns.
+
+A column is either named (:data:`COLUMNS`) or one of a family of names built from a closed vocabulary
+(:data:`FAMILIES`, e.g. ``auc_<score kind>`` or ``<attack>_tpr_at_1pct``). ``public`` marks the columns that
+are ids, config numbers, metrics or verdicts; the rest (per-canary JSON records, the probe actor's node,
+timing) stay in the run folder and never reach W&B or the HTML page.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any, NamedTuple
+
+from iclmem.errors import ResultSchemaError
+from iclmem.vocab import Attack, CanaryKind, ScoreKind, VerdictRule, values
+
+__all__ = ["ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "CHECKPOINT_KEY", "COLUMNS", "FAMILIES", "GRID_AXES", "IDENTITY_COLUMNS", "Column", "ColumnFamily",
+           "RunIdentity", "check_columns", "check_row", "column_meaning", "is_public", "is_result_column", "public_columns"]
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Which run of the grid a row belongs to: a fine-tuning trial, a base-model control (``regime`` "base",
+    ``lr`` 0) or an external audit (``regime`` "external", ``lr`` NaN). With ``epoch`` it keys a checkpoint."""
+
+    run_id: str  # unique in the sweep; names the run's folder under probes/
+    task: str  # the task's name (a multi-task run's rows are one per task)
+    model: str  # the model's registry name
+    regime: str  # fine-tuning regime (iclmem.vocab.Regime), "base" or "external"
+    lr: float  # learning rate (0 for the base model, NaN for an external checkpoint)
+    q: int  # number of member rows
+    label_mode: str  # iclmem.vocab.LabelMode
+    seed: int  # the trial's seed (split, shuffles, training)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> RunIdentity:
+        """The identity of a results row; a row without one of its columns is refused, naming it."""
+        missing = [c for c in IDENTITY_COLUMNS if c not in row]
+        if missing:
+            raise ResultSchemaError(f"a results row lacks the identity column(s) {missing} "
+                                    f"(it has {sorted(row)[:12]}...)")
+        return cls(**{c: row[c] for c in IDENTITY_COLUMNS})
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+IDENTITY_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RunIdentity))
+CHECKPOINT_KEY: tuple[str, ...] = (*IDENTITY_COLUMNS, "epoch")
+# the grid's axes: what makes two runs different experiments rather than one run (the DP-SGD target ε is an
+# axis of the grid too, though not of a run's identity: a non-DP run has none)
+GRID_AXES: tuple[str, ...] = (*(c for c in IDENTITY_COLUMNS if c != "run_id"), "dp_target_epsilon")
+
+
+class Column(NamedTuple):
+    name: str
+    meaning: str
+    public: bool = True
+
+
+class ColumnFamily(NamedTuple):
+    pattern: re.Pattern[str]
+    meaning: str
+    public: bool = True
+
+
+def _columns(*cols: Column) -> dict[str, Column]:
+    return {c.name: c for c in cols}
+
+
+_RUN_META = "; recorded with every row"
+COLUMNS: dict[str, Column] = _columns(
+    # ---- identity (RunIdentity) and checkpoint
+    *(Column(f.name, f"run identity ({f.name}); see RunIdentity") for f in fields(RunIdentity)),
+    Column("epoch", "checkpoint epoch (0: before fine-tuning; -1: an external checkpoint of unknown epoch)"),
+    Column("model_options", "the model's constructor options as sorted JSON (architecture of the checkpoint)", False),
+    Column("reference_of", "a reference trial's target run_id (reference rows live in reference_results.parquet)",
+           False),
+    Column("reference_index", "a reference trial's index among its target's references", False),
+    Column("config_hash", "hash of the sweep config that produced the row" + _RUN_META),
+    Column("git_commit", "git commit of the code that produced the row" + _RUN_META),
+    Column("dp_target_epsilon", "the grid's DP-SGD target ε (inf: no DP-SGD)"),
+    # ---- the verdict (probes.outcomes) and the numbers that decided it
+    Column("outcome", "the checkpoint's outcome under the sweep's verdict rule (iclmem.vocab.Outcome)"),
+    Column("rule", "the verdict rule in force (iclmem.vocab.VerdictRule)"),
+    Column("reasons", "which outcome checks held, per outcome (JSON-like dict)", False),
+    Column("score_kind", "the score kind of the headline AUC (iclmem.vocab.ScoreKind)"),
+    Column("outcome_score_kind", "the score kind whose test decided memorization (None when none did)"),
+    Column("auc", "headline calibrated membership AUC (members positive)"),
+    Column("auc_low", "lower end of the headline AUC's bootstrap interval"),
+    Column("auc_high", "upper end of the headline AUC's bootstrap interval"),
+    Column("tpr_at_1pct", "headline TPR at 1% FPR"),
+    Column("tpr_at_10pct", "headline TPR at 10% FPR"),
+    Column("p_value", "one-sided p-value of the headline memorization test"),
+    Column("p_value_threshold", "the p-value the rule requires (family-wise corrected under selection_aware)"),
+    Column("n_checkpoints_in_family", "checkpoints of the run the selection-aware correction counts"),
+    Column("loss_ratio", "collapse indicator: fine-tuned / base ICL loss on C' (ours)"),
+    Column("output_std", "collapse indicator: std of the fine-tuned model's outputs (ours)"),
+    Column("loss_ratio_true", "loss ratio on the true labels of the split (spec's collapse indicator, beside ours)"),
+    Column("loss_ratio_spec", "loss ratio as the spec defines it"),
+    Column("output_std_spec", "output std as the spec defines it"),
+    Column("mu_gap", "overfitting: mean member/non-member loss gap over the manipulation suite (nats)"),
+    Column("sigma_gap", "overfitting: std of that gap over the suite (nats)"),
+    Column("member_mean_probe_loss", "mean raw probe loss of the members (inversion check)", False),
+    Column("nonmember_mean_probe_loss", "mean raw probe loss of the non-members (inversion check)", False),
+    Column("raw_auc", "uncalibrated headline AUC (fine-tuned scores alone)"),
+    Column("ref_auc", "reference-only AUC (base-model scores alone): what the split shows before training"),
+    Column("raw_outcome", "memorization or no_signal from the uncalibrated scores alone"),
+    Column("raw_score_kind", "the score kind that flagged raw memorization (None when none did)"),
+    Column("raw_memorization_flag", "whether the uncalibrated scores alone pass the memorization test"),
+    Column("calibrated_memorization_flag", "whether the calibrated scores pass the memorization test"),
+    Column("fine_tuned", "whether the checkpoint differs from the base model"),
+    Column("sanity_check", "the untouched base model probed as a checkpoint (ΔS ≡ 0 by construction)"),
+    Column("n_members", "members scored"),
+    Column("n_nonmembers", "non-members scored"),
+    Column("null_splits", "null splits probed (rows never trained on, labelled member at random)"),
+    Column("null_evidence", "per null split: sizes, AUC, interval and p-value (JSON)"),
+    # ---- exchangeability of members and non-members (probes.blind)
+    Column("label_design", "how non-members' labels are treated under shuffled_members (LabelDesign)"),
+    Column("blind_auc", "blind baseline: AUC of a classifier on C' alone separating members before training"),
+    Column("blind_auc_low", "lower end of the blind baseline's interval"),
+    Column("blind_auc_high", "upper end of the blind baseline's interval"),
+    Column("blind_separable", "whether the blind baseline separates the groups (interval above 0.5)"),
+    Column("exchangeable", "whether members and non-members are exchangeable before training"),
+    # ---- utility with C' (probes.probe.icl_utility_columns)
+    Column("member_icl_accuracy", "ICL accuracy on the members with C' as context"),
+    Column("nonmember_icl_accuracy", "ICL accuracy on the non-members with C' as context"),
+    Column("member_icl_loss", "ICL loss on the members"),
+    Column("nonmember_icl_loss", "ICL loss on the non-members"),
+    # ---- ε lower bounds (orchestrator.aggregate.epsilon_columns) and DP-SGD's accountant
+    Column("epsilon_lb", "ε lower bound from the headline attack's error rates"),
+    Column("epsilon_lb_kind", "which attack and score the ε lower bound comes from"),
+    Column("epsilon_lb_delta", "the δ of the ε lower bound"),
+    Column("epsilon_lb_withheld", "why the ε lower bound is withheld (NaN) at this checkpoint, if it is"),
+    Column("run_epsilon_lb", "the run's largest ε lower bound over its checkpoints"),
+    Column("run_epsilon_lb_epoch", "the epoch of the run's largest ε lower bound"),
+    Column("run_epsilon_lb_kind", "the attack and score of the run's largest ε lower bound"),
+    Column("epsilon_consistent", "whether the ε lower bound stays below the accountant's ε"),
+    Column("dp_delta", "DP-SGD δ"),
+    Column("dp_max_grad_norm", "DP-SGD per-example clipping norm"),
+    Column("dp_noise_multiplier", "DP-SGD noise multiplier (calibrated to the target ε)"),
+    Column("dp_accountant", "the accountant that calibrated the noise"),
+    Column("dp_epsilon", "ε the accountant spent up to this checkpoint (add/remove neighbours)"),
+    Column("dp_epsilon_replace_one", "ε up to this checkpoint for replace-one neighbours"),
+    Column("dp_steps", "DP-SGD steps up to this checkpoint"),
+    Column("dp_epochs", "DP-SGD epochs the noise was calibrated for", False),
+    Column("dp_sample_rate", "DP-SGD sampling rate", False),
+    Column("dp_steps_per_epoch", "DP-SGD steps per epoch", False),
+    # ---- reference-model attacks (orchestrator.aggregate.attack_columns)
+    Column("attack_references", "reference models behind the LiRA / RMIA columns"),
+    Column("attack_global_variance", "whether LiRA used a global variance (too few references per row)"),
+    Column("known_context_attack_references", "reference models behind the known-context attack columns"),
+    Column("known_context_attack_global_variance", "global variance for the known-context attacks"),
+    Column("attack_roc", "each attack's ROC curve (JSON fpr / tpr)"),
+    # ---- canaries (probes.canaries.summary_columns)
+    Column("canary_records", "every canary's exposure and rank (JSON; ids, no row values)", False),
+    Column("canary_holdout", "held-out canaries each exposure is ranked against"),
+    Column("canary_exposure_max", "the largest measurable exposure, log2(holdout + 1)"),
+    # ---- where and how long (probes.actors)
+    Column("probe_seconds", "wall time of the checkpoint's probe", False),
+    Column("probe_node", "Ray node the probe ran on", False),
+)
+
+_KINDS = "|".join(values(ScoreKind))
+_ATTACKS = "|".join(values(Attack))
+_RULES = "|".join(values(VerdictRule))
+# the verdict columns of every reference-model attack (probes.attacks): ids, verdicts and counts
+ATTACK_VERDICT_SUFFIXES: tuple[str, ...] = ("outcome", "p_value_threshold", "null_memorization", "run_outcome",
+                                            "run_epoch", "run_auc", "run_null_splits", "run_null_memorization")
+ATTACK_VERDICT_COLUMN = re.compile(rf"^(known_context_)?({_ATTACKS})_({'|'.join(ATTACK_VERDICT_SUFFIXES)})$")
+FAMILIES: tuple[ColumnFamily, ...] = (
+    ColumnFamily(re.compile(rf"^(auc|auc_low|auc_high|raw_auc|ref_auc|tpr_at_1pct|tpr_at_10pct)_({_KINDS})$"),
+                 "the headline metric for one score kind (calibrated, raw, reference-only)"),
+    ColumnFamily(re.compile(rf"^(tpr|fpr|threshold|raw_tpr|ref_tpr)_at_\d+pct(_low|_high)?(_({_KINDS}))?$"),
+                 "a point of the ROC at a fixed false-positive rate, with its Clopper-Pearson interval"),
+    ColumnFamily(re.compile(rf"^(outcome|null_memorization)_({_RULES})(_strict)?$"),
+                 "the outcome (and null-split false memorizations) under each verdict rule"),
+    ColumnFamily(re.compile(r"^known_context_(calibrated_)?(auc|auc_low|auc_high|p_value|tpr_at_\d+pct(_low|_high)?)$"),
+                 "the known-context loss attack (the member's own row in the context)"),
+    ColumnFamily(re.compile(rf"^(calibrated|uncalibrated|reference_only)_({_KINDS})_[a-z0-9_]+$"),
+                 "one score kind's full metric set under one calibration"),
+    ColumnFamily(re.compile(r"^threshold_[a-z_]+$"), "an outcome threshold in force (probes.outcomes)"),
+    ColumnFamily(re.compile(rf"^(known_context_)?({_ATTACKS})_(auc|auc_low|auc_high|p_value|n_members|n_nonmembers"
+                            r"|tpr_at_[0-9_]+pct(_low|_high|_realized_fpr|_n_true_positives)?"
+                            r"|null_splits|null_auc|null_detections|null_evidence|epsilon_lb)$"),
+                 "a reference-model attack's metric (LiRA online/offline, RMIA) on the probe or known-context "
+                 "statistic"),
+    ColumnFamily(ATTACK_VERDICT_COLUMN, "a reference-model attack's verdict, null false positives and run headline"),
+    ColumnFamily(re.compile(rf"^canary_(({'|'.join(values(CanaryKind))})_)?(exposure|known_context_exposure|label_rank)"
+                            r"_c\d+$"),
+                 "canary exposure (bits) or label rank, per canary kind and number of copies"),
+)
+
+
+def _lookup(name: object) -> Column | ColumnFamily | None:
+    if not isinstance(name, str):
+        return None
+    if name in COLUMNS:
+        return COLUMNS[name]
+    return next((f for f in FAMILIES if f.pattern.match(name)), None)
+
+
+def is_result_column(name: object) -> bool:
+    return _lookup(name) is not None
+
+
+def is_public(name: object) -> bool:
+    """Whether a column may leave the cluster (report, W&B): ids, config numbers, metrics and verdicts."""
+    entry = _lookup(name)
+    return entry is not None and entry.public
+
+
+def column_meaning(name: str) -> str:
+    entry = _lookup(name)
+    if entry is None:
+        raise ResultSchemaError(f"{name!r} is not a results column (iclmem.record declares them)")
+    return entry.meaning
+
+
+def public_columns(columns: Iterable[object]) -> list[str]:
+    return [c for c in columns if isinstance(c, str) and is_public(c)]
+
+
+def check_row(row: Mapping[str, Any], where: str) -> None:
+    """Refuse a results row with an unknown column or without its identity, naming ``where`` it was written."""
+    unknown = sorted(str(c) for c in row if not is_result_column(c))
+    if unknown:
+        raise ResultSchemaError(f"{where}: column(s) {unknown} are not declared in iclmem.record; declare each "
+                                "with its meaning (and whether it may leave the cluster) before writing it")
+    missing = [c for c in CHECKPOINT_KEY if c not in row]
+    if missing:
+        raise ResultSchemaError(f"{where}: the row lacks {missing} (every row carries {list(CHECKPOINT_KEY)})")
+    bad = [c for c in ("q", "seed", "epoch") if not _is_int(row[c])]
+    if bad:
+        raise ResultSchemaError(f"{where}: {bad} must be integers, got {[row[c] for c in bad]}")
+
+
+def check_columns(columns: Iterable[object], where: str) -> None:
+    """Refuse a results table with an undeclared column (the aggregator's check before it writes)."""
+    unknown = sorted(str(c) for c in columns if not is_result_column(c))
+    if unknown:
+        raise ResultSchemaError(f"{where}: column(s) {unknown} are not declared in iclmem.record")
+
+
+def _is_int(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    try:
+        return float(value) == int(value) and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
