@@ -88,3 +88,34 @@ def write_parquet_atomic(frame: Any, path: str | os.PathLike[str]) -> Path:
     """A DataFrame as Parquet with a CRC32 on every data page (verified on read by
     ``probes.calibration.read_parquet_checked``: without it a flipped byte reads back as a wrong number)."""
     return atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False, write_page_checksum=True), to_path=True)
+
+
+def read_parquet_checked(path: str | os.PathLike[str], columns: list[str] | None = None) -> Any:
+    """The table :func:`write_parquet_atomic` wrote at ``path`` with every page checksum verified, or None
+    (with a warning naming the file) when it is absent, truncated or fails a checksum: for stored parts that
+    are recomputed when damaged."""
+    import warnings
+
+    import pandas as pd
+
+    if not Path(path).is_file():
+        return None
+    try:
+        return pd.read_parquet(path, columns=columns, page_checksum_verification=True)
+    except Exception as exc:  # pyarrow raises several error types for damaged files
+        warnings.warn(f"ignoring unreadable file {path} ({exc}); it will be recomputed", stacklevel=2)
+        return None
+
+
+def read_parquet_verified(path: str | os.PathLike[str], what: str, remedy: str,
+                          columns: list[str] | None = None) -> Any:
+    """The table at ``path`` with every page checksum verified; :class:`~iclmem.errors.DataError` names the file
+    when it is truncated or altered (``what`` names the table, ``remedy`` says what rebuilds it)."""
+    import pandas as pd
+
+    from iclmem.errors import DataError
+
+    try:
+        return pd.read_parquet(path, columns=columns, page_checksum_verification=True)
+    except Exception as exc:  # pyarrow raises several error types for damaged files
+        raise DataError(f"{path}: damaged {what} ({type(exc).__name__}: {exc}); {remedy}") from None

@@ -24,11 +24,11 @@ from iclmem.runfolder import (
     REFERENCE_RESULTS_FILE,
     RESULTS_FILE,
     SPLIT_REPORT_FILE,
-    SWEEP_FILE,
     probe_stem,
     roc_path,
 )
-from probes.probe import ProbeResult
+from orchestrator.config import WandbConfig
+from orchestrator.run_folder import RunFolder
 
 # per-query tables of the stored probe results, by (run folder under probes/, result stem): what
 # ``ProbeResult.load`` read, handed to the attacks so each table is read once
@@ -43,14 +43,11 @@ def collect(run_dir: Path, keep_queries: bool = True) -> tuple[pd.DataFrame, pd.
     (the reference-model attacks read them; without references they are not held in memory)."""
     rows, manips, rocs = [], [], {}
     queries: dict[tuple[str, str], pd.DataFrame] = {}
-    for stored in sorted((run_dir / PROBES_DIR).glob("*/e*.json")):
-        result = ProbeResult.load(stored.parent, stored.stem)
-        if result is None:
-            continue
+    for folder, stem, result in RunFolder(run_dir).probe_results():
         rows.append(result.row)
         manips.append(result.manipulation_auc)
         if keep_queries and result.queries is not None:
-            queries[(stored.parent.name, stored.stem)] = result.queries
+            queries[(folder, stem)] = result.queries
         # one ROC file per (run, epoch): a multi-task run's is its first task's (stems sort eNNNN-t0 first)
         rocs.setdefault((result.row["run_id"], int(result.row["epoch"])), result.roc)
     results = pd.DataFrame(rows)
@@ -92,13 +89,8 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
     run_dir = Path(run_dir)
     results, manipulation_auc, rocs, queries = collect(run_dir, keep_queries=_references_per_run(run_dir) > 0)
     results, references = split_references(results)
-    if not replace_fewer and (run_dir / RESULTS_FILE).is_file():
-        import pyarrow.parquet as pq
-
-        try:
-            stored_rows = pq.ParquetFile(run_dir / RESULTS_FILE).metadata.num_rows
-        except Exception:  # noqa: BLE001 - an unreadable table holds nothing worth keeping
-            stored_rows = 0
+    if not replace_fewer:
+        stored_rows = RunFolder(run_dir).stored_result_rows()
         if len(results) < stored_rows:
             from iclmem.errors import DataError
 
@@ -138,13 +130,13 @@ def write_reports(run_dir: Path, results: pd.DataFrame, wandb_mode: str | None =
     if results.empty:
         return None
     report = reports.write_html_report(run_dir)
-    sweep_file = run_dir / SWEEP_FILE
-    sweep = json.loads(sweep_file.read_text()) if sweep_file.is_file() else {}
-    wandb_cfg = sweep.get("wandb", {})
-    mode = resolve_wandb_mode(wandb_mode or wandb_cfg.get("mode", "offline"))
+    sweep = RunFolder(run_dir).sweep_or_none
+    wandb_cfg = sweep.wandb if sweep is not None else WandbConfig()
+    mode = resolve_wandb_mode(wandb_mode or wandb_cfg.mode)
     kind = "none" if mode == "disabled" else "wandb"
-    logger = make_results_logger(kind, project=wandb_cfg.get("project", "iclmem"), entity=wandb_cfg.get("entity"),
-                                 group=sweep.get("name", run_dir.name), mode=mode) if kind == "wandb" else make_results_logger(kind)
+    logger = make_results_logger(kind, project=wandb_cfg.project, entity=wandb_cfg.entity,
+                                 group=sweep.name if sweep is not None else run_dir.name,
+                                 mode=mode) if kind == "wandb" else make_results_logger(kind)
     figures = {p.stem: p for p in sorted((run_dir / FIGURES_DIR).glob("*.png"))}
     try:
         logger.log_summary(run_dir, results, figures)
@@ -327,14 +319,10 @@ def split_references(results: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
     return audited.reset_index(drop=True), results.loc[is_ref].reset_index(drop=True)
 
 
-def _sweep_record(run_dir: Path) -> dict[str, Any]:
-    sweep_file = run_dir / SWEEP_FILE
-    return json.loads(sweep_file.read_text()) if sweep_file.is_file() else {}
-
-
 def _references_per_run(run_dir: Path) -> int:
     """``probe.references`` of the sweep recorded in ``run_dir`` (0 without a record)."""
-    return int(_sweep_record(run_dir).get("probe", {}).get("references", 0) or 0)
+    sweep = RunFolder(run_dir).sweep_or_none
+    return sweep.probe.references if sweep is not None else 0
 
 
 def _query_table(run_dir: Path, run_id: str, epoch: int, queries: QueryTables | None = None) -> pd.DataFrame | None:
@@ -342,7 +330,7 @@ def _query_table(run_dir: Path, run_id: str, epoch: int, queries: QueryTables | 
     the run folder."""
     if queries is not None:
         return queries.get((run_id, probe_stem(epoch)))
-    from probes.calibration import read_parquet_checked
+    from iclmem.atomic import read_parquet_checked
 
     return read_parquet_checked(run_dir / PROBES_DIR / run_id / f"{probe_stem(epoch)}{QUERIES_SUFFIX}")
 
@@ -396,18 +384,14 @@ def attack_columns(results: pd.DataFrame, references: pd.DataFrame, run_dir: Pat
     they are read from the run folder)."""
     from probes.outcomes import OutcomeThresholds
 
-    stored = _sweep_record(run_dir)
-    probe_cfg = stored.get("probe", {})
-    epsilon_delta = stored.get("outcome", {}).get("epsilon_delta")  # the δ of every ε_lb of the sweep
-    k_refs = _references_per_run(run_dir)
-    if results.empty or k_refs == 0:
+    sweep = RunFolder(run_dir).sweep_or_none
+    if results.empty or sweep is None or sweep.probe.references == 0:
         return results
-    thresholds = OutcomeThresholds.from_dict(stored.get("outcome"))  # the rule IclMem's verdicts used
-    from orchestrator.config import ProbeConfig
-
-    defaults = ProbeConfig()  # the schema's defaults, for a record written before a setting existed
-    n_null = int(probe_cfg.get("null_splits", defaults.null_splits))  # 0 means none, as for IclMem's own verdicts
-    n_resamples = int(probe_cfg.get("bootstrap", defaults.bootstrap))
+    k_refs = sweep.probe.references
+    epsilon_delta = sweep.outcome.epsilon_delta  # the δ of every ε_lb of the sweep
+    thresholds = OutcomeThresholds.from_dict(sweep.outcome.model_dump())  # the rule IclMem's verdicts used
+    n_null = sweep.probe.null_splits  # 0 means none, as for IclMem's own verdicts
+    n_resamples = sweep.probe.bootstrap
     out = results.copy()
     out["attack_roc"] = None
     out["attack_references"] = 0

@@ -115,13 +115,13 @@ def cmd_lm(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from iclmem.runfolder import folder_kind, unwritable
     from orchestrator.aggregate import aggregate
-    from orchestrator.config import read_stored_sweep
+    from orchestrator.run_folder import RunFolder
 
     run_dir = Path(args.run_dir)
     if folder_kind(run_dir) != "tabular":  # never write tables and a report into someone else's folder
         raise ConfigError(f"{run_dir} is not an iclmem sweep folder (it holds no sweep.json); `iclmem report` "
                           "rebuilds the results of a folder `iclmem run` wrote")
-    sweep = read_stored_sweep(run_dir)  # a damaged sweep.json is named before anything is rewritten
+    sweep = RunFolder(run_dir).sweep  # a damaged sweep.json is named before anything is rewritten
     problem = unwritable(run_dir)
     if problem:
         raise ConfigError(f"{run_dir}: {problem}; `iclmem report` rewrites the tables and the report there")

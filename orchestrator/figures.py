@@ -29,6 +29,7 @@ from iclmem.record import GRID_AXES
 from iclmem.runfolder import FIGURES_DIR, MANIPULATION_AUC_FILE, ROC_DIR
 from iclmem.vocab import Outcome
 from orchestrator import reports as R
+from orchestrator.run_folder import RunFolder
 
 OUTCOME_COLORS: dict[str, str] = {
     Outcome.COLLAPSE.value: "#7f7f7f",
@@ -140,7 +141,8 @@ def _epoch_axis(ax, epochs) -> None:
 def _roc_curves(run_dir: str | Path, results: pd.DataFrame | None, max_curves: int,
                 run_ids: list[str] | None) -> list[tuple[dict[str, Any], pd.DataFrame]]:
     """(run description, ROC table) of the curves to draw; the description holds every run axis known."""
-    files = R.list_roc_files(run_dir)
+    folder = RunFolder(run_dir)
+    files = folder.roc_files()
     if files.empty:
         return []
     curves: list[tuple[dict[str, Any], pd.DataFrame]] = []
@@ -152,7 +154,7 @@ def _roc_curves(run_dir: str | Path, results: pd.DataFrame | None, max_curves: i
             peaks = peaks[peaks["run_id"].isin(run_ids)]
         peaks = peaks.sort_values(["peak_auc", "run_id"], ascending=[False, True], na_position="last")
         for row in peaks.to_dict("records"):
-            roc = R.load_roc(run_dir, row["run_id"], int(row["epoch"]))
+            roc = folder.roc(row["run_id"], int(row["epoch"]))
             if roc is None or roc.empty:
                 continue
             desc = {a: row[a] for a in RUN_AXES if a in row}
@@ -164,8 +166,9 @@ def _roc_curves(run_dir: str | Path, results: pd.DataFrame | None, max_curves: i
         for row in files.itertuples(index=False):
             if run_ids is not None and row.run_id not in run_ids:
                 continue
-            curves.append(({"run_id": row.run_id, "epoch": int(row.epoch)},
-                           pd.read_parquet(row.path, columns=list(R.ROC_COLUMNS))))
+            roc = folder.roc(row.run_id, int(row.epoch))
+            if roc is not None:
+                curves.append(({"run_id": row.run_id, "epoch": int(row.epoch)}, roc))
             if len(curves) >= max_curves:
                 break
     return curves
@@ -461,9 +464,9 @@ def make_all_figures(
     """Draw every figure the inputs allow. Returns ({name: path or None}, {name: why it was skipped})."""
     run_dir = Path(run_dir)
     if results is None:
-        results = R.load_results(run_dir)
+        results = RunFolder(run_dir).results()
     if manipulation_auc is None:
-        manipulation_auc = R.load_manipulation_auc(run_dir)
+        manipulation_auc = RunFolder(run_dir).manipulation_auc()
     jobs: Mapping[str, tuple] = {
         "roc_curves": (plot_roc_curves, (run_dir, results), {}),
         "auc_over_epochs": (plot_auc_over_epochs, (run_dir, results), {"regime": regime}),

@@ -38,7 +38,6 @@ import datetime as _dt
 import html
 import json
 import math
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -49,23 +48,22 @@ import pandas as pd
 from iclmem import runfolder as _runfolder
 from iclmem.atomic import write_text_atomic
 from iclmem.errors import DataError
-from iclmem.provenance import PUBLIC_FIELDS, Provenance
+from iclmem.provenance import PUBLIC_FIELDS
 from iclmem.record import public_columns
 from iclmem.runfolder import (
     FIGURES_DIR,
     LM_REPORT_FILE,
     MANIPULATION_AUC_FILE,
     REPORT_FILE,
-    RESULTS_FILE,
-    ROC_DIR,
     SPLIT_REPORT_FILE,
     SWEEP_FILE,
     RunStatus,
-    roc_path,
 )
 from iclmem.vocab import BASE_MODEL_ROW, Outcome, Regime, ScoreKind, VerdictRule, values
 from iclmem.vocab import DETECTABLE as _DETECTABLE
 from iclmem.vocab import MAIN_REGIME as _MAIN_REGIME
+from orchestrator.config import SweepConfig
+from orchestrator.run_folder import MANIPULATION_COLUMNS, SPLIT_COLUMNS, RunFolder
 from probes.metrics import allowed_false_positives, clopper_pearson
 
 OUTCOMES: tuple[str, ...] = values(Outcome)
@@ -86,16 +84,6 @@ FACET_AXES: tuple[str, ...] = ("model", "regime", "label_mode", "dp_target_epsil
 
 # The results row's columns, their meanings and which may leave the cluster are declared once, in
 # iclmem.record; the split and manipulation tables are the report's own.
-SPLIT_COLUMNS: tuple[str, ...] = (
-    "task", "label_mode", "seed", "q", "n_rows", "n_classes", "majority_share", "numeric_share",
-    "tvd", "ks", "ks_pvalue", "wasserstein", "redraws", "exact_duplicates", "feature_duplicates",
-    "input_contract", "pca_reason",  # one row per (task, model input contract)
-    "label_design", "blind_auc", "blind_auc_low", "blind_auc_high", "blind_redraws",
-)
-MANIPULATION_COLUMNS: tuple[str, ...] = ("run_id", "task", "epoch", "manipulation", "category", "auc")
-ROC_COLUMNS: tuple[str, ...] = ("fpr", "tpr")
-
-
 def public_results(results: pd.DataFrame) -> pd.DataFrame:
     """The results table reduced to allow-listed columns (ids, config, metrics, verdicts)."""
     return results.loc[:, public_columns(results.columns)].copy()
@@ -115,53 +103,30 @@ def public_manipulation_auc(manip: pd.DataFrame) -> pd.DataFrame:
 
 
 def load_results(run_dir: str | Path) -> pd.DataFrame:
-    """``RUN_DIR/results.parquet`` reduced to its public columns. Raises DataError if missing."""
-    path = Path(run_dir) / RESULTS_FILE
-    if not path.is_file():
-        raise DataError(f"{path}: results table not found (the sweep writes it after probing)")
-    df = public_results(pd.read_parquet(path))
-    missing = [c for c in ("run_id", "task", "epoch", "outcome") if c not in df.columns]
-    if missing:
-        raise DataError(f"{path}: missing required column(s) {missing}")
-    return df
+    """``RUN_DIR/results.parquet`` reduced to its public columns (:meth:`RunFolder.results`)."""
+    return RunFolder(run_dir).results()
 
 
 def load_split_report(run_dir: str | Path) -> pd.DataFrame | None:
-    path = Path(run_dir) / SPLIT_REPORT_FILE
-    return public_split_report(pd.read_parquet(path)) if path.is_file() else None
+    return RunFolder(run_dir).split_report()
 
 
 def load_manipulation_auc(run_dir: str | Path) -> pd.DataFrame | None:
-    path = Path(run_dir) / MANIPULATION_AUC_FILE
-    return public_manipulation_auc(pd.read_parquet(path)) if path.is_file() else None
+    return RunFolder(run_dir).manipulation_auc()
 
 
 def load_provenance(run_dir: str | Path) -> dict[str, Any]:
     """The public fields of the run's provenance record (``{}`` when the folder has none)."""
-    record = Provenance.read(run_dir)
-    return record.public() if record is not None else {}
-
-
-_ROC_NAME = re.compile(r"^roc_(?P<run_id>.+)_e(?P<epoch>\d+)\.parquet$")  # the names roc_path gives
+    return RunFolder(run_dir).public_provenance()
 
 
 def list_roc_files(run_dir: str | Path) -> pd.DataFrame:
     """Columns run_id, epoch, path for every ``roc/roc_<run_id>_e<epoch>.parquet`` present."""
-    roc_dir = Path(run_dir) / ROC_DIR
-    rows = []
-    if roc_dir.is_dir():
-        for p in sorted(roc_dir.glob("roc_*.parquet")):
-            m = _ROC_NAME.match(p.name)
-            if m:
-                rows.append({"run_id": m["run_id"], "epoch": int(m["epoch"]), "path": p})
-    return pd.DataFrame(rows, columns=["run_id", "epoch", "path"])
+    return RunFolder(run_dir).roc_files()
 
 
 def load_roc(run_dir: str | Path, run_id: str, epoch: int) -> pd.DataFrame | None:
-    path = roc_path(run_dir, run_id, epoch)
-    if not path.is_file():
-        return None
-    return pd.read_parquet(path, columns=list(ROC_COLUMNS))
+    return RunFolder(run_dir).roc(run_id, epoch)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -368,67 +333,39 @@ STATE_FILE: str = _runfolder.RUN_STATE_FILE
 BASE_MANIPULATION = "base"  # the unmanipulated multiple-choice context every other manipulation varies
 
 
-def _read_json_object(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):  # a damaged record is reported as absent, never as a crash of the report
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def load_sweep_config(run_dir: str | Path) -> dict[str, Any]:
-    """``RUN_DIR/sweep.json`` (the validated sweep config), ``{}`` when absent or unreadable. The report
-    reads only named settings from it (``outcome``, ``training``, ``grid``, ``interrupted``), never a
-    path or a model option."""
-    return _read_json_object(Path(run_dir) / SWEEP_FILE)
-
-
 def was_interrupted(run_dir: str | Path) -> bool:
-    """Whether the sweep was stopped before it finished: the run state's ``status: interrupted``, read by the
-    state's one reader (``iclmem.runfolder.read_run_state``; a later driver that finishes the sweep records
-    ``complete`` there). A damaged state record is reported as no record, never as a crash of the report."""
-    try:
-        state = _runfolder.read_run_state(run_dir)
-    except DataError:
-        return False
-    return state is not None and state["status"] == RunStatus.INTERRUPTED
+    """Whether the sweep was stopped before it finished (:attr:`RunFolder.interrupted`)."""
+    return RunFolder(run_dir).interrupted
 
 
-def checkpoint_schedule(sweep: Mapping[str, Any]) -> tuple[int, ...] | None:
+def checkpoint_schedule(sweep: SweepConfig | None) -> tuple[int, ...] | None:
     """The epochs every fine-tuning run of ``sweep`` writes a checkpoint at (``training.epochs``,
-    ``checkpoint_epochs``, ``every_epoch``), or None when the config has no training block."""
-    training = sweep.get("training")
-    if not isinstance(training, Mapping) or "epochs" not in training:
+    ``checkpoint_epochs``, ``every_epoch``), or None without a sweep record."""
+    if sweep is None:
         return None
     from trainables.finetune import FinetuneSpec  # the schedule's one definition (the trainable's own)
 
-    kw: dict[str, Any] = {"epochs": int(training["epochs"]), "every_epoch": bool(training.get("every_epoch", False))}
-    if training.get("checkpoint_epochs") is not None:
-        kw["checkpoint_epochs"] = tuple(int(e) for e in training["checkpoint_epochs"])
+    t = sweep.training
+    kw: dict[str, Any] = {"epochs": t.epochs, "every_epoch": t.every_epoch}
+    if t.checkpoint_epochs is not None:
+        kw["checkpoint_epochs"] = tuple(t.checkpoint_epochs)
     return FinetuneSpec(**kw).schedule()
 
 
-def scheduled_runs_per_regime(sweep: Mapping[str, Any]) -> dict[str, int] | None:
+def scheduled_runs_per_regime(sweep: SweepConfig | None) -> dict[str, int] | None:
     """Per regime, how many runs (``(run_id, task)`` keys: a joint multi_fixed / multi_random run counts
-    once per task) the sweep's grid schedules; None when the config cannot be expanded."""
-    if not sweep:
+    once per task) the sweep's grid schedules; None without a sweep record."""
+    if sweep is None:
         return None
-    try:
-        from orchestrator.config import expand_grid, parse_sweep
+    from orchestrator.config import expand_grid
 
-        # the interruption marker is run-folder state, not a setting the schema knows
-        trials = expand_grid(parse_sweep(dict(sweep), SWEEP_FILE))
-    except Exception:  # noqa: BLE001 - a config of another iclmem version: the count is left out, not guessed
-        return None
     out: dict[str, int] = {}
-    for t in trials:
+    for t in expand_grid(sweep):
         out[str(t.regime)] = out.get(str(t.regime), 0) + len(t.task.split("+"))
     return out
 
 
-def missing_runs(results: pd.DataFrame, sweep: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+def missing_runs(results: pd.DataFrame, sweep: SweepConfig | None) -> dict[str, tuple[int, int]]:
     """Regimes with scheduled runs that have no stored fine-tuned checkpoint at all (e.g. never started
     before an interruption): regime -> (missing, scheduled)."""
     scheduled = scheduled_runs_per_regime(sweep)
@@ -976,7 +913,7 @@ def _norm_setting(key: str, value: Any) -> str:
     return str(value)
 
 
-def thresholds_in_force(results: pd.DataFrame, sweep: Mapping[str, Any]) -> tuple[dict[str, str], str, list[str]]:
+def thresholds_in_force(results: pd.DataFrame, sweep: SweepConfig | None) -> tuple[dict[str, str], str, list[str]]:
     """The outcome settings in force, where they were read, and the ones the results disagree on.
 
     Read from the run's config (``sweep.json``'s ``outcome`` block) when there is one, else from the
@@ -990,7 +927,7 @@ def thresholds_in_force(results: pd.DataFrame, sweep: Mapping[str, Any]) -> tupl
         for c in results.columns:
             if c.startswith("threshold_") and pd.notna(first[c]):
                 recorded[c[len("threshold_"):]] = _norm_setting(c[len("threshold_"):], first[c])
-    config = sweep.get("outcome") if isinstance(sweep.get("outcome"), Mapping) else None
+    config = sweep.outcome.model_dump(mode="json") if sweep is not None else None
     if config:
         first_keys = [k for k in THRESHOLD_MEANINGS if k in config]  # rule, strict, kinds first
         settings = {k: _norm_setting(k, config[k]) for k in [*first_keys, *(k for k in config if k not in first_keys)]}
@@ -1126,7 +1063,7 @@ def _blind_items(results: pd.DataFrame) -> list[str]:
     return items
 
 
-def _summary_html(results: pd.DataFrame, sweep: Mapping[str, Any], comp: pd.DataFrame,
+def _summary_html(results: pd.DataFrame, sweep: SweepConfig | None, comp: pd.DataFrame,
                   schedule: tuple[int, ...] | None, interrupted: bool, noops: pd.DataFrame,
                   settings: Mapping[str, str], rule: str, source: str = "") -> str:
     """The report's top: the verdict in one line, the rule in force, what was run and what is stored."""
@@ -1270,10 +1207,11 @@ def write_html_report(
     the main-regime sections when the sweep has it, else pools every regime. Missing optional inputs skip
     their section with a note. Only allow-listed columns are read, so no raw value can reach the page.
     """
-    run_dir = Path(run_dir)
-    results = load_results(run_dir)
-    split = load_split_report(run_dir)
-    manip = load_manipulation_auc(run_dir)
+    folder = RunFolder(run_dir)
+    run_dir = folder.path
+    results = folder.results()
+    split = folder.split_report()
+    manip = folder.manipulation_auc()
     prov = load_provenance(run_dir)
     if regime == "auto":
         regime = MAIN_REGIME if "regime" in results.columns and (results["regime"] == MAIN_REGIME).any() else None
@@ -1306,8 +1244,8 @@ def write_html_report(
             return None, f"section could not be built ({type(exc).__name__})"
 
     scope = f"regime {regime}" if regime else "all regimes"
-    sweep = load_sweep_config(run_dir)
-    interrupted = was_interrupted(run_dir)
+    sweep = folder.sweep_or_none
+    interrupted = folder.interrupted
     schedule = checkpoint_schedule(sweep)
     comp = run_completeness(results, schedule, interrupted=interrupted)
     settings, source, disagree = thresholds_in_force(results, sweep)

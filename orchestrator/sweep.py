@@ -51,8 +51,9 @@ from iclmem.runfolder import (
     unwritable,
     write_run_state,
 )
-from orchestrator.config import SweepConfig, load_sweep, read_stored_sweep
+from orchestrator.config import SweepConfig, load_sweep
 from orchestrator.prepare import EXPERIMENT_NAME, PreparedSweep, prepare_sweep, provenance, trial_config
+from orchestrator.run_folder import RunFolder
 from orchestrator.wandb_logger import WANDB_FINISH_TIMEOUT_S
 
 
@@ -688,7 +689,7 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
     if resume:
         if not (run_dir / SWEEP_FILE).is_file() and folder_kind(run_dir) == "lm":
             raise ConfigError(f"{run_dir} is a language-model probe run: continue it with `iclmem lm resume {run_dir}`")
-        sweep = read_stored_sweep(run_dir)
+        sweep = RunFolder(run_dir).sweep
         check_results_match(run_dir, sweep)
     elif sweep is None:
         sweep = load_sweep(config_path)
@@ -898,10 +899,8 @@ def check_results_match(run_dir: Path, sweep: SweepConfig) -> None:
     """The stored results of ``run_dir`` were made by ``sweep``: its provenance record (written with the
     first results) names the same config hash. A ``sweep.json`` edited after the run started would
     otherwise mix rows of two configs under one folder; :class:`ConfigError` names both hashes."""
-    from iclmem.provenance import Provenance
-
     try:
-        record = Provenance.read(run_dir)
+        record = RunFolder(run_dir).provenance
     except DataError as exc:
         raise DataError(f"{exc}; the folder's results cannot be attributed to a config") from None
     if record is not None and record.config_hash != sweep.config_hash():
@@ -944,7 +943,7 @@ def claim_run_folder(run_dir: Path, sweep: SweepConfig | None = None, *, kind: s
             raise ConfigError(f"{run_dir} holds a tabular sweep (`iclmem run`); give --out a new folder")
     else:
         if found == "tabular":
-            stored = read_stored_sweep(run_dir)
+            stored = RunFolder(run_dir).sweep
             if stored.config_hash() == config_hash:
                 return True
             raise ConfigError(

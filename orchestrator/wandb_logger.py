@@ -44,6 +44,7 @@ from iclmem.errors import ConfigError
 from iclmem.record import IDENTITY_COLUMNS
 from iclmem.runfolder import MANIPULATION_AUC_FILE, RESULTS_FILE, SPLIT_REPORT_FILE, WANDB_DIR
 from orchestrator import reports as R
+from orchestrator.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def share_key(q: int) -> str:
 def roc_selection(run_dir: str | Path, results: pd.DataFrame, max_curves: int) -> pd.DataFrame:
     """Peak checkpoints with a ROC file, highest peak AUC first (at most ``max_curves``)."""
     peaks = R.peak_checkpoints(R.public_results(results), regime=None)
-    files = R.list_roc_files(run_dir)
+    files = RunFolder(run_dir).roc_files()
     if peaks.empty or files.empty:
         return peaks.iloc[0:0]
     peaks = peaks.merge(files[["run_id", "epoch"]], on=["run_id", "epoch"], how="inner")
@@ -226,7 +227,7 @@ class WandbResultsLogger:
             if col in public.columns:
                 vals = sorted({_json_scalar(v) for v in public[col].dropna().unique()}, key=str)
                 cfg[f"{col}_values"] = vals
-        prov = R.load_provenance(run_dir)
+        prov = RunFolder(run_dir).public_provenance()
         if prov:
             cfg["provenance"] = prov
         return cfg
@@ -267,7 +268,7 @@ class WandbResultsLogger:
             if path is not None and Path(path).is_file():
                 payload[f"{FIGURE_PREFIX}/{_safe(fname)}"] = wandb.Image(str(path), caption=str(fname))
         for r in roc_selection(run_dir, public, self.max_roc_curves).itertuples(index=False):
-            roc = R.load_roc(run_dir, r.run_id, int(r.epoch))
+            roc = RunFolder(run_dir).roc(r.run_id, int(r.epoch))
             if roc is None or roc.empty:
                 continue
             title = f"ROC {r.task} lr={float(r.lr):g} Q={r.q} epoch {int(r.epoch)} (AUC {float(r.auc):.3f})"
@@ -297,10 +298,10 @@ class WandbResultsLogger:
         export = run_dir / "wandb" / "export"
         export.mkdir(parents=True, exist_ok=True)
         files = {RESULTS_FILE: public, "peak_checkpoints.parquet": peak_table}
-        split = R.load_split_report(run_dir)
+        split = RunFolder(run_dir).split_report()
         if split is not None:
             files[SPLIT_REPORT_FILE] = split
-        manip = R.load_manipulation_auc(run_dir)
+        manip = RunFolder(run_dir).manipulation_auc()
         if manip is not None:
             files[MANIPULATION_AUC_FILE] = manip
         name = _safe(f"iclmem-results-{self.group or run_dir.name}").replace("=", "-")
@@ -323,7 +324,7 @@ class WandbResultsLogger:
         config: dict[str, Any] = {"run_dir_name": run_dir.name, "n_rows": int(len(results))}
         for col in ("model", "dataset", "probe", "seed"):
             config[f"{col}_values"] = sorted({_json_scalar(v) for v in results[col].unique()}, key=str)
-        prov = R.load_provenance(run_dir)
+        prov = RunFolder(run_dir).public_provenance()
         if prov:
             config["provenance"] = prov
         run = self._run or self._start(run_dir, config)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from iclmem.atomic import write_parquet_atomic
+from iclmem.atomic import read_parquet_checked, write_parquet_atomic
 from probes.scoring import ProbePlan, score
 from trainables.models.base import weights_digest
 
@@ -44,18 +43,6 @@ def queries_digest(plan: ProbePlan) -> str:
 def reference_key(task_fingerprint: str, plan: ProbePlan, base_digest: str) -> str:
     raw = json.dumps([task_fingerprint, plan.suite_fingerprint, plan.seed, base_digest, queries_digest(plan)])
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
-
-
-def read_parquet_checked(path: Path) -> pd.DataFrame | None:
-    """The table at ``path``, or None (with a warning naming the file) when it is truncated or fails a
-    page checksum."""
-    if not path.is_file():
-        return None
-    try:
-        return pd.read_parquet(path, page_checksum_verification=True)
-    except Exception as exc:  # pyarrow raises several error types for damaged files
-        warnings.warn(f"ignoring unreadable file {path} ({exc}); it will be recomputed", stacklevel=2)
-        return None
 
 
 def resolve_model(model_or_factory: Any | Callable[[], Any]) -> Any:

@@ -18,14 +18,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from iclmem.atomic import write_json_atomic, write_parquet_atomic
+from iclmem.atomic import read_parquet_checked, write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError, ProbeError
 from iclmem.record import check_row
 from iclmem.runfolder import QUERIES_SUFFIX
 from iclmem.vocab import SCORE_KINDS, LabelDesign, Outcome, VerdictRule
 from probes.attacks import LOGIT_PREFIX, logit_of_loss
 from probes.blind import exchangeable, task_blind_baseline
-from probes.calibration import model_digest, read_parquet_checked, reference_scores, resolve_model
+from probes.calibration import model_digest, reference_scores, resolve_model
 from probes.canaries import canary_records, label_ranks
 from probes.canaries import summary_columns as canary_summary_columns
 from probes.metrics import (

@@ -575,14 +575,22 @@ def _query_tables(n: int = 40, k: int = 2, epochs=(2, 4), gap: float = 2.0, seed
     return results, references, tables
 
 
+def _record_sweep(run_dir, bootstrap):
+    """A sweep with two references per target and two null splits, recorded by the sweep's own writer."""
+    from orchestrator.config import parse_sweep
+    from orchestrator.sweep import record_sweep
+
+    record_sweep(run_dir, parse_sweep({"name": "attacks", "tasks": [{"name": "iris"}], "outcome": {"rule": "selection_aware"},
+                                       "probe": {"references": 2, "bootstrap": bootstrap, "null_splits": 2}}, "test"))
+
+
 def test_attack_columns_use_the_query_tables_collect_loaded_and_equal_reading_them_from_disk(tmp_path):
     from iclmem.atomic import write_parquet_atomic
     from iclmem.record import ATTACK_VERDICT_COLUMN, is_public
     from orchestrator.aggregate import attack_columns
 
     results, references, tables = _query_tables()
-    (tmp_path / "sweep.json").write_text(json.dumps({"probe": {"references": 2, "bootstrap": 100, "null_splits": 2},
-                                                     "outcome": {"rule": "selection_aware"}}))
+    _record_sweep(tmp_path, bootstrap=100)
     handed = attack_columns(results, references, tmp_path, log=lambda _m: None, queries=tables)
     assert handed["lira_online_auc"].notna().all() and (handed["attack_references"] == 2).all()
     for (run, stem), table in tables.items():  # nothing on disk was read above: the run folder had no tables
@@ -612,7 +620,7 @@ def test_the_attacks_report_section_shows_each_attacks_verdict_and_its_null_fals
     from orchestrator.attacks_report import attack_verdict_table, attacks_section_html
 
     results, references, tables = _query_tables()
-    (tmp_path / "sweep.json").write_text(json.dumps({"probe": {"references": 2, "bootstrap": 50, "null_splits": 2}}))
+    _record_sweep(tmp_path, bootstrap=50)
     full = attack_columns(results, references, tmp_path, log=lambda _m: None, queries=tables)
     full = full.assign(label_mode="normal", outcome="no_signal")
     full["rmia_run_null_memorization"] = 1.0  # as if one of the run's two null runs were a false positive

@@ -428,10 +428,14 @@ def test_without_a_sweep_config_completeness_is_not_claimed(tmp_path):
     assert "thresholds not recorded: no sweep.json and no threshold_* columns" in top  # the fixture records none
     # thresholds the rows record stand in for a missing config
     results = R.load_results(rd).assign(threshold_collapse_loss_ratio=4.0, threshold_strict=True)
-    settings, source, disagree = R.thresholds_in_force(results, {})
+    settings, source, disagree = R.thresholds_in_force(results, None)
     assert settings == {"collapse_loss_ratio": "4", "strict": "yes"} and "threshold_* columns" in source
     assert not disagree
-    _, _, disagree = R.thresholds_in_force(results, {"outcome": {"collapse_loss_ratio": 5.0, "strict": True}})
+    from orchestrator.config import parse_sweep
+
+    other = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "outcome": {"collapse_loss_ratio": 5.0, "strict": True}},
+                        "test")
+    _, _, disagree = R.thresholds_in_force(results, other)
     assert disagree == ["collapse_loss_ratio"]  # classified under another config: the report says so
 
 

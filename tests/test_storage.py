@@ -11,7 +11,10 @@ from probes.probe import ProbeResult
 
 
 def _result() -> ProbeResult:
-    row = {"run_id": "r", "epoch": 3, "outcome": "no_signal", "auc": 0.5}
+    from iclmem.record import RunIdentity
+
+    row = {**RunIdentity("r", "iris", "pfn-mini", "single_fixed", 1e-3, 8, "normal", 0).as_dict(), "epoch": 3,
+           "outcome": "no_signal", "auc": 0.5}
     manip = pd.DataFrame({"run_id": ["r"], "epoch": [3], "manipulation": ["base"], "category": ["base"], "auc": [0.5]})
     return ProbeResult(row, manip, pd.DataFrame({"fpr": [0.0, 1.0], "tpr": [0.0, 1.0]}))
 
@@ -72,8 +75,7 @@ def test_a_flipped_bit_anywhere_in_a_score_tables_data_pages_is_caught_and_named
     import numpy as np
     import pyarrow.parquet as pq
 
-    from iclmem.atomic import write_parquet_atomic
-    from probes.calibration import read_parquet_checked
+    from iclmem.atomic import read_parquet_checked, write_parquet_atomic
 
     table = pd.DataFrame({"score": np.linspace(-3.0, 3.0, 4000), "row": np.arange(4000)})
     path = tmp_path / "reference_x.parquet"

@@ -120,7 +120,7 @@ class LMUnitResult:
         """The stored unit, or None when it is missing, partial or fails its checksum (then it is recomputed)."""
         import warnings
 
-        from probes.calibration import read_parquet_checked
+        from iclmem.atomic import read_parquet_checked
 
         directory = Path(directory)
         table_path = directory / f"{stem}.parquet"

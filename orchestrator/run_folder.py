@@ -1,0 +1,187 @@
+"""One reader of a sweep's run folder: every file the sweep writes there, read in one class.
+
+The writers are elsewhere (``orchestrator.sweep.record_sweep``, ``iclmem.runfolder.write_run_state``,
+``iclmem.provenance.Provenance.write``, ``orchestrator.aggregate`` through ``iclmem.atomic``); the report, the
+W&B summary, aggregation and the CLI read a folder only through :class:`RunFolder`. Reads are checked the
+way the writes are made: the sweep is validated into a :class:`~orchestrator.config.SweepConfig`, the run
+state and the provenance by their record types, and every table with its page checksums verified
+(``iclmem.atomic``). A damaged required file is a :class:`~iclmem.errors.DataError` naming it; an optional
+table that is absent reads as None.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from iclmem.atomic import read_parquet_verified
+from iclmem.errors import DataError, ResultSchemaError
+from iclmem.provenance import Provenance
+from iclmem.record import public_columns
+from iclmem.runfolder import (
+    MANIPULATION_AUC_FILE,
+    PROBES_DIR,
+    REFERENCE_RESULTS_FILE,
+    RESULTS_FILE,
+    ROC_DIR,
+    SPLIT_REPORT_FILE,
+    SWEEP_FILE,
+    RunStatus,
+    read_run_state,
+    roc_path,
+)
+from orchestrator.config import SweepConfig, read_stored_sweep
+
+__all__ = ["RunFolder", "REQUIRED_RESULT_COLUMNS", "SPLIT_COLUMNS", "MANIPULATION_COLUMNS", "ROC_COLUMNS"]
+
+# what every results table this iclmem writes has; a table without them is of an older shape
+REQUIRED_RESULT_COLUMNS: tuple[str, ...] = ("run_id", "task", "epoch", "outcome")
+# the split and manipulation tables' public columns (the results row's are iclmem.record's)
+SPLIT_COLUMNS: tuple[str, ...] = (
+    "task", "label_mode", "seed", "q", "n_rows", "n_classes", "majority_share", "numeric_share",
+    "tvd", "ks", "ks_pvalue", "wasserstein", "redraws", "exact_duplicates", "feature_duplicates",
+    "input_contract", "pca_reason",  # one row per (task, model input contract)
+    "label_design", "blind_auc", "blind_auc_low", "blind_auc_high", "blind_redraws",
+)
+MANIPULATION_COLUMNS: tuple[str, ...] = ("run_id", "task", "epoch", "manipulation", "category", "auc")
+ROC_COLUMNS: tuple[str, ...] = ("fpr", "tpr")
+_ROC_NAME = re.compile(r"^roc_(?P<run_id>.+)_e(?P<epoch>\d+)\.parquet$")  # the names roc_path gives
+_REBUILD = "`iclmem report RUN_DIR --force` rebuilds it from the stored probe results"
+
+
+class RunFolder:
+    """A sweep's run folder (``iclmem run --out``). Cheap to construct; each file is read when asked for."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    # ------------------------------------------------------------------------------ records
+    @property
+    def has_sweep(self) -> bool:
+        return (self.path / SWEEP_FILE).is_file()
+
+    @cached_property
+    def sweep(self) -> SweepConfig:
+        """The validated sweep (``sweep.json``); DataError when it is missing, damaged or not a sweep this
+        iclmem accepts."""
+        return read_stored_sweep(self.path)
+
+    @cached_property
+    def sweep_or_none(self) -> SweepConfig | None:
+        """The sweep, or None for a folder without ``sweep.json`` (an audit folder); a damaged one is an error."""
+        return self.sweep if self.has_sweep else None
+
+    @property
+    def run_state(self) -> dict[str, Any] | None:
+        """How the last driver of this folder ended (``iclmem.runfolder.read_run_state``); None before any did."""
+        return read_run_state(self.path)
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the last driver was stopped before the sweep finished. A damaged state record reads as no
+        record: the report says what is stored and never crashes on the marker."""
+        try:
+            state = self.run_state
+        except DataError:
+            return False
+        return state is not None and state["status"] == RunStatus.INTERRUPTED
+
+    @cached_property
+    def provenance(self) -> Provenance | None:
+        return Provenance.read(self.path)
+
+    def public_provenance(self) -> dict[str, Any]:
+        """The provenance fields that may leave the cluster (``{}`` when the folder has none)."""
+        record = self.provenance
+        return record.public() if record is not None else {}
+
+    def written_by(self) -> str:
+        """Which iclmem wrote the folder (its provenance), for messages about tables of another shape."""
+        try:
+            record = self.provenance
+        except DataError:
+            record = None
+        return f"iclmem {record.iclmem_version}" if record is not None else "an iclmem that recorded no provenance"
+
+    # ------------------------------------------------------------------------------ tables
+    def results(self, *, public: bool = True) -> pd.DataFrame:
+        """``results.parquet`` (checksums verified), reduced to its public columns unless ``public=False``.
+        DataError when it is missing or damaged; ResultSchemaError, naming the iclmem that wrote it, when it
+        lacks a column every table of this iclmem has."""
+        path = self.path / RESULTS_FILE
+        if not path.is_file():
+            raise DataError(f"{path}: results table not found (the sweep writes it after probing)")
+        table = read_parquet_verified(path, "results table", _REBUILD)
+        missing = [c for c in REQUIRED_RESULT_COLUMNS if c not in table.columns]
+        if missing:
+            raise ResultSchemaError(f"{path}: missing required column(s) {missing}: a table written by "
+                                    f"{self.written_by()} in a shape this iclmem no longer reads; {_REBUILD}")
+        return table.loc[:, public_columns(table.columns)].copy() if public else table
+
+    def stored_result_rows(self) -> int:
+        """Rows of the stored results table (0 when there is none or it cannot be read): what a rebuild
+        must not shrink."""
+        import pyarrow.parquet as pq
+
+        path = self.path / RESULTS_FILE
+        if not path.is_file():
+            return 0
+        try:
+            return int(pq.ParquetFile(path).metadata.num_rows)
+        except Exception:  # noqa: BLE001 - an unreadable table holds nothing worth keeping
+            return 0
+
+    def reference_results(self) -> pd.DataFrame | None:
+        path = self.path / REFERENCE_RESULTS_FILE
+        return read_parquet_verified(path, "reference results table", _REBUILD) if path.is_file() else None
+
+    def split_report(self) -> pd.DataFrame | None:
+        """The split validation table's public columns, or None."""
+        path = self.path / SPLIT_REPORT_FILE
+        if not path.is_file():
+            return None
+        table = read_parquet_verified(path, "split report", "`iclmem resume RUN_DIR` writes it again")
+        return table.loc[:, [c for c in SPLIT_COLUMNS if c in table.columns]].copy()
+
+    def manipulation_auc(self) -> pd.DataFrame | None:
+        """The per-manipulation AUC table's public columns, or None."""
+        path = self.path / MANIPULATION_AUC_FILE
+        if not path.is_file():
+            return None
+        table = read_parquet_verified(path, "manipulation AUC table", _REBUILD)
+        return table.loc[:, [c for c in MANIPULATION_COLUMNS if c in table.columns]].copy()
+
+    def roc_files(self) -> pd.DataFrame:
+        """Columns run_id, epoch, path for every ``roc/roc_<run_id>_e<epoch>.parquet`` present."""
+        roc_dir = self.path / ROC_DIR
+        rows = []
+        if roc_dir.is_dir():
+            for p in sorted(roc_dir.glob("roc_*.parquet")):
+                m = _ROC_NAME.match(p.name)
+                if m:
+                    rows.append({"run_id": m["run_id"], "epoch": int(m["epoch"]), "path": p})
+        return pd.DataFrame(rows, columns=["run_id", "epoch", "path"])
+
+    def roc(self, run_id: str, epoch: int) -> pd.DataFrame | None:
+        path = roc_path(self.path, run_id, epoch)
+        if not path.is_file():
+            return None
+        return read_parquet_verified(path, "ROC curve", _REBUILD, columns=list(ROC_COLUMNS))
+
+    def probe_results(self) -> Iterator[tuple[str, str, Any]]:
+        """(run folder name, stem, ``probes.probe.ProbeResult``) of every stored probe result that loads
+        (checksums verified; a damaged one is named and skipped, to be recomputed)."""
+        from probes.probe import ProbeResult
+
+        for stored in sorted((self.path / PROBES_DIR).glob("*/e*.json")):
+            result = ProbeResult.load(stored.parent, stored.stem)
+            if result is not None:
+                yield stored.parent.name, stored.stem, result
