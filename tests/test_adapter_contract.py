@@ -155,7 +155,8 @@ def test_a_finetuning_step_changes_the_weights_and_lowers_the_loss(name):
     model = _classifier(name)
     cx, cy, qx, qy = _batch(seed=1)
     params = model.trainable_parameters()
-    assert params and all(p.dtype == torch.float32 for p in params)  # fp32 master weights
+    assert params
+    assert all(p.dtype == torch.float32 for p in params)
     before_weights = [p.detach().clone() for p in params]
     model.module.eval()
     with torch.no_grad():
@@ -310,7 +311,8 @@ def test_native_candidates_are_a_distribution_over_exactly_the_candidates(name):
     cx, cyv, qx, candidates, _ = _regression_batch()
     with torch.no_grad():
         lp = model.candidate_log_probs(cx, cyv, qx, candidates)
-        assert lp.shape == (B, M, len(candidates)) and lp.dtype == torch.float32
+        assert lp.shape == (B, M, len(candidates))
+        assert lp.dtype == torch.float32
         torch.testing.assert_close(lp.exp().sum(-1), torch.ones(B, M))
         # The candidates are scored independently: permuting them permutes the scores.
         perm = torch.tensor([3, 0, 4, 1, 2])
@@ -505,12 +507,13 @@ def test_contexttab_loads_a_weight_shared_official_checkpoint(tmp_path):
             assert torch.equal(value, state[key]), key
 
 
-@pytest.mark.parametrize("name,module", [("tabicl", "tabicl"), ("tabpfn-v2", "tabpfn"), ("contexttab", "tabtune")])
+@pytest.mark.parametrize(("name", "module"), [("tabicl", "tabicl"), ("tabpfn-v2", "tabpfn"), ("contexttab", "tabtune")])
 def test_a_missing_package_is_a_model_error_naming_the_extra(name, module, monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, module, None)  # makes `import <module>` fail as if not installed
     extra = {"tabicl": "tabicl", "tabpfn-v2": "tabpfn", "contexttab": "contexttab"}[name]
-    assert extra_status(name).startswith("extra missing") and f"iclmem[{extra}]" in extra_status(name)
+    assert extra_status(name).startswith("extra missing")
+    assert f"iclmem[{extra}]" in extra_status(name)
     with pytest.raises(ModelError, match=rf"pip install iclmem\[{extra}\]"):
         build_model(name, weights="random")

@@ -49,7 +49,8 @@ def test_online_lira_separates_well_separated_in_and_out_distributions_perfectly
     assert auc(scores[member], scores[~member]) == 1.0
     # the fitted means are the planted ones (medians of 4 in- and 4 out-statistics per query)
     fit = fit_gaussians(stats)
-    assert abs(np.mean(fit.mu_in) - 1.0) < 0.02 and abs(np.mean(fit.mu_out)) < 0.02
+    assert abs(np.mean(fit.mu_in) - 1.0) < 0.02
+    assert abs(np.mean(fit.mu_out)) < 0.02
     assert fit.global_variance  # 4 in + 4 out per query: Carlini's fixed (pooled) variance
     assert 0.08 < fit.sigma_in[0] < 0.12  # the pooled deviation of the in-statistics is the planted 0.1
     offline = lira_offline(stats)
@@ -87,7 +88,8 @@ def test_global_variance_fallback_with_one_in_reference_per_query():
     member, stats = _stats(n=400, k=2, gap=1.0, sd=0.1, seed=2)
     fit = fit_gaussians(stats)
     assert fit.global_variance
-    assert np.all(fit.sigma_in == fit.sigma_in[0]) and 0.08 < fit.sigma_in[0] < 0.12
+    assert np.all(fit.sigma_in == fit.sigma_in[0])
+    assert 0.08 < fit.sigma_in[0] < 0.12
     assert np.allclose(fit.mu_in, stats.references[stats.in_reference.argmax(axis=0), np.arange(400)])
     scores = lira_online(stats)
     assert auc(scores[member], scores[~member]) > 0.99
@@ -110,9 +112,11 @@ def test_per_manipulation_lira_fits_one_gaussian_per_manipulation_and_averages_t
     stats = ReferenceStatistics(target, refs, base.in_reference)
     assert stats.n_manipulations == m
     fit = fit_gaussians(stats)
-    assert fit.sigma_in.shape == (n, m) and fit.global_variance
+    assert fit.sigma_in.shape == (n, m)
+    assert fit.global_variance
     # one pooled deviation per manipulation (the same for every query), following its planted scale
-    assert np.all(fit.sigma_in == fit.sigma_in[0]) and np.allclose(fit.sigma_in[0], scales, rtol=0.1)
+    assert np.all(fit.sigma_in == fit.sigma_in[0])
+    assert np.allclose(fit.sigma_in[0], scales, rtol=0.1)
     combined = lira_online(stats)
     assert combined.shape == (n,)
     singles = [lira_online(ReferenceStatistics(target[:, j], refs[:, :, j], base.in_reference)) for j in range(m)]
@@ -125,7 +129,8 @@ def test_per_manipulation_lira_fits_one_gaussian_per_manipulation_and_averages_t
     best_single = max(auc(sc[member], sc[~member]) for sc in singles)  # measured 0.90 against 0.95-0.97
     assert auc(combined[member], combined[~member]) > best_single + 0.03
     offline = lira_offline(stats)
-    assert offline.shape == (n,) and auc(offline[member], offline[~member]) > 0.6
+    assert offline.shape == (n,)
+    assert auc(offline[member], offline[~member]) > 0.6
 
 
 def test_the_logit_of_a_loss_is_stable_where_the_probability_nears_one():
@@ -134,7 +139,8 @@ def test_the_logit_of_a_loss_is_stable_where_the_probability_nears_one():
     p = np.array([0.01, 0.3, 0.5, 0.9, 0.999])
     np.testing.assert_allclose(logit_of_loss(-np.log(p)), np.log(p / (1 - p)), rtol=1e-9)
     extreme = logit_of_loss(np.array([0.0, 1e-300, 1e-20]))
-    assert np.isfinite(extreme).all() and (extreme > 20).all()
+    assert np.isfinite(extreme).all()
+    assert (extreme > 20).all()
 
 
 def test_lira_scores_follow_the_gaussian_formulas():
@@ -189,14 +195,17 @@ def test_attack_null_splits_of_never_trained_rows_do_not_detect():
         assert columns[f"{a.value}_null_detections"] == 0
         assert abs(columns[f"{a.value}_null_auc"] - 0.5) < 0.1
         assert len(json.loads(columns[f"{a.value}_null_evidence"])) == 3
-    assert columns["lira_online_auc"] > 0.95 and columns["lira_online_auc_low"] > 0.9
+    assert columns["lira_online_auc"] > 0.95
+    assert columns["lira_online_auc_low"] > 0.9
     # Clopper-Pearson interval of TPR@1%: 200 members, 2 false positives allowed
     k = columns["lira_online_tpr_at_1pct_n_true_positives"]
     assert columns["lira_online_tpr_at_1pct"] == pytest.approx(k / 200)
     assert columns["lira_online_tpr_at_1pct_low"] < k / 200 < columns["lira_online_tpr_at_1pct_high"] or k == 200
-    assert curves["lira_online"]["fpr"][0] == 0.0 and curves["rmia"]["tpr"][-1] == 1.0
+    assert curves["lira_online"]["fpr"][0] == 0.0
+    assert curves["rmia"]["tpr"][-1] == 1.0
     fake = attack_null_split(200, 0, 0)
-    assert fake.sum() == 100 and (fake == attack_null_split(200, 0, 0)).all()
+    assert fake.sum() == 100
+    assert (fake == attack_null_split(200, 0, 0)).all()
 
 
 def test_reference_statistics_refuse_mismatched_shapes_and_nan():
@@ -225,7 +234,8 @@ def test_references_add_reference_trials_and_leave_the_runs_ids_and_hash_alone()
     assert with_refs.config_hash() != plain.config_hash()
     trials = expand_grid(with_refs)
     (target,) = expand_grid(plain)
-    assert trials[0] == target and trials[0].role == TrialRole.TARGET
+    assert trials[0] == target
+    assert trials[0].role == TrialRole.TARGET
     refs = trials[1:]
     assert [t.run_id for t in refs] == [f"{target.run_id}-ref{k}" for k in range(4)]
     assert all(t.role == TrialRole.REFERENCE and t.reference_of == target.run_id for t in refs)
@@ -260,7 +270,8 @@ def test_reference_tasks_are_balanced_halves_of_the_population_with_their_own_fi
         assert prepared.reference_tasks[key] == target_key
         assert set(ref.member_idx.tolist()) | set(ref.nonmember_idx.tolist()) == population
         assert len(ref.member_idx) == len(ref.nonmember_idx) == 10  # a half of 2Q = 20
-        assert (ref.labels == target.labels).all() and (ref.context_idx == target.context_idx).all()
+        assert (ref.labels == target.labels).all()
+        assert (ref.context_idx == target.context_idx).all()
         ins[ref.member_idx] += 1
         fingerprints.add(ref.fingerprint)
     assert len({f[:16] for f in fingerprints}) == 5  # caches keyed by a fingerprint prefix never collide
@@ -387,17 +398,21 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
     run_dir = tmp_path / "run"
     results = run_sweep(None, run_dir, sweep=sweep, progress=False, log=lambda _m: None)
     # the audited run and its sanity check only: the two reference trials are not audit targets
-    assert sorted(results["regime"].unique()) == ["base", "single_fixed"] and "reference_of" not in results.columns
+    assert sorted(results["regime"].unique()) == ["base", "single_fixed"]
+    assert "reference_of" not in results.columns
     audited = results[~results["sanity_check"].astype(bool)]
-    assert sorted(audited["epoch"]) == [2, 4] and audited["run_id"].nunique() == 1
+    assert sorted(audited["epoch"]) == [2, 4]
+    assert audited["run_id"].nunique() == 1
     refs = pd.read_parquet(run_dir / "reference_results.parquet")
     assert sorted(refs["run_id"].unique()) == [f"{audited['run_id'].iloc[0]}-ref{k}" for k in range(2)]
-    assert set(refs["reference_of"]) == {audited["run_id"].iloc[0]} and sorted(refs["epoch"]) == [2, 2, 4, 4]
+    assert set(refs["reference_of"]) == {audited["run_id"].iloc[0]}
+    assert sorted(refs["epoch"]) == [2, 2, 4, 4]
     for a in Attack:
         for column in (f"{a.value}_auc", f"{a.value}_auc_low", f"{a.value}_tpr_at_1pct", f"{a.value}_tpr_at_0_1pct",
                        f"{a.value}_tpr_at_1pct_high", f"{a.value}_null_auc", f"known_context_{a.value}_auc"):
             assert audited[column].between(0, 1).all(), column
-        assert (audited[f"{a.value}_n_members"] == 30).all() and (audited[f"{a.value}_null_splits"] == 1).all()
+        assert (audited[f"{a.value}_n_members"] == 30).all()
+        assert (audited[f"{a.value}_null_splits"] == 1).all()
     assert (audited["attack_references"] == 2).all()
     for a in Attack:  # the ε lower bound each attack proves, beside IclMem's own
         assert (audited[f"{a.value}_epsilon_lb"] >= 0).all(), a
@@ -406,7 +421,8 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
             c = f"{prefix}{a.value}_"
             assert audited[f"{c}outcome"].isin(["memorization", "no_signal"]).all(), c
             assert audited[f"{c}null_memorization"].between(0, 1).all(), c
-            assert audited[f"{c}run_outcome"].nunique() == 1 and audited[f"{c}run_epoch"].isin([2, 4]).all(), c
+            assert audited[f"{c}run_outcome"].nunique() == 1, c
+            assert audited[f"{c}run_epoch"].isin([2, 4]).all(), c
             assert (audited[f"{c}run_null_splits"] == 1).all(), c
             assert np.allclose(audited[f"{c}p_value_threshold"].astype(float), 0.05 / 2), c
     # every attack column reaches the report and W&B (the allow-list), and the report has the section
@@ -424,9 +440,11 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
     rebuilt = aggregate(run_dir, log=lambda _m: None)
     rebuilt = rebuilt[~rebuilt["sanity_check"].astype(bool)]
     for a in Attack:
-        assert (rebuilt[f"{a.value}_null_splits"] == 0).all() and (rebuilt[f"{a.value}_run_null_splits"] == 0).all()
+        assert (rebuilt[f"{a.value}_null_splits"] == 0).all()
+        assert (rebuilt[f"{a.value}_run_null_splits"] == 0).all()
     page = (run_dir / "report.html").read_text()
-    assert "Reference-model attacks: LiRA and RMIA" in page and "attacks_roc.png" in page
+    assert "Reference-model attacks: LiRA and RMIA" in page
+    assert "attacks_roc.png" in page
     assert "null FP (run headline)" in page  # the attack verdict table reaches the page (allow-listed columns)
     # the base model scored the target's queries once for the run and both references (its real split and its
     # null split pool): a reference trial reads the target's table and probes no null split of its own
@@ -463,7 +481,9 @@ def test_an_attack_that_separates_members_is_called_memorization_under_the_sweep
     for rule in ("selection_aware", "selection_aware_strict", "paper", "paper_strict"):
         th = OutcomeThresholds().for_rule(rule)
         cols = attack_metric_columns(scores, member, "x_", n_resamples=200, thresholds=th, n_checkpoints=4)
-        assert cols["x_auc"] == 1.0 and cols["x_tpr_at_10pct"] == 1.0 and cols["x_p_value"] < 1e-6
+        assert cols["x_auc"] == 1.0
+        assert cols["x_tpr_at_10pct"] == 1.0
+        assert cols["x_p_value"] < 1e-6
         assert cols["x_outcome"] == "memorization", rule
         # the family of an attack's headline is its checkpoints (one score each), not x IclMem's score kinds
         assert cols["x_p_value_threshold"] == pytest.approx(0.05 / 4)
@@ -479,12 +499,14 @@ def test_an_attack_is_not_called_memorization_without_evidence_or_above_the_sele
     for rule in ("selection_aware", "paper"):
         cols = attack_metric_columns(chance, member, "x_", n_resamples=200,
                                      thresholds=OutcomeThresholds().for_rule(rule))
-        assert cols["x_auc"] == 0.5 and cols["x_outcome"] == "no_signal", rule
+        assert cols["x_auc"] == 0.5, rule
+        assert cols["x_outcome"] == "no_signal", rule
     # borderline: the paper's rule says memorization, the selection-aware rule only below its bar
     scores, member = _borderline()
     paper = attack_metric_columns(scores, member, "x_", n_resamples=200,
                                   thresholds=OutcomeThresholds(rule="paper"), n_checkpoints=2)
-    assert paper["x_auc"] == pytest.approx(0.66) and paper["x_tpr_at_10pct"] == pytest.approx(0.2)
+    assert paper["x_auc"] == pytest.approx(0.66)
+    assert paper["x_tpr_at_10pct"] == pytest.approx(0.2)
     assert 0.025 < paper["x_p_value"] < 0.05
     assert paper["x_outcome"] == "memorization"
     one = attack_metric_columns(scores, member, "x_", n_resamples=200, thresholds=OutcomeThresholds(), n_checkpoints=1)
@@ -508,7 +530,8 @@ def test_attack_null_splits_are_classified_by_the_same_rule_and_counted_as_false
     for a in Attack:
         assert clean[f"{a.value}_outcome"] == "memorization"
         records = json.loads(clean[f"{a.value}_null_evidence"])
-        assert [r["outcome"] for r in records] == ["no_signal"] * 3 and clean[f"{a.value}_null_memorization"] == 0
+        assert [r["outcome"] for r in records] == ["no_signal"] * 3
+        assert clean[f"{a.value}_null_memorization"] == 0
 
     nonmember_pos = np.flatnonzero(~member)
     planted = nonmember_pos[attack_null_split(len(nonmember_pos), 0, 0)]
@@ -519,7 +542,8 @@ def test_attack_null_splits_are_classified_by_the_same_rule_and_counted_as_false
                                   null_splits=3, n_checkpoints=2)
     for a in Attack:
         records = json.loads(columns[f"{a.value}_null_evidence"])
-        assert records[0]["outcome"] == "memorization" and records[0]["auc_low"] > 0.5, a
+        assert records[0]["outcome"] == "memorization", a
+        assert records[0]["auc_low"] > 0.5, a
         assert columns[f"{a.value}_null_memorization"] == sum(r["outcome"] == "memorization" for r in records) >= 1
         # each record's verdict is the rule applied to its own numbers
         for r in records:
@@ -544,7 +568,8 @@ def test_an_attacks_run_headline_is_its_peak_checkpoint_and_null_runs_are_picked
     # null run 0 peaks at epoch 2 (memorization: a false positive); null run 1 at epoch 4 (no_signal), even
     # though its epoch-6 checkpoint alone says memorization
     none = attack_run_headline([2], [float("nan")], ["no_signal"], [[]])
-    assert none["run_outcome"] is None and none["run_null_splits"] == 0
+    assert none["run_outcome"] is None
+    assert none["run_null_splits"] == 0
 
 
 def _query_tables(n: int = 40, k: int = 2, epochs=(2, 4), gap: float = 2.0, seed: int = 0):
@@ -592,7 +617,8 @@ def test_attack_columns_use_the_query_tables_collect_loaded_and_equal_reading_th
     results, references, tables = _query_tables()
     _record_sweep(tmp_path, bootstrap=100)
     handed = attack_columns(results, references, tmp_path, log=lambda _m: None, queries=tables)
-    assert handed["lira_online_auc"].notna().all() and (handed["attack_references"] == 2).all()
+    assert handed["lira_online_auc"].notna().all()
+    assert (handed["attack_references"] == 2).all()
     for (run, stem), table in tables.items():  # nothing on disk was read above: the run folder had no tables
         write_parquet_atomic(table, tmp_path / "probes" / run / f"{stem}.queries.parquet")
     from_disk = attack_columns(results, references, tmp_path, log=lambda _m: None)
@@ -603,8 +629,10 @@ def test_attack_columns_use_the_query_tables_collect_loaded_and_equal_reading_th
             c = f"{prefix}{a.value}_"
             assert (handed[f"{c}outcome"] == "memorization").all(), c
             assert np.allclose(handed[f"{c}p_value_threshold"].astype(float), 0.05 / 2), c
-            assert (handed[f"{c}run_outcome"] == "memorization").all() and handed[f"{c}run_epoch"].isin([2, 4]).all()
-            assert (handed[f"{c}run_null_splits"] == 2).all() and (handed[f"{c}null_splits"] == 2).all()
+            assert (handed[f"{c}run_outcome"] == "memorization").all()
+            assert handed[f"{c}run_epoch"].isin([2, 4]).all()
+            assert (handed[f"{c}run_null_splits"] == 2).all()
+            assert (handed[f"{c}null_splits"] == 2).all()
             assert handed[f"{c}run_null_memorization"].between(0, 2).all()
     # every new column is a verdict, a count or a metric that the public allow-list admits
     new = set(handed.columns) - set(results.columns)
@@ -625,10 +653,14 @@ def test_the_attacks_report_section_shows_each_attacks_verdict_and_its_null_fals
     full = full.assign(label_mode="normal", outcome="no_signal")
     full["rmia_run_null_memorization"] = 1.0  # as if one of the run's two null runs were a false positive
     table = attack_verdict_table(full)
-    assert len(table) == 6 and set(table["attack"]) == {a.value for a in Attack}
+    assert len(table) == 6
+    assert set(table["attack"]) == {a.value for a in Attack}
     assert set(table["verdict"]) == {"memorization"}
     rmia = table[(table["attack"] == "rmia") & (table["statistic"] == "probe (−ΔS)")].iloc[0]
     assert rmia["null FP (run headline)"] == "1 / 2"
-    assert rmia["p-value bar"] == "0.025" and rmia["headline epoch"] in (2, 4)
+    assert rmia["p-value bar"] == "0.025"
+    assert rmia["headline epoch"] in (2, 4)
     page = attacks_section_html(full, tmp_path / "figures")
-    assert "verdict" in page and "null FP (run headline)" in page and "memorization in 1 of 1 runs" in page
+    assert "verdict" in page
+    assert "null FP (run headline)" in page
+    assert "memorization in 1 of 1 runs" in page

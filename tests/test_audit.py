@@ -39,7 +39,8 @@ def test_auditing_a_memorizing_checkpoint_finds_memorization(memorizing_checkpoi
     checkpoint, _ = memorizing_checkpoint
     row = audit_checkpoint(str(checkpoint), "digits", label_mode="shuffled_members", bootstrap=200, q=100,
                            context_size=100, out=str(tmp_path / "audit"))
-    assert row["outcome"] == "memorization" and row["auc"] > 0.6
+    assert row["outcome"] == "memorization"
+    assert row["auc"] > 0.6
     assert json.loads((tmp_path / "audit" / "verdict.json").read_text())["outcome"] == "memorization"
 
 
@@ -50,8 +51,10 @@ def test_external_member_ids_give_the_same_members_as_the_ground_truth_log(memor
                                                                          task.labels[task.member_idx])))
     row = audit_checkpoint(str(checkpoint), "digits", label_mode="shuffled_members", bootstrap=100, q=100,
                            context_size=100, members=str(ids), out=str(tmp_path / "audit"))
-    assert row["n_members"] == 100 and row["outcome"] == "memorization"
-    assert row["exchangeable"] and row["blind_auc_low"] <= 0.5 <= row["blind_auc_high"]
+    assert row["n_members"] == 100
+    assert row["outcome"] == "memorization"
+    assert row["exchangeable"]
+    assert row["blind_auc_low"] <= 0.5 <= row["blind_auc_high"]
 
 
 def test_external_members_of_a_shuffled_run_without_their_trained_labels_are_refused(memorizing_checkpoint, tmp_path):
@@ -78,7 +81,8 @@ def test_the_untouched_base_weights_audit_as_no_signal_through_the_cli(tmp_path)
     )
     assert out.returncode == 0, out.stderr
     verdict = json.loads(out.stdout[out.stdout.index("{"):])
-    assert verdict["outcome"] == "no_signal" and verdict["auc"] == 0.5
+    assert verdict["outcome"] == "no_signal"
+    assert verdict["auc"] == 0.5
 
 
 def test_a_missing_checkpoint_is_refused_before_any_work(tmp_path):

@@ -127,7 +127,7 @@ def test_the_table_holds_at_least_25_distinct_mistakes():
     assert len({case[0] for case in CASES}) == len(CASES) >= 25
 
 
-@pytest.mark.parametrize("case_id,patch,expected", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("case_id", "patch", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_malformed_input_is_refused_before_any_ray_work_naming_file_and_field(case_id, patch, expected, tables, tmp_path):
     sweep_file = tmp_path / f"{case_id}.yaml"
     sweep_file.write_text(yaml.safe_dump(_resolve(_merge(BASE, patch), tables), sort_keys=False))
@@ -192,7 +192,8 @@ def test_a_table_that_cannot_be_read_is_one_error_line_per_task_not_one_per_grid
         prepare_sweep(sweep, tmp_path / "cache", log=lambda _m: None, source="s.yaml")
     lines = [line for line in str(err.value).splitlines() if line.startswith("  - ")]
     assert len(lines) == 1, lines
-    assert "tasks.0 ('gone'" in lines[0] and "and 3 more combination(s)" in lines[0]
+    assert "tasks.0 ('gone'" in lines[0]
+    assert "and 3 more combination(s)" in lines[0]
     assert "CARTE directory not found" in lines[0]
 
 
@@ -254,5 +255,6 @@ def test_the_address_check_accepts_a_listening_port_and_leaves_other_forms_to_ra
         port = server.getsockname()[1]
         assert unreachable_address(f"127.0.0.1:{port}") is None
         assert unreachable_address(f"ray://127.0.0.1:{port}") is None
-    assert unreachable_address("auto") is None and unreachable_address(None) is None
+    assert unreachable_address("auto") is None
+    assert unreachable_address(None) is None
     assert "nothing answers on 127.0.0.1" in unreachable_address(f"127.0.0.1:{_closed_local_port()}", timeout=2)

@@ -49,7 +49,8 @@ def test_records_measure_each_kind_against_its_own_held_out_canaries_and_summari
     assert [r["exposure"] for r in records] == pytest.approx([math.log2(3), math.log2(3) - 1, 0.0, math.log2(3)])
     assert [r["label_exposure"] for r in records] == pytest.approx([2.0, 1.0, 2.0, 2.0])  # log2 4 - log2 rank
     cols = summary_columns(records)
-    assert cols["canary_holdout"] == 2 and cols["canary_exposure_max"] == pytest.approx(math.log2(3))
+    assert cols["canary_holdout"] == 2
+    assert cols["canary_exposure_max"] == pytest.approx(math.log2(3))
     assert cols["canary_exposure_c1"] == pytest.approx(math.log2(3) / 2)
     assert cols["canary_outlier_exposure_c8"] == pytest.approx(math.log2(3) - 1)
     assert cols["canary_rare_label_exposure_c8"] == pytest.approx(math.log2(3))
@@ -63,23 +64,28 @@ def test_canaries_are_a_pure_function_of_task_and_settings_with_the_planned_layo
     settings = CanarySettings(kinds=(CanaryKind.OUTLIER, CanaryKind.RARE_LABEL), copies=(1, 2, 4, 8), per_group=3,
                               holdout=10)
     a, b = make_canaries(task, settings), make_canaries(task, settings.as_dict())
-    assert a.fingerprint == b.fingerprint and np.array_equal(a.features, b.features)
+    assert a.fingerprint == b.fingerprint
+    assert np.array_equal(a.features, b.features)
     per_kind = 3 * 4 + 10
-    assert len(a) == 2 * per_kind and a.ids.tolist() == list(range(-1, -2 * per_kind - 1, -1))
+    assert len(a) == 2 * per_kind
+    assert a.ids.tolist() == list(range(-1, -2 * per_kind - 1, -1))
     assert a.copies[:per_kind].tolist() == [1] * 3 + [2] * 3 + [4] * 3 + [8] * 3 + [0] * 10
     x, y = a.training_rows()
-    assert x.shape == (2 * 3 * 15, task.n_features) and settings.n_inserted_rows == 90
+    assert x.shape == (2 * 3 * 15, task.n_features)
+    assert settings.n_inserted_rows == 90
     # outliers: every number 4-6 standard deviations from its column's mean
     mean, std = task.features.mean(axis=0), task.features.std(axis=0)
     outliers = a.features[:per_kind]
     dist = np.abs(outliers - mean) / std
-    assert (dist > OUTLIER_SIGMAS[0] - 1e-3).all() and (dist < OUTLIER_SIGMAS[1] + 1e-3).all()
+    assert (dist > OUTLIER_SIGMAS[0] - 1e-3).all()
+    assert (dist < OUTLIER_SIGMAS[1] + 1e-3).all()
     # rare_label: the members' rarest label, features of a row of another label the run never sees
     rare = a.labels[per_kind:]
     assert (rare == rarest_member_label(task)).all()
     used = set(task.row_ids[np.concatenate([task.member_idx, task.nonmember_idx, task.context_idx])].tolist())
     sources = a.source_row_ids[per_kind:]
-    assert not (set(sources.tolist()) & used) and (a.source_row_ids[:per_kind] == -1).all()
+    assert not (set(sources.tolist()) & used)
+    assert (a.source_row_ids[:per_kind] == -1).all()
     position = {int(r): i for i, r in enumerate(task.row_ids)}
     assert all(task.labels[position[int(s)]] != rare[0] for s in sources)
     jitter = a.features[per_kind:] - task.features[[position[int(s)] for s in sources]]
@@ -88,7 +94,9 @@ def test_canaries_are_a_pure_function_of_task_and_settings_with_the_planned_layo
     other = make_canaries(_task().__class__(**{**_task().__dict__, "seed": 1}), settings)
     assert other.fingerprint != a.fingerprint
     log = a.log()
-    assert log["fingerprint"] == a.fingerprint and "features" not in log and log["copies"] == a.copies.tolist()
+    assert log["fingerprint"] == a.fingerprint
+    assert "features" not in log
+    assert log["copies"] == a.copies.tolist()
 
 
 def test_text_columns_of_a_cells_task_get_words_of_their_vocabulary(tmp_path):
@@ -108,7 +116,8 @@ def test_text_columns_of_a_cells_task_get_words_of_their_vocabulary(tmp_path):
     canaries = make_canaries(task, {"kinds": ["outlier", "rare_label"], "per_group": 2, "holdout": 8})
     for j in text:
         codes = canaries.features[:, j]
-        assert np.array_equal(codes, np.round(codes)) and codes.min() >= 0
+        assert np.array_equal(codes, np.round(codes))
+        assert codes.min() >= 0
         assert codes.max() < len(task.columns.columns[j].vocabulary)
 
 
@@ -130,9 +139,11 @@ def test_the_finetuner_trains_on_every_canary_copy_and_reports_member_metrics_of
     (batch,) = finetuner.batches(1)
     assert batch.query_x.shape[1] == 30 + 2 * (1 + 3)
     x, y = finetuner.canaries.training_rows()
-    assert torch.equal(batch.query_x[0, 30:], torch.from_numpy(x)) and torch.equal(batch.query_y[0, 30:], torch.from_numpy(y))
+    assert torch.equal(batch.query_x[0, 30:], torch.from_numpy(x))
+    assert torch.equal(batch.query_y[0, 30:], torch.from_numpy(y))
     assert finetuner._eval_members[0].query_x.shape[1] == 30
-    assert FinetuneSpec(**spec.to_dict()) == spec and spec.to_dict()["canaries"]["copies"] == [1, 3]
+    assert FinetuneSpec(**spec.to_dict()) == spec
+    assert spec.to_dict()["canaries"]["copies"] == [1, 3]
     assert "canaries" not in FinetuneSpec(epochs=1).to_dict()  # a run without canaries records what it always did
     with pytest.raises(ConfigError, match="single_fixed"):
         FinetuneSpec(regime="multi_fixed", canaries={"kinds": ["outlier"]})
@@ -174,7 +185,8 @@ def test_planted_canary_exposure_grows_with_copies_and_is_zero_on_the_untouched_
     ranks = [row[f"canary_label_rank_c{k}"] for k in (1, 2, 4, 8)]
     assert np.mean(probe[2:]) - np.mean(probe[:2]) >= 1.5, probe
     assert np.mean(known[2:]) - np.mean(known[:2]) >= 1.0, known
-    assert ranks[3] < ranks[0] and np.mean(ranks[2:]) < np.mean(ranks[:2]), ranks
+    assert ranks[3] < ranks[0], ranks
+    assert np.mean(ranks[2:]) < np.mean(ranks[:2]), ranks
     assert row["canary_exposure_max"] == pytest.approx(math.log2(33))
     # sanity check (true by construction: ΔS ≡ 0): the untouched model singles out no canary
     untouched = _probe_canaries(base, task, finetuner.canaries, base, tmp_path)
@@ -195,7 +207,8 @@ def test_canaries_off_leave_run_ids_and_hash_alone_and_on_change_them():
     plain = parse_sweep({"name": "c", "tasks": [{"name": "iris"}]}, "test")
     off = _sweep()
     on = _sweep(kinds=["outlier"])
-    assert off.config_hash() == plain.config_hash() and expand_grid(off) == expand_grid(plain)
+    assert off.config_hash() == plain.config_hash()
+    assert expand_grid(off) == expand_grid(plain)
     assert on.config_hash() != plain.config_hash()
     assert expand_grid(on)[0].run_id != expand_grid(plain)[0].run_id
 
@@ -243,8 +256,10 @@ def test_the_estimate_times_a_probe_with_its_canaries_without_counting_their_con
 
     monkeypatch.setattr(probe_mod, "canary_columns", recorded)
     costs = measure_unit_costs(sweep, "pfn-mini", {}, 20, sweep.tasks[0], torch.device("cpu"), epochs=1)
-    assert seen and all(n == 2 * 2 + 8 for n in seen)  # the rest of the probe scored the canaries
-    assert costs.extra_contexts == 0 and costs.extra_reference_contexts == 0
+    assert seen
+    assert all(n == 2 * 2 + 8 for n in seen)
+    assert costs.extra_contexts == 0
+    assert costs.extra_reference_contexts == 0
 
 # ------------------------------------------------------------------------------------------- a real sweep
 @pytest.mark.slow
@@ -276,7 +291,9 @@ def test_a_sweep_with_canaries_logs_them_probes_their_exposure_and_reports_it(ra
     truth_files = sorted((run_dir / "tune").rglob("ground_truth.json"))
     assert truth_files
     log = json.loads(truth_files[-1].read_text())["canaries"]
-    assert log["copies"].count(8) == 4 and log["copies"].count(0) == 16 and all(i < 0 for i in log["ids"])
+    assert log["copies"].count(8) == 4
+    assert log["copies"].count(0) == 16
+    assert all(i < 0 for i in log["ids"])
     from orchestrator.audit import audit_checkpoint
     from orchestrator.prepare import prepare_sweep
 
@@ -285,12 +302,14 @@ def test_a_sweep_with_canaries_logs_them_probes_their_exposure_and_reports_it(ra
     # `iclmem probe` on that checkpoint rebuilds the same canaries (it checks the fingerprint) and scores them
     verdict = audit_checkpoint(str(truth_files[-1].parent), out=str(tmp_path / "audit"), bootstrap=20,
                                log=lambda _line: None)
-    assert len(json.loads(verdict["canary_records"])) == 8 and 0 <= verdict["canary_exposure_c8"] <= math.log2(9)
+    assert len(json.loads(verdict["canary_records"])) == 8
+    assert 0 <= verdict["canary_exposure_c8"] <= math.log2(9)
     public = public_results(pd.read_parquet(run_dir / "results.parquet"))
     assert {"canary_exposure_c8", "canary_rare_label_exposure_c1", "canary_label_rank_c8"} <= set(public.columns)
     assert "canary_records" not in public.columns
     page = (run_dir / "report.html").read_text()
-    assert "Canaries: exposure by number of copies" in page and "canary_exposure.png" in page
+    assert "Canaries: exposure by number of copies" in page
+    assert "canary_exposure.png" in page
     assert (run_dir / "figures" / "canary_exposure.png").stat().st_size > 1000
 
 
@@ -325,13 +344,15 @@ def test_canaries_train_and_probe_through_every_real_adapter_on_its_own_inputs(n
                            ProbeSettings(n_resamples=10, null_splits=0), {"run_id": name}, 2,
                            canaries=finetuner.canaries).row
     records = json.loads(row["canary_records"])
-    assert len(records) == 2 * 2 * 2 and row["canary_exposure_max"] == pytest.approx(math.log2(5))
+    assert len(records) == 2 * 2 * 2
+    assert row["canary_exposure_max"] == pytest.approx(math.log2(5))
     for k in (1, 4):
         assert 0 <= row[f"canary_exposure_c{k}"] <= math.log2(5)
         assert 1 <= row[f"canary_label_rank_c{k}"] <= task.n_classes
     untouched = probe_checkpoint(base, task, plan, tmp_path, "base", base, ProbeSettings(n_resamples=10, null_splits=0),
                                  {"run_id": "base"}, 0, canaries=finetuner.canaries).row
-    assert untouched["canary_exposure_c1"] == 0.0 and untouched["canary_exposure_c4"] == 0.0
+    assert untouched["canary_exposure_c1"] == 0.0
+    assert untouched["canary_exposure_c4"] == 0.0
 
 
 def _small_suite():

@@ -33,7 +33,7 @@ def iris_task():
     return prepare_task(TaskSource("iris", "builtin"), seed=0, q=30, context_size=60)
 
 
-@pytest.fixture()
+@pytest.fixture
 def checkpoint(iris_task, tmp_path) -> Path:
     """An epoch-3 checkpoint of SPEC."""
     finetuner = Finetuner(SPEC, [iris_task])
@@ -56,7 +56,7 @@ def test_an_intact_checkpoint_verifies_and_its_manifest_records_every_file(check
 
 
 @pytest.mark.parametrize(
-    "damage, file, message",
+    ("damage", "file", "message"),
     [
         ("truncate", MODEL_FILE, "truncated or altered"),
         ("flip", MODEL_FILE, "fails its checksum"),
@@ -76,7 +76,8 @@ def test_a_damaged_checkpoint_file_is_named_by_the_error(checkpoint, damage, fil
         path.unlink()
     with pytest.raises(CorruptCheckpointError, match=message) as info:
         verify_checkpoint(checkpoint)
-    assert info.value.path == str(path) and str(path) in str(info.value)
+    assert info.value.path == str(path)
+    assert str(path) in str(info.value)
     with pytest.raises(CorruptCheckpointError):
         load_checkpoint_model(checkpoint)
 
@@ -161,13 +162,17 @@ def test_a_probe_actor_recomputes_a_corrupt_checkpoint_from_its_recipe_and_score
             rows = pool.drain()
     finally:
         pool.shutdown()
-    assert len(rows) == 2 and len(pool.failed) == 1
+    assert len(rows) == 2
+    assert len(pool.failed) == 1
     failed_job, error = pool.failed[0]
-    assert failed_job.stem == "no_recipe" and str(damaged / MODEL_FILE) in error  # without a recipe: a named failure
-    assert len(pool.notes) == 1 and "weights match the recorded checksum" in pool.notes[0]
+    assert failed_job.stem == "no_recipe"
+    assert str(damaged / MODEL_FILE) in error
+    assert len(pool.notes) == 1
+    assert "weights match the recorded checksum" in pool.notes[0]
     volatile = {"probe_seconds", "probe_node"}
     intact, recomputed = ({k: v for k, v in r.items() if k not in volatile} for r in rows)
-    assert intact == recomputed and intact["auc"] != 0.5  # a real fine-tuned checkpoint, scored the same
+    assert intact == recomputed
+    assert intact["auc"] != 0.5
 
 
 @pytest.mark.slow
@@ -205,7 +210,9 @@ def test_a_trial_whose_latest_checkpoint_was_truncated_is_recomputed_by_tune(ray
     results = [json.loads(line) for line in (Path(by_id["damaged"].path) / "result.json").read_text().splitlines()
                if line.strip()]
     named = [r.get("damaged_checkpoint") for r in results if r.get("damaged_checkpoint")]
-    assert len(named) == 1 and "model.safetensors" in named[0] and "recomputing the run from epoch 0" in named[0]
+    assert len(named) == 1
+    assert "model.safetensors" in named[0]
+    assert "recomputing the run from epoch 0" in named[0]
     assert results[3].get("damaged_checkpoint") == named[0]
 
     def final(result):

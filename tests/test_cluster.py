@@ -49,7 +49,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 def _ray_message(config: dict) -> str:
     """What Ray itself says about a config (the steps `ray up` runs before contacting the provider)."""
-    with pytest.raises(Exception) as info:
+    with pytest.raises(Exception) as info:  # noqa: PT011 - whatever Ray raises: its message is the result
         ray_util.validate_config(ray_util.prepare_config(copy.deepcopy(config)))
     return getattr(info.value, "message", None) or str(info.value)
 
@@ -75,13 +75,15 @@ def _head_only(config: dict) -> dict:
 def test_shipped_cluster_yaml_passes_with_the_shipped_sweeps():
     sweeps = [ROOT / "configs" / f"{n}.yaml" for n in ("paper", "realistic", "quickstart")]
     result = check_cluster_file(CLUSTER, sweeps)
-    assert result.problems == [] and result.ok
+    assert result.problems == []
+    assert result.ok
 
 
 def test_cli_accepts_shipped_file():
     proc = _cli("cluster-check", "cluster.yaml", "--sweep", "configs/paper.yaml")
     assert proc.returncode == 0, proc.stderr
-    assert "cluster.yaml: valid" in proc.stdout and "configs/paper.yaml" in proc.stdout
+    assert "cluster.yaml: valid" in proc.stdout
+    assert "configs/paper.yaml" in proc.stdout
 
 
 def test_shipped_file_shape():
@@ -91,7 +93,8 @@ def test_shipped_file_shape():
     assert head["resources"].get("GPU", 0) == 0
     assert head["resources"]["iclmem_head"] >= 1   # docs/CLUSTER.md pins probe actors with it
     workers = {k: v for k, v in types.items() if k != config["head_node_type"]}
-    assert workers and all(v["resources"]["GPU"] >= 1 for v in workers.values())
+    assert workers
+    assert all(v["resources"]["GPU"] >= 1 for v in workers.values())
     assert {v["node_config"]["InstanceType"] for v in workers.values()} == {"g5.xlarge", "g5.12xlarge"}
     # shared storage named exactly once, and token authentication on every node
     text = CLUSTER.read_text()
@@ -197,7 +200,8 @@ def test_unreadable_files(tmp_path):
     assert check_cluster_file(empty).problems == [
         f"{empty}: (top level): a cluster config is a mapping of settings, not NoneType"]
     proc = _cli("cluster-check", str(missing))
-    assert proc.returncode == 2 and f"{missing}: file not found" in proc.stderr
+    assert proc.returncode == 2
+    assert f"{missing}: file not found" in proc.stderr
 
 
 # ------------------------------------------------------------------------------------------- shared storage
@@ -211,7 +215,7 @@ def test_multi_node_needs_shared_storage(tmp_path):
     assert check_cluster_file(_write(tmp_path, _head_only(config))).ok
 
 
-@pytest.mark.parametrize("value, shared", [
+@pytest.mark.parametrize(("value", "shared"), [
     ("s3://bucket/iclmem", True), ("gs://bucket/iclmem", True), ("/mnt/nfs/iclmem", True),
     ("runs/tune", False), ("~/tune", False), ("file:///mnt/nfs/iclmem", False),
 ])
@@ -227,7 +231,7 @@ def test_cluster_storage_must_be_shared(tmp_path, value, shared):
         assert problem.startswith(f"{path}: setup_commands.0: ICLMEM_STORAGE={value} is ")
 
 
-@pytest.mark.parametrize("storage_path, extra_export, hint", [
+@pytest.mark.parametrize(("storage_path", "extra_export", "hint"), [
     ("s3://bucket/paper", None, None),
     ("/mnt/nfs/iclmem/paper", None, None),                         # under ICLMEM_STORAGE
     ("/home/ray/tune", "ICLMEM_SHARED_STORAGE=1", None),            # declared a shared mount
@@ -248,7 +252,8 @@ def test_sweep_storage_path_must_be_shared(tmp_path, storage_path, extra_export,
         assert problems == []
     else:
         (problem,) = problems
-        assert problem.startswith(f"{sweep}: storage_path: {storage_path!r} ") and hint in problem
+        assert problem.startswith(f"{sweep}: storage_path: {storage_path!r} ")
+        assert hint in problem
 
 
 def test_local_storage_path_is_fine_on_one_node(tmp_path):
@@ -257,7 +262,7 @@ def test_local_storage_path_is_fine_on_one_node(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- secrets
-@pytest.mark.parametrize("command, name", [
+@pytest.mark.parametrize(("command", "name"), [
     ("export WANDB_API_KEY=0123456789abcdef0123456789abcdef01234567", "WANDB_API_KEY"),
     ("echo 'export RAY_AUTH_TOKEN=abcdef' >> ~/.bashrc", "RAY_AUTH_TOKEN"),
     ("export HF_TOKEN=hf_abcdef", "HF_TOKEN"),
@@ -301,7 +306,8 @@ def test_secret_reported_even_when_ray_refuses_the_file(tmp_path):
     path = _write(tmp_path, config)
     problems = check_cluster_file(path).problems
     assert len(problems) == 2
-    assert "holds a literal WANDB_API_KEY" in problems[0] and "'bogus' was unexpected" in problems[1]
+    assert "holds a literal WANDB_API_KEY" in problems[0]
+    assert "'bogus' was unexpected" in problems[1]
 
 
 def test_secret_in_the_sweep_refused(tmp_path):
@@ -318,7 +324,8 @@ def test_gpu_trials_on_a_cpu_only_cluster_refused(tmp_path):
     assert problem.startswith(f"{sweep}: resources.gpus_per_trial: a trial needs {{CPU 1, GPU 1}}, "
                               f"but no node type of {path} has that")
     proc = _cli("cluster-check", str(path), "--sweep", str(sweep))
-    assert proc.returncode == 2 and f"{sweep}: resources.gpus_per_trial" in proc.stderr
+    assert proc.returncode == 2
+    assert f"{sweep}: resources.gpus_per_trial" in proc.stderr
     # the shipped GPU cluster runs it
     assert check_cluster_file(CLUSTER, [sweep]).ok
 
@@ -332,7 +339,7 @@ def test_custom_trial_resource_must_be_declared(tmp_path):
     assert check_cluster_file(_write(tmp_path, config), [sweep]).ok
 
 
-@pytest.mark.parametrize("actors, n_models, fits", [(8, 1, True), (9, 1, False), (4, 2, True), (5, 2, False)])
+@pytest.mark.parametrize(("actors", "n_models", "fits"), [(8, 1, True), (9, 1, False), (4, 2, True), (5, 2, False)])
 def test_every_probe_actor_must_be_placed(tmp_path, actors, n_models, fits):
     """The head offers iclmem_head 8; each distinct base model gets its own pool of probe_actors."""
     models = [{"name": "pfn-mini", "options": {"weights": "shipped", "seed": i}} for i in range(n_models)]
@@ -374,7 +381,8 @@ def test_sweep_that_does_not_load_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="sweep file not found"):
         check_cluster_file(CLUSTER, [missing])
     proc = _cli("cluster-check", "cluster.yaml", "--sweep", str(missing))
-    assert proc.returncode == 2 and f"sweep file not found: {missing}" in proc.stderr
+    assert proc.returncode == 2
+    assert f"sweep file not found: {missing}" in proc.stderr
 
 
 # ------------------------------------------------------------------------------------------- documented variants

@@ -66,7 +66,8 @@ def _check_results(results: pd.DataFrame, checkpoint_epochs: list[int]) -> None:
     assert trained["run_id"].nunique() == 2, results[["run_id", "regime", "epoch"]]
     for run_id, group in trained.groupby("run_id"):
         assert sorted(group["epoch"]) == checkpoint_epochs, (run_id, sorted(group["epoch"]))
-    assert len(controls) == 1 and controls["epoch"].tolist() == [0]  # the untouched base model, probed once
+    assert len(controls) == 1
+    assert controls["epoch"].tolist() == [0]
     assert not results.duplicated(["run_id", "epoch"]).any()
     assert set(results["outcome"]) <= OUTCOMES, set(results["outcome"])
     assert results["auc"].notna().all()
@@ -147,7 +148,7 @@ def test_quickstart_submitted_with_ray_job_submit_finishes_and_writes_results(is
     # one (services.resolve_ip_for_localhost), so the GCS is reachable there, guarded by the token.
     node_ip = _state_api(url, token, "nodes")[0]["node_ip"]
     if node_ip != "127.0.0.1":
-        with pytest.raises(OSError):
+        with pytest.raises(OSError):  # noqa: PT011 - refused or unreachable, as long as nothing answers
             socket.create_connection((node_ip, dash_port), timeout=5).close()
 
     sweep_file = tmp_path / "quickstart_small.yaml"
@@ -177,7 +178,8 @@ def test_quickstart_submitted_with_ray_job_submit_finishes_and_writes_results(is
     assert "[iclmem] done:" in job_log, job_log
     results = pd.read_parquet(run_dir / "results.parquet")
     _check_results(results, [1, 4])
-    assert (run_dir / "report.html").is_file() and (run_dir / "provenance.json").is_file()
+    assert (run_dir / "report.html").is_file()
+    assert (run_dir / "provenance.json").is_file()
     # The trials ran in actors of this test's head, not on any other Ray of the machine. (Tune's `node_ip`
     # is no help: it is the host's address, shared by every Ray here.) The head's state API, asked with
     # the token, lists its actors with pid and node, dead ones included.
@@ -187,7 +189,8 @@ def test_quickstart_submitted_with_ray_job_submit_finishes_and_writes_results(is
     on_head = {a["pid"]: a["class_name"] for a in actors if a.get("node_id") == nodes[0]["node_id"]}
     trial_pids = {json.loads(line)["pid"] for f in (run_dir / "tune").rglob("result.json")
                   for line in f.read_text().splitlines() if line.strip()}
-    assert trial_pids and trial_pids <= set(on_head), (trial_pids, on_head)
+    assert trial_pids, (trial_pids, on_head)
+    assert trial_pids <= set(on_head), (trial_pids, on_head)
     assert {on_head[pid] for pid in trial_pids} == {"ImplicitFunc"}, on_head
     assert "ProbeWorker" in on_head.values(), on_head
 
@@ -216,7 +219,8 @@ def test_sweep_on_a_simulated_three_node_cluster_places_trials_and_probe_actors_
     got = json.loads(lines[-1].removeprefix("CLUSTER_RESULT "))
 
     head, workers = got["head"], set(got["workers"])
-    assert len(workers) == 2 and head not in workers
+    assert len(workers) == 2
+    assert head not in workers
     assert set(got["alive_nodes"]) == workers | {head}
     assert "worker" not in got["alive_nodes"][head]["resources"]  # only the workers can satisfy the requests
 
@@ -224,7 +228,8 @@ def test_sweep_on_a_simulated_three_node_cluster_places_trials_and_probe_actors_
     _check_results(results, [1, 4])
     # Every checkpoint, the base-model control included, was probed by an actor on a worker.
     assert set(results["probe_node"]) <= workers, (set(results["probe_node"]), workers, head)
-    assert got["probe_actor_nodes"] and set(got["probe_actor_nodes"]) <= workers, got["probe_actor_nodes"]
+    assert got["probe_actor_nodes"], got["probe_actor_nodes"]
+    assert set(got["probe_actor_nodes"]) <= workers, got["probe_actor_nodes"]
     # Every trial (each attempt, by the pid Tune recorded) ran in an actor on a worker.
     assert len(got["trial_nodes"]) == 2, got["trial_nodes"]
     for run_id, attempts in got["trial_nodes"].items():

@@ -48,11 +48,15 @@ def test_paper_grid():
     assert [t.name for t in sweep.tasks] == PAPER_TASKS
     g = sweep.grid
     assert g.regime == ["single_fixed"]
-    assert g.lr == PAPER_LRS and g.q == PAPER_QS and g.label_mode == LABEL_MODES
-    assert sweep.training.epochs == 500 and sweep.training.checkpoint_epochs == CHECKPOINTS
+    assert g.lr == PAPER_LRS
+    assert g.q == PAPER_QS
+    assert g.label_mode == LABEL_MODES
+    assert sweep.training.epochs == 500
+    assert sweep.training.checkpoint_epochs == CHECKPOINTS
     assert sweep.probe.suite == "default"
     # fractional GPUs: several trials and probe actors share one GPU
-    assert 0 < sweep.resources.gpus_per_trial < 1 and 0 < sweep.resources.gpus_per_probe_actor < 1
+    assert 0 < sweep.resources.gpus_per_trial < 1
+    assert 0 < sweep.resources.gpus_per_probe_actor < 1
     expected = len(PAPER_TASKS) * len(PAPER_LRS) * len(PAPER_QS) * len(LABEL_MODES) * len(g.seed)
     assert expected == 240
     trials = expand_grid(sweep)
@@ -89,7 +93,8 @@ def test_paper_and_realistic_share_the_base():
 def test_no_secrets_or_storage_in_sweep_files():
     for path in SWEEP_FILES:
         text = path.read_text()
-        assert "WANDB_API_KEY=" not in text and "RAY_AUTH_TOKEN=" not in text
+        assert "WANDB_API_KEY=" not in text
+        assert "RAY_AUTH_TOKEN=" not in text
         assert yaml.safe_load(text).get("storage_path") is None, path.name
 
 
@@ -106,7 +111,8 @@ def test_validate_runs_stage_one_and_names_the_missing_carte_folder(capsys):
 
     assert main(["validate", str(CONFIGS / "paper.yaml")]) == 2
     err = capsys.readouterr().err
-    assert "paper.yaml: Stage I failed before any cluster work" in err and "CARTE directory not found" in err
+    assert "paper.yaml: Stage I failed before any cluster work" in err
+    assert "CARTE directory not found" in err
 
 
 def test_validate_reports_three_mistakes_at_once(tmp_path):
@@ -144,7 +150,8 @@ def test_documented_cluster_overlays_validate(tmp_path):
         path = configs / f"_cluster{i}.yaml"
         path.write_text(body.replace("$ICLMEM_STORAGE", "s3://bucket/iclmem") + "\n")
         sweep = load_sweep(path)
-        assert sweep.name == "paper" and sweep.storage_path == "s3://bucket/iclmem/paper"
+        assert sweep.name == "paper"
+        assert sweep.storage_path == "s3://bucket/iclmem/paper"
         assert len(expand_grid(sweep)) == 240
         if sweep.resources.probe_resources:
             assert sweep.resources.probe_resources == {"iclmem_head": 1}
@@ -172,8 +179,10 @@ def test_data_cache_dir_holds_the_prepared_tasks_instead_of_the_run_folder(tmp_p
                          "data": {"context_size": 30, "cache_dir": str(cache)}})
     prepared = prepare_in_place_or_staged(sweep, tmp_path / "run", log=lambda _m: None)
     (fingerprint,) = prepared.tasks
-    assert (cache / f"{fingerprint}.npz").is_file() and (cache / f"{fingerprint}.json").is_file()
-    assert (tmp_path / "run").is_dir() and not (tmp_path / "run" / "prepared").exists()
+    assert (cache / f"{fingerprint}.npz").is_file()
+    assert (cache / f"{fingerprint}.json").is_file()
+    assert (tmp_path / "run").is_dir()
+    assert not (tmp_path / "run" / "prepared").exists()
 
 
 def test_torch_threads_per_trial_reaches_the_trainable_and_the_recompute_recipe(tmp_path):
@@ -201,7 +210,8 @@ def test_a_multi_random_run_is_prepared_with_c_prime_in_its_member_pool_and_matc
     prepared = prepare_sweep(sweep, tmp_path / "prepared", log=lambda _m: None)
     by_run = {t.regime: prepared.tasks[prepared.trial_tasks[t.run_id][0]] for t in prepared.trials}
     single, pooled = by_run["single_fixed"], by_run["multi_random"]
-    assert len(single.member_idx) == 20 and not set(single.context_idx) & set(single.member_idx)
+    assert len(single.member_idx) == 20
+    assert not set(single.context_idx) & set(single.member_idx)
     assert len(pooled.member_idx) == len(pooled.nonmember_idx) == 20 + 60
     assert set(pooled.context_idx) <= set(pooled.member_idx)
     assert np.bincount(pooled.labels[pooled.context_idx]).tolist() == [30, 30]
@@ -241,10 +251,12 @@ def test_the_dp_axis_adds_runs_named_by_their_epsilon_and_settings():
     trials = expand_grid(parse_sweep(base))
     assert [t.dp for t in trials] == [float("inf"), 1.0, 8.0]
     assert trials[0].run_id == "iris-single_fixed-lr0.001-q50-normal-s0-04adf4"
-    assert "-dp1-" in trials[1].run_id and "-dp8-" in trials[2].run_id
+    assert "-dp1-" in trials[1].run_id
+    assert "-dp8-" in trials[2].run_id
     # another delta or clipping norm changes the noise, so it names another run
     other = expand_grid(parse_sweep({**base, "training": {"dp_delta": 1e-6}}))
-    assert other[0].run_id == trials[0].run_id and other[1].run_id != trials[1].run_id
+    assert other[0].run_id == trials[0].run_id
+    assert other[1].run_id != trials[1].run_id
     assert parse_sweep(base).config_hash() != PINNED_HASH
 
 
@@ -260,10 +272,11 @@ def test_sweep_json_round_trips_an_infinite_epsilon(tmp_path):
     write_json_atomic(tmp_path / "sweep.json", sweep.model_dump(mode="json"))
     stored = json.loads((tmp_path / "sweep.json").read_text())
     assert stored["grid"]["dp"] == ["inf", 2.0]
-    assert parse_sweep(stored) == sweep and config_hash_of(stored) == sweep.config_hash()
+    assert parse_sweep(stored) == sweep
+    assert config_hash_of(stored) == sweep.config_hash()
 
 
-@pytest.mark.parametrize("setting, message", [
+@pytest.mark.parametrize(("setting", "message"), [
     ({"grid": {"dp": [0]}}, "grid.dp"), ({"grid": {"dp": [-1]}}, "grid.dp"), ({"grid": {"dp": [1, 1]}}, "duplicate"),
     ({"grid": {"dp": []}}, "grid.dp"),
     ({"training": {"dp_delta": 0}}, "training.dp_delta"), ({"training": {"dp_delta": 1}}, "training.dp_delta"),

@@ -68,7 +68,8 @@ def test_run_keeps_ray_tune_and_python_warnings_in_the_console_log_and_verbose_s
                           env=env, capture_output=True, text=True, timeout=600)
     console = proc.stdout + proc.stderr
     assert proc.returncode == 0, console
-    assert "[iclmem] done: 2 checkpoint results" in proc.stdout and "[iclmem] trials" in proc.stdout
+    assert "[iclmem] done: 2 checkpoint results" in proc.stdout
+    assert "[iclmem] trials" in proc.stdout
     for noise in NOISE:
         assert noise not in console, noise
     assert str(driver) not in console  # no warning's source path
@@ -132,7 +133,10 @@ def test_the_exit_statuses_are_documented_in_the_epilog(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     text = capsys.readouterr().out
-    assert "exit status" in text and "130" in text and "bad input" in text and "run time" in text
+    assert "exit status" in text
+    assert "130" in text
+    assert "bad input" in text
+    assert "run time" in text
 
 
 # ------------------------------------------------------------------------------------------ exit statuses
@@ -169,7 +173,7 @@ def test_a_config_error_and_a_bad_flag_both_exit_2(bad_inputs, command, capsys):
     assert "error:" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("raised, status, message", [
+@pytest.mark.parametrize(("raised", "status", "message"), [
     (DataError("t.csv: no target column 'y'"), 2, "iclmem: error: t.csv: no target column 'y'"),
     (ProbeError("3 checkpoint(s) could not be probed"), 1, "iclmem: error: 3 checkpoint(s) could not be probed"),
     (SweepInterrupted("/runs/x"), 130, "interrupted \u2014 continue with `iclmem resume /runs/x`"),
@@ -224,7 +228,8 @@ def test_under_the_quiet_console_iclmems_own_warnings_still_reach_the_terminal_i
         finally:
             warnings.showwarning = previous
     assert terminal.getvalue() == "[iclmem] warning: task 't': column 'x' has only missing values and is dropped\n"
-    assert f"{own}:848: UserWarning" in log.getvalue() and "/site-packages/lib.py:3: DeprecationWarning" in log.getvalue()
+    assert f"{own}:848: UserWarning" in log.getvalue()
+    assert "/site-packages/lib.py:3: DeprecationWarning" in log.getvalue()
 
 
 @pytest.mark.parametrize("kind", ["tabular", "lm"])

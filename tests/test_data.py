@@ -77,15 +77,19 @@ def assert_valid_split(task: PreparedTask, q: int, context_size: int) -> None:
     )
     report = task.split_report
     if task.task_kind is TaskKind.REGRESSION:
-        assert report.ks is not None and report.ks < 0.05
-        assert report.ks_pvalue is not None and 0.0 <= report.ks_pvalue <= 1.0
-        assert report.wasserstein is not None and report.wasserstein >= 0.0
+        assert report.ks is not None
+        assert report.ks < 0.05
+        assert report.ks_pvalue is not None
+        assert 0.0 <= report.ks_pvalue <= 1.0
+        assert report.wasserstein is not None
+        assert report.wasserstein >= 0.0
     else:
         assert report.tvd < 0.05
         assert report.ks is None
     for name in ("features", "labels", "original_labels", "row_ids", "member_idx", "nonmember_idx", "context_idx"):
         assert not getattr(task, name).flags.writeable, name
-    assert task.features.dtype == np.float32 and np.isfinite(task.features).all()
+    assert task.features.dtype == np.float32
+    assert np.isfinite(task.features).all()
     for name in ("labels", "original_labels", "row_ids", "member_idx", "nonmember_idx", "context_idx"):
         assert getattr(task, name).dtype == np.int64, name
 
@@ -115,7 +119,7 @@ BUILTIN_SIZES = [
 ]
 
 
-@pytest.mark.parametrize("name,q,context_size", BUILTIN_SIZES)
+@pytest.mark.parametrize(("name", "q", "context_size"), BUILTIN_SIZES)
 def test_builtin_tasks_split_passes_distribution_checks(name: str, q: int, context_size: int) -> None:
     task = prepare_task(builtin(name), q=q, context_size=context_size, seed=0)
     assert_valid_split(task, q, context_size)
@@ -131,7 +135,8 @@ def test_carte_tasks_split_passes_distribution_checks(name: str) -> None:
     assert task.task_kind is expected
     assert task.n_features <= 16
     if expected is TaskKind.REGRESSION:
-        assert task.n_classes == 10 and len(task.context_idx) == 120
+        assert task.n_classes == 10
+        assert len(task.context_idx) == 120
 
 
 def test_regression_split_ks_is_at_most_one_over_q() -> None:
@@ -150,7 +155,8 @@ def test_carte_nested_layout_is_loaded(tmp_path: Path) -> None:
     frame = numeric_frame(200).rename(columns={"y": "label"})
     write_carte(tmp_path, "toy", frame, {"target_name": "label", "task": "classification", "entity_name": "x"}, nested=True)
     task = prepare_task(TaskSource(name="toy", kind="carte", path=str(tmp_path)), q=20, context_size=40)
-    assert task.task_kind is TaskKind.CLASSIFICATION and task.class_names == ("0", "1")
+    assert task.task_kind is TaskKind.CLASSIFICATION
+    assert task.class_names == ("0", "1")
     assert task.split_report.n_rows == 200
 
 
@@ -166,7 +172,8 @@ def test_carte_flat_layout_reads_target_and_task_from_config(tmp_path: Path) -> 
 def test_plain_csv_table_with_named_target(tmp_path: Path) -> None:
     path = write_table(tmp_path, numeric_frame(120, n_classes=3), "t.csv")
     task = prepare_task(TaskSource(name="t", kind="table", path=str(path), target="y"), q=20, context_size=30)
-    assert task.task_kind is TaskKind.CLASSIFICATION and task.n_classes == 3
+    assert task.task_kind is TaskKind.CLASSIFICATION
+    assert task.n_classes == 3
     assert task.n_features == 2, "the target must not be among the features"
 
 
@@ -205,9 +212,10 @@ def test_mixed_column_types_are_encoded_and_all_nan_column_warned(tmp_path: Path
     # dates become numbers in time order
     stamp_col = next(j for j in range(task.n_features) if np.corrcoef(task.features[:, j], np.arange(n))[0, 1] > 0.999)
     assert np.all(np.diff(task.features[np.argsort(task.row_ids), stamp_col]) > 0)
-    with pytest.warns(UserWarning):
+    with pytest.warns(UserWarning, match="column .empty. has only missing values"):
         reduced = prepare_task(source, PrepSettings(max_features=5), q=30, context_size=40)
-    assert reduced.n_features == 5 and 0.0 < reduced.split_report.pca_explained_variance < 1.0
+    assert reduced.n_features == 5
+    assert 0.0 < reduced.split_report.pca_explained_variance < 1.0
 
 
 def test_classification_class_names_sorted_in_natural_order(tmp_path: Path) -> None:
@@ -289,9 +297,11 @@ def test_unmatched_shuffled_members_permutes_member_labels_only(cancer_normal: P
                         label_mode="shuffled_members", seed=0)
     m = task.member_idx
     changed = np.flatnonzero(task.labels != task.original_labels)
-    assert changed.size > 0 and set(changed) <= set(m), "only member labels may change"
+    assert changed.size > 0, "only member labels may change"
+    assert set(changed) <= set(m), "only member labels may change"
     assert np.array_equal(np.sort(task.labels[m]), np.sort(task.original_labels[m])), "member marginal preserved"
-    assert task.split_report.label_design == "unmatched" and not task.split_report.exchangeable
+    assert task.split_report.label_design == "unmatched"
+    assert not task.split_report.exchangeable
     assert np.array_equal(np.bincount(task.labels), np.bincount(task.original_labels)), "table marginal preserved"
     # nothing else differs from the normal task
     assert np.array_equal(task.original_labels, cancer_normal.original_labels)
@@ -380,9 +390,11 @@ def test_cache_round_trip_is_identical_and_atomic(tmp_path: Path, monkeypatch: p
     assert loaded == first
     assert array_bytes(loaded) == array_bytes(first)
     assert loaded.target_values.tobytes() == first.target_values.tobytes()
-    assert loaded.split_report == first.split_report and loaded.class_names == first.class_names
+    assert loaded.split_report == first.split_report
+    assert loaded.class_names == first.class_names
     assert loaded.bin_edges == first.bin_edges
-    assert not loaded.features.flags.writeable and not loaded.labels.flags.writeable
+    assert not loaded.features.flags.writeable
+    assert not loaded.labels.flags.writeable
 
 
 def test_corrupt_cache_entry_is_recomputed(tmp_path: Path) -> None:
@@ -411,9 +423,9 @@ def test_features_of_a_row_do_not_depend_on_its_split(cancer_normal: PreparedTas
 
 
 def test_prepared_arrays_are_read_only(cancer_normal: PreparedTask) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         cancer_normal.features[0, 0] = 1.0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         cancer_normal.labels[0] = 1
     with pytest.raises(dataclasses.FrozenInstanceError):
         cancer_normal.seed = 3  # type: ignore[misc]
@@ -433,8 +445,10 @@ def test_ground_truth_log_is_json_and_names_rows_and_trained_labels() -> None:
     assert log["member_labels"] == task.labels[task.member_idx].tolist()
     assert log["member_original_labels"] == task.original_labels[task.member_idx].tolist()
     assert log["context_labels"] == task.labels[task.context_idx].tolist()
-    assert log["label_mode"] == "shuffled_members" and log["seed"] == 2
-    assert log["fingerprint"] == task.fingerprint and log["class_names"] == list(task.class_names)
+    assert log["label_mode"] == "shuffled_members"
+    assert log["seed"] == 2
+    assert log["fingerprint"] == task.fingerprint
+    assert log["class_names"] == list(task.class_names)
     assert log["split_report"]["tvd"] == task.split_report.tvd
 
 
@@ -535,7 +549,7 @@ def test_context_smaller_than_class_count_is_a_config_error() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs,match",
+    ("kwargs", "match"),
     [
         ({"regression_bins": 1}, "regression_bins"),
         ({"max_features": 0}, "max_features"),
@@ -578,12 +592,13 @@ def test_matched_shuffled_members_permutes_each_group_among_itself(cancer_normal
                              label_mode="shuffled_members", seed=0)
     assert np.array_equal(task.member_idx, unmatched.member_idx)
     assert np.array_equal(task.labels[m], unmatched.labels[m])
-    assert task.split_report.label_design == "matched" and task.split_report.exchangeable
+    assert task.split_report.label_design == "matched"
+    assert task.split_report.exchangeable
 
 
 # On a binary task a permutation leaves about half the member labels right, so the unmatched groups differ
 # less (measured 0.69-0.79 at |C'| = 60) than on 3+ classes (0.77-0.96)
-@pytest.mark.parametrize("name,q,unmatched_above", [("iris", 30, 0.7), ("wine", 30, 0.7), ("breast_cancer", 50, 0.6),
+@pytest.mark.parametrize(("name", "q", "unmatched_above"), [("iris", 30, 0.7), ("wine", 30, 0.7), ("breast_cancer", 50, 0.6),
                                                     ("digits", 100, 0.7)])
 def test_the_blind_baseline_sits_at_chance_on_matched_splits_and_separates_unmatched_ones(name, q,
                                                                                            unmatched_above) -> None:
@@ -595,8 +610,10 @@ def test_the_blind_baseline_sits_at_chance_on_matched_splits_and_separates_unmat
                                  "shuffled_members", seed=seed, q=q)
         for task in (matched, prepare_task(builtin(name), PrepSettings(context_size=60), "normal", seed=seed, q=q)):
             r = task.split_report
-            assert r.blind_auc_low <= 0.5 <= r.blind_auc_high and 0.35 <= r.blind_auc <= 0.65, (name, seed, r)
-        assert unmatched.split_report.blind_auc > unmatched_above and unmatched.split_report.blind_auc_low > 0.5, (name, seed)
+            assert r.blind_auc_low <= 0.5 <= r.blind_auc_high, (name, seed, r)
+            assert 0.35 <= r.blind_auc <= 0.65, (name, seed, r)
+        assert unmatched.split_report.blind_auc > unmatched_above, (name, seed)
+        assert unmatched.split_report.blind_auc_low > 0.5, (name, seed)
         assert not unmatched.split_report.exchangeable
 
 
@@ -615,7 +632,8 @@ def test_a_split_whose_groups_are_separable_without_the_model_is_redrawn(monkeyp
 
     monkeypatch.setattr(blind, "blind_baseline", first_separable)
     task = prepare_task(builtin("iris"), PrepSettings(context_size=30), "normal", seed=0, q=30)
-    assert task.split_report.blind_redraws == 1 and task.split_report.split_seed == 1
+    assert task.split_report.blind_redraws == 1
+    assert task.split_report.split_seed == 1
     assert task.split_report.blind_auc_low <= 0.5 <= task.split_report.blind_auc_high
 
     monkeypatch.setattr(blind, "blind_baseline", lambda *a, **k: blind.BlindBaseline(0.2, 0.1, 0.3, 30, 30))

@@ -44,7 +44,8 @@ def test_score_tables_are_byte_identical_on_repeated_runs(setup):
 def test_prepared_tasks_are_byte_identical_for_the_same_seed():
     a = prepare_task(TaskSource("wine", "builtin"), label_mode="shuffled_all", seed=5, q=30, context_size=60)
     b = prepare_task(TaskSource("wine", "builtin"), label_mode="shuffled_all", seed=5, q=30, context_size=60)
-    assert a == b and a.fingerprint == b.fingerprint
+    assert a == b
+    assert a.fingerprint == b.fingerprint
 
 
 def _pool_rows(n_actors: int, root: Path, task, checkpoint) -> list[dict]:

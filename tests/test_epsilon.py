@@ -58,7 +58,8 @@ def test_zero_false_positives_give_a_finite_bound():
     fpr_high = 1 - 0.025 ** (1 / 50)
     assert bound.fpr_high == pytest.approx(fpr_high, rel=1e-10)
     assert bound.fpr_high == pytest.approx(stats.beta.ppf(0.975, 1, 50), rel=1e-10)
-    assert math.isfinite(bound.epsilon) and bound.epsilon > 0
+    assert math.isfinite(bound.epsilon)
+    assert bound.epsilon > 0
     assert bound.epsilon == pytest.approx(_by_hand(40, 0, 50, 50, 0.0), rel=1e-12)
 
 
@@ -111,7 +112,8 @@ def test_no_evidence_is_zero():
 
 def test_a_larger_delta_never_raises_the_bound():
     values = [epsilon_from_counts(45, 1, 50, 50, d).epsilon for d in (0.0, 1e-5, 1e-2, 0.2, 0.7)]
-    assert values == sorted(values, reverse=True) and values[-1] < values[0]
+    assert values == sorted(values, reverse=True)
+    assert values[-1] < values[0]
 
 
 def test_clopper_pearson_agrees_with_the_metrics_module():
@@ -214,7 +216,8 @@ def test_the_aggregator_flags_an_audit_above_the_accountant_loudly():
     assert any("WARNING" in line and "dp-bad" in line and "ABOVE" in line for line in printed)
     by = {(r.run_id, r.epoch): r for r in out.itertuples()}
     assert by[("dp-bad", 100)].epsilon_consistent is False
-    assert by[("dp-ok", 10)].epsilon_consistent is True and by[("dp-ok", 100)].epsilon_consistent is True
+    assert by[("dp-ok", 10)].epsilon_consistent is True
+    assert by[("dp-ok", 100)].epsilon_consistent is True
     assert by[("plain", 100)].epsilon_consistent is None
     # the accountant's ε at each checkpoint: epoch e = e Gaussian steps at sample rate 1
     assert by[("dp-ok", 10)].dp_epsilon == pytest.approx(epsilon_spent(40.625, 1.0, 10, 1e-5))
@@ -223,7 +226,8 @@ def test_the_aggregator_flags_an_audit_above_the_accountant_loudly():
     # checkpoint bound: max over the competing kinds; run headline: max over the run's checkpoints
     assert (by[("plain", 10)].epsilon_lb, by[("plain", 10)].epsilon_lb_kind) == (0.9, "entropy")
     assert {by[("plain", e)].run_epsilon_lb for e in (10, 100)} == {1.7}
-    assert by[("plain", 10)].run_epsilon_lb_epoch == 100 and by[("plain", 10)].run_epsilon_lb_kind == "loss"
+    assert by[("plain", 10)].run_epsilon_lb_epoch == 100
+    assert by[("plain", 10)].run_epsilon_lb_kind == "loss"
 
 
 def test_a_consistent_sweep_prints_no_warning():
@@ -233,7 +237,8 @@ def test_a_consistent_sweep_prints_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         out = epsilon_columns(_rows().query("run_id != 'dp-bad'"), log=printed.append)
-    assert not printed and out["epsilon_consistent"].dropna().all()
+    assert not printed
+    assert out["epsilon_consistent"].dropna().all()
 
 
 def test_an_audit_delta_below_the_accountants_is_not_compared():
@@ -265,6 +270,8 @@ def test_the_report_section_shows_a_row_per_run_and_the_figure(tmp_path):
     assert math.isinf(table.set_index("run_id").loc["plain", "dp_target_epsilon"])
     page = epsilon_section_html(results, tmp_path / "figures")
     assert (tmp_path / "figures" / EPSILON_FIGURE).stat().st_size > 0
-    assert "ε_lb (headline)" in page and "dp-bad" not in page and "salary" not in page
+    assert "ε_lb (headline)" in page
+    assert "dp-bad" not in page
+    assert "salary" not in page
     assert f"figures/{EPSILON_FIGURE}" in page
     assert epsilon_section_html(results.drop(columns=["epsilon_lb"]), tmp_path / "f2") == ""

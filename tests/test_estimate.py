@@ -41,7 +41,7 @@ wandb:
 """
 
 
-@pytest.fixture()
+@pytest.fixture
 def config(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(SWEEP)
@@ -52,11 +52,15 @@ def test_work_is_counted_from_the_grid_as_by_hand(config):
     work = count_work(load_sweep(config))
     key = ("pfn-mini", 20)
     assert work.runs == 4  # 2 lr x 1 Q x 2 label modes
-    assert work.steps == 4 * 5 and work.eval_forwards == 2 * 5 * 4
-    assert work.schedule == (1, 5) and work.checkpoint_jobs == {key: 8}
+    assert work.steps == 4 * 5
+    assert work.eval_forwards == 2 * 5 * 4
+    assert work.schedule == (1, 5)
+    assert work.checkpoint_jobs == {key: 8}
     assert work.probe_contexts == {key: 4 * 2 * (2 * 20) * 3}  # runs x checkpoints x 2Q x suite
-    assert work.references == {key: 2} and work.controls == {key: 2}  # one per label mode
-    assert work.reference_contexts == {key: 2 * 40 * 3} and work.control_contexts == {key: 2 * 40 * 3}
+    assert work.references == {key: 2}
+    assert work.controls == {key: 2}
+    assert work.reference_contexts == {key: 2 * 40 * 3}
+    assert work.control_contexts == {key: 2 * 40 * 3}
     assert work.reference_contexts_saved == 2 * (2 - 1) * 40 * 3  # each reference shared by 2 runs
     assert work.prepared_tasks == 2
 
@@ -86,7 +90,8 @@ def test_prediction_adds_each_kind_of_work_and_divides_the_parallel_part_by_the_
     # many workers: bound by the longest chain (a run's start, epochs, saves, then its last probe)
     many = predict(work, _costs(), 1000, OVERHEADS, probe_actors=1000)
     assert many.longest_s == pytest.approx(2.0 + 5 * 0.1 + 2 * 0.05 + 120 * 1e-3 + 0.4)
-    assert many.wall_s == pytest.approx(6.5 + many.longest_s) and many.bound == "the longest run"
+    assert many.wall_s == pytest.approx(6.5 + many.longest_s)
+    assert many.bound == "the longest run"
     assert many.device_hours == pytest.approx(1000 * many.longest_s / 3600)
 
 
@@ -105,14 +110,17 @@ def test_probe_work_on_too_few_probe_actors_bounds_the_wall_time(config):
     assert one_actor.wall_s == pytest.approx(6.5 + probe_work)
     assert one_actor.bound == "the 1 probe actor(s)"
     needed = one_actor.probe_actors_needed()
-    assert needed is not None and 1 < needed <= 8
+    assert needed is not None
+    assert 1 < needed <= 8
     lifted = one_actor.with_probe_actors(needed)
-    assert lifted.wall_s < one_actor.wall_s and lifted.probe_actors == needed
+    assert lifted.wall_s < one_actor.wall_s
+    assert lifted.probe_actors == needed
     assert f"with resources.probe_actors = {needed}" in render(one_actor)
     # with as many probe actors as workers the same work is bound by total work / N again
     eight = predict(work, costs, 8, OVERHEADS, probe_actors=8)
     assert eight.bound == "total work / N"
-    assert eight.wall_s == pytest.approx(6.5 + eight.parallel_s / 8) and eight.wall_s < one_actor.wall_s
+    assert eight.wall_s == pytest.approx(6.5 + eight.parallel_s / 8)
+    assert eight.wall_s < one_actor.wall_s
     # probe actors beyond the workers do not add parallelism
     assert predict(work, costs, 2, OVERHEADS, probe_actors=50).phase_s >= predict(work, costs, 2, OVERHEADS,
                                                                                    probe_actors=2).phase_s
@@ -128,15 +136,20 @@ def test_slower_unit_costs_predict_a_longer_sweep(config):
 def test_estimate_measures_the_configured_model_on_this_device_and_renders_it(config):
     est = estimate(config, workers=3, device="cpu", epochs=1, with_ray=False)
     (costs,) = est.costs.values()
-    assert costs.device == "cpu" and costs.contexts == 40 * 3
+    assert costs.device == "cpu"
+    assert costs.contexts == 40 * 3
     assert costs.forwards_saved == pytest.approx(2 / 3)  # pfn-mini: position_first and scale_uniform_x2 = base
     assert costs.extra_contexts > 0  # a fine-tuned checkpoint's probe also scores its null split's pool
     for name in ("prepare_s", "epoch_s", "save_s", "plan_s", "score_per_context_s", "rest_s"):
         assert getattr(costs, name) > 0, name
     o = est.overheads
-    assert o.actor_start_s > 0 and o.driver_start_s > 0 and o.ray_start_s == 0 and o.trial_s == o.actor_start_s
+    assert o.actor_start_s > 0
+    assert o.driver_start_s > 0
+    assert o.ray_start_s == 0
+    assert o.trial_s == o.actor_start_s
     text = render(est)
-    assert "Predicted on 3 worker(s)" in text and "fine-tuning runs" in text
+    assert "Predicted on 3 worker(s)" in text
+    assert "fine-tuning runs" in text
     assert "| fine-tuning runs | 4 |" in render(est, markdown=True)
 
 

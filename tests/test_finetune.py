@@ -51,14 +51,16 @@ def test_multi_random_draws_a_fresh_uniform_context_and_q_queries_from_the_membe
     # non-members, C''s label counts included
     pool_task = prepare_task(TaskSource("breast_cancer", "builtin"), PrepSettings(context_size=60, context_in_pool=True),
                              seed=0, q=20)
-    assert set(pool_task.context_idx) <= set(pool_task.member_idx) and len(pool_task.member_idx) == 80
+    assert set(pool_task.context_idx) <= set(pool_task.member_idx)
+    assert len(pool_task.member_idx) == 80
     assert np.array_equal(np.bincount(pool_task.labels[pool_task.member_idx]),
                           np.bincount(pool_task.labels[pool_task.nonmember_idx]))
     first, second = random_batch(pool_task, 1, 0, n_queries=20), random_batch(pool_task, 2, 0, n_queries=20)
     assert not torch.equal(first.context_x, second.context_x)
     # C' is uniform (30 + 30) and the proportional members add both classes: the full 60-row uniform context
     # is drawn from the pool every epoch (with the members alone it had held 29 of each, the minority's pool)
-    assert first.query_x.shape[1] == 20 and first.context_x.shape[1] == 60
+    assert first.query_x.shape[1] == 20
+    assert first.context_x.shape[1] == 60
     assert np.bincount(first.context_y[0].numpy(), minlength=2).tolist() == [30, 30]
     assert set(first.query_y[0].numpy()) == {0, 1}
     members = {tuple(r) for r in np.asarray(pool_task.features)[pool_task.member_idx]}
@@ -78,7 +80,8 @@ def test_nan_loss_marks_the_run_diverged_and_leaves_weights_untouched(iris_task)
     bad = finetuner._fixed[0]
     finetuner._fixed = [dataclasses.replace(bad, query_x=torch.full_like(bad.query_x, float("nan")))]
     result = finetuner.run_epoch()
-    assert result.diverged and np.isnan(result.train_loss)
+    assert result.diverged
+    assert np.isnan(result.train_loss)
     for key, value in _weights(finetuner).items():
         assert torch.equal(value, before[key])
 

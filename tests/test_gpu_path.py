@@ -97,7 +97,8 @@ def test_finetuner_keeps_model_and_batches_on_its_device_and_checkpoints_load_on
     finetuner.save(tmp_path / "ckpt")
     again = Finetuner(FinetuneSpec(epochs=3), [task], device="cpu")
     again.restore(tmp_path / "ckpt")
-    assert again.epoch == 2 and again.model.device.type == "cpu"
+    assert again.epoch == 2
+    assert again.model.device.type == "cpu"
     again.train()  # the optimizer state came back onto the CPU with the weights
 
 

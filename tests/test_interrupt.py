@@ -70,9 +70,11 @@ def test_ctrl_c_stops_a_real_sweep_within_seconds_and_resume_gives_the_uninterru
     print(f"SIGINT to exit: {seconds:.1f} s")
     assert driver.returncode == 130, out
     assert out.strip().splitlines()[-1] == f"interrupted \u2014 continue with `iclmem resume {run_dir.resolve()}`"
-    assert "[iclmem] done" not in out and "Tuner.restore" not in out
+    assert "[iclmem] done" not in out
+    assert "Tuner.restore" not in out
     state = read_run_state(run_dir)
-    assert state is not None and state["status"] == RunStatus.INTERRUPTED
+    assert state is not None
+    assert state["status"] == RunStatus.INTERRUPTED
     assert len(state["incomplete_runs"]) >= 1  # the sweep of three 40-epoch runs stopped at the first result
     kept = sorted(p.relative_to(run_dir) for p in (run_dir / "probes").rglob("*.json"))
     assert kept  # the finished probe results survive the interruption
@@ -109,14 +111,15 @@ _HANGING_CLEANUP = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("set_command, command", [("pass", "iclmem resume"),
+@pytest.mark.parametrize(("set_command", "command"), [("pass", "iclmem resume"),
                                                   ("interrupts.resume_command = 'iclmem lm resume'", "iclmem lm resume")])
 def test_a_second_ctrl_c_exits_at_once_even_while_the_clean_up_hangs(set_command, command):
     script = _HANGING_CLEANUP.replace("{set_command}", set_command)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "running"
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "running"
         proc.send_signal(signal.SIGINT)
         assert proc.stdout.readline().strip() == "cleaning up"  # the first Ctrl-C starts the clean-up
         time.sleep(0.5)
@@ -161,7 +164,8 @@ def test_ctrl_c_during_stage_one_of_a_new_run_leaves_no_folder_and_says_to_start
     run_dir = tmp_path / "run"
     with pytest.raises(SweepInterrupted) as caught:
         S.run_sweep(None, run_dir, sweep=parse_sweep(SMALL), progress=False)
-    assert not run_dir.exists() and not list(tmp_path.iterdir())  # the staging folder is gone too
+    assert not run_dir.exists()
+    assert not list(tmp_path.iterdir())
     assert str(caught.value) == (f"interrupted before the run folder was written \u2014 start again with "
                                  f"`iclmem run CONFIG --out {run_dir.resolve()}`")
     assert caught.value.exit_code == 130
@@ -180,7 +184,8 @@ def test_ctrl_c_after_the_folder_exists_records_the_interruption_and_every_unfin
     with pytest.raises(SweepInterrupted, match=f"continue with `iclmem resume {run_dir.resolve()}`"):
         S.run_sweep(None, run_dir, sweep=parse_sweep(SMALL), progress=False)
     state = read_run_state(run_dir)
-    assert state is not None and state["status"] == RunStatus.INTERRUPTED
+    assert state is not None
+    assert state["status"] == RunStatus.INTERRUPTED
     assert len(state["incomplete_runs"]) == 2  # neither run had started
 
 
@@ -212,7 +217,8 @@ def test_a_second_ctrl_c_leaves_no_process_of_the_embedded_ray_behind(isolated_r
     proc = subprocess.Popen([sys.executable, "-c", _RAY_AND_A_HANGING_CLEANUP], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "running", proc.stderr
+        assert proc.stdout is not None, proc.stderr
+        assert proc.stdout.readline().strip() == "running", proc.stderr
         assert len(_marked(env[MARKER])) > 3, "the embedded Ray is not running"
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.stdout.readline().strip() == "cleaning up"

@@ -38,7 +38,7 @@ def test_one_table_by_hand():
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "row_weights"])
-@pytest.mark.parametrize("batch,length,n_context", [(50, 1, 2), (20, 3, 3), (7, 11, 11), (3, 40, 40), (5, 1, 1)])
+@pytest.mark.parametrize(("batch", "length", "n_context"), [(50, 1, 2), (20, 3, 3), (7, 11, 11), (3, 40, 40), (5, 1, 1)])
 def test_matches_sdpa_per_table_and_head(batch, length, n_context, weighted):
     g = torch.Generator().manual_seed(batch * 100 + length + n_context)
     q, k, v = (torch.randn(batch * rows, 128, generator=g) for rows in (length, n_context, n_context))
@@ -89,7 +89,8 @@ def test_views_of_row_slices_write_only_their_rows():
     q, k, v = (torch.randn(30, 128, generator=g) for _ in range(3))
     out = torch.zeros(30, 128)
     context_attention(q[10:20], k[4:14], v[4:14], 5, 2, 2, 4, None, out[10:20])
-    assert torch.equal(out[:10], torch.zeros(10, 128)) and torch.equal(out[20:], torch.zeros(10, 128))
+    assert torch.equal(out[:10], torch.zeros(10, 128))
+    assert torch.equal(out[20:], torch.zeros(10, 128))
     assert float((out[10:20] - _sdpa(q[10:20], k[4:14], v[4:14], 5, 2, 2, 4, None)).abs().max()) <= 1e-5
 
 

@@ -120,7 +120,8 @@ def stub_lm() -> LanguageModel:
 def test_stub_tokenizer_splits_a_word_into_two_pieces(stub_lm):
     t = tokenize_entity(stub_lm, "Great Britain")
     assert [VOCAB[i] for i in t.ids] == ["Great", "Bri", "##tain"]
-    assert t.word_index == (0, 1, 1) and t.n_words == 2
+    assert t.word_index == (0, 1, 1)
+    assert t.n_words == 2
 
 
 def test_word_and_transition_exposure_match_hand_computed_values(stub_lm):
@@ -195,7 +196,8 @@ def test_calibration_with_a_known_content_free_distribution():
     w_p = p / p_cf  # W = diag(p_cf)^-1 -> [0.714, 1.5, 2.0]
     np.testing.assert_allclose(calibrate(p, p_cf, "normalize"), w_p / w_p.sum())
     np.testing.assert_allclose(calibrate(p, p_cf, "softmax"), np.exp(w_p) / np.exp(w_p).sum())
-    assert np.argmax(p) == 0 and np.argmax(calibrate(p, p_cf)) == 2
+    assert np.argmax(p) == 0
+    assert np.argmax(calibrate(p, p_cf)) == 2
     # a uniform content-free distribution changes nothing
     np.testing.assert_allclose(calibrate(p, np.full(3, 1 / 3), "normalize"), p)
 
@@ -291,7 +293,8 @@ def test_mit_movie_reader_reads_tag_first_and_merges_slots():
 def test_wnut_reader_maps_creative_work_and_keeps_its_six_types():
     lines = ["Watching\tO", "Star\tB-creative-work", "Wars\tI-creative-work", "at\tO", "Apple\tB-corporation"]
     s = parse_bio_lines(lines, DATASET_FORMATS.get("wnut2017"))[0]
-    assert s.entities("creative work") == ["Star Wars"] and s.entities("corporation") == ["Apple"]
+    assert s.entities("creative work") == ["Star Wars"]
+    assert s.entities("corporation") == ["Apple"]
 
 
 def test_entity_list_reader_and_its_errors(tmp_path):
@@ -312,7 +315,10 @@ def test_dataset_folder_splits_by_file_name_and_checks_types(tmp_path):
     write_bio([s, s], tmp_path / "eng.testb")
     write_bio([s, s, s], tmp_path / "eng.testa")  # original CoNLL-2003 names: testa = dev, testb = test
     ds = load_dataset(tmp_path, "conll2003", "toy")
-    assert len(ds.train) == 1 and len(ds.test) == 2 and len(ds.splits["dev"]) == 3 and ds.supports_ner
+    assert len(ds.train) == 1
+    assert len(ds.test) == 2
+    assert len(ds.splits["dev"]) == 3
+    assert ds.supports_ner
     assert list(ds.entities()["entity"]) == ["Ann", "Bob"]
     with pytest.raises(DataError, match="location"):
         load_dataset(tmp_path, "conll2003", "toy", ["location"])
@@ -330,12 +336,16 @@ def _toy_sentences(n_pos: int, n_neg: int) -> list[Sentence]:
 def test_example_sampling_takes_9_positives_and_7_random_and_formats_the_prompt():
     train = _toy_sentences(20, 20)
     ex = sample_examples(train, "person", seed=0)
-    assert len(ex) == 16 and sum(s.has_type("person") for s in ex) >= 9
-    assert sample_examples(train, "person", seed=0) == ex and sample_examples(train, "person", seed=1) != ex
+    assert len(ex) == 16
+    assert sum(s.has_type("person") for s in ex) >= 9
+    assert sample_examples(train, "person", seed=0) == ex
+    assert sample_examples(train, "person", seed=1) != ex
     prompt = build_prompt(ex[:2], "person", "Rome is v1")
     lines = prompt.split("\n")
-    assert lines[0].startswith("Sentence:\t") and lines[1].startswith("person:\t")
-    assert lines[-2] == "Sentence:\tRome is v1" and lines[-1] == "person:\t"
+    assert lines[0].startswith("Sentence:\t")
+    assert lines[1].startswith("person:\t")
+    assert lines[-2] == "Sentence:\tRome is v1"
+    assert lines[-1] == "person:\t"
     answers = [ln.split("\t", 1)[1] for ln in lines[1:4:2]]
     assert all(a in ("Ann Lee", "none") for a in answers)
 
@@ -343,9 +353,11 @@ def test_example_sampling_takes_9_positives_and_7_random_and_formats_the_prompt(
 def test_test_sampling_keeps_all_positives_with_about_half_as_many_negatives():
     test = _toy_sentences(10, 30)
     got = sample_test(test, "person", seed=0)
-    assert sum(s.has_type("person") for s in got) == 10 and len(got) == 15
+    assert sum(s.has_type("person") for s in got) == 10
+    assert len(got) == 15
     capped = sample_test(test, "person", seed=0, max_sentences=6)
-    assert len(capped) == 6 and sum(s.has_type("person") for s in capped) == 4
+    assert len(capped) == 6
+    assert sum(s.has_type("person") for s in capped) == 4
 
 
 def test_seen_and_unseen_variants_replace_every_entity():
@@ -356,7 +368,9 @@ def test_seen_and_unseen_variants_replace_every_entity():
     unseen = make_variant(sents, "unseen", 0, vocabulary={"ann", "lee"})
     for s in unseen:
         (ent,) = s.entities()
-        assert ent.isalpha() and ent.islower() and len(ent) == 8
+        assert ent.isalpha()
+        assert ent.islower()
+        assert len(ent) == 8
     assert make_variant(sents, "as-is", 0) == sents
 
 
@@ -494,9 +508,11 @@ def test_run_lm_sweep_runs_net_and_ner_and_writes_report_tables(planted, clean_r
     assert set(df["probe"]) == {"exposure", "net", "ner"}
     scored = df[df["probe"].isin(["net", "ner"])]
     f1 = scored["f1"].dropna()
-    assert len(f1) > 0 and f1.between(0, 1).all()
+    assert len(f1) > 0
+    assert f1.between(0, 1).all()
     ner = df[df["probe"] == "ner"]
-    assert set(ner["variant"]) == {"as-is", "seen", "unseen"} and set(ner["seed"]) == {0, 1}
+    assert set(ner["variant"]) == {"as-is", "seen", "unseen"}
+    assert set(ner["seed"]) == {0, 1}
     assert set(ner["entity_type"]) == {"person", "location", "organisation"}
     assert ner[ner["variant"] == "as-is"]["f1"].notna().all()
 
@@ -510,7 +526,8 @@ def test_run_lm_sweep_runs_net_and_ner_and_writes_report_tables(planted, clean_r
     t5 = tables["table5"]
     for v in ("as_is", "seen", "unseen"):
         assert {f"f1_{v}_mean", f"f1_{v}_std"} <= set(t5.columns)
-    assert len(t5) == 3 and (t5["n_seeds"] == 2).all()
+    assert len(t5) == 3
+    assert (t5["n_seeds"] == 2).all()
     assert list(tables["table6"].columns) == ["model", "dataset", "entity_type", "f1_mean", "f1_std", "count",
                                               "n_seeds"]
     for t in tables.values():
@@ -519,10 +536,15 @@ def test_run_lm_sweep_runs_net_and_ner_and_writes_report_tables(planted, clean_r
 
     # The provenance record of an LM run folder, written by the driver and shown in the report.
     record = Provenance.read(run)
-    assert record is not None and record.kind == "lm" and record.sweep_name == "lm-test"
-    assert "transformers" in record.packages and "torch" in record.packages
+    assert record is not None
+    assert record.kind == "lm"
+    assert record.sweep_name == "lm-test"
+    assert "transformers" in record.packages
+    assert "torch" in record.packages
     page = (run / LM_REPORT_FILE).read_text()
-    assert "Table 2" in page and "Table 5" in page and "Table 6" in page
+    assert "Table 2" in page
+    assert "Table 5" in page
+    assert "Table 6" in page
     assert f"package transformers</dt><dd>{record.packages['transformers']}" in page
 
     # The W&B summary run (offline) holds the results table, the provenance and the report artifact.
@@ -531,10 +553,13 @@ def test_run_lm_sweep_runs_net_and_ner_and_writes_report_tables(planted, clean_r
     logs = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(logs) == 1
     text = "\n".join(str(r) for r in read_wandb_records(logs[0]))
-    assert "lm_results" in text and "mean_f1/net" in text and "iclmem-lm-" in text
+    assert "lm_results" in text
+    assert "mean_f1/net" in text
+    assert "iclmem-lm-" in text
     assert record.config_hash in text
     # raw data stays out of the report: no template sentence, no entity string
-    assert "bought some bread" not in page and planted.world.planted["person"][0] not in page
+    assert "bought some bread" not in page
+    assert planted.world.planted["person"][0] not in page
     lists = list((run / LM_EXPOSURE_DIR).glob("*.tsv"))
     assert len(lists) == 2
     exp = pd.read_csv(run / LM_EXPOSURE_DIR / "tiny__toy-conll.tsv", sep="\t")
@@ -618,7 +643,8 @@ def test_an_interrupted_lm_sweep_resumes_computing_only_the_missing_units(
     monkeypatch.undo()
     before = _stored_units(run)
     total = len(_stored_units(clean_run.dir))
-    assert 3 <= len(before) < total and not (run / LM_RESULTS_FILE).exists()
+    assert 3 <= len(before) < total
+    assert not (run / LM_RESULTS_FILE).exists()
 
     assert cli.main(["lm", "resume", str(run), "--quiet"]) == 0
     after = _stored_units(run)
@@ -635,7 +661,8 @@ def test_a_stored_unit_that_fails_its_checksum_is_not_returned(tmp_path):
     table = pd.DataFrame({"entity": ["Ann Lee", "Rome"], "word_exposure": [0.9, 1e-5]})
     LMUnitResult({"probe": "exposure", "model": "m", "dataset": "d"}, table).save(tmp_path, "u")
     loaded = LMUnitResult.load(tmp_path, "u")
-    assert loaded is not None and loaded.row["model"] == "m"
+    assert loaded is not None
+    assert loaded.row["model"] == "m"
     pd.testing.assert_frame_equal(loaded.table, table)
     assert LMUnitResult.load(tmp_path, "other") is None
     data = (tmp_path / "u.parquet").read_bytes()

@@ -73,8 +73,10 @@ def test_lm_run_refuses_a_folder_of_someone_elses_files_exits_2_and_writes_nothi
     assert cli.main(["lm", "run", str(lm.config), "--out", str(folder), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert f"iclmem: error: {folder.resolve()} is not empty and is not an iclmem run folder" in err
-    assert "give --out a new or empty folder" in err and "Traceback" not in err
-    assert _digests(folder) == before and sorted(p.name for p in folder.iterdir()) == [
+    assert "give --out a new or empty folder" in err
+    assert "Traceback" not in err
+    assert _digests(folder) == before
+    assert sorted(p.name for p in folder.iterdir()) == [
         "lm_results.parquet", "notes", "provenance.json"]
 
 
@@ -131,7 +133,8 @@ def test_ctrl_c_before_the_run_folder_is_written_leaves_no_folder_and_says_to_st
         lm_sweep.run_lm_sweep(lm.config, run, log=lambda _line: None)
     assert str(caught.value) == (f"interrupted before the run folder was written \u2014 start again with "
                                  f"`iclmem lm run {lm.config} --out {run.resolve()}`")
-    assert caught.value.exit_code == 130 and not run.exists()
+    assert caught.value.exit_code == 130
+    assert not run.exists()
 
 
 # ------------------------------------------------------------------------------------------- real runs
@@ -146,9 +149,12 @@ def complete_run(lm, ray_session, tmp_path_factory):
 def test_a_finished_lm_run_records_complete_and_keeps_the_console_log(complete_run):
     run = complete_run.dir
     state = read_run_state(run)
-    assert state is not None and state["status"] == RunStatus.COMPLETE and state["note"] == ""
+    assert state is not None
+    assert state["status"] == RunStatus.COMPLETE
+    assert state["note"] == ""
     assert (run / CONSOLE_LOG_FILE).is_file()  # quiet console: Ray's output went here
-    assert len(_stored_units(run)) == 1 and not complete_run.results.empty
+    assert len(_stored_units(run)) == 1
+    assert not complete_run.results.empty
     assert (run / LM_RESULTS_FILE).is_file()
 
 
@@ -162,7 +168,8 @@ def test_lm_run_of_the_same_config_continues_the_folder_computing_nothing_again(
     assert _stored_units(run) == before
     assert (run / LM_RESULTS_FILE).stat().st_mtime_ns != table  # the table was made again, from the stored unit
     state = read_run_state(run)
-    assert state is not None and state["status"] == RunStatus.COMPLETE
+    assert state is not None
+    assert state["status"] == RunStatus.COMPLETE
 
 
 @pytest.mark.ray
@@ -179,17 +186,21 @@ def test_ctrl_c_records_the_interruption_keeps_the_units_and_lm_resume_finishes(
     assert cli.main(["lm", "run", str(lm.config), "--out", str(run), "--quiet"]) == 130
     assert f"interrupted \u2014 continue with `iclmem lm resume {run.resolve()}`" in capsys.readouterr().err
     state = read_run_state(run)
-    assert state is not None and state["status"] == RunStatus.INTERRUPTED
-    assert "1 unit result(s) kept" in state["note"] and f"iclmem lm resume {run.resolve()}" in state["note"]
+    assert state is not None
+    assert state["status"] == RunStatus.INTERRUPTED
+    assert "1 unit result(s) kept" in state["note"]
+    assert f"iclmem lm resume {run.resolve()}" in state["note"]
     kept = _stored_units(run)
-    assert len(kept) == 1 and not (run / LM_RESULTS_FILE).exists()
+    assert len(kept) == 1
+    assert not (run / LM_RESULTS_FILE).exists()
     assert (run / CONSOLE_LOG_FILE).is_file()
 
     monkeypatch.undo()
     assert cli.main(["lm", "resume", str(run), "--quiet"]) == 0
     assert _stored_units(run) == kept  # the kept unit is not computed again
     state = read_run_state(run)
-    assert state is not None and state["status"] == RunStatus.COMPLETE
+    assert state is not None
+    assert state["status"] == RunStatus.COMPLETE
     assert (run / LM_RESULTS_FILE).is_file()
 
 
@@ -202,5 +213,7 @@ def test_a_failed_lm_run_records_failed_with_its_error(lm, tmp_path, monkeypatch
     with pytest.raises(RuntimeError, match="no Ray here"):
         lm_sweep.run_lm_sweep(lm.config, run, log=lambda _line: None)
     state = read_run_state(run)
-    assert state is not None and state["status"] == RunStatus.FAILED
-    assert state["note"] == "RuntimeError: no Ray here" and (run / RUN_STATE_FILE).is_file()
+    assert state is not None
+    assert state["status"] == RunStatus.FAILED
+    assert state["note"] == "RuntimeError: no Ray here"
+    assert (run / RUN_STATE_FILE).is_file()

@@ -150,8 +150,10 @@ def test_base_is_one_row_per_candidate_label_in_sorted_order_with_every_feature(
     assert plan.keep_columns.tolist() == [0, 1, 2, 3]
     assert plan.distractors.shape == (4, 0)
     cx, qx = materialize(plan, X_Q)
-    assert cx.shape == (3, 4) and cx.dtype == np.float32
-    assert np.array_equal(cx, np.tile(X_Q, (3, 1))) and np.array_equal(qx, X_Q)
+    assert cx.shape == (3, 4)
+    assert cx.dtype == np.float32
+    assert np.array_equal(cx, np.tile(X_Q, (3, 1)))
+    assert np.array_equal(qx, X_Q)
 
 
 def test_position_first_and_last_move_the_true_label_row_and_keep_the_others_sorted():
@@ -162,7 +164,8 @@ def test_position_first_and_last_move_the_true_label_row_and_keep_the_others_sor
 def test_position_random_puts_the_true_label_row_at_every_position_over_queries():
     seen = Counter()
     for plan in plans_over_queries("position_random", 120):
-        assert label_counts(plan) == [1, 1, 1] and others_in_sorted_order(plan)
+        assert label_counts(plan) == [1, 1, 1]
+        assert others_in_sorted_order(plan)
         seen[int(np.flatnonzero(plan.labels == TRUE)[0])] += 1
     assert set(seen) == {0, 1, 2}  # uniform over the 3 gaps, original position included
 
@@ -200,13 +203,15 @@ def test_skew_mixed_repeats_the_true_label_and_one_random_incorrect_label():
 def test_scale_uniform_multiplies_every_row():
     for f in (2, 5, 10):
         plan = plan_of(f"scale_uniform_x{f}")
-        assert label_counts(plan) == [f, f, f] and plan.n_rows == 3 * f
+        assert label_counts(plan) == [f, f, f]
+        assert plan.n_rows == 3 * f
 
 
 def test_scale_random_repeats_each_row_between_1_and_f_times_independently():
     for f in (2, 5, 10):
         counts = np.array([label_counts(p) for p in plans_over_queries(f"scale_random_f{f}", 80)])
-        assert counts.min() == 1 and counts.max() == f
+        assert counts.min() == 1
+        assert counts.max() == f
         assert len({tuple(c) for c in counts}) > 1  # rows draw independently
 
 
@@ -219,7 +224,8 @@ def test_drop_features_drops_two_random_columns_and_keeps_the_rest_sorted():
     assert all(len(k) == 2 and list(k) == sorted(k) for k in keeps)
     assert len(keeps) > 1
     cx, qx = materialize(plan_of("drop_features_a"), X_Q)
-    assert cx.shape == (3, 2) and set(qx.tolist()) < set(X_Q.tolist())
+    assert cx.shape == (3, 2)
+    assert set(qx.tolist()) < set(X_Q.tolist())
 
 
 def test_drop_features_drops_one_column_below_3_features_and_none_with_one_feature():
@@ -232,13 +238,16 @@ def test_drop_features_drops_one_column_below_3_features_and_none_with_one_featu
 def test_distractors_add_fresh_columns_for_every_context_row_and_the_query_row():
     for d in (1, 2):
         plan = plan_of(f"distractors_{d}")
-        assert plan.distractors.shape == (4, d) and plan.distractors.dtype == np.float32
+        assert plan.distractors.shape == (4, d)
+        assert plan.distractors.dtype == np.float32
         assert plan.keep_columns.tolist() == [0, 1, 2, 3]
         cx, qx = materialize(plan, X_Q)
-        assert cx.shape == (3, 4 + d) and qx.shape == (4 + d,)
+        assert cx.shape == (3, 4 + d)
+        assert qx.shape == (4 + d,)
         assert np.array_equal(cx[:, 4:], plan.distractors[:3])
         assert np.array_equal(qx[4:], plan.distractors[3])  # the query row gets its own values
-        assert np.all(plan.distractors != 0) and len(np.unique(plan.distractors)) == plan.distractors.size
+        assert np.all(plan.distractors != 0)
+        assert len(np.unique(plan.distractors)) == plan.distractors.size
 
 
 # ---------------------------------------------------------------------------------------------- combos
@@ -248,7 +257,8 @@ def test_combo2_random_position_with_skew_true_moves_the_whole_true_block():
     starts = set()
     for plan in plans_over_queries("combo2_random_skew_true_x3", 120):
         assert label_counts(plan) == [1, 3, 1]
-        assert true_block_is_contiguous(plan) and others_in_sorted_order(plan)
+        assert true_block_is_contiguous(plan)
+        assert others_in_sorted_order(plan)
         starts.add(int(np.flatnonzero(plan.labels == TRUE)[0]))
     assert starts == {0, 1, 2}
 
@@ -256,33 +266,42 @@ def test_combo2_random_position_with_skew_true_moves_the_whole_true_block():
 def test_combo3_random_skew_true_with_drop_features_or_one_distractor():
     for r in (2, 3, 5):
         for plan in plans_over_queries(f"combo3_random_skew_true_x{r}_drop_features", 20):
-            assert label_counts(plan) == [1, r, 1] and true_block_is_contiguous(plan)
-            assert plan.n_kept == 2 and plan.n_distractors == 0
+            assert label_counts(plan) == [1, r, 1]
+            assert true_block_is_contiguous(plan)
+            assert plan.n_kept == 2
+            assert plan.n_distractors == 0
         for plan in plans_over_queries(f"combo3_random_skew_true_x{r}_distractors_1", 20):
-            assert label_counts(plan) == [1, r, 1] and true_block_is_contiguous(plan)
-            assert plan.n_kept == 4 and plan.distractors.shape == (r + 3, 1)
+            assert label_counts(plan) == [1, r, 1]
+            assert true_block_is_contiguous(plan)
+            assert plan.n_kept == 4
+            assert plan.distractors.shape == (r + 3, 1)
 
 
 def test_combo3_random_skew_incorrect_with_one_distractor():
     for r in (2, 3):
         for plan in plans_over_queries(f"combo3_random_skew_incorrect_k1_x{r}_distractors_1", 20):
             c = label_counts(plan)
-            assert c[TRUE] == 1 and sorted(c) == [1, 1, r]
-            assert plan.distractors.shape == (r + 3, 1) and plan.n_kept == 4
+            assert c[TRUE] == 1
+            assert sorted(c) == [1, 1, r]
+            assert plan.distractors.shape == (r + 3, 1)
+            assert plan.n_kept == 4
 
 
 def test_combo3_first_scale_uniform_x5_with_drop_features():
     plan = plan_of("combo3_first_scale_uniform_x5_drop_features")
     assert plan.labels.tolist() == [1] * 5 + [0] * 5 + [2] * 5
-    assert plan.n_kept == 2 and plan.n_distractors == 0
+    assert plan.n_kept == 2
+    assert plan.n_distractors == 0
 
 
 def test_combo3_last_scale_random_f5_with_two_distractors():
     for plan in plans_over_queries("combo3_last_scale_random_f5_distractors_2", 20):
         c = label_counts(plan)
         assert all(1 <= x <= 5 for x in c)
-        assert plan.labels[-c[TRUE] :].tolist() == [TRUE] * c[TRUE] and others_in_sorted_order(plan)
-        assert plan.distractors.shape == (sum(c) + 1, 2) and plan.n_kept == 4
+        assert plan.labels[-c[TRUE] :].tolist() == [TRUE] * c[TRUE]
+        assert others_in_sorted_order(plan)
+        assert plan.distractors.shape == (sum(c) + 1, 2)
+        assert plan.n_kept == 4
 
 
 def test_steps_compose_in_phase_order_whatever_order_they_are_listed_in():
@@ -294,7 +313,8 @@ def test_steps_compose_in_phase_order_whatever_order_they_are_listed_in():
     )
     a = Manipulation("mixed_up", "custom", steps)
     b = Manipulation("mixed_up", "custom", tuple(reversed(steps)))
-    assert a == b and [s.primitive for s in a.steps] == ["skew_true", "position", "drop_features", "distractors"]
+    assert a == b
+    assert [s.primitive for s in a.steps] == ["skew_true", "position", "drop_features", "distractors"]
     assert apply(a, TRUE, M, F, rng_for(0, 1, "x")) == apply(b, TRUE, M, F, rng_for(0, 1, "x"))
     # the distractors are drawn after the skew, so they cover every row of the skewed context
     assert apply(a, TRUE, M, F, rng_for(0, 1, "x")).distractors.shape == (5, 1)
@@ -349,10 +369,12 @@ def test_materialize_batch_equals_per_plan_materialize_within_each_shape_group()
         xs = X[[planned[i].query_index for i in idx]]
         cx, cy, qx = materialize_batch(plans, xs)
         assert cx.shape == (len(idx), shape.n_rows, shape.n_kept + shape.n_distractors)
-        assert cy.dtype == np.int64 and cx.dtype == qx.dtype == np.float32
+        assert cy.dtype == np.int64
+        assert cx.dtype == qx.dtype == np.float32
         for b, plan in enumerate(plans):
             one_cx, one_qx = materialize(plan, xs[b])
-            assert np.array_equal(cx[b], one_cx) and np.array_equal(qx[b], one_qx)
+            assert np.array_equal(cx[b], one_cx)
+            assert np.array_equal(qx[b], one_qx)
             assert np.array_equal(cy[b], plan.labels)
 
 
@@ -363,9 +385,9 @@ def test_materialize_batch_rejects_plans_of_different_shapes():
 
 def test_plans_are_read_only():
     plan = plan_of("distractors_1")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         plan.labels[0] = 2
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         plan.distractors[0, 0] = 0.0
 
 
@@ -396,7 +418,8 @@ def test_suite_from_spec_accepts_default_names_and_custom_step_lists():
     )
     assert [m.name for m in suite] == ["base", "skew_true_x2", "my_skew", "plain"]
     assert suite[1] is SUITE["skew_true_x2"]
-    assert suite[2].category == "mine" and suite[3].category == "custom"
+    assert suite[2].category == "mine"
+    assert suite[3].category == "custom"
     assert apply(suite[2], TRUE, M, F, rng_for(0, 0, "my_skew")).labels.tolist() == [0, 2, 1, 1, 1, 1]
 
 
@@ -413,7 +436,7 @@ def test_suite_from_spec_unknown_manipulation_name_raises_unknown_name():
 
 
 @pytest.mark.parametrize(
-    "spec, message",
+    ("spec", "message"),
     [
         ([], "empty"),
         (["base", "base"], "twice"),

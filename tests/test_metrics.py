@@ -46,7 +46,7 @@ def _quiet_tpr(m, n, alpha):
 
 
 @pytest.mark.parametrize(
-    "kind, expected",
+    ("kind", "expected"),
     [(ScoreKind.LOSS, [-1.0, 2.0]), (ScoreKind.ENTROPY, [-1.0, 2.0]), (ScoreKind.CONFIDENCE, [1.0, -2.0])],
 )
 def test_membership_score_orientation_per_kind(kind, expected):
@@ -74,7 +74,9 @@ def test_perfect_scorer_has_auc_one_and_tpr_at_1pct_one():
     m, n = np.arange(100, 200.0), np.arange(0, 100.0)
     assert auc(m, n) == 1.0
     t = _quiet_tpr(m, n, 0.01)
-    assert t.tpr == 1.0 and t.n_false_positives <= 1 and t.realized_fpr <= 0.01
+    assert t.tpr == 1.0
+    assert t.n_false_positives <= 1
+    assert t.realized_fpr <= 0.01
 
 
 def test_flipped_scorer_has_auc_zero_and_tpr_zero():
@@ -89,7 +91,9 @@ def test_all_tied_scores_give_auc_half_and_tpr_zero_pessimistic_ties():
     assert auc(m, n) == 0.5
     for alpha in (0.01, 0.10, 0.5):
         t = _quiet_tpr(m, n, alpha)
-        assert t.tpr == 0.0 and t.n_false_positives == 0 and t.threshold == 0.3
+        assert t.tpr == 0.0
+        assert t.n_false_positives == 0
+        assert t.threshold == 0.3
 
 
 def test_zero_allowed_false_positives_uses_max_nonmember_score_and_warns():
@@ -100,7 +104,8 @@ def test_zero_allowed_false_positives_uses_max_nonmember_score_and_warns():
         t = tpr_at_fpr(m, n, 0.01)  # 0.01 * 50 = 0.5 -> floor 0 allowed false positives
     assert t.allowed_false_positives == 0
     assert t.threshold == n.max()
-    assert t.n_false_positives == 0 and t.realized_fpr == 0.0
+    assert t.n_false_positives == 0
+    assert t.realized_fpr == 0.0
     assert t.n_true_positives == 1  # the member tied with the max non-member is not detected
     assert t.tpr == 1 / 50
 
@@ -144,7 +149,9 @@ def test_nonmember_ties_across_the_cut_are_all_excluded_so_realized_fpr_may_fall
 
 def test_alpha_one_accepts_everything():
     t = _quiet_tpr([0.0, 1.0], [0.5, 2.0], 1.0)
-    assert t.threshold == -np.inf and t.tpr == 1.0 and t.realized_fpr == 1.0
+    assert t.threshold == -np.inf
+    assert t.tpr == 1.0
+    assert t.realized_fpr == 1.0
 
 
 def test_floor_of_alpha_times_n_is_robust_to_float_round_off():
@@ -188,8 +195,10 @@ def test_roc_curve_area_equals_mann_whitney_auc_and_ends_at_one_one():
     r = roc_curve(m, n)
     assert r.auc() == pytest.approx(auc(m, n))
     assert (r.fpr[0], r.tpr[0], r.fpr[-1], r.tpr[-1]) == (0.0, 0.0, 1.0, 1.0)
-    assert r.thresholds[0] == np.inf and np.all(np.diff(r.thresholds) < 0)
-    assert np.all(np.diff(r.fpr) >= 0) and np.all(np.diff(r.tpr) >= 0)
+    assert r.thresholds[0] == np.inf
+    assert np.all(np.diff(r.thresholds) < 0)
+    assert np.all(np.diff(r.fpr) >= 0)
+    assert np.all(np.diff(r.tpr) >= 0)
 
 
 # ------------------------------------------------------------------ bootstrap
@@ -201,7 +210,8 @@ def test_vectorised_bootstrap_matches_naive_loop():
     n = rng.integers(0, 5, 9).astype(float)
     alphas = (0.1, 0.25, 0.5)
     reps = bootstrap_replicates(m, n, alphas, n_resamples=50, seed=11)
-    assert reps.member_idx.shape == (50, 7) and reps.nonmember_idx.shape == (50, 9)
+    assert reps.member_idx.shape == (50, 7)
+    assert reps.nonmember_idx.shape == (50, 9)
     for b in range(50):
         mb, nb = m[reps.member_idx[b]], n[reps.nonmember_idx[b]]
         assert reps.auc[b] == pytest.approx(auc(mb, nb))
@@ -215,7 +225,8 @@ def test_bootstrap_is_seeded_and_resamples_members_and_nonmembers_separately():
     r2 = bootstrap_replicates(m, n, n_resamples=20, seed=3)
     np.testing.assert_array_equal(r1.auc, r2.auc)
     # stratified: a member index never points into the non-members, sizes preserved
-    assert r1.member_idx.max() < 10 and r1.nonmember_idx.max() < 30
+    assert r1.member_idx.max() < 10
+    assert r1.nonmember_idx.max() < 30
     assert np.all(r1.auc == 0.0)  # every resample keeps the perfect (flipped) separation
 
 
@@ -238,9 +249,11 @@ def test_membership_metrics_bundle_auc_tprs_and_intervals():
     rng = np.random.default_rng(7)
     m, n = rng.normal(1, 1, 200), rng.normal(0, 1, 200)
     cm = membership_metrics(m, n, "loss", "calibrated", n_resamples=200, seed=1)
-    assert cm.kind is ScoreKind.LOSS and cm.calibration is Calibration.CALIBRATED
+    assert cm.kind is ScoreKind.LOSS
+    assert cm.calibration is Calibration.CALIBRATED
     assert cm.auc_interval.low < cm.auc < cm.auc_interval.high
-    assert cm.tpr_at_1pct.alpha == 0.01 and cm.tpr_at_10pct.alpha == 0.10
+    assert cm.tpr_at_1pct.alpha == 0.01
+    assert cm.tpr_at_10pct.alpha == 0.10
     assert cm.tpr_at_10pct_interval.low <= cm.tpr_at_10pct.tpr <= cm.tpr_at_10pct_interval.high
     d = cm.as_dict()
     assert d["calibrated_loss_auc"] == cm.auc
@@ -251,7 +264,8 @@ def test_membership_metrics_bundle_auc_tprs_and_intervals():
 
 def test_zero_resamples_gives_nan_intervals():
     cm = membership_metrics([1.0, 2.0], [0.0, 0.5], "confidence", n_resamples=0)
-    assert math.isnan(cm.auc_interval.low) and cm.auc == 1.0
+    assert math.isnan(cm.auc_interval.low)
+    assert cm.auc == 1.0
 
 
 # ------------------------------------------------------------------ scores tables
@@ -299,7 +313,8 @@ def test_membership_input_separates_calibrated_uncalibrated_and_reference_only()
     ref = _table([0.1, 0.2, 0.3], [1.1, 1.2, 1.3])
     ft = ref.copy()
     mi = MembershipInput.from_scores_tables(ft, ref)
-    assert mi.n_members == 3 and mi.n_nonmembers == 3
+    assert mi.n_members == 3
+    assert mi.n_nonmembers == 3
     kw = dict(n_resamples=50, seed=0)
     assert mi.uncalibrated(**kw)[ScoreKind.LOSS].auc == 1.0  # raw S flags members ...
     assert mi.reference_only(**kw)[ScoreKind.LOSS].auc == 1.0

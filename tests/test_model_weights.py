@@ -121,13 +121,14 @@ def test_a_real_model_whose_weights_are_absent_is_refused_before_ray_starts(comm
                          capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
     message = out.stderr + out.stdout
-    assert "models.0: model 'tabicl'" in message and "allow_download: true" in message, message
+    assert "models.0: model 'tabicl'" in message, message
+    assert "allow_download: true" in message, message
     assert "Traceback" not in message
     assert list(ray_tmp.iterdir()) == []  # no Ray session was created
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("name, options", [
+@pytest.mark.parametrize(("name", "options"), [
     ("pfn-mini", {"weights": "shipped"}),
     ("tabicl", {"weights": "random", "embed_dim": 16, "col_num_blocks": 2, "col_nhead": 2, "col_num_inds": 8,
                 "row_num_blocks": 1, "row_nhead": 2, "row_num_cls": 2, "icl_num_blocks": 2, "icl_nhead": 2}),

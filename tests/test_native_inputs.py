@@ -122,11 +122,14 @@ def _captured(model) -> list[dict[str, torch.Tensor]]:
 def test_cells_contract_prepares_one_feature_per_real_column(mixed_table):
     task = _cells(mixed_table)
     cols = task.columns
-    assert cols.contract == InputContract.CELLS and cols.target == "label"
+    assert cols.contract == InputContract.CELLS
+    assert cols.target == "label"
     assert cols.names == ("price in euros", "city", "opened")
     assert cols.kinds == (ColumnKind.NUMBER, ColumnKind.TEXT, ColumnKind.DATE)
-    assert task.n_features == 3 and task.split_report.pca_explained_variance is None
-    assert task.split_report.input_contract == "cells" and task.split_report.pca_reason is None
+    assert task.n_features == 3
+    assert task.split_report.pca_explained_variance is None
+    assert task.split_report.input_contract == "cells"
+    assert task.split_report.pca_reason is None
     raw = pd.read_csv(mixed_table).iloc[task.row_ids]
     city = cols.columns[1]
     assert city.vocabulary == tuple(sorted(CITIES))
@@ -134,7 +137,8 @@ def test_cells_contract_prepares_one_feature_per_real_column(mixed_table):
     epoch = datetime.date(1970, 1, 1)
     assert task.features[:, 2].tolist() == [(datetime.date.fromisoformat(d) - epoch).days for d in raw["opened"]]
     price = task.features[:, 0].astype(np.float64)
-    assert abs(price.mean()) < 1e-5 and abs(price.std() - 1) < 1e-5  # standardised once over the table
+    assert abs(price.mean()) < 1e-5
+    assert abs(price.std() - 1) < 1e-5
 
 
 def test_the_split_is_the_same_for_every_contract_and_their_caches_do_not_collide(mixed_table, tmp_path):
@@ -150,7 +154,8 @@ def test_the_split_is_the_same_for_every_contract_and_their_caches_do_not_collid
             assert task.split_report.split_seed == reduced.split_report.split_seed
             assert task.columns.contract == contract
         assert len({t.fingerprint for t in tasks.values()}) == 3
-        assert reduced.n_features == 2 and reduced.columns.kinds == (ColumnKind.COMPONENT,) * 2
+        assert reduced.n_features == 2
+        assert reduced.columns.kinds == (ColumnKind.COMPONENT,) * 2
         assert "data.max_features" in reduced.split_report.pca_reason
         numeric = tasks[InputContract.NUMERIC]
         assert numeric.n_features == numeric.split_report.n_encoded_features == 9  # price, 7 one-hot cities, days
@@ -158,7 +163,8 @@ def test_the_split_is_the_same_for_every_contract_and_their_caches_do_not_collid
         assert tasks[InputContract.CELLS].n_features == 3
         for task in tasks.values():  # each cache entry returns its own contract's features
             again = load_prepared(task.fingerprint, tmp_path)
-            assert again == task and again.columns == task.columns
+            assert again == task
+            assert again.columns == task.columns
 
 
 def test_numeric_models_get_unreduced_features_and_pca_only_above_their_own_limit():
@@ -168,7 +174,8 @@ def test_numeric_models_get_unreduced_features_and_pca_only_above_their_own_limi
     source = TaskSource("breast_cancer", "builtin")  # 30 numeric features
     base = PrepSettings(context_size=64)  # data.max_features 16: what pfn-mini gets
     pfn = prepare_task(source, build_model("pfn-mini", weights="random").prep_settings(base), q=30)
-    assert pfn.n_features == 16 and "data.max_features" in pfn.split_report.pca_reason
+    assert pfn.n_features == 16
+    assert "data.max_features" in pfn.split_report.pca_reason
     for name, options in (("tabicl", TABICL_TINY), ("tabpfn-v2", dict(weights="random", emsize=16, nlayers=1, nhead=2))):
         if not extra_is_installed(name):
             continue
@@ -176,7 +183,8 @@ def test_numeric_models_get_unreduced_features_and_pca_only_above_their_own_limi
         assert model.input_contract == InputContract.NUMERIC
         task = prepare_task(source, model.prep_settings(base), q=30)
         assert task.n_features == task.split_report.n_encoded_features == 30
-        assert task.split_report.pca_reason is None and task.split_report.pca_explained_variance is None
+        assert task.split_report.pca_reason is None
+        assert task.split_report.pca_explained_variance is None
         assert task.columns.names[:2] == ("mean radius", "mean texture")
         small = build_model(name, **options, max_features=12)  # its own limit: 12 - 2 distractors = 10
         reduced = prepare_task(source, small.prep_settings(base), q=30)
@@ -222,7 +230,8 @@ def test_contexttab_reads_real_column_names_text_cells_and_dates(mixed_table):
     _close(data["column_embeddings"], _minilm(names))
     text = data["text_embeddings"]
     nonzero = text.abs().sum(-1) > 0  # [rows, cols]
-    assert nonzero[:, 1].all() and not nonzero[:, [0, 2, 3]].any()  # exactly the text column
+    assert nonzero[:, 1].all()
+    assert not nonzero[:, [0, 2, 3]].any()
     cities = raw["city"].to_numpy()[rows].tolist()
     unique = sorted(set(cities))
     expected = _minilm(unique)
@@ -333,7 +342,8 @@ def test_prepare_sweep_maps_each_model_to_the_task_prepared_for_its_contract(mix
     controls = {identity["model"]: prepared.tasks[key].columns.contract for key, identity in prepared.controls}
     assert controls == {"pfn-mini": "reduced", "contexttab": "cells"}
     a, b = prepared.tasks.values()
-    assert np.array_equal(a.member_idx, b.member_idx) and np.array_equal(a.context_idx, b.context_idx)
+    assert np.array_equal(a.member_idx, b.member_idx)
+    assert np.array_equal(a.context_idx, b.context_idx)
 
 
 @pytest.mark.slow
@@ -364,8 +374,11 @@ def test_a_sweep_on_a_carte_table_with_text_columns_runs_end_to_end_with_context
     results = run_sweep(None, tmp_path / "run", sweep=sweep, progress=False)
     assert sorted(results["epoch"]) == [0, 2]
     tuned = results[results["epoch"] == 2].iloc[0]
-    assert 0.0 <= tuned["auc"] <= 1.0 and tuned["loss_ratio"] > 0 and tuned["loss_ratio"] != 1.0
+    assert 0.0 <= tuned["auc"] <= 1.0
+    assert tuned["loss_ratio"] > 0
+    assert tuned["loss_ratio"] != 1.0
     split = pd.read_parquet(tmp_path / "run" / "split_report.parquet")
-    assert set(split["input_contract"]) == {"cells"} and split["pca_reason"].isna().all()
+    assert set(split["input_contract"]) == {"cells"}
+    assert split["pca_reason"].isna().all()
     assert int(split["n_features"].iloc[0]) == frame.shape[1] - 1  # every real column, no PCA
     assert int(split["n_categorical_columns"].iloc[0]) == 4  # track, artist, mode, decade: read as text

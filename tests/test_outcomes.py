@@ -91,7 +91,8 @@ def test_outcome_values_are_the_spec_vocabulary():
 
 def test_high_loss_ratio_is_collapse_and_nothing_else():
     v = classify(_quiet(loss_ratio=5.5))
-    assert v.outcome is Outcome.COLLAPSE and v.score_kind is None
+    assert v.outcome is Outcome.COLLAPSE
+    assert v.score_kind is None
     assert v.reasons == {"loss_ratio": 5.5, "output_std": 0.2}
     assert _only(v.checks, Outcome.COLLAPSE)
 
@@ -113,8 +114,10 @@ def test_collapse_takes_precedence_over_memorization():
 
 def test_calibrated_signal_above_thresholds_is_memorization_and_nothing_else():
     v = classify(_quiet(calibrated=_with_kind("entropy", auc=0.62, ci=(0.55, 0.7), tpr10=0.25)))
-    assert v.outcome is Outcome.MEMORIZATION and v.score_kind is ScoreKind.ENTROPY
-    assert v.reasons["auc"] == 0.62 and v.reasons["tpr"] == 0.25
+    assert v.outcome is Outcome.MEMORIZATION
+    assert v.score_kind is ScoreKind.ENTROPY
+    assert v.reasons["auc"] == 0.62
+    assert v.reasons["tpr"] == 0.25
     assert v.reasons["tpr_minus_alpha"] == pytest.approx(0.15)
     assert _only(v.checks, Outcome.MEMORIZATION)
 
@@ -137,12 +140,14 @@ def test_when_several_kinds_qualify_the_highest_auc_decides():
         ScoreKind.CONFIDENCE: _cm("confidence", auc=0.70, tpr10=0.15),  # AUC highest but TPR too low
     }
     v = classify(_quiet(calibrated=cal))
-    assert v.outcome is Outcome.MEMORIZATION and v.score_kind is ScoreKind.ENTROPY
+    assert v.outcome is Outcome.MEMORIZATION
+    assert v.score_kind is ScoreKind.ENTROPY
 
 
 def test_members_with_higher_probe_loss_and_auc_interval_below_half_is_inversion_only():
     v = classify(_inverted_loss())
-    assert v.outcome is Outcome.INVERSION and v.score_kind is ScoreKind.LOSS
+    assert v.outcome is Outcome.INVERSION
+    assert v.score_kind is ScoreKind.LOSS
     assert v.reasons["member_mean_probe_loss"] == 1.3
     assert v.reasons["uncalibrated_loss_auc_high"] == 0.46
     assert _only(v.checks, Outcome.INVERSION)
@@ -161,14 +166,17 @@ def test_inversion_needs_members_to_have_the_higher_mean_loss():
 def test_inverted_loss_run_whose_entropy_still_shows_memorization_is_memorization():
     ev = _inverted_loss(calibrated=_with_kind("entropy", auc=0.6, ci=(0.53, 0.67), tpr10=0.3))
     checks = rule_checks(ev)
-    assert checks[Outcome.INVERSION] and checks[Outcome.MEMORIZATION]
+    assert checks[Outcome.INVERSION]
+    assert checks[Outcome.MEMORIZATION]
     v = classify(ev)
-    assert v.outcome is Outcome.MEMORIZATION and v.score_kind is ScoreKind.ENTROPY
+    assert v.outcome is Outcome.MEMORIZATION
+    assert v.score_kind is ScoreKind.ENTROPY
 
 
 def test_small_flat_gap_is_overfitting_only():
     v = classify(_quiet(gap=GapStats(mu_gap=-0.008, sigma_gap=0.004, per_manipulation={"base": -0.008})))
-    assert v.outcome is Outcome.OVERFITTING and v.score_kind is None
+    assert v.outcome is Outcome.OVERFITTING
+    assert v.score_kind is None
     assert v.reasons == {"mu_gap": -0.008, "sigma_gap": 0.004}
     assert _only(v.checks, Outcome.OVERFITTING)
 
@@ -179,7 +187,8 @@ def test_gap_with_spread_is_not_overfitting():
 
 def test_nothing_holds_is_no_signal_with_the_numbers_recorded():
     v = classify(_quiet())
-    assert v.outcome is Outcome.NO_SIGNAL and v.score_kind is None
+    assert v.outcome is Outcome.NO_SIGNAL
+    assert v.score_kind is None
     assert _only(v.checks, Outcome.NO_SIGNAL)
     for key in ("loss_ratio", "output_std", "mu_gap", "sigma_gap", "calibrated_loss_auc", "uncalibrated_loss_auc_high"):
         assert key in v.reasons
@@ -216,7 +225,8 @@ def test_thresholds_are_recorded_in_the_verdict():
     }
     th = OutcomeThresholds(collapse_loss_ratio=3.0)
     v = classify(_quiet(loss_ratio=4.0), th)
-    assert v.outcome is Outcome.COLLAPSE and v.thresholds["collapse_loss_ratio"] == 3.0
+    assert v.outcome is Outcome.COLLAPSE
+    assert v.thresholds["collapse_loss_ratio"] == 3.0
     assert v.as_dict()["outcome"] == "collapse"
 
 
@@ -266,7 +276,8 @@ def test_build_evidence_from_tables_detects_memorization():
     v = classify(ev)
     assert v.outcome is Outcome.MEMORIZATION
     d = CheckpointOutcome(epoch=5, evidence=ev, verdict=v).as_dict()
-    assert d["outcome"] == "memorization" and d["calibrated_loss_auc"] == 1.0
+    assert d["outcome"] == "memorization"
+    assert d["calibrated_loss_auc"] == 1.0
     assert d["threshold_collapse_loss_ratio"] == 5.0
 
 
@@ -334,7 +345,8 @@ def test_only_the_competing_score_kinds_decide_memorization():
     ev = _quiet(calibrated=_with_kind("confidence", auc=0.9, ci=(0.8, 0.95), tpr10=0.6))
     assert classify(ev).outcome is Outcome.NO_SIGNAL
     v = classify(ev, OutcomeThresholds(score_kinds=("loss", "entropy", "confidence")))
-    assert v.outcome is Outcome.MEMORIZATION and v.score_kind is ScoreKind.CONFIDENCE
+    assert v.outcome is Outcome.MEMORIZATION
+    assert v.score_kind is ScoreKind.CONFIDENCE
 
 
 def test_peak_checkpoint_picks_only_among_competing_kinds():
@@ -342,7 +354,8 @@ def test_peak_checkpoint_picks_only_among_competing_kinds():
             {"epoch": 2, "calibrated_loss_auc": 0.7, "calibrated_confidence_auc": 0.5}]
     assert peak_checkpoint(rows).epoch == 1
     peak = peak_checkpoint(rows, kinds=OutcomeThresholds().score_kinds)
-    assert peak.epoch == 2 and peak.score_kind is ScoreKind.LOSS
+    assert peak.epoch == 2
+    assert peak.score_kind is ScoreKind.LOSS
 
 
 def test_selection_aware_rule_needs_the_p_value_below_family_alpha_over_k():
@@ -353,7 +366,8 @@ def test_selection_aware_rule_needs_the_p_value_below_family_alpha_over_k():
     fails = _quiet(calibrated=_with_kind("loss", auc=0.7, tpr10=0.4, p=0.007))
     assert classify(passes, th, n_checkpoints=4).outcome is Outcome.MEMORIZATION
     v = classify(passes, th, n_checkpoints=4)
-    assert v.reasons["p_value"] == 0.006 and v.reasons["p_value_threshold"] == pytest.approx(0.00625)
+    assert v.reasons["p_value"] == 0.006
+    assert v.reasons["p_value_threshold"] == pytest.approx(0.00625)
     assert classify(fails, th, n_checkpoints=4).outcome is Outcome.NO_SIGNAL
     # more checkpoints to select from: a stricter bar
     assert classify(passes, th, n_checkpoints=5).outcome is Outcome.NO_SIGNAL

@@ -94,7 +94,8 @@ def test_tune_wrote_checkpoints_by_epoch_with_their_metrics(sweep_run):
     assert len(logs) == 12
     for log in logs:
         (task,) = log["tasks"]
-        assert len(task["member_row_ids"]) == 50 and len(task["null_splits"]) == 1
+        assert len(task["member_row_ids"]) == 50
+        assert len(task["null_splits"]) == 1
         used = set(task["member_row_ids"]) | set(task["nonmember_row_ids"]) | set(task["context_row_ids"])
         assert not used & set(task["null_splits"][0]["member_row_ids"] + task["null_splits"][0]["nonmember_row_ids"])
 
@@ -105,11 +106,13 @@ def test_every_fine_tuned_checkpoint_is_probed_on_a_null_split_under_every_rule(
     assert (trained["null_splits"] == 1).all()
     assert all(len(json.loads(v)) == 1 for v in trained["null_evidence"])
     for rule in ("paper", "paper_strict", "selection_aware", "selection_aware_strict"):
-        assert f"outcome_{rule}" in results.columns and f"null_memorization_{rule}" in results.columns
+        assert f"outcome_{rule}" in results.columns
+        assert f"null_memorization_{rule}" in results.columns
     assert (results["rule"] == "selection_aware").all()
     assert (results["outcome"] == results["outcome_selection_aware"]).all()
     text = (run_dir / "report.html").read_text()
-    assert "Verdict rule: selection_aware" in text and "of 4 null splits" in text
+    assert "Verdict rule: selection_aware" in text
+    assert "of 4 null splits" in text
 
 
 def test_high_learning_rate_collapses_the_model(sweep_run):
@@ -125,16 +128,19 @@ def test_shuffled_member_labels_are_detected_as_memorization(sweep_run):
     _, results, _ = sweep_run
     final = _by(results, lr=0.001, label_mode="shuffled_members", epoch=40).iloc[0]
     assert final["outcome"] == "memorization", final.to_dict()
-    assert final["auc"] > 0.65 and final["auc_low"] > 0.5
+    assert final["auc"] > 0.65
+    assert final["auc_low"] > 0.5
     assert final["tpr_at_10pct"] >= 0.2
     # the ε lower bound of a detected run is positive; the base-model sanity check proves nothing
-    assert final["epsilon_lb"] > 0 and final["run_epsilon_lb"] >= final["epsilon_lb"]
+    assert final["epsilon_lb"] > 0
+    assert final["run_epsilon_lb"] >= final["epsilon_lb"]
     checks = results[results["regime"] == "base"]
     assert (checks["epsilon_lb"] == 0).all()
     # the shuffled labels are learned: members are predicted from C' far better than non-members
     assert final["member_icl_accuracy"] > final["nonmember_icl_accuracy"] + 0.2
     page = (sweep_run[0] / "report.html").read_text()
-    assert "Privacy: ε lower bounds and DP-SGD" in page and "epsilon_over_epochs.png" in page
+    assert "Privacy: ε lower bounds and DP-SGD" in page
+    assert "epsilon_over_epochs.png" in page
 
 
 def test_the_pipeline_sanity_check_on_the_untouched_base_model_gives_exactly_no_signal(sweep_run):
@@ -142,11 +148,13 @@ def test_the_pipeline_sanity_check_on_the_untouched_base_model_gives_exactly_no_
     _, results, _ = sweep_run
     checks = results[results["regime"] == "base"]
     assert len(checks) == 2  # one per (task, Q, label mode, seed)
-    assert checks["sanity_check"].all() and not results.loc[results["regime"] != "base", "sanity_check"].any()
+    assert checks["sanity_check"].all()
+    assert not results.loc[results["regime"] != "base", "sanity_check"].any()
     for _, row in checks.iterrows():
         assert row["null_splits"] == 0
         assert row["outcome"] == "no_signal"
-        assert row["auc"] == 0.5 and row["epoch"] == 0
+        assert row["auc"] == 0.5
+        assert row["epoch"] == 0
         assert row["loss_ratio"] == 1.0
 
 
@@ -154,7 +162,8 @@ def test_reports_and_figures_are_written(sweep_run):
     run_dir, _, logs = sweep_run
     assert (run_dir / "report.html").is_file()
     pngs = list((run_dir / "figures").glob("*.png"))
-    assert len(pngs) >= 3 and all(p.stat().st_size > 5000 for p in pngs)
+    assert len(pngs) >= 3
+    assert all(p.stat().st_size > 5000 for p in pngs)
     assert any("report" in line for line in logs)
     split = pd.read_parquet(run_dir / "split_report.parquet")
     assert (split["tvd"] < 0.05).all()
@@ -169,16 +178,21 @@ def test_provenance_written_by_the_sweep_reaches_the_report_and_the_wandb_summar
 
     run_dir, results, _ = sweep_run
     record = Provenance.read(run_dir)
-    assert record is not None and record.kind == "tabular" and record.sweep_name == "e2e"
-    assert record.config_hash == results["config_hash"].iloc[0] and record.seeds == (0,)
-    assert record.packages["torch"] == torch_version() and "ray" in record.packages
+    assert record is not None
+    assert record.kind == "tabular"
+    assert record.sweep_name == "e2e"
+    assert record.config_hash == results["config_hash"].iloc[0]
+    assert record.seeds == (0,)
+    assert record.packages["torch"] == torch_version()
+    assert "ray" in record.packages
     page = (run_dir / "report.html").read_text()
     for name in ("torch", "ray", "numpy"):
         assert f"package {name}</dt><dd>{record.packages[name]}</dd>" in page, name
     summary = [r for p in _wandb_runs(run_dir) for r in [read_wandb_records(p)] if "results_table" in str(r)]
     assert len(summary) == 1
     logged = wandb_config(summary[0])["provenance"]  # set at wandb.init: in the run record, not a config record
-    assert logged["packages"]["torch"] == record.packages["torch"] and logged["config_hash"] == record.config_hash
+    assert logged["packages"]["torch"] == record.packages["torch"]
+    assert logged["config_hash"] == record.config_hash
 
 
 def torch_version() -> str:
@@ -204,7 +218,8 @@ def test_each_run_logged_its_config_training_and_probe_metrics_to_its_own_wandb_
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         trained[lines[0]["run_id"]] = [(r["epoch"], r["train_loss"]) for r in lines]
     ids = {r: e["wandb_id"] for r, e in json.loads((run_dir / "wandb" / "trial_runs.json").read_text())["runs"].items()}
-    assert set(ids) == set(results["run_id"]) and len(set(ids.values())) == len(ids)
+    assert set(ids) == set(results["run_id"])
+    assert len(set(ids.values())) == len(ids)
     peaks = R.peak_checkpoints(R.public_results(results), regime=None).set_index("run_id")
     n_trials = 0
     for run_id, rows in results.groupby("run_id"):
@@ -213,13 +228,15 @@ def test_each_run_logged_its_config_training_and_probe_metrics_to_its_own_wandb_
         records = read_wandb_records(files[0])
         assert [r.run.run_group for r in records if r.HasField("run")] == ["e2e"]
         config, first = wandb_config(records), rows.iloc[0]
-        assert "__trial__" not in config and config["sweep"] == "e2e"
+        assert "__trial__" not in config
+        assert config["sweep"] == "e2e"
         for key in ("run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed", "config_hash"):
             assert config[key] == first[key], (run_id, key)
         history = wandb_history(records)
         training = [(h["epoch"], h["train_loss"]) for h in history if "train_loss" in h]
         if first["regime"] == "base":
-            assert training == [] and run_id not in trained
+            assert training == []
+            assert run_id not in trained
         else:
             n_trials += 1
             assert training == pytest.approx(trained[run_id]), run_id

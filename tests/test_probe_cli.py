@@ -82,7 +82,8 @@ def test_a_memorized_checkpoint_probed_with_no_flags_gets_the_verdict_of_its_own
     assert proc.returncode == 0, proc.stderr
     verdict = json.loads(proc.stdout[proc.stdout.index("{"):])
     # with the defaults (normal labels) instead of the recorded shuffled ones this came out as "collapse"
-    assert verdict["outcome"] == "memorization" and verdict["auc"] > 0.6
+    assert verdict["outcome"] == "memorization"
+    assert verdict["auc"] > 0.6
     row = json.loads((out / VERDICT_FILE).read_text())
     assert (row["task"], row["label_mode"], row["q"], row["n_members"]) == ("breast_cancer", "shuffled_members", 50, 50)
     assert ".py:" not in proc.stderr  # Python warnings in one line, without their source path
@@ -96,7 +97,7 @@ def test_the_verdict_file_is_strict_json_with_null_for_undefined_numbers(memoriz
     assert row["lr"] is None  # an external checkpoint has no learning rate: null, not NaN
 
 
-@pytest.mark.parametrize("flags, message", [
+@pytest.mark.parametrize(("flags", "message"), [
     ({"label_mode": "normal"}, r"--label-mode normal conflicts .*records label_mode shuffled_members"),
     ({"q": 30}, r"--q 30 conflicts .*records q 50"),
     ({"seed": 3}, r"--seed 3 conflicts .*records seed 0"),
@@ -112,8 +113,10 @@ def test_a_flag_that_contradicts_the_checkpoint_is_refused_naming_both_values(re
 
 def test_the_command_line_refuses_a_conflicting_flag_with_exit_2(recorded, tmp_path):
     proc = _cli(str(recorded), "--label-mode", "shuffled_all", "--out", str(tmp_path / "a"))
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "--label-mode shuffled_all conflicts" in proc.stderr and "shuffled_members" in proc.stderr
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "--label-mode shuffled_all conflicts" in proc.stderr
+    assert "shuffled_members" in proc.stderr
 
 
 # ------------------------------------------------------------------------------- settings
@@ -121,14 +124,16 @@ def test_the_command_line_refuses_a_conflicting_flag_with_exit_2(recorded, tmp_p
 def test_bootstrap_below_the_schema_minimum_is_refused(plain, tmp_path, value):
     folder, _ = plain
     proc = _cli(str(folder), "--task", "iris", "--bootstrap", value, "--out", str(tmp_path / "a"))
-    assert proc.returncode == 2 and f"--bootstrap {value}: at least 10 resamples" in proc.stderr
+    assert proc.returncode == 2
+    assert f"--bootstrap {value}: at least 10 resamples" in proc.stderr
     assert not (tmp_path / "a").exists()
 
 
 def test_an_unknown_label_mode_is_refused_with_the_enums_choices(plain):
     folder, _ = plain
     proc = _cli(str(folder), "--task", "iris", "--label-mode", "bogus")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
     assert "invalid choice: 'bogus' (choose from 'normal', 'shuffled_members', 'shuffled_all')" in proc.stderr
 
 
@@ -151,7 +156,7 @@ def test_a_second_probe_with_other_members_does_not_reuse_the_first_ones_cached_
     assert len(list((shared / "reference").iterdir())) > len(list((fresh / "reference").iterdir()))
 
 
-@pytest.mark.parametrize("content, message", [
+@pytest.mark.parametrize(("content", "message"), [
     ("12\n7x\n", r"members.txt:2: '7x' is not an integer row id"),
     ("12\n\n40\n12\n", r"members.txt:4: row id 12 is given twice \(first on line 1\)"),
     ("", r"members.txt: holds no member row ids"),
@@ -169,7 +174,8 @@ def test_a_bad_members_file_is_refused_naming_the_file_and_line(plain, tmp_path,
 def test_a_missing_members_file_is_refused_on_the_command_line_without_a_traceback(plain, tmp_path):
     folder, _ = plain
     proc = _cli(str(folder), "--task", "iris", "--members", str(tmp_path / "nope.txt"))
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
     assert f"members file not found: {tmp_path / 'nope.txt'}" in proc.stderr
 
 
@@ -181,7 +187,8 @@ def test_an_empty_folder_is_not_a_checkpoint(tmp_path):
         audit_checkpoint(str(empty), "iris")
     assert str(caught.value) == f"{empty}: not an iclmem checkpoint folder (no checkpoint.json) and not a weights file"
     proc = _cli(str(empty), "--task", "iris")
-    assert proc.returncode == 2 and "not an iclmem checkpoint folder (no checkpoint.json)" in proc.stderr
+    assert proc.returncode == 2
+    assert "not an iclmem checkpoint folder (no checkpoint.json)" in proc.stderr
 
 
 def _foreign_weights(tmp_path: Path) -> dict[str, Path]:
@@ -201,7 +208,9 @@ def test_weights_of_another_model_or_shape_are_a_checkpoint_error_not_a_torch_tr
         with pytest.raises(CheckpointError, match=rf"{weights}: not fine-tuned weights of model 'pfn-mini'"):
             audit_checkpoint(str(weights), "iris", out=str(tmp_path / "a"), **IRIS)
     proc = _cli(str(weights), "--task", "iris", "--q", "20", "--context-size", "30", "--out", str(tmp_path / "b"))
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "not fine-tuned weights" in proc.stderr
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "not fine-tuned weights" in proc.stderr
 
 
 def test_base_weights_name_the_base_models_file(plain, tmp_path):
@@ -218,7 +227,8 @@ def test_base_weights_name_the_base_models_file(plain, tmp_path):
     # a real model whose weights this machine lacks (TabICL) is given them the same way
     proc = _cli(str(folder / MODEL_FILE), "--task", "iris", "--base-model", "tabicl", "--base-weights",
                 str(tmp_path / "tabicl-v1.ckpt"))
-    assert proc.returncode == 2 and f"--base-weights {tmp_path / 'tabicl-v1.ckpt'}: file not found" in proc.stderr
+    assert proc.returncode == 2
+    assert f"--base-weights {tmp_path / 'tabicl-v1.ckpt'}: file not found" in proc.stderr
 
 
 # ------------------------------------------------------------------------------- the audit folder (#34)
@@ -238,7 +248,9 @@ def test_probe_never_writes_among_a_users_files_or_over_their_verdict(recorded, 
     a_file = tmp_path / "a-file"
     a_file.write_text("keep")
     proc = _cli(str(recorded), "--out", str(a_file))
-    assert proc.returncode == 2 and f"--out {a_file} is a file" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2
+    assert f"--out {a_file} is a file" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert a_file.read_text() == "keep"
 
 
@@ -264,7 +276,8 @@ def test_an_audit_folder_takes_a_new_audit_of_its_own_checkpoint_only(recorded, 
 
 def test_a_table_task_without_its_target_is_named_as_such(plain, tmp_path):
     proc = _cli(str(plain[0]), "--task", "rows.csv", "--out", str(tmp_path / "a"))
-    assert proc.returncode == 2 and "--task rows.csv: a table needs its target column after a colon" in proc.stderr
+    assert proc.returncode == 2
+    assert "--task rows.csv: a table needs its target column after a colon" in proc.stderr
 
 
 def test_a_checkpoint_of_a_table_task_asks_for_its_table_and_audits_it_under_another_file_name(tmp_path):
@@ -284,4 +297,5 @@ def test_a_checkpoint_of_a_table_task_asks_for_its_table_and_audits_it_under_ano
     copy = tmp_path / "copy-of-the-table.csv"  # the same rows under another file name
     copy.write_bytes(table.read_bytes())
     row = audit_checkpoint(str(folder), f"{copy}:species", bootstrap=20, out=str(tmp_path / "b"))
-    assert row["task"] == "flowers" and row["n_members"] == 20
+    assert row["task"] == "flowers"
+    assert row["n_members"] == 20

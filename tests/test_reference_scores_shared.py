@@ -43,8 +43,10 @@ def test_a_reference_trial_probed_on_its_targets_base_scores_gives_the_row_it_wo
     shared = probe_checkpoint(finetuner.model, ref, _plan(ref, base), shared_dir, "d", base, settings,
                               {"run_id": "r"}, 20, base_plan=(target.fingerprint, target_plan)).row
     # no new base-model table: the reference trial read the target's
-    assert sorted(p.name for p in shared_dir.glob("reference_*.parquet")) == before and len(before) == 1
-    assert own["outcome"] == shared["outcome"] and own["n_members"] == shared["n_members"] == 30
+    assert sorted(p.name for p in shared_dir.glob("reference_*.parquet")) == before
+    assert len(before) == 1
+    assert own["outcome"] == shared["outcome"]
+    assert own["n_members"] == shared["n_members"] == 30
     for column in ("auc", "auc_loss", "auc_entropy", "auc_confidence", "mu_gap", "p_value"):
         assert shared[column] == pytest.approx(own[column], abs=1e-6), column
 

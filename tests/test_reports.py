@@ -84,9 +84,12 @@ def test_readers_keep_only_public_columns(run_dir, results):
     assert "raw_record" not in R.load_split_report(run_dir).columns
     assert "raw_record" not in R.load_manipulation_auc(run_dir).columns
     prov = R.load_provenance(run_dir)
-    assert prov["config_hash"] == "cfg123" and prov["git_commit"] == "abc123"
-    assert prov["packages"]["numpy"] == np.__version__ and prov["packages"]["pandas"] == pd.__version__
-    assert "config" not in prov and CANARY not in json.dumps(prov)
+    assert prov["config_hash"] == "cfg123"
+    assert prov["git_commit"] == "abc123"
+    assert prov["packages"]["numpy"] == np.__version__
+    assert prov["packages"]["pandas"] == pd.__version__
+    assert "config" not in prov
+    assert CANARY not in json.dumps(prov)
 
 
 def test_missing_results_is_a_data_error(tmp_path):
@@ -119,8 +122,10 @@ def test_peak_uses_every_score_kind_and_ties_go_to_the_earliest_epoch(results):
     peaks = R.peak_checkpoints(results).set_index("run_id")
     ent = peaks.loc[run_id("single_fixed", *ENTROPY_PEAK_RUN)]
     # the auc column (deciding kind: loss) peaks at epochs 1 and 5 (0.64); entropy reaches 0.66 at epoch 2
-    assert ent["epoch"] == 2 and ent["peak_kind"] == "entropy"
-    assert ent["peak_auc"] == pytest.approx(0.66) and ent["auc"] == pytest.approx(0.58)
+    assert ent["epoch"] == 2
+    assert ent["peak_kind"] == "entropy"
+    assert ent["peak_auc"] == pytest.approx(0.66)
+    assert ent["auc"] == pytest.approx(0.58)
     assert ent["score_kind"] == "loss"
     assert peaks.loc[run_id("single_fixed", *TIE_RUN), "epoch"] == 2
     # inversion runs: base checkpoint (0.5) beats every trained one but is never the peak
@@ -129,7 +134,8 @@ def test_peak_uses_every_score_kind_and_ties_go_to_the_earliest_epoch(results):
 
 def test_multi_fixed_run_is_one_run_per_task(results):
     peaks = R.peak_checkpoints(results, regime="multi_fixed")
-    assert len(peaks) == 4 and peaks["run_id"].nunique() == 2
+    assert len(peaks) == 4
+    assert peaks["run_id"].nunique() == 2
 
 
 # -- paper reports -----------------------------------------------------------------------------------
@@ -140,13 +146,15 @@ def test_outcome_rates_per_q(results):
     assert list(counts.columns) == ["n_runs", *R.OUTCOMES]
     assert counts.loc[50].drop("n_runs").to_dict() == EXPECTED["counts_q50"]
     assert counts.loc[512].drop("n_runs").to_dict() == EXPECTED["counts_q512"]
-    assert counts.loc[50, "n_runs"] == 12 and counts.loc[512, "n_runs"] == 12
+    assert counts.loc[50, "n_runs"] == 12
+    assert counts.loc[512, "n_runs"] == 12
     rates = R.outcome_rates_per_q(results)
     assert rates.loc[50, "collapse"] == pytest.approx(4 / 12)
     assert rates.loc[512, "memorization"] == pytest.approx(2 / 12)
     assert rates.drop(columns="n_runs").sum(axis=1).tolist() == pytest.approx([1.0, 1.0])
     pooled = R.outcome_counts_per_q(results, regime=None)  # + 8 multi-task runs at Q=50
-    assert pooled.loc[50, "n_runs"] == 20 and pooled.loc[50, "memorization"] == 4
+    assert pooled.loc[50, "n_runs"] == 20
+    assert pooled.loc[50, "memorization"] == 4
 
 
 def test_task_lr_q_table(results):
@@ -155,7 +163,9 @@ def test_task_lr_q_table(results):
     assert {"task", "lr", "q", "outcome", "auc", "tpr_at_1pct", "tpr_at_10pct", "epoch"} <= set(t.columns)
     row = t[(t["task"] == "bin_task") & (t["lr"] == 1e-2) & (t["q"] == 50)].iloc[0]
     assert (row["outcome"], row["epoch"]) == ("memorization", 5)
-    assert row["auc"] == pytest.approx(0.67) and row["tpr_at_1pct"] == 0.05 and row["tpr_at_10pct"] == 0.25
+    assert row["auc"] == pytest.approx(0.67)
+    assert row["tpr_at_1pct"] == 0.05
+    assert row["tpr_at_10pct"] == 0.25
     assert list(t["task"]) == sorted(t["task"])  # sorted by task, then q, then lr
 
 
@@ -167,7 +177,8 @@ def test_detectable_share_by_epoch(results):
         assert (dq["n_runs"] == 12).all()
     assert d.set_index(["q", "epoch"]).loc[(50, 10), "share"] == pytest.approx(0.25)
     cum = R.detectable_share_by_epoch(results, cumulative=True).set_index(["q", "epoch"])
-    assert cum.loc[(50, 10), "n_detectable"] == 3 and cum.loc[(512, 2), "n_detectable"] == 1
+    assert cum.loc[(50, 10), "n_detectable"] == 3
+    assert cum.loc[(512, 2), "n_detectable"] == 1
 
 
 def test_peak_vulnerability_per_task(results):
@@ -184,7 +195,8 @@ def test_split_validation(run_dir):
     t = R.split_validation(R.load_split_report(run_dir))
     assert len(t) == 6
     by = t.set_index(["task", "q"])
-    assert by.loc[("reg_task", 50), "statistic"] == "ks" and by.loc[("bin_task", 50), "statistic"] == "tvd"
+    assert by.loc[("reg_task", 50), "statistic"] == "ks"
+    assert by.loc[("bin_task", 50), "statistic"] == "tvd"
     assert not by.loc[("multi_task", 512), "passed"]
     assert by["passed"].sum() == 5
 
@@ -193,10 +205,13 @@ def test_calibration_impact(results):
     t = R.calibration_impact(results)
     for q in (50, 512):
         assert t.loc[str(q), list(EXPECTED[f"calibration_q{q}"])].to_dict() == EXPECTED[f"calibration_q{q}"]
-    assert t.loc["all", "calibrated_flags"] == 10 and t.loc["all", "raw_flags"] == 12
+    assert t.loc["all", "calibrated_flags"] == 10
+    assert t.loc["all", "raw_flags"] == 12
     runs = R.calibration_impact(results, level="run")
-    assert runs.loc["50", "n"] == 8 and runs.loc["50", "calibrated_flags"] == 3  # 12 runs, 4 collapsed
-    assert runs.loc["50", "calibrated_only"] == 1 and runs.loc["50", "raw_only"] == 1
+    assert runs.loc["50", "n"] == 8
+    assert runs.loc["50", "calibrated_flags"] == 3
+    assert runs.loc["50", "calibrated_only"] == 1
+    assert runs.loc["50", "raw_only"] == 1
 
 
 def test_perturbation_ranking(run_dir, results):
@@ -222,7 +237,8 @@ def test_task_characteristics(run_dir, results):
     assert t.loc["multi_task", "memorization_share"] == pytest.approx(1 / 8)
     assert t.loc["reg_task", "collapse_share"] == pytest.approx(2 / 8)
     assert (t.loc["multi_task", "n_classes"], t.loc["multi_task", "n_rows"]) == (5, 3000)
-    assert t.loc["bin_task", "majority_share"] == 0.5 and t.loc["reg_task", "numeric_share"] == 0.8
+    assert t.loc["bin_task", "majority_share"] == 0.5
+    assert t.loc["reg_task", "numeric_share"] == 0.8
     assert t.loc["bin_task", "max_peak_auc"] == pytest.approx(0.67)
 
 
@@ -244,11 +260,15 @@ def test_regime_comparison(results):
 def _assert_png(path: Path, min_bytes: int = 8_000) -> None:
     from matplotlib.image import imread
 
-    assert path.is_file() and path.parent.name == "figures"
+    assert path.is_file()
+    assert path.parent.name == "figures"
     data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > min_bytes, (path, len(data))
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", (path, len(data))
+    assert len(data) > min_bytes, (path, len(data))
     img = imread(path)
-    assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 200
+    assert img.ndim == 3
+    assert img.shape[0] > 200
+    assert img.shape[1] > 200
     assert float(np.std(img[..., :3])) > 0.01  # not a blank canvas
 
 
@@ -284,11 +304,14 @@ def test_html_report_sections_and_images(run_dir, report_path):
     for sec in ("provenance", "outcome-rates", "task-table", "detectable-by-epoch", "peak-vulnerability",
                 "split-validation", "calibration", "perturbations", "task-characteristics", "regimes", "roc"):
         assert f'id="{sec}"' in text, sec
-    assert "cfg123" in text and "abc123" in text and "package numpy" in text
+    assert "cfg123" in text
+    assert "abc123" in text
+    assert "package numpy" in text
     srcs = _img_srcs(text)
     assert len(srcs) == 5
     for src in srcs:
-        assert src.startswith("figures/") and (run_dir / src).is_file()
+        assert src.startswith("figures/")
+        assert (run_dir / src).is_file()
         _assert_png(run_dir / src)
     assert not re.search(r'(src|href)="(https?:)?//', text)  # nothing fetched from the network
     assert "class=\"note\"" not in text  # every optional input was present
@@ -296,7 +319,9 @@ def test_html_report_sections_and_images(run_dir, report_path):
 
 def test_html_report_never_contains_raw_records(run_dir, report_path):
     text = report_path.read_text()
-    assert CANARY not in text and "raw_record" not in text and "sweep_config" not in text
+    assert CANARY not in text
+    assert "raw_record" not in text
+    assert "sweep_config" not in text
     for png in (run_dir / "figures").glob("*.png"):
         assert CANARY.encode() not in png.read_bytes()
 
@@ -304,11 +329,13 @@ def test_html_report_never_contains_raw_records(run_dir, report_path):
 def test_html_report_without_optional_inputs(tmp_path):
     rd = make_synthetic_run_dir(tmp_path / "bare", with_optional=False)
     text = R.write_html_report(rd, embed_images=True).read_text()
-    assert "split_report.parquet not found" in text and "manipulation_auc.parquet not found" in text
+    assert "split_report.parquet not found" in text
+    assert "manipulation_auc.parquet not found" in text
     assert "Figure &#x27;roc_curves&#x27; not drawn: no files under roc/." in text
     assert "provenance.json not found" in text
     srcs = _img_srcs(text)
-    assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert srcs
+    assert all(s.startswith("data:image/png;base64,") for s in srcs)
     assert CANARY not in text
 
 
@@ -340,15 +367,21 @@ def test_report_top_states_rule_thresholds_counts_and_outcomes(report_path):
     # every fine-tuned run at its peak; the planted outcomes are 7 collapse, 6 memorization, ... of 32
     assert _planted_outcome_line() == "7 collapse, 6 memorization, 4 inversion, 3 overfitting, 12 no_signal of 32 runs"
     assert f"Outcome: {_planted_outcome_line()}" in top
-    assert "Rule in force: paper , strict mode off" in top and "sweep.json" in top
+    assert "Rule in force: paper , strict mode off" in top
+    assert "sweep.json" in top
     # 32 runs x 4 trained epochs; the 32 epoch-0 rows are the base model, counted apart
     assert "32 fine-tuned runs with 128 checkpoints (epochs 1, 2, 5, 10)" in top
-    assert "The 32 base-model checkpoints" in top and "left out of every count above" in top
+    assert "The 32 base-model checkpoints" in top
+    assert "left out of every count above" in top
     assert "Every one of the 32 fine-tuned runs has all 4 scheduled checkpoints" in top
-    assert "Interrupted" not in top and "incomplete" not in top and "No-op" not in top
+    assert "Interrupted" not in top
+    assert "incomplete" not in top
+    assert "No-op" not in top
     rule = _visible(_section(text, "verdict-rule"))
-    assert "Verdict rule: paper " in rule and "collapse (loss ratio > 5 or output std < 0.01)" in rule
-    assert "strict no" in rule and "collapse_loss_ratio 5" in rule
+    assert "Verdict rule: paper " in rule
+    assert "collapse (loss ratio > 5 or output std < 0.01)" in rule
+    assert "strict no" in rule
+    assert "collapse_loss_ratio 5" in rule
 
 
 def test_report_top_reads_the_thresholds_and_strict_mode_from_the_config(tmp_path):
@@ -357,8 +390,10 @@ def test_report_top_reads_the_thresholds_and_strict_mode_from_the_config(tmp_pat
     top = _visible(_section(text, "summary"))
     assert "strict mode on" in top
     rule = _visible(_section(text, "verdict-rule"))
-    assert "Verdict rule: paper_strict" in rule and "collapse (loss ratio > 3 or" in rule
-    assert "AUC's 95% interval above 0.5 (strict)" in rule and "collapse_loss_ratio 3 " in rule
+    assert "Verdict rule: paper_strict" in rule
+    assert "collapse (loss ratio > 3 or" in rule
+    assert "AUC's 95% interval above 0.5 (strict)" in rule
+    assert "collapse_loss_ratio 3 " in rule
 
 
 def test_report_defines_its_numbers_with_the_real_sample_sizes(report_path):
@@ -369,7 +404,8 @@ def test_report_defines_its_numbers_with_the_real_sample_sizes(report_path):
         assert term in d, term
     assert "Q = 50: 50 members vs 50 non-members; Q = 512: 512 members vs 512 non-members" in d
     assert "50 non-members allow ⌊0.01·n⌋ = 0 false positives" in d  # 512 allow 5: not listed
-    assert "512 non-members allow" not in d and "50, 512 non-members" not in d
+    assert "512 non-members allow" not in d
+    assert "50, 512 non-members" not in d
 
 
 def test_run_table_shows_loss_ratio_sizes_and_flags_tpr_at_1pct_on_few_nonmembers(report_path):
@@ -380,9 +416,12 @@ def test_run_table_shows_loss_ratio_sizes_and_flags_tpr_at_1pct_on_few_nonmember
     rows = re.findall(r"<tr>(.*?)</tr>", table.split("<tbody>")[1])
     assert len(rows) == 24
     flagged = [r for r in rows if "0 FP allowed: 50 non-members" in r]
-    assert len(flagged) == 12 and all("<td>50</td>" in r for r in flagged)  # every Q=50 run, no Q=512 one
+    assert len(flagged) == 12
+    assert all("<td>50</td>" in r for r in flagged)
     collapse = next(r for r in rows if run_id("single_fixed", "bin_task", 1e-1, 50) in r)
-    assert "<td>7.000</td>" in collapse and "<td>4 of 4</td>" in collapse and "<td>complete</td>" in collapse
+    assert "<td>7.000</td>" in collapse
+    assert "<td>4 of 4</td>" in collapse
+    assert "<td>complete</td>" in collapse
 
 
 def test_incomplete_and_never_stored_runs_are_marked_at_the_top_and_in_the_run_table(variant_report):
@@ -394,13 +433,16 @@ def test_incomplete_and_never_stored_runs_are_marked_at_the_top_and_in_the_run_t
     assert "Interrupted" not in top
     rows = re.findall(r"<tr>(.*?)</tr>", _section(text, "task-table"))
     mine = [r for r in rows if f"<td>{INCOMPLETE_RUN}</td>" in r]
-    assert len(mine) == 1 and "<td>2 of 4</td>" in mine[0] and "<td>incomplete</td>" in mine[0]
+    assert len(mine) == 1
+    assert "<td>2 of 4</td>" in mine[0]
+    assert "<td>incomplete</td>" in mine[0]
     assert sum("<td>incomplete</td>" in r for r in rows) == 1
 
 
 def test_run_completeness_counts_stored_against_the_schedule(variant_results):
     comp = R.run_completeness(variant_results, TRAINED).set_index("run_id")
-    assert comp.loc[INCOMPLETE_RUN, "status"] == "incomplete" and comp.loc[INCOMPLETE_RUN, "n_stored"] == 2
+    assert comp.loc[INCOMPLETE_RUN, "status"] == "incomplete"
+    assert comp.loc[INCOMPLETE_RUN, "n_stored"] == 2
     assert (comp.drop(index=INCOMPLETE_RUN)["status"] == "complete").all()
     # a run that diverged stopped by design: not a gap in the sweep
     diverged = variant_results.assign(diverged=variant_results["run_id"] == INCOMPLETE_RUN)
@@ -413,7 +455,8 @@ def test_an_interrupted_sweep_says_so_at_the_top_and_in_the_run_table(tmp_path):
     assert R.was_interrupted(rd)
     text = R.write_html_report(rd, make_figures=False).read_text()
     top = _visible(_section(text, "summary"))
-    assert "Interrupted: the sweep was stopped" in top and "iclmem resume RUN_DIR" in top
+    assert "Interrupted: the sweep was stopped" in top
+    assert "iclmem resume RUN_DIR" in top
     assert re.search(r"1 of \d+ runs are interrupted", top)
     assert "1 of the 48 single_fixed runs the grid schedules have no stored checkpoint" in top
     row = next(r for r in re.findall(r"<tr>(.*?)</tr>", _section(text, "task-table")) if INCOMPLETE_RUN in r)
@@ -424,12 +467,14 @@ def test_without_a_sweep_config_completeness_is_not_claimed(tmp_path):
     rd = make_synthetic_run_dir(tmp_path / "bare", with_optional=False)
     assert not R.was_interrupted(rd)
     top = _visible(_section(R.write_html_report(rd, make_figures=False).read_text(), "summary"))
-    assert "Completeness not checked: no sweep.json" in top and "Every one of" not in top
+    assert "Completeness not checked: no sweep.json" in top
+    assert "Every one of" not in top
     assert "thresholds not recorded: no sweep.json and no threshold_* columns" in top  # the fixture records none
     # thresholds the rows record stand in for a missing config
     results = R.load_results(rd).assign(threshold_collapse_loss_ratio=4.0, threshold_strict=True)
     settings, source, disagree = R.thresholds_in_force(results, None)
-    assert settings == {"collapse_loss_ratio": "4", "strict": "yes"} and "threshold_* columns" in source
+    assert settings == {"collapse_loss_ratio": "4", "strict": "yes"}
+    assert "threshold_* columns" in source
     assert not disagree
     from orchestrator.config import parse_sweep
 
@@ -446,14 +491,16 @@ def test_noop_manipulations_are_named_in_the_summary_and_the_perturbation_sectio
     text = variant_report.read_text()
     assert "No-op manipulations for pfn_mini: 1 (position_last)" in _visible(_section(text, "summary"))
     pert = _visible(_section(text, "perturbations"))
-    assert "1 manipulation(s) are no-ops for pfn_mini" in pert and "position_last." in pert
+    assert "1 manipulation(s) are no-ops for pfn_mini" in pert
+    assert "position_last." in pert
     assert "no-op" not in report_path.read_text().lower()  # no manipulation of the main fixture is one
 
 
 def test_noop_needs_identical_statistics_at_every_checkpoint(variant_dir, variant_results):
     manip = R.load_manipulation_auc(variant_dir)
     noops = R.noop_manipulations(manip, variant_results)
-    assert list(noops["manipulation"]) == ["position_last"] and set(noops["model"]) == {"pfn_mini"}
+    assert list(noops["manipulation"]) == ["position_last"]
+    assert set(noops["model"]) == {"pfn_mini"}
 
     def moved_at(task: str, lr: float) -> pd.DataFrame:
         out = manip.copy()
@@ -512,12 +559,15 @@ def test_roc_legend_names_every_differing_axis_with_distinct_colours_and_chance_
     ax = fig.axes[0]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     curves = _curve_lines(ax)
-    assert len(curves) == 12 and len(set(legend)) == len(legend) == 13
-    assert any("label_mode=normal" in t for t in legend) and any("label_mode=shuffled_members" in t for t in legend)
+    assert len(curves) == 12
+    assert len(set(legend)) == len(legend) == 13
+    assert any("label_mode=normal" in t for t in legend)
+    assert any("label_mode=shuffled_members" in t for t in legend)
     assert all(re.search(r"(bin|multi|reg)_task lr=\S+ Q=\d+ label_mode=\S+ e\d+ AUC=", t) for t in legend[:-1])
     assert len({to_hex(ln.get_color()) for ln in curves}) == 12
     chance = [ln for ln in ax.get_lines() if ln.get_label() == F.CHANCE_LABEL]
-    assert len(chance) == 1 and F.CHANCE_LABEL in legend
+    assert len(chance) == 1
+    assert F.CHANCE_LABEL in legend
     assert chance[0].get_zorder() > max(ln.get_zorder() for ln in curves)
     assert "model=pfn_mini" in ax.get_title()  # shared by every curve: said once, in the title
 
@@ -537,7 +587,8 @@ def test_auc_over_epochs_keeps_the_chance_line_above_the_curves(results):
             continue
         chance = [ln for ln in ax.get_lines() if ln.get_label() == F.CHANCE_LABEL]
         others = [ln for ln in ax.get_lines() if ln.get_label() != F.CHANCE_LABEL]
-        assert len(chance) == 1 and chance[0].get_zorder() > max(ln.get_zorder() for ln in others)
+        assert len(chance) == 1
+        assert chance[0].get_zorder() > max(ln.get_zorder() for ln in others)
         assert F.CHANCE_LABEL in [t.get_text() for t in ax.get_legend().get_texts()]
 
 
@@ -556,8 +607,10 @@ def _rendered(report: Path, profile: Path) -> str:
     assert body, dom.stdout[:500]
     total = re.search(r'data-img-total="(\d+)"', body.group(1))
     loaded = re.search(r'data-img-loaded="(\d+)"', body.group(1))
-    assert total and loaded, "the load handler did not run"
-    assert int(total.group(1)) == 5 and int(loaded.group(1)) == 5
+    assert total, "the load handler did not run"
+    assert loaded, "the load handler did not run"
+    assert int(total.group(1)) == 5
+    assert int(loaded.group(1)) == 5
     return dom.stdout
 
 
@@ -574,20 +627,24 @@ def test_html_report_renders_in_headless_chromium(run_dir, report_path, variant_
     dom = _rendered(report_path, tmp_path / "profile1")
     # the top section is the first thing on the page, with its outcome line and completeness
     first = re.search(r'<section id="([a-z-]+)">', dom)
-    assert first and first.group(1) == "summary"
+    assert first
+    assert first.group(1) == "summary"
     top = _visible(_section(dom, "summary"))
-    assert f"Outcome: {_planted_outcome_line()}" in top and "strict mode off" in top
+    assert f"Outcome: {_planted_outcome_line()}" in top
+    assert "strict mode off" in top
     assert "The 32 base-model checkpoints" in top
     # the two-label-mode sweep: its figures load with a panel per label mode, and the page says so
     vdom = _rendered(variant_report, tmp_path / "profile3")
-    assert "Interrupted" not in vdom and re.search(r"1 of \d+ runs are incomplete", _visible(_section(vdom, "summary")))
+    assert "Interrupted" not in vdom
+    assert re.search(r"1 of \d+ runs are incomplete", _visible(_section(vdom, "summary")))
     for name in ("auc_over_epochs", "outcome_heatmap", "detectable_share"):
         assert re.search(rf'<img[^>]*src="figures/{name}\.png"[^>]*alt="[^"]*\(one panel per label_mode\)"', vdom), name
         one, two = _rendered_size(dom, name), _rendered_size(vdom, name)
         assert two[0] * two[1] > 1.5 * one[0] * one[1], (name, one, two)  # twice the panels, drawn and decoded
     shot = tmp_path / "shot.png"
     res = _chromium([f"--screenshot={shot}", "--window-size=1200,2000", url], tmp_path / "profile2")
-    assert res.returncode == 0 and shot.is_file(), res.stderr[-2000:]
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert shot.is_file(), res.stderr[-2000:]
     assert shot.stat().st_size > 20_000
     for profile in ("profile1", "profile2", "profile3"):
         shutil.rmtree(tmp_path / profile, ignore_errors=True)
@@ -603,13 +660,16 @@ def test_outcome_rates_and_peak_vulnerability_count_label_modes_apart_when_asked
                        "outcome": ["no_signal", "no_signal", "memorization"], "auc": [0.52, 0.55, 0.81],
                        "lr": [1e-3] * 3, "seed": [0] * 3, "model": ["pfn-mini"] * 3})
     pooled = outcome_rates_per_q(df)
-    assert pooled.loc[20, "memorization"] == pytest.approx(1 / 3) and pooled.loc[20, "n_runs"] == 3
+    assert pooled.loc[20, "memorization"] == pytest.approx(1 / 3)
+    assert pooled.loc[20, "n_runs"] == 3
     apart = outcome_rates_per_q(df, by=("label_mode",))
-    assert apart.loc[("normal", 20), "memorization"] == 0 and apart.loc[("normal", 20), "n_runs"] == 2
+    assert apart.loc[("normal", 20), "memorization"] == 0
+    assert apart.loc[("normal", 20), "n_runs"] == 2
     assert apart.loc[("shuffled_members", 20), "memorization"] == 1
     assert outcome_counts_per_q(df, by=("label_mode",)).loc[("normal", 20), "no_signal"] == 2
     vuln = peak_vulnerability_per_task(df, by=("label_mode",)).set_index("label_mode")
-    assert vuln.loc["normal", "detectable_share"] == 0 and vuln.loc["shuffled_members", "detectable_share"] == 1
+    assert vuln.loc["normal", "detectable_share"] == 0
+    assert vuln.loc["shuffled_members", "detectable_share"] == 1
     assert peak_vulnerability_per_task(df)["detectable_share"].iloc[0] == pytest.approx(1 / 3)
 
 

@@ -36,7 +36,8 @@ def _folder(tmp_path, *, rows: int = 40):
 
 def test_the_sweep_is_read_back_validated_and_equal_to_what_was_recorded(tmp_path):
     folder, sweep, _ = _folder(tmp_path)
-    assert folder.sweep == sweep and folder.sweep.config_hash() == sweep.config_hash()
+    assert folder.sweep == sweep
+    assert folder.sweep.config_hash() == sweep.config_hash()
     assert folder.sweep.training.checkpoint_epochs == [3, 6]
     assert RunFolder(tmp_path / "nowhere").sweep_or_none is None
     (tmp_path / SWEEP_FILE).write_text(json.dumps({"name": "reader", "tasks": "iris"}))  # not a sweep
@@ -81,9 +82,11 @@ def test_a_table_of_an_older_shape_is_refused_naming_the_iclmem_that_wrote_it(tm
 
 def test_the_run_state_says_interrupted_and_a_damaged_state_reads_as_none(tmp_path):
     folder, _, _ = _folder(tmp_path)
-    assert folder.run_state is None and not folder.interrupted
+    assert folder.run_state is None
+    assert not folder.interrupted
     write_run_state(tmp_path, RunStatus.INTERRUPTED, incomplete_runs=["r0"])
-    assert folder.interrupted and folder.run_state["incomplete_runs"] == ["r0"]
+    assert folder.interrupted
+    assert folder.run_state["incomplete_runs"] == ["r0"]
     write_run_state(tmp_path, RunStatus.COMPLETE)
     assert not folder.interrupted
     (tmp_path / "run_state.json").write_text("{not json")

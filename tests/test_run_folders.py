@@ -64,7 +64,9 @@ def test_an_existing_file_as_run_folder_is_refused_by_the_cli_without_a_tracebac
     target = tmp_path / "a-file"
     target.write_text("keep me")
     out = _cli("run", str(sweep), "--out", str(target))
-    assert out.returncode == 2 and f"{target} is a file, not a folder" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2
+    assert f"{target} is a file, not a folder" in out.stderr
+    assert "Traceback" not in out.stderr
     assert target.read_text() == "keep me"
 
 
@@ -76,7 +78,8 @@ def test_report_refuses_a_folder_that_is_not_a_sweep_and_creates_or_overwrites_n
         (folder / "results.parquet").write_bytes(b"the user's own table")
         before = _digests(folder)
     out = _cli("report", str(folder))
-    assert out.returncode == 2 and "not an iclmem sweep folder" in out.stderr
+    assert out.returncode == 2
+    assert "not an iclmem sweep folder" in out.stderr
     if kind == "missing":
         assert not folder.exists()
     else:
@@ -89,7 +92,7 @@ def test_a_task_name_that_would_leave_the_run_folder_is_refused(name):
         parse_sweep({**SWEEP, "tasks": [{"name": name, "builtin": "iris"}]})
 
 
-@pytest.mark.parametrize("setting, message", [
+@pytest.mark.parametrize(("setting", "message"), [
     ({"training": {"epochs": 5, "checkpoint_epochs": [1, 5, 10]}}, r"checkpoint_epochs \[10\] exceed epochs \(5\)"),
     ({"probe": {"bootstrap": 0}}, "probe.bootstrap"),
 ])
@@ -107,12 +110,15 @@ def test_a_key_given_twice_in_a_sweep_file_is_an_error_naming_it(tmp_path):
     sweep = tmp_path / "twice.yaml"
     sweep.write_text("name: twice\ntasks: [{name: iris}]\ntraining:\n  epochs: 5\n  epochs: 6\n")
     out = _cli("validate", str(sweep), "--schema-only")
-    assert out.returncode == 2 and "duplicate key 'epochs'" in out.stderr
+    assert out.returncode == 2
+    assert "duplicate key 'epochs'" in out.stderr
 
 
 def test_version_names_the_package_and_the_commit():
     out = _cli("--version")
-    assert out.returncode == 0 and out.stdout.startswith("iclmem 0.") and "git " in out.stdout
+    assert out.returncode == 0
+    assert out.stdout.startswith("iclmem 0.")
+    assert "git " in out.stdout
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -172,8 +178,10 @@ def test_resume_refuses_a_sweep_json_edited_after_the_results_naming_both_hashes
     code, err = _main(capsys, "resume", str(run_dir))
     assert code == 2, err
     edited_hash = parse_sweep(stored).config_hash()
-    assert f"config hash {edited_hash}" in err and f"hash {parse_sweep(SWEEP).config_hash()}" in err
-    assert "Traceback" not in err and _digests(run_dir) == before
+    assert f"config hash {edited_hash}" in err
+    assert f"hash {parse_sweep(SWEEP).config_hash()}" in err
+    assert "Traceback" not in err
+    assert _digests(run_dir) == before
 
 
 @pytest.mark.slow  # reads the finished sweep
@@ -187,7 +195,9 @@ def test_report_refuses_to_replace_the_results_by_an_emptier_table_unless_forced
     before = _digests(run_dir)
     code, err = _main(capsys, "report", str(run_dir))
     assert code == 2, err
-    assert "holds results for 0 checkpoint(s)" in err and "has 3 row(s)" in err and "--force" in err
+    assert "holds results for 0 checkpoint(s)" in err
+    assert "has 3 row(s)" in err
+    assert "--force" in err
     assert _digests(run_dir) == before, "a refused report changed the folder"
     code, err = _main(capsys, "report", str(run_dir), "--force")
     assert code == 0, err
@@ -202,7 +212,8 @@ def test_a_damaged_sweep_json_is_one_line_naming_it_with_exit_2(finished, tmp_pa
     before = _digests(run_dir)
     code, err = _main(capsys, command, str(run_dir))
     assert code == 2, err
-    assert "sweep.json: damaged, not the JSON iclmem wrote" in err and "Traceback" not in err
+    assert "sweep.json: damaged, not the JSON iclmem wrote" in err
+    assert "Traceback" not in err
     assert _digests(run_dir) == before
 
 
@@ -211,7 +222,8 @@ def test_an_out_folder_that_cannot_be_written_is_refused_before_stage_one(tmp_pa
     sweep.write_text(yaml.safe_dump(SWEEP))
     code, err = _main(capsys, "run", str(sweep), "--out", "/proc/iclmem-cannot-write-here")
     assert code == 2, err
-    assert "--out /proc/iclmem-cannot-write-here: /proc is not writable" in err and "Traceback" not in err
+    assert "--out /proc/iclmem-cannot-write-here: /proc is not writable" in err
+    assert "Traceback" not in err
 
 
 def test_a_non_utf8_sweep_file_is_one_line_naming_the_byte_and_line(tmp_path, capsys):

@@ -78,7 +78,8 @@ def test_the_base_model_probed_as_if_fine_tuned_gives_delta_s_exactly_zero(task,
     mi = MembershipInput.from_scores_tables(again, reference)
     for kind in ScoreKind:
         delta = mi.raw(kind, "calibrated")
-        assert np.all(delta.members == 0) and np.all(delta.nonmembers == 0)
+        assert np.all(delta.members == 0)
+        assert np.all(delta.nonmembers == 0)
         assert mi.metrics(kind, "calibrated", n_resamples=0).auc == 0.5
 
 
@@ -88,7 +89,8 @@ def test_reference_scores_are_computed_once_and_reused(task, plan, tmp_path):
     first = reference_scores(tmp_path, task.fingerprint, plan, digest, base)
     calls = []
     second = reference_scores(tmp_path, task.fingerprint, plan, digest, lambda: calls.append(1))
-    assert calls == [] and first.equals(second)
+    assert calls == []
+    assert first.equals(second)
     assert len(list(tmp_path.glob("reference_*.parquet"))) == 1
 
 

@@ -22,7 +22,8 @@ def _result() -> ProbeResult:
 def test_a_saved_result_round_trips(tmp_path):
     _result().save(tmp_path, "e0003")
     loaded = ProbeResult.load(tmp_path, "e0003")
-    assert loaded.row == _result().row and loaded.manipulation_auc.equals(_result().manipulation_auc)
+    assert loaded.row == _result().row
+    assert loaded.manipulation_auc.equals(_result().manipulation_auc)
     assert not list(tmp_path.glob(".*tmp"))  # no temporary file left behind
 
 

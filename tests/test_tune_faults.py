@@ -165,8 +165,10 @@ def test_a_killed_driver_resumes_reference_trials_like_any_other(ray_session, tm
 
     results = pd.read_parquet(run_dir / "results.parquet")
     references = pd.read_parquet(run_dir / "reference_results.parquet")
-    assert results["run_id"].nunique() == 1 and references["run_id"].nunique() == 2
-    assert sorted(references["epoch"]) == [3, 3, 6, 6] and (results["attack_references"] == 2).all()
+    assert results["run_id"].nunique() == 1
+    assert references["run_id"].nunique() == 2
+    assert sorted(references["epoch"]) == [3, 3, 6, 6]
+    assert (results["attack_references"] == 2).all()
 
     from orchestrator.sweep import run_sweep
 
@@ -200,7 +202,9 @@ def test_a_probe_actor_killed_mid_job_is_replaced_and_its_job_rerun(ray_session,
         rows = pool.drain()
     finally:
         pool.shutdown()
-    assert len(rows) == 1 and rows[0]["outcome"] == "no_signal" and not pool.failed
+    assert len(rows) == 1
+    assert rows[0]["outcome"] == "no_signal"
+    assert not pool.failed
     assert (tmp_path / "p" / "e0.json").is_file()
     fault_ledger(injected=1, completed=True, identical=rows[0]["auc"] == 0.5)
 
@@ -227,10 +231,12 @@ def test_a_probe_job_already_in_flight_is_not_submitted_twice(ray_session, tmp_p
         assert len(pool.pending) == 1
         rows = pool.drain()
         pool.submit(job)  # stored now: answered from disk, no actor call
-        assert not pool.pending and len(pool.poll()) == 1
+        assert not pool.pending
+        assert len(pool.poll()) == 1
     finally:
         pool.shutdown()
-    assert len(rows) == 1 and not pool.failed
+    assert len(rows) == 1
+    assert not pool.failed
 
 
 def test_a_sweep_whose_trials_fail_ends_failed_naming_each_cause_and_keeps_the_others_results(ray_session, tmp_path,
@@ -261,12 +267,14 @@ def test_a_sweep_whose_trials_fail_ends_failed_naming_each_cause_and_keeps_the_o
     assert any(line.startswith("[iclmem] 1 trial(s) failed: RuntimeError: injected failure") and failed[0] in line
                for line in lines), lines
     state = json.loads((tmp_path / "run" / "run_state.json").read_text())
-    assert state["status"] == "failed" and state["incomplete_runs"] == failed
+    assert state["status"] == "failed"
+    assert state["incomplete_runs"] == failed
     import pandas as pd
 
     results = pd.read_parquet(tmp_path / "run" / "results.parquet")
     trained = results[results["regime"] == "single_fixed"]
-    assert sorted(trained["epoch"]) == [1, 2] and set(trained["lr"]) == {1e-3}  # the other trial's results stay
+    assert sorted(trained["epoch"]) == [1, 2]
+    assert set(trained["lr"]) == {1e-3}
 
 
 def test_resources_the_local_ray_cannot_give_are_refused_before_any_trial_instead_of_hanging(ray_session, tmp_path):
@@ -311,12 +319,16 @@ def test_a_sweep_that_waits_for_resources_no_node_gives_stops_after_the_stall_ti
         run_sweep(None, tmp_path / "run", sweep=sweep, address="auto", progress=False, log=lambda _m: None)
     waited = time.monotonic() - started
     message = str(caught.value)
-    assert "no progress for 0.1 min" in message and "1 trial(s) waiting to start" in message, message  # 3 s
-    assert "iclmem_absent_accelerator 1" in message and "the cluster holds CPU 2" in message, message
-    assert "iclmem resume" in message and SweepStalled.exit_code == 1
+    assert "no progress for 0.1 min" in message, message
+    assert "1 trial(s) waiting to start" in message, message  # 3 s
+    assert "iclmem_absent_accelerator 1" in message, message
+    assert "the cluster holds CPU 2" in message, message
+    assert "iclmem resume" in message
+    assert SweepStalled.exit_code == 1
     assert waited < 120, f"the stall was noticed only after {waited:.0f} s"
     state = json.loads((tmp_path / "run" / "run_state.json").read_text())
-    assert state["status"] == "interrupted" and "no progress" in state["note"]
+    assert state["status"] == "interrupted"
+    assert "no progress" in state["note"]
 
 
 def test_the_watchdog_fires_only_after_the_timeout_without_change_and_never_while_busy():
@@ -336,7 +348,8 @@ def test_the_watchdog_fires_only_after_the_timeout_without_change_and_never_whil
     assert not dog.observe("b")
     now[0] = 261
     assert dog.observe("b")
-    assert not Watchdog(0, clock=lambda: now[0]).observe("x") and not Watchdog(0, clock=lambda: 1e9).observe("x")
+    assert not Watchdog(0, clock=lambda: now[0]).observe("x")
+    assert not Watchdog(0, clock=lambda: 1e9).observe("x")
 
 
 def test_the_stall_message_quotes_the_last_line_where_ray_says_why_it_waits(tmp_path):
@@ -349,7 +362,8 @@ def test_the_stall_message_quotes_the_last_line_where_ray_says_why_it_waits(tmp_
                    "having enough resources available.\n[iclmem] 1 trial pending (iclmem's own line, not Ray's)\n"
                    "unrelated tail\n")
     quote = ray_wait_reason(log)
-    assert quote is not None and quote.startswith("WARNING insufficient_resources_manager.py:163")
+    assert quote is not None
+    assert quote.startswith("WARNING insufficient_resources_manager.py:163")
     assert ray_wait_reason(tmp_path / "absent.log") is None
 
 
@@ -382,10 +396,12 @@ def test_a_disk_that_runs_full_stops_the_sweep_resumably_and_resume_finishes_it_
     with pytest.raises(DiskFull) as caught:
         run_sweep(None, run_dir, sweep=sweep, progress=False, log=lambda _m: None)
     message = str(caught.value)
-    assert f"Tune storage {small_disk / 'tune'}: 0.0 MiB free" in message and f"iclmem resume {run_dir}" in message
+    assert f"Tune storage {small_disk / 'tune'}: 0.0 MiB free" in message
+    assert f"iclmem resume {run_dir}" in message
     assert DiskFull.exit_code == 1
     state = json.loads((run_dir / "run_state.json").read_text())
-    assert state["status"] == "interrupted" and "disk full" in state["note"]
+    assert state["status"] == "interrupted"
+    assert "disk full" in state["note"]
     # whatever was stored before the disk ran full (the epoch-1 probe result, when it finished in time) stays
     kept = {str(p): p.read_bytes() for p in (run_dir / "probes").rglob("*.json")}
 
@@ -422,4 +438,5 @@ def test_a_trial_that_meets_a_full_disk_ends_the_sweep_resumably_not_as_a_failed
         run_sweep(None, tmp_path / "run", sweep=sweep, progress=False, log=lambda _m: None)
     assert f"iclmem resume {tmp_path / 'run'}" in str(caught.value)
     state = json.loads((tmp_path / "run" / "run_state.json").read_text())
-    assert state["status"] == "interrupted" and "disk full" in state["note"]
+    assert state["status"] == "interrupted"
+    assert "disk full" in state["note"]

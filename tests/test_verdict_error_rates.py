@@ -38,7 +38,8 @@ def test_clopper_pearson_interval_matches_the_exact_binomial_interval():
     for k, n in ((0, 20), (2, 20), (5, 100), (100, 100)):
         iv = clopper_pearson(k, n)
         ref = stats.binomtest(k, n).proportion_ci(0.95, method="exact")
-        assert iv.low == pytest.approx(ref.low, abs=1e-9) and iv.high == pytest.approx(ref.high, abs=1e-9)
+        assert iv.low == pytest.approx(ref.low, abs=1e-9)
+        assert iv.high == pytest.approx(ref.high, abs=1e-9)
     assert clopper_pearson(0, 100).high == pytest.approx(1 - 0.025 ** (1 / 100))
     with pytest.raises(ProbeError):
         clopper_pearson(3, 2)
@@ -64,12 +65,15 @@ def test_a_null_split_uses_only_never_trained_rows_with_the_members_label_counts
     used = set(task.member_idx) | set(task.nonmember_idx) | set(task.context_idx)
     for j in range(5):
         m, n = null_split(task, j)
-        assert not (set(m) & used) and not (set(n) & used) and not (set(m) & set(n))
+        assert not (set(m) & used)
+        assert not (set(n) & used)
+        assert not (set(m) & set(n))
         want = np.bincount(task.labels[task.member_idx], minlength=task.n_classes)
         assert (np.bincount(task.labels[m], minlength=2) == want).all()
         assert (np.bincount(task.labels[n], minlength=2) == want).all()
     a, b = null_split(task, 0), null_split(task, 1)
-    assert (null_split(task, 0)[0] == a[0]).all() and not np.array_equal(a[0], b[0])
+    assert (null_split(task, 0)[0] == a[0]).all()
+    assert not np.array_equal(a[0], b[0])
 
 
 def test_null_splits_are_in_the_ground_truth_log(task):
@@ -129,8 +133,10 @@ def shuffled_run(task):
 
 def test_shuffled_member_labels_are_detected_on_the_real_split_and_not_on_its_null_splits(shuffled_run):
     last = shuffled_run[shuffled_run["epoch"] == max(EPOCHS)].iloc[0]
-    assert last["outcome"] == Outcome.MEMORIZATION and last["rule"] == VerdictRule.SELECTION_AWARE
-    assert last["auc_low"] > 0.5 and last["p_value"] < last["p_value_threshold"]
+    assert last["outcome"] == Outcome.MEMORIZATION
+    assert last["rule"] == VerdictRule.SELECTION_AWARE
+    assert last["auc_low"] > 0.5
+    assert last["p_value"] < last["p_value_threshold"]
     records = json.loads(last["null_evidence"])
     assert len(records) == N_NULL == last["null_splits"]
     assert last["null_memorization_selection_aware"] == 0
@@ -156,9 +162,11 @@ def test_a_probe_row_carries_every_rule_every_kind_and_the_known_context_baselin
         assert row[f"outcome_{r.value}"] in {o.value for o in Outcome}
     for k in ScoreKind:
         for cal in Calibration:
-            assert f"{cal.value}_{k.value}_auc" in row.index and f"{cal.value}_{k.value}_p_value" in row.index
+            assert f"{cal.value}_{k.value}_auc" in row.index
+            assert f"{cal.value}_{k.value}_p_value" in row.index
     kind = row["score_kind"]
-    assert row["raw_auc"] == row[f"uncalibrated_{kind}_auc"] and row["ref_auc"] == row[f"reference_only_{kind}_auc"]
+    assert row["raw_auc"] == row[f"uncalibrated_{kind}_auc"]
+    assert row["ref_auc"] == row[f"reference_only_{kind}_auc"]
     assert row["tpr_at_10pct"] == row[f"calibrated_{kind}_tpr_at_10pct"]
     # the attacker who knows C' does at least as well as chance on a memorized checkpoint
     assert row["known_context_calibrated_auc"] > 0.5
@@ -187,7 +195,8 @@ def test_run_headline_error_rate_takes_the_null_splits_peak_checkpoint():
     ck = rates.loc[("paper", "checkpoint")]
     assert (ck["n_null"], ck["n_memorization"]) == (4, 2)  # the base row (epoch 0) is not a trial
     hd = rates.loc[("paper", "run_headline")]
-    assert (hd["n_null"], hd["n_memorization"]) == (2, 1) and hd["fpr"] == 0.5
+    assert (hd["n_null"], hd["n_memorization"]) == (2, 1)
+    assert hd["fpr"] == 0.5
 
 
 def test_report_top_states_the_rule_its_thresholds_and_its_measured_rate(tmp_path, shuffled_run):
@@ -196,9 +205,12 @@ def test_report_top_states_the_rule_its_thresholds_and_its_measured_rate(tmp_pat
     R.write_html_report(tmp_path, make_figures=False)
     text = (tmp_path / "report.html").read_text()
     top = text[: text.index('id="provenance"')]
-    assert "Verdict rule: selection_aware" in top and "family_alpha" in top
-    assert f"of {N_NULL} null splits" in top and "Clopper-Pearson" in top
-    assert "sanity check" in text and "not a control" in text
+    assert "Verdict rule: selection_aware" in top
+    assert "family_alpha" in top
+    assert f"of {N_NULL} null splits" in top
+    assert "Clopper-Pearson" in top
+    assert "sanity check" in text
+    assert "not a control" in text
 
 
 # ------------------------------------------------------------------ the paper's tables as the paper computes them
@@ -224,9 +236,11 @@ def test_a_rows_auc_interval_tprs_raw_and_reference_auc_all_come_from_the_decidi
     settings = ProbeSettings(n_resamples=100)
     ev = build_evidence(ft, ref, 1.0, 0.2, n_resamples=100)
     verdict = classify(ev)
-    assert verdict.outcome is Outcome.MEMORIZATION and verdict.score_kind is ScoreKind.ENTROPY
+    assert verdict.outcome is Outcome.MEMORIZATION
+    assert verdict.score_kind is ScoreKind.ENTROPY
     kind, row = headline_columns(MembershipInput.from_scores_tables(ft, ref), ev, verdict, settings)
-    assert kind is ScoreKind.ENTROPY and row["score_kind"] == "entropy"
+    assert kind is ScoreKind.ENTROPY
+    assert row["score_kind"] == "entropy"
     m = ev.calibrated[ScoreKind.ENTROPY]
     assert (row["auc"], row["auc_low"], row["tpr_at_10pct"]) == (m.auc, m.auc_interval.low, m.tpr_at_10pct.tpr)
     assert row["raw_auc"] == row["uncalibrated_entropy_auc"] != row["uncalibrated_loss_auc"]
@@ -237,7 +251,8 @@ def test_known_context_baseline_is_the_plain_loss_attack_on_the_fine_tuning_pair
     member = np.array([True] * 10 + [False] * 10)
     loss_ft = np.where(member, 0.1, 1.0) + np.linspace(0, 0.01, 20)
     cols = known_context_columns(loss_ft, np.ones(20), member, ProbeSettings(n_resamples=50))
-    assert cols["known_context_auc"] == 1.0 and cols["known_context_calibrated_auc"] == 1.0
+    assert cols["known_context_auc"] == 1.0
+    assert cols["known_context_calibrated_auc"] == 1.0
     cols = known_context_columns(np.ones(20), np.ones(20), member, ProbeSettings(n_resamples=50))
     assert cols["known_context_auc"] == 0.5
 
@@ -252,8 +267,11 @@ def test_calibration_impact_compares_the_same_rule_over_non_collapsed_checkpoint
          "raw_outcome": "memorization", "raw_memorization_flag": True, "calibrated_memorization_flag": False},
     ]
     t = R.calibration_impact(pd.DataFrame(rows)).loc["all"]
-    assert t["n"] == 2 and t["raw_flags"] == 1 and t["calibrated_flags"] == 1
-    assert t["raw_only"] == 1 and t["calibrated_only"] == 1
+    assert t["n"] == 2
+    assert t["raw_flags"] == 1
+    assert t["calibrated_flags"] == 1
+    assert t["raw_only"] == 1
+    assert t["calibrated_only"] == 1
 
 
 def test_perturbation_effectiveness_is_over_memorized_checkpoints_as_delta_to_the_unmanipulated_context():
@@ -276,9 +294,12 @@ def test_perturbation_effectiveness_is_over_memorized_checkpoints_as_delta_to_th
     t = R.perturbation_effectiveness(manip, results).set_index("manipulation")
     assert list(t.index) == ["a", "base", "b"]
     # a: (0.75 - 0.65 against base, 0.90 - 0.80 against o's overall) / 2; b: 0.60 - 0.65
-    assert t.loc["a", "mean_delta_auc"] == pytest.approx(0.10) and t.loc["a", "reference"] == "base+overall"
-    assert t.loc["b", "mean_delta_auc"] == pytest.approx(-0.05) and t.loc["base", "mean_delta_auc"] == 0.0
-    assert t.loc["b", "mean_delta_auc_vs_suite"] == pytest.approx(-0.10) and t["n"].tolist() == [2, 1, 1]
+    assert t.loc["a", "mean_delta_auc"] == pytest.approx(0.10)
+    assert t.loc["a", "reference"] == "base+overall"
+    assert t.loc["b", "mean_delta_auc"] == pytest.approx(-0.05)
+    assert t.loc["base", "mean_delta_auc"] == 0.0
+    assert t.loc["b", "mean_delta_auc_vs_suite"] == pytest.approx(-0.10)
+    assert t["n"].tolist() == [2, 1, 1]
 
 
 def test_the_peak_checkpoint_of_a_run_is_chosen_over_the_competing_kinds_only():
@@ -289,7 +310,8 @@ def test_the_peak_checkpoint_of_a_run_is_chosen_over_the_competing_kinds_only():
          "threshold_score_kinds": "loss,entropy", "outcome": "memorization"},
     ])
     peak = R.peak_checkpoints(results).iloc[0]
-    assert peak["epoch"] == 2 and peak["peak_kind"] == "loss"
+    assert peak["epoch"] == 2
+    assert peak["peak_kind"] == "loss"
 
 
 def test_the_sweep_setting_for_null_splits_and_the_rule_reach_the_probe(tmp_path):
@@ -299,9 +321,11 @@ def test_the_sweep_setting_for_null_splits_and_the_rule_reach_the_probe(tmp_path
     sweep = parse_sweep({"name": "x", "tasks": [{"name": "iris"}], "probe": {"null_splits": 3},
                          "training": {"epochs": 30, "checkpoint_epochs": [1, 5, 10, 30]},
                          "outcome": {"rule": "paper", "score_kinds": ["loss", "entropy", "confidence"]}}, "x")
-    assert sweep.probe.null_splits == 3 and checkpoints_per_run(sweep) == 4
+    assert sweep.probe.null_splits == 3
+    assert checkpoints_per_run(sweep) == 4
     th = OutcomeThresholds.from_dict(sweep.outcome.model_dump())
-    assert th.verdict_rule is VerdictRule.PAPER and len(th.score_kinds) == 3
+    assert th.verdict_rule is VerdictRule.PAPER
+    assert len(th.score_kinds) == 3
     assert parse_sweep({"name": "x", "tasks": [{"name": "iris"}]}, "x").probe.null_splits == 1
 
 
@@ -340,7 +364,8 @@ def test_a_multi_task_run_is_probed_on_every_one_of_its_tasks(tmp_path):
     jobs = jobs_for(trial_config(trial, prepared), 2, None, tmp_path / "probes")
     assert [j.identity["task"] for j in jobs] == ["iris", "wine"]
     assert [prepared.tasks[j.task_key].name for j in jobs] == ["iris", "wine"]
-    assert len({j.stem for j in jobs}) == 2 and all(j.identity["run_id"] == trial.run_id for j in jobs)
+    assert len({j.stem for j in jobs}) == 2
+    assert all(j.identity["run_id"] == trial.run_id for j in jobs)
 
 
 def test_multi_random_keeps_its_context_uniform_and_every_class_in_the_queries_on_a_70_30_task(tmp_path):
@@ -360,7 +385,8 @@ def test_multi_random_keeps_its_context_uniform_and_every_class_in_the_queries_o
         counts = np.bincount(task.labels[ctx], minlength=2)
         assert counts[0] == counts[1] > 0
         assert set(task.labels[queries]) == {0, 1}
-        assert not set(ctx) & set(queries) and set(ctx) | set(queries) <= set(task.member_idx)
+        assert not set(ctx) & set(queries)
+        assert set(ctx) | set(queries) <= set(task.member_idx)
         assert len(queries) == 20
 
 
@@ -432,8 +458,10 @@ def test_a_multi_fixed_checkpoint_yields_a_probe_row_for_each_of_its_tasks(tmp_p
                          "default", ProbeSettings(n_resamples=50, n_checkpoints=1), str(tmp_path / "ref"))
     rows = [worker.run(job).row for job in jobs_for(config, 2, str(tmp_path / "ckpt"), tmp_path / "probes")]
     assert [r["task"] for r in rows] == ["iris", "wine"]
-    assert {r["run_id"] for r in rows} == {trial.run_id} and all(r["null_splits"] == 1 for r in rows)
-    assert rows[0]["n_members"] == 10 and rows[0]["auc"] != rows[1]["auc"]
+    assert {r["run_id"] for r in rows} == {trial.run_id}
+    assert all(r["null_splits"] == 1 for r in rows)
+    assert rows[0]["n_members"] == 10
+    assert rows[0]["auc"] != rows[1]["auc"]
 
 
 def test_multi_random_trains_one_model_on_both_tasks_every_epoch(tmp_path):
@@ -484,7 +512,8 @@ def test_the_task_peak_is_reported_beside_the_same_maximum_over_its_null_splits(
     peak = R.peak_vulnerability_per_task(results).iloc[0]
     assert peak["peak_auc"] == pytest.approx(0.66)
     # null split 0: max(0.55, 0.61, 0.57) = 0.61; null split 1: max(0.58, 0.52, 0.64) = 0.64 -> 95th pct
-    assert peak["null_peak_n"] == 2 and peak["null_peak_auc"] == pytest.approx(np.percentile([0.61, 0.64], 95))
+    assert peak["null_peak_n"] == 2
+    assert peak["null_peak_auc"] == pytest.approx(np.percentile([0.61, 0.64], 95))
     # split by a grid axis the null records do not carry themselves: each value gets its own null peak
     by_mode = results.assign(label_mode=["normal", "normal", "shuffled_members"])
     table = R.peak_vulnerability_per_task(by_mode, by=("label_mode",)).set_index("label_mode")
@@ -499,7 +528,8 @@ def test_every_probe_row_carries_its_blind_baseline_and_the_collapse_indicators_
     for _, row in shuffled_run.iterrows():
         assert (row["blind_auc"], row["blind_auc_low"], row["blind_auc_high"]) == (blind.auc, blind.auc_low,
                                                                                  blind.auc_high)
-        assert row["label_design"] == "matched" and row["exchangeable"]
+        assert row["label_design"] == "matched"
+        assert row["exchangeable"]
         assert row["loss_ratio"] == min(row["loss_ratio_true"], row["loss_ratio_spec"])
     # the null splits were drawn from rows whose labels were permuted like the members': at chance too
     for rec in json.loads(shuffled_run.iloc[-1]["null_evidence"]):
@@ -513,7 +543,8 @@ def test_the_report_prints_the_blind_baseline_and_warns_when_the_groups_are_sepa
     R.write_html_report(matched, make_figures=False)
     top = (matched / "report.html").read_text()
     top = top[: top.index('id="provenance"')]
-    assert "Blind baseline:" in top and "separable without the model" not in top
+    assert "Blind baseline:" in top
+    assert "separable without the model" not in top
     unmatched = tmp_path / "unmatched"
     unmatched.mkdir()
     paper = shuffled_run.assign(label_design="unmatched", exchangeable=False, blind_auc=0.79, blind_auc_low=0.7,
@@ -522,4 +553,5 @@ def test_the_report_prints_the_blind_baseline_and_warns_when_the_groups_are_sepa
     R.write_html_report(unmatched, make_figures=False)
     top = (unmatched / "report.html").read_text()
     top = top[: top.index('id="provenance"')]
-    assert "separable without the model in 1 of 1 runs" in top and "unmatched design" in top
+    assert "separable without the model in 1 of 1 runs" in top
+    assert "unmatched design" in top

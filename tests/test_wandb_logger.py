@@ -39,7 +39,7 @@ def test_mode_is_offline_unless_online_and_key_present():
     assert W.resolve_wandb_mode("online", environ={"WANDB_API_KEY": FAKE_KEY}) == "online"
     assert W.resolve_wandb_mode("online", environ={"WANDB_API_KEY": FAKE_KEY, "WANDB_MODE": "offline"}) == "offline"
     assert W.resolve_wandb_mode("disabled", environ={}) == "disabled"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="'cloud'"):
         W.resolve_wandb_mode("cloud", environ={})
 
 
@@ -56,12 +56,13 @@ def test_importing_the_module_does_not_import_wandb():
 
 def test_null_logger_is_the_default_and_satisfies_the_protocol(tmp_path):
     logger = W.make_results_logger(None)
-    assert isinstance(logger, W.NullResultsLogger) and isinstance(logger, W.ResultsLogger)
+    assert isinstance(logger, W.NullResultsLogger)
+    assert isinstance(logger, W.ResultsLogger)
     logger.log_summary(tmp_path, pd.DataFrame(), {})
     logger.finish()
     assert list(tmp_path.iterdir()) == []
     assert isinstance(W.make_results_logger("wandb", project="p", group="g"), W.ResultsLogger)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown results logger 'tensorboard'"):
         W.make_results_logger("tensorboard")
 
 
@@ -101,7 +102,8 @@ def logged(tmp_path_factory):
 def test_offline_run_lives_under_run_dir(logged):
     run_dir, offline, records, logger, _ = logged
     assert offline.parent == run_dir / "wandb"
-    assert logger.mode == "offline" and logger.run is None  # finished
+    assert logger.mode == "offline"
+    assert logger.run is None
     kinds = {r.WhichOneof("record_type") for r in records}
     assert {"run", "history", "summary", "artifact"} <= kinds
 
@@ -113,11 +115,13 @@ def test_summary_table_and_media_files(logged):
     assert len(tables) == 1
     table = json.loads(tables[0].read_text())
     assert {"run_id", "outcome", "auc", "tpr_at_1pct", "epoch"} <= set(table["columns"])
-    assert "raw_record" not in table["columns"] and len(table["data"]) == 160
+    assert "raw_record" not in table["columns"]
+    assert len(table["data"]) == 160
     peak = json.loads(next((media / "table").glob("peak_table_*.table.json")).read_text())
     assert len(peak["data"]) == 24 + 8
     images = sorted(p.name for p in (media / "images" / "figures").glob("*.png"))
-    assert len(images) == 2 and any(n.startswith("outcome_heatmap") for n in images)
+    assert len(images) == 2
+    assert any(n.startswith("outcome_heatmap") for n in images)
     rocs = list((media / "table" / "roc").glob("*_table_*.table.json"))
     assert len(rocs) == 5
     assert set(json.loads(rocs[0].read_text())["columns"]) == {"fpr", "tpr"}
@@ -126,11 +130,14 @@ def test_summary_table_and_media_files(logged):
 def test_summary_holds_outcome_counts(logged):
     _, _, records, _, _ = logged
     s = wandb_summary(records)
-    assert s["outcome_counts/collapse"] == 7 and s["outcome_counts/memorization"] == 6  # 5 main + 1 multi_fixed
-    assert s["outcome_counts/inversion"] == 4 and s["n_runs"] == 32
+    assert s["outcome_counts/collapse"] == 7
+    assert s["outcome_counts/memorization"] == 6
+    assert s["outcome_counts/inversion"] == 4
+    assert s["n_runs"] == 32
     assert s["outcome_rate/single_fixed/q=50/collapse"] == pytest.approx(4 / 12)
     assert s["max_peak_auc"] == pytest.approx(0.67)
-    assert s["results_table"]["_type"] == "table-file" and s["results_table"]["nrows"] == 160
+    assert s["results_table"]["_type"] == "table-file"
+    assert s["results_table"]["nrows"] == 160
 
 
 def test_history_has_the_detectable_share_over_epochs_and_no_per_configuration_keys(logged):
@@ -147,14 +154,17 @@ def test_history_has_the_detectable_share_over_epochs_and_no_per_configuration_k
 def test_results_artifact_is_recorded_with_public_files(logged):
     run_dir, _, records, _, _ = logged
     arts = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact" and r.artifact.type == "iclmem-results"]
-    assert len(arts) == 1 and arts[0].name == f"iclmem-results-{GROUP}"
+    assert len(arts) == 1
+    assert arts[0].name == f"iclmem-results-{GROUP}"
     entries = {e.path: Path(e.local_path) for e in arts[0].manifest.contents}
     assert set(entries) == {"results.parquet", "peak_checkpoints.parquet", "split_report.parquet",
                             "manipulation_auc.parquet"}
     for path in entries.values():
-        assert path.is_file() and run_dir / "wandb" in path.parents
+        assert path.is_file()
+        assert run_dir / "wandb" in path.parents
     exported = pd.read_parquet(entries["results.parquet"])
-    assert len(exported) == 160 and "raw_record" not in exported.columns
+    assert len(exported) == 160
+    assert "raw_record" not in exported.columns
 
 
 def _assert_no_canary_or_key(run_dir: Path, root: Path) -> None:
@@ -194,25 +204,32 @@ def test_build_report_blocks_and_panel_queries(wr, logged, trial_runs):
     assert headings == ["Outcomes", "ROC curves (log-log in the HTML report)", "AUC over epochs"]
     assert len(grids) == 2 + 3  # outcomes, ROC, and AUC over epochs for each of the three tasks
     for g in grids:
-        assert len(g.runsets) == 1 and g.runsets[0].project == "iclmem-test"
-        assert GROUP in g.runsets[0].filters and "Group" in g.runsets[0].filters
+        assert len(g.runsets) == 1
+        assert g.runsets[0].project == "iclmem-test"
+        assert GROUP in g.runsets[0].filters
+        assert "Group" in g.runsets[0].filters
 
     outcome, roc, *auc = grids
     table = [p for p in outcome.panels if isinstance(p, wr.WeavePanelSummaryTable)]
-    assert len(table) == 1 and table[0].table_name == W.PEAK_TABLE_KEY
+    assert len(table) == 1
+    assert table[0].table_name == W.PEAK_TABLE_KEY
     bars = [p for p in outcome.panels if isinstance(p, wr.BarPlot)][0]
     assert bars.metrics == [f"outcome_counts/{o}" for o in R.OUTCOMES]
 
-    assert len(roc.panels) == 5 and all(isinstance(p, wr.CustomChart) for p in roc.panels)
+    assert len(roc.panels) == 5
+    assert all(isinstance(p, wr.CustomChart) for p in roc.panels)
     best = run_id("single_fixed", "bin_task", 1e-2, 50)  # highest peak AUC (0.67) at epoch 5
     assert roc.panels[0].query == {"summaryTable": {"tableKey": f"roc/{best}_e5_table"}}
-    assert roc.panels[0].chart_name == "wandb/line/v0" and roc.panels[0].chart_fields == {"x": "fpr", "y": "tpr"}
+    assert roc.panels[0].chart_name == "wandb/line/v0"
+    assert roc.panels[0].chart_fields == {"x": "fpr", "y": "tpr"}
 
     for grid, task in zip(auc, ("bin_task", "multi_task", "reg_task")):
         (panel,), (trials,) = grid.panels, grid.runsets  # the task's trial runs, one line per configuration
-        assert isinstance(panel, wr.LinePlot) and panel.title == f"AUC over epochs: {task}"
+        assert isinstance(panel, wr.LinePlot)
+        assert panel.title == f"AUC over epochs: {task}"
         assert (panel.x, panel.y, panel.groupby_aggfunc) == ("epoch", [W.CHECKPOINT_AUC_KEY], "mean")
-        assert f"'{task}'" in str(trials.filters) and "JobType" in str(trials.filters)
+        assert f"'{task}'" in str(trials.filters)
+        assert "JobType" in str(trials.filters)
         assert trials.groupby == ["config.model", "config.regime", "config.label_mode", "config.lr", "config.q"]
 
     # every key the report reads was logged by the summary run
@@ -308,8 +325,10 @@ def _offline_files(run_dir: Path, wandb_id: str) -> list[Path]:
 
 def test_a_restarted_driver_continues_each_trial_run_under_the_same_id(trial_runs):
     run_dir, _, first_ids, second_ids, _ = trial_runs
-    assert first_ids == second_ids and set(first_ids) == {TRIAL_A, TRIAL_B}
-    assert len(set(first_ids.values())) == 2 and all(i.startswith(CONFIG_HASH) for i in first_ids.values())
+    assert first_ids == second_ids
+    assert set(first_ids) == {TRIAL_A, TRIAL_B}
+    assert len(set(first_ids.values())) == 2
+    assert all(i.startswith(CONFIG_HASH) for i in first_ids.values())
     ledger = json.loads((run_dir / "wandb" / W.TRIAL_RUNS_FILE).read_text())
     assert {r: e["wandb_id"] for r, e in ledger["runs"].items()} == first_ids
     for wandb_id in first_ids.values():
@@ -317,7 +336,8 @@ def test_a_restarted_driver_continues_each_trial_run_under_the_same_id(trial_run
         assert len(files) == 2  # one per driver; `wandb sync` appends them to one run in start order
         for path in files:
             run_records = [r.run for r in read_wandb_records(path) if r.WhichOneof("record_type") == "run"]
-            assert run_records[0].run_id == wandb_id and run_records[0].run_group == GROUP
+            assert run_records[0].run_id == wandb_id
+            assert run_records[0].run_group == GROUP
             assert run_records[0].job_type == W.TRIAL_JOB_TYPE
 
 
@@ -335,7 +355,8 @@ def test_each_trial_run_has_its_flat_config(trial_runs):
         row = results[results["run_id"] == run].iloc[0]
         for path in _offline_files(run_dir, wandb_id):
             config = wandb_config(read_wandb_records(path))
-            assert "__trial__" not in config and config["sweep"] == GROUP
+            assert "__trial__" not in config
+            assert config["sweep"] == GROUP
             for key in ("run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed", "config_hash"):
                 assert config[key] == row[key], key
             assert "model_options" not in config  # not on the public allow-list
@@ -350,8 +371,11 @@ def test_training_metrics_are_logged_once_per_epoch_without_tune_bookkeeping(tri
         for h in rows:
             assert h["train_loss"] == pytest.approx(1.0 / h["epoch"])
             assert h["member_icl_accuracy"] == pytest.approx(0.5 + h["epoch"] / 100)
-            assert h["time_this_iter_s"] == 0.25 and h["diverged"] is False
-            assert not set(RAY_BOOKKEEPING) & set(h) and "note" not in h and "run_id" not in h
+            assert h["time_this_iter_s"] == 0.25
+            assert h["diverged"] is False
+            assert not set(RAY_BOOKKEEPING) & set(h)
+            assert "note" not in h
+            assert "run_id" not in h
 
 
 def test_each_checkpoint_probe_row_is_logged_once_at_its_epoch_with_its_public_metrics(trial_runs):
@@ -388,11 +412,13 @@ def test_run_summary_holds_the_last_checkpoint_and_the_peak(trial_runs):
         assert (s["peak/epoch"], s["peak/auc"], s["peak/score_kind"]) == (peak_epoch, pytest.approx(peak_auc), peak_kind)
         assert s["peak/outcome"] == peaks.loc[run, "outcome"]
         last = results[(results["run_id"] == run) & (results["epoch"] == 10)].iloc[0]
-        assert s["probe/last_epoch"] == 10 and s["probe/outcome"] == last["outcome"]
+        assert s["probe/last_epoch"] == 10
+        assert s["probe/outcome"] == last["outcome"]
         assert s["probe/auc"] == pytest.approx(last["auc"])
     # the first driver saw TRIAL_A's probe rows in the order 5, 2, 1: its summary is still epoch 5's
     s = wandb_summary(read_wandb_records(_offline_files(run_dir, first_ids[TRIAL_A])[0]))
-    assert s["probe/last_epoch"] == 5 and s["peak/epoch"] == 5
+    assert s["probe/last_epoch"] == 5
+    assert s["peak/epoch"] == 5
 
 
 def test_no_raw_record_or_api_key_in_any_trial_run_file(trial_runs):
@@ -402,7 +428,8 @@ def test_no_raw_record_or_api_key_in_any_trial_run_file(trial_runs):
 
 def test_the_null_trial_logger_is_the_default_and_satisfies_the_protocol(tmp_path):
     logger = W.make_trial_logger(None)
-    assert isinstance(logger, W.NullTrialLogger) and isinstance(logger, W.TrialLogger)
+    assert isinstance(logger, W.NullTrialLogger)
+    assert isinstance(logger, W.TrialLogger)
     logger.log_training({"run_id": "r"}, {"epoch": 1, "train_loss": 0.1})
     logger.log_probe({"run_id": "r", "epoch": 1, "auc": 0.5})
     logger.finish()
@@ -436,11 +463,14 @@ def test_finish_with_a_timeout_returns_while_wandb_hangs_and_without_one_waits(t
     logger._runs["r1"] = _HangingRun()
     started = time.monotonic()
     assert logger.finish(timeout=0.5) is False
-    assert time.monotonic() - started < 5 and logger.runs == {} and finished == []
+    assert time.monotonic() - started < 5
+    assert logger.runs == {}
+    assert finished == []
     release.set()
 
     logger._runs["r2"] = _Run()
-    assert logger.finish() is True and "plain" in finished  # no timeout: waits for W&B as before
+    assert logger.finish() is True
+    assert "plain" in finished
 
 
 def test_a_ctrl_c_while_the_summary_run_logs_waits_for_wandb_only_within_the_bound(tmp_path, monkeypatch):
@@ -464,16 +494,18 @@ def test_a_ctrl_c_while_the_summary_run_logs_waits_for_wandb_only_within_the_bou
 
     logger = W.WandbResultsLogger("p", mode="disabled", teardown_on_finish=False)
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        with logger:
-            logger._run = _Run(hangs=True)
-            raise KeyboardInterrupt
-    assert time.monotonic() - started < 5 and finished == [] and logger._run is None
+    with pytest.raises(KeyboardInterrupt), logger:  # noqa: PT012 - the interrupt must come from inside the block
+        logger._run = _Run(hangs=True)
+        raise KeyboardInterrupt
+    assert time.monotonic() - started < 5
+    assert finished == []
+    assert logger._run is None
     release.set()
 
     with W.WandbResultsLogger("p", mode="disabled", teardown_on_finish=False) as plain:
         plain._run = _Run(hangs=False)
-    assert "plain" in finished and plain._run is None  # no Ctrl-C: finished, not left
+    assert "plain" in finished
+    assert plain._run is None
 
 
 class _RecordingTrialLogger(W.NullTrialLogger):
@@ -512,7 +544,8 @@ def test_tune_callbacks_feed_the_trial_logger_and_are_reattached_after_a_restart
                                 Progress(1, enabled=False), before), _trial_results_callback(before)]
     callbacks[1].on_trial_result(0, [trial], trial, {"epoch": 1, "train_loss": 0.5})
     callbacks[0].on_step_end(0, [trial])
-    assert before.training == [("r1", 1)] and before.probes == [("r1", 1)]
+    assert before.training == [("r1", 1)]
+    assert before.probes == [("r1", 1)]
 
     restored = cloudpickle.loads(cloudpickle.dumps(callbacks))  # as Tuner.restore reads them back
     assert all(c.trial_logger is None for c in restored)
@@ -523,7 +556,8 @@ def test_tune_callbacks_feed_the_trial_logger_and_are_reattached_after_a_restart
              Progress(1, enabled=False), after)
     restored[1].on_trial_result(0, [trial], trial, {"epoch": 3, "train_loss": 0.3})
     restored[0].on_step_end(0, [trial])
-    assert after.training == [("r1", 3)] and after.probes == [("r1", 2)]
+    assert after.training == [("r1", 3)]
+    assert after.probes == [("r1", 2)]
     assert before.training == [("r1", 1)]
 
 
@@ -547,7 +581,8 @@ def test_a_run_wandb_cannot_open_switches_trial_logging_off_instead_of_aborting_
     assert len(attempts) == 1  # not retried per trial: online, each try can block the sweep for a minute
     assert "CommError: network unreachable" in logger.unavailable
     assert "could not open the run of trial r1" in caplog.text
-    assert logger.ledger.entry("r1")["trained_to"] == 0 and logger.ledger.entry("r1")["probed"] == []
+    assert logger.ledger.entry("r1")["trained_to"] == 0
+    assert logger.ledger.entry("r1")["probed"] == []
 
 
 # -- a real sweep interrupted and resumed ------------------------------------------------------------
@@ -597,18 +632,22 @@ def test_iclmem_resume_continues_each_trial_run_under_its_id_and_logs_each_epoch
     with pytest.raises(Exception, match="driver died at epoch 5|Tune run failed"):
         S.run_sweep(None, run_dir, sweep=sweep, progress=False)
     runs = json.loads((run_dir / "wandb" / W.TRIAL_RUNS_FILE).read_text())["runs"]
-    assert len(runs) == 1 and next(iter(runs.values()))["trained_to"] == 4
+    assert len(runs) == 1
+    assert next(iter(runs.values()))["trained_to"] == 4
     monkeypatch.setattr(S, "trial_logger_for", real)
     results = S.run_sweep(None, run_dir, resume=True, progress=False)
 
-    assert set(results["run_id"]) == set(runs) and sorted(results["epoch"]) == [2, 4, 6]
+    assert set(results["run_id"]) == set(runs)
+    assert sorted(results["epoch"]) == [2, 4, 6]
     (run, entry), = json.loads((run_dir / "wandb" / W.TRIAL_RUNS_FILE).read_text())["runs"].items()
-    assert entry["wandb_id"] == runs[run]["wandb_id"] and (entry["trained_to"], entry["probed"]) == (6, [2, 4, 6])
+    assert entry["wandb_id"] == runs[run]["wandb_id"]
+    assert (entry["trained_to"], entry["probed"]) == (6, [2, 4, 6])
     files = _offline_files(run_dir, entry["wandb_id"])
     assert len(files) == 2  # one per driver, the same run id
     logs = [read_wandb_records(p) for p in files]
     training = [[h["epoch"] for h in wandb_history(r) if "train_loss" in h] for r in logs]
-    assert training[0] == [1, 2, 3, 4] and training[0] + training[1] == [1, 2, 3, 4, 5, 6]
+    assert training[0] == [1, 2, 3, 4]
+    assert training[0] + training[1] == [1, 2, 3, 4, 5, 6]
     probed = sorted(h["epoch"] for r in logs for h in wandb_history(r) if "probe/outcome" in h)
     assert probed == [2, 4, 6]
     for r in logs:

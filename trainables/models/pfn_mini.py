@@ -132,7 +132,9 @@ class ContextAttentionBlock(nn.Module):
         tokens.addmm_(attended, self.out.weight.t()).add_(out_bias)
         h = F.layer_norm(tokens, (width,), self.norm_ff.weight, self.norm_ff.bias, self.norm_ff.eps)
         first, act, second = self.ff
-        assert isinstance(first, nn.Linear) and isinstance(act, nn.GELU) and act.approximate == "none"
+        assert isinstance(first, nn.Linear)
+        assert isinstance(act, nn.GELU)
+        assert act.approximate == "none"
         assert isinstance(second, nn.Linear)
         hidden = _linear(h, first.weight, first.bias, gelu=True)
         return tokens.addmm_(hidden, second.weight.t()).add_(second.bias)
