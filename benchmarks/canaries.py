@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     set_threads(1)
     import tempfile
 
-    from orchestrator.canaries_report import chance_exposure
+    from orchestrator.report.canaries import chance_exposure
     from probes.manipulations import default_suite
     from probes.probe import ProbeSettings, probe_checkpoint
     from probes.scoring import ProbePlan, ProbeQueries

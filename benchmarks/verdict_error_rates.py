@@ -88,7 +88,7 @@ def probe_runs(source, label_modes, seeds, args, log) -> pd.DataFrame:
 def real_headlines(results: pd.DataFrame) -> pd.DataFrame:
     """Per label mode and rule: runs whose headline (peak checkpoint) is memorization, on the real split."""
     from iclmem.vocab import VerdictRule
-    from orchestrator import reports as R
+    from orchestrator import report as R
 
     peaks = R.peak_checkpoints(results)
     out = []
@@ -102,7 +102,7 @@ def real_headlines(results: pd.DataFrame) -> pd.DataFrame:
 
 def markdown(per_task: dict[str, pd.DataFrame], args, seconds: float) -> str:
     from iclmem.vocab import VerdictRule
-    from orchestrator import reports as R
+    from orchestrator import report as R
 
     checkpoints = args.checkpoints.split(",")
     lines = [

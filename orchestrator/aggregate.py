@@ -124,12 +124,12 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
 def write_reports(run_dir: Path, results: pd.DataFrame, wandb_mode: str | None = None,
                   log: Callable[[str], None] = print) -> Path | None:
     """HTML report (with figures) always; the W&B sweep summary unless W&B is disabled."""
-    from orchestrator import reports
+    from orchestrator.report.html import write_html_report
     from orchestrator.wandb_logger import make_results_logger, resolve_wandb_mode
 
     if results.empty:
         return None
-    report = reports.write_html_report(run_dir)
+    report = write_html_report(run_dir)
     sweep = RunFolder(run_dir).sweep_or_none
     wandb_cfg = sweep.wandb if sweep is not None else WandbConfig()
     mode = resolve_wandb_mode(wandb_mode or wandb_cfg.mode)

@@ -38,7 +38,7 @@ _FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max, without 
 SEED_MAX = 2**32 - 1
 
 
-class _Strict(BaseModel):
+class StrictConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     def config_hash(self) -> str:
@@ -81,7 +81,7 @@ def _hash_form(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class TaskConfig(_Strict):
+class TaskConfig(StrictConfig):
     # Names become folder and file names (prepared tasks, probe results): letters, digits, . _ - only,
     # not starting with a dot, so no name can point outside the run folder.
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=80)
@@ -101,14 +101,14 @@ class TaskConfig(_Strict):
         return self
 
 
-class ModelConfig(_Strict):
+class ModelConfig(StrictConfig):
     name: str = "pfn-mini"
     # Adapter options; none given: the adapter's own defaults (pfn-mini: its shipped weights; TabICL,
     # TabPFN v2, ConTextTab: the official checkpoint from the local Hugging Face cache). `iclmem models`.
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-class GridConfig(_Strict):
+class GridConfig(StrictConfig):
     regime: list[Regime] = [Regime.SINGLE_FIXED]
     lr: list[float] = [1e-3]
     # strict: YAML's `true` or "50" is not a count of rows or a seed (pydantic would take them as 1 and 50)
@@ -172,7 +172,7 @@ class GridConfig(_Strict):
         return values
 
 
-class TrainingConfig(_Strict):
+class TrainingConfig(StrictConfig):
     epochs: int = Field(50, ge=1)
     # Default: the paper's schedule, up to ``epochs``. Epochs given here must all be <= ``epochs``.
     checkpoint_epochs: list[int] = [1, 2, 5, 10, 25, 50, 100, 250, 500]
@@ -205,7 +205,7 @@ class TrainingConfig(_Strict):
         return self
 
 
-class DataConfig(_Strict):
+class DataConfig(StrictConfig):
     context_size: int = Field(128, ge=2)
     regression_bins: int = Field(10, ge=2)
     max_features: int = Field(16, ge=1)
@@ -218,7 +218,7 @@ class DataConfig(_Strict):
     cache_dir: str | None = None
 
 
-class ProbeConfig(_Strict):
+class ProbeConfig(StrictConfig):
     suite: Literal["default"] | list[str | dict[str, Any]] = "default"
     base_as_checkpoint: bool = True  # probe the untouched base model as a checkpoint: the pipeline sanity check
     bootstrap: int = Field(1000, ge=10)  # resamples of the AUC/TPR intervals, which strict mode's rule reads
@@ -251,7 +251,7 @@ class ProbeConfig(_Strict):
         return value
 
 
-class CanaryConfig(_Strict):
+class CanaryConfig(StrictConfig):
     """Canary rows inserted into every audited run's fine-tuning members (trainables/canaries.py): for each
     kind, ``per_group`` canaries per copy count, each trained that many times per step, and ``holdout``
     never-trained ones that their exposure is measured against (probes/canaries.py). No kinds = off."""
@@ -309,7 +309,7 @@ def _outcome_config() -> type[BaseModel]:
             raise ValueError(str(exc)) from None
         return self
 
-    return create_model("OutcomeConfig", __base__=_Strict,
+    return create_model("OutcomeConfig", __base__=StrictConfig,
                         __validators__={"_thresholds_valid": model_validator(mode="after")(_thresholds_valid)},
                         **fields)
 
@@ -317,7 +317,7 @@ def _outcome_config() -> type[BaseModel]:
 OutcomeConfig = _outcome_config()
 
 
-class ProbeActorsConfig(_Strict):
+class ProbeActorsConfig(StrictConfig):
     """The probe pool's actors: how many, and what each asks Ray for (tabular and LM sweeps alike)."""
 
     probe_actors: int = Field(1, ge=1)
@@ -346,13 +346,13 @@ class ResourcesConfig(ProbeActorsConfig):
     stall_timeout_min: float = Field(30.0, ge=0)
 
 
-class WandbConfig(_Strict):
+class WandbConfig(StrictConfig):
     mode: WandbMode = WandbMode.OFFLINE
     project: str = "iclmem"
     entity: str | None = None
 
 
-class SweepConfig(_Strict):
+class SweepConfig(StrictConfig):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     tasks: list[TaskConfig]
     models: list[ModelConfig] = [ModelConfig()]

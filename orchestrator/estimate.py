@@ -302,7 +302,7 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
 _WORKER_IMPORTS = "import ray.tune, torch, trainables.finetune, probes.probe, probes.scoring"
 # The driver's own start (imports of the sweep machinery) and its end (aggregation, figures, report).
 _DRIVER_IMPORTS = ("import ray, ray.tune, torch, pandas, pyarrow, matplotlib.pyplot; import orchestrator.config, "
-                   "orchestrator.reports, orchestrator.figures, probes.probe, trainables.trainable")
+                   "orchestrator.report.html, orchestrator.report.figures, probes.probe, trainables.trainable")
 # Ray's start and stop, and the start of actors like a Tune trial's and a probe actor's (a worker process
 # that imports torch, Tune and iclmem), timed one after the other on an otherwise idle local Ray.
 _RAY_START = """

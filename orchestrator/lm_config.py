@@ -1,5 +1,5 @@
 """LM sweep files: the language-model probe family's YAML, validated on the same base as the tabular sweep
-(``_Strict``: unknown keys are errors; every mistake reported at once with its path; ``include:`` of a
+(``StrictConfig``: unknown keys are errors; every mistake reported at once with its path; ``include:`` of a
 shared base file; relative paths relative to the file; the same probe-actor and W&B blocks)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from iclmem.vocab import ExposureMetric, LMProbe, NerVariant, values
-from orchestrator.config import ProbeActorsConfig, WandbConfig, _Strict, read_config, resolve_path, validate_config
+from orchestrator.config import ProbeActorsConfig, StrictConfig, WandbConfig, read_config, resolve_path, validate_config
 from probes.lm.data import DATASET_FORMATS
 from probes.lm.exposure import ThresholdRule, default_thresholds
 from probes.lm.ner import NerSettings
@@ -21,7 +21,7 @@ __all__ = ["LMDatasetConfig", "LMModelConfig", "LMSweepConfig", "NerConfig", "Th
 SYNTHETIC_FORMAT = "conll2003"  # the format of the built-in synthetic dataset
 
 
-class LMModelConfig(_Strict):
+class LMModelConfig(StrictConfig):
     name: str | None = None  # label in the results; default: the directory name
     path: str | None = None  # local directory transformers can load
     builtin: Literal["synthetic"] | None = None  # tiny GPT-2 trained on the generated world
@@ -37,7 +37,7 @@ class LMModelConfig(_Strict):
         return self.name or (Path(self.path).name if self.path else f"{self.builtin}-gpt2")
 
 
-class ThresholdConfig(_Strict):
+class ThresholdConfig(StrictConfig):
     metric: ExposureMetric
     memorized: float = Field(ge=0, le=1)
     unmemorized: float = Field(ge=0, le=1)
@@ -49,7 +49,7 @@ class ThresholdConfig(_Strict):
         return self
 
 
-class LMDatasetConfig(_Strict):
+class LMDatasetConfig(StrictConfig):
     name: str
     path: str | None = None  # a folder of split files (BIO), or an entity-list file / folder
     builtin: Literal["synthetic"] | None = None  # the generated CoNLL-format data
@@ -85,7 +85,7 @@ class LMDatasetConfig(_Strict):
         return default_thresholds(self.data_format)
 
 
-class NerConfig(_Strict):
+class NerConfig(StrictConfig):
     shots: int = Field(16, ge=1)
     positives: int = Field(9, ge=0)
     max_new_tokens: int = Field(15, ge=1)
@@ -108,7 +108,7 @@ class NerConfig(_Strict):
                            self.max_test_sentences, self.batch_size)
 
 
-class LMSweepConfig(_Strict):
+class LMSweepConfig(StrictConfig):
     name: str = Field("lm", pattern=r"^[A-Za-z0-9_.-]+$")
     models: list[LMModelConfig] = Field(min_length=1)
     datasets: list[LMDatasetConfig] = Field(min_length=1)

@@ -423,7 +423,7 @@ def _drive_lm(cfg: LMSweepConfig, inputs: LMInputs, run_dir: Path, *, address: s
     """Ray side of :func:`run_lm_sweep`: the units on the probe pool, then the table, the report and W&B."""
     import ray
 
-    from orchestrator.reports import write_lm_html_report
+    from orchestrator.report.html import write_lm_html_report
 
     plan = UnitPlan.build(cfg, inputs, run_dir / LM_UNITS_DIR)
     log(f"[iclmem] lm sweep {cfg.name!r}: {plan.total()} unit(s) on {len(inputs.models)} model(s) x "

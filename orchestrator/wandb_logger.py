@@ -14,7 +14,7 @@ filter by config.
   giving ``RUN_DIR/wandb/offline-run-*/``). The exported results artifact is written to
   ``RUN_DIR/wandb/export/`` and referenced in place (immutable policy), so the run directory is complete
   for a later ``wandb sync``.
-* Privacy: only the allow-listed public tables and columns of :mod:`orchestrator.reports` are logged
+* Privacy: only the allow-listed public tables and columns of :mod:`orchestrator.report.tables` are logged
   (training results: numbers only). The W&B config is built here from ids and provenance
   allow-lists, never from a caller's free-form config, so a raw record cannot reach W&B.
 
@@ -43,7 +43,7 @@ from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError
 from iclmem.record import IDENTITY_COLUMNS
 from iclmem.runfolder import MANIPULATION_AUC_FILE, RESULTS_FILE, SPLIT_REPORT_FILE, WANDB_DIR
-from orchestrator import reports as R
+from orchestrator.report import tables as R
 from orchestrator.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
@@ -278,7 +278,7 @@ class WandbResultsLogger:
 
         summary: dict[str, Any] = {"n_runs": int(len(peaks)), "n_checkpoints": int(len(public))}
         counts = peaks["outcome"].value_counts()
-        for o in R._outcome_order(peaks["outcome"]):
+        for o in R.outcome_order(peaks["outcome"]):
             summary[f"outcome_counts/{o}"] = int(counts.get(o, 0))
         for regime in sorted(peaks["regime"].unique()) if "regime" in peaks.columns else [None]:
             for q, rates in R.outcome_rates_per_q(public, regime=regime).iterrows():
@@ -416,10 +416,10 @@ def training_metrics(result: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def probe_metrics(row: Mapping[str, Any]) -> dict[str, Any]:
-    """One probe row reduced to the public allow-list of :mod:`orchestrator.reports`, ids removed
+    """One probe row reduced to the public allow-list of :mod:`orchestrator.report.tables`, ids removed
     (they are the run's config), keys prefixed ``probe/``; missing values (None, NaN) left out. Adds
     :data:`CHECKPOINT_AUC_KEY`, the highest calibrated AUC over score kinds
-    (:func:`orchestrator.reports.checkpoint_auc`)."""
+    (:func:`orchestrator.report.tables.checkpoint_auc`)."""
     public = R.public_results(pd.DataFrame([dict(row)]))
     out: dict[str, Any] = {}
     best = R.checkpoint_auc(public).iloc[0]
@@ -437,7 +437,7 @@ def probe_metrics(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def run_headline(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Summary of one run from its probe rows: the last probed checkpoint's metrics (``probe/*``) and its
-    peak checkpoint (``peak/*``, chosen by :func:`orchestrator.reports.peak_checkpoints`, as in the
+    peak checkpoint (``peak/*``, chosen by :func:`orchestrator.report.tables.peak_checkpoints`, as in the
     sweep summary's peak table)."""
     public = R.public_results(pd.DataFrame([dict(r) for r in rows]))
     if public.empty:
@@ -683,7 +683,7 @@ def build_wandb_report(
             roc_keys = [roc_key(r.run_id, r.epoch) for r in sel.itertuples(index=False)]
         if tasks is None:
             tasks = sorted(str(t) for t in public["task"].unique())
-        outcomes = R._outcome_order(public["outcome"])
+        outcomes = R.outcome_order(public["outcome"])
         qs = sorted(int(q) for q in public["q"].unique()) if "q" in public.columns else []
     else:
         outcomes, qs = list(R.OUTCOMES), []

@@ -386,7 +386,8 @@ def test_planted_label_shuffled_members_are_detected_by_lira_and_rmia_and_null_s
 @pytest.mark.slow
 def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_section(ray_session, tmp_path):
     from orchestrator.config import parse_sweep
-    from orchestrator.reports import load_results, public_results
+    from orchestrator.report import public_results
+    from orchestrator.run_folder import RunFolder
     from orchestrator.sweep import run_sweep
 
     sweep = parse_sweep({
@@ -428,7 +429,7 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
     # every attack column reaches the report and W&B (the allow-list), and the report has the section
     public = public_results(pd.read_parquet(run_dir / "results.parquet"))
     assert {"lira_online_auc", "rmia_tpr_at_0_1pct", "lira_offline_null_evidence", "attack_roc"} <= set(public.columns)
-    assert "lira_online_auc" in load_results(run_dir).columns
+    assert "lira_online_auc" in RunFolder(run_dir).results().columns
     # probe.null_splits 0 means no attack null split either (it used to be raised to one)
     import json
 
@@ -645,7 +646,7 @@ def test_attack_columns_use_the_query_tables_collect_loaded_and_equal_reading_th
 
 def test_the_attacks_report_section_shows_each_attacks_verdict_and_its_null_false_positives(tmp_path):
     from orchestrator.aggregate import attack_columns
-    from orchestrator.attacks_report import attack_verdict_table, attacks_section_html
+    from orchestrator.report.attacks import attack_verdict_table, attacks_section_html
 
     results, references, tables = _query_tables()
     _record_sweep(tmp_path, bootstrap=50)

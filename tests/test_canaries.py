@@ -266,7 +266,7 @@ def test_the_estimate_times_a_probe_with_its_canaries_without_counting_their_con
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_a_sweep_with_canaries_logs_them_probes_their_exposure_and_reports_it(ray_session, tmp_path):
     from orchestrator.config import parse_sweep
-    from orchestrator.reports import public_results
+    from orchestrator.report import public_results
     from orchestrator.sweep import run_sweep
 
     sweep = parse_sweep({

@@ -258,7 +258,7 @@ def test_an_audit_delta_below_the_accountants_is_not_compared():
 # ------------------------------------------------------------------------------------------- the report
 def test_the_report_section_shows_a_row_per_run_and_the_figure(tmp_path):
     from orchestrator.aggregate import epsilon_columns
-    from orchestrator.epsilon_report import EPSILON_FIGURE, epsilon_section_html, epsilon_table
+    from orchestrator.report.epsilon import EPSILON_FIGURE, epsilon_section_html, epsilon_table
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

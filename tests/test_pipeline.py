@@ -210,7 +210,7 @@ def test_each_run_logged_its_config_training_and_probe_metrics_to_its_own_wandb_
     the epochs Tune recorded, and at each checkpoint's epoch the probe row results.parquet holds."""
     from synthetic_run_dir import read_wandb_records, wandb_config, wandb_history, wandb_summary
 
-    from orchestrator import reports as R
+    from orchestrator import report as R
 
     run_dir, results, _ = sweep_run
     trained = {}  # run_id -> [(epoch, train_loss)] as Tune recorded them

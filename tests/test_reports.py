@@ -26,8 +26,9 @@ from synthetic_run_dir import (
 )
 
 from iclmem.errors import DataError
-from orchestrator import figures as F
-from orchestrator import reports as R
+from orchestrator import report as R
+from orchestrator.report import figures as F
+from orchestrator.run_folder import RunFolder
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -39,7 +40,7 @@ def run_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def results(run_dir) -> pd.DataFrame:
-    return R.load_results(run_dir)
+    return RunFolder(run_dir).results()
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def variant_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def variant_results(variant_dir) -> pd.DataFrame:
-    return R.load_results(variant_dir)
+    return RunFolder(variant_dir).results()
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +82,9 @@ def test_readers_keep_only_public_columns(run_dir, results):
     assert "raw_record" in pd.read_parquet(run_dir / "results.parquet").columns
     assert "raw_record" not in results.columns
     assert {"auc_loss", "auc_entropy", "auc_confidence", "outcome", "raw_outcome"} <= set(results.columns)
-    assert "raw_record" not in R.load_split_report(run_dir).columns
-    assert "raw_record" not in R.load_manipulation_auc(run_dir).columns
-    prov = R.load_provenance(run_dir)
+    assert "raw_record" not in RunFolder(run_dir).split_report().columns
+    assert "raw_record" not in RunFolder(run_dir).manipulation_auc().columns
+    prov = RunFolder(run_dir).public_provenance()
     assert prov["config_hash"] == "cfg123"
     assert prov["git_commit"] == "abc123"
     assert prov["packages"]["numpy"] == np.__version__
@@ -94,15 +95,15 @@ def test_readers_keep_only_public_columns(run_dir, results):
 
 def test_missing_results_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match="results.parquet"):
-        R.load_results(tmp_path)
+        RunFolder(tmp_path).results()
 
 
 def test_optional_readers_tolerate_missing_files(tmp_path):
-    assert R.load_split_report(tmp_path) is None
-    assert R.load_manipulation_auc(tmp_path) is None
-    assert R.load_provenance(tmp_path) == {}
-    assert R.list_roc_files(tmp_path).empty
-    assert R.load_roc(tmp_path, "x", 1) is None
+    assert RunFolder(tmp_path).split_report() is None
+    assert RunFolder(tmp_path).manipulation_auc() is None
+    assert RunFolder(tmp_path).public_provenance() == {}
+    assert RunFolder(tmp_path).roc_files().empty
+    assert RunFolder(tmp_path).roc("x", 1) is None
 
 
 # -- peak selection ----------------------------------------------------------------------------------
@@ -192,7 +193,7 @@ def test_peak_vulnerability_per_task(results):
 
 
 def test_split_validation(run_dir):
-    t = R.split_validation(R.load_split_report(run_dir))
+    t = R.split_validation(RunFolder(run_dir).split_report())
     assert len(t) == 6
     by = t.set_index(["task", "q"])
     assert by.loc[("reg_task", 50), "statistic"] == "ks"
@@ -215,7 +216,7 @@ def test_calibration_impact(results):
 
 
 def test_perturbation_ranking(run_dir, results):
-    manip = R.load_manipulation_auc(run_dir)
+    manip = RunFolder(run_dir).manipulation_auc()
     t = R.perturbation_ranking(manip)
     assert list(t["manipulation"]) == EXPECTED["ranking"]
     assert list(t["rank"]) == [1, 2, 3, 4, 5, 6]
@@ -231,7 +232,7 @@ def test_perturbation_ranking(run_dir, results):
 
 
 def test_task_characteristics(run_dir, results):
-    t = R.task_characteristics(results, R.load_split_report(run_dir)).set_index("task")
+    t = R.task_characteristics(results, RunFolder(run_dir).split_report()).set_index("task")
     assert list(t.index) == ["bin_task", "multi_task", "reg_task"]  # by memorization share
     assert t.loc["bin_task", "memorization_share"] == pytest.approx(0.5)
     assert t.loc["multi_task", "memorization_share"] == pytest.approx(1 / 8)
@@ -279,7 +280,7 @@ def test_figures_are_valid_pngs(run_dir, results):
         "auc_q": F.plot_auc_over_epochs(run_dir, results, panel="q", name="auc_over_epochs_by_q"),
         "heat": F.plot_outcome_heatmap(run_dir, results),
         "share": F.plot_detectable_share(run_dir, results),
-        "perturb": F.plot_perturbation_ranking(run_dir, R.load_manipulation_auc(run_dir)),
+        "perturb": F.plot_perturbation_ranking(run_dir, RunFolder(run_dir).manipulation_auc()),
     }
     for name, p in paths.items():
         assert p is not None, name
@@ -452,7 +453,7 @@ def test_run_completeness_counts_stored_against_the_schedule(variant_results):
 
 def test_an_interrupted_sweep_says_so_at_the_top_and_in_the_run_table(tmp_path):
     rd = _variant(tmp_path / "sweep", interrupted="run_state")
-    assert R.was_interrupted(rd)
+    assert RunFolder(rd).interrupted
     text = R.write_html_report(rd, make_figures=False).read_text()
     top = _visible(_section(text, "summary"))
     assert "Interrupted: the sweep was stopped" in top
@@ -465,13 +466,13 @@ def test_an_interrupted_sweep_says_so_at_the_top_and_in_the_run_table(tmp_path):
 
 def test_without_a_sweep_config_completeness_is_not_claimed(tmp_path):
     rd = make_synthetic_run_dir(tmp_path / "bare", with_optional=False)
-    assert not R.was_interrupted(rd)
+    assert not RunFolder(rd).interrupted
     top = _visible(_section(R.write_html_report(rd, make_figures=False).read_text(), "summary"))
     assert "Completeness not checked: no sweep.json" in top
     assert "Every one of" not in top
     assert "thresholds not recorded: no sweep.json and no threshold_* columns" in top  # the fixture records none
     # thresholds the rows record stand in for a missing config
-    results = R.load_results(rd).assign(threshold_collapse_loss_ratio=4.0, threshold_strict=True)
+    results = RunFolder(rd).results().assign(threshold_collapse_loss_ratio=4.0, threshold_strict=True)
     settings, source, disagree = R.thresholds_in_force(results, None)
     assert settings == {"collapse_loss_ratio": "4", "strict": "yes"}
     assert "threshold_* columns" in source
@@ -497,7 +498,7 @@ def test_noop_manipulations_are_named_in_the_summary_and_the_perturbation_sectio
 
 
 def test_noop_needs_identical_statistics_at_every_checkpoint(variant_dir, variant_results):
-    manip = R.load_manipulation_auc(variant_dir)
+    manip = RunFolder(variant_dir).manipulation_auc()
     noops = R.noop_manipulations(manip, variant_results)
     assert list(noops["manipulation"]) == ["position_last"]
     assert set(noops["model"]) == {"pfn_mini"}
@@ -536,10 +537,10 @@ def test_figures_facet_label_modes_instead_of_pooling_them(variant_dir, variant_
     table = R.detectable_share_by_epoch(variant_results, by=("label_mode",))
     assert set(table["label_mode"]) == set(MODES)
     # the perturbation ranking pools memorized checkpoints across runs: its title says over what
-    manip = R.load_manipulation_auc(variant_dir)
+    manip = RunFolder(variant_dir).manipulation_auc()
     title = F.build_perturbation_ranking(manip, variant_results).axes[0].get_title()
     assert re.search(r"\d+ memorized checkpoints pooled over label_mode normal \+ shuffled_members", title)
-    assert "pooled" not in F.build_perturbation_ranking(R.load_manipulation_auc(run_dir), results).axes[0].get_title()
+    assert "pooled" not in F.build_perturbation_ranking(RunFolder(run_dir).manipulation_auc(), results).axes[0].get_title()
     # a DP-SGD axis is a grid axis like any other: runs trained at another ε get their own panels
     dp = results.assign(dp_target_epsilon=np.where(results["lr"] >= 1e-2, 1.0, np.nan))
     assert sum("dp_target_epsilon = 1.0" in t for t in _titles(F.build_auc_over_epochs(dp))) == 3
@@ -651,7 +652,7 @@ def test_html_report_renders_in_headless_chromium(run_dir, report_path, variant_
 
 
 def test_outcome_rates_and_peak_vulnerability_count_label_modes_apart_when_asked():
-    from orchestrator.reports import outcome_counts_per_q, outcome_rates_per_q, peak_vulnerability_per_task
+    from orchestrator.report import outcome_counts_per_q, outcome_rates_per_q, peak_vulnerability_per_task
 
     # two normal runs (no signal) and one planted shuffled run (memorized) at Q 20: pooled, a third of the
     # runs "memorize"; apart, none of the normal ones does
@@ -678,4 +679,4 @@ def test_a_report_with_no_recorded_rule_names_the_schemas_default_rule_not_the_p
     would have used, selection_aware, not the paper's."""
     from orchestrator.config import OutcomeConfig
 
-    assert R._rule_in_force(pd.DataFrame({"outcome": ["no_signal"]}), {}) == OutcomeConfig().rule.value == "selection_aware"
+    assert R.rule_in_force(pd.DataFrame({"outcome": ["no_signal"]}), {}) == OutcomeConfig().rule.value == "selection_aware"

@@ -17,7 +17,7 @@ import pytest
 
 from iclmem.errors import ProbeError
 from iclmem.vocab import Outcome, VerdictRule
-from orchestrator import reports as R
+from orchestrator import report as R
 from probes.calibration import reference_key
 from probes.manipulations import default_suite
 from probes.metrics import Calibration, MembershipInput, ScoreKind, clopper_pearson, mann_whitney_p

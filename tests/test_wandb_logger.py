@@ -22,8 +22,9 @@ from synthetic_run_dir import (
 
 from iclmem.errors import ConfigError
 from iclmem.vocab import LabelMode, Outcome, Regime, ScoreKind
-from orchestrator import reports as R
+from orchestrator import report as R
 from orchestrator import wandb_logger as W
+from orchestrator.run_folder import RunFolder
 
 FAKE_KEY = "fakekey-canary-0123456789abcdef0123456789abcdef"
 GROUP = "synthetic-sweep"
@@ -80,10 +81,10 @@ def logged(tmp_path_factory):
     run_dir = make_synthetic_run_dir(root / "sweep")
     raw = pd.read_parquet(run_dir / "results.parquet")  # has the raw_record canary column
     assert CANARY in set(raw["raw_record"].str.slice(0, len(CANARY)))
-    from orchestrator import figures as F
+    from orchestrator.report import figures as F
 
-    figs = {"outcome_heatmap": F.plot_outcome_heatmap(run_dir, R.load_results(run_dir)),
-            "detectable_share": F.plot_detectable_share(run_dir, R.load_results(run_dir))}
+    figs = {"outcome_heatmap": F.plot_outcome_heatmap(run_dir, RunFolder(run_dir).results()),
+            "detectable_share": F.plot_detectable_share(run_dir, RunFolder(run_dir).results())}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WANDB_MODE", "offline")
         mp.setenv("WANDB_SILENT", "true")
@@ -195,7 +196,7 @@ def wr():
 
 def test_build_report_blocks_and_panel_queries(wr, logged, trial_runs):
     run_dir, _, records, _, _ = logged
-    results = R.load_results(run_dir)
+    results = RunFolder(run_dir).results()
     report = W.build_wandb_report("my-entity", "iclmem-test", GROUP, results, run_dir=run_dir, max_roc_panels=5)
     assert isinstance(report, wr.Report)
     assert (report.entity, report.project) == ("my-entity", "iclmem-test")

@@ -1,5 +1,5 @@
 """Tables shaped like the paper's Tables 2-6 and an HTML section, from the LM results table (the page
-around it is written by ``orchestrator.reports.write_lm_html_report``).
+around it is written by ``orchestrator.report.html.write_lm_html_report``).
 
 * Table 2  NET F1 per dataset and type: all / memorized / unmemorized, with counts (BIO datasets).
 * Table 3  the same for entity lists (DBpedia), one block per exposure criterion (word, transition).

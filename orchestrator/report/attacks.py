@@ -25,7 +25,7 @@ import pandas as pd
 
 from iclmem.record import ATTACK_VERDICT_SUFFIXES, CHECKPOINT_KEY
 from iclmem.vocab import Attack
-from orchestrator.report_parts import html_table, paragraph, save_png, section_html
+from orchestrator.report.parts import html_table, paragraph, save_png, section_html
 
 __all__ = ["ATTACK_REPORT_COLUMNS", "ATTACKS_FIGURE",
            "attack_table", "attack_verdict_table", "attack_roc_figure", "attacks_section_html"]

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.record import CHECKPOINT_KEY
-from orchestrator.report_parts import html_table, paragraph, save_png, section_html
+from orchestrator.report.parts import html_table, paragraph, save_png, section_html
 
 __all__ = ["CANARY_REPORT_COLUMNS", "CANARIES_FIGURE", "canary_copies", "canary_table", "canary_figure",
            "canaries_section_html", "chance_exposure"]

@@ -3,7 +3,7 @@
 No pyplot: each figure is a standalone :class:`matplotlib.figure.Figure` rendered by the Agg backend, so
 drawing never touches global backend state (safe in workers and tests). Every function returns the PNG
 path, or ``None`` when its input is empty (e.g. no ROC files), so callers can skip the figure.
-Inputs are the public tables of :mod:`orchestrator.reports`; only ids and metrics are drawn.
+Inputs are the public tables of :mod:`orchestrator.report.tables`; only ids and metrics are drawn.
 
 No figure pools grid axes silently: the axes of :data:`FACET_AXES` that vary in a sweep get a panel each
 (named in the panel's title), ROC legends name every grid axis that differs between the curves, and a
@@ -28,7 +28,7 @@ from iclmem.atomic import atomic_write
 from iclmem.record import GRID_AXES
 from iclmem.runfolder import FIGURES_DIR, MANIPULATION_AUC_FILE, ROC_DIR
 from iclmem.vocab import Outcome
-from orchestrator import reports as R
+from orchestrator.report import tables as R
 from orchestrator.run_folder import RunFolder
 
 OUTCOME_COLORS: dict[str, str] = {
@@ -148,7 +148,7 @@ def _roc_curves(run_dir: str | Path, results: pd.DataFrame | None, max_curves: i
     curves: list[tuple[dict[str, Any], pd.DataFrame]] = []
     if results is not None:
         # fine-tuned runs only: a base-model sanity check's curve is the chance diagonal by construction
-        fine_tuned = R._fine_tuned_rows(results)
+        fine_tuned = R.fine_tuned_rows(results)
         peaks = R.peak_checkpoints(fine_tuned if not fine_tuned.empty else results, regime=None)
         if run_ids is not None:
             peaks = peaks[peaks["run_id"].isin(run_ids)]
@@ -270,7 +270,7 @@ def build_auc_over_epochs(
     """
     if panel not in ("task", "q"):
         raise ValueError(f"panel must be 'task' or 'q', not {panel!r}")
-    df = R._filter_regime(results, regime).copy()
+    df = R.filter_regime(results, regime).copy()
     if df.empty:
         return None
     df["ckpt_auc"] = R.checkpoint_auc(df)
@@ -313,7 +313,7 @@ def _cell_outcome(outcomes: pd.Series) -> str:
     counts = outcomes.value_counts()
     top = counts.max()
     tied = set(counts[counts == top].index)
-    for o in R._outcome_order(outcomes):
+    for o in R.outcome_order(outcomes):
         if o in tied:
             return o
     return str(counts.index[0])
@@ -331,7 +331,7 @@ def build_outcome_heatmap(results: pd.DataFrame, *, regime: str | None = R.MAIN_
         return None
     tasks = sorted(peaks["task"].unique())
     lrs = sorted(peaks["lr"].unique())
-    order = R._outcome_order(peaks["outcome"])
+    order = R.outcome_order(peaks["outcome"])
     palette = [OUTCOME_COLORS.get(o, _OTHER_COLOR) for o in order]
     cmap = ListedColormap(palette)
     facet = varying_axes(peaks)
@@ -372,7 +372,7 @@ def build_detectable_share(
 ) -> Figure | None:
     """Share of runs flagged memorization by epoch, one line per Q (Fig. 2), one panel per value of every
     :data:`FACET_AXES` axis that varies."""
-    facet = varying_axes(R._filter_regime(results, regime))
+    facet = varying_axes(R.filter_regime(results, regime))
     share = R.detectable_share_by_epoch(results, regime=regime, cumulative=cumulative, by=tuple(facet))
     if share.empty:
         return None
@@ -413,7 +413,7 @@ def build_perturbation_ranking(
 ) -> Figure | None:
     """Horizontal bars of the ``top`` manipulations (App. 7.3). With ``results``: the paper's ranking, mean
     ΔAUC to the unmanipulated context's AUC at the same checkpoint, over checkpoints flagged memorization
-    (:func:`orchestrator.reports.perturbation_effectiveness`), the title naming the grid axes it pools;
+    (:func:`orchestrator.report.tables.perturbation_effectiveness`), the title naming the grid axes it pools;
     without: mean per-manipulation AUC over every fine-tuned checkpoint."""
     if results is not None:
         rank, value, ref, label = (R.perturbation_effectiveness(manipulation_auc, results), "mean_delta_auc", 0.0,

@@ -1,7 +1,7 @@
 """The report's privacy section: ε lower bounds (every run) and DP-SGD utility and verdict against ε.
 
 Reads only the columns listed in :data:`EPSILON_REPORT_COLUMNS` (ids, config, metrics, verdicts: the same
-rule as ``orchestrator.reports``' allow-list), so no raw value can reach the page. The columns come from
+rule as ``iclmem.record``'s public columns), so no raw value can reach the page. The columns come from
 ``orchestrator.aggregate.epsilon_columns`` (ε_lb, run headline ε_lb, the accountant's ε, the consistency
 flag), the run identity (``dp_*`` of DP-SGD runs) and, when the probe adds them, the utility columns
 (``member_icl_accuracy``, ``nonmember_icl_accuracy``; ``trainables.finetune.icl_utility``).
@@ -23,7 +23,7 @@ import pandas as pd
 
 from iclmem.record import CHECKPOINT_KEY
 from iclmem.vocab import SCORE_KINDS
-from orchestrator.report_parts import paragraph, save_png, section_html
+from orchestrator.report.parts import paragraph, save_png, section_html
 
 __all__ = ["EPSILON_REPORT_COLUMNS", "epsilon_public", "epsilon_table", "epsilon_figure", "epsilon_section_html",
            "EPSILON_FIGURE"]
