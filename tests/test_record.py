@@ -92,3 +92,16 @@ def test_no_module_but_the_record_lists_the_identity_columns():
                  for p in (REPO / sub).rglob("*.py")
                  if p.name != "record.py" and pattern.search(p.read_text())]
     assert offenders == []
+
+
+def test_each_paper_table_is_one_function_whose_docstring_names_the_table_and_its_source():
+    import inspect
+
+    from orchestrator.report import tables
+
+    assert len(tables.PAPER_TABLES) == 9
+    for reference, name in tables.PAPER_TABLES.items():
+        doc = inspect.getdoc(getattr(tables, name))
+        assert doc is not None, name
+        assert reference.lower() in doc.splitlines()[0].lower(), (reference, name)
+        assert "from" in doc.split("\n\n")[0], (reference, name)  # says what it is computed from

@@ -50,7 +50,17 @@ from orchestrator.config import SweepConfig
 from orchestrator.run_folder import MANIPULATION_COLUMNS, SPLIT_COLUMNS
 from probes.metrics import allowed_false_positives, clopper_pearson
 
+# The paper's tables and figures (ICLMEM_SPEC, "Reports the aggregator must be able to produce"), one
+# function each; its docstring starts with the reference and says what it is computed from.
+PAPER_TABLES: dict[str, str] = {
+    "outcome rates per Q": "outcome_rates_per_q", "Tabs. 10–11": "task_lr_q_table",
+    "Fig. 2": "detectable_share_by_epoch", "Tab. 8": "peak_vulnerability_per_task", "Tab. 6": "split_validation",
+    "App. 7.4": "calibration_impact", "App. 7.3": "perturbation_effectiveness", "Fig. 6": "task_characteristics",
+    "Tab. 12": "regime_comparison",
+}
+
 __all__ = [
+    "PAPER_TABLES",
     "OUTCOMES",
     "REGIMES",
     "SCORE_KINDS",
@@ -471,7 +481,8 @@ def outcome_counts_per_q(
     results: pd.DataFrame, *, regime: str | None = MAIN_REGIME, at: Literal["peak", "last"] = "peak",
     by: tuple[str, ...] = (),
 ) -> pd.DataFrame:
-    """Runs per outcome for each Q (index ``q``; columns ``n_runs`` then one per outcome). With ``by``
+    """Outcome rates per Q (the spec's first report), as counts: runs per outcome for each Q, each run at
+    its peak checkpoint (index ``q``; columns ``n_runs`` then one per outcome). With ``by``
     (e.g. ``("label_mode",)``) the index is (*by, q): runs of different label modes, models or DP ε are
     counted apart, never pooled into one rate."""
     runs = _headline(results, at, regime)
@@ -488,7 +499,8 @@ def outcome_rates_per_q(
     results: pd.DataFrame, *, regime: str | None = MAIN_REGIME, at: Literal["peak", "last"] = "peak",
     by: tuple[str, ...] = (),
 ) -> pd.DataFrame:
-    """Share of runs per outcome for each Q (rows sum to 1), with ``n_runs``; ``by`` as in
+    """Outcome rates per Q (the spec's first report): share of runs per outcome for each Q, from each run's
+    results row at its peak checkpoint (rows sum to 1), with ``n_runs``; ``by`` as in
     :func:`outcome_counts_per_q`."""
     counts = outcome_counts_per_q(results, regime=regime, at=at, by=by)
     rates = counts.drop(columns="n_runs").div(counts["n_runs"].replace(0, np.nan), axis=0)
@@ -505,7 +517,8 @@ TASK_TABLE_COLUMNS = (
 
 
 def task_lr_q_table(results: pd.DataFrame, *, regime: str | None = MAIN_REGIME) -> pd.DataFrame:
-    """Tabs. 10–11: per run (task × lr × Q [× model, label mode, seed]) at its peak checkpoint."""
+    """Tabs. 10–11: per run (task × lr × Q [× model, label mode, seed]) at its peak checkpoint: outcome,
+    AUC, TPR at 1% and 10% FPR and the epoch, from the results rows of the fine-tuned runs."""
     peaks = peak_checkpoints(results, regime=regime)
     cols = [c for c in TASK_TABLE_COLUMNS if c in peaks.columns]
     order = [c for c in ("task", "q", "lr", "model", "label_mode", "seed", "run_id") if c in peaks.columns]
@@ -516,7 +529,8 @@ def detectable_share_by_epoch(
     results: pd.DataFrame, *, regime: str | None = MAIN_REGIME, cumulative: bool = False,
     by: tuple[str, ...] = (),
 ) -> pd.DataFrame:
-    """Fig. 2: share of runs whose checkpoint is flagged ``memorization``, per (Q, epoch), and per value of
+    """Fig. 2: share of runs whose checkpoint is flagged ``memorization``, per (Q, epoch), from every
+    checkpoint's results row, and per value of
     each column in ``by`` (e.g. ``label_mode``: shares of different label modes are never pooled then)."""
     df = filter_regime(results, regime).copy()
     key = run_key_columns(df)
@@ -544,7 +558,8 @@ def detectable_share_by_epoch(
 
 def peak_vulnerability_per_task(results: pd.DataFrame, *, regime: str | None = MAIN_REGIME,
                                 by: tuple[str, ...] = ()) -> pd.DataFrame:
-    """Tab. 8: per task, the run/checkpoint with the highest calibrated AUC, and the detectable share.
+    """Tab. 8: per task, the run/checkpoint with the highest calibrated AUC, and the detectable share, from
+    each run's peak checkpoint.
 
     ``detectable_share`` = share of the task's runs whose peak checkpoint is flagged memorization. With
     ``by`` (e.g. ``("label_mode",)``) one row per task and value of those columns: a planted label mode's
@@ -604,7 +619,8 @@ def null_peak_auc_per_task(results: pd.DataFrame, *, regime: str | None = MAIN_R
 
 
 def split_validation(split_report: pd.DataFrame, *, tvd_max: float = 0.05, ks_max: float = 0.05) -> pd.DataFrame:
-    """Tab. 6: member vs non-member distribution checks, one row per (task, label mode, seed, Q).
+    """Tab. 6: member vs non-member distribution checks, one row per (task, label mode, seed, Q), from the
+    split report Stage I writes (``split_report.parquet``: TVD, KS, p-value, Wasserstein).
 
     ``statistic`` names the check that applies (TVD for classification, KS for regression) and
     ``passed`` whether it is under its threshold.
@@ -622,7 +638,8 @@ def calibration_impact(
     results: pd.DataFrame, *, regime: str | None = MAIN_REGIME, level: Literal["checkpoint", "run"] = "checkpoint",
     include_base: bool = False,
 ) -> pd.DataFrame:
-    """App. 7.4: memorization flags with and without difficulty calibration, per Q and overall.
+    """App. 7.4: memorization flags with and without difficulty calibration, per Q and overall, from the
+    results rows' ``calibrated_memorization_flag`` and ``raw_memorization_flag``.
 
     Both flags apply the same memorization rule (the sweep's, over the same competing score kinds): the
     calibrated flag to ΔS = S - S_ref (``calibrated_memorization_flag``), the raw flag to S alone
@@ -669,7 +686,8 @@ def perturbation_ranking(
     manipulation_auc: pd.DataFrame, *, results: pd.DataFrame | None = None, at_peak: bool = False,
     include_base: bool = False, by: Literal["manipulation", "category"] = "manipulation",
 ) -> pd.DataFrame:
-    """App. 7.3: manipulations (or categories) ranked by mean per-manipulation AUC (rank 1 = highest).
+    """App. 7.3: manipulations (or categories) ranked by mean per-manipulation AUC (rank 1 = highest), from
+    ``manipulation_auc.parquet``.
 
     ``at_peak`` keeps only each run's peak checkpoint (needs ``results``); otherwise every checkpoint
     except the base model (epoch 0) unless ``include_base``.
@@ -736,7 +754,8 @@ def perturbation_effectiveness(
 def task_characteristics(
     results: pd.DataFrame, split_report: pd.DataFrame, *, regime: str | None = MAIN_REGIME
 ) -> pd.DataFrame:
-    """Fig. 6: per task, cardinality / majority-class share / size / numeric share against outcomes.
+    """Fig. 6: per task, cardinality / majority-class share / size / numeric share against outcomes, from
+    the split report and the results rows.
 
     Characteristics are the median over the task's split reports (they do not depend on the split);
     outcome shares are over the task's runs at their peak checkpoints.
@@ -758,7 +777,8 @@ def task_characteristics(
 
 
 def regime_comparison(results: pd.DataFrame, *, by_task: bool = False) -> pd.DataFrame:
-    """Tab. 12: single_fixed vs multi_fixed vs multi_random, per (regime[, task], Q) at peak checkpoints."""
+    """Tab. 12: single_fixed vs multi_fixed vs multi_random, per (regime[, task], Q), from the results rows
+    of every regime at each run's peak checkpoint."""
     peaks = peak_checkpoints(results, regime=None)
     if "regime" not in peaks.columns:
         peaks = peaks.assign(regime=MAIN_REGIME)
