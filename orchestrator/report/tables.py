@@ -716,7 +716,8 @@ def perturbation_ranking(
 def perturbation_effectiveness(
     manipulation_auc: pd.DataFrame, results: pd.DataFrame, *, by: Literal["manipulation", "category"] = "manipulation",
 ) -> pd.DataFrame:
-    """App. 7.3: over the checkpoints with detectable memorization only (``outcome == memorization``), each
+    """App. 7.3: from ``manipulation_auc.parquet`` and the results rows, over the checkpoints with detectable
+    memorization only (``outcome == memorization``), each
     manipulation's AUC (calibrated loss) on its own minus the AUC of the unmanipulated multiple-choice
     context (the ``base`` manipulation) at the same checkpoint: how much a manipulation exposes members
     beyond the plain probe. Manipulations (or categories) ranked by the mean of that Δ (rank 1 = the one
