@@ -40,7 +40,8 @@ from orchestrator.config import SweepConfig, read_stored_sweep
 __all__ = ["RunFolder", "REQUIRED_RESULT_COLUMNS", "SPLIT_COLUMNS", "MANIPULATION_COLUMNS", "ROC_COLUMNS"]
 
 # what every results table this iclmem writes has; a table without them is of an older shape
-REQUIRED_RESULT_COLUMNS: tuple[str, ...] = ("run_id", "task", "epoch", "outcome")
+REQUIRED_RESULT_COLUMNS: tuple[str, ...] = ("run_id", "task", "epoch", "outcome", "rule", "raw_memorization_flag",
+                                            "calibrated_memorization_flag")
 # the split and manipulation tables' public columns (the results row's are iclmem.record's)
 SPLIT_COLUMNS: tuple[str, ...] = (
     "task", "label_mode", "seed", "q", "n_rows", "n_classes", "majority_share", "numeric_share",

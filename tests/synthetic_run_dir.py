@@ -131,7 +131,7 @@ def _row(regime, task, lr, q, epoch, outcome, raw_outcome, auc, kinds=None, scor
     kinds = kinds or {"loss": auc, "entropy": auc - 0.03, "confidence": auc - 0.05}
     mem = outcome == "memorization"
     return {
-        "run_id": run_id(regime, task, lr, q, label_mode), "task": task, "model": "pfn_mini", "regime": regime,
+        "run_id": run_id(regime, task, lr, q, label_mode), "task": task, "model": "pfn-mini", "regime": regime,
         "lr": lr, "q": q, "label_mode": label_mode, "seed": 0, "epoch": epoch, "outcome": outcome,
         "n_members": q, "n_nonmembers": q,  # Stage I draws Q of each
         "score_kind": score_kind, "auc": kinds[score_kind], "auc_low": kinds[score_kind] - 0.05,
@@ -141,6 +141,9 @@ def _row(regime, task, lr, q, epoch, outcome, raw_outcome, auc, kinds=None, scor
         "mu_gap": 0.005 if outcome == "overfitting" else 0.05,
         "sigma_gap": 0.005 if outcome == "overfitting" else 0.05,
         "raw_auc": auc + 0.1, "ref_auc": 0.55, "raw_outcome": raw_outcome, "config_hash": "cfg123",
+        # the verdict's rule and both memorization flags, as every row the probe writes has them
+        "rule": "selection_aware", "calibrated_memorization_flag": mem,
+        "raw_memorization_flag": raw_outcome == "memorization", "fine_tuned": epoch > 0, "sanity_check": False,
         "git_commit": "abc123", "auc_loss": kinds["loss"], "auc_entropy": kinds["entropy"],
         "auc_confidence": kinds["confidence"],
         "raw_record": f"{CANARY} features=[3.1, 4.1] label=yes",  # must never reach a report

@@ -490,9 +490,9 @@ def test_without_a_sweep_config_completeness_is_not_claimed(tmp_path):
 
 def test_noop_manipulations_are_named_in_the_summary_and_the_perturbation_section(variant_report, report_path):
     text = variant_report.read_text()
-    assert "No-op manipulations for pfn_mini: 1 (position_last)" in _visible(_section(text, "summary"))
+    assert "No-op manipulations for pfn-mini: 1 (position_last)" in _visible(_section(text, "summary"))
     pert = _visible(_section(text, "perturbations"))
-    assert "1 manipulation(s) are no-ops for pfn_mini" in pert
+    assert "1 manipulation(s) are no-ops for pfn-mini" in pert
     assert "position_last." in pert
     assert "no-op" not in report_path.read_text().lower()  # no manipulation of the main fixture is one
 
@@ -501,7 +501,7 @@ def test_noop_needs_identical_statistics_at_every_checkpoint(variant_dir, varian
     manip = RunFolder(variant_dir).manipulation_auc()
     noops = R.noop_manipulations(manip, variant_results)
     assert list(noops["manipulation"]) == ["position_last"]
-    assert set(noops["model"]) == {"pfn_mini"}
+    assert set(noops["model"]) == {"pfn-mini"}
 
     def moved_at(task: str, lr: float) -> pd.DataFrame:
         out = manip.copy()
@@ -570,7 +570,7 @@ def test_roc_legend_names_every_differing_axis_with_distinct_colours_and_chance_
     assert len(chance) == 1
     assert F.CHANCE_LABEL in legend
     assert chance[0].get_zorder() > max(ln.get_zorder() for ln in curves)
-    assert "model=pfn_mini" in ax.get_title()  # shared by every curve: said once, in the title
+    assert "model=pfn-mini" in ax.get_title()  # shared by every curve: said once, in the title
 
 
 def test_roc_labels_name_an_axis_only_when_curves_differ_on_it():

@@ -29,6 +29,8 @@ def _folder(tmp_path, *, rows: int = 40):
     record_sweep(tmp_path, sweep)
     ident = RunIdentity("r0", "iris", "pfn-mini", "single_fixed", 1e-3, 50, "normal", 0).as_dict()
     table = pd.DataFrame([{**ident, "epoch": e % 7, "outcome": "no_signal", "auc": 0.5 + e / 1000,
+                           "rule": "selection_aware", "raw_memorization_flag": False,
+                           "calibrated_memorization_flag": False,
                            "canary_records": "[]", "probe_node": "node-1"} for e in range(rows)])
     write_parquet_atomic(table, tmp_path / RESULTS_FILE)
     return RunFolder(tmp_path), sweep, table
@@ -75,8 +77,9 @@ def test_a_table_of_an_older_shape_is_refused_naming_the_iclmem_that_wrote_it(tm
     folder, _, table = _folder(tmp_path)
     record = Provenance.read(tmp_path)
     dataclasses.replace(record, iclmem_version="0.0.1").write(tmp_path)
-    write_parquet_atomic(table.drop(columns=["outcome"]), tmp_path / RESULTS_FILE)
-    with pytest.raises(ResultSchemaError, match=r"\['outcome'\].*iclmem 0\.0\.1"):
+    # a table from before the verdict rules and the memorization flags existed
+    write_parquet_atomic(table.drop(columns=["rule", "raw_memorization_flag"]), tmp_path / RESULTS_FILE)
+    with pytest.raises(ResultSchemaError, match=r"\['rule', 'raw_memorization_flag'\].*iclmem 0\.0\.1"):
         RunFolder(tmp_path).results()
 
 

@@ -651,13 +651,9 @@ def calibration_impact(
     df = filter_regime(results, regime).copy()
     if not include_base:
         df = fine_tuned_rows(df)
-    if "raw_memorization_flag" in df.columns:
-        raw, cal = df["raw_memorization_flag"].astype(bool), df["calibrated_memorization_flag"].astype(bool)
-    elif "raw_outcome" in df.columns:  # results that predate the flags
-        raw, cal = df["raw_outcome"] == DETECTABLE, df["outcome"] == DETECTABLE
-    else:
-        raise DataError("results have no raw_memorization_flag or raw_outcome column: calibration impact needs it")
-    df["_raw"], df["_cal"] = raw, cal
+    # both flags are in every results table RunFolder reads (REQUIRED_RESULT_COLUMNS)
+    df["_raw"] = df["raw_memorization_flag"].astype(bool)
+    df["_cal"] = df["calibrated_memorization_flag"].astype(bool)
     df = df[df["outcome"] != Outcome.COLLAPSE.value]
     key = run_key_columns(df)
     if level == "run":
