@@ -4,9 +4,13 @@ PIP_INSTALL = $(PYTHON) -m pip install --disable-pip-version-check -q
 
 .PHONY: install quickstart test test-fast lint
 
+# Installs when needed: the first time, when pyproject.toml changed since, or when the installed package is
+# another checkout's (an editable install points at one folder); `rm .installed` forces it.
 install:
-	$(PIP_INSTALL) torch==2.13.0
-	$(PIP_INSTALL) -e '.[dev]'
+	@if [ .installed -nt pyproject.toml ] && $(PYTHON) -I -c "import pathlib, orchestrator; \
+	    assert pathlib.Path(orchestrator.__file__).resolve().parents[1] == pathlib.Path.cwd().resolve()" 2>/dev/null; \
+	then echo "iclmem is installed from this checkout and pyproject.toml is unchanged: nothing to install"; \
+	else $(PIP_INSTALL) torch==2.13.0 && $(PIP_INSTALL) -e '.[dev]' && touch .installed; fi
 
 quickstart: install
 	RAY_USAGE_STATS_ENABLED=0 WANDB_MODE=offline iclmem run configs/quickstart.yaml --out runs/quickstart

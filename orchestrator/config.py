@@ -7,6 +7,7 @@ into frozen ``TrialSpec`` dataclasses, one per fine-tuning run.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -49,32 +50,35 @@ class StrictConfig(BaseModel):
 def config_hash_of(data: dict[str, Any]) -> str:
     """The hash of a config's JSON form (what ``sweep.json`` stores), without validating it again.
 
-    Settings added after run folders existed (:data:`HASH_NEUTRAL_DEFAULTS`) are left out of the hash
+    Settings added after run folders existed (:data:`HASH_NEUTRAL_FIELDS`) are left out of the hash
     while they hold their default, so a sweep that does not use them keeps the hash (and the run folder,
     Tune storage and W&B runs it names) it had before they existed."""
     return hashlib.sha256(json.dumps(_hash_form(data), sort_keys=True).encode()).hexdigest()[:16]
 
 
-# (block, key) -> the default, in the JSON form ``model_dump(mode="json")`` gives it
-HASH_NEUTRAL_DEFAULTS: dict[tuple[str, str], Any] = {
-    ("grid", "dp"): ["inf"],
-    ("training", "dp_delta"): DEFAULT_DP_DELTA,
-    ("training", "dp_max_grad_norm"): 1.0,
-    ("training", "dp_accountant"): DPAccountant.RDP.value,
-    ("outcome", "epsilon_delta"): 1e-5,
-    ("probe", "references"): 0,
-    ("resources", "stall_timeout_min"): 30.0,
-}
+# Settings added after run folders existed, by (block, key): left out of the hash while they hold their
+# default, which is read from the schema (the block's default model), never written here a second time.
+HASH_NEUTRAL_FIELDS: tuple[tuple[str, str], ...] = (
+    ("grid", "dp"), ("training", "dp_delta"), ("training", "dp_max_grad_norm"), ("training", "dp_accountant"),
+    ("outcome", "epsilon_delta"), ("probe", "references"), ("resources", "stall_timeout_min"),
+)
+# Blocks added after run folders existed: left out of the hash while they hold their defaults.
+HASH_NEUTRAL_BLOCKS: tuple[str, ...] = ("canaries",)
 
 
-# blocks added after run folders existed: left out of the hash while they hold their defaults (filled in
-# below, once the block's model is declared)
-HASH_NEUTRAL_BLOCKS: dict[str, Any] = {}
+@functools.cache
+def _hash_neutral_defaults() -> tuple[dict[tuple[str, str], Any], dict[str, Any]]:
+    """The schema's defaults of :data:`HASH_NEUTRAL_FIELDS` and :data:`HASH_NEUTRAL_BLOCKS`, in the JSON form
+    ``model_dump(mode="json")`` gives them."""
+    blocks = {name: field.default.model_dump(mode="json") for name, field in SweepConfig.model_fields.items()
+              if isinstance(field.default, BaseModel)}
+    return {(b, k): blocks[b][k] for b, k in HASH_NEUTRAL_FIELDS}, {b: blocks[b] for b in HASH_NEUTRAL_BLOCKS}
 
 
 def _hash_form(data: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in data.items() if not (k in HASH_NEUTRAL_BLOCKS and v == HASH_NEUTRAL_BLOCKS[k])}
-    for (block, key), default in HASH_NEUTRAL_DEFAULTS.items():
+    fields_default, blocks_default = _hash_neutral_defaults()
+    out = {k: v for k, v in data.items() if not (k in blocks_default and v == blocks_default[k])}
+    for (block, key), default in fields_default.items():
         section = out.get(block)
         if isinstance(section, dict) and key in section and section[key] == default:
             out[block] = {k: v for k, v in section.items() if k != key}
@@ -288,7 +292,6 @@ class CanaryConfig(StrictConfig):
         return CanarySettings(tuple(self.kinds), tuple(self.copies), self.per_group, self.holdout).as_dict()
 
 
-HASH_NEUTRAL_BLOCKS["canaries"] = CanaryConfig().model_dump(mode="json")
 
 
 def _outcome_config() -> type[BaseModel]:

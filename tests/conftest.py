@@ -32,6 +32,15 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def real_sweep(tmp_path_factory, ray_session):
+    """(run folder, results, driver log) of the session's one small real sweep (tests/shared_sweep.py),
+    built on first use and shared by the end-to-end, report and W&B tests. Tests read it, never write it."""
+    from shared_sweep import run_real_sweep
+
+    return run_real_sweep(tmp_path_factory.mktemp("e2e"))
+
+
 # ------------------------------------------------------------------------------- private Ray clusters
 # Tests that start a Ray of their own (ray job submit, ray.cluster_utils.Cluster) run it in
 # subprocesses with this environment: own temp dir and token, and a marker for an exact teardown.

@@ -1,4 +1,5 @@
-"""End to end on the embedded defaults: one real sweep (Ray Tune, pfn-mini, W&B offline), checked many ways.
+"""End to end on the embedded defaults: the session's real sweep (tests/shared_sweep.py: Ray Tune, pfn-mini,
+W&B offline), checked many ways.
 
 The grid plants its ground truth: lr 1e-1 must collapse, label-shuffled members fine-tuned at lr 1e-3
 for 40 epochs must be detected as memorization, every fine-tuned checkpoint is probed on a null split too,
@@ -14,48 +15,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
-from orchestrator.config import parse_sweep
-from orchestrator.sweep import run_sweep
+from shared_sweep import CANARY, FAKE_WANDB_KEY
 
 pytestmark = pytest.mark.slow  # end to end: real Ray Tune sweeps (`make test-fast` leaves them out)
 
-CANARY = "CANARY-q7x3-do-not-leak"
-FAKE_WANDB_KEY = "local-0123456789abcdef0123456789abcdef01234567"  # shaped like a real key; never sent
 
-
-def _canary_table(path: Path) -> Path:
-    """digits plus a text column whose every value holds a canary string. Digits: with label-matched
-    non-members (#29) a binary table's planted signal is too weak to assert (breast_cancer, Q = 50, 30
-    epochs: AUC 0.52-0.71, TPR@10% 0.10-0.22, no seed of three called memorization), ten classes keep it
-    (AUC 0.76-0.89, TPR@10% 0.36-0.78, every seed)."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits(as_frame=True).frame
-    data.insert(0, "patient_note", [f"{CANARY}-{i:04d}" for i in range(len(data))])
-    data.to_csv(path, index=False)
-    return path
-
-
-@pytest.fixture(scope="module")
-def sweep_run(tmp_path_factory, ray_session):
-    root = tmp_path_factory.mktemp("e2e")
-    table = _canary_table(root / "patients.csv")
-    sweep = parse_sweep({
-        "name": "e2e",
-        "tasks": [{"name": "patients", "path": str(table), "target": "target", "task": "classification"}],
-        "grid": {"lr": [1e-1, 1e-3], "q": [50], "label_mode": ["normal", "shuffled_members"]},
-        "training": {"epochs": 40, "checkpoint_epochs": [1, 10, 40]},
-        "probe": {"bootstrap": 200},
-        "resources": {"cpus_per_trial": 1, "cpus_per_probe_actor": 1},
-        "wandb": {"mode": "offline", "project": "iclmem-test"},
-    })
-    run_dir = root / "run"
-    logs: list[str] = []
-    with pytest.MonkeyPatch.context() as env:  # a W&B key in the environment, as on a real cluster
-        env.setenv("WANDB_API_KEY", FAKE_WANDB_KEY)
-        results = run_sweep(None, run_dir, sweep=sweep, log=logs.append)
-    return run_dir, results, logs
+@pytest.fixture
+def sweep_run(real_sweep):
+    """The session's real sweep (tests/conftest.py: built once, shared with the report and W&B tests)."""
+    return real_sweep
 
 
 def _by(results: pd.DataFrame, **where) -> pd.DataFrame:

@@ -680,3 +680,30 @@ def test_a_report_with_no_recorded_rule_names_the_schemas_default_rule_not_the_p
     from orchestrator.config import OutcomeConfig
 
     assert R.rule_in_force(pd.DataFrame({"outcome": ["no_signal"]}), {}) == OutcomeConfig().rule.value == "selection_aware"
+
+
+# -- the live row shape: the session's real sweep (tests/shared_sweep.py) --------------------------------
+
+
+@pytest.mark.slow
+def test_the_report_of_a_real_sweep_reads_its_rows_rule_and_flags_through_the_run_folder(real_sweep):
+    run_dir, results, _ = real_sweep
+    folder = RunFolder(run_dir)
+    public = folder.results()
+    assert folder.sweep.name == "e2e"
+    assert folder.sweep.outcome.rule == "selection_aware"
+    assert set(public["rule"]) == {"selection_aware"}
+    # App. 7.4 counts the rows' own flags over the non-collapsed fine-tuned checkpoints
+    trained = public[public["fine_tuned"].astype(bool) & (public["outcome"] != "collapse")]
+    impact = R.calibration_impact(public, regime=None).loc["all"]
+    assert impact["n"] == len(trained)
+    assert impact["calibrated_flags"] == int(trained["calibrated_memorization_flag"].sum())
+    assert impact["raw_flags"] == int(trained["raw_memorization_flag"].sum())
+    assert impact["calibrated_flags"] >= 1  # the planted shuffled members at lr 1e-3
+    settings, source, disagree = R.thresholds_in_force(public, folder.sweep)
+    assert source.startswith("the run's config")
+    assert disagree == []
+    assert R.rule_in_force(public, settings) == "selection_aware"
+    page = (run_dir / "report.html").read_text()
+    assert "selection_aware" in _visible(_section(page, "summary"))
+    assert "blind" in _visible(_section(page, "summary")).lower()  # the blind baseline beside the verdicts
