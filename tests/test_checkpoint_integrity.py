@@ -152,7 +152,9 @@ def test_a_probe_actor_recomputes_a_corrupt_checkpoint_from_its_recipe_and_score
                      base_weights=ray.put(base.state_arrays()), base_digest=model_digest(base),
                      tasks=ray.put({iris_task.fingerprint: iris_task}), suite_spec=["base", "position_first"],
                      settings=ProbeSettings(n_resamples=50), cache_dir=str(tmp_path / "ref"))
-    identity = {"run_id": "r"}
+    from iclmem.record import RunIdentity
+
+    identity = RunIdentity("r", "iris", "pfn-mini", "single_fixed", 1e-3, 30, "normal", 0).as_dict()
     try:
         pool.submit(ProbeJob(identity, 3, str(checkpoint), iris_task.fingerprint, str(tmp_path / "p"), "intact"))
         pool.submit(ProbeJob(identity, 3, str(damaged), iris_task.fingerprint, str(tmp_path / "p"), "damaged",

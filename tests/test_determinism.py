@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from iclmem.record import RunIdentity
 from probes.actors import ProbeJob, ProbePool
 from probes.calibration import model_digest
 from probes.manipulations import default_suite
@@ -61,7 +62,8 @@ def _pool_rows(n_actors: int, root: Path, task, checkpoint) -> list[dict]:
     out = root / f"probes{n_actors}"
     try:
         for epoch, ckpt in ((0, None), (5, str(checkpoint)), (6, str(checkpoint))):
-            pool.submit(ProbeJob({"run_id": "r"}, epoch, ckpt, task.fingerprint, str(out), f"e{epoch}"))
+            identity = RunIdentity("r", "iris", "pfn-mini", "single_fixed", 1e-3, 30, "normal", 0).as_dict()
+            pool.submit(ProbeJob(identity, epoch, ckpt, task.fingerprint, str(out), f"e{epoch}"))
         rows = pool.drain()
     finally:
         pool.shutdown()

@@ -32,6 +32,13 @@ def _trial(task, run_id: str, **extra):
     }
 
 
+def _identity(run_id: str) -> dict:
+    """A probe job's run identity (iclmem.record.RunIdentity): the probe writes it into every row."""
+    from iclmem.record import RunIdentity
+
+    return RunIdentity(run_id, "iris", "pfn-mini", "single_fixed", 1e-3, 30, "normal", 0).as_dict()
+
+
 def _final_weights(result) -> dict[str, torch.Tensor]:
     with result.checkpoint.as_directory() as directory:
         return read_weights(Path(directory) / "model.safetensors")
@@ -196,7 +203,7 @@ def test_a_probe_actor_killed_mid_job_is_replaced_and_its_job_rerun(ray_session,
                      tasks=ray.put({task.fingerprint: task}), suite_spec="default",
                      settings=ProbeSettings(n_resamples=50), cache_dir=str(tmp_path / "ref"))
     try:
-        pool.submit(ProbeJob({"run_id": "k"}, 0, None, task.fingerprint, str(tmp_path / "p"), "e0"))
+        pool.submit(ProbeJob(_identity("k"), 0, None, task.fingerprint, str(tmp_path / "p"), "e0"))
         time.sleep(1.0)  # the job is under way
         ray.kill(pool.actors[0], no_restart=False)  # the actor process dies; Ray restarts it
         rows = pool.drain()
@@ -224,7 +231,7 @@ def test_a_probe_job_already_in_flight_is_not_submitted_twice(ray_session, tmp_p
                      base_weights=ray.put(base.state_arrays()), base_digest=model_digest(base),
                      tasks=ray.put({task.fingerprint: task}), suite_spec=["base"],
                      settings=ProbeSettings(n_resamples=20), cache_dir=str(tmp_path / "ref"))
-    job = ProbeJob({"run_id": "k"}, 0, None, task.fingerprint, str(tmp_path / "p"), "e0")
+    job = ProbeJob(_identity("k"), 0, None, task.fingerprint, str(tmp_path / "p"), "e0")
     try:
         pool.submit(job)
         pool.submit(job)  # in flight: ignored
