@@ -20,7 +20,8 @@ PYTEST = RAY_USAGE_STATS_ENABLED=0 WANDB_MODE=offline WANDB_SILENT=true $(PYTHON
 test: install lint
 	$(PYTEST) tests
 
-# For development: everything but the end-to-end sweeps (tests marked slow); `make test` runs them all.
+# For development, before every commit: no model training, no sweep, no Ray cluster or actor (the tests marked
+# slow are left out; `make test` runs them all). About 2.5 minutes here; it installs nothing when nothing changed.
 test-fast: install
 	$(PYTEST) -m "not slow" tests
 

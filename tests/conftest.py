@@ -61,7 +61,7 @@ def _marked(marker: str) -> list[psutil.Process]:
     return procs
 
 
-def _kill_marked(marker: str, grace: float = 10.0) -> list[int]:
+def _kill_marked(marker: str, grace: float = 3.0) -> list[int]:
     """SIGTERM, then SIGKILL, every process that carries this test's marker; returns survivors' pids."""
     for attempt in range(3):  # a dying raylet may still spawn a worker: sweep again
         procs = _marked(marker)

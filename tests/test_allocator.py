@@ -69,6 +69,7 @@ def _faults(apply: bool) -> dict:
     return _run_fresh(_PROGRAM.format(repo=str(REPO), apply=apply), env=_RETURNS_FREED_MEMORY)
 
 
+@pytest.mark.slow  # repeated model forwards in subprocesses (`make test-fast` leaves it out)
 def test_retained_memory_stops_the_page_faults_of_repeated_activations():
     default = _faults(apply=False)
     retained = _faults(apply=True)
@@ -100,6 +101,7 @@ print(json.dumps({{"before": before, "after": allocator._applied}}))
 """
 
 
+@pytest.mark.slow  # scores a probe in a subprocess (`make test-fast` leaves it out)
 def test_scoring_a_probe_keeps_freed_memory_mapped_in_its_process():
     # probes.scoring.score sets the thresholds itself, so every probe path (probe actors, local scoring,
     # the estimate's unit costs) runs with them

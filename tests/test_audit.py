@@ -35,6 +35,7 @@ def test_task_specs_name_builtin_carte_and_file_sources():
     assert parse_task("x/t.csv:label") == TaskSource("t", "table", "x/t.csv", "label")
 
 
+@pytest.mark.slow  # fine-tunes (`make test-fast` leaves it out)
 def test_auditing_a_memorizing_checkpoint_finds_memorization(memorizing_checkpoint, tmp_path):
     checkpoint, _ = memorizing_checkpoint
     row = audit_checkpoint(str(checkpoint), "digits", label_mode="shuffled_members", bootstrap=200, q=100,
@@ -44,6 +45,7 @@ def test_auditing_a_memorizing_checkpoint_finds_memorization(memorizing_checkpoi
     assert json.loads((tmp_path / "audit" / "verdict.json").read_text())["outcome"] == "memorization"
 
 
+@pytest.mark.slow  # fine-tunes (`make test-fast` leaves it out)
 def test_external_member_ids_give_the_same_members_as_the_ground_truth_log(memorizing_checkpoint, tmp_path):
     checkpoint, task = memorizing_checkpoint
     ids = tmp_path / "members.txt"
@@ -73,6 +75,7 @@ def test_external_members_of_a_shuffled_run_without_their_trained_labels_are_ref
         audit_checkpoint(str(checkpoint), "digits", label_mode="shuffled_members", members=str(mixed))
 
 
+@pytest.mark.slow  # a CLI audit (`make test-fast` leaves it out)
 def test_the_untouched_base_weights_audit_as_no_signal_through_the_cli(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "probe", str(SHIPPED_WEIGHTS), "--task", "iris", "--q", "30",

@@ -133,6 +133,7 @@ def test_recomputing_a_lost_checkpoint_reproduces_the_recorded_weights_digest(ir
         recompute_checkpoint_model(SPEC, [iris_task], 2, expected_sha256=recorded)  # epoch 2 != epoch 3
 
 
+@pytest.mark.slow  # fine-tunes and starts a probe actor (`make test-fast` leaves it out)
 def test_a_probe_actor_recomputes_a_corrupt_checkpoint_from_its_recipe_and_scores_it_identically(
         ray_session, iris_task, checkpoint, tmp_path):
     import ray

@@ -70,6 +70,7 @@ def _pool_rows(n_actors: int, root: Path, task, checkpoint) -> list[dict]:
     return sorted(rows, key=lambda r: r["epoch"])
 
 
+@pytest.mark.slow  # fine-tunes and starts probe actors (`make test-fast` leaves it out)
 def test_verdicts_are_identical_with_one_or_two_probe_actors(setup, ray_session):
     root, task, checkpoint = setup
     one, two = _pool_rows(1, root, task, checkpoint), _pool_rows(2, root, task, checkpoint)

@@ -271,6 +271,7 @@ def _probe(finetuner: Finetuner, task, identity: dict, epoch: int) -> dict:
                                 ProbeSettings(n_resamples=200, null_splits=0), identity, epoch=epoch).row
 
 
+@pytest.mark.slow  # DP-SGD fine-tunes (`make test-fast` leaves it out)
 def test_a_small_dp_sweep_never_audits_above_its_accountant(tmp_path):
     """Every DP run of a small grid (two target ε x normal and shuffled member labels), trained and probed
     through the functions a trial and a probe actor call, at every checkpoint: ε_lb <= accountant ε."""

@@ -133,6 +133,7 @@ def test_slower_unit_costs_predict_a_longer_sweep(config):
     assert slow.wall_s > fast.wall_s
 
 
+@pytest.mark.slow  # times fine-tuning epochs (`make test-fast` leaves it out)
 def test_estimate_measures_the_configured_model_on_this_device_and_renders_it(config):
     est = estimate(config, workers=3, device="cpu", epochs=1, with_ray=False)
     (costs,) = est.costs.values()

@@ -41,6 +41,7 @@ def matched_rows(ray_session) -> list[dict]:
                             for mode in MODES for seed in SEEDS])
 
 
+@pytest.mark.slow  # fine-tunes the no-membership controls (`make test-fast` leaves it out)
 def test_models_that_never_saw_the_audited_rows_get_no_membership_verdict_in_every_label_mode(matched_rows):
     assert len(matched_rows) == len(NoMembershipControl) * len(MODES) * len(SEEDS)
     for row in matched_rows:
@@ -59,6 +60,7 @@ def test_models_that_never_saw_the_audited_rows_get_no_membership_verdict_in_eve
     assert max(bounds) < 0.35, bounds
 
 
+@pytest.mark.slow  # fine-tunes a control (`make test-fast` leaves it out)
 def test_the_same_control_fails_under_the_papers_unmatched_design():
     """The witness: members scored on permuted labels, non-members on true ones, and a model that never
     saw either reads as a strong membership signal with a positive ε bound (fine-tuned elsewhere on flipped

@@ -386,6 +386,7 @@ def planted(tmp_path_factory):
     return SimpleNamespace(world=world, path=path)
 
 
+@pytest.mark.slow  # trains a GPT-2 (`make test-fast` leaves it out)
 def test_exposure_ranks_planted_entities_above_unseen_ones(planted):
     lm = load_lm(planted.path, cache=False)  # local directory, local_files_only
     w = planted.world

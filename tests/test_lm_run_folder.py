@@ -145,6 +145,7 @@ def complete_run(lm, ray_session, tmp_path_factory):
     return SimpleNamespace(dir=run, results=results)
 
 
+@pytest.mark.slow  # a real LM sweep (`make test-fast` leaves it out)
 @pytest.mark.ray
 def test_a_finished_lm_run_records_complete_and_keeps_the_console_log(complete_run):
     run = complete_run.dir
@@ -172,6 +173,7 @@ def test_lm_run_of_the_same_config_continues_the_folder_computing_nothing_again(
     assert state["status"] == RunStatus.COMPLETE
 
 
+@pytest.mark.slow  # a real LM sweep (`make test-fast` leaves it out)
 @pytest.mark.ray
 def test_ctrl_c_records_the_interruption_keeps_the_units_and_lm_resume_finishes(
         lm, ray_session, tmp_path, monkeypatch, capsys):

@@ -131,6 +131,7 @@ def shuffled_run(task):
     return pd.DataFrame(rows)
 
 
+@pytest.mark.slow  # fine-tunes (`make test-fast` leaves it out)
 def test_shuffled_member_labels_are_detected_on_the_real_split_and_not_on_its_null_splits(shuffled_run):
     last = shuffled_run[shuffled_run["epoch"] == max(EPOCHS)].iloc[0]
     assert last["outcome"] == Outcome.MEMORIZATION
