@@ -37,7 +37,10 @@ if str(REPO) not in sys.path:  # the driver is run as a script: make the project
 # missed health checks 3 s apart, about 30 s. Ray's default is 5 (about 15 s here, where the dead raylet's
 # port refuses connections at once); a machine that vanishes from the network (checks time out after
 # 10 s each) takes longer still. 30 s keeps the outage longer than any short retry budget, every time.
-HEAD_SYSTEM_CONFIG = {"health_check_period_ms": 3000, "health_check_failure_threshold": 10}
+# A killed raylet fails its health checks at once (the connection is refused), so the GCS declares it dead
+# after threshold x period (8 s here; Ray's default 3 s x 5). A live but busy raylet fails a check only by
+# not answering within health_check_timeout_ms (Ray's 10 s), 8 times in a row: no false node death.
+HEAD_SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 8}
 RESULT_SUFFIXES = (".json", ".manip.parquet", ".roc.parquet")  # what ProbeResult.save writes per checkpoint
 WATCH_TIMEOUT_S = 240.0
 
