@@ -17,8 +17,10 @@ quickstart: install
 
 PYTEST = RAY_USAGE_STATS_ENABLED=0 WANDB_MODE=offline WANDB_SILENT=true $(PYTHON) -m pytest -q -p no:cacheprovider
 
+# Two pytest-xdist workers: one runs every slow test in order (one group, its own session Ray), the other the
+# rest (tests/conftest.py says why). A single test or file runs as usual: $(PYTEST) tests/test_x.py
 test: install lint
-	$(PYTEST) tests
+	$(PYTEST) -n 2 --dist loadgroup tests
 
 # For development, before every commit: no model training, no sweep, no Ray cluster or actor (the tests marked
 # slow are left out; `make test` runs them all). About 2.5 minutes here; it installs nothing when nothing changed.

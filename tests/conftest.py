@@ -109,22 +109,44 @@ def isolated_ray_env():
 
 
 # ------------------------------------------------------------------------------------------ fault ledger
+# Fault tests record what they injected and whether the sweep finished with identical results. The record
+# travels with the test's report (user_properties), so the summary is right whether the tests ran in this
+# process or in pytest-xdist workers.
 FAULT_LEDGER = {"faults injected": 0, "sweeps completed": 0, "results identical": 0}
+_LEDGER_PROPERTY = "iclmem_fault_ledger"
 
 
 @pytest.fixture
-def fault_ledger():
-    """Fault tests record what they injected and whether the sweep finished with identical results."""
-
+def fault_ledger(request):
     def record(injected: int = 1, completed: bool = True, identical: bool = True) -> None:
-        FAULT_LEDGER["faults injected"] += injected
-        FAULT_LEDGER["sweeps completed"] += int(completed)
-        FAULT_LEDGER["results identical"] += int(identical)
+        request.node.user_properties.append(
+            (_LEDGER_PROPERTY, {"faults injected": injected, "sweeps completed": int(completed),
+                                "results identical": int(identical)}))
 
     return record
+
+
+def pytest_runtest_logreport(report):
+    if report.when != "call":
+        return
+    for name, value in report.user_properties:
+        if name == _LEDGER_PROPERTY:
+            for key, count in value.items():
+                FAULT_LEDGER[key] += count
 
 
 def pytest_terminal_summary(terminalreporter):
     if FAULT_LEDGER["faults injected"]:
         line = " / ".join(f"{k}: {v}" for k, v in FAULT_LEDGER.items())
         terminalreporter.write_line(f"fault suite: {line}")
+
+
+# ------------------------------------------------------------------------------------------ two workers
+# `make test` runs pytest-xdist with two workers and --dist loadgroup: every test marked slow (the sweeps,
+# the fault suite, the clusters) is one group, run in order by one worker with its own session Ray, while
+# the other worker takes the rest (the math, the refusals, the report on its planted folder). One Ray
+# instance per worker session; without xdist (`make test-fast`, a single test) the mark changes nothing.
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group("slow"))
