@@ -17,8 +17,8 @@ quickstart: install
 
 PYTEST = RAY_USAGE_STATS_ENABLED=0 WANDB_MODE=offline WANDB_SILENT=true $(PYTHON) -m pytest -q -p no:cacheprovider
 
-# Two pytest-xdist workers: one runs every slow test in order (one group, its own session Ray), the other the
-# rest (tests/conftest.py says why). A single test or file runs as usual: $(PYTEST) tests/test_x.py
+# Two pytest-xdist workers, each with its own session Ray; tests/conftest.py groups the tests that share a
+# fixture worth building once. A single test or file runs as usual: $(PYTEST) tests/test_x.py
 test: install lint
 	$(PYTEST) -n 2 --dist loadgroup tests
 

@@ -68,9 +68,13 @@ def test_a_trial_that_crashes_resumes_from_its_last_checkpoint_bit_exactly(ray_s
     assert (markers / "fault_faulty").read_text() == "4"  # the fault really fired
     faulty, clean = by_id["faulty"], by_id["clean"]
     assert faulty.metrics["epoch"] == clean.metrics["epoch"] == 6
-    # The retried trial restarted from its epoch-3 checkpoint, not from scratch: no epoch reported twice.
+    # The retried trial restarted from its epoch-3 checkpoint, not from scratch: no epoch reported twice, and
+    # epochs 4-6 reported after it. (Epochs 1-3 are there too unless a loaded machine let the crash overtake
+    # Tune's buffered results of them: a from-scratch restart would report 1, 2, 3 again.)
     reported = (Path(faulty.path) / "result.json").read_text().splitlines()
-    assert [json.loads(line)["epoch"] for line in reported if line.strip()] == [1, 2, 3, 4, 5, 6]
+    epochs = [json.loads(line)["epoch"] for line in reported if line.strip()]
+    assert epochs == sorted(set(epochs)), epochs
+    assert epochs[-3:] == [4, 5, 6], epochs
     for key, value in _final_weights(clean).items():
         assert torch.equal(value, _final_weights(faulty)[key]), key
     fault_ledger(injected=1, completed=True, identical=True)
