@@ -15,7 +15,7 @@ install:
 quickstart: install
 	RAY_USAGE_STATS_ENABLED=0 WANDB_MODE=offline iclmem run configs/quickstart.yaml --out runs/quickstart
 
-PYTEST = RAY_USAGE_STATS_ENABLED=0 WANDB_MODE=offline WANDB_SILENT=true $(PYTHON) -m pytest -q -p no:cacheprovider
+PYTEST = RAY_USAGE_STATS_ENABLED=0 WANDB_MODE=offline WANDB_SILENT=true $(PYTHON) -m pytest -q -p no:cacheprovider -p no:benchmark
 
 # Two pytest-xdist workers, each with its own session Ray; tests/conftest.py groups the tests that share a
 # fixture worth building once. A single test or file runs as usual: $(PYTEST) tests/test_x.py
