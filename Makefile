@@ -17,10 +17,10 @@ quickstart: install
 
 PYTEST = RAY_USAGE_STATS_ENABLED=0 WANDB_MODE=offline WANDB_SILENT=true $(PYTHON) -m pytest -q -p no:cacheprovider -p no:benchmark
 
-# Two pytest-xdist workers, each with its own session Ray; tests/conftest.py groups the tests that share a
-# fixture worth building once. A single test or file runs as usual: $(PYTEST) tests/test_x.py
+# Two pytest-xdist workers, each a pytest session with its own session Ray (tests/conftest.py), tests handed
+# to whichever is free. A single test or file runs as usual: $(PYTEST) tests/test_x.py
 test: install lint
-	$(PYTEST) -n 2 --dist loadgroup tests
+	$(PYTEST) -n 2 tests
 
 # For development, before every commit: no model training, no sweep, no Ray cluster or actor (the tests marked
 # slow are left out; `make test` runs them all). About 2.5 minutes here; it installs nothing when nothing changed.

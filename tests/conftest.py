@@ -139,15 +139,3 @@ def pytest_terminal_summary(terminalreporter):
     if FAULT_LEDGER["faults injected"]:
         line = " / ".join(f"{k}: {v}" for k, v in FAULT_LEDGER.items())
         terminalreporter.write_line(f"fault suite: {line}")
-
-
-# ------------------------------------------------------------------------------------------ two workers
-# `make test` runs pytest-xdist with two workers and --dist loadgroup (one session Ray per worker). The tests
-# that read the session's real sweep are one group, so it is built once; every other test goes to whichever
-# worker is free. (Grouping each file's slow tests as well was slower, 15:07 against 10:49: big units leave
-# one worker with the tail.) Without xdist (`make test-fast`, a single file) the group changes nothing.
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if "real_sweep" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("real_sweep"))
