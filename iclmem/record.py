@@ -255,6 +255,7 @@ def _is_int(value: Any) -> bool:
     if isinstance(value, bool):
         return False
     try:
-        return float(value) == int(value) and math.isfinite(float(value))
+        number = float(value)
     except (TypeError, ValueError):
         return False
+    return math.isfinite(number) and number == int(number)  # finite first: int(inf) raises

@@ -51,6 +51,8 @@ def test_a_row_without_its_identity_or_with_a_fractional_seed_is_refused():
         check_row(_row(seed=1.5), "here")
     with pytest.raises(ResultSchemaError, match="epoch"):
         check_row(_row(epoch=True), "here")
+    with pytest.raises(ResultSchemaError, match="seed"):
+        check_row(_row(seed=float("inf")), "here")  # refused as not an integer, not an OverflowError
     check_row(_row(seed=np.int64(3), epoch=4.0), "here")  # integral numbers of any type are integers
 
 
