@@ -87,10 +87,13 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
     results cover fewer checkpoints than the results table already holds: a missing or pruned ``probes/``
     folder must not turn a table of results into an emptier one."""
     run_dir = Path(run_dir)
-    results, manipulation_auc, rocs, queries = collect(run_dir, keep_queries=_references_per_run(run_dir) > 0)
+    folder = RunFolder(run_dir)
+    sweep = folder.sweep_or_none  # the reference-model attacks need the query tables held in memory
+    results, manipulation_auc, rocs, queries = collect(run_dir, keep_queries=sweep is not None
+                                                       and sweep.probe.references > 0)
     results, references = split_references(results)
     if not replace_fewer:
-        stored_rows = RunFolder(run_dir).stored_result_rows()
+        stored_rows = folder.stored_result_rows()
         if len(results) < stored_rows:
             from iclmem.errors import DataError
 
@@ -317,12 +320,6 @@ def split_references(results: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
     is_ref = results["reference_of"].notna()
     audited = results.loc[~is_ref].drop(columns=["reference_of", "reference_index"], errors="ignore")
     return audited.reset_index(drop=True), results.loc[is_ref].reset_index(drop=True)
-
-
-def _references_per_run(run_dir: Path) -> int:
-    """``probe.references`` of the sweep recorded in ``run_dir`` (0 without a record)."""
-    sweep = RunFolder(run_dir).sweep_or_none
-    return sweep.probe.references if sweep is not None else 0
 
 
 def _query_table(run_dir: Path, run_id: str, epoch: int, queries: QueryTables | None = None) -> pd.DataFrame | None:

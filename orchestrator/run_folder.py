@@ -37,7 +37,8 @@ from iclmem.runfolder import (
 )
 from orchestrator.config import SweepConfig, read_stored_sweep
 
-__all__ = ["RunFolder", "REQUIRED_RESULT_COLUMNS", "SPLIT_COLUMNS", "MANIPULATION_COLUMNS", "ROC_COLUMNS"]
+__all__ = ["RunFolder", "REQUIRED_RESULT_COLUMNS", "SPLIT_COLUMNS", "MANIPULATION_COLUMNS", "ROC_COLUMNS",
+           "public_results", "public_split_report", "public_manipulation_auc"]
 
 # what every results table this iclmem writes has; a table without them is of an older shape
 REQUIRED_RESULT_COLUMNS: tuple[str, ...] = ("run_id", "task", "epoch", "outcome", "rule", "raw_memorization_flag",
@@ -53,6 +54,19 @@ MANIPULATION_COLUMNS: tuple[str, ...] = ("run_id", "task", "epoch", "manipulatio
 ROC_COLUMNS: tuple[str, ...] = ("fpr", "tpr")
 _ROC_NAME = re.compile(r"^roc_(?P<run_id>.+)_e(?P<epoch>\d+)\.parquet$")  # the names roc_path gives
 _REBUILD = "`iclmem report RUN_DIR --force` rebuilds it from the stored probe results"
+
+
+def public_results(results: pd.DataFrame) -> pd.DataFrame:
+    """The results table reduced to the columns ``iclmem.record`` marks public (ids, config, metrics, verdicts)."""
+    return results.loc[:, public_columns(results.columns)].copy()
+
+
+def public_split_report(split: pd.DataFrame) -> pd.DataFrame:
+    return split.loc[:, [c for c in SPLIT_COLUMNS if c in split.columns]].copy()
+
+
+def public_manipulation_auc(manip: pd.DataFrame) -> pd.DataFrame:
+    return manip.loc[:, [c for c in MANIPULATION_COLUMNS if c in manip.columns]].copy()
 
 
 class RunFolder:
@@ -125,7 +139,7 @@ class RunFolder:
         if missing:
             raise ResultSchemaError(f"{path}: missing required column(s) {missing}: a table written by "
                                     f"{self.written_by()} in a shape this iclmem no longer reads; {_REBUILD}")
-        return table.loc[:, public_columns(table.columns)].copy() if public else table
+        return public_results(table) if public else table
 
     def stored_result_rows(self) -> int:
         """Rows of the stored results table (0 when there is none or it cannot be read): what a rebuild
@@ -149,16 +163,14 @@ class RunFolder:
         path = self.path / SPLIT_REPORT_FILE
         if not path.is_file():
             return None
-        table = read_parquet_verified(path, "split report", "`iclmem resume RUN_DIR` writes it again")
-        return table.loc[:, [c for c in SPLIT_COLUMNS if c in table.columns]].copy()
+        return public_split_report(read_parquet_verified(path, "split report", "`iclmem resume RUN_DIR` writes it again"))
 
     def manipulation_auc(self) -> pd.DataFrame | None:
         """The per-manipulation AUC table's public columns, or None."""
         path = self.path / MANIPULATION_AUC_FILE
         if not path.is_file():
             return None
-        table = read_parquet_verified(path, "manipulation AUC table", _REBUILD)
-        return table.loc[:, [c for c in MANIPULATION_COLUMNS if c in table.columns]].copy()
+        return public_manipulation_auc(read_parquet_verified(path, "manipulation AUC table", _REBUILD))
 
     def roc_files(self) -> pd.DataFrame:
         """Columns run_id, epoch, path for every ``roc/roc_<run_id>_e<epoch>.parquet`` present."""

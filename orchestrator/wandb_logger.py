@@ -267,8 +267,9 @@ class WandbResultsLogger:
         for fname, path in (figures or {}).items():
             if path is not None and Path(path).is_file():
                 payload[f"{FIGURE_PREFIX}/{_safe(fname)}"] = wandb.Image(str(path), caption=str(fname))
+        folder = RunFolder(run_dir)
         for r in roc_selection(run_dir, public, self.max_roc_curves).itertuples(index=False):
-            roc = RunFolder(run_dir).roc(r.run_id, int(r.epoch))
+            roc = folder.roc(r.run_id, int(r.epoch))
             if roc is None or roc.empty:
                 continue
             title = f"ROC {r.task} lr={float(r.lr):g} Q={r.q} epoch {int(r.epoch)} (AUC {float(r.auc):.3f})"

@@ -399,7 +399,7 @@ def write_html_report(
     results = folder.results()
     split = folder.split_report()
     manip = folder.manipulation_auc()
-    prov = RunFolder(run_dir).public_provenance()
+    prov = folder.public_provenance()
     if regime == "auto":
         regime = MAIN_REGIME if "regime" in results.columns and (results["regime"] == MAIN_REGIME).any() else None
 

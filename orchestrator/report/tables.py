@@ -41,13 +41,12 @@ import numpy as np
 import pandas as pd
 
 from iclmem.errors import DataError
-from iclmem.record import public_columns
 from iclmem.runfolder import SWEEP_FILE, RunStatus
 from iclmem.vocab import BASE_MODEL_ROW, Outcome, Regime, ScoreKind, VerdictRule, values
 from iclmem.vocab import DETECTABLE as _DETECTABLE
 from iclmem.vocab import MAIN_REGIME as _MAIN_REGIME
 from orchestrator.config import SweepConfig
-from orchestrator.run_folder import MANIPULATION_COLUMNS, SPLIT_COLUMNS
+from orchestrator.run_folder import public_manipulation_auc, public_results, public_split_report
 from probes.metrics import allowed_false_positives, clopper_pearson
 
 # The paper's tables and figures (ICLMEM_SPEC, "Reports the aggregator must be able to produce"), one
@@ -130,19 +129,6 @@ FACET_AXES: tuple[str, ...] = ("model", "regime", "label_mode", "dp_target_epsil
 
 # The results row's columns, their meanings and which may leave the cluster are declared once, in
 # iclmem.record; the split and manipulation tables are the report's own.
-def public_results(results: pd.DataFrame) -> pd.DataFrame:
-    """The results table reduced to allow-listed columns (ids, config, metrics, verdicts)."""
-    return results.loc[:, public_columns(results.columns)].copy()
-
-
-def public_split_report(split: pd.DataFrame) -> pd.DataFrame:
-    return split.loc[:, [c for c in SPLIT_COLUMNS if c in split.columns]].copy()
-
-
-def public_manipulation_auc(manip: pd.DataFrame) -> pd.DataFrame:
-    return manip.loc[:, [c for c in MANIPULATION_COLUMNS if c in manip.columns]].copy()
-
-
 # --------------------------------------------------------------------------------------------------
 # Checkpoint and run selection
 # --------------------------------------------------------------------------------------------------
