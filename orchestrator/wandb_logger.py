@@ -14,13 +14,13 @@ filter by config.
   giving ``RUN_DIR/wandb/offline-run-*/``). The exported results artifact is written to
   ``RUN_DIR/wandb/export/`` and referenced in place (immutable policy), so the run directory is complete
   for a later ``wandb sync``.
-* Privacy: only the allow-listed public tables and columns of :mod:`orchestrator.report.tables` are logged
-  (training results: numbers only). The W&B config is built here from ids and provenance
-  allow-lists, never from a caller's free-form config, so a raw record cannot reach W&B.
+* Privacy: what is logged is computed by :mod:`orchestrator.report.wandb_summary` from the allow-listed
+  public tables and columns of :mod:`orchestrator.report.tables` (training results: numbers only). The W&B
+  config is built there from ids and provenance allow-lists, never from a caller's free-form config, so a
+  raw record cannot reach W&B.
 
-:func:`build_wandb_report` constructs (without saving) a W&B Report over the keys the loggers write:
-the summary run's peak-checkpoint table and ROC charts, and the trial runs' AUC over epochs grouped by
-configuration.
+The keys, the values of each run and the W&B Report (:func:`orchestrator.report.wandb_summary.build_wandb_report`)
+live in :mod:`orchestrator.report.wandb_summary`; this module only opens, writes and closes W&B runs.
 """
 
 from __future__ import annotations
@@ -29,63 +29,47 @@ import hashlib
 import json
 import logging
 import os
-import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping
-from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
 import pandas as pd
 
 from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError
-from iclmem.record import IDENTITY_COLUMNS
-from iclmem.runfolder import MANIPULATION_AUC_FILE, RESULTS_FILE, SPLIT_REPORT_FILE, WANDB_DIR
+from iclmem.runfolder import WANDB_DIR
 from orchestrator.report import tables as R
+from orchestrator.report.wandb_summary import (
+    EPOCH_KEY,
+    FIGURE_PREFIX,
+    LM_RESULTS_TABLE_KEY,
+    MAX_TABLE_ROWS,
+    PEAK_TABLE_FILE,
+    PEAK_TABLE_KEY,
+    RESULTS_TABLE_KEY,
+    SHARE_PREFIX,
+    TRIAL_JOB_TYPE,
+    export_tables,
+    lm_summary_config,
+    lm_summary_scalars,
+    probe_metrics,
+    roc_key,
+    roc_selection,
+    run_headline,
+    safe_key,
+    share_history,
+    summary_config,
+    summary_scalars,
+    table_frame,
+    training_metrics,
+    trial_run_config,
+)
 from orchestrator.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 
-RESULTS_TABLE_KEY = "results_table"
-LM_RESULTS_TABLE_KEY = "lm_results"  # the LM probe sweep's summary run
-LM_F1_PREFIX = "mean_f1"
-PEAK_TABLE_KEY = "peak_table"
-ROC_PREFIX = "roc"
-SHARE_PREFIX = "detectable_share"
-FIGURE_PREFIX = "figures"
-EPOCH_KEY = "epoch"
-_MAX_TABLE_ROWS = 10_000
-
-
-# --------------------------------------------------------------------------------------------------
-# Keys shared by the logger and the report builder
-# --------------------------------------------------------------------------------------------------
-
-
-def _safe(part: Any) -> str:
-    return re.sub(r"[^A-Za-z0-9_.\-=]+", "_", str(part))
-
-
-def roc_key(run_id: str, epoch: int) -> str:
-    """History/summary key of one ROC chart; its table is logged as ``<key>_table``."""
-    return f"{ROC_PREFIX}/{_safe(run_id)}_e{int(epoch)}"
-
-
-def share_key(q: int) -> str:
-    return f"{SHARE_PREFIX}/q={int(q)}"
-
-
-def roc_selection(run_dir: str | Path, results: pd.DataFrame, max_curves: int) -> pd.DataFrame:
-    """Peak checkpoints with a ROC file, highest peak AUC first (at most ``max_curves``)."""
-    peaks = R.peak_checkpoints(R.public_results(results), regime=None)
-    files = RunFolder(run_dir).roc_files()
-    if peaks.empty or files.empty:
-        return peaks.iloc[0:0]
-    peaks = peaks.merge(files[["run_id", "epoch"]], on=["run_id", "epoch"], how="inner")
-    peaks = peaks.drop_duplicates(["run_id", "epoch"])
-    return peaks.sort_values(["peak_auc", "run_id"], ascending=[False, True]).head(max_curves)
+TRIAL_RUNS_FILE = "trial_runs.json"  # under RUN_DIR/wandb/: W&B run ids and what each run already holds
 
 
 # --------------------------------------------------------------------------------------------------
@@ -139,18 +123,6 @@ def _quiet_settings() -> Any:
     import wandb
 
     return wandb.Settings(console="off", save_code=False, disable_git=True, x_disable_stats=True, silent=True)
-
-
-def _json_scalar(v: Any) -> Any:
-    if isinstance(v, Enum):  # a vocabulary member (iclmem.vocab): wandb would write its name, not its value
-        return v.value
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (np.floating,)):
-        return None if np.isnan(v) else float(v)
-    if isinstance(v, (np.bool_,)):
-        return bool(v)
-    return v
 
 
 class WandbResultsLogger:
@@ -221,52 +193,31 @@ class WandbResultsLogger:
 
     # -- logging -----------------------------------------------------------------------------------
 
-    def _config(self, run_dir: Path, public: pd.DataFrame) -> dict[str, Any]:
-        cfg: dict[str, Any] = {"run_dir_name": run_dir.name, "n_checkpoints": int(len(public))}
-        for col in ("task", "model", "regime", "label_mode", "lr", "q", "seed", "config_hash", "git_commit"):
-            if col in public.columns:
-                vals = sorted({_json_scalar(v) for v in public[col].dropna().unique()}, key=str)
-                cfg[f"{col}_values"] = vals
-        prov = RunFolder(run_dir).public_provenance()
-        if prov:
-            cfg["provenance"] = prov
-        return cfg
-
     def log_summary(self, run_dir: str | Path, results_df: pd.DataFrame,
                     figures: Mapping[str, str | Path | None] | None = None) -> None:
         import wandb
 
         run_dir = Path(run_dir)
         public = R.public_results(results_df)
-        run = self._run or self._start(run_dir, self._config(run_dir, public))
+        run = self._run or self._start(run_dir, summary_config(run_dir, public))
         if run is None or self.mode == "disabled":
             return
-        peaks = R.peak_checkpoints(public, regime=None)
-        peak_table = R.task_lr_q_table(public, regime=None)
-
-        # Sweep-level history: detectable share per Q (main regime if present). Per-configuration AUC over
-        # epochs lives in the trial runs (probe/*), where W&B groups it by config instead of key names.
         run.define_metric(EPOCH_KEY)
         run.define_metric(f"{SHARE_PREFIX}/*", step_metric=EPOCH_KEY)
-        main = R.MAIN_REGIME if "regime" in public.columns and (public["regime"] == R.MAIN_REGIME).any() else None
-        share = R.detectable_share_by_epoch(public, regime=main)
-        for epoch in sorted(set(share["epoch"].tolist())):
-            row: dict[str, Any] = {EPOCH_KEY: int(epoch)}
-            for r in share[share["epoch"] == epoch].itertuples(index=False):
-                if pd.notna(r.share):
-                    row[share_key(r.q)] = float(r.share)
+        for row in share_history(public):
             run.log(row)
 
+        tables = export_tables(run_dir, public)
         payload: dict[str, Any] = {}
-        if len(public) <= _MAX_TABLE_ROWS:
-            payload[RESULTS_TABLE_KEY] = wandb.Table(dataframe=_table_frame(public))
+        if len(public) <= MAX_TABLE_ROWS:
+            payload[RESULTS_TABLE_KEY] = wandb.Table(dataframe=table_frame(public))
         else:
             log.warning("results table has %d rows (> %d): logging the peak table only; the artifact holds "
-                        "every row", len(public), _MAX_TABLE_ROWS)
-        payload[PEAK_TABLE_KEY] = wandb.Table(dataframe=_table_frame(peak_table))
+                        "every row", len(public), MAX_TABLE_ROWS)
+        payload[PEAK_TABLE_KEY] = wandb.Table(dataframe=table_frame(tables[PEAK_TABLE_FILE]))
         for fname, path in (figures or {}).items():
             if path is not None and Path(path).is_file():
-                payload[f"{FIGURE_PREFIX}/{_safe(fname)}"] = wandb.Image(str(path), caption=str(fname))
+                payload[f"{FIGURE_PREFIX}/{safe_key(fname)}"] = wandb.Image(str(path), caption=str(fname))
         folder = RunFolder(run_dir)
         for r in roc_selection(run_dir, public, self.max_roc_curves).itertuples(index=False):
             roc = folder.roc(r.run_id, int(r.epoch))
@@ -276,40 +227,20 @@ class WandbResultsLogger:
             table = wandb.Table(dataframe=roc.astype(float).sort_values(["fpr", "tpr"]))
             payload[roc_key(r.run_id, r.epoch)] = wandb.plot.line(table, "fpr", "tpr", title=title)
         run.log(payload)
-
-        summary: dict[str, Any] = {"n_runs": int(len(peaks)), "n_checkpoints": int(len(public))}
-        counts = peaks["outcome"].value_counts()
-        for o in R.outcome_order(peaks["outcome"]):
-            summary[f"outcome_counts/{o}"] = int(counts.get(o, 0))
-        for regime in sorted(peaks["regime"].unique()) if "regime" in peaks.columns else [None]:
-            for q, rates in R.outcome_rates_per_q(public, regime=regime).iterrows():
-                for o, v in rates.drop("n_runs").items():
-                    key = f"outcome_rate/{regime}/q={q}/{o}" if regime else f"outcome_rate/q={q}/{o}"
-                    summary[key] = float(v)
-        if not peaks.empty:
-            summary["max_peak_auc"] = float(peaks["peak_auc"].max())
-        for k, v in summary.items():
+        for k, v in summary_scalars(public).items():
             run.summary[k] = v
+        run.log_artifact(self._artifact(run_dir, public, tables))
 
-        run.log_artifact(self._artifact(run_dir, public, peak_table))
-
-    def _artifact(self, run_dir: Path, public: pd.DataFrame, peak_table: pd.DataFrame):
+    def _artifact(self, run_dir: Path, public: pd.DataFrame, tables: Mapping[str, pd.DataFrame]):
         import wandb
 
         export = run_dir / "wandb" / "export"
         export.mkdir(parents=True, exist_ok=True)
-        files = {RESULTS_FILE: public, "peak_checkpoints.parquet": peak_table}
-        split = RunFolder(run_dir).split_report()
-        if split is not None:
-            files[SPLIT_REPORT_FILE] = split
-        manip = RunFolder(run_dir).manipulation_auc()
-        if manip is not None:
-            files[MANIPULATION_AUC_FILE] = manip
-        name = _safe(f"iclmem-results-{self.group or run_dir.name}").replace("=", "-")
+        name = safe_key(f"iclmem-results-{self.group or run_dir.name}").replace("=", "-")
         art = wandb.Artifact(name=name, type="iclmem-results",
                              description="IclMem results (public columns only: ids, config, metrics)",
                              metadata={"n_checkpoints": int(len(public))})
-        for fname, df in files.items():
+        for fname, df in tables.items():
             path = export / fname
             write_parquet_atomic(df, path)
             art.add_file(str(path), name=fname, policy="immutable", skip_cache=True)
@@ -322,57 +253,20 @@ class WandbResultsLogger:
         import wandb
 
         run_dir = Path(run_dir)
-        config: dict[str, Any] = {"run_dir_name": run_dir.name, "n_rows": int(len(results))}
-        for col in ("model", "dataset", "probe", "seed"):
-            config[f"{col}_values"] = sorted({_json_scalar(v) for v in results[col].unique()}, key=str)
-        prov = RunFolder(run_dir).public_provenance()
-        if prov:
-            config["provenance"] = prov
-        run = self._run or self._start(run_dir, config)
-        run.log({LM_RESULTS_TABLE_KEY: wandb.Table(dataframe=_table_frame(results))})
-        for (probe, variant), group in results.groupby(["probe", "variant"]):
-            mean = group["f1"].mean()
-            if pd.notna(mean):
-                run.summary[f"{LM_F1_PREFIX}/{probe}/{variant}"] = float(mean)
-        art = wandb.Artifact(_safe(f"iclmem-lm-{self.group or run_dir.name}").replace("=", "-"), type="lm-results")
+        run = self._run or self._start(run_dir, lm_summary_config(run_dir, results))
+        run.log({LM_RESULTS_TABLE_KEY: wandb.Table(dataframe=table_frame(results))})
+        for k, v in lm_summary_scalars(results).items():
+            run.summary[k] = v
+        art = wandb.Artifact(safe_key(f"iclmem-lm-{self.group or run_dir.name}").replace("=", "-"),
+                             type="lm-results")
         for path in files:
             art.add_file(str(path), name=Path(path).name)
         run.log_artifact(art)
 
 
-def _table_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """wandb.Table-friendly copy: plain Python scalars, NaN kept as None."""
-    out = df.copy()
-    for c in out.columns:
-        if out[c].dtype == object:
-            out[c] = out[c].map(lambda v: None if v is None or (isinstance(v, float) and np.isnan(v)) else str(v))
-    return out.reset_index(drop=True)
-
-
 # --------------------------------------------------------------------------------------------------
 # Per-trial runs: one W&B run per trial (and per base-model sanity check), written by the sweep driver
 # --------------------------------------------------------------------------------------------------
-
-TRIAL_JOB_TYPE = "trial"
-# The configuration one line of AUC over epochs stands for (runs differing only in seed are averaged).
-TRIAL_LINE_GROUP: tuple[str, ...] = ("model", "regime", "label_mode", "lr", "q")
-PROBE_PREFIX = "probe"
-PEAK_PREFIX = "peak"
-CHECKPOINT_AUC_KEY = f"{PROBE_PREFIX}/checkpoint_auc"  # what the HTML report plots over epochs
-TRIAL_RUNS_FILE = "trial_runs.json"  # under RUN_DIR/wandb/: W&B run ids and what each run already holds
-# Top-level config of a trial's run: what W&B's run table groups and filters by.
-TRIAL_CONFIG_KEYS: tuple[str, ...] = (*IDENTITY_COLUMNS, "config_hash", "git_commit",
-                                      # DP-SGD runs only (absent otherwise): group trial runs by ε in W&B
-                                      "dp_target_epsilon", "dp_delta", "dp_max_grad_norm", "dp_noise_multiplier")
-# Keys Tune adds to every reported result: bookkeeping, not training metrics (``time_this_iter_s`` and
-# ``time_total_s`` are kept: per-epoch timing is worth plotting).
-_TUNE_BOOKKEEPING = frozenset({
-    "run_id", EPOCH_KEY, "config", "trial_id", "experiment_tag", "done", "should_checkpoint",
-    "checkpoint_dir_name", "timestamp", "date", "pid", "hostname", "node_ip", "training_iteration",
-    "timesteps_total", "episodes_total", "timesteps_since_restore", "iterations_since_restore",
-    "time_since_restore",
-})
-
 
 @runtime_checkable
 class TrialLogger(Protocol):
@@ -396,64 +290,6 @@ class NullTrialLogger:
 
     def finish(self, timeout: float | None = None) -> bool:
         return True
-
-
-def trial_run_config(identity: Mapping[str, Any], group: str | None) -> dict[str, Any]:
-    """The flat W&B config of one trial's run: its ids and hyperparameters, and the sweep's name."""
-    cfg = {k: _json_scalar(identity[k]) for k in TRIAL_CONFIG_KEYS if k in identity}
-    if group is not None:
-        cfg["sweep"] = group
-    return cfg
-
-
-def training_metrics(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The numeric training metrics of one Tune result (Tune's bookkeeping and any non-number dropped,
-    so no free text can reach W&B)."""
-    out: dict[str, Any] = {}
-    for k, v in result.items():
-        if isinstance(k, str) and k not in _TUNE_BOOKKEEPING and isinstance(v, (bool, int, float, np.number)):
-            out[k] = _json_scalar(v)
-    return out
-
-
-def probe_metrics(row: Mapping[str, Any]) -> dict[str, Any]:
-    """One probe row reduced to the public allow-list of :mod:`orchestrator.report.tables`, ids removed
-    (they are the run's config), keys prefixed ``probe/``; missing values (None, NaN) left out. Adds
-    :data:`CHECKPOINT_AUC_KEY`, the highest calibrated AUC over score kinds
-    (:func:`orchestrator.report.tables.checkpoint_auc`)."""
-    public = R.public_results(pd.DataFrame([dict(row)]))
-    out: dict[str, Any] = {}
-    best = R.checkpoint_auc(public).iloc[0]
-    if pd.notna(best):
-        out[CHECKPOINT_AUC_KEY] = float(best)
-    for k, v in public.iloc[0].items():
-        if k in TRIAL_CONFIG_KEYS or k == EPOCH_KEY:
-            continue
-        v = _json_scalar(v)
-        if v is None or (isinstance(v, float) and np.isnan(v)):
-            continue
-        out[f"{PROBE_PREFIX}/{k}"] = v
-    return out
-
-
-def run_headline(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Summary of one run from its probe rows: the last probed checkpoint's metrics (``probe/*``) and its
-    peak checkpoint (``peak/*``, chosen by :func:`orchestrator.report.tables.peak_checkpoints`, as in the
-    sweep summary's peak table)."""
-    public = R.public_results(pd.DataFrame([dict(r) for r in rows]))
-    if public.empty:
-        return {}
-    last = public.loc[public[EPOCH_KEY].astype(int).idxmax()]
-    out = probe_metrics(last.to_dict())
-    out[f"{PROBE_PREFIX}/last_epoch"] = int(last[EPOCH_KEY])
-    peak = R.peak_checkpoints(public, regime=None).iloc[0]
-    out[f"{PEAK_PREFIX}/epoch"] = int(peak[EPOCH_KEY])
-    out[f"{PEAK_PREFIX}/outcome"] = _json_scalar(peak["outcome"])
-    if pd.notna(peak["peak_auc"]):
-        out[f"{PEAK_PREFIX}/auc"] = float(peak["peak_auc"])
-    if isinstance(peak.get("peak_kind"), str):
-        out[f"{PEAK_PREFIX}/score_kind"] = _json_scalar(peak["peak_kind"])
-    return out
 
 
 class TrialRunsLedger:
@@ -650,99 +486,3 @@ def make_results_logger(kind: str | None = None, **kwargs: Any) -> ResultsLogger
     if kind == "wandb":
         return WandbResultsLogger(**kwargs)
     raise ValueError(f"unknown results logger {kind!r}: use 'none' or 'wandb'")
-
-
-# --------------------------------------------------------------------------------------------------
-# W&B Report
-# --------------------------------------------------------------------------------------------------
-
-
-def build_wandb_report(
-    entity: str, project: str, group: str, results_df: pd.DataFrame | None = None, *,
-    run_dir: str | Path | None = None, roc_keys: Iterable[str] | None = None, tasks: Iterable[str] | None = None,
-    title: str = "IclMem memorization audit", description: str = "", max_roc_panels: int = 8,
-    publish: bool = False,
-):
-    """Construct a W&B Report (``wandb_workspaces.reports.v2``) over the W&B runs of sweep ``group``.
-
-    Blocks: an outcome section (peak-checkpoint table panel, outcome-count bar plot) and a ROC section
-    (one custom line chart per ROC table) over the sweep-summary run, and an AUC-over-epochs section:
-    per task, one line plot of the trial runs' :data:`CHECKPOINT_AUC_KEY` against ``epoch``, the runs
-    grouped by configuration (:data:`TRIAL_LINE_GROUP`, mean over seeds). ROC keys and tasks come from
-    ``roc_keys`` / ``tasks`` or are derived from ``results_df`` (and ``run_dir`` for the ROC files).
-    Nothing touches the network unless ``publish`` is true, which calls ``report.save()``.
-    """
-    if any(c in str(group) for c in "'\"\\"):
-        raise ConfigError(f"W&B group name {group!r} must not contain quotes or backslashes")
-    import wandb_workspaces.reports.v2 as wr
-    from wandb_workspaces import expr
-
-    if results_df is not None:
-        public = R.public_results(results_df)
-        if roc_keys is None and run_dir is not None:
-            sel = roc_selection(run_dir, public, max_roc_panels)
-            roc_keys = [roc_key(r.run_id, r.epoch) for r in sel.itertuples(index=False)]
-        if tasks is None:
-            tasks = sorted(str(t) for t in public["task"].unique())
-        outcomes = R.outcome_order(public["outcome"])
-        qs = sorted(int(q) for q in public["q"].unique()) if "q" in public.columns else []
-    else:
-        outcomes, qs = list(R.OUTCOMES), []
-    roc_keys = list(roc_keys or [])[:max_roc_panels]
-    tasks = [str(t) for t in tasks or []]
-    if any(c in t for t in tasks for c in "'\"\\"):
-        raise ConfigError(f"W&B report: task names {tasks!r} must not contain quotes or backslashes")
-
-    def runset() -> Any:
-        return wr.Runset(entity=entity, project=project, name=f"group {group}",
-                         filters=expr.And(expr.Metric("Group") == group))
-
-    def trial_runset(task: str) -> Any:
-        return wr.Runset(entity=entity, project=project, name=f"{task} trials",
-                         filters=expr.And(expr.Metric("Group") == group, expr.Metric("JobType") == TRIAL_JOB_TYPE,
-                                          expr.Config("task") == task),
-                         groupby=[f"config.{k}" for k in TRIAL_LINE_GROUP])
-
-    intro = description or (
-        f"Sweep group `{group}`. Each run's headline is its peak checkpoint (highest calibrated AUC over "
-        "epochs and score kinds). Outcomes: collapse, memorization, inversion, overfitting, no_signal.")
-    outcome_panels: list[Any] = [
-        wr.WeavePanelSummaryTable(table_name=PEAK_TABLE_KEY, layout=wr.Layout(x=0, y=0, w=24, h=12)),
-        wr.BarPlot(title="Outcome counts at peak", metrics=[f"outcome_counts/{o}" for o in outcomes],
-                   layout=wr.Layout(x=0, y=12, w=12, h=8)),
-    ]
-    if qs:
-        outcome_panels.append(wr.LinePlot(title="Detectable share by epoch", x=EPOCH_KEY,
-                                          y=[share_key(q) for q in qs], title_x="epoch", title_y="share",
-                                          log_x=False, layout=wr.Layout(x=12, y=12, w=12, h=8)))
-    roc_panels = [
-        wr.CustomChart(query={"summaryTable": {"tableKey": f"{k}_table"}}, chart_name="wandb/line/v0",
-                       chart_fields={"x": "fpr", "y": "tpr"}, chart_strings={"title": k},
-                       layout=wr.Layout(x=(i % 2) * 12, y=(i // 2) * 8, w=12, h=8))
-        for i, k in enumerate(roc_keys)
-    ]
-    auc_grids = [
-        wr.PanelGrid(runsets=[trial_runset(task)], panels=[
-            wr.LinePlot(title=f"AUC over epochs: {task}", x=EPOCH_KEY, y=[CHECKPOINT_AUC_KEY], title_x="epoch",
-                        title_y="AUC(ΔS), mean over seeds", groupby_aggfunc="mean",
-                        layout=wr.Layout(x=0, y=0, w=24, h=8))])
-        for task in tasks
-    ]
-    blocks: list[Any] = [wr.MarkdownBlock(text=intro), wr.H2(text="Outcomes"),
-                         wr.PanelGrid(runsets=[runset()], panels=outcome_panels)]
-    blocks += [wr.H2(text="ROC curves (log-log in the HTML report)")]
-    blocks += [wr.PanelGrid(runsets=[runset()], panels=roc_panels)] if roc_panels else \
-              [wr.P(text="No ROC tables were logged.")]
-    blocks += [wr.H2(text="AUC over epochs")]
-    blocks += auc_grids or [wr.P(text="No tasks to plot.")]
-    report = wr.Report(project=project, entity=entity, title=title[:128],
-                       description=f"IclMem sweep {group}", blocks=blocks)
-    if publish:
-        publish_wandb_report(report)
-    return report
-
-
-def publish_wandb_report(report: Any) -> str:
-    """Save a report built by :func:`build_wandb_report` to W&B (needs network and credentials)."""
-    report.save()
-    return str(getattr(report, "url", ""))

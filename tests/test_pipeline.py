@@ -163,6 +163,35 @@ def test_provenance_written_by_the_sweep_reaches_the_report_and_the_wandb_summar
     assert logged["config_hash"] == record.config_hash
 
 
+def test_the_wandb_summary_run_holds_what_the_report_package_computes_from_the_folder(sweep_run):
+    """The sweep-summary run a real sweep logged holds, key for key, the summary and the share history
+    :mod:`orchestrator.report.wandb_summary` computes from the folder's public results; its outcome counts
+    are the peak checkpoints' counted independently."""
+    from synthetic_run_dir import read_wandb_records, wandb_history, wandb_summary
+
+    from orchestrator import report as R
+    from orchestrator.report import wandb_summary as S
+    from orchestrator.run_folder import RunFolder
+
+    run_dir, _, _ = sweep_run
+    public = RunFolder(run_dir).results(public=True)
+    summary_runs = [records for p in _wandb_runs(run_dir) for records in [read_wandb_records(p)]
+                    if "results_table" in str(records)]
+    assert len(summary_runs) == 1
+    logged = wandb_summary(summary_runs[0])
+    want = S.summary_scalars(public)
+    assert {k: logged[k] for k in want} == pytest.approx(want)
+    peaks = R.peak_checkpoints(public, regime=None)
+    assert {k.split("/", 1)[1]: v for k, v in want.items() if k.startswith("outcome_counts/")} == \
+        peaks["outcome"].value_counts().to_dict()
+    assert want["n_runs"] == public["run_id"].nunique()
+    assert want["n_checkpoints"] == len(public)
+    history = [{k: v for k, v in row.items() if not k.startswith("_")} for row in wandb_history(summary_runs[0])
+               if S.EPOCH_KEY in row]
+    assert history == S.share_history(public)
+    assert history, "the detectable share over epochs was not logged"
+
+
 def torch_version() -> str:
     import torch
 

@@ -24,6 +24,7 @@ from iclmem.errors import ConfigError
 from iclmem.vocab import LabelMode, Outcome, Regime, ScoreKind
 from orchestrator import report as R
 from orchestrator import wandb_logger as W
+from orchestrator.report import wandb_summary as S
 from orchestrator.run_folder import RunFolder
 
 FAKE_KEY = "fakekey-canary-0123456789abcdef0123456789abcdef"
@@ -68,7 +69,7 @@ def test_null_logger_is_the_default_and_satisfies_the_protocol(tmp_path):
 
 
 def test_keys_are_stable_and_safe():
-    assert W.roc_key("single_fixed_bin task_lr0.01_q50", 5) == "roc/single_fixed_bin_task_lr0.01_q50_e5"
+    assert S.roc_key("single_fixed_bin task_lr0.01_q50", 5) == "roc/single_fixed_bin_task_lr0.01_q50_e5"
 
 
 # -- an offline summary run --------------------------------------------------------------------------
@@ -197,7 +198,7 @@ def wr():
 def test_build_report_blocks_and_panel_queries(wr, logged, trial_runs):
     run_dir, _, records, _, _ = logged
     results = RunFolder(run_dir).results()
-    report = W.build_wandb_report("my-entity", "iclmem-test", GROUP, results, run_dir=run_dir, max_roc_panels=5)
+    report = S.build_wandb_report("my-entity", "iclmem-test", GROUP, results, run_dir=run_dir, max_roc_panels=5)
     assert isinstance(report, wr.Report)
     assert (report.entity, report.project) == ("my-entity", "iclmem-test")
     grids = [b for b in report.blocks if isinstance(b, wr.PanelGrid)]
@@ -213,7 +214,7 @@ def test_build_report_blocks_and_panel_queries(wr, logged, trial_runs):
     outcome, roc, *auc = grids
     table = [p for p in outcome.panels if isinstance(p, wr.WeavePanelSummaryTable)]
     assert len(table) == 1
-    assert table[0].table_name == W.PEAK_TABLE_KEY
+    assert table[0].table_name == S.PEAK_TABLE_KEY
     bars = [p for p in outcome.panels if isinstance(p, wr.BarPlot)][0]
     assert bars.metrics == [f"outcome_counts/{o}" for o in R.OUTCOMES]
 
@@ -228,7 +229,7 @@ def test_build_report_blocks_and_panel_queries(wr, logged, trial_runs):
         (panel,), (trials,) = grid.panels, grid.runsets  # the task's trial runs, one line per configuration
         assert isinstance(panel, wr.LinePlot)
         assert panel.title == f"AUC over epochs: {task}"
-        assert (panel.x, panel.y, panel.groupby_aggfunc) == ("epoch", [W.CHECKPOINT_AUC_KEY], "mean")
+        assert (panel.x, panel.y, panel.groupby_aggfunc) == ("epoch", [S.CHECKPOINT_AUC_KEY], "mean")
         assert f"'{task}'" in str(trials.filters)
         assert "JobType" in str(trials.filters)
         assert trials.groupby == ["config.model", "config.regime", "config.label_mode", "config.lr", "config.q"]
@@ -238,15 +239,15 @@ def test_build_report_blocks_and_panel_queries(wr, logged, trial_runs):
     for p in roc.panels:
         assert p.query["summaryTable"]["tableKey"] in summary
     assert set(bars.metrics) <= set(summary)
-    assert W.PEAK_TABLE_KEY in summary
+    assert S.PEAK_TABLE_KEY in summary
 
 
 def test_report_is_saved_only_when_asked(wr, monkeypatch):
     saved = []
     monkeypatch.setattr(wr.Report, "save", lambda self, *a, **k: saved.append(self) or self)
-    W.build_wandb_report("e", "p", "g", tasks=["t"], roc_keys=["roc/r_e1"])
+    S.build_wandb_report("e", "p", "g", tasks=["t"], roc_keys=["roc/r_e1"])
     assert saved == []
-    report = W.build_wandb_report("e", "p", "g", roc_keys=["roc/r_e1"], publish=True)
+    report = S.build_wandb_report("e", "p", "g", roc_keys=["roc/r_e1"], publish=True)
     assert saved == [report]
 
 
@@ -339,7 +340,7 @@ def test_a_restarted_driver_continues_each_trial_run_under_the_same_id(trial_run
             run_records = [r.run for r in read_wandb_records(path) if r.WhichOneof("record_type") == "run"]
             assert run_records[0].run_id == wandb_id
             assert run_records[0].run_group == GROUP
-            assert run_records[0].job_type == W.TRIAL_JOB_TYPE
+            assert run_records[0].job_type == S.TRIAL_JOB_TYPE
 
 
 def test_another_run_folder_of_the_same_sweep_gets_other_run_ids(trial_runs, tmp_path):
@@ -381,7 +382,7 @@ def test_training_metrics_are_logged_once_per_epoch_without_tune_bookkeeping(tri
 
 def test_each_checkpoint_probe_row_is_logged_once_at_its_epoch_with_its_public_metrics(trial_runs):
     run_dir, results, first_ids, _, _ = trial_runs
-    public = set(R.public_results(results).columns) - set(W.TRIAL_CONFIG_KEYS) - {"epoch"}
+    public = set(R.public_results(results).columns) - set(S.TRIAL_CONFIG_KEYS) - {"epoch"}
     for run, wandb_id in first_ids.items():
         probed = [h for p in _offline_files(run_dir, wandb_id) for h in wandb_history(read_wandb_records(p))
                   if "probe/outcome" in h]
@@ -389,8 +390,8 @@ def test_each_checkpoint_probe_row_is_logged_once_at_its_epoch_with_its_public_m
         assert sorted(h["epoch"] for h in probed) == sorted(expected.index)  # each once, across both drivers
         for h in probed:
             want = expected.loc[h["epoch"]]
-            assert {k for k in h if k.startswith("probe/")} == {f"probe/{k}" for k in public} | {W.CHECKPOINT_AUC_KEY}
-            assert h[W.CHECKPOINT_AUC_KEY] == pytest.approx(R.checkpoint_auc(expected.loc[[h["epoch"]]]).iloc[0])
+            assert {k for k in h if k.startswith("probe/")} == {f"probe/{k}" for k in public} | {S.CHECKPOINT_AUC_KEY}
+            assert h[S.CHECKPOINT_AUC_KEY] == pytest.approx(R.checkpoint_auc(expected.loc[[h["epoch"]]]).iloc[0])
             for k in ("auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "loss_ratio", "raw_auc",
                       "ref_auc", "auc_entropy"):
                 assert h[f"probe/{k}"] == pytest.approx(want[k]), k

@@ -8,9 +8,12 @@ page and the sections each feature adds.
   :mod:`~orchestrator.report.canaries`: the ε lower bounds, the reference-model attacks and the canaries,
   each a table, a figure and an HTML section; :mod:`~orchestrator.report.parts` holds what they share.
 * :mod:`~orchestrator.report.html`: the page (``report.html``, ``lm_report.html``).
+* :mod:`~orchestrator.report.wandb_summary`: what goes to W&B (the keys, the sweep-summary run's and each
+  trial run's values, the W&B Report), computed from the same public tables; ``orchestrator.wandb_logger`` is
+  the shell that writes them with ``wandb``.
 
 The run folder is read through :class:`orchestrator.run_folder.RunFolder` and the results row's columns are
-:mod:`iclmem.record`'s; the W&B sweep summary (``orchestrator.wandb_logger``) logs the same public tables.
+:mod:`iclmem.record`'s.
 The names below are the package's API: ``from orchestrator import report`` then ``report.peak_checkpoints``.
 """
 
