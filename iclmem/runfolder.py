@@ -36,6 +36,11 @@ RUN_STATE_FILE = "run_state.json"  # how the last driver of this folder ended (:
 # ``iclmem lm run | lm resume`` (``orchestrator.lm_sweep``) write RUN_STATE_FILE and CONSOLE_LOG_FILE too.
 
 # An LM probe run folder (``iclmem lm run``; its provenance has ``kind = "lm"``)
+# ``iclmem audit-context``: the deployed-context audit's folder
+CONTEXT_AUDIT_FILE = "context_audit.parquet"  # one row per (target context, attack)
+CONTEXT_ROC_FILE = "context_roc.parquet"  # (target, attack, fpr, tpr): each attack's ROC curve
+CONTEXT_SCORES_FILE = "context_scores.parquet"  # one row per audited row: its id, member flag, each attack's score
+CONTEXT_ROC_FIGURE = "context_roc.png"
 LM_SWEEP_FILE = "lm_sweep.json"  # the validated LM sweep config, as resumed by ``iclmem lm resume``
 LM_RESULTS_FILE = "lm_results.parquet"  # one row per model x dataset x probe x type x seed x variant x criterion
 LM_REPORT_FILE = "lm_report.html"

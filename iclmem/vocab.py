@@ -210,6 +210,27 @@ class Attack(Vocab):
     RMIA = "rmia"  # Zarifzadeh et al.: likelihood ratio against the references, compared over a population
 
 
+class ContextAttack(Vocab):
+    """The attacks of the deployed-context audit (probes/context_audit.py): is a row in a fitted in-context
+    learner's context? A reference is the same weights with another context; the last three are
+    :class:`Attack`'s, on those references."""
+
+    LOSS = "loss"  # the known-context loss: log p(y*) under the deployed context, nothing else
+    CALIBRATED_LOSS = "calibrated_loss"  # log p(y*) minus its mean under the reference contexts that lacked the row
+    LIRA_ONLINE = Attack.LIRA_ONLINE.value
+    LIRA_OFFLINE = Attack.LIRA_OFFLINE.value
+    RMIA = Attack.RMIA.value
+
+
+class ContextTarget(Vocab):
+    """What the deployed-context audit attacks: the deployed context (members = its rows), or the control, a
+    context of the same size and label counts holding none of the audited rows (every attack must say
+    ``no_signal`` there, or no verdict of the audit is trusted)."""
+
+    DEPLOYED = "deployed"
+    CONTROL = "never_in_context"
+
+
 class CanaryKind(Vocab):
     """Crafted rows a sweep can insert into a run's fine-tuning members (trainables/canaries.py)."""
 

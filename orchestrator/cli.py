@@ -127,7 +127,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise ConfigError(f"{run_dir}: {problem}; `iclmem report` rewrites the tables and the report there")
     results = aggregate(run_dir, wandb_mode=args.wandb, replace_fewer=args.force)
     if args.wandb_report:
-        from orchestrator.wandb_logger import build_wandb_report, resolve_wandb_mode
+        from orchestrator.report.wandb_summary import build_wandb_report
+        from orchestrator.wandb_logger import resolve_wandb_mode
 
         if resolve_wandb_mode(args.wandb or "online") != "online":
             raise ConfigError("--wandb-report publishes to W&B: pass --wandb online and export WANDB_API_KEY")
@@ -162,6 +163,17 @@ def cmd_probe(args: argparse.Namespace) -> int:
     keys = ["outcome", "score_kind", "auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "loss_ratio",
             "blind_auc", "blind_auc_low", "blind_auc_high", "exchangeable"]
     print(json.dumps({k: row.get(k) for k in keys}, indent=1, default=str))
+    return 0
+
+
+def cmd_audit_context(args: argparse.Namespace) -> int:
+    from orchestrator.context_audit import audit_context, summary_lines
+
+    result = audit_context(args.task, out=args.out, model=args.model, estimator=args.estimator,
+                           context_size=args.context_size, references=args.references, seed=args.seed,
+                           bootstrap=args.bootstrap, null_splits=args.null_splits)
+    print("\n".join(summary_lines(result)))
+    print(f"written to {args.out}")
     return 0
 
 
@@ -332,6 +344,32 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", default=None, help="audit folder: new, empty, or an earlier audit of the same checkpoint (default: "
                     "./runs/audit-<task>-<checkpoint id>)")
     pr.set_defaults(func=cmd_probe)
+
+    from orchestrator.context_audit import DEFAULT_CONTEXT_SIZE, DEFAULT_NULL_SPLITS, DEFAULT_REFERENCES
+
+    ca = parser(sub, "audit-context", help="was a row in a fitted estimator's context? (no fine-tuning, no Ray)",
+                description=textwrap.fill(
+                    "Audit a fitted in-context learner as deployed: N rows of the table are its context "
+                    "(members), N label-matched rows are not (non-members); K reference contexts (each row in "
+                    "half of them) calibrate the known-context loss, LiRA and RMIA; a never-in-context control "
+                    "must give no signal for the verdict to be trusted.", 100))
+    ca.add_argument("task", help="built-in task name, a CARTE folder:name, or file.csv:target")
+    which = ca.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", default=None, help="registered model, see `iclmem models` (e.g. pfn-mini)")
+    which.add_argument("--estimator", default=None, metavar="MODULE:FACTORY",
+                       help="a callable returning an unfitted scikit-learn-style classifier (fit, predict_proba), "
+                            "audited as configured: its preprocessing, subsampling and ensembling included")
+    ca.add_argument("--context-size", type=_positive, default=DEFAULT_CONTEXT_SIZE,
+                    help="rows in the deployed context (N), and in each reference context")
+    ca.add_argument("--references", type=_positive, default=DEFAULT_REFERENCES,
+                    help="reference contexts K: even, at most 256")
+    ca.add_argument("--null-splits", type=int, default=DEFAULT_NULL_SPLITS,
+                    help="null splits of the non-members per attack (their detections are false positives)")
+    ca.add_argument("--seed", type=int, default=0, help="seed of the split and of the reference contexts")
+    ca.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP,
+                    help=f"bootstrap resamples of the AUC intervals, at least {min_bootstrap()}")
+    ca.add_argument("--out", required=True, help="audit folder: new, empty, or an earlier run of the same audit")
+    ca.set_defaults(func=cmd_audit_context)
 
     e = parser(sub, "estimate", help="the grid's work, unit costs measured on this device, and the predicted "
                "wall time and device-hours on N workers, before anything is launched")

@@ -314,30 +314,45 @@ def evaluate_attacks(inputs: AttackInputs, *, prefix: str = "", n_resamples: int
     columns: dict[str, Any] = {f"{prefix}attack_references": inputs.stats.n_references,
                                f"{prefix}attack_global_variance": fit_gaussians(inputs.stats).global_variance}
     curves: dict[str, dict[str, list[float]]] = {}
-    nonmember_pos = np.flatnonzero(~member)
     for attack in Attack:
         scores = attack_scores(attack, inputs.stats, inputs.target_log_p, inputs.reference_log_p)
-        a = f"{prefix}{attack.value}_"
-        columns.update(attack_metric_columns(scores, member, a, n_resamples=n_resamples, seed=seed,
-                                             epsilon_delta=epsilon_delta, thresholds=th, n_checkpoints=n_checkpoints))
-        curve = roc_curve(scores[member], scores[~member])
-        curves[attack.value] = {"fpr": [float(v) for v in curve.fpr], "tpr": [float(v) for v in curve.tpr]}
-        records: list[dict[str, Any]] = []
-        for j in range(null_splits):
-            fake = attack_null_split(len(nonmember_pos), j, seed)
-            sub = scores[nonmember_pos]
-            m = membership_metrics(sub[fake], sub[~fake], ScoreKind.LOSS, Calibration.CALIBRATED,
-                                   alphas=(0.01, th.memorization_alpha), n_resamples=n_resamples, seed=seed)
-            records.append({"index": j, "n_members": int(fake.sum()), "n_nonmembers": int((~fake).sum()),
-                            "auc": m.auc, "auc_low": m.auc_interval.low, "auc_high": m.auc_interval.high,
-                            "p_value": m.p_value, "tpr_at_alpha": m.tpr_at(th.memorization_alpha).tpr,
-                            "outcome": attack_verdict(m, th, n_checkpoints).value})
-        columns[f"{a}null_splits"] = null_splits
-        columns[f"{a}null_auc"] = float(np.mean([r["auc"] for r in records])) if records else float("nan")
-        columns[f"{a}null_detections"] = sum(r["auc_low"] > 0.5 for r in records)
-        columns[f"{a}null_memorization"] = sum(r["outcome"] == Outcome.MEMORIZATION.value for r in records)
-        columns[f"{a}null_evidence"] = json.dumps(records, sort_keys=True)
+        cols, curves[attack.value] = score_columns(scores, member, f"{prefix}{attack.value}_", n_resamples=n_resamples,
+                                                   null_splits=null_splits, seed=seed, epsilon_delta=epsilon_delta,
+                                                   thresholds=th, n_checkpoints=n_checkpoints)
+        columns.update(cols)
     return columns, curves
+
+
+def score_columns(scores: np.ndarray, member: np.ndarray, prefix: str, *, n_resamples: int, null_splits: int,
+                  seed: int = 0, epsilon_delta: float = DEFAULT_EPSILON_DELTA,
+                  thresholds: OutcomeThresholds | None = None, n_checkpoints: int = 1,
+                  ) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """One membership score's columns (higher = member; :func:`attack_metric_columns` on the real split, and
+    ``null_splits`` attack null splits of its non-members, see :func:`evaluate_attacks`) and its ROC curve
+    (fpr, tpr). The one implementation behind every attack of a sweep and of the deployed-context audit."""
+    th = thresholds or OutcomeThresholds()
+    member = np.asarray(member, dtype=bool)
+    scores = np.asarray(scores, dtype=np.float64)
+    columns = attack_metric_columns(scores, member, prefix, n_resamples=n_resamples, seed=seed,
+                                    epsilon_delta=epsilon_delta, thresholds=th, n_checkpoints=n_checkpoints)
+    curve = roc_curve(scores[member], scores[~member])
+    nonmember_pos = np.flatnonzero(~member)
+    records: list[dict[str, Any]] = []
+    for j in range(null_splits):
+        fake = attack_null_split(len(nonmember_pos), j, seed)
+        sub = scores[nonmember_pos]
+        m = membership_metrics(sub[fake], sub[~fake], ScoreKind.LOSS, Calibration.CALIBRATED,
+                               alphas=(0.01, th.memorization_alpha), n_resamples=n_resamples, seed=seed)
+        records.append({"index": j, "n_members": int(fake.sum()), "n_nonmembers": int((~fake).sum()),
+                        "auc": m.auc, "auc_low": m.auc_interval.low, "auc_high": m.auc_interval.high,
+                        "p_value": m.p_value, "tpr_at_alpha": m.tpr_at(th.memorization_alpha).tpr,
+                        "outcome": attack_verdict(m, th, n_checkpoints).value})
+    columns[f"{prefix}null_splits"] = null_splits
+    columns[f"{prefix}null_auc"] = float(np.mean([r["auc"] for r in records])) if records else float("nan")
+    columns[f"{prefix}null_detections"] = sum(r["auc_low"] > 0.5 for r in records)
+    columns[f"{prefix}null_memorization"] = sum(r["outcome"] == Outcome.MEMORIZATION.value for r in records)
+    columns[f"{prefix}null_evidence"] = json.dumps(records, sort_keys=True)
+    return columns, {"fpr": [float(v) for v in curve.fpr], "tpr": [float(v) for v in curve.tpr]}
 
 
 def attack_peak(epochs: Sequence[int], aucs: Sequence[float]) -> int | None:

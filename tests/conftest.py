@@ -41,6 +41,49 @@ def real_sweep(tmp_path_factory, ray_session):
     return run_real_sweep(tmp_path_factory.mktemp("e2e"))
 
 
+# ------------------------------------------------------------------------------- xdist scheduling
+# `make test` runs two xdist workers with --dist loadgroup. A module whose tests share a fixture wider than one
+# test (module, class, or the session's real sweep) goes to one worker as one unit: split between the two, each
+# worker would build that fixture itself (the shared sweep alone is over a minute). The other tests are handed
+# out one by one, the slow ones first, so that no long test starts last while the other worker idles.
+_SHARED_SCOPES = ("module", "class")
+# The modules of the longest tests (--durations on this 2-core machine: 40-100 s each), started first; a hint
+# for the schedule only (a stale entry costs minutes, never a result)
+_LONGEST_FIRST = ("test_node_loss", "test_pipeline", "test_interrupt", "test_dp", "test_tune_faults", "test_console",
+                  "test_cluster_jobs", "test_exchangeability")
+_SHARED_SESSION_FIXTURES = ("real_sweep",)
+
+
+def _shares_a_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    for name, defs in info.name2fixturedefs.items():
+        if defs and (defs[-1].scope in _SHARED_SCOPES or name in _SHARED_SESSION_FIXTURES):
+            return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    grouped = {item.module.__name__ for item in items if _shares_a_fixture(item)}
+    for item in items:
+        if item.module.__name__ in grouped:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    slow_tests: dict[str, int] = {}
+    for item in items:
+        if item.get_closest_marker("slow"):
+            slow_tests[item.module.__name__] = slow_tests.get(item.module.__name__, 0) + 1
+    # stable: a module's tests keep their order; the longest first, then the modules with the most slow tests
+    # (the Makefile's --no-loadscope-reorder keeps this order instead of xdist's: groups with most tests first)
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name = item.module.__name__
+        return (_LONGEST_FIRST.index(name) if name in _LONGEST_FIRST else len(_LONGEST_FIRST),
+                -slow_tests.get(name, 0))
+
+    items.sort(key=rank)
+
+
 # ------------------------------------------------------------------------------- private Ray clusters
 # Tests that start a Ray of their own (ray job submit, ray.cluster_utils.Cluster) run it in
 # subprocesses with this environment: own temp dir and token, and a marker for an exact teardown.

@@ -1,0 +1,342 @@
+"""``iclmem audit-context``: was a row in a fitted estimator's context? The shell around
+:mod:`probes.context_audit` (the math): settle and check the settings, prepare the table, build the scorer,
+run the audit, write the folder. No Ray: the K reference contexts are forward passes of one process.
+
+The estimator is either a registered model (``--model pfn-mini``: its adapter, the context as given, one
+forward pass per context) or any scikit-learn-style classifier (``--estimator module:factory``: ``factory()``
+returns an unfitted estimator with ``fit(X, y)`` and ``predict_proba(X)``; it is fitted on each context
+and scored as deployed, its own preprocessing, subsampling and ensembling included, so a TabPFN or TabICL
+classifier is audited as configured in the factory).
+
+The folder (``--out``, new or empty, or this same audit's folder): ``provenance.json`` (kind ``audit``, the
+settings as resolved), ``context_audit.parquet`` (a row per target context and attack), ``context_roc.parquet``,
+``context_scores.parquet`` (row ids, member flags and each attack's score: ids, not records),
+``verdict.json`` and ``context_roc.png``. The table's rows stay in the folder; nothing is sent anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from iclmem.atomic import write_json_atomic, write_parquet_atomic
+from iclmem.errors import ConfigError, DataError
+from iclmem.provenance import Provenance
+from iclmem.runfolder import (
+    CONTEXT_AUDIT_FILE,
+    CONTEXT_ROC_FIGURE,
+    CONTEXT_ROC_FILE,
+    CONTEXT_SCORES_FILE,
+    PREPARED_DIR,
+    VERDICT_FILE,
+)
+from iclmem.vocab import ContextAttack, ContextTarget, LabelDesign, LabelMode
+
+DEFAULT_CONTEXT_SIZE = 256
+DEFAULT_REFERENCES = 64
+DEFAULT_NULL_SPLITS = 5
+# Stage I reserves a fine-tuning context C' beside members and non-members; the context audit has no use for
+# it but as the blind baseline's fallback rows, so it is kept small: the control needs the rows left over
+BLIND_CONTEXT_ROWS = 32
+
+
+# ------------------------------------------------------------------------------------------ scorers
+class AdapterScorer:
+    """A registered model's adapter as a :class:`probes.context_audit.ContextScorer`: one forward pass of
+    the queries (in chunks of ``chunk`` rows; a query attends to the context, not to other queries) against
+    the given context."""
+
+    def __init__(self, adapter: Any, n_classes: int, columns: Any = None, chunk: int = 2048) -> None:
+        self.adapter, self.n_classes, self.chunk = adapter, int(n_classes), int(chunk)
+        hook = getattr(adapter, "use_columns", None)
+        if hook is not None:
+            hook(columns)
+        adapter.module.eval()
+
+    def __call__(self, context_x: np.ndarray, context_y: np.ndarray, query_x: np.ndarray) -> np.ndarray:
+        import torch
+
+        device = self.adapter.device
+        cx = torch.from_numpy(np.ascontiguousarray(context_x, dtype=np.float32))[None].to(device)
+        cy = torch.from_numpy(np.ascontiguousarray(context_y, dtype=np.int64))[None].to(device)
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(query_x), self.chunk):
+                q = torch.from_numpy(np.ascontiguousarray(query_x[start:start + self.chunk], dtype=np.float32))
+                out.append(self.adapter.log_probs(cx, cy, q[None].to(device), self.n_classes)[0].cpu().numpy())
+        return np.concatenate(out).astype(np.float64)
+
+
+class EstimatorScorer:
+    """A scikit-learn-style classifier as a :class:`probes.context_audit.ContextScorer`: a fresh estimator
+    from ``factory()`` fitted on each context, ``predict_proba`` on the queries, its columns mapped to the
+    classes through ``classes_`` (a class the context lacks gets probability 0, floored by the audit)."""
+
+    def __init__(self, factory: Callable[[], Any], n_classes: int, name: str = "estimator") -> None:
+        self.factory, self.n_classes, self.name = factory, int(n_classes), name
+
+    def __call__(self, context_x: np.ndarray, context_y: np.ndarray, query_x: np.ndarray) -> np.ndarray:
+        est = self.factory()
+        est.fit(np.asarray(context_x), np.asarray(context_y))
+        proba = np.asarray(est.predict_proba(np.asarray(query_x)), dtype=np.float64)
+        classes = np.asarray(getattr(est, "classes_", np.arange(proba.shape[1])), dtype=np.int64)
+        if proba.ndim != 2 or proba.shape != (len(query_x), len(classes)):
+            raise DataError(f"{self.name}: predict_proba returned shape {proba.shape} for {len(query_x)} rows and "
+                            f"{len(classes)} classes")
+        full = np.zeros((len(query_x), self.n_classes))
+        full[:, classes] = proba
+        with np.errstate(divide="ignore"):
+            return np.log(full)
+
+
+def load_estimator_factory(spec: str) -> Callable[[], Any]:
+    """``module:attribute`` (a callable taking no argument and returning an unfitted classifier with ``fit``
+    and ``predict_proba``), imported and tried once: a wrong spec is a :class:`ConfigError` naming it,
+    before any work."""
+    if ":" not in spec:
+        raise ConfigError(f"--estimator {spec!r}: give MODULE:FACTORY, e.g. sklearn.linear_model:LogisticRegression")
+    module_name, attr = spec.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--estimator {spec}: module {module_name!r} cannot be imported ({exc})") from None
+    factory = getattr(module, attr, None)
+    if factory is None or not callable(factory):
+        raise ConfigError(f"--estimator {spec}: {module_name} has no callable {attr!r}")
+    try:
+        probe = factory()
+    except Exception as exc:  # a user's factory: any failure is theirs to see, named
+        raise ConfigError(f"--estimator {spec}: calling {attr}() failed: {type(exc).__name__}: {exc}") from None
+    missing = [m for m in ("fit", "predict_proba") if not callable(getattr(probe, m, None))]
+    if missing:
+        raise ConfigError(f"--estimator {spec}: {attr}() returned a {type(probe).__name__} without "
+                          f"{' and '.join(missing)}; the audit needs a classifier with fit and predict_proba")
+    return factory
+
+
+# ------------------------------------------------------------------------------------------ the audit
+def context_audit_hash(config: dict[str, Any]) -> str:
+    """The audit folder's identity: its settings as resolved (a folder is reused only by the same audit)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def claim_folder(out_dir: Path, config_hash: str) -> None:
+    """A new or empty folder, or this same audit's: never among someone else's files, over another audit,
+    or into a run folder. :class:`ConfigError` (nothing written) otherwise."""
+    from iclmem.runfolder import folder_kind, unwritable
+
+    found = folder_kind(out_dir)
+    where = f"--out {out_dir}"
+    if found == "audit":
+        record = Provenance.read(out_dir)
+        if record is None or record.config_hash != config_hash:
+            raise ConfigError(f"{where} holds another audit (its settings differ); give --out a new folder")
+    elif found in ("tabular", "lm"):
+        raise ConfigError(f"{where} is an iclmem run folder; the context audit writes a folder of its own")
+    elif found == "foreign":
+        raise ConfigError(f"{where} is not empty and not an iclmem audit folder: iclmem writes nothing among other "
+                          "files; give --out a new or empty folder")
+    problem = unwritable(out_dir)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
+
+
+@dataclass(frozen=True)
+class PreparedContextAudit:
+    """What an audit scores, built from the table: the inputs of :mod:`probes.context_audit`, the scorer,
+    the prepared task and the population's positions in it (members first)."""
+
+    inputs: Any  # probes.context_audit.ContextAuditInputs
+    scorer: Any  # a probes.context_audit.ContextScorer
+    prepared: Any  # trainables.data.PreparedTask
+    population: np.ndarray  # int64 [2N]: positions of P in the prepared task, members first
+
+
+def prepare_context_audit(source: Any, task: str, context_size: int, seed: int, *, adapter: Any = None,
+                          factory: Callable[[], Any] | None = None, estimator: str | None = None,
+                          cache_dir: Path | None = None, note: Callable[[str], None] = print) -> PreparedContextAudit:
+    """Stage I for a context audit under the model's input contract: N label-matched members and non-members
+    (q = N), a small C' (:data:`BLIND_CONTEXT_ROWS`), and the control drawn from the rows left (N rows with
+    the members' label counts; none when the table has too few, said through ``note``)."""
+    from probes.context_audit import ContextAuditInputs
+    from trainables.data import PrepSettings, load_or_prepare, null_split
+
+    if (adapter is None) == (factory is None):
+        raise ConfigError("a context audit scores one estimator: a model's adapter or an estimator factory")
+    settings = PrepSettings(context_size=BLIND_CONTEXT_ROWS, label_design=LabelDesign.MATCHED.value)
+    if adapter is not None:
+        settings = adapter.prep_settings(settings)
+    try:
+        prepared = load_or_prepare(source, settings, LabelMode.NORMAL, seed, q=context_size,
+                                   cache_dir=cache_dir)
+    except DataError as exc:
+        raise DataError(f"--context-size {context_size} needs 2 x {context_size} rows of {task} (members and "
+                        f"non-members) and {BLIND_CONTEXT_ROWS} more ({exc}); 3 x {context_size} + {BLIND_CONTEXT_ROWS}"
+                        " give the never-in-context control too") from None
+    population = np.concatenate([prepared.member_idx, prepared.nonmember_idx])
+    member = np.zeros(len(population), dtype=bool)
+    member[: len(prepared.member_idx)] = True
+    features, labels = np.asarray(prepared.features), np.asarray(prepared.labels)
+    control_x = control_y = None
+    try:
+        control_rows, _ = null_split(prepared, 0)
+    except DataError:
+        control_rows = np.zeros(0, dtype=np.int64)
+    if len(control_rows) == context_size:
+        control_x, control_y = features[control_rows], labels[control_rows]
+    else:
+        note(f"[iclmem] {task}: {len(control_rows)} rows outside the audited ones with the members' label counts, "
+             f"{context_size} needed: no never-in-context control, so the verdict is not trusted; use a larger "
+             "table or a smaller --context-size")
+    inputs = ContextAuditInputs(features[population], labels[population], member, prepared.n_classes,
+                                control_x, control_y)
+    scorer: Any = (AdapterScorer(adapter, prepared.n_classes, prepared.columns) if adapter is not None
+                   else EstimatorScorer(factory, prepared.n_classes, str(estimator)))
+    return PreparedContextAudit(inputs, scorer, prepared, population)
+
+
+def audit_context(task: str, *, out: str, model: str | None = None, estimator: str | None = None,
+                  context_size: int = DEFAULT_CONTEXT_SIZE, references: int = DEFAULT_REFERENCES, seed: int = 0,
+                  bootstrap: int | None = None, null_splits: int = DEFAULT_NULL_SPLITS,
+                  log: Callable[[str], None] | None = None) -> Any:
+    """Audit whether rows of ``task`` were in a fitted estimator's context; returns the
+    :class:`probes.context_audit.ContextAuditResult` and writes the folder ``out``."""
+    from orchestrator.audit import DEFAULT_BOOTSTRAP, min_bootstrap, parse_task
+    from probes.context_audit import MAX_REFERENCES, evaluate_context_audit
+    from probes.metrics import LowResolutionWarning
+    from probes.outcomes import OutcomeThresholds
+    from probes.probe import blind_columns
+
+    note = log or (lambda line: print(line, file=sys.stderr))
+    bootstrap = DEFAULT_BOOTSTRAP if bootstrap is None else int(bootstrap)
+    # every setting checked before any work
+    if (model is None) == (estimator is None):
+        raise ConfigError("give the audited estimator: --model NAME (a registered model, e.g. pfn-mini) or "
+                          "--estimator MODULE:FACTORY (a scikit-learn-style classifier), not both")
+    if references < 2 or references % 2 or references > MAX_REFERENCES:
+        raise ConfigError(f"--references {references}: an even number from 2 to {MAX_REFERENCES} (every row is then "
+                          "in exactly half of the reference contexts)")
+    if context_size < 4:
+        raise ConfigError(f"--context-size {context_size}: at least 4 rows")
+    if bootstrap < min_bootstrap():
+        raise ConfigError(f"--bootstrap {bootstrap}: at least {min_bootstrap()} resamples")
+    if null_splits < 0:
+        raise ConfigError(f"--null-splits {null_splits}: zero or more")
+    source = parse_task(task)
+    config = {"audit": "context", "task": task, "model": model, "estimator": estimator, "context_size": context_size,
+              "references": references, "seed": seed, "bootstrap": bootstrap, "null_splits": null_splits}
+    config_hash = context_audit_hash(config)
+    out_dir = Path(out)
+    factory = load_estimator_factory(estimator) if estimator else None
+    adapter = None
+    if model is not None:
+        from trainables.models import build_model
+
+        adapter = build_model(model)
+    claim_folder(out_dir, config_hash)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    Provenance.collect(kind="audit", sweep_name=f"context-{source.name}", config=config, config_hash=config_hash,
+                       seeds=[seed]).write(out_dir)
+
+    audit = prepare_context_audit(source, task, context_size, seed, adapter=adapter, factory=factory,
+                                  estimator=estimator, cache_dir=out_dir / PREPARED_DIR, note=note)
+    inputs, scorer, prepared, population = audit.inputs, audit.scorer, audit.prepared, audit.population
+    member = inputs.member
+    blind = blind_columns(prepared)
+    note(f"[iclmem] context audit of {task}: context {context_size} rows, {references} reference contexts, "
+         f"{len(population)} rows audited")
+    step = max(1, references // 8)
+
+    def progress(k: int, total: int) -> None:
+        if k % step == 0 or k == total:
+            note(f"[iclmem]   reference contexts scored: {k}/{total}")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LowResolutionWarning)
+        result = evaluate_context_audit(scorer, inputs, n_references=references, seed=seed, n_resamples=bootstrap,
+                                        null_splits=null_splits, thresholds=OutcomeThresholds(), blind=blind,
+                                        exchangeable=bool(blind["exchangeable"]), progress=progress)
+    coarse = sorted({str(w.message).split(":")[0] for w in caught if issubclass(w.category, LowResolutionWarning)})
+    if coarse:  # one line, not one per attack and split: with N non-members a TPR at FPR below ~10/N is coarse
+        note(f"[iclmem] {', '.join(coarse)} rest on fewer than 10 allowed false positives among {context_size} "
+             "non-members: coarse estimates (a larger --context-size sharpens them)")
+    write_audit_folder(out_dir, result, prepared.row_ids[population], member, config_hash)
+    return result
+
+
+def write_audit_folder(out_dir: Path, result: Any, row_ids: np.ndarray, member: np.ndarray, config_hash: str) -> None:
+    """The audit's tables, verdict and figure (atomic writes; the verdict last, so a folder with a verdict is
+    complete)."""
+    rows = pd.DataFrame(list(result.rows))
+    rows.insert(0, "config_hash", config_hash)
+    write_parquet_atomic(rows, out_dir / CONTEXT_AUDIT_FILE)
+    roc = pd.DataFrame([{"target": t, "attack": a, "fpr": f, "tpr": r} for (t, a), c in result.curves.items()
+                        for f, r in zip(c["fpr"], c["tpr"], strict=True)])
+    write_parquet_atomic(roc, out_dir / CONTEXT_ROC_FILE)
+    scores = pd.DataFrame({"row_id": np.asarray(row_ids, dtype=np.int64), "member": np.asarray(member, dtype=bool)})
+    for (target, attack), values in result.scores.items():
+        scores[f"{target}__{attack}"] = values
+    write_parquet_atomic(scores, out_dir / CONTEXT_SCORES_FILE)
+    plot_context_roc(result, out_dir / CONTEXT_ROC_FIGURE)
+    verdict = {**result.verdict.to_dict(), "config_hash": config_hash,
+               "seconds_per_reference": result.seconds_per_reference,
+               "blind": {k: (v.item() if isinstance(v, np.generic) else v) for k, v in result.blind.items()},
+               "attacks": {r["attack"]: {"target": r["target"], "auc": r["auc"], "tpr_at_1pct": r["tpr_at_1pct"],
+                                         "outcome": r["outcome"]}
+                           for r in result.rows if r["target"] == ContextTarget.DEPLOYED.value}}
+    write_json_atomic(out_dir / VERDICT_FILE, verdict)
+
+
+def plot_context_roc(result: Any, path: Path) -> None:
+    """Log-log ROC of every attack: the deployed context solid, the never-in-context control dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.0, 5.0))
+    ax = fig.subplots()
+    n_nonmembers = int(result.rows[0]["n_nonmembers"])
+    floor = 0.5 / max(1, n_nonmembers)  # half the smallest non-zero FPR: "no false positive" sits there
+    for i, attack in enumerate(ContextAttack):
+        for target, style in ((ContextTarget.DEPLOYED, "-"), (ContextTarget.CONTROL, ":")):
+            curve = result.curves.get((target.value, attack.value))
+            if curve is None:
+                continue
+            fpr = np.maximum(np.asarray(curve["fpr"], dtype=float), floor)
+            tpr = np.maximum(np.asarray(curve["tpr"], dtype=float), floor)
+            label = f"{attack.value}" + (" (control)" if target == ContextTarget.CONTROL else "")
+            ax.plot(fpr, tpr, style, color=f"C{i}", label=label, linewidth=1.2)
+    ax.plot([floor, 1], [floor, 1], color="grey", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("false positive rate")
+    ax.set_ylabel("true positive rate")
+    ax.set_title("Was the row in the deployed context?")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def summary_lines(result: Any) -> list[str]:
+    """The audit as a few lines for the console: the verdict, then per attack the AUC, TPR at 1% and 0.1%
+    FPR and the verdict on the deployed context and the control."""
+    v = result.verdict
+    lines = [f"verdict: {v.outcome.value} ({'trusted' if v.trusted else 'NOT trusted'}): {v.reason}",
+             f"strongest attack: {v.strongest.value}; held-out accuracy "
+             f"{result.rows[0]['heldout_accuracy']:.3f}; blind AUC {result.blind.get('blind_auc', float('nan')):.3f}",
+             f"{'attack':<16}{'target':<18}{'AUC':>7}{'TPR@1%':>9}{'TPR@0.1%':>10}  outcome"]
+    for r in result.rows:
+        lines.append(f"{r['attack']:<16}{r['target']:<18}{r['auc']:>7.3f}{r['tpr_at_1pct']:>9.3f}"
+                     f"{r['tpr_at_0_1pct']:>10.3f}  {r['outcome']}")
+    return lines

@@ -1,0 +1,273 @@
+"""The deployed-context audit (probes/context_audit.py, orchestrator/context_audit.py, `iclmem audit-context`):
+planted context membership is found by every reference attack and the never-in-context control says
+no_signal; an estimator that keeps nothing of a row gives no signal; bad settings are refused before any
+work; the folder holds what the verdict rests on."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from iclmem.errors import ConfigError, ProbeError
+from iclmem.vocab import ContextAttack, ContextTarget, Outcome
+from probes.context_audit import ContextAuditInputs, audit_verdict, evaluate_context_audit, reference_contexts
+
+N_CLASSES = 3
+
+
+def _population(n_per_group: int, n_features: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    n = 2 * n_per_group
+    y = np.tile(np.arange(N_CLASSES), n // N_CLASSES + 1)[:n]
+    x = rng.normal(size=(n, n_features)).astype(np.float32) + y[:, None].astype(np.float32)
+    member = np.zeros(n, dtype=bool)
+    for c in range(N_CLASSES):  # label-matched: half of each class are members
+        rows = rng.permutation(np.flatnonzero(y == c))
+        member[rows[: len(rows) // 2]] = True
+    return x, y, member
+
+
+class PlantedMemorizer:
+    """A scorer that keeps its context: a query identical to a context row gets that row's label with
+    probability 0.9, any other query a smooth guess from its first feature (the same for every context)."""
+
+    def __call__(self, context_x: np.ndarray, context_y: np.ndarray, query_x: np.ndarray) -> np.ndarray:
+        guess = np.clip(np.rint(query_x[:, 0]), 0, N_CLASSES - 1).astype(int)
+        p = np.full((len(query_x), N_CLASSES), 0.2 / (N_CLASSES - 1))
+        p[np.arange(len(query_x)), guess] = 0.6
+        p /= p.sum(axis=1, keepdims=True)
+        keys = {row.tobytes(): label for row, label in zip(context_x, context_y, strict=True)}
+        for i, row in enumerate(query_x):
+            label = keys.get(row.tobytes())
+            if label is not None:
+                p[i] = 0.1 / (N_CLASSES - 1)
+                p[i, label] = 0.9
+        return np.log(p)
+
+
+class ContextBlind:
+    """A scorer whose prediction ignores the context entirely."""
+
+    def __call__(self, context_x: np.ndarray, context_y: np.ndarray, query_x: np.ndarray) -> np.ndarray:
+        logits = np.stack([-(query_x[:, 0] - c) ** 2 for c in range(N_CLASSES)], axis=1)
+        return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+
+
+def _inputs(n_per_group: int = 150) -> ContextAuditInputs:
+    x, y, member = _population(n_per_group)
+    rng = np.random.default_rng(99)
+    control_y = y[member]
+    control_x = (rng.normal(size=(n_per_group, x.shape[1])) + control_y[:, None]).astype(np.float32)
+    return ContextAuditInputs(x, y, member, N_CLASSES, control_x, control_y)
+
+
+def test_every_row_is_in_exactly_half_of_the_reference_contexts_and_each_holds_half_the_rows():
+    masks = reference_contexts(300, 16, seed=3)
+    assert masks.shape == (16, 300)
+    assert (masks.sum(axis=0) == 8).all()
+    assert (masks.sum(axis=1) == 150).all()
+    assert not (masks[0] == masks[2]).all()
+    with pytest.raises(ProbeError, match="even number"):
+        reference_contexts(300, 15, seed=3)
+    with pytest.raises(ProbeError, match="even number"):
+        reference_contexts(300, 258, seed=3)
+
+
+def test_planted_context_membership_is_found_by_every_reference_attack_and_the_control_says_no_signal():
+    result = evaluate_context_audit(PlantedMemorizer(), _inputs(), n_references=16, seed=0, n_resamples=200,
+                                    null_splits=3)
+    for attack in (ContextAttack.CALIBRATED_LOSS, ContextAttack.LIRA_ONLINE, ContextAttack.LIRA_OFFLINE,
+                   ContextAttack.RMIA):
+        row = result.row(ContextTarget.DEPLOYED, attack)
+        assert row["outcome"] == Outcome.MEMORIZATION.value, attack
+        assert row["tpr_at_1pct_low"] > 0.3, (attack, row["tpr_at_1pct"])  # the planted effect is total
+        assert row["null_memorization"] == 0, attack
+    for row in result.rows_of(ContextTarget.CONTROL):
+        assert row["outcome"] == Outcome.NO_SIGNAL.value, row["attack"]
+        assert 0.35 < row["auc"] < 0.65, row["attack"]
+    assert result.verdict.outcome == Outcome.MEMORIZATION
+    assert result.verdict.trusted
+    assert result.verdict.strongest in set(ContextAttack)
+    assert len(result.scores[(ContextTarget.DEPLOYED.value, ContextAttack.RMIA.value)]) == 300
+
+
+def test_a_scorer_that_ignores_its_context_gives_no_signal_under_every_attack():
+    result = evaluate_context_audit(ContextBlind(), _inputs(), n_references=8, seed=1, n_resamples=200, null_splits=2)
+    for row in result.rows:
+        assert row["outcome"] == Outcome.NO_SIGNAL.value, (row["target"], row["attack"])
+    # the statistics are identical under every context: the loss and LiRA scores do not depend on membership
+    deployed = result.row(ContextTarget.DEPLOYED, ContextAttack.LOSS)
+    control = result.row(ContextTarget.CONTROL, ContextAttack.LOSS)
+    assert deployed["auc"] == pytest.approx(control["auc"])
+    assert result.verdict.outcome == Outcome.NO_SIGNAL
+    assert result.verdict.trusted
+
+
+def test_a_control_false_alarm_or_a_separable_split_withholds_trust_from_the_verdict():
+    rows = [{"target": "deployed", "attack": "loss", "outcome": "memorization", "tpr_at_1pct": 0.5, "auc": 0.9},
+            {"target": "never_in_context", "attack": "loss", "outcome": "no_signal", "tpr_at_1pct": 0.0, "auc": 0.5}]
+    assert audit_verdict(rows).trusted
+    assert not audit_verdict(rows, exchangeable=False).trusted
+    assert "blind baseline" in audit_verdict(rows, exchangeable=False).reason
+    alarm = [rows[0], {**rows[1], "outcome": "memorization"}]
+    verdict = audit_verdict(alarm)
+    assert verdict.outcome == Outcome.MEMORIZATION
+    assert not verdict.trusted
+    assert "never-in-context control says memorization under loss" in verdict.reason
+    assert not audit_verdict(rows[:1]).trusted  # no control run: not trusted either
+
+
+# -- the command, on the shipped model and on scikit-learn estimators --------------------------------
+
+
+def _cli(*args: str) -> int:
+    from orchestrator.cli import main
+
+    return main(["audit-context", *args])
+
+
+@pytest.fixture(scope="module")
+def pfn_mini_audit(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ctx") / "audit"
+    code = _cli("digits", "--model", "pfn-mini", "--context-size", "128", "--references", "16", "--bootstrap", "200",
+                "--null-splits", "3", "--out", str(out))
+    assert code == 0
+    return out
+
+
+def test_pfn_mini_keeps_its_context_rows_findable_and_the_folder_holds_what_the_verdict_rests_on(pfn_mini_audit):
+    out = pfn_mini_audit
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["outcome"] == "memorization"
+    assert verdict["trusted"] is True
+    table = pd.read_parquet(out / "context_audit.parquet")
+    assert len(table) == 2 * len(ContextAttack)
+    deployed = table[table["target"] == "deployed"].set_index("attack")
+    # measured here: LiRA online AUC 0.85, TPR@1% 0.20 (Clopper-Pearson lower bound 0.13): asserted with margin
+    assert deployed.loc["lira_online", "auc_low"] > 0.7
+    assert deployed.loc["lira_online", "tpr_at_1pct_low"] > 0.05  # five times the FPR, at the 95% lower bound
+    assert (deployed.loc[["lira_online", "lira_offline", "rmia"], "outcome"] == "memorization").all()
+    control = table[table["target"] == "never_in_context"]
+    assert (control["outcome"] == "no_signal").all()
+    assert control["auc"].between(0.35, 0.65).all()
+    assert (table["context_size"] == 128).all()
+    assert (table["n_members"] == 128).all()
+    assert (table["n_nonmembers"] == 128).all()
+    assert table["heldout_accuracy"].iloc[0] > 0.5  # digits under pfn-mini: a useful classifier
+    scores = pd.read_parquet(out / "context_scores.parquet")
+    assert len(scores) == 256
+    assert scores["member"].sum() == 128
+    assert scores["row_id"].is_unique
+    assert set(scores.columns) >= {"row_id", "member", "deployed__lira_online", "never_in_context__rmia"}
+    # the stored scores are the ones the table's AUC was computed from
+    from probes.metrics import auc
+
+    m = scores["member"].to_numpy()
+    s = scores["deployed__lira_online"].to_numpy()
+    assert auc(s[m], s[~m]) == pytest.approx(deployed.loc["lira_online", "auc"])
+    roc = pd.read_parquet(out / "context_roc.parquet")
+    assert set(roc["attack"]) == {a.value for a in ContextAttack}
+    assert (out / "context_roc.png").stat().st_size > 10_000
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["kind"] == "audit"
+    assert prov["config"]["references"] == 16
+    assert prov["config_hash"] == table["config_hash"].iloc[0]
+
+
+def test_the_same_audit_can_run_again_into_its_folder_and_another_is_refused(pfn_mini_audit, capsys):
+    before = (pfn_mini_audit / "provenance.json").read_text()
+    code = _cli("digits", "--model", "pfn-mini", "--context-size", "128", "--references", "18", "--bootstrap", "200",
+                "--null-splits", "3", "--out", str(pfn_mini_audit))
+    assert code == 2
+    assert "holds another audit" in capsys.readouterr().err
+    assert (pfn_mini_audit / "provenance.json").read_text() == before
+
+
+def test_a_forest_estimator_is_audited_as_deployed_and_a_class_prior_gives_no_signal(tmp_path):
+    forest, prior = tmp_path / "forest", tmp_path / "prior"
+    common = ["--context-size", "96", "--references", "8", "--bootstrap", "200", "--null-splits", "2"]
+    assert _cli("digits", "--estimator", "context_estimators:forest", *common, "--out", str(forest)) == 0
+    assert _cli("digits", "--estimator", "context_estimators:class_prior", *common, "--out", str(prior)) == 0
+    t = pd.read_parquet(forest / "context_audit.parquet").set_index(["target", "attack"])
+    assert t.loc[("deployed", "rmia"), "auc_low"] > 0.8  # measured 0.99 at N = 128
+    assert t.loc[("deployed", "rmia"), "outcome"] == "memorization"
+    assert (t.xs("never_in_context")["outcome"] == "no_signal").all()
+    p = pd.read_parquet(prior / "context_audit.parquet")
+    assert (p["outcome"] == "no_signal").all()
+    assert json.loads((prior / "verdict.json").read_text())["outcome"] == "no_signal"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--estimator", "no_such_module_xyz:f"], "module 'no_such_module_xyz' cannot be imported"),
+    (["--estimator", "context_estimators:missing"], "has no callable 'missing'"),
+    (["--estimator", "context_estimators:not_a_classifier"], "without fit and predict_proba"),
+    (["--estimator", "sklearn.linear_model"], "give MODULE:FACTORY"),
+    (["--model", "pfn-mini", "--references", "15"], "--references 15: an even number"),
+    (["--model", "pfn-mini", "--bootstrap", "3"], "--bootstrap 3"),
+])
+def test_bad_settings_are_refused_naming_the_flag_before_any_folder_is_written(tmp_path, capsys, args, message):
+    out = tmp_path / "never"
+    assert _cli("digits", *args, "--out", str(out)) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_folder_of_someone_elses_files_is_refused_and_left_untouched(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    assert _cli("digits", "--model", "pfn-mini", "--references", "8", "--out", str(out)) == 2
+    assert "not empty and not an iclmem audit folder" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_model_and_estimator_are_one_or_the_other(tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        _cli("digits", "--model", "pfn-mini", "--estimator", "context_estimators:forest", "--out", str(tmp_path / "x"))
+    assert exc.value.code == 2
+    from orchestrator.context_audit import audit_context
+
+    with pytest.raises(ConfigError, match="not both"):
+        audit_context("digits", out=str(tmp_path / "y"))
+
+
+def test_a_table_too_small_for_a_control_still_audits_but_withholds_trust(tmp_path):
+    """iris (150 rows): N = 40 members and 40 non-members leave too few rows for a 40-row control."""
+    out = tmp_path / "iris"
+    assert _cli("iris", "--model", "pfn-mini", "--context-size", "40", "--references", "4", "--bootstrap", "200",
+                "--null-splits", "0", "--out", str(out)) == 0
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["trusted"] is False
+    assert "no never-in-context control" in verdict["reason"]
+    assert set(pd.read_parquet(out / "context_audit.parquet")["target"]) == {"deployed"}
+
+
+def test_tabpfns_own_fitted_classifier_is_audited_as_deployed_through_the_estimator_path(tmp_path, monkeypatch):
+    """TabPFNClassifier (its preprocessing and ensemble) on a tiny random checkpoint in tabpfn's format: the
+    audit fits it on every context and scores predict_proba; random weights keep nothing of a row, so every
+    attack says no_signal on both targets."""
+    pytest.importorskip("tabpfn", reason="tabpfn is not installed (pip install -e '.[tabpfn]')")
+    import context_estimators
+    from tabpfn.checkpoint import save_as_safetensors
+
+    from trainables.models import build_model
+
+    model = build_model("tabpfn-v2", weights="random", emsize=16, nlayers=1, nhead=2, seed=4)
+    path = tmp_path / "tiny-tabpfn-v2-classifier.safetensors"
+    save_as_safetensors({"config": model.options["config"], "state_dict": dict(model.module.state_dict())}, path)
+    monkeypatch.setattr(context_estimators, "TABPFN_CHECKPOINT", str(path))
+    out = tmp_path / "tabpfn"
+    assert _cli("digits", "--estimator", "context_estimators:tabpfn_classifier", "--context-size", "64",
+                "--references", "4", "--bootstrap", "200", "--null-splits", "1", "--out", str(out)) == 0
+    table = pd.read_parquet(out / "context_audit.parquet")
+    assert set(table["target"]) == {"deployed", "never_in_context"}
+    assert (table["outcome"] == "no_signal").all()
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["outcome"] == "no_signal"
+    assert verdict["trusted"] is True
+    assert json.loads((out / "provenance.json").read_text())["config"]["estimator"] == \
+        "context_estimators:tabpfn_classifier"
