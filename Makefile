@@ -20,7 +20,7 @@ PYTEST = RAY_USAGE_STATS_ENABLED=0 WANDB_MODE=offline WANDB_SILENT=true $(PYTHON
 # Two pytest-xdist workers, each a pytest session with its own session Ray (tests/conftest.py), tests handed
 # to whichever is free. A single test or file runs as usual: $(PYTEST) tests/test_x.py
 test: install lint
-	$(PYTEST) -n 2 --dist loadgroup --no-loadscope-reorder tests
+	$(PYTEST) -n 2 --dist loadgroup --no-loadscope-reorder --durations=15 tests
 
 # For development, before every commit: no model training, no sweep, no Ray cluster or actor (the tests marked
 # slow are left out; `make test` runs them all), on two xdist workers: 2:19 here from a clean clone (3:07 on

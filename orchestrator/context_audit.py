@@ -299,10 +299,9 @@ def write_audit_folder(out_dir: Path, result: Any, row_ids: np.ndarray, member: 
 
 def plot_context_roc(result: Any, path: Path) -> None:
     """Log-log ROC of every attack: the deployed context solid, the never-in-context control dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     from matplotlib.figure import Figure
+
+    from orchestrator.report.parts import save_png
 
     fig = Figure(figsize=(6.0, 5.0))
     ax = fig.subplots()
@@ -325,7 +324,7 @@ def plot_context_roc(result: Any, path: Path) -> None:
     ax.set_title("Was the row in the deployed context?")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path)
 
 
 def summary_lines(result: Any) -> list[str]:

@@ -137,6 +137,37 @@ def test_reports_and_figures_are_written(sweep_run):
     assert (split["tvd"] < 0.05).all()
 
 
+def test_the_report_draws_the_leakage_utility_frontier_of_the_true_label_runs(sweep_run):
+    """The real sweep's two true-label runs (lr 1e-1 collapses, lr 1e-3 does not) give the frontier: each
+    checkpoint placed by held-out accuracy and its strongest attack; no frontier point beaten by another."""
+    from orchestrator.report.frontier import FRONTIER_FIGURE, frontier_table
+    from orchestrator.run_folder import RunFolder
+
+    run_dir, _, _ = sweep_run
+    results = RunFolder(run_dir).results()
+    table = frontier_table(results)
+    normal = results[(results["label_mode"] == "normal") & ~results["sanity_check"].astype(bool)]
+    assert len(table) == len(normal)  # every true-label checkpoint has both numbers
+    assert set(table["run_id"]) == set(normal["run_id"])
+    merged = table.merge(normal, on=["run_id", "epoch"])
+    assert (merged["heldout_accuracy"] == merged["nonmember_icl_accuracy"]).all()
+    assert (merged["leakage_tpr_at_1pct"] >= merged["tpr_at_1pct"]).all()
+    front = table[table["on_frontier"]]
+    assert not front.empty
+    for row in table.itertuples():
+        beaten = front[(front["heldout_accuracy"] >= row.heldout_accuracy)
+                       & (front["leakage_tpr_at_1pct"] <= row.leakage_tpr_at_1pct)
+                       & ((front["heldout_accuracy"] > row.heldout_accuracy)
+                          | (front["leakage_tpr_at_1pct"] < row.leakage_tpr_at_1pct))]
+        assert row.on_frontier == beaten.empty, row
+    # the collapsed run (lr 1e-1) is the least accurate: no checkpoint of it is more accurate than lr 1e-3's best
+    best = table.groupby("lr")["heldout_accuracy"].max()
+    assert best.loc[1e-1] < best.loc[1e-3]
+    page = (run_dir / "report.html").read_text()
+    assert '<section id="frontier">' in page
+    assert (run_dir / "figures" / FRONTIER_FIGURE).stat().st_size > 5000
+
+
 def test_provenance_written_by_the_sweep_reaches_the_report_and_the_wandb_summary(sweep_run):
     """One writer, one reader: the record a real sweep wrote is read back whole, and its package
     versions (and config hash) are shown in report.html and logged with the W&B summary run."""
@@ -182,8 +213,9 @@ def test_the_wandb_summary_run_holds_what_the_report_package_computes_from_the_f
     want = S.summary_scalars(public)
     assert {k: logged[k] for k in want} == pytest.approx(want)
     peaks = R.peak_checkpoints(public, regime=None)
-    assert {k.split("/", 1)[1]: v for k, v in want.items() if k.startswith("outcome_counts/")} == \
-        peaks["outcome"].value_counts().to_dict()
+    counts = {k.split("/", 1)[1]: v for k, v in want.items() if k.startswith("outcome_counts/")}
+    assert counts == peaks["outcome"].value_counts().reindex(list(counts), fill_value=0).to_dict()
+    assert sum(counts.values()) == len(peaks)
     assert want["n_runs"] == public["run_id"].nunique()
     assert want["n_checkpoints"] == len(public)
     history = [{k: v for k, v in row.items() if not k.startswith("_")} for row in wandb_history(summary_runs[0])

@@ -6,7 +6,9 @@ page and the sections each feature adds.
 * :mod:`~orchestrator.report.figures`: the figures, drawn from those tables (matplotlib, no pyplot state).
 * :mod:`~orchestrator.report.epsilon`, :mod:`~orchestrator.report.attacks`,
   :mod:`~orchestrator.report.canaries`: the ε lower bounds, the reference-model attacks and the canaries,
-  each a table, a figure and an HTML section; :mod:`~orchestrator.report.parts` holds what they share.
+  each a table, a figure and an HTML section; :mod:`~orchestrator.report.frontier`, the leakage-utility
+  frontier (held-out accuracy against the strongest attack's TPR at 1% FPR); :mod:`~orchestrator.report.parts`
+  holds what they share.
 * :mod:`~orchestrator.report.html`: the page (``report.html``, ``lm_report.html``).
 * :mod:`~orchestrator.report.wandb_summary`: what goes to W&B (the keys, the sweep-summary run's and each
   trial run's values, the W&B Report), computed from the same public tables; ``orchestrator.wandb_logger`` is

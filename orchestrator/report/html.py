@@ -460,6 +460,11 @@ def write_html_report(
     canaries = canaries_section_html(results, run_dir / FIGURES_DIR)  # empty unless the sweep has canaries
     if canaries:
         parts.append(f'<section id="canaries">{canaries}</section>')
+    from orchestrator.report.frontier import frontier_section_html
+
+    frontier = frontier_section_html(results, run_dir / FIGURES_DIR)  # empty without true-label utility rows
+    if frontier:
+        parts.append(f'<section id="frontier">{frontier}</section>')
     section("provenance", "Provenance", "Configuration hash, code version and package versions.",
             _provenance_html(prov, results) + ("" if prov else _note("provenance.json not found; values "
                                                                        "shown come from the results table.")))

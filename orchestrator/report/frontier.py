@@ -1,0 +1,150 @@
+"""The report's leakage-utility frontier: for each task, model and recipe (regime), every fine-tuned setting
+(learning rate, Q, epoch, and ε under DP-SGD) placed by its held-out accuracy against the strongest attack's
+TPR at 1% FPR, and the settings no other beats on both (the frontier), so a model owner can pick one.
+
+* Utility: ``nonmember_icl_accuracy``, the checkpoint's in-context accuracy on the non-members with C' as
+  context: rows it never trained on, so held-out accuracy.
+* Leakage: the highest TPR at 1% FPR over the attacks the sweep ran on that checkpoint: IclMem's own
+  (``tpr_at_1pct``, the deciding score's) and each reference-model attack (``<attack>_tpr_at_1pct`` and
+  ``known_context_<attack>_tpr_at_1pct``, with ``probe.references``).
+* Only runs with true labels (label mode ``normal``): under shuffled labels the non-members' accuracy is not
+  held-out accuracy on the task. The base model's sanity-check rows are left out.
+
+Reads only :data:`FRONTIER_REPORT_COLUMNS` and the attack TPR columns (public: ids, config, metrics).
+
+* :func:`frontier_table` -- one row per checkpoint with its utility, leakage, strongest attack and whether
+  it is on the frontier (pure);
+* :func:`frontier_figure` -- leakage against utility, one panel per task, the frontier drawn per model;
+* :func:`frontier_section_html` -- the frontier's rows and the figure as an HTML fragment (empty when no
+  checkpoint has both numbers).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from iclmem.record import CHECKPOINT_KEY
+from iclmem.vocab import Attack, LabelMode, values
+from orchestrator.report.parts import html_table, paragraph, save_png, section_html
+
+__all__ = ["FRONTIER_FIGURE", "FRONTIER_REPORT_COLUMNS", "frontier_figure", "frontier_section_html", "frontier_table",
+           "leakage_columns"]
+
+FRONTIER_FIGURE = "leakage_utility_frontier.png"
+FRONTIER_REPORT_COLUMNS: tuple[str, ...] = (*CHECKPOINT_KEY, "sanity_check", "nonmember_icl_accuracy", "tpr_at_1pct",
+                                            "dp_target_epsilon")
+UTILITY = "nonmember_icl_accuracy"
+ICLMEM_ATTACK = "iclmem"  # the strongest attack's name when IclMem's own score is it
+_ATTACK_TPR = re.compile(rf"^((?:known_context_)?(?:{'|'.join(values(Attack))}))_tpr_at_1pct$")
+# the settings a frontier point stands for, and how the table is grouped
+GROUP = ("task", "model", "regime")
+SETTING = ("lr", "q", "epoch", "dp_target_epsilon")
+
+
+def leakage_columns(results: pd.DataFrame) -> dict[str, str]:
+    """{column: attack name} of every TPR-at-1%-FPR column ``results`` holds: IclMem's ``tpr_at_1pct`` and
+    each reference-model attack's."""
+    out = {"tpr_at_1pct": ICLMEM_ATTACK} if "tpr_at_1pct" in results.columns else {}
+    for column in results.columns:
+        match = _ATTACK_TPR.match(str(column))
+        if match:
+            out[str(column)] = match.group(1)
+    return out
+
+
+def _dominated(utility: np.ndarray, leakage: np.ndarray) -> np.ndarray:
+    """bool [n]: point i is beaten by another on both axes (utility at least as high and leakage at most as
+    high, one of them strictly)."""
+    u, lk = utility[:, None], leakage[:, None]
+    better = (utility[None, :] >= u) & (leakage[None, :] <= lk) & ((utility[None, :] > u) | (leakage[None, :] < lk))
+    return np.asarray(better.any(axis=1), dtype=bool)
+
+
+def frontier_table(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per checkpoint of a true-label fine-tuned run with both numbers: the group (task, model,
+    regime), the setting (lr, Q, epoch, target ε or inf without DP), ``heldout_accuracy``,
+    ``leakage_tpr_at_1pct`` and ``strongest_attack``, and ``on_frontier`` (no checkpoint of the same group
+    has at least its accuracy and at most its leakage, one of them strictly). Ordered by group, then
+    leakage. Empty when the results hold no utility or leakage column."""
+    tpr = leakage_columns(results)
+    if UTILITY not in results.columns or not tpr:
+        return pd.DataFrame()
+    keep = [c for c in (*FRONTIER_REPORT_COLUMNS, *tpr) if c in results.columns]
+    df = results.loc[:, keep].copy()
+    if "sanity_check" in df.columns:
+        df = df[~df["sanity_check"].fillna(False).astype(bool)]
+    if "label_mode" in df.columns:
+        df = df[df["label_mode"].astype(str) == LabelMode.NORMAL.value]
+    leak = df[list(tpr)].astype(float)
+    usable = df[UTILITY].notna() & leak.notna().any(axis=1)
+    df, leak = df[usable], leak[usable]
+    if df.empty:
+        return pd.DataFrame()
+    df = df.assign(heldout_accuracy=df[UTILITY].astype(float), leakage_tpr_at_1pct=leak.max(axis=1),
+                   strongest_attack=leak.idxmax(axis=1).map(tpr))
+    if "dp_target_epsilon" not in df.columns:
+        df["dp_target_epsilon"] = math.inf
+    df["dp_target_epsilon"] = df["dp_target_epsilon"].astype(float).fillna(math.inf)
+    df["on_frontier"] = False
+    for _, idx in df.groupby(list(GROUP), sort=False).groups.items():
+        part = df.loc[idx]
+        df.loc[idx, "on_frontier"] = ~_dominated(part["heldout_accuracy"].to_numpy(float),
+                                                 part["leakage_tpr_at_1pct"].to_numpy(float))
+    columns = [*GROUP, "run_id", *SETTING, "heldout_accuracy", "leakage_tpr_at_1pct", "strongest_attack", "on_frontier"]
+    table = df.loc[:, columns].sort_values([*GROUP, "leakage_tpr_at_1pct", "heldout_accuracy"],
+                                           ascending=[True, True, True, True, False])
+    return table.reset_index(drop=True)
+
+
+def frontier_figure(table: pd.DataFrame, path: str | Path) -> Path | None:
+    """Held-out accuracy against leakage for every checkpoint of :func:`frontier_table` (one panel per task,
+    one colour per model and recipe), the frontier joined by a line. None (nothing written) when empty."""
+    if table.empty:
+        return None
+    from matplotlib.figure import Figure
+
+    tasks = sorted(table["task"].astype(str).unique())
+    fig = Figure(figsize=(4.2 * len(tasks) + 1.0, 4.0), layout="constrained")
+    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+    for ax, task in zip(axes, tasks, strict=True):
+        part = table[table["task"].astype(str) == task]
+        for i, ((model, regime), group) in enumerate(part.groupby(["model", "regime"], sort=True)):
+            colour = f"C{i % 10}"
+            ax.scatter(group["leakage_tpr_at_1pct"], group["heldout_accuracy"], s=18, alpha=0.5, color=colour)
+            front = group[group["on_frontier"]].sort_values("leakage_tpr_at_1pct")
+            ax.plot(front["leakage_tpr_at_1pct"], front["heldout_accuracy"], marker="o", color=colour,
+                    label=f"{model} {regime}")
+        ax.axvline(0.01, color="grey", linewidth=0.8, linestyle=":")  # TPR = FPR: an attack that sees nothing
+        ax.set_xscale("symlog", linthresh=0.01)
+        ax.set_xlim(left=0, right=1.05)
+        ax.set_xlabel("strongest attack: TPR at 1% FPR")
+        ax.set_ylabel("held-out accuracy")
+        ax.set_title(task)
+        ax.legend(fontsize=7, loc="lower right")
+    return save_png(fig, path)
+
+
+def frontier_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
+    """The report's frontier section: what the axes are, the frontier's settings per group, the figure
+    (written to ``figure_dir / FRONTIER_FIGURE``). Empty string when no checkpoint has both numbers."""
+    table = frontier_table(results)
+    if table.empty:
+        return ""
+    figure = frontier_figure(table, Path(figure_dir) / FRONTIER_FIGURE)
+    front = table[table["on_frontier"]].drop(columns=["on_frontier"]).copy()
+    front["dp_target_epsilon"] = front["dp_target_epsilon"].map(lambda v: "no DP" if math.isinf(v) else f"{v:g}")
+    for col in ("heldout_accuracy", "leakage_tpr_at_1pct"):
+        front[col] = front[col].map(lambda v: f"{v:.3f}")
+    attacks = ", ".join(sorted(set(table["strongest_attack"].astype(str))))
+    note = (f"Every checkpoint of a fine-tuned run on true labels ({len(table)}), by held-out accuracy (in-context "
+            "accuracy on the non-members, rows it never trained on) against the strongest attack's TPR at 1% FPR "
+            f"(here among: {attacks}). The rows below are the frontier: no other setting of the same task, model "
+            "and recipe has at least their accuracy and at most their leakage. A point at TPR 0.01 leaks "
+            "nothing this audit can see.")
+    return section_html("Leakage–utility frontier", [paragraph(note), html_table(front)], figure_dir, figure,
+                        "held-out accuracy against TPR at 1% FPR")

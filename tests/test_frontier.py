@@ -1,0 +1,48 @@
+"""The report's leakage-utility frontier (orchestrator/report/frontier.py): which settings no other beats on
+held-out accuracy and leakage together, from rows in the live results shape."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from orchestrator.report.frontier import frontier_section_html, frontier_table, leakage_columns
+
+
+def _row(run_id: str, epoch: int, accuracy: float, tpr: float, *, lira: float = math.nan, label_mode: str = "normal",
+         sanity: bool = False, model: str = "pfn-mini", lr: float = 1e-3) -> dict:
+    return {"run_id": run_id, "task": "digits", "model": model, "regime": "single_fixed", "lr": lr, "q": 50,
+            "label_mode": label_mode, "seed": 0, "epoch": epoch, "sanity_check": sanity,
+            "nonmember_icl_accuracy": accuracy, "tpr_at_1pct": tpr, "lira_online_tpr_at_1pct": lira}
+
+
+def test_the_frontier_keeps_exactly_the_settings_no_other_beats_on_both_axes():
+    rows = [
+        _row("a", 1, 0.90, 0.50),                # on the frontier: the most accurate
+        _row("a", 2, 0.90, 0.60),                # beaten by a@1 (same accuracy, less leakage)
+        _row("b", 1, 0.80, 0.05, lira=0.10),     # on the frontier; LiRA is its strongest attack (0.10)
+        _row("b", 2, 0.70, 0.20),                # beaten by b@1
+        _row("c", 1, 0.95, 0.99, label_mode="shuffled_members"),  # not a true-label run: left out
+        _row("base", 0, 0.99, 0.0, sanity=True),                  # the sanity check: left out
+        _row("d", 1, 0.60, 0.02, model="other"),  # another model: its own frontier
+    ]
+    table = frontier_table(pd.DataFrame(rows))
+    assert set(table["run_id"]) == {"a", "b", "d"}
+    front = {(r.run_id, r.epoch) for r in table.itertuples() if r.on_frontier}
+    assert front == {("a", 1), ("b", 1), ("d", 1)}
+    b1 = table[(table["run_id"] == "b") & (table["epoch"] == 1)].iloc[0]
+    assert b1["leakage_tpr_at_1pct"] == pytest.approx(0.10)
+    assert b1["strongest_attack"] == "lira_online"
+    assert table.loc[table["run_id"] == "a", "strongest_attack"].eq("iclmem").all()
+    assert table["dp_target_epsilon"].map(math.isinf).all()  # no DP column: every setting is "no DP"
+    assert leakage_columns(pd.DataFrame(rows)) == {"tpr_at_1pct": "iclmem", "lira_online_tpr_at_1pct": "lira_online"}
+
+
+def test_no_utility_column_or_no_usable_row_gives_no_section(tmp_path):
+    rows = pd.DataFrame([_row("a", 1, 0.9, 0.5)])
+    assert frontier_table(rows.drop(columns=["nonmember_icl_accuracy"])).empty
+    assert frontier_table(rows.assign(label_mode="shuffled_all")).empty
+    assert frontier_section_html(rows.assign(label_mode="shuffled_all"), tmp_path) == ""
+    assert not list(tmp_path.iterdir())
