@@ -395,7 +395,7 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
         base = build_model(model_name, **options)
     model = _build_weights(model_name, options, path, "fine-tuned")  # weights of another model: refused here
     # flags and models are settled: claimed before any work, so that an audit stopped half-way can run again
-    claim_audit_folder(out_dir, path, "--out" if out else "the default audit folder")
+    claim_audit_folder(out_dir, audit_hash(path), "--out" if out else "the default audit folder")
     out_dir.mkdir(parents=True, exist_ok=True)
     audit_provenance(path, {"checkpoint": str(path.resolve()), "task": task or record_task_spec(source),
                             "base_model": model_name, "base_options": options, "base_weights": base_weights, "q": q,
@@ -441,6 +441,60 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
     return dict(result.row)
 
 
+def audit_estimator(estimator: str, base_estimator: str, task: str, *, members: str, out: str | None = None,
+                    label_mode: str | None = None, seed: int | None = None, bootstrap: int = DEFAULT_BOOTSTRAP,
+                    context_size: int | None = None, log: Any = None) -> dict[str, Any]:
+    """The black-box audit of a deployed classifier (``iclmem probe --estimator``): ``estimator`` and
+    ``base_estimator`` are ``MODULE:FACTORY`` specs of classifiers with ``fit`` / ``predict_proba`` (the
+    deployed one, e.g. a ``TabPFNClassifier`` on fine-tuned weights, and the same on the weights fine-tuning
+    started from); ``members`` the file of the rows its weights were fine-tuned on. Every probe context is a
+    ``fit`` and its query a ``predict_proba``
+    (:class:`trainables.models.estimator.EstimatorAdapter`), so the estimator is scored with its own
+    preprocessing and ensembling; otherwise the audit is ``iclmem probe``'s, same verdict and folder."""
+    from probes.calibration import model_digest
+    from probes.manipulations import default_suite
+    from probes.outcomes import OutcomeThresholds
+    from probes.probe import ProbeSettings, probe_checkpoint
+    from probes.scoring import ProbePlan, ProbeQueries
+    from trainables.data import PrepSettings, load_or_prepare
+    from trainables.models.estimator import EstimatorAdapter, load_estimator_factory
+
+    note = log or (lambda line: print(line, file=sys.stderr))
+    if bootstrap < min_bootstrap():
+        raise ConfigError(f"--bootstrap {bootstrap}: at least {min_bootstrap()} resamples are needed for the AUC and "
+                          "TPR intervals the verdict reads (the sweep's probe.bootstrap has the same bound)")
+    label_mode = LabelMode(label_mode or DEFAULTS["label_mode"]).value
+    seed = DEFAULTS["seed"] if seed is None else int(seed)
+    context_size = DEFAULTS["context_size"] if context_size is None else int(context_size)
+    member_file = read_member_file(members)  # a bad file fails before any work
+    source = parse_task(task)
+    model = EstimatorAdapter(load_estimator_factory(estimator, "--estimator"), estimator)
+    base = EstimatorAdapter(load_estimator_factory(base_estimator, "--base-estimator"), base_estimator)
+    config = {"estimator": estimator, "base_estimator": base_estimator, "task": task, "members": members,
+              "label_mode": label_mode, "seed": seed, "bootstrap": bootstrap, "context_size": context_size}
+    identity_hash = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    out_dir = Path(out) if out else Path("runs") / f"audit-{source.name}-{identity_hash[:8]}"
+    claim_audit_folder(out_dir, identity_hash, "--out" if out else "the default audit folder", "estimator")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    Provenance.collect(kind="audit", sweep_name=f"audit-{source.name}", config=config, config_hash=identity_hash,
+                       seeds=[seed]).write(out_dir)
+    n_members = len(member_file.row_ids)
+    prepared = load_or_prepare(source, PrepSettings(context_size=context_size, label_design=LabelDesign.MATCHED.value),
+                               label_mode, seed, q=n_members, cache_dir=out_dir / PREPARED_DIR)
+    prepared = with_members(prepared, member_file.row_ids, seed, source=members, member_labels=member_file.labels)
+    plan = ProbePlan.build(ProbeQueries.from_task(prepared), default_suite(), seed, compress_rows=False)
+    note(f"[iclmem] black-box audit of {estimator} against {base_estimator}: {len(plan.planned)} probe contexts "
+         f"per model and split, each a fit and a predict_proba")
+    settings = ProbeSettings(n_resamples=bootstrap, thresholds=OutcomeThresholds())
+    identity = {"run_id": f"audit-estimator-{identity_hash[:8]}", "task": source.name, "model": EstimatorAdapter.name,
+                "regime": "external", "lr": float("nan"), "q": n_members, "label_mode": label_mode, "seed": seed}
+    result = probe_checkpoint(model, prepared, plan, out_dir / REFERENCE_DIR, model_digest(base), base, settings,
+                              identity, epoch=-1)
+    result.save(out_dir / PROBES_DIR, "estimator")
+    write_json_atomic(out_dir / VERDICT_FILE, strict_json(result.row))
+    return dict(result.row)
+
+
 def audit_provenance(checkpoint: Path, config: dict[str, Any], seed: int | None) -> Provenance:
     """The audit folder's provenance record (kind "audit"): the settings the audit ran with, as resolved."""
     return Provenance.collect(kind="audit", sweep_name=f"audit-{checkpoint.name}", config=config,
@@ -462,27 +516,27 @@ def audit_hash(checkpoint: Path) -> str:
     return hashlib.sha256(str(checkpoint.resolve()).encode()).hexdigest()[:16]
 
 
-def claim_audit_folder(out_dir: Path, checkpoint: Path, flag: str) -> None:
-    """``iclmem probe`` writes into a new or empty folder, or the audit folder of the same checkpoint; never
-    among someone else's files, over another checkpoint's verdict, or into a sweep's run folder.
-    :class:`ConfigError` (nothing written) otherwise."""
+def claim_audit_folder(out_dir: Path, identity: str, flag: str, what: str = "checkpoint") -> None:
+    """An audit (``iclmem probe``, ``iclmem audit-context``) writes into a new or empty folder, or into the
+    folder of the same audit (``identity``: its provenance's config hash); never among someone else's files,
+    over another audit's verdict, or into a sweep's run folder. :class:`ConfigError` (nothing written)
+    otherwise. ``what`` names the kind of audit in the message."""
     from iclmem.runfolder import folder_kind, unwritable
 
     found = folder_kind(out_dir)
     where = f"{flag} {out_dir}"
     if found == "audit":
         record = Provenance.read(out_dir)
-        if record is not None and record.config_hash == audit_hash(checkpoint):
-            found = "empty"  # the same checkpoint's audit: a new verdict replaces the old one
-        else:
-            audited = record.config.get("checkpoint", "?") if record is not None else "?"
-            raise ConfigError(f"{where} holds the audit of another checkpoint ({audited}); give --out a new folder")
+        if record is None or record.config_hash != identity:
+            config = record.config if record is not None else {}
+            audited = config.get("checkpoint") or config.get("estimator") or config.get("task") or "?"
+            raise ConfigError(f"{where} holds the audit of another {what} ({audited}); give --out a new folder")
     if found in ("tabular", "lm"):
-        raise ConfigError(f"{where} is an iclmem run folder; `iclmem probe` writes its audit into a folder of its "
-                          "own: give --out a new folder")
+        raise ConfigError(f"{where} is an iclmem run folder; an audit writes into a folder of its own: give --out a "
+                          "new folder")
     if found == "foreign":
-        what = "a file" if out_dir.exists() and not out_dir.is_dir() else "not empty and not an iclmem audit folder"
-        raise ConfigError(f"{where} is {what}: iclmem writes nothing among other files; give --out a new or empty "
+        what_is = "a file" if out_dir.exists() and not out_dir.is_dir() else "not empty and not an iclmem audit folder"
+        raise ConfigError(f"{where} is {what_is}: iclmem writes nothing among other files; give --out a new or empty "
                           "folder")
     problem = unwritable(out_dir)
     if problem:

@@ -155,11 +155,28 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from orchestrator.audit import audit_checkpoint
+    from orchestrator.audit import audit_checkpoint, audit_estimator
 
-    row = audit_checkpoint(args.checkpoint, args.task, base_model=args.base_model, base_weights=args.base_weights,
-                           out=args.out, q=args.q, label_mode=args.label_mode, seed=args.seed,
-                           bootstrap=args.bootstrap, members=args.members, context_size=args.context_size)
+    if args.estimator is not None:
+        clashes = [flag for flag, value in (("CHECKPOINT", args.checkpoint), ("--base-model", args.base_model),
+                                            ("--base-weights", args.base_weights), ("--q", args.q)) if value is not None]
+        missing = [flag for flag, value in (("--base-estimator", args.base_estimator), ("--task", args.task),
+                                            ("--members", args.members)) if value is None]
+        if clashes or missing:
+            raise ConfigError("--estimator audits a deployed classifier: it needs --base-estimator, --task and "
+                              "--members (the rows its weights were fine-tuned on)"
+                              + (f"; missing: {', '.join(missing)}" if missing else "")
+                              + (f"; it takes no {', '.join(clashes)}" if clashes else ""))
+        row = audit_estimator(args.estimator, args.base_estimator, args.task, members=args.members, out=args.out,
+                              label_mode=args.label_mode, seed=args.seed, bootstrap=args.bootstrap,
+                              context_size=args.context_size)
+    elif args.checkpoint is None or args.base_estimator is not None:
+        raise ConfigError("give a CHECKPOINT (an iclmem checkpoint folder or a weights file), or --estimator with "
+                          "--base-estimator for a deployed classifier")
+    else:
+        row = audit_checkpoint(args.checkpoint, args.task, base_model=args.base_model, base_weights=args.base_weights,
+                               out=args.out, q=args.q, label_mode=args.label_mode, seed=args.seed,
+                               bootstrap=args.bootstrap, members=args.members, context_size=args.context_size)
     keys = ["outcome", "score_kind", "auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "loss_ratio",
             "blind_auc", "blind_auc_low", "blind_auc_high", "exchangeable"]
     print(json.dumps({k: row.get(k) for k in keys}, indent=1, default=str))
@@ -321,7 +338,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "Audit one checkpoint: an iclmem checkpoint folder (its checkpoint.json and ground_truth.json "
                     "say the model, task, split and labels; flags that contradict them are refused) or a weights "
                     "file of --base-model.", 100))
-    pr.add_argument("checkpoint", help="iclmem checkpoint folder, or a weights file of --base-model")
+    pr.add_argument("checkpoint", nargs="?", default=None,
+                    help="iclmem checkpoint folder, or a weights file of --base-model (not with --estimator)")
+    pr.add_argument("--estimator", default=None, metavar="MODULE:FACTORY",
+                    help="audit a deployed classifier instead of a checkpoint: a callable returning it unfitted "
+                         "(fit, predict_proba), e.g. a TabPFNClassifier on fine-tuned weights; scored as deployed, "
+                         "each probe context one fit (needs --base-estimator, --task, --members)")
+    pr.add_argument("--base-estimator", default=None, metavar="MODULE:FACTORY",
+                    help="with --estimator: the same classifier on the weights fine-tuning started from")
     pr.add_argument("--task", default=None, help="built-in task name, a CARTE folder:name, or file.csv:target "
                     "(default: the task the checkpoint records; needed for a weights file)")
     pr.add_argument("--base-model", default=None,

@@ -17,7 +17,6 @@ settings as resolved), ``context_audit.parquet`` (a row per target context and a
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import sys
 import warnings
@@ -79,76 +78,22 @@ class AdapterScorer:
 
 class EstimatorScorer:
     """A scikit-learn-style classifier as a :class:`probes.context_audit.ContextScorer`: a fresh estimator
-    from ``factory()`` fitted on each context, ``predict_proba`` on the queries, its columns mapped to the
-    classes through ``classes_`` (a class the context lacks gets probability 0, floored by the audit)."""
+    from ``factory()`` fitted on each context, ``predict_proba`` on the queries
+    (:func:`trainables.models.estimator.estimator_log_probs`)."""
 
     def __init__(self, factory: Callable[[], Any], n_classes: int, name: str = "estimator") -> None:
         self.factory, self.n_classes, self.name = factory, int(n_classes), name
 
     def __call__(self, context_x: np.ndarray, context_y: np.ndarray, query_x: np.ndarray) -> np.ndarray:
-        est = self.factory()
-        est.fit(np.asarray(context_x), np.asarray(context_y))
-        proba = np.asarray(est.predict_proba(np.asarray(query_x)), dtype=np.float64)
-        classes = np.asarray(getattr(est, "classes_", np.arange(proba.shape[1])), dtype=np.int64)
-        if proba.ndim != 2 or proba.shape != (len(query_x), len(classes)):
-            raise DataError(f"{self.name}: predict_proba returned shape {proba.shape} for {len(query_x)} rows and "
-                            f"{len(classes)} classes")
-        full = np.zeros((len(query_x), self.n_classes))
-        full[:, classes] = proba
-        with np.errstate(divide="ignore"):
-            return np.log(full)
+        from trainables.models.estimator import estimator_log_probs
 
-
-def load_estimator_factory(spec: str) -> Callable[[], Any]:
-    """``module:attribute`` (a callable taking no argument and returning an unfitted classifier with ``fit``
-    and ``predict_proba``), imported and tried once: a wrong spec is a :class:`ConfigError` naming it,
-    before any work."""
-    if ":" not in spec:
-        raise ConfigError(f"--estimator {spec!r}: give MODULE:FACTORY, e.g. sklearn.linear_model:LogisticRegression")
-    module_name, attr = spec.split(":", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"--estimator {spec}: module {module_name!r} cannot be imported ({exc})") from None
-    factory = getattr(module, attr, None)
-    if factory is None or not callable(factory):
-        raise ConfigError(f"--estimator {spec}: {module_name} has no callable {attr!r}")
-    try:
-        probe = factory()
-    except Exception as exc:  # a user's factory: any failure is theirs to see, named
-        raise ConfigError(f"--estimator {spec}: calling {attr}() failed: {type(exc).__name__}: {exc}") from None
-    missing = [m for m in ("fit", "predict_proba") if not callable(getattr(probe, m, None))]
-    if missing:
-        raise ConfigError(f"--estimator {spec}: {attr}() returned a {type(probe).__name__} without "
-                          f"{' and '.join(missing)}; the audit needs a classifier with fit and predict_proba")
-    return factory
+        return estimator_log_probs(self.factory, context_x, context_y, query_x, self.n_classes, self.name)
 
 
 # ------------------------------------------------------------------------------------------ the audit
 def context_audit_hash(config: dict[str, Any]) -> str:
     """The audit folder's identity: its settings as resolved (a folder is reused only by the same audit)."""
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def claim_folder(out_dir: Path, config_hash: str) -> None:
-    """A new or empty folder, or this same audit's: never among someone else's files, over another audit,
-    or into a run folder. :class:`ConfigError` (nothing written) otherwise."""
-    from iclmem.runfolder import folder_kind, unwritable
-
-    found = folder_kind(out_dir)
-    where = f"--out {out_dir}"
-    if found == "audit":
-        record = Provenance.read(out_dir)
-        if record is None or record.config_hash != config_hash:
-            raise ConfigError(f"{where} holds another audit (its settings differ); give --out a new folder")
-    elif found in ("tabular", "lm"):
-        raise ConfigError(f"{where} is an iclmem run folder; the context audit writes a folder of its own")
-    elif found == "foreign":
-        raise ConfigError(f"{where} is not empty and not an iclmem audit folder: iclmem writes nothing among other "
-                          "files; give --out a new or empty folder")
-    problem = unwritable(out_dir)
-    if problem:
-        raise ConfigError(f"{where}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -211,7 +156,7 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
                   log: Callable[[str], None] | None = None) -> Any:
     """Audit whether rows of ``task`` were in a fitted estimator's context; returns the
     :class:`probes.context_audit.ContextAuditResult` and writes the folder ``out``."""
-    from orchestrator.audit import DEFAULT_BOOTSTRAP, min_bootstrap, parse_task
+    from orchestrator.audit import DEFAULT_BOOTSTRAP, claim_audit_folder, min_bootstrap, parse_task
     from probes.context_audit import MAX_REFERENCES, evaluate_context_audit
     from probes.metrics import LowResolutionWarning
     from probes.outcomes import OutcomeThresholds
@@ -237,13 +182,15 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
               "references": references, "seed": seed, "bootstrap": bootstrap, "null_splits": null_splits}
     config_hash = context_audit_hash(config)
     out_dir = Path(out)
+    from trainables.models.estimator import load_estimator_factory
+
     factory = load_estimator_factory(estimator) if estimator else None
     adapter = None
     if model is not None:
         from trainables.models import build_model
 
         adapter = build_model(model)
-    claim_folder(out_dir, config_hash)
+    claim_audit_folder(out_dir, config_hash, "--out", "set of settings")
     out_dir.mkdir(parents=True, exist_ok=True)
     Provenance.collect(kind="audit", sweep_name=f"context-{source.name}", config=config, config_hash=config_hash,
                        seeds=[seed]).write(out_dir)

@@ -66,10 +66,17 @@ def _shares_a_fixture(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    grouped = {item.module.__name__ for item in items if _shares_a_fixture(item)}
+    # a module sharing the session's real sweep joins the other readers of it (one group, one build)
+    grouped: dict[str, str] = {}
+    for item in items:
+        name = item.module.__name__
+        if any(f in item.fixturenames for f in _SHARED_SESSION_FIXTURES):
+            grouped[name] = _SHARED_SESSION_FIXTURES[0]
+        elif _shares_a_fixture(item):
+            grouped.setdefault(name, name)
     for item in items:
         if item.module.__name__ in grouped:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+            item.add_marker(pytest.mark.xdist_group(grouped[item.module.__name__]))
     slow_tests: dict[str, int] = {}
     for item in items:
         if item.get_closest_marker("slow"):

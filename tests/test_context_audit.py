@@ -182,15 +182,15 @@ def test_the_same_audit_can_run_again_into_its_folder_and_another_is_refused(pfn
     code = _cli("digits", "--model", "pfn-mini", "--context-size", "128", "--references", "18", "--bootstrap", "200",
                 "--null-splits", "3", "--out", str(pfn_mini_audit))
     assert code == 2
-    assert "holds another audit" in capsys.readouterr().err
+    assert "holds the audit of another set of settings" in capsys.readouterr().err
     assert (pfn_mini_audit / "provenance.json").read_text() == before
 
 
 def test_a_forest_estimator_is_audited_as_deployed_and_a_class_prior_gives_no_signal(tmp_path):
     forest, prior = tmp_path / "forest", tmp_path / "prior"
     common = ["--context-size", "96", "--references", "8", "--bootstrap", "200", "--null-splits", "2"]
-    assert _cli("digits", "--estimator", "context_estimators:forest", *common, "--out", str(forest)) == 0
-    assert _cli("digits", "--estimator", "context_estimators:class_prior", *common, "--out", str(prior)) == 0
+    assert _cli("digits", "--estimator", "audit_estimators:forest", *common, "--out", str(forest)) == 0
+    assert _cli("digits", "--estimator", "audit_estimators:class_prior", *common, "--out", str(prior)) == 0
     t = pd.read_parquet(forest / "context_audit.parquet").set_index(["target", "attack"])
     assert t.loc[("deployed", "rmia"), "auc_low"] > 0.8  # measured 0.99 at N = 128
     assert t.loc[("deployed", "rmia"), "outcome"] == "memorization"
@@ -202,8 +202,8 @@ def test_a_forest_estimator_is_audited_as_deployed_and_a_class_prior_gives_no_si
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--estimator", "no_such_module_xyz:f"], "module 'no_such_module_xyz' cannot be imported"),
-    (["--estimator", "context_estimators:missing"], "has no callable 'missing'"),
-    (["--estimator", "context_estimators:not_a_classifier"], "without fit and predict_proba"),
+    (["--estimator", "audit_estimators:missing"], "has no callable 'missing'"),
+    (["--estimator", "audit_estimators:not_a_classifier"], "without fit and predict_proba"),
     (["--estimator", "sklearn.linear_model"], "give MODULE:FACTORY"),
     (["--model", "pfn-mini", "--references", "15"], "--references 15: an even number"),
     (["--model", "pfn-mini", "--bootstrap", "3"], "--bootstrap 3"),
@@ -227,7 +227,7 @@ def test_a_folder_of_someone_elses_files_is_refused_and_left_untouched(tmp_path,
 
 def test_model_and_estimator_are_one_or_the_other(tmp_path):
     with pytest.raises(SystemExit) as exc:
-        _cli("digits", "--model", "pfn-mini", "--estimator", "context_estimators:forest", "--out", str(tmp_path / "x"))
+        _cli("digits", "--model", "pfn-mini", "--estimator", "audit_estimators:forest", "--out", str(tmp_path / "x"))
     assert exc.value.code == 2
     from orchestrator.context_audit import audit_context
 
@@ -251,7 +251,7 @@ def test_tabpfns_own_fitted_classifier_is_audited_as_deployed_through_the_estima
     audit fits it on every context and scores predict_proba; random weights keep nothing of a row, so every
     attack says no_signal on both targets."""
     pytest.importorskip("tabpfn", reason="tabpfn is not installed (pip install -e '.[tabpfn]')")
-    import context_estimators
+    import audit_estimators
     from tabpfn.checkpoint import save_as_safetensors
 
     from trainables.models import build_model
@@ -259,9 +259,9 @@ def test_tabpfns_own_fitted_classifier_is_audited_as_deployed_through_the_estima
     model = build_model("tabpfn-v2", weights="random", emsize=16, nlayers=1, nhead=2, seed=4)
     path = tmp_path / "tiny-tabpfn-v2-classifier.safetensors"
     save_as_safetensors({"config": model.options["config"], "state_dict": dict(model.module.state_dict())}, path)
-    monkeypatch.setattr(context_estimators, "TABPFN_CHECKPOINT", str(path))
+    monkeypatch.setattr(audit_estimators, "TABPFN_CHECKPOINT", str(path))
     out = tmp_path / "tabpfn"
-    assert _cli("digits", "--estimator", "context_estimators:tabpfn_classifier", "--context-size", "64",
+    assert _cli("digits", "--estimator", "audit_estimators:tabpfn_classifier", "--context-size", "64",
                 "--references", "4", "--bootstrap", "200", "--null-splits", "1", "--out", str(out)) == 0
     table = pd.read_parquet(out / "context_audit.parquet")
     assert set(table["target"]) == {"deployed", "never_in_context"}
@@ -270,4 +270,4 @@ def test_tabpfns_own_fitted_classifier_is_audited_as_deployed_through_the_estima
     assert verdict["outcome"] == "no_signal"
     assert verdict["trusted"] is True
     assert json.loads((out / "provenance.json").read_text())["config"]["estimator"] == \
-        "context_estimators:tabpfn_classifier"
+        "audit_estimators:tabpfn_classifier"

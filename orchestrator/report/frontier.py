@@ -90,14 +90,18 @@ def frontier_table(results: pd.DataFrame) -> pd.DataFrame:
     if "dp_target_epsilon" not in df.columns:
         df["dp_target_epsilon"] = math.inf
     df["dp_target_epsilon"] = df["dp_target_epsilon"].astype(float).fillna(math.inf)
+    for col in (*GROUP, *SETTING):  # a results table without an axis (a hand-built one) has one value of it
+        if col not in df.columns:
+            df[col] = "" if col in GROUP else math.nan
     df["on_frontier"] = False
     for _, idx in df.groupby(list(GROUP), sort=False).groups.items():
         part = df.loc[idx]
         df.loc[idx, "on_frontier"] = ~_dominated(part["heldout_accuracy"].to_numpy(float),
                                                  part["leakage_tpr_at_1pct"].to_numpy(float))
     columns = [*GROUP, "run_id", *SETTING, "heldout_accuracy", "leakage_tpr_at_1pct", "strongest_attack", "on_frontier"]
-    table = df.loc[:, columns].sort_values([*GROUP, "leakage_tpr_at_1pct", "heldout_accuracy"],
-                                           ascending=[True, True, True, True, False])
+    table = df.loc[:, [c for c in columns if c in df.columns]]
+    table = table.sort_values([*GROUP, "leakage_tpr_at_1pct", "heldout_accuracy"],
+                              ascending=[True, True, True, True, False])
     return table.reset_index(drop=True)
 
 
