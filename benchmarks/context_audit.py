@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             + md_table(["K", *[a.value for a in attacks], "control: max TPR@1%", "verdict", "trusted"], rows)
             + f"\n\nOne reference context costs {fmt(refs.seconds_per_reference * 1000, 1)} ms here (pfn-mini, one "
               f"forward pass of {2 * n} rows against {n}; {args.max_references} references in "
-              f"{fmt(refs.seconds, 1)} s): K = 256 references cost what a few fine-tuning epochs do.\n")
+              f"{fmt(refs.seconds, 1)} s in all).\n")
     if args.forest:
         from orchestrator.context_audit import EstimatorScorer
 
