@@ -475,13 +475,14 @@ def audit_estimator(estimator: str, base_estimator: str, task: str, *, members: 
     identity_hash = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
     out_dir = Path(out) if out else Path("runs") / f"audit-{source.name}-{identity_hash[:8]}"
     claim_audit_folder(out_dir, identity_hash, "--out" if out else "the default audit folder", "estimator")
+    # Stage I in memory, before the folder is made: a table or members file that cannot be audited leaves none
+    n_members = len(member_file.row_ids)
+    prepared = load_or_prepare(source, PrepSettings(context_size=context_size, label_design=LabelDesign.MATCHED.value),
+                               label_mode, seed, q=n_members)
+    prepared = with_members(prepared, member_file.row_ids, seed, source=members, member_labels=member_file.labels)
     out_dir.mkdir(parents=True, exist_ok=True)
     Provenance.collect(kind="audit", sweep_name=f"audit-{source.name}", config=config, config_hash=identity_hash,
                        seeds=[seed]).write(out_dir)
-    n_members = len(member_file.row_ids)
-    prepared = load_or_prepare(source, PrepSettings(context_size=context_size, label_design=LabelDesign.MATCHED.value),
-                               label_mode, seed, q=n_members, cache_dir=out_dir / PREPARED_DIR)
-    prepared = with_members(prepared, member_file.row_ids, seed, source=members, member_labels=member_file.labels)
     plan = ProbePlan.build(ProbeQueries.from_task(prepared), default_suite(), seed, compress_rows=False)
     note(f"[iclmem] black-box audit of {estimator} against {base_estimator}: {len(plan.planned)} probe contexts "
          f"per model and split, each a fit and a predict_proba")

@@ -8,7 +8,8 @@ returns an unfitted estimator with ``fit(X, y)`` and ``predict_proba(X)``; it is
 and scored as deployed, its own preprocessing, subsampling and ensembling included, so a TabPFN or TabICL
 classifier is audited as configured in the factory).
 
-The folder (``--out``, new or empty, or this same audit's folder): ``provenance.json`` (kind ``audit``, the
+The folder (``--out``, new or empty, or this same audit's folder; created once the table is prepared):
+``provenance.json`` (kind ``audit``, the
 settings as resolved), ``context_audit.parquet`` (a row per target context and attack), ``context_roc.parquet``,
 ``context_scores.parquet`` (row ids, member flags and each attack's score: ids, not records),
 ``verdict.json`` and ``context_roc.png``. The table's rows stay in the folder; nothing is sent anywhere.
@@ -31,14 +32,7 @@ import pandas as pd
 from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError, DataError
 from iclmem.provenance import Provenance
-from iclmem.runfolder import (
-    CONTEXT_AUDIT_FILE,
-    CONTEXT_ROC_FIGURE,
-    CONTEXT_ROC_FILE,
-    CONTEXT_SCORES_FILE,
-    PREPARED_DIR,
-    VERDICT_FILE,
-)
+from iclmem.runfolder import CONTEXT_AUDIT_FILE, CONTEXT_ROC_FIGURE, CONTEXT_ROC_FILE, CONTEXT_SCORES_FILE, VERDICT_FILE
 from iclmem.vocab import ContextAttack, ContextTarget, LabelDesign, LabelMode
 
 DEFAULT_CONTEXT_SIZE = 256
@@ -125,6 +119,8 @@ def prepare_context_audit(source: Any, task: str, context_size: int, seed: int, 
         prepared = load_or_prepare(source, settings, LabelMode.NORMAL, seed, q=context_size,
                                    cache_dir=cache_dir)
     except DataError as exc:
+        if "too few rows" not in str(exc):  # a missing file, a bad column ...: Stage I's own words
+            raise
         raise DataError(f"--context-size {context_size} needs 2 x {context_size} rows of {task} (members and "
                         f"non-members) and {BLIND_CONTEXT_ROWS} more ({exc}); 3 x {context_size} + {BLIND_CONTEXT_ROWS}"
                         " give the never-in-context control too") from None
@@ -190,13 +186,13 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
         from trainables.models import build_model
 
         adapter = build_model(model)
-    claim_audit_folder(out_dir, config_hash, "--out", "set of settings")
+    claim_audit_folder(out_dir, config_hash, "--out", "set of settings")  # checks only: nothing written yet
+    # Stage I in memory (a second or two): a table that cannot be audited leaves no folder behind
+    audit = prepare_context_audit(source, task, context_size, seed, adapter=adapter, factory=factory,
+                                  estimator=estimator, note=note)
     out_dir.mkdir(parents=True, exist_ok=True)
     Provenance.collect(kind="audit", sweep_name=f"context-{source.name}", config=config, config_hash=config_hash,
                        seeds=[seed]).write(out_dir)
-
-    audit = prepare_context_audit(source, task, context_size, seed, adapter=adapter, factory=factory,
-                                  estimator=estimator, cache_dir=out_dir / PREPARED_DIR, note=note)
     inputs, scorer, prepared, population = audit.inputs, audit.scorer, audit.prepared, audit.population
     member = inputs.member
     blind = blind_columns(prepared)

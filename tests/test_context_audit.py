@@ -271,3 +271,12 @@ def test_tabpfns_own_fitted_classifier_is_audited_as_deployed_through_the_estima
     assert verdict["trusted"] is True
     assert json.loads((out / "provenance.json").read_text())["config"]["estimator"] == \
         "audit_estimators:tabpfn_classifier"
+
+
+def test_a_table_too_small_for_the_context_size_is_refused_naming_it_and_leaves_no_folder(tmp_path, capsys):
+    out = tmp_path / "never"
+    assert _cli("iris", "--model", "pfn-mini", "--context-size", "256", "--out", str(out)) == 2
+    err = capsys.readouterr().err
+    assert "--context-size 256 needs 2 x 256 rows of iris" in err
+    assert "only 149 remain" in err
+    assert not out.exists()
