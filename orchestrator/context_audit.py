@@ -235,9 +235,12 @@ def write_audit_folder(out_dir: Path, result: Any, row_ids: np.ndarray, member: 
                "seconds_per_reference": result.seconds_per_reference,
                "blind": {k: (v.item() if isinstance(v, np.generic) else v) for k, v in result.blind.items()},
                "attacks": {r["attack"]: {"target": r["target"], "auc": r["auc"], "tpr_at_1pct": r["tpr_at_1pct"],
+                                         "tpr_at_0_1pct": r["tpr_at_0_1pct"], "epsilon_lb": r["epsilon_lb"],
                                          "outcome": r["outcome"]}
                            for r in result.rows if r["target"] == ContextTarget.DEPLOYED.value}}
-    write_json_atomic(out_dir / VERDICT_FILE, verdict)
+    from orchestrator.audit import strict_json
+
+    write_json_atomic(out_dir / VERDICT_FILE, strict_json(verdict))  # NaN as null: the file parses as JSON
 
 
 def plot_context_roc(result: Any, path: Path) -> None:
@@ -277,8 +280,8 @@ def summary_lines(result: Any) -> list[str]:
     lines = [f"verdict: {v.outcome.value} ({'trusted' if v.trusted else 'NOT trusted'}): {v.reason}",
              f"strongest attack: {v.strongest.value}; held-out accuracy "
              f"{result.rows[0]['heldout_accuracy']:.3f}; blind AUC {result.blind.get('blind_auc', float('nan')):.3f}",
-             f"{'attack':<16}{'target':<18}{'AUC':>7}{'TPR@1%':>9}{'TPR@0.1%':>10}  outcome"]
+             f"{'attack':<16}{'target':<18}{'AUC':>7}{'TPR@1%':>9}{'TPR@0.1%':>10}{'ε_lb':>7}  outcome"]
     for r in result.rows:
         lines.append(f"{r['attack']:<16}{r['target']:<18}{r['auc']:>7.3f}{r['tpr_at_1pct']:>9.3f}"
-                     f"{r['tpr_at_0_1pct']:>10.3f}  {r['outcome']}")
+                     f"{r['tpr_at_0_1pct']:>10.3f}{r['epsilon_lb']:>7.2f}  {r['outcome']}")
     return lines

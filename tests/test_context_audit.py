@@ -144,6 +144,9 @@ def test_pfn_mini_keeps_its_context_rows_findable_and_the_folder_holds_what_the_
     assert verdict["outcome"] == "memorization"
     assert verdict["trusted"] is True
     table = pd.read_parquet(out / "context_audit.parquet")
+    lira = table[(table["target"] == "deployed") & (table["attack"] == "lira_online")].iloc[0]
+    assert verdict["attacks"]["lira_online"]["epsilon_lb"] == pytest.approx(lira["epsilon_lb"])
+    assert lira["epsilon_lb"] > 0  # a TPR far above the FPR proves some privacy loss
     assert len(table) == 2 * len(ContextAttack)
     deployed = table[table["target"] == "deployed"].set_index("attack")
     # measured here: LiRA online AUC 0.85, TPR@1% 0.20 (Clopper-Pearson lower bound 0.13): asserted with margin
@@ -280,3 +283,18 @@ def test_a_table_too_small_for_the_context_size_is_refused_naming_it_and_leaves_
     assert "--context-size 256 needs 2 x 256 rows of iris" in err
     assert "only 149 remain" in err
     assert not out.exists()
+
+
+def test_a_real_carte_table_with_text_columns_is_audited_and_its_control_says_no_signal(tmp_path):
+    from conftest import CARTE_DIR
+
+    if not (CARTE_DIR / "spotify.parquet").is_file():
+        pytest.skip(f"the CARTE tables are not at {CARTE_DIR} (../shared beside the clone)")
+    out = tmp_path / "spotify"
+    assert _cli(f"{CARTE_DIR}:spotify", "--model", "pfn-mini", "--references", "32", "--bootstrap", "200",
+                "--null-splits", "2", "--out", str(out)) == 0
+    table = pd.read_parquet(out / "context_audit.parquet").set_index(["target", "attack"])
+    # measured here: LiRA and RMIA AUC 0.75-0.79 on the deployed context, the control 0.44-0.54
+    assert (table.xs("deployed").loc[["lira_online", "lira_offline", "rmia"], "auc_low"] > 0.6).all()
+    assert (table.xs("never_in_context")["outcome"] == "no_signal").all()
+    assert json.loads((out / "verdict.json").read_text())["trusted"] is True
