@@ -212,14 +212,12 @@ def context_attack_scores(stats: ContextStatistics) -> dict[ContextAttack, np.nd
     }
 
 
-# The columns of one row of the audit's table (``context_audit.parquet``), in order: which target and
-# attack, the split's sizes, then the attack's metrics (probes.attacks.attack_metric_columns, unprefixed).
-ROW_ID_COLUMNS: tuple[str, ...] = ("target", "attack", "context_size", "n_references", "heldout_accuracy")
-
-
 @dataclass(frozen=True)
 class ContextAuditResult:
-    """One audit: a row per (target, attack) and each one's ROC curve, and the verdict."""
+    """One audit: a row per (target, attack) and each one's ROC curve and scores, and the verdict. A row:
+    ``target``, ``attack``, ``context_size``, ``n_references``, ``heldout_accuracy`` (the target context's
+    accuracy on the non-members), then the attack's columns (:func:`probes.attacks.score_columns`, unprefixed:
+    ``auc``, ``tpr_at_1pct``, ``epsilon_lb``, ``outcome``, ``null_memorization``, ...)."""
 
     rows: tuple[dict[str, Any], ...]
     curves: Mapping[tuple[str, str], Mapping[str, Sequence[float]]]
