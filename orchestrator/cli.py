@@ -188,7 +188,8 @@ def cmd_audit_context(args: argparse.Namespace) -> int:
 
     result = audit_context(args.task, out=args.out, model=args.model, estimator=args.estimator,
                            context_size=args.context_size, references=args.references, seed=args.seed,
-                           bootstrap=args.bootstrap, null_splits=args.null_splits)
+                           bootstrap=args.bootstrap, null_splits=args.null_splits, wandb=args.wandb,
+                           project=args.wandb_project)
     print("\n".join(summary_lines(result)))
     print(f"written to {args.out}")
     return 0
@@ -393,6 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP,
                     help=f"bootstrap resamples of the AUC intervals, at least {min_bootstrap()}")
     ca.add_argument("--out", required=True, help="audit folder: new, empty, or an earlier run of the same audit")
+    ca.add_argument("--wandb", choices=wandb_modes, default=None,
+                    help="also log the audit as one W&B run (its table of metrics, verdict and ROC figure; no row of "
+                         "the table): offline into OUT/wandb, or online with WANDB_API_KEY set (default: no W&B)")
+    ca.add_argument("--wandb-project", default="iclmem", help="W&B project of that run")
     ca.set_defaults(func=cmd_audit_context)
 
     e = parser(sub, "estimate", help="the grid's work, unit costs measured on this device, and the predicted "

@@ -149,9 +149,10 @@ def prepare_context_audit(source: Any, task: str, context_size: int, seed: int, 
 def audit_context(task: str, *, out: str, model: str | None = None, estimator: str | None = None,
                   context_size: int = DEFAULT_CONTEXT_SIZE, references: int = DEFAULT_REFERENCES, seed: int = 0,
                   bootstrap: int | None = None, null_splits: int = DEFAULT_NULL_SPLITS,
-                  log: Callable[[str], None] | None = None) -> Any:
+                  wandb: str | None = None, project: str = "iclmem", log: Callable[[str], None] | None = None) -> Any:
     """Audit whether rows of ``task`` were in a fitted estimator's context; returns the
-    :class:`probes.context_audit.ContextAuditResult` and writes the folder ``out``."""
+    :class:`probes.context_audit.ContextAuditResult` and writes the folder ``out`` (and, with ``wandb``
+    offline or online, one W&B run of project ``project``)."""
     from orchestrator.audit import DEFAULT_BOOTSTRAP, claim_audit_folder, min_bootstrap, parse_task
     from probes.context_audit import MAX_REFERENCES, evaluate_context_audit
     from probes.metrics import LowResolutionWarning
@@ -173,6 +174,13 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
         raise ConfigError(f"--bootstrap {bootstrap}: at least {min_bootstrap()} resamples")
     if null_splits < 0:
         raise ConfigError(f"--null-splits {null_splits}: zero or more")
+    if wandb is not None:
+        from iclmem.vocab import WandbMode
+
+        try:
+            WandbMode(wandb)
+        except ValueError:
+            raise ConfigError(f"--wandb {wandb!r}: one of {', '.join(m.value for m in WandbMode)}") from None
     source = parse_task(task)
     config = {"audit": "context", "task": task, "model": model, "estimator": estimator, "context_size": context_size,
               "references": references, "seed": seed, "bootstrap": bootstrap, "null_splits": null_splits}
@@ -214,7 +222,22 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
         note(f"[iclmem] {', '.join(coarse)} rest on fewer than 10 allowed false positives among {context_size} "
              "non-members: coarse estimates (a larger --context-size sharpens them)")
     write_audit_folder(out_dir, result, prepared.row_ids[population], member, config_hash)
+    if wandb not in (None, "disabled"):
+        log_to_wandb(out_dir, wandb, project)
     return result
+
+
+def log_to_wandb(out_dir: Path, mode: str, project: str) -> None:
+    """The written audit as one W&B run (offline unless ``online`` and a key is set): its public table, the
+    verdict and each attack's numbers, the ROC figure (:meth:`orchestrator.wandb_logger.WandbResultsLogger.
+    log_context_audit`). Files go to ``out_dir/wandb``."""
+    from orchestrator.report.wandb_summary import CONTEXT_AUDIT_JOB_TYPE
+    from orchestrator.wandb_logger import WandbResultsLogger
+
+    table = pd.read_parquet(out_dir / CONTEXT_AUDIT_FILE)
+    verdict = json.loads((out_dir / VERDICT_FILE).read_text())
+    with WandbResultsLogger(project=project, group=out_dir.name, mode=mode, job_type=CONTEXT_AUDIT_JOB_TYPE) as logger:
+        logger.log_context_audit(out_dir, table, verdict, out_dir / CONTEXT_ROC_FIGURE)
 
 
 def write_audit_folder(out_dir: Path, result: Any, row_ids: np.ndarray, member: np.ndarray, config_hash: str) -> None:

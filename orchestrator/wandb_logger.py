@@ -41,6 +41,8 @@ from iclmem.errors import ConfigError
 from iclmem.runfolder import WANDB_DIR
 from orchestrator.report import tables as R
 from orchestrator.report.wandb_summary import (
+    CONTEXT_AUDIT_FIGURE_KEY,
+    CONTEXT_AUDIT_TABLE_KEY,
     EPOCH_KEY,
     FIGURE_PREFIX,
     LM_RESULTS_TABLE_KEY,
@@ -50,6 +52,9 @@ from orchestrator.report.wandb_summary import (
     RESULTS_TABLE_KEY,
     SHARE_PREFIX,
     TRIAL_JOB_TYPE,
+    context_audit_config,
+    context_audit_public,
+    context_audit_scalars,
     export_tables,
     lm_summary_config,
     lm_summary_scalars,
@@ -245,6 +250,25 @@ class WandbResultsLogger:
             write_parquet_atomic(df, path)
             art.add_file(str(path), name=fname, policy="immutable", skip_cache=True)
         return art
+
+    def log_context_audit(self, run_dir: str | Path, table: pd.DataFrame, verdict: Mapping[str, Any],
+                          figure: Path | None = None) -> None:
+        """A deployed-context audit's run: its public table (ids, sizes, metrics:
+        :data:`~orchestrator.report.wandb_summary.CONTEXT_AUDIT_COLUMNS`), the verdict and each attack's
+        numbers in the summary, the ROC figure. No row of the audited table reaches W&B."""
+        import wandb
+
+        run_dir = Path(run_dir)
+        provenance = RunFolder(run_dir).provenance
+        run = self._run or self._start(run_dir, context_audit_config(run_dir, provenance.to_dict() if provenance
+                                                                     else {}))
+        payload: dict[str, Any] = {CONTEXT_AUDIT_TABLE_KEY: wandb.Table(dataframe=table_frame(
+            context_audit_public(table)))}
+        if figure is not None and Path(figure).is_file():
+            payload[CONTEXT_AUDIT_FIGURE_KEY] = wandb.Image(str(figure), caption="ROC, log-log")
+        run.log(payload)
+        for k, v in context_audit_scalars(verdict, table).items():
+            run.summary[k] = v
 
     def log_lm_summary(self, run_dir: str | Path, results: pd.DataFrame, files: Iterable[Path] = ()) -> None:
         """The LM probe sweep's summary run: its results table (metrics, model, dataset and entity-type

@@ -298,3 +298,35 @@ def test_a_real_carte_table_with_text_columns_is_audited_and_its_control_says_no
     assert (table.xs("deployed").loc[["lira_online", "lira_offline", "rmia"], "auc_low"] > 0.6).all()
     assert (table.xs("never_in_context")["outcome"] == "no_signal").all()
     assert json.loads((out / "verdict.json").read_text())["trusted"] is True
+
+
+def test_the_audit_logged_to_wandb_offline_holds_its_verdict_and_metrics_and_no_row_of_the_table(tmp_path,
+                                                                                                 monkeypatch):
+    from shared_sweep import CANARY, canary_table
+    from synthetic_run_dir import read_wandb_records, wandb_config, wandb_summary
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    table_file = canary_table(tmp_path / "patients.csv")
+    out = tmp_path / "audit"
+    assert _cli(f"{table_file}:target", "--model", "pfn-mini", "--context-size", "96", "--references", "4",
+                "--bootstrap", "200", "--null-splits", "1", "--out", str(out), "--wandb", "offline") == 0
+    logs = sorted((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(logs) == 1
+    records = read_wandb_records(logs[0])
+    summary, config = wandb_summary(records), wandb_config(records)
+    verdict = json.loads((out / "verdict.json").read_text())
+    table = pd.read_parquet(out / "context_audit.parquet")
+    assert summary["verdict/outcome"] == verdict["outcome"]
+    assert summary["verdict/trusted"] == verdict["trusted"]
+    for row in table.itertuples():
+        assert summary[f"{row.target}/{row.attack}/auc"] == pytest.approx(row.auc)
+        assert summary[f"{row.target}/{row.attack}/outcome"] == row.outcome
+    assert summary["context_audit"]["nrows"] == len(table)
+    assert config["references"] == 4
+    assert "task" not in config  # the file's path stays in the folder; the audit is named by the task's name
+    assert config["audit_name"] == "context-patients"
+    assert config["audit"] == "context"
+    for path in (out / "wandb").rglob("*"):
+        if path.is_file():
+            assert CANARY.encode() not in path.read_bytes(), path
+            assert str(table_file).encode() not in path.read_bytes(), path

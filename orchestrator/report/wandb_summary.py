@@ -205,6 +205,55 @@ def lm_summary_scalars(results: pd.DataFrame) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------------------------------
+# A deployed-context audit's run (``iclmem audit-context --wandb``)
+# --------------------------------------------------------------------------------------------------
+
+CONTEXT_AUDIT_TABLE_KEY = "context_audit"
+CONTEXT_AUDIT_FIGURE_KEY = f"{FIGURE_PREFIX}/context_roc"
+CONTEXT_AUDIT_JOB_TYPE = "context-audit"
+# the columns of context_audit.parquet that go to W&B: ids, sizes and metrics (the table holds nothing else,
+# but a column added there reaches W&B only once it is named here)
+CONTEXT_AUDIT_COLUMNS: tuple[str, ...] = (
+    "config_hash", "target", "attack", "context_size", "n_references", "heldout_accuracy", "auc", "auc_low",
+    "auc_high", "p_value", "tpr_at_1pct", "tpr_at_1pct_low", "tpr_at_1pct_high", "tpr_at_0_1pct",
+    "tpr_at_0_1pct_low", "tpr_at_0_1pct_high", "n_members", "n_nonmembers", "epsilon_lb", "outcome",
+    "p_value_threshold", "null_splits", "null_auc", "null_memorization")
+
+
+def context_audit_public(table: pd.DataFrame) -> pd.DataFrame:
+    """The audit's table reduced to :data:`CONTEXT_AUDIT_COLUMNS`."""
+    return table.loc[:, [c for c in CONTEXT_AUDIT_COLUMNS if c in table.columns]].copy()
+
+
+def context_audit_config(run_dir: str | Path, provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """The W&B config of an audit's run: the folder's name, the audit's name, the settings as resolved (model
+    or estimator spec, sizes, seed: names and numbers; the task by name only) and the provenance allow-list."""
+    settings = provenance.get("config", {}) if isinstance(provenance.get("config"), Mapping) else {}
+    # the task by its name (the provenance's ``context-<name>``), not by the path of its file
+    cfg: dict[str, Any] = {"run_dir_name": Path(run_dir).name, "audit_name": provenance.get("sweep_name"),
+                           **{k: json_scalar(v) for k, v in settings.items()
+                              if k != "task" and isinstance(v, (str, int, float))}}
+    public = RunFolder(run_dir).public_provenance()
+    if public:
+        cfg["provenance"] = public
+    return cfg
+
+
+def context_audit_scalars(verdict: Mapping[str, Any], table: pd.DataFrame) -> dict[str, Any]:
+    """The audit run's summary: ``verdict/outcome``, ``verdict/trusted``, ``verdict/strongest_attack``, and per
+    target and attack ``<target>/<attack>/{auc,tpr_at_1pct,tpr_at_0_1pct,epsilon_lb,outcome}``."""
+    out: dict[str, Any] = {"verdict/outcome": verdict.get("outcome"), "verdict/trusted": bool(verdict.get("trusted")),
+                           "verdict/strongest_attack": verdict.get("strongest_attack"),
+                           "seconds_per_reference": verdict.get("seconds_per_reference")}
+    for row in context_audit_public(table).itertuples(index=False):
+        for key in ("auc", "tpr_at_1pct", "tpr_at_0_1pct", "epsilon_lb", "outcome"):
+            value = json_scalar(getattr(row, key))
+            if value is not None and not (isinstance(value, float) and np.isnan(value)):
+                out[f"{row.target}/{row.attack}/{key}"] = value
+    return {k: v for k, v in out.items() if v is not None}
+
+
+# --------------------------------------------------------------------------------------------------
 # One trial's run
 # --------------------------------------------------------------------------------------------------
 
