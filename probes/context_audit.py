@@ -45,7 +45,7 @@ import numpy as np
 
 from iclmem.errors import ProbeError
 from iclmem.vocab import ContextAttack, ContextTarget, Outcome
-from probes.attacks import ReferenceStatistics, lira_offline, lira_online, rmia, score_columns
+from probes.attacks import ReferenceStatistics, lira_offline, lira_online, logit_of_loss, rmia, score_columns
 from probes.epsilon import DEFAULT_EPSILON_DELTA
 from probes.outcomes import OutcomeThresholds
 
@@ -191,18 +191,14 @@ def target_statistics(scorer: ContextScorer, inputs: ContextAuditInputs, referen
     return ContextStatistics(log_p, log_probs.argmax(axis=1) == y, references.log_p, references.in_reference)
 
 
-def _logit(log_p: np.ndarray) -> np.ndarray:
-    """φ = log p - log(1 - p), stable near p = 1."""
-    lp = np.minimum(np.asarray(log_p, dtype=np.float64), -1e-12)
-    return np.asarray(lp - np.log(-np.expm1(lp)), dtype=np.float64)
-
-
 def context_attack_scores(stats: ContextStatistics) -> dict[ContextAttack, np.ndarray]:
     """Each attack's per-row membership score (higher = member) from one target's statistics."""
     out_ref = ~stats.in_reference
     n_out = out_ref.sum(axis=0)
     mean_out = np.where(n_out > 0, np.where(out_ref, stats.reference_log_p, 0.0).sum(axis=0) / np.maximum(n_out, 1), 0.0)
-    lira_stats = ReferenceStatistics(_logit(stats.target_log_p), _logit(stats.reference_log_p), stats.in_reference)
+    # LiRA's statistic φ = log p - log(1 - p), computed from the loss -log p (stable near p = 1)
+    lira_stats = ReferenceStatistics(logit_of_loss(-stats.target_log_p), logit_of_loss(-stats.reference_log_p),
+                                     stats.in_reference)
     return {
         ContextAttack.LOSS: stats.target_log_p.copy(),
         ContextAttack.CALIBRATED_LOSS: stats.target_log_p - mean_out,
