@@ -92,3 +92,18 @@ def memorizer():
     if MEMORIZED is None:
         raise RuntimeError("tests.audit_estimators.MEMORIZED is not set")
     return _Memorizer(*MEMORIZED)
+
+
+# Set by the test that writes it: a tiny random TabICL checkpoint in tabicl's own file format.
+TABICL_CHECKPOINT: str | None = None
+
+
+def tabicl_classifier():
+    """TabICL's own scikit-learn classifier on that checkpoint, with its ensemble of two (feature and class
+    shuffles) and no download: the estimator a user deploys."""
+    from tabicl import TabICLClassifier
+
+    if TABICL_CHECKPOINT is None:
+        raise RuntimeError("tests.audit_estimators.TABICL_CHECKPOINT is not set")
+    return TabICLClassifier(n_estimators=2, model_path=TABICL_CHECKPOINT, allow_auto_download=False, device="cpu",
+                            random_state=0)

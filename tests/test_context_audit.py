@@ -330,3 +330,27 @@ def test_the_audit_logged_to_wandb_offline_holds_its_verdict_and_metrics_and_no_
         if path.is_file():
             assert CANARY.encode() not in path.read_bytes(), path
             assert str(table_file).encode() not in path.read_bytes(), path
+
+
+def test_tabicls_own_fitted_classifier_is_audited_as_deployed_and_its_control_says_no_signal(tmp_path, monkeypatch):
+    """TabICLClassifier (its ensemble) on a tiny random checkpoint in tabicl's format. Random attention can
+    still favour a query's identical context row, so only the control is asserted: rows never in any
+    context it was given get no membership verdict under any attack."""
+    pytest.importorskip("tabicl", reason="tabicl is not installed (pip install -e '.[tabicl]')")
+    import audit_estimators
+    import torch
+
+    from trainables.models import build_model
+
+    model = build_model("tabicl", weights="random", seed=4, embed_dim=16, col_num_blocks=1, col_nhead=2, col_num_inds=8,
+                        row_num_blocks=1, row_nhead=2, row_num_cls=2, icl_num_blocks=1, icl_nhead=2, zero_init=False)
+    path = tmp_path / "tiny-tabicl-classifier.ckpt"
+    torch.save({"config": model.options["config"], "state_dict": model.module.state_dict()}, path)
+    monkeypatch.setattr(audit_estimators, "TABICL_CHECKPOINT", str(path))
+    out = tmp_path / "tabicl"
+    assert _cli("digits", "--estimator", "audit_estimators:tabicl_classifier", "--context-size", "64",
+                "--references", "4", "--bootstrap", "200", "--null-splits", "1", "--out", str(out)) == 0
+    table = pd.read_parquet(out / "context_audit.parquet")
+    assert set(table["target"]) == {"deployed", "never_in_context"}
+    assert (table[table["target"] == "never_in_context"]["outcome"] == "no_signal").all()
+    assert table["heldout_accuracy"].between(0, 1).all()
