@@ -148,7 +148,7 @@ def frontier_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
     note = (f"Every checkpoint of a fine-tuned run on true labels ({len(table)}), by held-out accuracy (in-context "
             "accuracy on the non-members, rows it never trained on) against the strongest attack's TPR at 1% FPR "
             f"(here among: {attacks}). The rows below are the frontier: no other setting of the same task, model "
-            "and recipe has at least their accuracy and at most their leakage. A point at TPR 0.01 leaks "
-            "nothing this audit can see.")
+            "and recipe has at least their accuracy and at most their leakage. A TPR near 0.01 is what an attack "
+            "blind to membership gets at 1% FPR.")
     return section_html("Leakage–utility frontier", [paragraph(note), html_table(front)], figure_dir, figure,
                         "held-out accuracy against TPR at 1% FPR")
