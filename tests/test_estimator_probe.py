@@ -79,3 +79,49 @@ def test_black_box_flags_are_checked_before_any_work(tmp_path, split, capsys, ar
     assert main(["probe", *args, "--out", str(tmp_path / "never")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "never").exists()
+
+
+@pytest.fixture(scope="module")
+def shuffled_split(tmp_path_factory, split):
+    """The same members trained on permuted labels: a ROW_ID,LABEL file and the task as the audit re-splits it."""
+    from orchestrator.audit import with_members
+
+    _, task = split
+    root = tmp_path_factory.mktemp("bb-shuffled")
+    ids = np.asarray(task.row_ids)[np.asarray(task.member_idx)]
+    labels = np.asarray(task.labels)[np.asarray(task.member_idx)]
+    trained = np.random.default_rng(7).permutation(labels)
+    names = [task.class_names[int(v)] for v in trained]
+    members = root / "members.txt"
+    members.write_text("".join(f"{int(i)},{n}\n" for i, n in zip(ids, names, strict=True)))
+    from iclmem.vocab import LabelDesign
+    from orchestrator.audit import DEFAULTS
+    from trainables.data import PrepSettings, TaskSource, load_or_prepare
+
+    first = load_or_prepare(TaskSource(TASK, "builtin"),
+                            PrepSettings(context_size=DEFAULTS["context_size"], label_design=LabelDesign.MATCHED.value),
+                            "shuffled_members", 0, q=N_MEMBERS)
+    return members, with_members(first, ids, 0, source=str(members), member_labels=names)
+
+
+@pytest.mark.parametrize("memorized", ["members", "context"])
+def test_under_shuffled_member_labels_memorized_members_are_found_and_other_rows_are_not(
+        tmp_path, shuffled_split, monkeypatch, memorized):
+    """The other label mode: members trained on permuted labels (given in the members file), non-members on
+    labels permuted the same way (label-matched). A classifier holding the members with their trained labels
+    is found; holding C' instead, it gets no membership verdict."""
+    members, task = shuffled_split
+    rows = np.asarray(task.member_idx if memorized == "members" else task.context_idx)
+    monkeypatch.setattr(audit_estimators, "MEMORIZED", (np.asarray(task.features)[rows], np.asarray(task.labels)[rows]))
+    out = tmp_path / "audit"
+    assert main(["probe", "--estimator", "audit_estimators:memorizer", *COMMON, "--members", str(members),
+                 "--label-mode", "shuffled_members", "--out", str(out)]) == 0
+    row = json.loads((out / "verdict.json").read_text())
+    assert row["label_mode"] == "shuffled_members"
+    assert row["exchangeable"] is True
+    if memorized == "members":
+        assert row["outcome"] == "memorization"
+        assert row["auc_low"] > 0.8
+    else:
+        assert row["outcome"] == "no_signal"
+        assert 0.3 < row["auc"] < 0.7
