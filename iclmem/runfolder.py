@@ -33,6 +33,7 @@ WANDB_DIR = "wandb"
 # kept here instead of on the console unless ``--verbose``. Append-only, as a log is.
 CONSOLE_LOG_FILE = "console.log"
 RUN_STATE_FILE = "run_state.json"  # how the last driver of this folder ended (:class:`RunStatus`); see ``write_run_state``
+DIVERGED_RUNS_FILE = "diverged_runs.json"  # the run ids whose training stopped on a NaN / inf loss (the driver)
 # ``iclmem lm run | lm resume`` (``orchestrator.lm_sweep``) write RUN_STATE_FILE and CONSOLE_LOG_FILE too.
 
 # An LM probe run folder (``iclmem lm run``; its provenance has ``kind = "lm"``)
@@ -167,3 +168,34 @@ def read_run_state(run_dir: str | Path) -> dict[str, Any] | None:
     except (ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{path}: not an iclmem run state ({exc})") from exc
     return dict(state)
+
+
+def record_diverged_run(run_dir: str | Path, run_id: str) -> None:
+    """Add ``run_id`` to the folder's diverged runs (``diverged_runs.json``: ``{"runs": [...]}``, sorted): a run
+    whose loss went NaN or infinite stops by design, and the report shows it as ``diverged``, not as a gap.
+    Kept across drivers: a resumed sweep adds to the file, never replaces it."""
+    from iclmem.atomic import write_json_atomic
+
+    runs = set(read_diverged_runs(run_dir))
+    if run_id in runs:
+        return
+    write_json_atomic(Path(run_dir) / DIVERGED_RUNS_FILE, {"runs": sorted(runs | {str(run_id)})})
+
+
+def read_diverged_runs(run_dir: str | Path) -> list[str]:
+    """The run ids :func:`record_diverged_run` recorded (empty without the file);
+    :class:`~iclmem.errors.DataError` when the file is not such a record."""
+    import json
+
+    from iclmem.errors import DataError
+
+    path = Path(run_dir) / DIVERGED_RUNS_FILE
+    if not path.is_file():
+        return []
+    try:
+        runs = json.loads(path.read_text())["runs"]
+        if not isinstance(runs, list):
+            raise TypeError("runs is not a list")
+        return [str(r) for r in runs]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{path}: not an iclmem record of diverged runs ({exc})") from exc

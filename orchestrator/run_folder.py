@@ -32,6 +32,7 @@ from iclmem.runfolder import (
     SPLIT_REPORT_FILE,
     SWEEP_FILE,
     RunStatus,
+    read_diverged_runs,
     read_run_state,
     roc_path,
 )
@@ -108,6 +109,15 @@ class RunFolder:
         except DataError:
             return False
         return state is not None and state["status"] == RunStatus.INTERRUPTED
+
+    def diverged_runs(self) -> frozenset[str]:
+        """The runs whose training stopped on a NaN / inf loss, as the driver recorded them
+        (``iclmem.runfolder.read_diverged_runs``). A damaged record reads as none, as a damaged run state
+        does: the report says what is stored and never crashes on a marker."""
+        try:
+            return frozenset(read_diverged_runs(self.path))
+        except DataError:
+            return frozenset()
 
     @cached_property
     def provenance(self) -> Provenance | None:

@@ -48,6 +48,7 @@ from iclmem.runfolder import (
     existing_ancestor,
     folder_kind,
     probe_stem,
+    record_diverged_run,
     unwritable,
     write_run_state,
 )
@@ -292,6 +293,12 @@ class ProbeOnCheckpoint:
         damaged = (result or {}).get(DAMAGED_CHECKPOINT_METRIC)
         if damaged and self.progress is not None:  # the trial's own warning stays on its node
             self.progress.log(f"[iclmem] WARNING {damaged}")
+        if (result or {}).get("diverged") and result.get("run_id"):
+            # the trainable stops a run whose loss went NaN / inf: recorded, the report calls it diverged
+            record_diverged_run(self.probes_dir.parent, str(result["run_id"]))
+            if self.progress is not None:
+                self.progress.log(f"[iclmem] run {result['run_id']} diverged at epoch {result.get('epoch')} (NaN or "
+                                  "infinite loss): stopped there; its earlier checkpoints stand")
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         if self.pool is None:

@@ -445,9 +445,10 @@ def test_run_completeness_counts_stored_against_the_schedule(variant_results):
     assert comp.loc[INCOMPLETE_RUN, "status"] == "incomplete"
     assert comp.loc[INCOMPLETE_RUN, "n_stored"] == 2
     assert (comp.drop(index=INCOMPLETE_RUN)["status"] == "complete").all()
-    # a run that diverged stopped by design: not a gap in the sweep
-    diverged = variant_results.assign(diverged=variant_results["run_id"] == INCOMPLETE_RUN)
-    assert R.run_completeness(diverged, TRAINED).set_index("run_id").loc[INCOMPLETE_RUN, "status"] == "diverged"
+    # a run the driver recorded as diverged stopped by design: not a gap in the sweep
+    comp = R.run_completeness(variant_results, TRAINED, diverged={INCOMPLETE_RUN}).set_index("run_id")
+    assert comp.loc[INCOMPLETE_RUN, "status"] == "diverged"
+    assert (comp.drop(index=INCOMPLETE_RUN)["status"] == "complete").all()
     assert (R.run_completeness(variant_results, None)["status"] == "unknown").all()
 
 

@@ -306,12 +306,16 @@ class Finetuner:
         return None if self.dp is None else {**self.dp.record(self.epoch), "per_row_gradients": self._per_row_mode.value}
 
     def run_epoch(self) -> EpochResult:
-        """One epoch; a NaN/inf loss or non-finite weights marks the run diverged (weights untouched)."""
+        """One epoch; a NaN/inf loss, non-finite weights, or finite weights whose predictions are not finite
+        (weights so large that the forward pass overflows) mark the run diverged (weights untouched)."""
         epoch = self.epoch + 1
         losses = [self.step(b) for b in self.batches(epoch)]
         diverged = not all(math.isfinite(v) for v in losses) or not self._weights_finite()
         self.epoch = epoch
         metrics = {} if diverged else self.evaluate()
+        if not all(math.isfinite(v) for v in metrics.values()):
+            # a checkpoint of such weights could not be probed (every score NaN): not a result to keep
+            diverged, metrics = True, {}
         return EpochResult(epoch, float(np.mean(losses)), diverged, metrics)
 
     def _weights_finite(self) -> bool:

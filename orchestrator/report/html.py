@@ -13,7 +13,7 @@ import base64
 import datetime as _dt
 import html
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +192,7 @@ def _status_cell(row: Mapping[str, Any]) -> str:
 
 
 def _completeness_html(comp: pd.DataFrame, schedule: tuple[int, ...] | None, interrupted: bool,
-                       missing: Mapping[str, tuple[int, int]]) -> str:
+                       missing: Mapping[str, tuple[int, int]], n_diverged: int = 0) -> str:
     """The report-top lines on what is stored of the sweep."""
     lines = []
     if interrupted:
@@ -223,8 +223,11 @@ def _completeness_html(comp: pd.DataFrame, schedule: tuple[int, ...] | None, int
         lines.append(f"<li class=\"warn\"><b>{len(gaps)} of {n} runs are {word}</b>: fewer stored checkpoints "
                      f"than the {len(schedule)} scheduled (epochs {html.escape(sched)}); their headline is the "
                      f"peak of what is stored.<ul>{items}{more}</ul></li>")
-    if not diverged.empty:
-        lines.append(f"<li>{len(diverged)} run(s) diverged (NaN loss) and stopped early: a result, not a gap.</li>")
+    n_diverged = max(n_diverged, len(diverged))  # with those that diverged before their first checkpoint
+    if n_diverged:
+        lines.append(f"<li>{n_diverged} run(s) diverged (NaN loss) and stopped early: a result, not a gap"
+                     + (f" ({n_diverged - len(diverged)} before their first checkpoint, so in no table)"
+                        if n_diverged > len(diverged) else "") + ".</li>")
     for regime, (k, total) in sorted(missing.items()):
         lines.append(f"<li class=\"warn\"><b>{k} of the {total} {html.escape(regime)} runs the grid schedules have "
                      "no stored checkpoint</b> and are in no table.</li>")
@@ -252,7 +255,8 @@ def _blind_items(results: pd.DataFrame) -> list[str]:
 
 def _summary_html(results: pd.DataFrame, sweep: SweepConfig | None, comp: pd.DataFrame,
                   schedule: tuple[int, ...] | None, interrupted: bool, noops: pd.DataFrame,
-                  settings: Mapping[str, str], rule: str, source: str = "") -> str:
+                  settings: Mapping[str, str], rule: str, source: str = "",
+                  diverged: Collection[str] = ()) -> str:
     """The report's top: the verdict in one line, the rule in force, what was run and what is stored."""
     line, n_runs = outcome_summary(results)
     ft = fine_tuned_rows(results)
@@ -271,7 +275,7 @@ def _summary_html(results: pd.DataFrame, sweep: SweepConfig | None, comp: pd.Dat
         f"<li><b>What was run:</b> {n_runs} fine-tuned run{'s' if n_runs != 1 else ''} with {len(ft)} "
         f"checkpoint{'s' if len(ft) != 1 else ''} (epochs {html.escape(', '.join(map(str, epochs)) or 'none')})."
         f"{controls}</li>",
-        _completeness_html(comp, schedule, interrupted, missing_runs(results, sweep)),
+        _completeness_html(comp, schedule, interrupted, missing_runs(results, sweep, diverged), len(diverged)),
         *_blind_items(results),
     ]
     if not noops.empty:
@@ -434,11 +438,12 @@ def write_html_report(
     sweep = folder.sweep_or_none
     interrupted = folder.interrupted
     schedule = checkpoint_schedule(sweep)
-    comp = run_completeness(results, schedule, interrupted=interrupted)
+    diverged = folder.diverged_runs()
+    comp = run_completeness(results, schedule, interrupted=interrupted, diverged=diverged)
     settings, source, disagree = thresholds_in_force(results, sweep)
     rule = rule_in_force(results, settings)
     noops = noop_manipulations(manip, results) if manip is not None else pd.DataFrame()
-    parts.append(_summary_html(results, sweep, comp, schedule, interrupted, noops, settings, rule, source))
+    parts.append(_summary_html(results, sweep, comp, schedule, interrupted, noops, settings, rule, source, diverged))
     parts.append(_verdict_rule_html(results, settings, source, disagree, rule))
     parts.append(_definitions_html(results, settings))
     facets = _grid_axes_note(filter_regime(results, regime))

@@ -34,7 +34,7 @@ computed from"):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -357,24 +357,36 @@ def scheduled_runs_per_regime(sweep: SweepConfig | None) -> dict[str, int] | Non
     return out
 
 
-def missing_runs(results: pd.DataFrame, sweep: SweepConfig | None) -> dict[str, tuple[int, int]]:
+def missing_runs(results: pd.DataFrame, sweep: SweepConfig | None,
+                 diverged: Collection[str] = ()) -> dict[str, tuple[int, int]]:
     """Regimes with scheduled runs that have no stored fine-tuned checkpoint at all (e.g. never started
-    before an interruption): regime -> (missing, scheduled)."""
+    before an interruption): regime -> (missing, scheduled). A run of ``diverged`` (recorded by the driver as
+    stopped by a NaN / inf loss, possibly before its first checkpoint) is a result, not missing."""
     scheduled = scheduled_runs_per_regime(sweep)
-    if not scheduled:
+    if not scheduled or sweep is None:
         return {}
     ft = fine_tuned_rows(results)
     key = run_key_columns(ft)
     stored = ft.drop_duplicates(key)["regime"].value_counts() if "regime" in ft.columns else pd.Series(dtype=int)
-    return {r: (n - int(stored.get(r, 0)), n) for r, n in scheduled.items() if int(stored.get(r, 0)) < n}
+    stored_ids = set(ft["run_id"].astype(str)) if "run_id" in ft.columns else set()
+    ended: dict[str, int] = {}  # per regime: runs (x tasks) that diverged before storing any checkpoint
+    if diverged:
+        from orchestrator.config import expand_grid
+
+        for trial in expand_grid(sweep):
+            if trial.run_id in diverged and trial.run_id not in stored_ids:
+                ended[str(trial.regime)] = ended.get(str(trial.regime), 0) + len(trial.task.split("+"))
+    out = {r: (n - int(stored.get(r, 0)) - ended.get(r, 0), n) for r, n in scheduled.items()}
+    return {r: v for r, v in out.items() if v[0] > 0}
 
 
 def run_completeness(results: pd.DataFrame, schedule: tuple[int, ...] | None, *,
-                     interrupted: bool = False) -> pd.DataFrame:
+                     interrupted: bool = False, diverged: Collection[str] = ()) -> pd.DataFrame:
     """One row per fine-tuned run (``run_id``, ``task``): ``n_stored`` checkpoints of ``n_scheduled``,
     ``last_epoch`` and ``status``: ``complete``, ``incomplete`` (fewer stored than scheduled),
-    ``interrupted`` (incomplete, and the sweep was stopped), ``diverged`` (stopped by a NaN loss: a
-    result, not a gap), or ``unknown`` (no schedule to compare with)."""
+    ``interrupted`` (incomplete, and the sweep was stopped), ``diverged`` (a run of ``diverged``, the run
+    ids the driver recorded as stopped by a NaN / inf loss: a result, not a gap), or ``unknown`` (no
+    schedule to compare with)."""
     ft = fine_tuned_rows(results)
     key = run_key_columns(ft)
     cols = [*key, "n_stored", "n_scheduled", "last_epoch", "status"]
@@ -387,7 +399,7 @@ def run_completeness(results: pd.DataFrame, schedule: tuple[int, ...] | None, *,
             status = "unknown"
         elif n_stored >= len(schedule):
             status = "complete"
-        elif "diverged" in g.columns and g["diverged"].fillna(False).astype(bool).any():
+        elif str(row.get("run_id")) in diverged:
             status = "diverged"
         else:
             status = RunStatus.INTERRUPTED.value if interrupted else "incomplete"
