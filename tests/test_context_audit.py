@@ -249,12 +249,25 @@ def test_a_table_too_small_for_a_control_still_audits_but_withholds_trust(tmp_pa
     assert set(pd.read_parquet(out / "context_audit.parquet")["target"]) == {"deployed"}
 
 
+def _audit_package_classifier(tmp_path, monkeypatch, attribute: str, checkpoint, factory: str):
+    """Point ``audit_estimators.<attribute>`` at a written checkpoint and audit ``audit_estimators:<factory>``
+    (N = 64, K = 4): (folder, table), both targets present."""
+    import audit_estimators
+
+    monkeypatch.setattr(audit_estimators, attribute, str(checkpoint))
+    out = tmp_path / factory
+    assert _cli("digits", "--estimator", f"audit_estimators:{factory}", "--context-size", "64", "--references", "4",
+                "--bootstrap", "200", "--null-splits", "1", "--out", str(out)) == 0
+    table = pd.read_parquet(out / "context_audit.parquet")
+    assert set(table["target"]) == {"deployed", "never_in_context"}
+    return out, table
+
+
 def test_tabpfns_own_fitted_classifier_is_audited_as_deployed_through_the_estimator_path(tmp_path, monkeypatch):
     """TabPFNClassifier (its preprocessing and ensemble) on a tiny random checkpoint in tabpfn's format: the
     audit fits it on every context and scores predict_proba; random weights keep nothing of a row, so every
     attack says no_signal on both targets."""
     pytest.importorskip("tabpfn", reason="tabpfn is not installed (pip install -e '.[tabpfn]')")
-    import audit_estimators
     from tabpfn.checkpoint import save_as_safetensors
 
     from trainables.models import build_model
@@ -262,12 +275,7 @@ def test_tabpfns_own_fitted_classifier_is_audited_as_deployed_through_the_estima
     model = build_model("tabpfn-v2", weights="random", emsize=16, nlayers=1, nhead=2, seed=4)
     path = tmp_path / "tiny-tabpfn-v2-classifier.safetensors"
     save_as_safetensors({"config": model.options["config"], "state_dict": dict(model.module.state_dict())}, path)
-    monkeypatch.setattr(audit_estimators, "TABPFN_CHECKPOINT", str(path))
-    out = tmp_path / "tabpfn"
-    assert _cli("digits", "--estimator", "audit_estimators:tabpfn_classifier", "--context-size", "64",
-                "--references", "4", "--bootstrap", "200", "--null-splits", "1", "--out", str(out)) == 0
-    table = pd.read_parquet(out / "context_audit.parquet")
-    assert set(table["target"]) == {"deployed", "never_in_context"}
+    out, table = _audit_package_classifier(tmp_path, monkeypatch, "TABPFN_CHECKPOINT", path, "tabpfn_classifier")
     assert (table["outcome"] == "no_signal").all()
     verdict = json.loads((out / "verdict.json").read_text())
     assert verdict["outcome"] == "no_signal"
@@ -337,7 +345,6 @@ def test_tabicls_own_fitted_classifier_is_audited_as_deployed_and_its_control_sa
     still favour a query's identical context row, so only the control is asserted: rows never in any
     context it was given get no membership verdict under any attack."""
     pytest.importorskip("tabicl", reason="tabicl is not installed (pip install -e '.[tabicl]')")
-    import audit_estimators
     import torch
 
     from trainables.models import build_model
@@ -346,11 +353,6 @@ def test_tabicls_own_fitted_classifier_is_audited_as_deployed_and_its_control_sa
                         row_num_blocks=1, row_nhead=2, row_num_cls=2, icl_num_blocks=1, icl_nhead=2, zero_init=False)
     path = tmp_path / "tiny-tabicl-classifier.ckpt"
     torch.save({"config": model.options["config"], "state_dict": model.module.state_dict()}, path)
-    monkeypatch.setattr(audit_estimators, "TABICL_CHECKPOINT", str(path))
-    out = tmp_path / "tabicl"
-    assert _cli("digits", "--estimator", "audit_estimators:tabicl_classifier", "--context-size", "64",
-                "--references", "4", "--bootstrap", "200", "--null-splits", "1", "--out", str(out)) == 0
-    table = pd.read_parquet(out / "context_audit.parquet")
-    assert set(table["target"]) == {"deployed", "never_in_context"}
+    _, table = _audit_package_classifier(tmp_path, monkeypatch, "TABICL_CHECKPOINT", path, "tabicl_classifier")
     assert (table[table["target"] == "never_in_context"]["outcome"] == "no_signal").all()
     assert table["heldout_accuracy"].between(0, 1).all()
