@@ -472,7 +472,7 @@ def audit_estimator(estimator: str, base_estimator: str, task: str, *, members: 
     base = EstimatorAdapter(load_estimator_factory(base_estimator, "--base-estimator"), base_estimator)
     config = {"estimator": estimator, "base_estimator": base_estimator, "task": task, "members": members,
               "label_mode": label_mode, "seed": seed, "bootstrap": bootstrap, "context_size": context_size}
-    identity_hash = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    identity_hash = settings_hash(config)
     out_dir = Path(out) if out else Path("runs") / f"audit-{source.name}-{identity_hash[:8]}"
     claim_audit_folder(out_dir, identity_hash, "--out" if out else "the default audit folder", "estimator")
     # Stage I in memory, before the folder is made: a table or members file that cannot be audited leaves none
@@ -509,6 +509,12 @@ def record_task_spec(source: Any) -> str:
     if source.kind == "carte":
         return f"{source.path}:{source.name}"
     return str(source.name)
+
+
+def settings_hash(config: dict[str, Any]) -> str:
+    """An audit folder's identity when it audits no checkpoint file (``probe --estimator``, ``audit-context``):
+    its settings as resolved. A folder is reused only by an audit with the same settings."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def audit_hash(checkpoint: Path) -> str:

@@ -17,8 +17,6 @@ settings as resolved), ``context_audit.parquet`` (a row per target context and a
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
 import warnings
 from collections.abc import Callable
@@ -85,11 +83,6 @@ class EstimatorScorer:
 
 
 # ------------------------------------------------------------------------------------------ the audit
-def context_audit_hash(config: dict[str, Any]) -> str:
-    """The audit folder's identity: its settings as resolved (a folder is reused only by the same audit)."""
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 @dataclass(frozen=True)
 class PreparedContextAudit:
     """What an audit scores, built from the table: the inputs of :mod:`probes.context_audit`, the scorer,
@@ -103,12 +96,12 @@ class PreparedContextAudit:
 
 def prepare_context_audit(source: Any, task: str, context_size: int, seed: int, *, adapter: Any = None,
                           factory: Callable[[], Any] | None = None, estimator: str | None = None,
-                          cache_dir: Path | None = None, note: Callable[[str], None] = print) -> PreparedContextAudit:
+                          note: Callable[[str], None] = print) -> PreparedContextAudit:
     """Stage I for a context audit under the model's input contract: N label-matched members and non-members
     (q = N), a small C' (:data:`BLIND_CONTEXT_ROWS`), and the control drawn from the rows left (N rows with
     the members' label counts; none when the table has too few, said through ``note``)."""
     from probes.context_audit import ContextAuditInputs
-    from trainables.data import PrepSettings, load_or_prepare, null_split
+    from trainables.data import PrepSettings, null_split, prepare_task
 
     if (adapter is None) == (factory is None):
         raise ConfigError("a context audit scores one estimator: a model's adapter or an estimator factory")
@@ -116,8 +109,7 @@ def prepare_context_audit(source: Any, task: str, context_size: int, seed: int, 
     if adapter is not None:
         settings = adapter.prep_settings(settings)
     try:
-        prepared = load_or_prepare(source, settings, LabelMode.NORMAL, seed, q=context_size,
-                                   cache_dir=cache_dir)
+        prepared = prepare_task(source, settings, LabelMode.NORMAL, seed, q=context_size)
     except DataError as exc:
         if "too few rows" not in str(exc):  # a missing file, a bad column ...: Stage I's own words
             raise
@@ -153,7 +145,7 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
     """Audit whether rows of ``task`` were in a fitted estimator's context; returns the
     :class:`probes.context_audit.ContextAuditResult` and writes the folder ``out`` (and, with ``wandb``
     offline or online, one W&B run of project ``project``)."""
-    from orchestrator.audit import DEFAULT_BOOTSTRAP, claim_audit_folder, min_bootstrap, parse_task
+    from orchestrator.audit import DEFAULT_BOOTSTRAP, claim_audit_folder, min_bootstrap, parse_task, settings_hash
     from probes.context_audit import MAX_REFERENCES, evaluate_context_audit
     from probes.metrics import LowResolutionWarning
     from probes.outcomes import OutcomeThresholds
@@ -184,7 +176,7 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
     source = parse_task(task)
     config = {"audit": "context", "task": task, "model": model, "estimator": estimator, "context_size": context_size,
               "references": references, "seed": seed, "bootstrap": bootstrap, "null_splits": null_splits}
-    config_hash = context_audit_hash(config)
+    config_hash = settings_hash(config)
     out_dir = Path(out)
     from trainables.models.estimator import load_estimator_factory
 
@@ -221,28 +213,27 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
     if coarse:  # one line, not one per attack and split: with N non-members a TPR at FPR below ~10/N is coarse
         note(f"[iclmem] {', '.join(coarse)} rest on fewer than 10 allowed false positives among {context_size} "
              "non-members: coarse estimates (a larger --context-size sharpens them)")
-    write_audit_folder(out_dir, result, prepared.row_ids[population], member, config_hash)
+    table, verdict = write_audit_folder(out_dir, result, prepared.row_ids[population], member, config_hash)
     if wandb not in (None, "disabled"):
-        log_to_wandb(out_dir, wandb, project)
+        log_to_wandb(out_dir, table, verdict, wandb, project)
     return result
 
 
-def log_to_wandb(out_dir: Path, mode: str, project: str) -> None:
-    """The written audit as one W&B run (offline unless ``online`` and a key is set): its public table, the
-    verdict and each attack's numbers, the ROC figure (:meth:`orchestrator.wandb_logger.WandbResultsLogger.
-    log_context_audit`). Files go to ``out_dir/wandb``."""
+def log_to_wandb(out_dir: Path, table: pd.DataFrame, verdict: dict[str, Any], mode: str, project: str) -> None:
+    """The written audit (its table and verdict as written) as one W&B run (offline unless ``online`` and a key
+    is set): its public table, the verdict and each attack's numbers, the ROC figure
+    (:meth:`orchestrator.wandb_logger.WandbResultsLogger.log_context_audit`). Files go to ``out_dir/wandb``."""
     from orchestrator.report.wandb_summary import CONTEXT_AUDIT_JOB_TYPE
     from orchestrator.wandb_logger import WandbResultsLogger
 
-    table = pd.read_parquet(out_dir / CONTEXT_AUDIT_FILE)
-    verdict = json.loads((out_dir / VERDICT_FILE).read_text())
     with WandbResultsLogger(project=project, group=out_dir.name, mode=mode, job_type=CONTEXT_AUDIT_JOB_TYPE) as logger:
         logger.log_context_audit(out_dir, table, verdict, out_dir / CONTEXT_ROC_FIGURE)
 
 
-def write_audit_folder(out_dir: Path, result: Any, row_ids: np.ndarray, member: np.ndarray, config_hash: str) -> None:
+def write_audit_folder(out_dir: Path, result: Any, row_ids: np.ndarray, member: np.ndarray,
+                       config_hash: str) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The audit's tables, verdict and figure (atomic writes; the verdict last, so a folder with a verdict is
-    complete)."""
+    complete); returns the table and the verdict as written."""
     rows = pd.DataFrame(list(result.rows))
     rows.insert(0, "config_hash", config_hash)
     write_parquet_atomic(rows, out_dir / CONTEXT_AUDIT_FILE)
@@ -256,14 +247,16 @@ def write_audit_folder(out_dir: Path, result: Any, row_ids: np.ndarray, member: 
     plot_context_roc(result, out_dir / CONTEXT_ROC_FIGURE)
     verdict = {**result.verdict.to_dict(), "config_hash": config_hash,
                "seconds_per_reference": result.seconds_per_reference,
-               "blind": {k: (v.item() if isinstance(v, np.generic) else v) for k, v in result.blind.items()},
+               "blind": dict(result.blind),  # numpy scalars become plain values in strict_json
                "attacks": {r["attack"]: {"target": r["target"], "auc": r["auc"], "tpr_at_1pct": r["tpr_at_1pct"],
                                          "tpr_at_0_1pct": r["tpr_at_0_1pct"], "epsilon_lb": r["epsilon_lb"],
                                          "outcome": r["outcome"]}
                            for r in result.rows if r["target"] == ContextTarget.DEPLOYED.value}}
     from orchestrator.audit import strict_json
 
-    write_json_atomic(out_dir / VERDICT_FILE, strict_json(verdict))  # NaN as null: the file parses as JSON
+    verdict = strict_json(verdict)  # NaN as null: the file parses as JSON
+    write_json_atomic(out_dir / VERDICT_FILE, verdict)
+    return rows, verdict
 
 
 def plot_context_roc(result: Any, path: Path) -> None:

@@ -223,8 +223,7 @@ def _completeness_html(comp: pd.DataFrame, schedule: tuple[int, ...] | None, int
         lines.append(f"<li class=\"warn\"><b>{len(gaps)} of {n} runs are {word}</b>: fewer stored checkpoints "
                      f"than the {len(schedule)} scheduled (epochs {html.escape(sched)}); their headline is the "
                      f"peak of what is stored.<ul>{items}{more}</ul></li>")
-    n_diverged = max(n_diverged, len(diverged))  # with those that diverged before their first checkpoint
-    if n_diverged:
+    if n_diverged:  # the runs the driver recorded: those in ``diverged`` and any that diverged before a checkpoint
         lines.append(f"<li>{n_diverged} run(s) diverged (NaN loss) and stopped early: a result, not a gap"
                      + (f" ({n_diverged - len(diverged)} before their first checkpoint, so in no table)"
                         if n_diverged > len(diverged) else "") + ".</li>")
