@@ -136,6 +136,11 @@ COLUMNS: dict[str, Column] = _columns(
     Column("nonmember_icl_accuracy", "ICL accuracy on the non-members with C' as context"),
     Column("member_icl_loss", "ICL loss on the members"),
     Column("nonmember_icl_loss", "ICL loss on the non-members"),
+    # recipe upstream: the same, scored as the package deploys the weights (probes.probe.deployed_utility_columns)
+    Column("deployed_member_icl_accuracy", "recipe upstream: ICL accuracy on the members, as the package deploys"),
+    Column("deployed_nonmember_icl_accuracy", "recipe upstream: ICL accuracy on the non-members, as deployed"),
+    Column("deployed_member_icl_loss", "recipe upstream: ICL loss on the members, as deployed"),
+    Column("deployed_nonmember_icl_loss", "recipe upstream: ICL loss on the non-members, as deployed"),
     # ---- ε lower bounds (orchestrator.aggregate.epsilon_columns) and DP-SGD's accountant
     Column("epsilon_lb", "ε lower bound from the headline attack's error rates"),
     Column("epsilon_lb_kind", "which attack and score the ε lower bound comes from"),

@@ -90,6 +90,15 @@ class Regime(Vocab):
 
 
 MAIN_REGIME = Regime.SINGLE_FIXED  # the paper's main regime
+
+
+class Recipe(Vocab):
+    """Who fine-tunes a model (``models[].recipe``): iclmem's own loop (one step on C' with the members as
+    queries, raw logits scored) or the package's own fine-tuner with its defaults, scored as the package's
+    estimator deploys it (its preprocessing and ensemble, ``predict_proba``) -- ``trainables.upstream``."""
+
+    ICLMEM = "iclmem"
+    UPSTREAM = "upstream"
 # The ``regime`` of a results row for the untouched base model probed as epoch 0 (the pipeline sanity
 # check, ΔS ≡ 0 by construction): a row label, never a training regime.
 BASE_MODEL_ROW = "base"

@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from iclmem.errors import ConfigError, DataError
-from iclmem.vocab import CanaryKind, LabelDesign, LabelMode, Regime, TaskKind, TrialRole, WandbMode
+from iclmem.vocab import CanaryKind, LabelDesign, LabelMode, Recipe, Regime, TaskKind, TrialRole, WandbMode
 from trainables.dp import DEFAULT_DP_DELTA, DPAccountant
 
 _FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max, without importing numpy here
@@ -107,9 +107,48 @@ class TaskConfig(StrictConfig):
 
 class ModelConfig(StrictConfig):
     name: str = "pfn-mini"
+    # Who fine-tunes: iclmem's own loop, or the package's own fine-tuner with its defaults, scored as its
+    # estimator deploys (trainables.upstream; models with such a fine-tuner only). Passed to the adapter as
+    # its `recipe` option, so checkpoints, reference scores and run ids tell the two apart.
+    recipe: Recipe = Recipe.ICLMEM
     # Adapter options; none given: the adapter's own defaults (pfn-mini: its shipped weights; TabICL,
     # TabPFN v2, ConTextTab: the official checkpoint from the local Hugging Face cache). `iclmem models`.
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe_is_an_option(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("options", {}), dict):
+            return data  # pydantic names the wrong type
+        options = dict(data.get("options") or {})
+        given, field = options.get("recipe"), data.get("recipe")
+        if given is not None and field is not None and str(given) != str(getattr(field, "value", field)):
+            raise ValueError(f"model {data.get('name')}: recipe {field!r} and options.recipe {given!r} disagree")
+        recipe = field if field is not None else given
+        if recipe is not None and str(getattr(recipe, "value", recipe)) == Recipe.UPSTREAM.value:
+            options["recipe"] = Recipe.UPSTREAM.value
+        elif given is not None and str(given) == Recipe.ICLMEM.value:
+            options.pop("recipe")  # iclmem's own loop is the adapters' default: one spelling, one run id
+        return {**data, "options": options, **({"recipe": recipe} if recipe is not None else {})}
+
+    @model_validator(mode="after")
+    def _recipe_has_a_fine_tuner(self) -> ModelConfig:
+        if self.recipe is Recipe.UPSTREAM:
+            from trainables.upstream import UPSTREAM_RECIPES
+
+            if self.name not in UPSTREAM_RECIPES:
+                raise ValueError(f"model {self.name}: recipe upstream needs a package fine-tuner iclmem drives; models "
+                                 f"with one: {', '.join(UPSTREAM_RECIPES.names())}")
+            if self.options.get("finetuner"):
+                from trainables.models.extras import extra_is_installed
+                from trainables.upstream import check_finetuner_settings
+
+                if extra_is_installed(self.name):  # without the package, building the model names what is missing
+                    try:
+                        check_finetuner_settings(self.name, self.options["finetuner"])
+                    except ConfigError as exc:
+                        raise ValueError(str(exc)) from None
+        return self
 
 
 class GridConfig(StrictConfig):
@@ -400,6 +439,26 @@ class SweepConfig(StrictConfig):
             raise ValueError("grid.dp with a finite epsilon cannot run regime multi_random: its contexts are drawn "
                              "from the member rows, whose influence as context rows DP-SGD does not bound; "
                              "sweep multi_random in a file without grid.dp")
+        return self
+
+    @model_validator(mode="after")
+    def _upstream_recipes_get_what_they_honour(self) -> SweepConfig:
+        """The package fine-tuners take one table and plain steps: what they cannot honour is refused."""
+        upstream = [m.name for m in self.models if m.recipe is Recipe.UPSTREAM]
+        if not upstream:
+            return self
+        who = f"models {upstream} with recipe upstream (the package's own fine-tuner)"
+        other = [str(r) for r in self.grid.regime if r != Regime.SINGLE_FIXED]
+        if other:
+            raise ValueError(f"grid.regime {other}: {who} fit one table per run, regime single_fixed only")
+        if any(math.isfinite(e) for e in self.grid.dp):
+            raise ValueError(f"grid.dp: {who} have no DP-SGD (no per-row clipping or noise); audit DP runs with "
+                             "recipe iclmem")
+        if self.canaries.enabled:
+            raise ValueError(f"canaries: {who} cannot insert canary rows; sweep canaries with recipe iclmem")
+        if self.probe.references:
+            raise ValueError(f"probe.references: {who} have no reference fine-tunes yet; sweep references with "
+                             "recipe iclmem")
         return self
 
     @model_validator(mode="after")

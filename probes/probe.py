@@ -199,6 +199,17 @@ def icl_utility_columns(predictions: Any, member: np.ndarray) -> dict[str, float
                                  ("loss", np.asarray(predictions.loss, dtype=np.float64)))}
 
 
+def deployed_utility_columns(model: Any, task: Any) -> dict[str, float]:
+    """A model fine-tuned by its package's own fine-tuner (``recipe`` upstream): the same utility as the
+    package deploys the weights (``deployed_member_icl_accuracy`` ... ``deployed_nonmember_icl_loss``; see
+    ``trainables.upstream.deployed_utility``); empty for every other model."""
+    if str(getattr(model, "options", {}).get("recipe", "iclmem")) != "upstream":
+        return {}
+    from trainables.upstream import deployed_utility
+
+    return {f"deployed_{k}": v for k, v in deployed_utility(model, task).items()}
+
+
 # plans over other rows than a task's own (null-split pools, canaries), built once per key in a process and
 # reused for every checkpoint
 _DERIVED_PLANS: dict[tuple[Any, ...], ProbePlan] = {}
@@ -327,7 +338,7 @@ def probe_checkpoint(
            **{f"outcome_{r.value}": v.outcome.value for r, v in verdicts.items()}, **row,
            **collapse, **blind_columns(task),
            "n_members": int(plan.queries.member.sum()), "n_nonmembers": int((~plan.queries.member).sum()),
-           **icl_utility_columns(predictions, plan.queries.member)}
+           **icl_utility_columns(predictions, plan.queries.member), **deployed_utility_columns(model, task)}
     row.update(known_context_columns(loss_ft, loss_base, plan.queries.member, settings))
     row.update(_null_columns(model, task, plan, cache_dir, base_digest, base_model, settings, ratio, std,
                              fine_tuned))

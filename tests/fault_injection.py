@@ -36,6 +36,28 @@ def faulty_trainable(config: dict[str, Any], prepared: dict[str, Any] | None = N
         Finetuner.run_epoch = original  # type: ignore[method-assign]
 
 
+def faulty_upstream_trainable(config: dict[str, Any], prepared: dict[str, Any] | None = None) -> None:
+    """The same for a run fine-tuned by its package's own fine-tuner (recipe upstream): the fault fires in the
+    package's logger hook, just before epoch ``_fault_once_at_epoch`` is reported."""
+    from trainables.upstream import UpstreamFinetuner
+
+    trial = config.get("__trial__", config)
+    original = UpstreamFinetuner.run
+
+    def run(self: UpstreamFinetuner, on_epoch: Any) -> Any:
+        def faulty(result: Any, path: Any, end: Any) -> Any:
+            maybe_inject_fault(result.epoch, trial)
+            return on_epoch(result, path, end)
+
+        return original(self, faulty)
+
+    UpstreamFinetuner.run = run  # type: ignore[method-assign]
+    try:
+        finetune_trainable(config, prepared)
+    finally:
+        UpstreamFinetuner.run = original  # type: ignore[method-assign]
+
+
 def maybe_inject_fault(epoch: int, config: dict[str, Any]) -> None:
     """Raise once at ``_fault_once_at_epoch`` (a marker file in
     ``_fault_marker_dir`` remembers it fired, so the retried trial runs through)."""

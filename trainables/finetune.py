@@ -235,6 +235,9 @@ class Finetuner:
             raise ConfigError("fine-tuning needs at least one task")
         if spec.regime == Regime.SINGLE_FIXED and len(tasks) != 1:
             raise ConfigError(f"regime single_fixed takes exactly one task, got {len(tasks)}")
+        if str(spec.model_options.get("recipe", "iclmem")) != "iclmem":
+            raise ConfigError(f"model {spec.model!r} has recipe {spec.model_options['recipe']!r}: it is fine-tuned by "
+                              "trainables.upstream.UpstreamFinetuner (the package's own fine-tuner), not iclmem's loop")
         self.spec = spec
         self.tasks = list(tasks)
         torch.manual_seed(spec.seed)
@@ -453,7 +456,13 @@ def recompute_checkpoint_model(spec: FinetuneSpec, tasks: Sequence[Any], epoch: 
     previous = torch.get_num_threads()
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
+    from trainables.upstream import is_upstream, recompute_upstream_model
+
     try:
+        if is_upstream(spec):
+            model = recompute_upstream_model(spec, tasks, epoch)
+            _check_recomputed(model, epoch, expected_sha256)
+            return model
         finetuner = Finetuner(spec, list(tasks))
         while finetuner.epoch < epoch:
             result = finetuner.run_epoch()
@@ -461,11 +470,15 @@ def recompute_checkpoint_model(spec: FinetuneSpec, tasks: Sequence[Any], epoch: 
                 raise CheckpointError(f"recomputing epoch {epoch}: the run diverged at epoch {result.epoch}")
     finally:
         torch.set_num_threads(previous)
+    _check_recomputed(finetuner.model, epoch, expected_sha256)
+    return finetuner.model
+
+
+def _check_recomputed(model: ModelAdapter, epoch: int, expected_sha256: str | None) -> None:
     if expected_sha256 is not None:
-        actual = weights_digest(finetuner.model.module.state_dict())
+        actual = weights_digest(model.module.state_dict())
         if actual != expected_sha256:
             raise CheckpointError(
                 f"recomputed epoch {epoch} weights hash {actual[:12]}..., not the {expected_sha256[:12]}... "
                 "recorded with the lost checkpoint: fine-tuning is not reproducible here (another thread "
                 "count, other package versions or other hardware?)")
-    return finetuner.model

@@ -21,7 +21,8 @@ from iclmem.errors import CorruptCheckpointError
 from iclmem.runfolder import GROUND_TRUTH_FILE
 from iclmem.vocab import Regime
 from trainables.data import ground_truth_log
-from trainables.finetune import Finetuner, FinetuneSpec
+from trainables.finetune import EpochResult, Finetuner, FinetuneSpec
+from trainables.upstream import UpstreamEnd, UpstreamFinetuner, is_upstream
 
 # The metric a trial reports (with its first result after a resume) when the checkpoint it was to resume
 # from was damaged: the driver prints it on the console, since the trial's own stderr may be on another node
@@ -85,6 +86,9 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
     config = config.get("__trial__", config)  # the sweep driver passes each whole trial config as one grid value
     torch.set_num_threads(int(config.get("torch_threads", 1)))
     spec = FinetuneSpec(**config["finetune"])
+    if is_upstream(spec):
+        upstream_trainable(config, spec, [prepared[key] for key in config["task_keys"]])
+        return
     # the device is auto: CUDA exactly when Ray gave this trial GPUs (resources.gpus_per_trial), else the CPU
     finetuner = Finetuner(spec, [prepared[key] for key in config["task_keys"]])
     checkpoint = tune.get_checkpoint()
@@ -119,3 +123,39 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
                 tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
         else:
             tune.report(metrics)
+
+
+def upstream_trainable(config: dict[str, Any], spec: FinetuneSpec, tasks: list[Any]) -> None:
+    """The same trial through the package's own fine-tuner (``trainables.upstream``): resumed from Tune's
+    checkpoint (the package continues from its own saved state), one ``tune.report`` per epoch from the
+    package's logger hook, a checkpoint at every scheduled epoch and at the epoch the package's early
+    stopping ends the run on (``stopped_early`` 1, ``upstream_best_epoch``: the epoch it deploys)."""
+    finetuner = UpstreamFinetuner(spec, tasks)
+    checkpoint = tune.get_checkpoint()
+    damaged: list[str] = []
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            resume_or_recompute(finetuner, directory, config["run_id"], damaged)
+    if finetuner.epoch >= spec.epochs:
+        return
+    schedule = set(spec.schedule())
+    identity = {"run_id": config["run_id"]}
+    ground_truth = {"run_id": config["run_id"], "regime": spec.regime.value,
+                    "tasks": [ground_truth_log(t, int(config.get("null_splits", 0))) for t in finetuner.tasks]}
+
+    def on_epoch(result: EpochResult, package_file: Path, end: UpstreamEnd | None) -> None:
+        metrics = {**identity, "epoch": result.epoch, "train_loss": result.train_loss, "diverged": result.diverged,
+                   **result.metrics}
+        if damaged:
+            metrics[DAMAGED_CHECKPOINT_METRIC] = damaged.pop()
+        if end is not None:
+            metrics.update(stopped_early=int(end.stopped_early), upstream_best_epoch=end.best_epoch or 0)
+        if result.diverged or not (result.epoch in schedule or (end is not None and end.stopped_early)):
+            tune.report(metrics)
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            finetuner.save(tmp, package_file, metrics)
+            write_json_atomic(Path(tmp) / GROUND_TRUTH_FILE, ground_truth, default=str)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
+
+    finetuner.run(on_epoch)

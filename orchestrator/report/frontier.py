@@ -1,9 +1,10 @@
-"""The report's leakage-utility frontier: for each task, model and recipe (regime), every fine-tuned setting
+"""The report's leakage-utility frontier: for each task, model, recipe and regime, every fine-tuned setting
 (learning rate, Q, epoch, and ε under DP-SGD) placed by its held-out accuracy against the strongest attack's
 TPR at 1% FPR, and the settings no other beats on both (the frontier), so a model owner can pick one.
 
 * Utility: ``nonmember_icl_accuracy``, the checkpoint's in-context accuracy on the non-members with C' as
-  context: rows it never trained on, so held-out accuracy.
+  context: rows it never trained on, so held-out accuracy; for a model fine-tuned by its package's own
+  fine-tuner (recipe upstream) the same as the package deploys it (``deployed_nonmember_icl_accuracy``).
 * Leakage: the highest TPR at 1% FPR over the attacks the sweep ran on that checkpoint: IclMem's own
   (``tpr_at_1pct``, the deciding score's) and each reference-model attack (``<attack>_tpr_at_1pct`` and
   ``known_context_<attack>_tpr_at_1pct``, with ``probe.references``).
@@ -29,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.record import CHECKPOINT_KEY
-from iclmem.vocab import Attack, LabelMode, values
+from iclmem.vocab import Attack, LabelMode, Recipe, values
 from orchestrator.report.parts import html_table, paragraph, save_png, section_html
 
 __all__ = ["FRONTIER_FIGURE", "FRONTIER_REPORT_COLUMNS", "frontier_figure", "frontier_section_html", "frontier_table",
@@ -37,13 +38,25 @@ __all__ = ["FRONTIER_FIGURE", "FRONTIER_REPORT_COLUMNS", "frontier_figure", "fro
 
 FRONTIER_FIGURE = "leakage_utility_frontier.png"
 FRONTIER_REPORT_COLUMNS: tuple[str, ...] = (*CHECKPOINT_KEY, "sanity_check", "nonmember_icl_accuracy", "tpr_at_1pct",
-                                            "dp_target_epsilon")
+                                            "dp_target_epsilon", "model_options", "deployed_nonmember_icl_accuracy")
 UTILITY = "nonmember_icl_accuracy"
+DEPLOYED_UTILITY = "deployed_nonmember_icl_accuracy"  # recipe upstream: held-out accuracy as the package deploys
 ICLMEM_ATTACK = "iclmem"  # the strongest attack's name when IclMem's own score is it
 _ATTACK_TPR = re.compile(rf"^((?:known_context_)?(?:{'|'.join(values(Attack))}))_tpr_at_1pct$")
 # the settings a frontier point stands for, and how the table is grouped
-GROUP = ("task", "model", "regime")
+GROUP = ("task", "model", "recipe", "regime")
 SETTING = ("lr", "q", "epoch", "dp_target_epsilon")
+
+
+def _recipe(options: object) -> str:
+    """The ``recipe`` in a row's ``model_options`` JSON (iclmem's own loop when absent)."""
+    import json
+
+    try:
+        parsed = json.loads(options) if isinstance(options, str) else {}
+    except ValueError:
+        parsed = {}
+    return str(parsed.get("recipe", Recipe.ICLMEM.value)) if isinstance(parsed, dict) else Recipe.ICLMEM.value
 
 
 def leakage_columns(results: pd.DataFrame) -> dict[str, str]:
@@ -81,11 +94,15 @@ def frontier_table(results: pd.DataFrame) -> pd.DataFrame:
     if "label_mode" in df.columns:
         df = df[df["label_mode"].astype(str) == LabelMode.NORMAL.value]
     leak = df[list(tpr)].astype(float)
-    usable = df[UTILITY].notna() & leak.notna().any(axis=1)
-    df, leak = df[usable], leak[usable]
+    utility = df[UTILITY].astype(float)
+    if DEPLOYED_UTILITY in df.columns:  # recipe upstream: as the package deploys the weights
+        utility = df[DEPLOYED_UTILITY].astype(float).where(df[DEPLOYED_UTILITY].notna(), utility)
+    usable = utility.notna() & leak.notna().any(axis=1)
+    df, leak, utility = df[usable], leak[usable], utility[usable]
     if df.empty:
         return pd.DataFrame()
-    df = df.assign(heldout_accuracy=df[UTILITY].astype(float), leakage_tpr_at_1pct=leak.max(axis=1),
+    df = df.assign(recipe=df["model_options"].map(_recipe) if "model_options" in df.columns else Recipe.ICLMEM.value)
+    df = df.assign(heldout_accuracy=utility, leakage_tpr_at_1pct=leak.max(axis=1),
                    strongest_attack=leak.idxmax(axis=1).map(tpr))
     if "dp_target_epsilon" not in df.columns:
         df["dp_target_epsilon"] = math.inf
@@ -101,7 +118,7 @@ def frontier_table(results: pd.DataFrame) -> pd.DataFrame:
     columns = [*GROUP, "run_id", *SETTING, "heldout_accuracy", "leakage_tpr_at_1pct", "strongest_attack", "on_frontier"]
     table = df.loc[:, [c for c in columns if c in df.columns]]
     table = table.sort_values([*GROUP, "leakage_tpr_at_1pct", "heldout_accuracy"],
-                              ascending=[True, True, True, True, False])
+                              ascending=[True] * (len(GROUP) + 1) + [False])
     return table.reset_index(drop=True)
 
 
@@ -117,12 +134,12 @@ def frontier_figure(table: pd.DataFrame, path: str | Path) -> Path | None:
     axes = fig.subplots(1, len(tasks), squeeze=False)[0]
     for ax, task in zip(axes, tasks, strict=True):
         part = table[table["task"].astype(str) == task]
-        for i, ((model, regime), group) in enumerate(part.groupby(["model", "regime"], sort=True)):
+        for i, ((model, recipe, regime), group) in enumerate(part.groupby(["model", "recipe", "regime"], sort=True)):
             colour = f"C{i % 10}"
             ax.scatter(group["leakage_tpr_at_1pct"], group["heldout_accuracy"], s=18, alpha=0.5, color=colour)
             front = group[group["on_frontier"]].sort_values("leakage_tpr_at_1pct")
             ax.plot(front["leakage_tpr_at_1pct"], front["heldout_accuracy"], marker="o", color=colour,
-                    label=f"{model} {regime}")
+                    label=f"{model} {regime}" + (f" ({recipe} recipe)" if recipe != Recipe.ICLMEM.value else ""))
         ax.axvline(0.01, color="grey", linewidth=0.8, linestyle=":")  # TPR = FPR: an attack that sees nothing
         ax.set_xscale("symlog", linthresh=0.01)
         ax.set_xlim(left=0, right=1.05)
@@ -146,9 +163,10 @@ def frontier_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
         front[col] = front[col].map(lambda v: f"{v:.3f}")
     attacks = ", ".join(sorted(set(table["strongest_attack"].astype(str))))
     note = (f"Every checkpoint of a fine-tuned run on true labels ({len(table)}), by held-out accuracy (in-context "
-            "accuracy on the non-members, rows it never trained on) against the strongest attack's TPR at 1% FPR "
+            "accuracy on the non-members, rows it never trained on; as the package deploys the weights for recipe "
+            "upstream) against the strongest attack's TPR at 1% FPR "
             f"(here among: {attacks}). The rows below are the frontier: no other setting of the same task, model "
-            "and recipe has at least their accuracy and at most their leakage. A TPR near 0.01 is what an attack "
+            "recipe and regime has at least their accuracy and at most their leakage. A TPR near 0.01 is what an attack "
             "blind to membership gets at 1% FPR.")
     return section_html("Leakage–utility frontier", [paragraph(note), html_table(front)], figure_dir, figure,
                         "held-out accuracy against TPR at 1% FPR")

@@ -17,6 +17,13 @@
 * Caveat (architecture, not wrapper): the v2 encoder removes features that are constant over all rows
   and standardises features on the context rows; a probe context of identical rows therefore carries
   its information in the labels and the varying (distractor) columns only.
+* ``recipe="upstream"`` (a sweep's ``models: [{name: tabpfn-v2, recipe: upstream}]``, fine-tuned by
+  ``tabpfn.finetuning.FinetunedTabPFNClassifier``, see ``trainables.upstream``): ``deployed_log_probs`` scores
+  the weights as the package deploys them -- each context one ``TabPFNClassifier.fit`` on these weights (its
+  preprocessing, ``n_estimators``-member ensemble, class permutations and temperature), its queries one
+  ``predict_proba`` -- for the run's utility (in-context accuracy with C'). The probe's zero-information
+  contexts repeat the query row, which the package refuses ("All features are constant"), so the probe
+  scores the network as for every run.
 * Regression checkpoints output a bar distribution; ``candidate_log_probs`` scores candidate values
   with tabpfn's ``FullSupportBarDistribution`` (``candidate_log_probs``).
 """
@@ -35,7 +42,7 @@ import numpy as np
 import torch
 
 from iclmem.errors import CheckpointError, ModelError
-from iclmem.vocab import InputContract
+from iclmem.vocab import InputContract, Recipe
 from trainables.models.base import MODELS, Invariance, NativeRegressionAdapter, read_weights
 from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, local_checkpoint, not_cached
 from trainables.models.extras import float32_compute, register_extra, require_extra, safetensors_metadata, saved_options
@@ -45,6 +52,8 @@ EXTRA = "tabpfn"
 ARCHITECTURE = "tabpfn_v2"
 # TabPFN v2's documented limits (the architecture itself has no hard feature cap).
 DEFAULT_MAX_FEATURES = 500
+# the ensemble of the estimator FinetunedTabPFNClassifier deploys after fine-tuning (n_estimators_final_inference)
+DEFAULT_DEPLOYED_N_ESTIMATORS = 2
 TASKS = ("classification", "regression")
 ESTIMATOR = {"classification": "classifier", "regression": "regressor"}
 
@@ -80,7 +89,63 @@ class TabPFNV2Adapter(NativeRegressionAdapter):
         self.max_classes = int(config.get("max_num_classes", 0)) if self.task == "classification" else 0
         self.max_features = int(self.options.get("max_features", DEFAULT_MAX_FEATURES))
         self.softmax_temperature = float(self.options.get("softmax_temperature", 1.0))
+        self.recipe = Recipe(self.options.get("recipe", Recipe.ICLMEM.value))
+        self.n_estimators = int(self.options.get("n_estimators", DEFAULT_DEPLOYED_N_ESTIMATORS))
+        self._deployed: tuple[tuple[int, ...], Path] | None = None  # (weights version, package-format file)
+        self._deployed_dir: Path | None = None
         module.use_multiclass_target_encoding = bool(self.options.get("densify_labels", False)) and self.task == "classification"
+
+    # -------------------------------------------------------------------------------- scored as deployed
+    def package_checkpoint(self, path: str | Path) -> Path:
+        """These weights in tabpfn's own checkpoint format (``{"config", "state_dict"}``, what
+        ``TabPFNClassifier(model_path=...)`` and the package's fine-tuner load)."""
+        state = {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+        torch.save({"config": self.options["config"], "state_dict": state}, path)
+        return Path(path)
+
+    def _deployed_checkpoint(self) -> Path:
+        """A package-format copy of the current weights, rewritten (under a new name, so tabpfn's checkpoint
+        cache cannot serve the old one) whenever a parameter changed in place since the last call."""
+        import tempfile
+        import weakref
+
+        version = tuple(v for p in self.module.parameters() for v in (p.data_ptr(), p._version))
+        if self._deployed is not None and self._deployed[0] == version:
+            return self._deployed[1]
+        if self._deployed_dir is None:
+            self._deployed_dir = Path(tempfile.mkdtemp(prefix="iclmem-tabpfn-deployed-"))
+            import shutil
+
+            weakref.finalize(self, shutil.rmtree, str(self._deployed_dir), True)
+        if self._deployed is not None:
+            self._deployed[1].unlink(missing_ok=True)
+        path = self.package_checkpoint(self._deployed_dir / f"weights-{len(os.listdir(self._deployed_dir))}-"
+                                       f"{abs(hash(version)) % 10**12}.ckpt")
+        self._deployed = (version, path)
+        return path
+
+    def deployed_estimator(self) -> Any:
+        """An unfitted ``TabPFNClassifier`` on these weights, configured as the recipe deploys it."""
+        from tabpfn import TabPFNClassifier
+
+        return TabPFNClassifier(model_path=str(self._deployed_checkpoint()), n_estimators=self.n_estimators,
+                                device=str(self.device), random_state=int(self.options.get("seed", 0)),
+                                ignore_pretraining_limits=True)
+
+    def deployed_log_probs(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
+                           n_classes: int) -> torch.Tensor:
+        """:meth:`log_probs` as the package deploys these weights: context_x [B, N, F], context_y [B, N],
+        query_x [B, M, F] -> [B, M, C], one ``TabPFNClassifier`` fit per context b (its preprocessing and
+        ensemble). The package refuses a context whose feature columns are all constant (the probe's contexts
+        of query copies), so the probe scores the network (:meth:`log_probs`) and this scores real contexts."""
+        from trainables.models.estimator import estimator_log_probs
+
+        self._require_classifier()
+        self.check_shapes(context_x, context_y, query_x, n_classes)
+        cx, cy, qx = (t.detach().cpu().numpy() for t in (context_x, context_y, query_x))
+        out = [estimator_log_probs(self.deployed_estimator, cx[b], cy[b].astype(np.int64), qx[b], n_classes,
+                                   f"{NAME} (recipe upstream)") for b in range(cx.shape[0])]
+        return torch.from_numpy(np.stack(out)).float().to(context_x.device)
 
     # -------------------------------------------------------------------------------- forward
     def _forward(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
@@ -298,6 +363,9 @@ def build_tabpfn_v2(
     softmax_temperature: float = 1.0,
     densify_labels: bool = False,
     max_features: int = DEFAULT_MAX_FEATURES,
+    recipe: str = Recipe.ICLMEM.value,
+    n_estimators: int | None = None,
+    finetuner: dict[str, Any] | None = None,
     **config: Any,
 ) -> TabPFNV2Adapter:
     """TabPFN v2 classifier or regressor.
@@ -308,7 +376,24 @@ def build_tabpfn_v2(
     ``task`` defaults to what the checkpoint is. ``softmax_temperature`` divides the logits
     (TabPFNClassifier uses 0.9; default 1 = raw logits). ``densify_labels=True`` restores TabPFN's
     rank-of-present-labels encoding (breaks the fixed label-to-index mapping when a label is absent).
+    ``recipe="upstream"``: fine-tuned by the package's fine-tuner, its utility scored as deployed
+    (``TabPFNClassifier`` with ``n_estimators`` members, default 2 as the package deploys); ``n_estimators``
+    is refused under iclmem's recipe (raw logits only); ``finetuner``: settings of the package's fine-tuner
+    other than those the sweep sets (``trainables.upstream.check_finetuner_settings``).
     """
+    try:
+        recipe_value = Recipe(recipe)
+    except ValueError:
+        raise ModelError(f"recipe must be one of {[r.value for r in Recipe]}, got {recipe!r}") from None
+    if finetuner and recipe_value is Recipe.ICLMEM:
+        raise ModelError("finetuner holds settings of the package's own fine-tuner: it applies with recipe 'upstream' "
+                         "only")
+    if n_estimators is not None and recipe_value is Recipe.ICLMEM:
+        raise ModelError("n_estimators is the deployed estimator's ensemble: it applies with recipe 'upstream' only "
+                         "(recipe iclmem scores the raw network)")
+    if n_estimators is not None and (isinstance(n_estimators, bool) or int(n_estimators) != n_estimators
+                                     or n_estimators < 1):
+        raise ModelError(f"n_estimators must be a positive integer, got {n_estimators!r}")
     if task is not None and task not in TASKS:
         raise ModelError(f"task must be one of {TASKS}, got {task!r}")
     if softmax_temperature <= 0:
@@ -356,4 +441,12 @@ def build_tabpfn_v2(
         "max_features": max_features,
         "config": cfg,
     }
+    if recipe_value is Recipe.UPSTREAM:
+        if task != "classification":
+            raise ModelError("recipe 'upstream' fine-tunes and scores a TabPFN v2 classifier (FinetunedTabPFNClassifier); "
+                             f"this checkpoint is a {task} model")
+        options["recipe"] = recipe_value.value
+        options["n_estimators"] = int(n_estimators or DEFAULT_DEPLOYED_N_ESTIMATORS)
+        if finetuner:
+            options["finetuner"] = dict(sorted(finetuner.items()))
     return TabPFNV2Adapter(module, options, criterion=criterion)

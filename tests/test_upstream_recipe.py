@@ -1,0 +1,267 @@
+"""Recipe upstream: a tiny TabPFN v2 fine-tuned by tabpfn's own ``FinetunedTabPFNClassifier`` (its chunking,
+schedule, validation and checkpoints), checkpointed by epoch through its logger hook, resumed from its own
+saved state, and run end to end as a sweep model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from iclmem.errors import ConfigError
+from orchestrator.config import parse_sweep
+from trainables.data import TaskSource, prepare_task
+from trainables.finetune import Finetuner, FinetuneSpec, load_checkpoint_model, verify_checkpoint
+from trainables.models.extras import extra_is_installed
+
+pytestmark = pytest.mark.skipif(not extra_is_installed("tabpfn-v2"), reason="tabpfn (the tabpfn-v2 extra) is not installed")
+
+TINY = dict(weights="random", emsize=16, nlayers=1, nhead=2)
+UPSTREAM = {**TINY, "recipe": "upstream"}
+
+
+@pytest.fixture(scope="module")
+def task():
+    return prepare_task(TaskSource("breast_cancer", "builtin"), label_mode="shuffled_members", seed=0, q=32,
+                        context_size=64)
+
+
+def _spec(**kw) -> FinetuneSpec:
+    base = dict(model="tabpfn-v2", model_options=UPSTREAM, lr=3e-3, epochs=4, checkpoint_epochs=(1, 2, 4), seed=0)
+    return FinetuneSpec(**{**base, **kw})
+
+
+def _state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+
+
+def _run(finetuner, tmp_path: Path, saved: dict[int, dict[str, torch.Tensor]] | None = None) -> list:
+    """Run to the end, saving an iclmem checkpoint folder per epoch; the results in order."""
+    results = []
+
+    def on_epoch(result, package_file, end):
+        results.append((result, end))
+        finetuner.save(tmp_path / f"e{result.epoch}", package_file, {"epoch": result.epoch})
+        if saved is not None:
+            saved[result.epoch] = _state(finetuner.model)
+
+    finetuner.run(on_epoch)
+    return results
+
+
+def test_the_package_fine_tuner_trains_the_members_and_hands_over_a_checkpoint_every_epoch(task, tmp_path):
+    from trainables.upstream import UPSTREAM_STATE_FILE, UpstreamFinetuner
+
+    finetuner = UpstreamFinetuner(_spec(), [task])
+    base = _state(finetuner.model)
+    x, y, x_val, y_val = finetuner.training_rows()
+    assert len(y) == len(task.member_idx)
+    assert len(y_val) == len(task.context_idx)
+    assert np.array_equal(y, np.asarray(task.labels)[task.member_idx])  # the labels the run trains (shuffled)
+    saved: dict[int, dict[str, torch.Tensor]] = {}
+    results = _run(finetuner, tmp_path, saved)
+    assert [r.epoch for r, _ in results] == [1, 2, 3, 4]
+    assert [end for _, end in results[:-1]] == [None, None, None]
+    end = results[-1][1]
+    assert end.last_epoch == 4
+    assert not end.stopped_early
+    assert end.best_epoch is not None
+    for result, _ in results:
+        assert not result.diverged
+        assert np.isfinite(result.train_loss)
+        # the package's own validation metrics on C' ride along, and the utility as the package deploys
+        assert {"upstream_val_log_loss", "upstream_train_mean_loss", "member_icl_accuracy"} <= set(result.metrics)
+    assert any(not torch.equal(saved[1][k], base[k]) for k in base)  # the package's steps moved the weights
+    assert any(not torch.equal(saved[4][k], saved[1][k]) for k in base)
+    manifest = verify_checkpoint(tmp_path / "e4")
+    assert manifest["recipe"]["finetuner"] == "tabpfn.finetuning.FinetunedTabPFNClassifier"
+    assert manifest["finetuner_settings"]["learning_rate"] == 3e-3
+    assert manifest["finetuner_settings"]["epochs"] == 4
+    package = torch.load(tmp_path / "e4" / UPSTREAM_STATE_FILE, map_location="cpu", weights_only=False)
+    assert package["epoch"] == 4
+    assert "optimizer" in package
+    # the utility is the package's estimator's, as deployed: a TabPFNClassifier on the package's own file of
+    # epoch 4, fitted on C' (the raw network would give other numbers)
+    from tabpfn import TabPFNClassifier
+
+    deployed = TabPFNClassifier(model_path=str(tmp_path / "e4" / UPSTREAM_STATE_FILE), n_estimators=2, device="cpu",
+                                random_state=0, ignore_pretraining_limits=True).fit(x_val, y_val)
+    x_non = np.asarray(task.features, dtype=np.float32)[task.nonmember_idx]
+    y_non = np.asarray(task.labels)[task.nonmember_idx]
+    expected = float(np.mean(deployed.classes_[deployed.predict_proba(x_non).argmax(1)] == y_non))
+    assert results[-1][0].metrics["nonmember_icl_accuracy"] == pytest.approx(expected)
+    loaded = load_checkpoint_model(tmp_path / "e2")  # what the probe loads: epoch 2's weights, recipe kept
+    assert loaded.options["recipe"] == "upstream"
+    for key, value in saved[2].items():
+        assert torch.equal(loaded.module.state_dict()[key], value), key
+
+
+def test_a_run_resumed_from_its_checkpoint_continues_the_package_state_to_the_same_weights(task, tmp_path):
+    from trainables.upstream import UpstreamFinetuner
+
+    saved: dict[int, dict[str, torch.Tensor]] = {}
+    _run(UpstreamFinetuner(_spec(), [task]), tmp_path / "straight", saved)
+    resumed = UpstreamFinetuner(_spec(), [task])
+    resumed.restore(tmp_path / "straight" / "e2")
+    assert resumed.epoch == 2
+    results = _run(resumed, tmp_path / "resumed")
+    assert [r.epoch for r, _ in results] == [3, 4]  # the package continued from epoch 2, not from scratch
+    for key, value in saved[4].items():
+        assert torch.equal(resumed.model.module.state_dict()[key], value), key
+    # and a plain iclmem checkpoint is no state the package can continue from
+    plain = Finetuner(FinetuneSpec(model="tabpfn-v2", model_options=TINY, epochs=1, seed=0), [task])
+    plain.run_epoch()
+    plain.save(tmp_path / "plain")
+    with pytest.raises(Exception, match="upstream_state.pth"):
+        UpstreamFinetuner(_spec(), [task]).restore(tmp_path / "plain")
+
+
+def test_a_lost_checkpoint_is_recomputed_by_running_the_package_again(task, tmp_path):
+    from trainables.finetune import recompute_checkpoint_model
+    from trainables.upstream import UpstreamFinetuner
+
+    saved: dict[int, dict[str, torch.Tensor]] = {}
+    _run(UpstreamFinetuner(_spec(), [task]), tmp_path, saved)
+    manifest = json.loads((tmp_path / "e2" / "checkpoint.json").read_text())
+    model = recompute_checkpoint_model(_spec(), [task], 2, expected_sha256=manifest["weights_sha256"])
+    for key, value in saved[2].items():
+        assert torch.equal(model.module.state_dict()[key], value), key
+
+
+def test_the_package_early_stopping_ends_the_run_and_names_the_epoch_it_deploys(task, tmp_path):
+    from trainables.upstream import UpstreamFinetuner
+
+    spec = _spec(epochs=12, checkpoint_epochs=(12,), lr=0.05,
+                 model_options={**UPSTREAM, "finetuner": {"early_stopping_patience": 1}})
+    results = _run(UpstreamFinetuner(spec, [task]), tmp_path)
+    end = results[-1][1]
+    assert end.stopped_early
+    assert end.last_epoch < 12
+    assert results[-1][0].epoch == end.last_epoch
+    assert end.best_epoch is not None
+    assert end.best_epoch < end.last_epoch
+
+
+def test_own_loop_and_package_recipe_refuse_each_others_settings(task):
+    from trainables.models import build_model
+
+    with pytest.raises(ConfigError, match="UpstreamFinetuner"):
+        Finetuner(_spec(), [task])
+    with pytest.raises(Exception, match="n_estimators .* recipe 'upstream' only"):
+        build_model("tabpfn-v2", **TINY, n_estimators=4)
+    with pytest.raises(Exception, match="finetuner .* recipe 'upstream' only"):
+        build_model("tabpfn-v2", **TINY, finetuner={"early_stopping": False})
+
+
+def _sweep(**over) -> dict:
+    sweep = {"name": "up", "tasks": [{"name": "iris"}],
+             "models": [{"name": "tabpfn-v2", "recipe": "upstream", "options": TINY}],
+             "wandb": {"mode": "disabled"}}
+    return {**sweep, **over}
+
+
+@pytest.mark.parametrize(("over", "message"), [
+    ({"grid": {"regime": ["multi_fixed"]}}, r"grid.regime \['multi_fixed'\].*single_fixed only"),
+    ({"grid": {"dp": [4.0]}}, "grid.dp.*no DP-SGD"),
+    ({"canaries": {"kinds": ["outlier"]}}, "canaries.*cannot insert canary rows"),
+    ({"probe": {"references": 4}}, "probe.references.*no reference fine-tunes"),
+    ({"models": [{"name": "pfn-mini", "recipe": "upstream"}]}, "models with one: tabpfn-v2"),
+    ({"models": [{"name": "tabpfn-v2", "recipe": "upstream", "options": {**TINY, "finetuner": {"learning_rate": 1}}}]},
+     r"finetuner.learning_rate is set by iclmem from grid.lr"),
+    ({"models": [{"name": "tabpfn-v2", "recipe": "upstream", "options": {**TINY, "finetuner": {"patience": 1}}}]},
+     r"finetuner.patience is not a keyword of tabpfn.finetuning.FinetunedTabPFNClassifier; it takes: .*"
+     r"early_stopping_patience"),
+    ({"models": [{"name": "tabpfn-v2", "recipe": "iclmem", "options": {**TINY, "recipe": "upstream"}}]}, "disagree"),
+])
+def test_a_sweep_setting_the_package_fine_tuner_cannot_honour_is_refused_naming_it(over, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_sweep(_sweep(**over))
+
+
+def test_the_recipe_is_part_of_the_model_identity():
+    from orchestrator.config import expand_grid
+
+    upstream = parse_sweep(_sweep())
+    own = parse_sweep(_sweep(models=[{"name": "tabpfn-v2", "options": TINY}]))
+    assert upstream.models[0].options["recipe"] == "upstream"
+    assert "recipe" not in own.models[0].options
+    assert upstream.config_hash() != own.config_hash()
+    assert {t.run_id for t in expand_grid(upstream)}.isdisjoint({t.run_id for t in expand_grid(own)})
+    # the spelling inside options is the same model
+    inside = parse_sweep(_sweep(models=[{"name": "tabpfn-v2", "options": {**TINY, "recipe": "upstream"}}]))
+    assert inside.models[0].recipe.value == "upstream"
+    assert inside.models[0].options == upstream.models[0].options
+
+
+@pytest.mark.slow
+def test_a_sweep_of_the_upstream_recipe_runs_end_to_end_with_tune_checkpoints(ray_session, tmp_path):
+    from orchestrator.run_folder import RunFolder
+    from orchestrator.sweep import run_sweep
+
+    sweep = parse_sweep(_sweep(
+        tasks=[{"name": "breast_cancer"}], grid={"lr": [1e-2], "q": [32], "label_mode": ["shuffled_members"]},
+        data={"context_size": 64}, training={"epochs": 3, "checkpoint_epochs": [1, 3]},
+        probe={"suite": ["base", "skew_true_x2", "distractors_1"], "bootstrap": 20},
+        resources={"cpus_per_probe_actor": 0.5, "cpus_per_trial": 0.5}))
+    results = run_sweep(None, tmp_path / "run", sweep=sweep, progress=False)
+    assert sorted(results["epoch"]) == [0, 1, 3]
+    assert all(json.loads(o)["recipe"] == "upstream" for o in results["model_options"])
+    for column in ("deployed_member_icl_accuracy", "deployed_nonmember_icl_accuracy"):
+        assert results[column].between(0, 1).all(), column
+    control = results[results["epoch"] == 0].iloc[0]
+    assert control["auc"] == 0.5
+    assert control["outcome"] == "no_signal"
+    tuned = results[results["epoch"] == 3].iloc[0]
+    assert tuned["loss_ratio"] != 1.0  # the package's fine-tuning changed the model the probe scored
+    folder = RunFolder(tmp_path / "run")
+    checkpoints = sorted((tmp_path / "run" / "tune").rglob("checkpoint.json"))
+    assert len(checkpoints) == 2, checkpoints
+    manifests = [json.loads(p.read_text()) for p in checkpoints]
+    assert sorted(m["epoch"] for m in manifests) == [1, 3]
+    assert all("upstream_state.pth" in m["files"] for m in manifests)
+    assert all(m["metrics"]["upstream_val_log_loss"] > 0 for m in manifests)
+    first, last = sorted(manifests, key=lambda m: m["epoch"])
+    assert "stopped_early" not in first["metrics"]  # said once, with the package's last epoch
+    assert last["metrics"]["stopped_early"] == 0
+    assert 0 <= last["metrics"]["upstream_best_epoch"] <= 3
+    assert folder.results()["run_id"].nunique() == 2
+
+
+@pytest.mark.slow
+def test_a_crashed_upstream_trial_resumes_from_its_checkpoint_to_the_weights_of_an_uncrashed_one(
+        ray_session, tmp_path, task):
+    from fault_injection import faulty_upstream_trainable
+    from ray import tune
+
+    from trainables.models import read_weights
+
+    def trial(run_id: str, **extra) -> dict:
+        return {"run_id": run_id, "task_keys": [task.fingerprint], "identity": {"run_id": run_id},
+                "finetune": {"model": "tabpfn-v2", "model_options": UPSTREAM, "regime": "single_fixed", "lr": 3e-3,
+                             "epochs": 4, "checkpoint_epochs": [], "every_epoch": True, "seed": 0}, **extra}
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    configs = [trial("faulty", _fault_once_at_epoch=3, _fault_marker_dir=str(markers)), trial("clean")]
+    grid = tune.Tuner(
+        tune.with_parameters(faulty_upstream_trainable, prepared={task.fingerprint: task}),
+        param_space={"__trial__": tune.grid_search(configs)},
+        run_config=tune.RunConfig(name="upstream-faults", storage_path=str(tmp_path / "tune"), verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=1)),
+    ).fit()
+    assert not grid.errors
+    assert (markers / "fault_faulty").read_text() == "3"  # the fault fired
+    by_id = {r.config["__trial__"]["run_id"]: r for r in grid}
+    epochs = [json.loads(line)["epoch"] for line in (Path(by_id["faulty"].path) / "result.json").read_text().splitlines()
+              if line.strip()]
+    assert epochs == sorted(set(epochs)), epochs  # no epoch reported twice:
+    assert epochs[-2:] == [3, 4], epochs  # resumed after epoch 2, not from 0
+    weights = {}
+    for run_id, result in by_id.items():
+        with result.checkpoint.as_directory() as directory:
+            weights[run_id] = read_weights(Path(directory) / "model.safetensors")
+    for key, value in weights["clean"].items():
+        assert torch.equal(value, weights["faulty"][key]), key

@@ -1,0 +1,406 @@
+"""Fine-tuning through a package's own fine-tuner (``models: [{name: tabpfn-v2, recipe: upstream}]``), as pure
+torch and the package: no Ray here.
+
+iclmem's own loop (:class:`trainables.finetune.Finetuner`) steps the raw network on (C', members as queries).
+Users who fine-tune TabPFN do it through ``tabpfn.finetuning.FinetunedTabPFNClassifier``: its preprocessing
+and ensemble, its own context/query chunking of the training rows, warm-up + cosine learning-rate schedule,
+validation and early stopping. :class:`UpstreamFinetuner` runs that fine-tuner unchanged on one prepared task:
+
+* training rows: the Q members with the labels the run trains on (the package splits them into its own
+  context and query chunks each epoch); validation rows (the package's early stopping): C', which the
+  package never trains on and the probe never audits;
+* from the sweep: epochs, lr, weight decay, gradient clipping, seed, device, and the ensemble size
+  (``n_estimators`` of the model's options, the package's default 2, for fine-tuning, validation and the
+  deployed estimator alike); everything else is the package's default, early stopping included, unless the
+  model's ``finetuner`` option sets it (``{early_stopping: false}``: any keyword of the package's
+  fine-tuner but those above, checked by :func:`check_finetuner_settings` before any work);
+* checkpoints by epoch: the package writes its own checkpoint after every epoch (``save_checkpoint_interval
+  = 1`` into a working folder) and calls its experiment-logger hook (``experiment_logger``: ``log_step``,
+  ``log_epoch``, ``finish``) after each; :class:`_CheckpointHook` hands each new file to the caller from that
+  hook, in the trainer's own thread, so the Tune trainable reports it as every trial's checkpoint. The
+  package's file (weights, optimizer, epoch) is kept in the checkpoint as :data:`UPSTREAM_STATE_FILE`; on
+  resume it is put back where the package looks for it and the package continues from it (its own resume);
+* a run the package stops early (no validation improvement for its patience) ends at that epoch: its last
+  checkpoint is the last epoch trained, ``stopped_early`` is 1 in its metrics and ``upstream_best_epoch``
+  names the epoch whose weights the package deploys;
+* scored: the run's utility metrics (in-context accuracy and loss with C', members and non-members) as the
+  package deploys the weights (``TabPFNV2Adapter.deployed_log_probs``: one ``TabPFNClassifier`` fit per
+  context, its preprocessing and ensemble); the probe scores the network as for every run, since the
+  package refuses the probe's zero-information contexts (copies of one row: "All features are constant").
+
+Refused at validation (``orchestrator.config``), named: DP-SGD, canaries, regimes other than single_fixed,
+reference fine-tunes -- the package's fine-tuner has no per-row clipping, no canary insertion and fits one
+table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from iclmem.atomic import atomic_write, write_json_atomic
+from iclmem.errors import CheckpointError, ConfigError
+from iclmem.registry import Registry
+from iclmem.vocab import Recipe, Regime
+from trainables.finetune import (
+    META_FILE,
+    MODEL_FILE,
+    EpochResult,
+    FinetuneSpec,
+    file_record,
+    fixed_batch,
+    icl_metrics,
+    verify_checkpoint,
+)
+from trainables.models import ModelAdapter, build_model, read_weights
+from trainables.models.base import resolve_device, weights_digest
+
+UPSTREAM_STATE_FILE = "upstream_state.pth"
+
+
+def is_upstream(spec: FinetuneSpec) -> bool:
+    """Whether ``spec`` fine-tunes through the package's own fine-tuner."""
+    return str(spec.model_options.get("recipe", Recipe.ICLMEM.value)) == Recipe.UPSTREAM.value
+
+
+@dataclass(frozen=True)
+class UpstreamRecipe:
+    """How one package's fine-tuner is driven: ``finetuner(kwargs)`` builds it, ``epoch_files`` lists the
+    per-epoch checkpoints it wrote into a folder, ``resume_name`` is where it looks for one to resume from."""
+
+    model: str
+    package: str
+    finetuner_class: str
+    build: Callable[[dict[str, Any] | None], Any]  # the fine-tuner from keywords; None: its class
+    epoch_files: Callable[[Path], list[tuple[int, Path]]]
+    resume_name: Callable[[int, int], str]  # (training rows, epoch) -> file name
+    best_epoch: Callable[[Path, int], int | None]  # (folder, training rows) -> the epoch the package deploys
+    progress_module: str = ""  # the module whose ``tqdm`` draws the package's per-epoch bar
+
+    def record(self) -> dict[str, str]:
+        from importlib.metadata import version
+
+        return {"recipe": Recipe.UPSTREAM.value, "package": self.package, "version": version(self.package),
+                "finetuner": self.finetuner_class}
+
+
+UPSTREAM_RECIPES: Registry[UpstreamRecipe] = Registry("upstream fine-tuning recipe")
+
+# the fine-tuner keywords iclmem sets from the sweep or needs for itself: a model's ``finetuner`` cannot set them
+SET_BY_ICLMEM = frozenset({"device", "epochs", "learning_rate", "weight_decay", "grad_clip_value", "random_state",
+                           "save_checkpoint_interval", "n_estimators_finetune", "n_estimators_validation",
+                           "n_estimators_final_inference", "experiment_logger", "extra_classifier_kwargs"})
+WHERE_SET = {"epochs": "training.epochs", "learning_rate": "grid.lr", "weight_decay": "training.weight_decay",
+             "grad_clip_value": "training.grad_clip", "random_state": "grid.seed",
+             "n_estimators_finetune": "options.n_estimators", "n_estimators_validation": "options.n_estimators",
+             "n_estimators_final_inference": "options.n_estimators"}
+
+
+def check_finetuner_settings(model: str, settings: dict[str, Any]) -> None:
+    """A model's ``finetuner`` option: keywords of its package's fine-tuner, none of them set by iclmem
+    (:class:`ConfigError` naming the key and where the sweep sets it, or the keywords the package takes)."""
+    import inspect
+
+    if not isinstance(settings, dict):
+        raise ConfigError(f"model {model}: options.finetuner must be a mapping of the package fine-tuner's keywords")
+    recipe = UPSTREAM_RECIPES.get(model)
+    taken = set(inspect.signature(recipe.build(None).__init__).parameters) - {"self"}  # type: ignore[arg-type]
+    for key in settings:
+        if key in SET_BY_ICLMEM:
+            where = WHERE_SET.get(key)
+            raise ConfigError(f"model {model}: options.finetuner.{key} is set by iclmem"
+                              + (f" from {where}" if where else " (it drives the fine-tuner's checkpoints and device)"))
+        if key not in taken:
+            raise ConfigError(f"model {model}: options.finetuner.{key} is not a keyword of {recipe.finetuner_class}; "
+                              f"it takes: {', '.join(sorted(taken - SET_BY_ICLMEM))}")
+
+
+# ------------------------------------------------------------------------------------------------ TabPFN v2
+def _tabpfn_finetuner(kwargs: dict[str, Any] | None) -> Any:
+    """The fine-tuner built with ``kwargs``; with None its class (for its keywords)."""
+    os.environ.setdefault("TABPFN_DISABLE_TELEMETRY", "1")
+    from tabpfn.finetuning import FinetunedTabPFNClassifier
+
+    return FinetunedTabPFNClassifier if kwargs is None else FinetunedTabPFNClassifier(**kwargs)
+
+
+_TABPFN_FILE = re.compile(r"^checkpoint_.+_(\d+)\.pth$")
+
+
+def _tabpfn_epoch_files(folder: Path) -> list[tuple[int, Path]]:
+    """The package's interval checkpoints ``checkpoint_<rows>_<epoch>.pth``, by epoch (its own resume sorts
+    the names as strings, so iclmem keeps one file there at a time)."""
+    found = [(int(m.group(1)), p) for p in folder.glob("checkpoint_*.pth") if (m := _TABPFN_FILE.match(p.name))]
+    return sorted(found)
+
+
+def _tabpfn_resume_name(rows: int, epoch: int) -> str:
+    from tabpfn.finetuning.train_util import get_checkpoint_name
+
+    return str(get_checkpoint_name(rows, epoch))
+
+
+def _tabpfn_best_epoch(folder: Path, rows: int) -> int | None:
+    from tabpfn.finetuning.train_util import _format_train_size
+
+    path = folder / f"checkpoint_{_format_train_size(rows)}_best.pth"
+    if not path.is_file():
+        return None
+    return int(torch.load(path, map_location="cpu", weights_only=False).get("epoch", 0)) or None
+
+
+UPSTREAM_RECIPES.register("tabpfn-v2", UpstreamRecipe(
+    model="tabpfn-v2", package="tabpfn", finetuner_class="tabpfn.finetuning.FinetunedTabPFNClassifier",
+    build=_tabpfn_finetuner, epoch_files=_tabpfn_epoch_files, resume_name=_tabpfn_resume_name,
+    best_epoch=_tabpfn_best_epoch, progress_module="tabpfn.finetuning.finetuned_base"))
+
+
+# ------------------------------------------------------------------------------------------------ the loop
+class _Stop(Exception):
+    """Raised from the hook to end the package's ``fit`` (a diverged epoch, or a recomputation that has its
+    epoch)."""
+
+
+def _metric_name(key: str) -> str:
+    return "upstream_" + re.sub(r"[^0-9a-z]+", "_", key.lower()).strip("_")
+
+
+class _CheckpointHook:
+    """The package's experiment logger (``setup``, ``log_step``, ``log_epoch``, ``finish``): after each call,
+    every checkpoint file the package wrote since the last one goes to ``on_file(epoch, path, metrics,
+    final)``, with the metrics the package logged for that epoch (``log_epoch`` comes before the epoch's file
+    is written, so they wait here for it); ``final`` when it comes from ``finish``, after the package's last
+    epoch (the sweep's last, or the one its early stopping ended on)."""
+
+    def __init__(self, folder: Path, recipe: UpstreamRecipe, last_epoch: int,
+                 on_file: Callable[[int, Path, dict[str, float], bool], None]) -> None:
+        self.folder, self.recipe, self.last_epoch, self.on_file = folder, recipe, last_epoch, on_file
+        self.logged: dict[int, dict[str, float]] = {}
+
+    def setup(self, config: dict[str, Any]) -> None:
+        return None
+
+    def log_step(self, metrics: dict[str, float], step: int) -> None:
+        self.poll()
+
+    def log_epoch(self, metrics: dict[str, float], step: int) -> None:
+        epoch = int(metrics.get("train/epoch", -2)) + 1  # the package counts epochs from 0 here, its files from 1
+        self.logged[epoch] = {_metric_name(k): float(v) for k, v in metrics.items()
+                              if k != "train/epoch" and isinstance(v, int | float) and math.isfinite(float(v))}
+        self.poll()
+
+    def finish(self) -> None:
+        self.poll(final=True)
+
+    def poll(self, final: bool = False) -> None:
+        files = [(e, p) for e, p in self.recipe.epoch_files(self.folder) if e > self.last_epoch]
+        for i, (epoch, path) in enumerate(files):
+            self.last_epoch = epoch
+            self.on_file(epoch, path, self.logged.pop(epoch, {}), final and i == len(files) - 1)
+        for _epoch, path in self.recipe.epoch_files(self.folder)[:-1]:  # the newest stays for the package's resume
+            path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _quiet_progress(module_name: str) -> Iterator[None]:
+    """The package draws a tqdm bar per epoch; in a trial's log (and Tune's console) that is noise, and
+    tqdm reads TQDM_DISABLE only when imported, so the bar of the fine-tuner's module is switched off."""
+    import sys
+
+    module = sys.modules.get(module_name)
+    bar = getattr(module, "tqdm", None)
+    if bar is None:
+        yield
+        return
+    def silent(*args: Any, **kwargs: Any) -> Any:
+        return bar(*args, **{**kwargs, "disable": True})  # the package passes its own ``disable``
+
+    module.tqdm = silent  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        module.tqdm = bar  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class UpstreamEnd:
+    """How the package's run ended: the last epoch trained, whether its early stopping ended it before the
+    sweep's epochs, and the epoch whose weights it deploys (its best validation epoch, 0 when none beat the base weights; None
+    when it diverged)."""
+
+    last_epoch: int
+    stopped_early: bool
+    best_epoch: int | None
+
+
+class _Deployed:
+    """An adapter seen through its ``deployed_log_probs`` (what :func:`icl_metrics` calls ``log_probs``)."""
+
+    def __init__(self, model: ModelAdapter) -> None:
+        self.module = model.module
+        self._model = model
+
+    def log_probs(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
+                  n_classes: int) -> torch.Tensor:
+        return self._model.deployed_log_probs(context_x, context_y, query_x, n_classes)  # type: ignore[attr-defined]
+
+
+class UpstreamFinetuner:
+    """One run of a package's fine-tuner on one prepared task, with iclmem's checkpoint format. The same
+    surface as :class:`~trainables.finetune.Finetuner` where the trainable needs it (``spec``, ``tasks``,
+    ``model``, ``epoch``, ``canaries``, ``evaluate``, ``save``, ``restore``); ``run`` replaces the epoch loop,
+    since the package's ``fit`` runs every epoch itself."""
+
+    def __init__(self, spec: FinetuneSpec, tasks: Sequence[Any], device: str | torch.device | None = None) -> None:
+        if not is_upstream(spec):
+            raise ConfigError(f"model {spec.model!r} is not fine-tuned with recipe upstream")
+        self.recipe = UPSTREAM_RECIPES.get(spec.model)
+        if len(tasks) != 1 or spec.regime != Regime.SINGLE_FIXED:
+            raise ConfigError(f"recipe upstream fine-tunes one table: regime single_fixed with one task, not "
+                              f"{spec.regime.value} with {len(tasks)}")
+        if spec.dp is not None or spec.canaries is not None:
+            raise ConfigError(f"recipe upstream ({self.recipe.finetuner_class}) has no DP-SGD and no canaries")
+        self.spec = spec
+        self.tasks = list(tasks)
+        self.task = self.tasks[0]
+        self.canaries = None
+        torch.manual_seed(spec.seed)
+        self.model: ModelAdapter = build_model(spec.model, **spec.model_options)
+        self.model.use_columns(getattr(self.task, "columns", None))
+        self.device = resolve_device(device)
+        self.model.to(self.device)
+        self.epoch = 0
+        self._resume_state: Path | None = None
+        self._eval = {"member": [fixed_batch(self.task).to(self.device)],
+                      "nonmember": [fixed_batch(self.task, self.task.nonmember_idx).to(self.device)]}
+
+    # ---------------------------------------------------------------------------------------- data
+    def training_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(X members [Q, F], y [Q] as the run trains them, X C' [N, F], y C') -- fit's training and validation."""
+        x = np.asarray(self.task.features, dtype=np.float32)
+        y = np.asarray(self.task.labels, dtype=np.int64)
+        members, context = np.asarray(self.task.member_idx), np.asarray(self.task.context_idx)
+        return x[members], y[members], x[context], y[context]
+
+    def finetuner_settings(self) -> dict[str, Any]:
+        """What iclmem passes the package's fine-tuner: the user's ``finetuner`` settings, then the sweep's
+        (everything else is the package's default)."""
+        n_estimators = int(self.model.options.get("n_estimators", 2))
+        return {**dict(self.model.options.get("finetuner") or {}), "device": str(self.device), "epochs": self.spec.epochs, "learning_rate": self.spec.lr,
+                "weight_decay": self.spec.weight_decay, "grad_clip_value": self.spec.grad_clip,
+                "random_state": self.spec.seed, "save_checkpoint_interval": 1,
+                "n_estimators_finetune": n_estimators, "n_estimators_validation": n_estimators,
+                "n_estimators_final_inference": n_estimators}
+
+    def evaluate(self) -> dict[str, float]:
+        """In-context accuracy and loss with C' as the context, on members and non-members, scored as the
+        package deploys the weights."""
+        return icl_metrics(_Deployed(self.model), self._eval)  # type: ignore[arg-type]
+
+    # ---------------------------------------------------------------------------------------- running
+    def run(self, on_epoch: Callable[[EpochResult, Path, UpstreamEnd | None], bool | None]) -> UpstreamEnd:
+        """Run the package's fine-tuner from the current epoch to ``spec.epochs`` (or its early stop).
+        ``on_epoch(result, package_file, end)`` after every epoch, with this object's model holding that
+        epoch's weights; ``end`` is set for the package's last epoch. ``on_epoch`` returns True to stop there
+        (the run is not finished). A diverged epoch (loss or weights not finite) is passed on and ends it."""
+        x, y, x_val, y_val = self.training_rows()
+        outcome: list[UpstreamEnd] = []
+
+        def on_file(epoch: int, path: Path, logged: dict[str, float], final: bool) -> None:
+            state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+            finite = all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+            loss = float(logged.get("upstream_train_mean_loss", math.nan))
+            self.epoch = epoch
+            if finite:
+                self.model.module.load_state_dict(state)
+            metrics = self.evaluate() if finite else {}
+            diverged = not finite or not math.isfinite(loss) or not all(math.isfinite(v) for v in metrics.values())
+            end = None
+            if final or diverged:
+                # the package deploys its best validation epoch (0: the base weights, when none beat them)
+                best = None if diverged else (self.recipe.best_epoch(path.parent, len(y)) or 0)
+                end = UpstreamEnd(epoch, not diverged and epoch < self.spec.epochs, best)
+                outcome.append(end)
+            result = EpochResult(epoch, loss, diverged, {} if diverged else {**metrics, **logged})
+            if on_epoch(result, path, end) or diverged:
+                raise _Stop
+
+        with tempfile.TemporaryDirectory(prefix="iclmem-upstream-") as tmp:
+            work, folder = Path(tmp), Path(tmp) / "checkpoints"
+            folder.mkdir()
+            base = self.model.package_checkpoint(work / "base.ckpt")  # type: ignore[attr-defined]
+            if self._resume_state is not None:  # the package resumes from the newest file in its folder
+                shutil.copyfile(self._resume_state, folder / self.recipe.resume_name(len(y), self.epoch))
+            hook = _CheckpointHook(folder, self.recipe, self.epoch, on_file)
+            finetuner = self.recipe.build({**self.finetuner_settings(), "experiment_logger": hook,
+                                           "extra_classifier_kwargs": {"model_path": str(base)}})
+            with contextlib.suppress(_Stop), _quiet_progress(self.recipe.progress_module):
+                finetuner.fit(x, y, X_val=x_val, y_val=y_val, output_dir=folder)
+        return outcome[-1] if outcome else UpstreamEnd(self.epoch, False, None)
+
+    # ---------------------------------------------------------------------------------------- checkpoints
+    def save(self, directory: str | Path, package_file: Path, metrics: dict[str, Any] | None = None) -> Path:
+        """iclmem's checkpoint folder: the weights (safetensors, what the probe loads), the package's own
+        checkpoint of the epoch (weights, optimizer; what a resumed run continues from) and the manifest with
+        both files' sizes and sha256, written last (as :meth:`Finetuner.save`)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write(directory / MODEL_FILE, self.model.save, to_path=True)
+        atomic_write(directory / UPSTREAM_STATE_FILE, lambda tmp: shutil.copyfile(package_file, tmp), to_path=True)
+        manifest = {"epoch": self.epoch, "model": self.spec.model, "model_options": self.spec.model_options,
+                    "spec": self.spec.to_dict(), "metrics": metrics or {}, "recipe": self.recipe.record(),
+                    "finetuner_settings": self.finetuner_settings(),
+                    "files": {n: file_record(directory / n) for n in (MODEL_FILE, UPSTREAM_STATE_FILE)},
+                    "weights_sha256": weights_digest(self.model.module.state_dict())}
+        write_json_atomic(directory / META_FILE, manifest, indent=2, default=str, allow_nan=True)
+        return directory
+
+    def restore(self, directory: str | Path) -> None:
+        """Continue from a checkpoint folder (verified first: :class:`CorruptCheckpointError` names a damaged
+        file before any state changes)."""
+        directory = Path(directory)
+        manifest = verify_checkpoint(directory)
+        if UPSTREAM_STATE_FILE not in manifest.get("files", {}):
+            raise CheckpointError(f"{directory} holds no {UPSTREAM_STATE_FILE}: not written by recipe upstream, so "
+                                  "the package's fine-tuner cannot continue from it")
+        self.model.module.load_state_dict(read_weights(directory / MODEL_FILE))
+        self._resume_state = directory / UPSTREAM_STATE_FILE
+        self.epoch = int(manifest["epoch"])
+
+
+def deployed_utility(model: ModelAdapter, task: Any) -> dict[str, float]:
+    """``member_icl_accuracy`` ... ``nonmember_icl_loss`` of ``model`` with C' as the context, scored as its
+    package deploys it (``deployed_log_probs``): what a model owner's users would get."""
+    device = model.device
+    return icl_metrics(_Deployed(model), {"member": [fixed_batch(task).to(device)],  # type: ignore[arg-type]
+                                          "nonmember": [fixed_batch(task, task.nonmember_idx).to(device)]})
+
+
+def recompute_upstream_model(spec: FinetuneSpec, tasks: Sequence[Any], epoch: int) -> ModelAdapter:
+    """The weights after ``epoch`` epochs, recomputed by running the package's fine-tuner again (for a lost
+    checkpoint; the package seeds its chunking and preprocessing from the spec's seed)."""
+    finetuner = UpstreamFinetuner(spec, tasks)
+    reached: list[bool] = []
+
+    def stop_at(result: EpochResult, _path: Path, _end: UpstreamEnd | None) -> bool:
+        if result.diverged:
+            raise CheckpointError(f"recomputing epoch {epoch}: the run diverged at epoch {result.epoch}")
+        reached.append(result.epoch >= epoch)
+        return result.epoch >= epoch
+
+    finetuner.run(stop_at)
+    if not any(reached):
+        raise CheckpointError(f"recomputing epoch {epoch}: the package's fine-tuner stopped at epoch "
+                              f"{finetuner.epoch} (early stopping) before reaching it")
+    return finetuner.model
