@@ -64,6 +64,8 @@ HASH_NEUTRAL_FIELDS: tuple[tuple[str, str], ...] = (
 )
 # Blocks added after run folders existed: left out of the hash while they hold their defaults.
 HASH_NEUTRAL_BLOCKS: tuple[str, ...] = ("canaries",)
+# Keys of list entries added after run folders existed, by (list, key): likewise.
+HASH_NEUTRAL_ITEM_FIELDS: tuple[tuple[str, str], ...] = (("models", "recipe"),)
 
 
 @functools.cache
@@ -78,6 +80,11 @@ def _hash_neutral_defaults() -> tuple[dict[tuple[str, str], Any], dict[str, Any]
 def _hash_form(data: dict[str, Any]) -> dict[str, Any]:
     fields_default, blocks_default = _hash_neutral_defaults()
     out = {k: v for k, v in data.items() if not (k in blocks_default and v == blocks_default[k])}
+    for name, key in HASH_NEUTRAL_ITEM_FIELDS:
+        default = ModelConfig().model_dump(mode="json")[key] if name == "models" else None
+        if isinstance(out.get(name), list):
+            out[name] = [{k: v for k, v in item.items() if not (k == key and v == default)}
+                         if isinstance(item, dict) else item for item in out[name]]
     for (block, key), default in fields_default.items():
         section = out.get(block)
         if isinstance(section, dict) and key in section and section[key] == default:

@@ -215,16 +215,39 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
     spec = FinetuneSpec(model=model_name, model_options=model_options, lr=1e-4, epochs=epochs + 1,
                         grad_clip=sweep.training.grad_clip, weight_decay=sweep.training.weight_decay,
                         canaries=_canary_settings(sweep))
-    finetuner = Finetuner(spec, [task], device=device)
-    finetuner.run_epoch()  # warm-up: kernels, allocator
-    epoch_s = _median_time(finetuner.run_epoch, epochs)
-    with tempfile.TemporaryDirectory(prefix="iclmem-estimate-") as tmp:
-        saves = iter(range(10))
-        save_s = _median_time(lambda: finetuner.save(Path(tmp) / f"c{next(saves)}", {"epoch": finetuner.epoch}), 3)
-        # a probe job loads its checkpoint (manifest checksums verified) before scoring
-        load_s = _median_time(lambda: load_checkpoint_model(Path(tmp) / "c0").to(finetuner.device), 2)
+    from trainables.upstream import UpstreamFinetuner, is_upstream
 
-    base = build_model(model_name, **model_options).to(finetuner.device)
+    if is_upstream(spec):  # the package's fine-tuner runs its epochs in one fit: timed from its epoch hook
+        upstream = UpstreamFinetuner(spec, [task], device=device)
+        stamps: list[float] = []
+        saves_s: list[float] = []
+        with tempfile.TemporaryDirectory(prefix="iclmem-estimate-") as tmp:
+            def on_epoch(result: Any, package_file: Path, _end: Any) -> None:
+                stamps.append(time.perf_counter())
+                if len(saves_s) < 3:
+                    t = time.perf_counter()
+                    upstream.save(Path(tmp) / f"c{len(saves_s)}", package_file, {"epoch": result.epoch})
+                    saves_s.append(time.perf_counter() - t)
+                    stamps[-1] = time.perf_counter()  # the save is counted apart
+
+            upstream.run(on_epoch)
+            gaps = sorted(b - a for a, b in zip(stamps[1:], stamps[2:], strict=False)) or [0.0]
+            epoch_s = gaps[len(gaps) // 2]  # the first epoch (the package's set-up and first validation) left out
+            save_s = sorted(saves_s)[len(saves_s) // 2]
+            load_s = _median_time(lambda: load_checkpoint_model(Path(tmp) / "c0").to(upstream.device), 2)
+        finetuner_device, tuned_model, canaries = upstream.device, upstream.model, None
+    else:
+        finetuner = Finetuner(spec, [task], device=device)
+        finetuner.run_epoch()  # warm-up: kernels, allocator
+        epoch_s = _median_time(finetuner.run_epoch, epochs)
+        with tempfile.TemporaryDirectory(prefix="iclmem-estimate-") as tmp:
+            saves = iter(range(10))
+            save_s = _median_time(lambda: finetuner.save(Path(tmp) / f"c{next(saves)}", {"epoch": finetuner.epoch}), 3)
+            # a probe job loads its checkpoint (manifest checksums verified) before scoring
+            load_s = _median_time(lambda: load_checkpoint_model(Path(tmp) / "c0").to(finetuner.device), 2)
+        finetuner_device, tuned_model, canaries = finetuner.device, finetuner.model, finetuner.canaries
+
+    base = build_model(model_name, **model_options).to(finetuner_device)
     suite = _suite(sweep.probe.suite)
     holder: dict[str, Any] = {}
 
@@ -242,7 +265,6 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
     # of plans other than the task's (e.g. null splits' pools) are counted, to be costed as scoring. With
     # canaries the rest includes their known-context forwards on the checkpoint; their probe contexts are
     # counted by count_work (the canary plan is one object per process: probe.canary_plan caches it).
-    canaries = finetuner.canaries
     counted_elsewhere = {id(plan)}
     if canaries is not None:
         counted_elsewhere.add(id(probe_mod.canary_plan(task, canaries, plan)))
@@ -280,18 +302,18 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
 
             def probe_rest() -> None:
                 asked["calls"] += 1
-                result["r"] = probe_mod.probe_checkpoint(finetuner.model, task, plan, cache, digest, base,
+                result["r"] = probe_mod.probe_checkpoint(tuned_model, task, plan, cache, digest, base,
                                                          probe_settings, identity, 1,
                                                          canaries=canaries)
 
             if canaries is not None:  # the base model's canary losses: cached once per task in a sweep
-                probe_mod.canary_columns(finetuner.model, task, plan, canaries, cache, digest, base)
+                probe_mod.canary_columns(tuned_model, task, plan, canaries, cache, digest, base)
             rest_s = _median_time(probe_rest, 2)
             writes = iter(range(10))
             rest_s += load_s + _median_time(lambda: result["r"].save(cache, f"job{next(writes)}"), 2)
     finally:
         probe_mod.score, probe_mod.reference_scores = saved
-    return UnitCosts(model=model_name, q=q, device=str(finetuner.device), task=task_config.name, prepare_s=prepare_s,
+    return UnitCosts(model=model_name, q=q, device=str(finetuner_device), task=task_config.name, prepare_s=prepare_s,
                      epoch_s=epoch_s, save_s=save_s, plan_s=plan_s, contexts=len(plan.planned),
                      forwards_saved=plan.forwards_saved(base.invariances),
                      score_per_context_s=score_s / len(plan.planned), rest_s=rest_s,

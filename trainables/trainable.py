@@ -149,7 +149,9 @@ def upstream_trainable(config: dict[str, Any], spec: FinetuneSpec, tasks: list[A
         if damaged:
             metrics[DAMAGED_CHECKPOINT_METRIC] = damaged.pop()
         if end is not None:
-            metrics.update(stopped_early=int(end.stopped_early), upstream_best_epoch=end.best_epoch or 0)
+            metrics["stopped_early"] = int(end.stopped_early)
+            if end.best_epoch is not None:  # where the package's files say which epoch it deploys
+                metrics["upstream_best_epoch"] = end.best_epoch
         if result.diverged or not (result.epoch in schedule or (end is not None and end.stopped_early)):
             tune.report(metrics)
             return

@@ -74,19 +74,35 @@ def is_upstream(spec: FinetuneSpec) -> bool:
     return str(spec.model_options.get("recipe", Recipe.ICLMEM.value)) == Recipe.UPSTREAM.value
 
 
+# What the sweep sets, by name (UpstreamFinetuner.finetuner_values), and where a user sets it in a sweep file.
+SWEEP_SETTINGS = {"epochs": "training.epochs", "lr": "grid.lr", "weight_decay": "training.weight_decay",
+                  "grad_clip": "training.grad_clip", "seed": "grid.seed", "n_estimators": "the model's n_estimators",
+                  "device": "the trial's resources", "interval": "iclmem (a checkpoint every epoch)"}
+
+
 @dataclass(frozen=True)
 class UpstreamRecipe:
-    """How one package's fine-tuner is driven: ``finetuner(kwargs)`` builds it, ``epoch_files`` lists the
-    per-epoch checkpoints it wrote into a folder, ``resume_name`` is where it looks for one to resume from."""
+    """How one package's fine-tuner is driven.
+
+    ``keywords``: the fine-tuner's keyword -> the sweep setting it gets (:data:`SWEEP_SETTINGS`);
+    ``build(settings, base_file, hook)``: the fine-tuner on those keywords, the base weights and the logger
+    hook (None for all three: its class); ``reserved``: further keywords iclmem sets in ``build``;
+    ``epoch_files``: the per-epoch checkpoints it wrote into a folder, by epoch; ``resumes``: whether the
+    package continues from such a file in its folder (``resume_name(rows, epoch)``), else a restarted run is
+    recomputed from epoch 0 (deterministic in the seed) up to its checkpoint; ``best_epoch(folder, rows)``:
+    the epoch whose weights it deploys, where its files say (None where they do not)."""
 
     model: str
     package: str
     finetuner_class: str
-    build: Callable[[dict[str, Any] | None], Any]  # the fine-tuner from keywords; None: its class
+    keywords: dict[str, str]
+    build: Callable[[dict[str, Any] | None, Path | None, Any], Any]
+    reserved: frozenset[str]
     epoch_files: Callable[[Path], list[tuple[int, Path]]]
-    resume_name: Callable[[int, int], str]  # (training rows, epoch) -> file name
-    best_epoch: Callable[[Path, int], int | None]  # (folder, training rows) -> the epoch the package deploys
-    progress_module: str = ""  # the module whose ``tqdm`` draws the package's per-epoch bar
+    resumes: bool
+    resume_name: Callable[[int, int], str]
+    best_epoch: Callable[[Path, int], int | None]
+    progress_module: str = ""  # the module whose ``tqdm`` draws the package's per-epoch bar (none: no bar)
 
     def record(self) -> dict[str, str]:
         from importlib.metadata import version
@@ -94,17 +110,11 @@ class UpstreamRecipe:
         return {"recipe": Recipe.UPSTREAM.value, "package": self.package, "version": version(self.package),
                 "finetuner": self.finetuner_class}
 
+    def set_by_iclmem(self) -> frozenset[str]:
+        return frozenset(self.keywords) | self.reserved
+
 
 UPSTREAM_RECIPES: Registry[UpstreamRecipe] = Registry("upstream fine-tuning recipe")
-
-# the fine-tuner keywords iclmem sets from the sweep or needs for itself: a model's ``finetuner`` cannot set them
-SET_BY_ICLMEM = frozenset({"device", "epochs", "learning_rate", "weight_decay", "grad_clip_value", "random_state",
-                           "save_checkpoint_interval", "n_estimators_finetune", "n_estimators_validation",
-                           "n_estimators_final_inference", "experiment_logger", "extra_classifier_kwargs"})
-WHERE_SET = {"epochs": "training.epochs", "learning_rate": "grid.lr", "weight_decay": "training.weight_decay",
-             "grad_clip_value": "training.grad_clip", "random_state": "grid.seed",
-             "n_estimators_finetune": "options.n_estimators", "n_estimators_validation": "options.n_estimators",
-             "n_estimators_final_inference": "options.n_estimators"}
 
 
 def check_finetuner_settings(model: str, settings: dict[str, Any]) -> None:
@@ -115,24 +125,29 @@ def check_finetuner_settings(model: str, settings: dict[str, Any]) -> None:
     if not isinstance(settings, dict):
         raise ConfigError(f"model {model}: options.finetuner must be a mapping of the package fine-tuner's keywords")
     recipe = UPSTREAM_RECIPES.get(model)
-    taken = set(inspect.signature(recipe.build(None).__init__).parameters) - {"self"}  # type: ignore[arg-type]
+    taken = set(inspect.signature(recipe.build(None, None, None).__init__).parameters) - {"self"}
     for key in settings:
-        if key in SET_BY_ICLMEM:
-            where = WHERE_SET.get(key)
+        if key in recipe.set_by_iclmem():
+            source = recipe.keywords.get(key)
             raise ConfigError(f"model {model}: options.finetuner.{key} is set by iclmem"
-                              + (f" from {where}" if where else " (it drives the fine-tuner's checkpoints and device)"))
+                              + (f" from {SWEEP_SETTINGS[source]}" if source else
+                                 " (the base weights, the logger hook and downloads are iclmem's)"))
         if key not in taken:
             raise ConfigError(f"model {model}: options.finetuner.{key} is not a keyword of {recipe.finetuner_class}; "
-                              f"it takes: {', '.join(sorted(taken - SET_BY_ICLMEM))}")
+                              f"it takes: {', '.join(sorted(taken - recipe.set_by_iclmem()))}")
 
 
 # ------------------------------------------------------------------------------------------------ TabPFN v2
-def _tabpfn_finetuner(kwargs: dict[str, Any] | None) -> Any:
-    """The fine-tuner built with ``kwargs``; with None its class (for its keywords)."""
+def _tabpfn_finetuner(settings: dict[str, Any] | None, base: Path | None, hook: Any) -> Any:
+    """FinetunedTabPFNClassifier: the logger is its ``experiment_logger`` keyword, the base weights its
+    classifier's ``model_path``."""
     os.environ.setdefault("TABPFN_DISABLE_TELEMETRY", "1")
     from tabpfn.finetuning import FinetunedTabPFNClassifier
 
-    return FinetunedTabPFNClassifier if kwargs is None else FinetunedTabPFNClassifier(**kwargs)
+    if settings is None:
+        return FinetunedTabPFNClassifier
+    return FinetunedTabPFNClassifier(**settings, experiment_logger=hook,
+                                     extra_classifier_kwargs={"model_path": str(base)})
 
 
 _TABPFN_FILE = re.compile(r"^checkpoint_.+_(\d+)\.pth$")
@@ -152,18 +167,66 @@ def _tabpfn_resume_name(rows: int, epoch: int) -> str:
 
 
 def _tabpfn_best_epoch(folder: Path, rows: int) -> int | None:
+    """The epoch of ``checkpoint_<rows>_best.pth`` (written when an epoch beats the base weights on
+    validation); 0 when none did: the package then deploys the base weights."""
     from tabpfn.finetuning.train_util import _format_train_size
 
     path = folder / f"checkpoint_{_format_train_size(rows)}_best.pth"
     if not path.is_file():
-        return None
-    return int(torch.load(path, map_location="cpu", weights_only=False).get("epoch", 0)) or None
+        return 0
+    return int(torch.load(path, map_location="cpu", weights_only=False).get("epoch", 0))
 
 
 UPSTREAM_RECIPES.register("tabpfn-v2", UpstreamRecipe(
     model="tabpfn-v2", package="tabpfn", finetuner_class="tabpfn.finetuning.FinetunedTabPFNClassifier",
-    build=_tabpfn_finetuner, epoch_files=_tabpfn_epoch_files, resume_name=_tabpfn_resume_name,
-    best_epoch=_tabpfn_best_epoch, progress_module="tabpfn.finetuning.finetuned_base"))
+    keywords={"device": "device", "epochs": "epochs", "learning_rate": "lr", "weight_decay": "weight_decay",
+              "grad_clip_value": "grad_clip", "random_state": "seed", "save_checkpoint_interval": "interval",
+              "n_estimators_final_inference": "n_estimators"},
+    build=_tabpfn_finetuner, reserved=frozenset({"experiment_logger", "extra_classifier_kwargs"}),
+    epoch_files=_tabpfn_epoch_files, resumes=True, resume_name=_tabpfn_resume_name, best_epoch=_tabpfn_best_epoch,
+    progress_module="tabpfn.finetuning.finetuned_base"))
+
+
+# ------------------------------------------------------------------------------------------------ TabICL
+def _tabicl_finetuner(settings: dict[str, Any] | None, base: Path | None, hook: Any) -> Any:
+    """FinetunedTabICLClassifier: its logger comes from its ``_make_experiment_logger`` hook (the package
+    builds a W&B logger there from ``wandb_kwargs``), so a subclass returns iclmem's; the base weights are its
+    ``model_path``, downloads off."""
+    from tabicl._finetune import FinetunedTabICLClassifier
+
+    if settings is None:
+        return FinetunedTabICLClassifier
+
+    class WithCheckpointHook(FinetunedTabICLClassifier):  # type: ignore[misc]
+        def _make_experiment_logger(self) -> Any:
+            return hook
+
+    return WithCheckpointHook(**settings, model_path=str(base), allow_auto_download=False, verbose=False)
+
+
+_TABICL_FILE = re.compile(r"^epoch(\d+)\.ckpt$")
+
+
+def _tabicl_epoch_files(folder: Path) -> list[tuple[int, Path]]:
+    """The package's interval checkpoints ``epoch<N>.ckpt``, by epoch."""
+    return sorted((int(m.group(1)), p) for p in folder.glob("epoch*.ckpt") if (m := _TABICL_FILE.match(p.name)))
+
+
+def _no_resume(rows: int, epoch: int) -> str:
+    raise CheckpointError("TabICL's fine-tuner does not resume from a checkpoint")
+
+
+def _tabicl_best_epoch(folder: Path, rows: int) -> int | None:
+    return None  # its best.ckpt records the run's last epoch, not the best one's
+
+
+UPSTREAM_RECIPES.register("tabicl", UpstreamRecipe(
+    model="tabicl", package="tabicl", finetuner_class="tabicl._finetune.FinetunedTabICLClassifier",
+    keywords={"device": "device", "epochs": "epochs", "learning_rate": "lr", "weight_decay": "weight_decay",
+              "grad_clip": "grad_clip", "random_state": "seed", "save_interval": "interval",
+              "n_estimators_inference": "n_estimators"},
+    build=_tabicl_finetuner, reserved=frozenset({"model_path", "allow_auto_download", "verbose", "wandb_kwargs"}),
+    epoch_files=_tabicl_epoch_files, resumes=False, resume_name=_no_resume, best_epoch=_tabicl_best_epoch))
 
 
 # ------------------------------------------------------------------------------------------------ the loop
@@ -282,6 +345,8 @@ class UpstreamFinetuner:
         self.model.to(self.device)
         self.epoch = 0
         self._resume_state: Path | None = None
+        self._resume_digest: str | None = None
+        self._base_state = {k: v.detach().clone() for k, v in self.model.module.state_dict().items()}
         self._eval = {"member": [fixed_batch(self.task).to(self.device)],
                       "nonmember": [fixed_batch(self.task, self.task.nonmember_idx).to(self.device)]}
 
@@ -294,14 +359,13 @@ class UpstreamFinetuner:
         return x[members], y[members], x[context], y[context]
 
     def finetuner_settings(self) -> dict[str, Any]:
-        """What iclmem passes the package's fine-tuner: the user's ``finetuner`` settings, then the sweep's
-        (everything else is the package's default)."""
-        n_estimators = int(self.model.options.get("n_estimators", 2))
-        return {**dict(self.model.options.get("finetuner") or {}), "device": str(self.device), "epochs": self.spec.epochs, "learning_rate": self.spec.lr,
-                "weight_decay": self.spec.weight_decay, "grad_clip_value": self.spec.grad_clip,
-                "random_state": self.spec.seed, "save_checkpoint_interval": 1,
-                "n_estimators_finetune": n_estimators, "n_estimators_validation": n_estimators,
-                "n_estimators_final_inference": n_estimators}
+        """What iclmem passes the package's fine-tuner: the model's ``finetuner`` settings, then the sweep's
+        under the package's keywords (everything else is the package's default)."""
+        values = {"device": str(self.device), "epochs": self.spec.epochs, "lr": self.spec.lr,
+                  "weight_decay": self.spec.weight_decay, "grad_clip": self.spec.grad_clip, "seed": self.spec.seed,
+                  "interval": 1, "n_estimators": int(self.model.options.get("n_estimators", 2))}
+        return {**dict(self.model.options.get("finetuner") or {}),
+                **{keyword: values[source] for keyword, source in self.recipe.keywords.items()}}
 
     def evaluate(self) -> dict[str, float]:
         """In-context accuracy and loss with C' as the context, on members and non-members, scored as the
@@ -312,24 +376,40 @@ class UpstreamFinetuner:
     def run(self, on_epoch: Callable[[EpochResult, Path, UpstreamEnd | None], bool | None]) -> UpstreamEnd:
         """Run the package's fine-tuner from the current epoch to ``spec.epochs`` (or its early stop).
         ``on_epoch(result, package_file, end)`` after every epoch, with this object's model holding that
-        epoch's weights; ``end`` is set for the package's last epoch. ``on_epoch`` returns True to stop there
-        (the run is not finished). A diverged epoch (loss or weights not finite) is passed on and ends it."""
+        epoch's weights; ``result.metrics`` holds the package's logged metrics (``upstream_*``) and, at the
+        spec's scheduled epochs and the last, the utility as deployed; ``end`` is set for the package's last
+        epoch. ``on_epoch`` returns True to stop there (the run is not finished). A diverged epoch (loss or
+        weights not finite) is passed on and ends it."""
         x, y, x_val, y_val = self.training_rows()
         outcome: list[UpstreamEnd] = []
 
+        resumed_at, resumed_digest = self.epoch, self._resume_digest
+        schedule = set(self.spec.schedule())
+
         def on_file(epoch: int, path: Path, logged: dict[str, float], final: bool) -> None:
             state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+            if epoch <= resumed_at:  # recomputing up to the checkpoint a run restarts from (no package resume)
+                self.model.module.load_state_dict(state)
+                if epoch == resumed_at and resumed_digest is not None:
+                    actual = weights_digest(self.model.module.state_dict())
+                    if actual != resumed_digest:
+                        raise CheckpointError(f"recomputing up to epoch {epoch} gave weights {actual[:12]}..., not the "
+                                              f"checkpoint's {resumed_digest[:12]}...: the package's fine-tuning is "
+                                              "not reproducible here")
+                return
             finite = all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
             loss = float(logged.get("upstream_train_mean_loss", math.nan))
             self.epoch = epoch
             if finite:
                 self.model.module.load_state_dict(state)
-            metrics = self.evaluate() if finite else {}
+            # the utility as deployed costs a fit of the package's estimator per context: computed where a
+            # checkpoint is written (scheduled epochs and the last); every epoch carries the package's own metrics
+            metrics = self.evaluate() if finite and (epoch in schedule or final) else {}
             diverged = not finite or not math.isfinite(loss) or not all(math.isfinite(v) for v in metrics.values())
             end = None
             if final or diverged:
                 # the package deploys its best validation epoch (0: the base weights, when none beat them)
-                best = None if diverged else (self.recipe.best_epoch(path.parent, len(y)) or 0)
+                best = None if diverged else self.recipe.best_epoch(path.parent, len(y))
                 end = UpstreamEnd(epoch, not diverged and epoch < self.spec.epochs, best)
                 outcome.append(end)
             result = EpochResult(epoch, loss, diverged, {} if diverged else {**metrics, **logged})
@@ -339,12 +419,18 @@ class UpstreamFinetuner:
         with tempfile.TemporaryDirectory(prefix="iclmem-upstream-") as tmp:
             work, folder = Path(tmp), Path(tmp) / "checkpoints"
             folder.mkdir()
-            base = self.model.package_checkpoint(work / "base.ckpt")  # type: ignore[attr-defined]
-            if self._resume_state is not None:  # the package resumes from the newest file in its folder
+            start = self.epoch
+            if self._resume_state is not None and self.recipe.resumes:
+                # the package continues from the newest file in its folder
+                base = self._base_file(work)
                 shutil.copyfile(self._resume_state, folder / self.recipe.resume_name(len(y), self.epoch))
-            hook = _CheckpointHook(folder, self.recipe, self.epoch, on_file)
-            finetuner = self.recipe.build({**self.finetuner_settings(), "experiment_logger": hook,
-                                           "extra_classifier_kwargs": {"model_path": str(base)}})
+            else:
+                if self._resume_state is not None:  # no resume in the package: recomputed up to the checkpoint
+                    self.model.module.load_state_dict(self._base_state)
+                    start = 0
+                base = self._base_file(work)
+            hook = _CheckpointHook(folder, self.recipe, start, on_file)
+            finetuner = self.recipe.build(self.finetuner_settings(), base, hook)
             with contextlib.suppress(_Stop), _quiet_progress(self.recipe.progress_module):
                 finetuner.fit(x, y, X_val=x_val, y_val=y_val, output_dir=folder)
         return outcome[-1] if outcome else UpstreamEnd(self.epoch, False, None)
@@ -376,7 +462,17 @@ class UpstreamFinetuner:
                                   "the package's fine-tuner cannot continue from it")
         self.model.module.load_state_dict(read_weights(directory / MODEL_FILE))
         self._resume_state = directory / UPSTREAM_STATE_FILE
+        self._resume_digest = manifest.get("weights_sha256")
         self.epoch = int(manifest["epoch"])
+
+    def _base_file(self, folder: Path) -> Path:
+        """The base weights in the package's format, for the fine-tuner to load."""
+        current = {k: v.detach().clone() for k, v in self.model.module.state_dict().items()}
+        self.model.module.load_state_dict(self._base_state)
+        try:
+            return Path(self.model.package_checkpoint(folder / "base.ckpt"))  # type: ignore[attr-defined]
+        finally:
+            self.model.module.load_state_dict(current)
 
 
 def deployed_utility(model: ModelAdapter, task: Any) -> dict[str, float]:

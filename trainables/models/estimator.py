@@ -8,6 +8,10 @@ weights iclmem can read and is never fine-tuned by iclmem.
 * :func:`load_estimator_factory` -- ``MODULE:FACTORY`` imported and tried once (a :class:`ConfigError`
   naming the spec before any work);
 * :func:`estimator_log_probs` -- log p(class | query, context) float64 [m, C] from one fit;
+* :class:`PackageScoring` -- a mixin for an adapter whose package deploys its weights through the package's own
+  estimator (TabPFN v2, TabICL under ``recipe="upstream"``): ``deployed_log_probs`` fits that estimator on
+  each context, with the adapter's current weights written in the package's checkpoint format;
+* :func:`recipe_options` -- the adapter options ``recipe``, ``n_estimators`` and ``finetuner``, checked;
 * :class:`EstimatorAdapter` -- the same behind :class:`~trainables.models.base.ModelAdapter`'s
   ``log_probs`` (context_x [B, N, F], context_y [B, N], query_x [B, M, F] -> [B, M, C]), one fit per
   context b, so the probe engine scores it like any registered model.
@@ -72,6 +76,91 @@ def estimator_log_probs(factory: Callable[[], Any], context_x: np.ndarray, conte
     with np.errstate(divide="ignore"):
         out = np.maximum(np.log(full), LOG_P_FLOOR)
     return out - np.logaddexp.reduce(out, axis=1, keepdims=True)
+
+
+def recipe_options(name: str, recipe: str, n_estimators: int | None, finetuner: dict[str, Any] | None, task: str,
+                   default_n_estimators: int) -> dict[str, Any]:
+    """The options an adapter records for its ``recipe`` (none under iclmem's own loop): ``recipe``,
+    ``n_estimators`` (the deployed estimator's ensemble) and ``finetuner`` (settings of the package's
+    fine-tuner). :class:`ModelError` for a value under the wrong recipe or out of range."""
+    from iclmem.vocab import Recipe
+
+    try:
+        value = Recipe(recipe)
+    except ValueError:
+        raise ModelError(f"recipe must be one of {[r.value for r in Recipe]}, got {recipe!r}") from None
+    if value is Recipe.ICLMEM:
+        if finetuner:
+            raise ModelError("finetuner holds settings of the package's own fine-tuner: it applies with recipe "
+                             "'upstream' only")
+        if n_estimators is not None:
+            raise ModelError("n_estimators is the deployed estimator's ensemble: it applies with recipe 'upstream' "
+                             "only (recipe iclmem scores the raw network)")
+        return {}
+    if n_estimators is not None and (isinstance(n_estimators, bool) or int(n_estimators) != n_estimators
+                                     or n_estimators < 1):
+        raise ModelError(f"n_estimators must be a positive integer, got {n_estimators!r}")
+    if task != "classification":
+        raise ModelError(f"recipe 'upstream' fine-tunes and scores a {name} classifier (the package's classifier "
+                         f"fine-tuner); this checkpoint is a {task} model")
+    out: dict[str, Any] = {"recipe": value.value, "n_estimators": int(n_estimators or default_n_estimators)}
+    if finetuner:
+        out["finetuner"] = dict(sorted(finetuner.items()))
+    return out
+
+
+class PackageScoring:
+    """Mixin for a :class:`ModelAdapter` whose package deploys the weights through its own estimator. The
+    adapter gives :meth:`package_checkpoint` (its weights in the package's file format) and
+    :meth:`package_estimator` (an unfitted estimator on such a file); the mixin gives
+    :meth:`deployed_log_probs`. The file is rewritten, under a new name so the package's loader cache cannot
+    serve the old one, whenever a parameter changed in place since the last call."""
+
+    module: torch.nn.Module
+    options: dict[str, Any]
+    _deployed: tuple[tuple[int, ...], Any] | None = None
+    _deployed_dir: Any = None
+
+    def package_checkpoint(self, path: Any) -> Any:
+        raise NotImplementedError
+
+    def package_estimator(self, model_path: str) -> Any:
+        raise NotImplementedError
+
+    def _deployed_checkpoint(self) -> Any:
+        import os
+        import shutil
+        import tempfile
+        import weakref
+        from pathlib import Path
+
+        version = tuple(v for p in self.module.parameters() for v in (p.data_ptr(), p._version))
+        if self._deployed is not None and self._deployed[0] == version:
+            return self._deployed[1]
+        if self._deployed_dir is None:
+            self._deployed_dir = Path(tempfile.mkdtemp(prefix="iclmem-deployed-"))
+            weakref.finalize(self, shutil.rmtree, str(self._deployed_dir), True)
+        if self._deployed is not None:
+            self._deployed[1].unlink(missing_ok=True)
+        path = self.package_checkpoint(self._deployed_dir / f"weights-{len(os.listdir(self._deployed_dir))}.ckpt")
+        self._deployed = (version, path)
+        return path
+
+    def deployed_estimator(self) -> Any:
+        """An unfitted estimator of the package on the current weights, configured as the recipe deploys it."""
+        return self.package_estimator(str(self._deployed_checkpoint()))
+
+    def deployed_log_probs(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
+                           n_classes: int) -> torch.Tensor:
+        """log p as the package deploys these weights: context_x [B, N, F], context_y [B, N], query_x [B, M, F]
+        -> [B, M, C], one fit of :meth:`deployed_estimator` per context b (its preprocessing and ensemble). The
+        packages refuse contexts of identical rows (the probe's), so this scores real contexts (utility)."""
+        self.check_shapes(context_x, context_y, query_x, n_classes)  # type: ignore[attr-defined]
+        cx, cy, qx = (t.detach().cpu().numpy() for t in (context_x, context_y, query_x))
+        name = f"{getattr(self, 'name', 'model')} (recipe upstream)"
+        out = [estimator_log_probs(self.deployed_estimator, cx[b], cy[b].astype(np.int64), qx[b], n_classes, name)
+               for b in range(cx.shape[0])]
+        return torch.from_numpy(np.stack(out)).float().to(context_x.device)
 
 
 class EstimatorAdapter(ModelAdapter):

@@ -24,10 +24,12 @@ from typing import Any
 
 import torch
 
+from iclmem.atomic import atomic_write
 from iclmem.errors import CheckpointError, ModelError
 from iclmem.vocab import InputContract
 from trainables.models.base import MODELS, Invariance, NativeRegressionAdapter, read_weights
 from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, hub_checkpoint, local_checkpoint
+from trainables.models.estimator import PackageScoring, recipe_options
 from trainables.models.extras import float32_compute, register_extra, require_extra, saved_options
 
 NAME = "tabicl"
@@ -44,7 +46,7 @@ TASKS = ("classification", "regression")
 register_extra(NAME, EXTRA, ("tabicl",), ("tabicl",))
 
 
-class TabICLAdapter(NativeRegressionAdapter):
+class TabICLAdapter(PackageScoring, NativeRegressionAdapter):
     name = NAME
     # Numbers, unreduced: PCA only when the encoded table exceeds this model's own feature limit.
     input_contract = InputContract.NUMERIC
@@ -79,6 +81,23 @@ class TabICLAdapter(NativeRegressionAdapter):
     def _require_regressor(self) -> None:
         if self.task != "regression":
             raise ModelError("candidate_log_probs needs a TabICL regression checkpoint (max_classes=0)")
+
+    # recipe upstream (trainables.upstream): the weights as tabicl's own estimator deploys them
+    def package_checkpoint(self, path: str | Path) -> Path:
+        """These weights in tabicl's checkpoint format (``{"config", "state_dict"}``, what ``TabICLClassifier
+        (model_path=...)`` and the package's fine-tuner load)."""
+        state = {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+        atomic_write(Path(path), lambda tmp: torch.save({"config": self.options["config"], "state_dict": state}, tmp),
+                     to_path=True)
+        return Path(path)
+
+    def package_estimator(self, model_path: str) -> Any:
+        """An unfitted ``TabICLClassifier`` on ``model_path`` with the recipe's ensemble, no download."""
+        from tabicl import TabICLClassifier
+
+        return TabICLClassifier(model_path=model_path, n_estimators=int(self.options.get("n_estimators", 8)),
+                                allow_auto_download=False, device=str(self.device),
+                                random_state=int(self.options.get("seed", 0)))
 
     def label_ids(self, context_y: torch.Tensor) -> torch.Tensor:
         """The class ids the network sees for ``context_y``: the labels themselves (one fixed mapping)."""
@@ -137,6 +156,9 @@ def build_tabicl(
     seed: int = 0,
     softmax_temperature: float = 1.0,
     max_features: int = DEFAULT_MAX_FEATURES,
+    recipe: str = "iclmem",
+    n_estimators: int | None = None,
+    finetuner: dict[str, Any] | None = None,
     **config: Any,
 ) -> TabICLAdapter:
     """TabICL classifier or regressor.
@@ -146,6 +168,9 @@ def build_tabicl(
     ``jingang/TabICL`` from the local HF cache; fetched only with ``allow_download=True``).
     ``task`` defaults to what the checkpoint is (``max_classes == 0`` means regression).
     ``softmax_temperature`` divides the logits (TabICLClassifier uses 0.9; default 1 = raw logits).
+    ``recipe="upstream"``: fine-tuned by tabicl's ``FinetunedTabICLClassifier`` (``trainables.upstream``), its
+    utility scored as ``TabICLClassifier`` deploys it with ``n_estimators`` members (default 8, the package's);
+    ``finetuner``: that fine-tuner's settings other than the sweep's.
     """
     if task is not None and task not in TASKS:
         raise ModelError(f"task must be one of {TASKS}, got {task!r}")
@@ -196,4 +221,6 @@ def build_tabicl(
     }
     if weights == "hub":
         options["checkpoint_version"] = checkpoint_version or DEFAULT_CHECKPOINTS[checkpoint_task]
+    # the deployed ensemble: FinetunedTabICLClassifier's n_estimators_inference default
+    options.update(recipe_options(NAME, recipe, n_estimators, finetuner, checkpoint_task, 8))
     return TabICLAdapter(module, options)

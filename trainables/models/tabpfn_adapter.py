@@ -41,10 +41,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from iclmem.atomic import atomic_write
 from iclmem.errors import CheckpointError, ModelError
 from iclmem.vocab import InputContract, Recipe
 from trainables.models.base import MODELS, Invariance, NativeRegressionAdapter, read_weights
 from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, local_checkpoint, not_cached
+from trainables.models.estimator import PackageScoring, recipe_options
 from trainables.models.extras import float32_compute, register_extra, require_extra, safetensors_metadata, saved_options
 
 NAME = "tabpfn-v2"
@@ -65,7 +67,7 @@ def _import_tabpfn() -> None:
     require_extra("tabpfn", EXTRA)
 
 
-class TabPFNV2Adapter(NativeRegressionAdapter):
+class TabPFNV2Adapter(PackageScoring, NativeRegressionAdapter):
     name = NAME
     # Numbers, unreduced: PCA only when the encoded table exceeds this model's own feature limit.
     input_contract = InputContract.NUMERIC
@@ -91,8 +93,6 @@ class TabPFNV2Adapter(NativeRegressionAdapter):
         self.softmax_temperature = float(self.options.get("softmax_temperature", 1.0))
         self.recipe = Recipe(self.options.get("recipe", Recipe.ICLMEM.value))
         self.n_estimators = int(self.options.get("n_estimators", DEFAULT_DEPLOYED_N_ESTIMATORS))
-        self._deployed: tuple[tuple[int, ...], Path] | None = None  # (weights version, package-format file)
-        self._deployed_dir: Path | None = None
         module.use_multiclass_target_encoding = bool(self.options.get("densify_labels", False)) and self.task == "classification"
 
     # -------------------------------------------------------------------------------- scored as deployed
@@ -100,52 +100,16 @@ class TabPFNV2Adapter(NativeRegressionAdapter):
         """These weights in tabpfn's own checkpoint format (``{"config", "state_dict"}``, what
         ``TabPFNClassifier(model_path=...)`` and the package's fine-tuner load)."""
         state = {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
-        torch.save({"config": self.options["config"], "state_dict": state}, path)
+        atomic_write(Path(path), lambda tmp: torch.save({"config": self.options["config"], "state_dict": state}, tmp),
+                     to_path=True)
         return Path(path)
 
-    def _deployed_checkpoint(self) -> Path:
-        """A package-format copy of the current weights, rewritten (under a new name, so tabpfn's checkpoint
-        cache cannot serve the old one) whenever a parameter changed in place since the last call."""
-        import tempfile
-        import weakref
-
-        version = tuple(v for p in self.module.parameters() for v in (p.data_ptr(), p._version))
-        if self._deployed is not None and self._deployed[0] == version:
-            return self._deployed[1]
-        if self._deployed_dir is None:
-            self._deployed_dir = Path(tempfile.mkdtemp(prefix="iclmem-tabpfn-deployed-"))
-            import shutil
-
-            weakref.finalize(self, shutil.rmtree, str(self._deployed_dir), True)
-        if self._deployed is not None:
-            self._deployed[1].unlink(missing_ok=True)
-        path = self.package_checkpoint(self._deployed_dir / f"weights-{len(os.listdir(self._deployed_dir))}-"
-                                       f"{abs(hash(version)) % 10**12}.ckpt")
-        self._deployed = (version, path)
-        return path
-
-    def deployed_estimator(self) -> Any:
-        """An unfitted ``TabPFNClassifier`` on these weights, configured as the recipe deploys it."""
+    def package_estimator(self, model_path: str) -> Any:
+        """An unfitted ``TabPFNClassifier`` on ``model_path``, configured as the recipe deploys it."""
         from tabpfn import TabPFNClassifier
 
-        return TabPFNClassifier(model_path=str(self._deployed_checkpoint()), n_estimators=self.n_estimators,
-                                device=str(self.device), random_state=int(self.options.get("seed", 0)),
-                                ignore_pretraining_limits=True)
-
-    def deployed_log_probs(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
-                           n_classes: int) -> torch.Tensor:
-        """:meth:`log_probs` as the package deploys these weights: context_x [B, N, F], context_y [B, N],
-        query_x [B, M, F] -> [B, M, C], one ``TabPFNClassifier`` fit per context b (its preprocessing and
-        ensemble). The package refuses a context whose feature columns are all constant (the probe's contexts
-        of query copies), so the probe scores the network (:meth:`log_probs`) and this scores real contexts."""
-        from trainables.models.estimator import estimator_log_probs
-
-        self._require_classifier()
-        self.check_shapes(context_x, context_y, query_x, n_classes)
-        cx, cy, qx = (t.detach().cpu().numpy() for t in (context_x, context_y, query_x))
-        out = [estimator_log_probs(self.deployed_estimator, cx[b], cy[b].astype(np.int64), qx[b], n_classes,
-                                   f"{NAME} (recipe upstream)") for b in range(cx.shape[0])]
-        return torch.from_numpy(np.stack(out)).float().to(context_x.device)
+        return TabPFNClassifier(model_path=model_path, n_estimators=self.n_estimators, device=str(self.device),
+                                random_state=int(self.options.get("seed", 0)), ignore_pretraining_limits=True)
 
     # -------------------------------------------------------------------------------- forward
     def _forward(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
@@ -381,19 +345,6 @@ def build_tabpfn_v2(
     is refused under iclmem's recipe (raw logits only); ``finetuner``: settings of the package's fine-tuner
     other than those the sweep sets (``trainables.upstream.check_finetuner_settings``).
     """
-    try:
-        recipe_value = Recipe(recipe)
-    except ValueError:
-        raise ModelError(f"recipe must be one of {[r.value for r in Recipe]}, got {recipe!r}") from None
-    if finetuner and recipe_value is Recipe.ICLMEM:
-        raise ModelError("finetuner holds settings of the package's own fine-tuner: it applies with recipe 'upstream' "
-                         "only")
-    if n_estimators is not None and recipe_value is Recipe.ICLMEM:
-        raise ModelError("n_estimators is the deployed estimator's ensemble: it applies with recipe 'upstream' only "
-                         "(recipe iclmem scores the raw network)")
-    if n_estimators is not None and (isinstance(n_estimators, bool) or int(n_estimators) != n_estimators
-                                     or n_estimators < 1):
-        raise ModelError(f"n_estimators must be a positive integer, got {n_estimators!r}")
     if task is not None and task not in TASKS:
         raise ModelError(f"task must be one of {TASKS}, got {task!r}")
     if softmax_temperature <= 0:
@@ -441,12 +392,5 @@ def build_tabpfn_v2(
         "max_features": max_features,
         "config": cfg,
     }
-    if recipe_value is Recipe.UPSTREAM:
-        if task != "classification":
-            raise ModelError("recipe 'upstream' fine-tunes and scores a TabPFN v2 classifier (FinetunedTabPFNClassifier); "
-                             f"this checkpoint is a {task} model")
-        options["recipe"] = recipe_value.value
-        options["n_estimators"] = int(n_estimators or DEFAULT_DEPLOYED_N_ESTIMATORS)
-        if finetuner:
-            options["finetuner"] = dict(sorted(finetuner.items()))
+    options.update(recipe_options(NAME, recipe, n_estimators, finetuner, task, DEFAULT_DEPLOYED_N_ESTIMATORS))
     return TabPFNV2Adapter(module, options, criterion=criterion)
