@@ -87,6 +87,9 @@ class Regime(Vocab):
     SINGLE_FIXED = "single_fixed"
     MULTI_FIXED = "multi_fixed"
     MULTI_RANDOM = "multi_random"
+    # no fine-tuning: the model deployed with Q rows of a task as its context, audited for which rows they
+    # were (orchestrator.context_audit; one audit per task, model, Q and seed)
+    CONTEXT = "context"
 
 
 MAIN_REGIME = Regime.SINGLE_FIXED  # the paper's main regime

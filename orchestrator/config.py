@@ -61,6 +61,7 @@ def config_hash_of(data: dict[str, Any]) -> str:
 HASH_NEUTRAL_FIELDS: tuple[tuple[str, str], ...] = (
     ("grid", "dp"), ("training", "dp_delta"), ("training", "dp_max_grad_norm"), ("training", "dp_accountant"),
     ("outcome", "epsilon_delta"), ("probe", "references"), ("resources", "stall_timeout_min"),
+    ("probe", "context_references"),
 )
 # Blocks added after run folders existed: left out of the hash while they hold their defaults.
 HASH_NEUTRAL_BLOCKS: tuple[str, ...] = ("canaries",)
@@ -278,6 +279,16 @@ class ProbeConfig(StrictConfig):
     # K reference fine-tunes per audited run (LiRA / RMIA, probes/attacks.py): each trains with the run's
     # recipe on a random half of its members + non-members; 0 = off
     references: int = Field(0, ge=0, le=64)
+    # regime context: K reference contexts of each deployed-context audit (even; every row in half of them)
+    context_references: int = Field(64, ge=2, le=256)
+
+    @field_validator("context_references")
+    @classmethod
+    def _even_context_references(cls, value: int) -> int:
+        if value % 2:
+            raise ValueError(f"context_references {value}: an even number (every row is then in exactly half of "
+                             "the reference contexts)")
+        return value
 
     @field_validator("references")
     @classmethod
@@ -455,7 +466,7 @@ class SweepConfig(StrictConfig):
         if not upstream:
             return self
         who = f"models {upstream} with recipe upstream (the package's own fine-tuner)"
-        other = [str(r) for r in self.grid.regime if r != Regime.SINGLE_FIXED]
+        other = [str(r) for r in self.grid.regime if r not in (Regime.SINGLE_FIXED, Regime.CONTEXT)]
         if other:
             raise ValueError(f"grid.regime {other}: {who} fit one table per run, regime single_fixed only")
         if any(math.isfinite(e) for e in self.grid.dp):
@@ -470,8 +481,9 @@ class SweepConfig(StrictConfig):
 
     @model_validator(mode="after")
     def _single_task_settings_fit_the_regimes(self) -> SweepConfig:
-        """probe.references and canaries are defined on one task's members and non-members."""
-        other = [str(r) for r in self.grid.regime if r != Regime.SINGLE_FIXED]
+        """probe.references and canaries are defined on one task's members and non-members (regime context
+        fine-tunes nothing: neither applies to it)."""
+        other = [str(r) for r in self.grid.regime if r not in (Regime.SINGLE_FIXED, Regime.CONTEXT)]
         if not other:
             return self
         if self.probe.references:
@@ -640,6 +652,37 @@ class TrialSpec:
         return out
 
 
+@dataclass(frozen=True)
+class ContextAuditSpec:
+    """One deployed-context audit of regime ``context``: ``model`` with ``q`` rows of ``task`` as its context."""
+
+    run_id: str
+    task: str
+    model: str
+    model_options: tuple[tuple[str, Any], ...]
+    q: int
+    seed: int
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["model_options"] = dict(self.model_options)
+        return out
+
+
+def context_audit_specs(sweep: SweepConfig) -> list[ContextAuditSpec]:
+    """Regime ``context``: one audit per task × model × Q (the deployed context's rows) × seed; the grid's
+    lr, label modes and ε are fine-tuning axes, which this regime has none of."""
+    if Regime.CONTEXT not in sweep.grid.regime:
+        return []
+    out = []
+    for task, model, q, seed in itertools.product(sweep.tasks, sweep.models, sweep.grid.q, sweep.grid.seed):
+        key = json.dumps([task.name, model.name, model.options, Regime.CONTEXT.value, q, seed,
+                          sweep.probe.context_references], sort_keys=True, default=str)
+        run_id = f"{task.name[:24]}-context-n{q}-s{seed}-{model.name}-{hashlib.sha1(key.encode()).hexdigest()[:6]}"
+        out.append(ContextAuditSpec(run_id, task.name, model.name, tuple(sorted(model.options.items())), q, seed))
+    return out
+
+
 def expand_grid(sweep: SweepConfig) -> list[TrialSpec]:
     """tasks × models × regimes × lrs × Q × label modes × seeds; multi_fixed and multi_random runs take all
     tasks at once (one model fine-tuned jointly on every task, paper App. 10). With ``probe.references``
@@ -649,6 +692,8 @@ def expand_grid(sweep: SweepConfig) -> list[TrialSpec]:
     g = sweep.grid
     for model, regime, lr, q, mode, seed, dp in itertools.product(sweep.models, g.regime, g.lr, g.q, g.label_mode,
                                                                   g.seed, g.dp):
+        if regime == Regime.CONTEXT:  # no fine-tuning: audits of their own (context_audit_specs)
+            continue
         joint = regime in (Regime.MULTI_FIXED, Regime.MULTI_RANDOM)
         task_groups = ["+".join(t.name for t in sweep.tasks)] if joint else [t.name for t in sweep.tasks]
         for task in task_groups:

@@ -17,9 +17,10 @@ settings as resolved), ``context_audit.parquet`` (a row per target context and a
 
 from __future__ import annotations
 
+import json
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,15 @@ import pandas as pd
 from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError, DataError
 from iclmem.provenance import Provenance
-from iclmem.runfolder import CONTEXT_AUDIT_FILE, CONTEXT_ROC_FIGURE, CONTEXT_ROC_FILE, CONTEXT_SCORES_FILE, VERDICT_FILE
+from iclmem.runfolder import (
+    CONTEXT_AUDIT_FILE,
+    CONTEXT_AUDITS_DIR,
+    CONTEXT_AUDITS_FILE,
+    CONTEXT_ROC_FIGURE,
+    CONTEXT_ROC_FILE,
+    CONTEXT_SCORES_FILE,
+    VERDICT_FILE,
+)
 from iclmem.vocab import ContextAttack, ContextTarget, LabelDesign, LabelMode
 
 DEFAULT_CONTEXT_SIZE = 256
@@ -146,10 +155,7 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
     :class:`probes.context_audit.ContextAuditResult` and writes the folder ``out`` (and, with ``wandb``
     offline or online, one W&B run of project ``project``)."""
     from orchestrator.audit import DEFAULT_BOOTSTRAP, claim_audit_folder, min_bootstrap, parse_task, settings_hash
-    from probes.context_audit import MAX_REFERENCES, evaluate_context_audit
-    from probes.metrics import LowResolutionWarning
-    from probes.outcomes import OutcomeThresholds
-    from probes.probe import blind_columns
+    from probes.context_audit import MAX_REFERENCES
 
     note = log or (lambda line: print(line, file=sys.stderr))
     bootstrap = DEFAULT_BOOTSTRAP if bootstrap is None else int(bootstrap)
@@ -190,12 +196,32 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
     # Stage I in memory (a second or two): a table that cannot be audited leaves no folder behind
     audit = prepare_context_audit(source, task, context_size, seed, adapter=adapter, factory=factory,
                                   estimator=estimator, note=note)
+    result, table, verdict = run_prepared_audit(audit, out_dir, task=task, sweep_name=f"context-{source.name}",
+                                                config=config, config_hash=config_hash, references=references,
+                                                seed=seed, bootstrap=bootstrap, null_splits=null_splits, note=note)
+    if wandb not in (None, "disabled"):
+        log_to_wandb(out_dir, table, verdict, wandb, project)
+    return result
+
+
+def run_prepared_audit(audit: PreparedContextAudit, out_dir: Path, *, task: str, sweep_name: str,
+                       config: dict[str, Any], config_hash: str, references: int, seed: int, bootstrap: int,
+                       null_splits: int, note: Callable[[str], None],
+                       size_setting: str = "--context-size") -> tuple[Any, pd.DataFrame, dict[str, Any]]:
+    """Score a prepared audit and write its folder (provenance first, the verdict last): (result, table,
+    verdict as written). Shared by ``iclmem audit-context`` and a sweep's regime ``context``."""
+    from probes.context_audit import evaluate_context_audit
+    from probes.metrics import LowResolutionWarning
+    from probes.outcomes import OutcomeThresholds
+    from probes.probe import blind_columns
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    Provenance.collect(kind="audit", sweep_name=f"context-{source.name}", config=config, config_hash=config_hash,
+    Provenance.collect(kind="audit", sweep_name=sweep_name, config=config, config_hash=config_hash,
                        seeds=[seed]).write(out_dir)
     inputs, scorer, prepared, population = audit.inputs, audit.scorer, audit.prepared, audit.population
     member = inputs.member
     blind = blind_columns(prepared)
+    context_size = int(member.sum())
     note(f"[iclmem] context audit of {task}: context {context_size} rows, {references} reference contexts, "
          f"{len(population)} rows audited")
     step = max(1, references // 8)
@@ -212,21 +238,21 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
     coarse = sorted({str(w.message).split(":")[0] for w in caught if issubclass(w.category, LowResolutionWarning)})
     if coarse:  # one line, not one per attack and split: with N non-members a TPR at FPR below ~10/N is coarse
         note(f"[iclmem] {', '.join(coarse)} rest on fewer than 10 allowed false positives among {context_size} "
-             "non-members: coarse estimates (a larger --context-size sharpens them)")
+             f"non-members: coarse estimates (a larger {size_setting} sharpens them)")
     table, verdict = write_audit_folder(out_dir, result, prepared.row_ids[population], member, config_hash)
-    if wandb not in (None, "disabled"):
-        log_to_wandb(out_dir, table, verdict, wandb, project)
-    return result
+    return result, table, verdict
 
 
-def log_to_wandb(out_dir: Path, table: pd.DataFrame, verdict: dict[str, Any], mode: str, project: str) -> None:
+def log_to_wandb(out_dir: Path, table: pd.DataFrame, verdict: dict[str, Any], mode: str, project: str,
+                 group: str | None = None) -> None:
     """The written audit (its table and verdict as written) as one W&B run (offline unless ``online`` and a key
     is set): its public table, the verdict and each attack's numbers, the ROC figure
     (:meth:`orchestrator.wandb_logger.WandbResultsLogger.log_context_audit`). Files go to ``out_dir/wandb``."""
     from orchestrator.report.wandb_summary import CONTEXT_AUDIT_JOB_TYPE
     from orchestrator.wandb_logger import WandbResultsLogger
 
-    with WandbResultsLogger(project=project, group=out_dir.name, mode=mode, job_type=CONTEXT_AUDIT_JOB_TYPE) as logger:
+    with WandbResultsLogger(project=project, group=group or out_dir.name, mode=mode,
+                            job_type=CONTEXT_AUDIT_JOB_TYPE) as logger:
         logger.log_context_audit(out_dir, table, verdict, out_dir / CONTEXT_ROC_FIGURE)
 
 
@@ -301,3 +327,151 @@ def summary_lines(result: Any) -> list[str]:
         lines.append(f"{r['attack']:<16}{r['target']:<18}{r['auc']:>7.3f}{r['tpr_at_1pct']:>9.3f}"
                      f"{r['tpr_at_0_1pct']:>10.3f}{r['epsilon_lb']:>7.2f}  {r['outcome']}")
     return lines
+
+
+# ------------------------------------------------------------------------------------------ regime context
+# A sweep's regime ``context`` (orchestrator.config.context_audit_specs): the audit above for every task,
+# model, Q (the deployed context's rows) and seed, each in ``RUN_DIR/context_audits/<run id>/`` (the folder
+# ``iclmem audit-context`` writes), run as Ray tasks beside the sweep's trials; a folder whose verdict names
+# the same settings is done (a resumed sweep skips it).
+
+
+def sweep_audit_config(spec: Any, sweep: Any) -> dict[str, Any]:
+    """The settings one audit of a sweep's regime ``context`` is identified by (and its folder's hash of)."""
+    return {"audit": "context", "regime": "context", "sweep": sweep.name, "run_id": spec.run_id, "task": spec.task,
+            "model": spec.model, "model_options": dict(spec.model_options), "context_size": spec.q,
+            "references": sweep.probe.context_references, "seed": spec.seed, "bootstrap": sweep.probe.bootstrap,
+            "null_splits": sweep.probe.null_splits}
+
+
+def prepare_sweep_audit(spec: Any, sweep: Any, note: Callable[[str], None]) -> PreparedContextAudit:
+    """Stage I of one regime-``context`` audit (in memory): its task under its model's input contract."""
+    from orchestrator.prepare import task_source
+    from trainables.models import build_model
+
+    task = next(t for t in sweep.tasks if t.name == spec.task)
+    adapter = build_model(spec.model, **dict(spec.model_options))
+    try:
+        return prepare_context_audit(task_source(task), spec.task, spec.q, spec.seed, adapter=adapter, note=note)
+    except DataError as exc:
+        raise DataError(f"regime context, task {spec.task!r}, grid.q {spec.q}: {exc}".replace("--context-size",
+                                                                                            "grid.q")) from None
+
+
+def sweep_audit_done(run_dir: Path, spec: Any, sweep: Any) -> bool:
+    """Whether this audit's folder holds a verdict of the same settings (a complete folder: its verdict is
+    written last)."""
+    from orchestrator.audit import settings_hash
+
+    path = Path(run_dir) / CONTEXT_AUDITS_DIR / spec.run_id / VERDICT_FILE
+    if not path.is_file():
+        return False
+    try:
+        return json.loads(path.read_text()).get("config_hash") == settings_hash(sweep_audit_config(spec, sweep))
+    except (OSError, ValueError):
+        return False
+
+
+def run_sweep_audit(spec: Any, sweep: Any, run_dir: str) -> dict[str, Any]:
+    """One regime-``context`` audit, start to folder; returns its verdict as written. What a Ray task runs."""
+    import torch
+
+    from orchestrator.audit import settings_hash
+
+    torch.set_num_threads(1)
+    lines: list[str] = []
+    audit = prepare_sweep_audit(spec, sweep, lines.append)
+    config = sweep_audit_config(spec, sweep)
+    _, _, verdict = run_prepared_audit(
+        audit, Path(run_dir) / CONTEXT_AUDITS_DIR / spec.run_id, task=spec.task, sweep_name=sweep.name, config=config,
+        config_hash=settings_hash(config), references=sweep.probe.context_references, seed=spec.seed,
+        bootstrap=sweep.probe.bootstrap, null_splits=sweep.probe.null_splits, note=lines.append,
+        size_setting="grid.q")
+    return {**verdict, "notes": [line for line in lines if "reference contexts scored" not in line]}
+
+
+def collect_sweep_audits(run_dir: Path, specs: Sequence[Any]) -> pd.DataFrame:
+    """Every finished audit's rows (``context_audit.parquet``), with its run id, task, model, Q and seed in
+    front, as one table written to ``RUN_DIR/context_audits.parquet``; empty when none finished."""
+    frames = []
+    for spec in specs:
+        path = Path(run_dir) / CONTEXT_AUDITS_DIR / spec.run_id / CONTEXT_AUDIT_FILE
+        if not path.is_file():
+            continue
+        table = pd.read_parquet(path)
+        for i, (column, value) in enumerate((("run_id", spec.run_id), ("task", spec.task), ("model", spec.model),
+                                             ("q", spec.q), ("seed", spec.seed))):
+            table.insert(i, column, value)
+        frames.append(table)
+    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if not out.empty:
+        write_parquet_atomic(out, Path(run_dir) / CONTEXT_AUDITS_FILE)
+    return out
+
+
+def check_context_audits(sweep: Any) -> None:
+    """Stage I of every regime-``context`` audit, on the driver before Ray starts: a table too small for its
+    Q (or any other problem Stage I finds) is named now, not in a Ray task."""
+    from orchestrator.config import context_audit_specs
+
+    for spec in context_audit_specs(sweep):
+        prepare_sweep_audit(spec, sweep, lambda _line: None)
+
+
+def submit_context_audits(sweep: Any, run_dir: Path, log: Callable[[str], None]) -> list[tuple[Any, Any]]:
+    """Start every regime-``context`` audit not done yet as a Ray task (``resources.cpus_per_probe_actor``
+    CPUs each); (spec, object ref) pairs."""
+    from orchestrator.config import context_audit_specs
+
+    specs = context_audit_specs(sweep)
+    if not specs:
+        return []
+    import ray
+
+    pending = [s for s in specs if not sweep_audit_done(run_dir, s, sweep)]
+    if len(pending) < len(specs):
+        log(f"[iclmem] context audits: {len(specs) - len(pending)} of {len(specs)} done before, kept")
+    if pending:
+        log(f"[iclmem] context audits: {len(pending)} started ({sweep.probe.context_references} reference contexts "
+            "each)")
+    task = ray.remote(num_cpus=sweep.resources.cpus_per_probe_actor, max_retries=1)(run_sweep_audit)
+    sweep_ref = ray.put(sweep)
+    return [(spec, task.remote(spec, sweep_ref, str(run_dir))) for spec in pending]
+
+
+def finish_context_audits(audits: list[tuple[Any, Any]], sweep: Any, run_dir: Path,
+                          log: Callable[[str], None]) -> list[str]:
+    """Wait for the audits, say each verdict, write ``context_audits.parquet`` from every finished folder;
+    the failures, as ``run id: error`` lines (the others' folders are kept either way)."""
+    from orchestrator.config import context_audit_specs
+
+    specs = context_audit_specs(sweep)
+    if not specs:
+        return []
+    import ray
+
+    from orchestrator.wandb_logger import resolve_wandb_mode
+
+    mode = resolve_wandb_mode(sweep.wandb.mode)
+    failures = []
+    for spec, ref in audits:
+        try:
+            verdict = ray.get(ref)
+        except Exception as exc:  # a task's error, shown with its audit's id; the sweep goes on
+            failures.append(f"{spec.run_id}: {type(exc).__name__}: {str(exc).splitlines()[-1] if str(exc) else ''}")
+            continue
+        for line in verdict.get("notes", []):
+            log(line)
+        log(f"[iclmem] context audit {spec.run_id}: {verdict['outcome']} "
+            f"({'trusted' if verdict['trusted'] else 'NOT trusted'}; strongest attack {verdict['strongest_attack']})")
+        if mode != "disabled":  # one W&B run per audit, in the sweep's project, grouped under the sweep
+            folder = Path(run_dir) / CONTEXT_AUDITS_DIR / spec.run_id
+            written = json.loads((folder / VERDICT_FILE).read_text())
+            log_to_wandb(folder, pd.read_parquet(folder / CONTEXT_AUDIT_FILE), written, mode, sweep.wandb.project,
+                         group=sweep.name)
+    table = collect_sweep_audits(run_dir, specs)
+    if not table.empty:
+        log(f"[iclmem] {table['run_id'].nunique()} context audit(s) -> {Path(run_dir) / CONTEXT_AUDITS_FILE}")
+    for line in failures:
+        log(f"[iclmem] context audit failed: {line}")
+    return failures

@@ -53,6 +53,7 @@ from iclmem.runfolder import (
     write_run_state,
 )
 from orchestrator.config import SweepConfig, load_sweep
+from orchestrator.context_audit import check_context_audits, finish_context_audits, submit_context_audits
 from orchestrator.prepare import EXPERIMENT_NAME, PreparedSweep, prepare_sweep, provenance, trial_config
 from orchestrator.run_folder import RunFolder
 from orchestrator.wandb_logger import WANDB_FINISH_TIMEOUT_S
@@ -713,6 +714,7 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
     source = str(config_path) if config_path else str(run_dir / SWEEP_FILE) if resume else f"sweep {sweep.name!r}"
     # Python warnings of Stage I are held until the run folder (and its console log) exists.
     with warnings.catch_warnings(record=True) as early_warnings:
+        check_context_audits(sweep)  # regime context: its Stage I (in memory) before any folder or cluster work
         prepared = prepare_in_place_or_staged(sweep, run_dir, log=log if progress else (lambda _m: None),
                                               source=source)
     record_sweep(run_dir, sweep)
@@ -790,71 +792,79 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
             if problems:
                 raise ConfigError("the local Ray cannot run this sweep (nothing was started; Stage I's results are "
                                   "kept):\n  - " + "\n  - ".join(problems))
-        pool = start_probe_pools(prepared, run_dir)
-        probes_dir = run_dir / PROBES_DIR
-        for key, identity in prepared.controls:
-            from probes.actors import ProbeJob
+        audits = submit_context_audits(sweep, run_dir, log)  # regime context: Ray tasks beside the trials
+        causes: dict[str, list[str]] = {}
+        if prepared.trials:
+            pool = start_probe_pools(prepared, run_dir)
+            probes_dir = run_dir / PROBES_DIR
+            for key, identity in prepared.controls:
+                from probes.actors import ProbeJob
 
-            pool.submit(ProbeJob(identity, 0, None, key, str(probes_dir / identity["run_id"]), "e0000"))
-        callbacks = [_tune_callback(pool, probes_dir, prog, trial_logger), _trial_results_callback(trial_logger)]
-        tuner = _tuner(prepared, run_dir, callbacks, restore=resume, log=log)
-        if resume:
-            reattach(tuner, pool, probes_dir, prog, trial_logger)
-        interrupts.in_tune = True
-        try:
-            grid = tuner.fit()
-        finally:
-            interrupts.in_tune = False
-        if prog.stall is not None:  # the watchdog stopped Tune: resumable, like an interruption, but exit 1
-            finish_timeout = WANDB_FINISH_TIMEOUT_S
-            for row in pool.poll():
+                pool.submit(ProbeJob(identity, 0, None, key, str(probes_dir / identity["run_id"]), "e0000"))
+            callbacks = [_tune_callback(pool, probes_dir, prog, trial_logger), _trial_results_callback(trial_logger)]
+            tuner = _tuner(prepared, run_dir, callbacks, restore=resume, log=log)
+            if resume:
+                reattach(tuner, pool, probes_dir, prog, trial_logger)
+            interrupts.in_tune = True
+            try:
+                grid = tuner.fit()
+            finally:
+                interrupts.in_tune = False
+            if prog.stall is not None:  # the watchdog stopped Tune: resumable, like an interruption, but exit 1
+                finish_timeout = WANDB_FINISH_TIMEOUT_S
+                for row in pool.poll():
+                    prog.outcome(row)
+                    trial_logger.log_probe(row)
+                write_run_state(run_dir, RunStatus.INTERRUPTED, incomplete_runs(prepared, prog),
+                                note=f"stopped for making no progress: {prog.stall}"[:2000])
+                raise SweepStalled(
+                    f"{prog.stall}. The sweep was stopped ({len(prog.verdicts)} checkpoint result(s) kept in {run_dir}); "
+                    "give the trials resources the cluster has (resources.* in the sweep) or add nodes, then "
+                    f"`iclmem resume {run_dir}` (resources.stall_timeout_min sets this limit; 0 waits forever)")
+            if interrupts.interrupted:
+                # Tune has stopped the trials and saved its state. Results the probe pool has finished are
+                # on disk already (each is stored by its actor); collect those that came in without waiting
+                # for the jobs still running: the catch-up pass of `iclmem resume` resubmits them.
+                finish_timeout = WANDB_FINISH_TIMEOUT_S
+                for row in pool.poll():
+                    prog.outcome(row)
+                    trial_logger.log_probe(row)
+                unfinished = incomplete_runs(prepared, prog)
+                write_run_state(run_dir, RunStatus.INTERRUPTED, unfinished,
+                                note=f"stopped by Ctrl-C; {len(prog.verdicts)} checkpoint result(s) kept")
+                raise SweepInterrupted(str(run_dir))
+            causes = trial_failures(grid)
+            # Catch-up: every checkpoint on storage gets a result (already-probed ones return at once).
+            for result in grid:
+                config = _unwrap(result.config or {})
+                if not config:
+                    continue
+                for checkpoint, metrics in result.best_checkpoints or []:
+                    for job in jobs_for(config, int(metrics["epoch"]), checkpoint, probes_dir):
+                        pool.submit(job)
+            try:
+                drained = pool.drain(watchdog=Watchdog(stall_timeout_s))
+            except SweepStalled as stalled:
+                write_run_state(run_dir, RunStatus.INTERRUPTED, incomplete_runs(prepared, prog),
+                                note=f"stopped for making no progress: {stalled}"[:2000])
+                raise SweepStalled(f"{stalled}; every trial finished and the results stored are kept: `iclmem resume "
+                                   f"{run_dir}` probes the rest") from None
+            for row in drained:
                 prog.outcome(row)
                 trial_logger.log_probe(row)
-            write_run_state(run_dir, RunStatus.INTERRUPTED, incomplete_runs(prepared, prog),
-                            note=f"stopped for making no progress: {prog.stall}"[:2000])
-            raise SweepStalled(
-                f"{prog.stall}. The sweep was stopped ({len(prog.verdicts)} checkpoint result(s) kept in {run_dir}); "
-                "give the trials resources the cluster has (resources.* in the sweep) or add nodes, then "
-                f"`iclmem resume {run_dir}` (resources.stall_timeout_min sets this limit; 0 waits forever)")
-        if interrupts.interrupted:
-            # Tune has stopped the trials and saved its state. Results the probe pool has finished are
-            # on disk already (each is stored by its actor); collect those that came in without waiting
-            # for the jobs still running: the catch-up pass of `iclmem resume` resubmits them.
-            finish_timeout = WANDB_FINISH_TIMEOUT_S
-            for row in pool.poll():
-                prog.outcome(row)
-                trial_logger.log_probe(row)
-            unfinished = incomplete_runs(prepared, prog)
-            write_run_state(run_dir, RunStatus.INTERRUPTED, unfinished,
-                            note=f"stopped by Ctrl-C; {len(prog.verdicts)} checkpoint result(s) kept")
-            raise SweepInterrupted(str(run_dir))
-        causes = trial_failures(grid)
-        # Catch-up: every checkpoint on storage gets a result (already-probed ones return at once).
-        for result in grid:
-            config = _unwrap(result.config or {})
-            if not config:
-                continue
-            for checkpoint, metrics in result.best_checkpoints or []:
-                for job in jobs_for(config, int(metrics["epoch"]), checkpoint, probes_dir):
-                    pool.submit(job)
-        try:
-            drained = pool.drain(watchdog=Watchdog(stall_timeout_s))
-        except SweepStalled as stalled:
-            write_run_state(run_dir, RunStatus.INTERRUPTED, incomplete_runs(prepared, prog),
-                            note=f"stopped for making no progress: {stalled}"[:2000])
-            raise SweepStalled(f"{stalled}; every trial finished and the results stored are kept: `iclmem resume "
-                               f"{run_dir}` probes the rest") from None
-        for row in drained:
-            prog.outcome(row)
-            trial_logger.log_probe(row)
-        trial_logger.finish()  # every row is in: close the trial runs before the summary run starts
-        prog.show(force=True)
-        for note in pool.notes:
-            log(f"[iclmem] WARNING {note}")
-        if pool.failed:
-            failed = [f"{j.identity.get('run_id', '?')}/{j.stem}" for j, _ in pool.failed]
-            log(f"[iclmem] {len(pool.failed)} probe job(s) failed after retries: {failed}; first error: {pool.failed[0][1][:2000]}")
-        results = aggregate(run_dir, prepared, log=log)
+            trial_logger.finish()  # every row is in: close the trial runs before the summary run starts
+            prog.show(force=True)
+            for note in pool.notes:
+                log(f"[iclmem] WARNING {note}")
+            if pool.failed:
+                failed = [f"{j.identity.get('run_id', '?')}/{j.stem}" for j, _ in pool.failed]
+                log(f"[iclmem] {len(pool.failed)} probe job(s) failed after retries: {failed}; first error: {pool.failed[0][1][:2000]}")
+        audit_failures = finish_context_audits(audits, sweep, run_dir, log)
+        results = aggregate(run_dir, prepared, log=log) if prepared.trials else pd.DataFrame()
+        if not prepared.trials:
+            from orchestrator.report.context_audits import write_context_report
+
+            log(f"[iclmem] report: {write_context_report(run_dir, f'IclMem report — {run_dir.name}')}")
         from iclmem.errors import ProbeError
 
         where = f" (Ray's and Tune's messages are in {console.log_path})" if console.log_path else ""
@@ -872,12 +882,15 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
                 f"{len(failed_runs)} of {len(prepared.trials)} trial(s) failed (causes above){where}; the "
                 f"{len(results)} checkpoint result(s) stored are kept in {run_dir}. Fix what the cause names and "
                 "run again.", causes)
-        if pool.failed:
+        if audit_failures:
+            raise ProbeError(f"{len(audit_failures)} context audit(s) failed (above); every other result is saved in "
+                             f"{run_dir}. `iclmem resume {run_dir}` runs the missing ones again.")
+        if pool is not None and pool.failed:
             raise ProbeError(
                 f"{len(pool.failed)} checkpoint(s) could not be probed (first error above); every other result is "
                 f"saved in {run_dir}. `iclmem resume {run_dir}` probes the missing ones again."
             )
-        if results.empty:
+        if results.empty and prepared.trials:
             raise ProbeError(f"the sweep produced no checkpoint result (no trial reached a scheduled checkpoint); "
                              f"see the trial errors{where} and the Tune logs under {run_dir}")
         write_run_state(run_dir, RunStatus.COMPLETE)
@@ -993,6 +1006,7 @@ def prepare_in_place_or_staged(sweep: SweepConfig, run_dir: Path, log: Callable[
         shutil.rmtree(staging, ignore_errors=True)
         raise
     run_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging.mkdir(exist_ok=True)  # a sweep of regime context alone prepares nothing here
     staging.rename(run_dir)
     return prepared
 

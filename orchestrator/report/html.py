@@ -469,6 +469,11 @@ def write_html_report(
     frontier = frontier_section_html(results, run_dir / FIGURES_DIR)  # empty without true-label utility rows
     if frontier:
         parts.append(f'<section id="frontier">{frontier}</section>')
+    from orchestrator.report.context_audits import context_audits_section_html
+
+    context_audits = context_audits_section_html(run_dir)  # empty unless the sweep has regime context
+    if context_audits:
+        parts.append(f'<section id="context-audits">{context_audits}</section>')
     section("provenance", "Provenance", "Configuration hash, code version and package versions.",
             _provenance_html(prov, results) + ("" if prov else _note("provenance.json not found; values "
                                                                        "shown come from the results table.")))

@@ -1,0 +1,93 @@
+"""The report's section for a sweep's regime ``context``: one line per deployed-context audit (task, model, Q,
+seed) with its verdict, whether it is trusted, the strongest attack's AUC and TPR at 1% and 0.1% FPR on the
+deployed context, and the highest TPR at 1% FPR any attack reaches on the never-in-context control.
+
+Reads ``RUN_DIR/context_audits.parquet`` (``orchestrator.context_audit.collect_sweep_audits``: public columns,
+ids and metrics) and each audit's ``verdict.json``; no row value is read.
+
+* :func:`context_audits_table` -- that table (pure, from the two);
+* :func:`context_audits_section_html` -- the section (empty string without audits);
+* :func:`write_context_report` -- ``report.html`` of a sweep whose only regime is ``context``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from iclmem.atomic import write_text_atomic
+from iclmem.runfolder import CONTEXT_AUDITS_DIR, CONTEXT_AUDITS_FILE, REPORT_FILE, VERDICT_FILE
+from iclmem.vocab import ContextTarget
+from orchestrator.report.parts import html_table, paragraph, section_html
+
+__all__ = ["context_audits_section_html", "context_audits_table", "write_context_report"]
+
+
+def context_audits_table(rows: pd.DataFrame, verdicts: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """One row per audit (``run_id``) of ``rows`` (every audit's rows, as ``context_audits.parquet``) whose
+    verdict is in ``verdicts`` (run id -> ``verdict.json``)."""
+    out = []
+    for run_id, part in rows.groupby("run_id", sort=True):
+        verdict = verdicts.get(str(run_id))
+        if verdict is None:
+            continue
+        strongest = str(verdict.get("strongest_attack"))
+        deployed = part[part["target"] == ContextTarget.DEPLOYED.value]
+        best = deployed[deployed["attack"] == strongest]
+        control = part[part["target"] == ContextTarget.CONTROL.value]
+        first = part.iloc[0]
+        out.append({"run_id": run_id, "task": first["task"], "model": first["model"], "q": int(first["q"]),
+                    "seed": int(first["seed"]), "verdict": verdict.get("outcome"),
+                    "trusted": bool(verdict.get("trusted")), "strongest_attack": strongest,
+                    "auc": float(best["auc"].iloc[0]) if not best.empty else float("nan"),
+                    "tpr_at_1pct": float(best["tpr_at_1pct"].iloc[0]) if not best.empty else float("nan"),
+                    "tpr_at_0_1pct": float(best["tpr_at_0_1pct"].iloc[0]) if not best.empty else float("nan"),
+                    "control_max_tpr_at_1pct": float(control["tpr_at_1pct"].max()) if not control.empty
+                    else float("nan"),
+                    "heldout_accuracy": float(first["heldout_accuracy"])})
+    return pd.DataFrame(out)
+
+
+def _read(run_dir: Path) -> pd.DataFrame:
+    path = run_dir / CONTEXT_AUDITS_FILE
+    if not path.is_file():
+        return pd.DataFrame()
+    rows = pd.read_parquet(path)
+    verdicts = {}
+    for run_id in rows["run_id"].astype(str).unique():
+        verdict = run_dir / CONTEXT_AUDITS_DIR / run_id / VERDICT_FILE
+        if verdict.is_file():
+            verdicts[run_id] = json.loads(verdict.read_text())
+    return context_audits_table(rows, verdicts)
+
+
+def context_audits_section_html(run_dir: str | Path) -> str:
+    """The section for the run folder's context audits; empty without any."""
+    run_dir = Path(run_dir)
+    table = _read(run_dir)
+    if table.empty:
+        return ""
+    shown = table.copy()
+    for col in ("auc", "tpr_at_1pct", "tpr_at_0_1pct", "control_max_tpr_at_1pct", "heldout_accuracy"):
+        shown[col] = shown[col].map(lambda v: f"{v:.3f}")
+    shown["trusted"] = shown["trusted"].map(lambda v: "yes" if v else "NOT trusted")
+    untrusted = int((~table["trusted"]).sum())
+    note = (f"Regime context ({len(table)} audit(s)): each model deployed with Q rows of the task as its context, "
+            "audited for which rows they were by five attacks with reference contexts (the same audit as `iclmem "
+            "audit-context`; each one's folder is under context_audits/). A verdict is trusted only when the "
+            "never-in-context control gets no_signal under every attack and the blind baseline holds; the last "
+            "TPR column is the control's highest."
+            + (f" {untrusted} verdict(s) are NOT trusted: read their folders' reasons." if untrusted else ""))
+    return section_html("Deployed-context audits", [paragraph(note), html_table(shown)], run_dir, None, "")
+
+
+def write_context_report(run_dir: str | Path, title: str) -> Path:
+    """``report.html`` for a sweep with no fine-tuned checkpoint (regime context only): the audits' section."""
+    from orchestrator.report.html import _page
+
+    run_dir = Path(run_dir)
+    body = context_audits_section_html(run_dir)
+    return write_text_atomic(run_dir / REPORT_FILE, _page(title, [f'<section id="context-audits">{body}</section>']))

@@ -1,0 +1,106 @@
+"""A sweep's regime ``context``: the deployed-context audit for every task, model, Q and seed of the grid, run
+as Ray tasks beside the fine-tuning trials, resumable, in the report; no fine-tuning."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from iclmem.errors import ConfigError, DataError
+from orchestrator.config import context_audit_specs, expand_grid, parse_sweep
+
+
+def _sweep(**over) -> dict:
+    sweep = {"name": "ctx", "tasks": [{"name": "digits"}],
+             "grid": {"regime": ["context"], "q": [64]},
+             "probe": {"context_references": 16, "bootstrap": 50, "null_splits": 1},
+             "resources": {"cpus_per_probe_actor": 0.5, "cpus_per_trial": 0.5},
+             "wandb": {"mode": "disabled"}}
+    return {**sweep, **over}
+
+
+def test_regime_context_is_one_audit_per_task_model_q_and_seed_and_no_trial():
+    sweep = parse_sweep(_sweep(tasks=[{"name": "digits"}, {"name": "iris"}],
+                               grid={"regime": ["context", "single_fixed"], "q": [16, 32], "seed": [0, 1],
+                                     "lr": [1e-3, 1e-2]}))
+    specs = context_audit_specs(sweep)
+    assert len(specs) == 2 * 2 * 2  # tasks x Q x seeds: lr is no axis of an audit
+    assert len({s.run_id for s in specs}) == len(specs)
+    assert {s.q for s in specs} == {16, 32}
+    assert all("-context-" in s.run_id for s in specs)
+    assert {t.regime for t in expand_grid(sweep)} == {"single_fixed"}  # no Tune trial for the audits
+    assert context_audit_specs(parse_sweep(_sweep(grid={"regime": ["single_fixed"]}))) == []
+    # the number of reference contexts is part of an audit's identity
+    other = parse_sweep(_sweep(probe={"context_references": 32}))
+    assert context_audit_specs(other)[0].run_id != context_audit_specs(parse_sweep(_sweep()))[0].run_id
+
+
+def test_settings_of_the_context_regime_are_checked_at_validation():
+    with pytest.raises(ConfigError, match="context_references 15: an even number"):
+        parse_sweep(_sweep(probe={"context_references": 15}))
+    with pytest.raises(ConfigError, match="context_references"):
+        parse_sweep(_sweep(probe={"context_references": 512}))
+    # reference fine-tunes and canaries belong to the fine-tuning regimes: beside context they are allowed
+    parse_sweep(_sweep(grid={"regime": ["single_fixed", "context"]}, probe={"references": 2}))
+
+
+def test_a_table_too_small_for_its_q_is_refused_before_any_folder_or_cluster_work(tmp_path):
+    from orchestrator.sweep import run_sweep
+
+    sweep = parse_sweep(_sweep(tasks=[{"name": "iris"}], grid={"regime": ["context"], "q": [100]}))
+    with pytest.raises(DataError, match=r"regime context, task 'iris', grid.q 100: grid.q 100 needs 2 x 100 rows"):
+        run_sweep(None, tmp_path / "run", sweep=sweep, progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_sweep_with_regime_context_audits_the_deployed_context_beside_its_trials_and_resumes(ray_session, tmp_path):
+    from orchestrator.sweep import run_sweep
+
+    sweep = parse_sweep(_sweep(grid={"regime": ["single_fixed", "context"], "q": [64], "lr": [1e-3]},
+                               data={"context_size": 64}, training={"epochs": 1, "checkpoint_epochs": [1]},
+                               probe={"suite": ["base", "distractors_1"], "bootstrap": 50, "context_references": 16,
+                                      "null_splits": 1}))
+    run = tmp_path / "run"
+    results = run_sweep(None, run, sweep=sweep, progress=False)
+    assert sorted(results["epoch"]) == [0, 1]  # the fine-tuning regime's checkpoints, as ever
+    (spec,) = context_audit_specs(sweep)
+    folder = run / "context_audits" / spec.run_id
+    verdict = json.loads((folder / "verdict.json").read_text())
+    # planted by construction: the 64 rows in the deployed context are found against 64 label-matched others...
+    assert verdict["outcome"] == "memorization"
+    assert verdict["trusted"]
+    table = pd.read_parquet(run / "context_audits.parquet")
+    assert set(table["run_id"]) == {spec.run_id}
+    deployed = table[table["target"] == "deployed"]
+    assert deployed["p_value"].min() < 1e-6
+    # ... and the control, 64 rows never in any context, is no_signal under every attack
+    control = table[table["target"] == "never_in_context"]
+    assert len(control) == 5
+    assert (control["outcome"] == "no_signal").all()
+    report = (run / "report.html").read_text()
+    assert 'id="context-audits"' in report
+    assert spec.run_id in report
+    # resumed: the finished audit is kept, not run again
+    stamp = (folder / "verdict.json").stat().st_mtime_ns
+    lines: list[str] = []
+    run_sweep(None, run, sweep=sweep, progress=False, log=lines.append)
+    assert (folder / "verdict.json").stat().st_mtime_ns == stamp
+    assert any("1 of 1 done before, kept" in line for line in lines), lines
+
+
+@pytest.mark.slow
+def test_a_sweep_of_regime_context_alone_writes_its_audits_and_a_report(ray_session, tmp_path):
+    from orchestrator.sweep import run_sweep
+
+    sweep = parse_sweep(_sweep(wandb={"mode": "offline", "project": "ctx-test"}))
+    results = run_sweep(None, tmp_path / "run", sweep=sweep, progress=False)
+    assert results.empty  # no fine-tuned checkpoint
+    (spec,) = context_audit_specs(sweep)
+    assert (tmp_path / "run" / "context_audits" / spec.run_id / "context_roc.png").is_file()
+    assert 'id="context-audits"' in (tmp_path / "run" / "report.html").read_text()
+    # one offline W&B run per audit, holding no row of the table
+    runs = list((tmp_path / "run" / "context_audits" / spec.run_id / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
