@@ -66,16 +66,20 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     import tempfile
 
-    from orchestrator.config import expand_grid, load_sweep
+    from orchestrator.config import context_audit_specs, expand_grid, load_sweep
+    from orchestrator.context_audit import check_context_audits
     from orchestrator.prepare import prepare_sweep
 
     sweep = load_sweep(args.config)
     trials = expand_grid(sweep)
+    audits = context_audit_specs(sweep)
     if not args.schema_only:  # Stage I as a dry run: every table loads, splits and fits the models
+        check_context_audits(sweep, print)
         with tempfile.TemporaryDirectory() as scratch:
             prepared = prepare_sweep(sweep, Path(scratch), log=lambda _m: None, source=args.config)
         print(f"{args.config}: {len(prepared.tasks)} prepared task(s) pass the split checks")
-    print(f"{args.config}: valid; {len(trials)} fine-tuning runs, config hash {sweep.config_hash()}")
+    extra = f" and {len(audits)} deployed-context audits (regime context)" if audits else ""
+    print(f"{args.config}: valid; {len(trials)} fine-tuning runs{extra}, config hash {sweep.config_hash()}")
     return 0
 
 

@@ -409,13 +409,14 @@ def collect_sweep_audits(run_dir: Path, specs: Sequence[Any]) -> pd.DataFrame:
     return out
 
 
-def check_context_audits(sweep: Any) -> None:
+def check_context_audits(sweep: Any, note: Callable[[str], None] = lambda _line: None) -> None:
     """Stage I of every regime-``context`` audit, on the driver before Ray starts: a table too small for its
-    Q (or any other problem Stage I finds) is named now, not in a Ray task."""
+    Q (or any other problem Stage I finds) is named now, not in a Ray task; what Stage I says (a table too
+    small for the never-in-context control, so the verdict cannot be trusted) goes to ``note``."""
     from orchestrator.config import context_audit_specs
 
     for spec in context_audit_specs(sweep):
-        prepare_sweep_audit(spec, sweep, lambda _line: None)
+        prepare_sweep_audit(spec, sweep, lambda line: note(line.replace("--context-size", "grid.q")))
 
 
 def submit_context_audits(sweep: Any, run_dir: Path, log: Callable[[str], None]) -> list[tuple[Any, Any]]:

@@ -714,7 +714,7 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
     source = str(config_path) if config_path else str(run_dir / SWEEP_FILE) if resume else f"sweep {sweep.name!r}"
     # Python warnings of Stage I are held until the run folder (and its console log) exists.
     with warnings.catch_warnings(record=True) as early_warnings:
-        check_context_audits(sweep)  # regime context: its Stage I (in memory) before any folder or cluster work
+        check_context_audits(sweep, log)  # regime context: its Stage I (in memory) before any folder or cluster work
         prepared = prepare_in_place_or_staged(sweep, run_dir, log=log if progress else (lambda _m: None),
                                               source=source)
     record_sweep(run_dir, sweep)

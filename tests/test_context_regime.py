@@ -104,3 +104,16 @@ def test_a_sweep_of_regime_context_alone_writes_its_audits_and_a_report(ray_sess
     # one offline W&B run per audit, holding no row of the table
     runs = list((tmp_path / "run" / "context_audits" / spec.run_id / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
+
+
+def test_validate_counts_the_audits_and_says_when_a_table_leaves_no_room_for_the_control(tmp_path, capsys):
+    import yaml
+
+    from orchestrator.cli import main
+
+    config = tmp_path / "ctx.yaml"
+    config.write_text(yaml.safe_dump(_sweep(tasks=[{"name": "iris"}], grid={"regime": ["context"], "q": [40]})))
+    assert main(["validate", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "0 fine-tuning runs and 1 deployed-context audits (regime context)" in out
+    assert "no never-in-context control, so the verdict is not trusted; use a larger table or a smaller grid.q" in out
