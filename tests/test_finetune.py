@@ -129,4 +129,7 @@ def test_shuffled_member_labels_are_memorized_while_the_base_model_stays_near_ch
 
 
 def test_regime_values_are_the_spec_vocabulary():
-    assert [r.value for r in Regime] == ["single_fixed", "multi_fixed", "multi_random"]
+    # the spec's three fine-tuning regimes, and iclmem's deployed-context audit, which fine-tunes nothing
+    assert [r.value for r in Regime] == ["single_fixed", "multi_fixed", "multi_random", "context"]
+    with pytest.raises(ConfigError, match="regime context fine-tunes nothing"):
+        FinetuneSpec(regime=Regime.CONTEXT)
