@@ -37,6 +37,25 @@ def test_regime_context_is_one_audit_per_task_model_q_and_seed_and_no_trial():
     assert context_audit_specs(other)[0].run_id != context_audit_specs(parse_sweep(_sweep()))[0].run_id
 
 
+def test_the_report_line_of_an_audit_takes_the_strongest_attack_on_the_deployed_context_and_the_control_max():
+    from orchestrator.report.context_audits import context_audits_table
+
+    rows = pd.DataFrame([
+        {"run_id": "a", "task": "t", "model": "m", "q": 8, "seed": 0, "heldout_accuracy": 0.7, "target": target,
+         "attack": attack, "auc": auc, "tpr_at_1pct": tpr, "tpr_at_0_1pct": tpr / 2}
+        for target, attack, auc, tpr in (("deployed", "loss", 0.6, 0.05), ("deployed", "rmia", 0.8, 0.30),
+                                          ("never_in_context", "loss", 0.5, 0.02),
+                                          ("never_in_context", "rmia", 0.52, 0.04))])
+    verdicts = {"a": {"outcome": "memorization", "trusted": True, "strongest_attack": "rmia"}}
+    (line,) = context_audits_table(rows, verdicts).to_dict("records")
+    assert line["strongest_attack"] == "rmia"
+    assert line["auc"] == 0.8
+    assert line["tpr_at_1pct"] == 0.30
+    assert line["control_max_tpr_at_1pct"] == 0.04  # the control's highest, not the deployed context's
+    assert line["verdict"] == "memorization"
+    assert context_audits_table(rows, {}).empty  # an audit without its verdict (unfinished) has no line
+
+
 def test_settings_of_the_context_regime_are_checked_at_validation():
     with pytest.raises(ConfigError, match="context_references 15: an even number"):
         parse_sweep(_sweep(probe={"context_references": 15}))

@@ -139,6 +139,8 @@ def test_a_run_resumed_from_its_checkpoint_continues_to_the_same_weights(model, 
     assert resumed.epoch == 2
     results = _run(resumed, tmp_path / "resumed")
     assert [r.epoch for r, _ in results] == [3, 4]  # epochs 1-2 are not reported again
+    # TabPFN's package continued from its saved state (2 epochs trained); TabICL's ran all 4 again
+    assert resumed.epochs_run == (2 if model == "tabpfn-v2" else 4)
     for key, value in saved[4].items():
         assert torch.equal(resumed.model.module.state_dict()[key], value), key
     # and a plain iclmem checkpoint is no state the package can continue from

@@ -346,6 +346,7 @@ class UpstreamFinetuner:
         self.epoch = 0
         self._resume_state: Path | None = None
         self._resume_digest: str | None = None
+        self.epochs_run = 0  # epochs the package trained in this process (a resumed TabPFN run: only those after)
         self._base_state = {k: v.detach().clone() for k, v in self.model.module.state_dict().items()}
         self._eval = {"member": [fixed_batch(self.task).to(self.device)],
                       "nonmember": [fixed_batch(self.task, self.task.nonmember_idx).to(self.device)]}
@@ -387,6 +388,7 @@ class UpstreamFinetuner:
         schedule = set(self.spec.schedule())
 
         def on_file(epoch: int, path: Path, logged: dict[str, float], final: bool) -> None:
+            self.epochs_run += 1
             state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
             if epoch <= resumed_at:  # recomputing up to the checkpoint a run restarts from (no package resume)
                 self.model.module.load_state_dict(state)
