@@ -250,6 +250,7 @@ class _CheckpointHook:
                  on_file: Callable[[int, Path, dict[str, float], bool], None]) -> None:
         self.folder, self.recipe, self.last_epoch, self.on_file = folder, recipe, last_epoch, on_file
         self.logged: dict[int, dict[str, float]] = {}
+        self.seen: set[int] = set()  # every epoch whose file the package wrote (or was given to resume from)
 
     def setup(self, config: dict[str, Any]) -> None:
         return None
@@ -267,6 +268,7 @@ class _CheckpointHook:
         self.poll(final=True)
 
     def poll(self, final: bool = False) -> None:
+        self.seen.update(e for e, _ in self.recipe.epoch_files(self.folder))
         files = [(e, p) for e, p in self.recipe.epoch_files(self.folder) if e > self.last_epoch]
         for i, (epoch, path) in enumerate(files):
             self.last_epoch = epoch
@@ -388,7 +390,6 @@ class UpstreamFinetuner:
         schedule = set(self.spec.schedule())
 
         def on_file(epoch: int, path: Path, logged: dict[str, float], final: bool) -> None:
-            self.epochs_run += 1
             state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
             if epoch <= resumed_at:  # recomputing up to the checkpoint a run restarts from (no package resume)
                 self.model.module.load_state_dict(state)
@@ -433,8 +434,12 @@ class UpstreamFinetuner:
                 base = self._base_file(work)
             hook = _CheckpointHook(folder, self.recipe, start, on_file)
             finetuner = self.recipe.build(self.finetuner_settings(), base, hook)
-            with contextlib.suppress(_Stop), _quiet_progress(self.recipe.progress_module):
-                finetuner.fit(x, y, X_val=x_val, y_val=y_val, output_dir=folder)
+            given = {e for e, _ in self.recipe.epoch_files(folder)}  # the state a resumed package starts from
+            try:
+                with contextlib.suppress(_Stop), _quiet_progress(self.recipe.progress_module):
+                    finetuner.fit(x, y, X_val=x_val, y_val=y_val, output_dir=folder)
+            finally:
+                self.epochs_run += len(hook.seen - given)
         return outcome[-1] if outcome else UpstreamEnd(self.epoch, False, None)
 
     # ---------------------------------------------------------------------------------------- checkpoints
