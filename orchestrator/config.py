@@ -663,11 +663,6 @@ class ContextAuditSpec:
     q: int
     seed: int
 
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["model_options"] = dict(self.model_options)
-        return out
-
 
 def context_audit_specs(sweep: SweepConfig) -> list[ContextAuditSpec]:
     """Regime ``context``: one audit per task × model × Q (the deployed context's rows) × seed; the grid's
