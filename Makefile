@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP_INSTALL = $(PYTHON) -m pip install --disable-pip-version-check -q
 
-.PHONY: install quickstart test test-fast lint
+.PHONY: install quickstart test test-fast lint image
 
 # Installs when needed: the first time, when pyproject.toml changed since, or when the installed package is
 # another checkout's (an editable install points at one folder); `rm .installed` forces it.
@@ -32,3 +32,12 @@ test-fast: install
 lint:
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
+
+# The container image (Dockerfile; KubeRay's and Slurm's image): CPU torch wheels by default, TORCH_VARIANT=cu126
+# for CUDA nodes. Checked offline first (pins, base image, secrets, user); the build needs Docker.
+IMAGE ?= iclmem:0.1.0
+TORCH_VARIANT ?= cpu
+image:
+	$(PYTHON) -m orchestrator.cli cluster-check Dockerfile
+	@command -v docker >/dev/null 2>&1 || { echo "make image: Docker is not installed here; the Dockerfile passed its checks above"; exit 2; }
+	docker build --build-arg TORCH_VARIANT=$(TORCH_VARIANT) -t $(IMAGE) .

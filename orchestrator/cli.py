@@ -211,6 +211,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def cmd_cluster_check(args: argparse.Namespace) -> int:
     from orchestrator.cluster import check_cluster_file
 
+    if Path(args.cluster_yaml).name.startswith(("Dockerfile", "Containerfile")):
+        return _report_check(args, _check_image(args))
     result = check_cluster_file(args.cluster_yaml, args.sweep)  # a sweep that does not load: ConfigError, exit 2
     for note in result.notes:
         print(f"note: {note}")
@@ -223,6 +225,27 @@ def cmd_cluster_check(args: argparse.Namespace) -> int:
     if args.sweep:
         checked += f"; storage, secrets and resources of {', '.join(args.sweep)}"
     print(f"{args.cluster_yaml}: valid ({checked})")
+    return 0
+
+
+def _check_image(args: argparse.Namespace) -> Any:
+    from orchestrator.image import check_dockerfile
+
+    if args.sweep:
+        raise ConfigError("--sweep checks a sweep against a cluster's node types; an image has none (give it with "
+                          "cluster.yaml or a k8s manifest)")
+    return check_dockerfile(args.cluster_yaml)
+
+
+def _report_check(args: argparse.Namespace, result: Any) -> int:
+    for note in result.notes:
+        print(f"note: {note}")
+    if result.problems:
+        print(f"{args.cluster_yaml}: {len(result.problems)} problem(s):", file=sys.stderr)
+        for p in result.problems:
+            print(f"  - {p}", file=sys.stderr)
+        return 2
+    print(f"{args.cluster_yaml}: valid (base image pinned, pins equal to pyproject.toml's, no secret, non-root user)")
     return 0
 
 

@@ -1,0 +1,65 @@
+"""The container image definition, checked statically (`iclmem cluster-check Dockerfile`): the shipped
+Dockerfile passes, and a copy broken in each way a cluster image goes wrong is refused naming the line."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.image import check_dockerfile, pyproject_pins
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_shipped_dockerfile_passes_and_pins_what_pyproject_pins():
+    result = check_dockerfile(REPO / "Dockerfile")
+    assert result.problems == []
+    text = (REPO / "Dockerfile").read_text()
+    pins = pyproject_pins(REPO / "pyproject.toml", {"tabicl", "tabpfn"})
+    assert {"torch", "ray", "opacus", "tabicl", "tabpfn"} <= set(pins)
+    for name, version in pins.items():
+        assert re.search(rf"{name}(\[[^\]]*\])?=={re.escape(version)}", text), name
+
+
+def _broken(tmp_path: Path, old: str, new: str) -> Path:
+    folder = tmp_path / "ctx"
+    folder.mkdir()
+    shutil.copy(REPO / "pyproject.toml", folder / "pyproject.toml")
+    text = (REPO / "Dockerfile").read_text()
+    assert old in text, old
+    (folder / "Dockerfile").write_text(text.replace(old, new, 1))
+    return folder / "Dockerfile"
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ("ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm", "ARG PYTHON_IMAGE=python:latest", r":\d+: base image 'python:latest' is 'latest'"),
+    ("ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm", "ARG PYTHON_IMAGE=python:3.11", r"tag '3.11' moves with every release"),
+    ("ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm", "ARG PYTHON_IMAGE=python", r"has no tag \(Docker takes 'latest'\)"),
+    ("torch==2.13.0", "torch", r"pyproject.toml pins torch==2.13.0; the file installs it unpinned"),
+    ("torch==2.13.0", "torch==2.12.0", r":\d+: pins torch==2.12.0, pyproject.toml pins 2.13.0"),
+    ("ray[tune,default]==2.60.0", "ray[tune,default]==2.59.0", r"pins ray==2.59.0, pyproject.toml pins 2.60.0"),
+    ("USER iclmem", "USER root", r"runs as root \(USER root\)"),
+    ("    WANDB_MODE=offline", "    WANDB_MODE=offline WANDB_API_KEY=0123456789abcdef", r":\d+: ENV WANDB_API_KEY bakes a credential"),
+    ("COPY configs ./configs", "COPY configs ./configs\nCOPY .netrc /home/iclmem/.netrc", r":\d+: COPY copies a credential file"),
+])
+def test_a_broken_image_is_refused_naming_the_line_and_the_fault(tmp_path, old, new, message):
+    result = check_dockerfile(_broken(tmp_path, old, new))
+    assert any(re.search(message, p) for p in result.problems), result.problems
+
+
+def test_cluster_check_on_a_dockerfile_exits_2_with_the_problems_and_0_when_valid(tmp_path, capsys):
+    assert main(["cluster-check", str(REPO / "Dockerfile")]) == 0
+    assert "valid (base image pinned" in capsys.readouterr().out
+    broken = _broken(tmp_path, "USER iclmem", "USER 0")
+    assert main(["cluster-check", str(broken)]) == 2
+    assert "runs as root (USER 0)" in capsys.readouterr().err
+
+
+def test_the_build_context_leaves_out_run_folders_wandb_files_and_credentials():
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {"runs", "wandb", ".netrc", ".git"} <= ignored
