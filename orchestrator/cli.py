@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import textwrap
 import time
@@ -212,7 +213,14 @@ def cmd_cluster_check(args: argparse.Namespace) -> int:
     from orchestrator.cluster import check_cluster_file
 
     if Path(args.cluster_yaml).name.startswith(("Dockerfile", "Containerfile")):
-        return _report_check(args, _check_image(args))
+        return _report_check(args, _check_image(args), "base image pinned, pins equal to pyproject.toml's, no "
+                             "secret, non-root user")
+    if _is_kuberay(Path(args.cluster_yaml)):
+        from orchestrator.kuberay import check_manifest
+
+        checked = "KubeRay schema, entrypoint, images, secrets, shared storage"
+        return _report_check(args, check_manifest(args.cluster_yaml, args.sweep),
+                             checked + (f"; resources of {', '.join(args.sweep)}" if args.sweep else ""))
     result = check_cluster_file(args.cluster_yaml, args.sweep)  # a sweep that does not load: ConfigError, exit 2
     for note in result.notes:
         print(f"note: {note}")
@@ -237,7 +245,15 @@ def _check_image(args: argparse.Namespace) -> Any:
     return check_dockerfile(args.cluster_yaml)
 
 
-def _report_check(args: argparse.Namespace, result: Any) -> int:
+def _is_kuberay(path: Path) -> bool:
+    """A KubeRay manifest (``apiVersion: ray.io/...``) rather than a ``ray up`` cluster file."""
+    try:
+        return bool(re.search(r"^apiVersion:\s*ray\.io/", path.read_text(), flags=re.M))
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _report_check(args: argparse.Namespace, result: Any, checked: str) -> int:
     for note in result.notes:
         print(f"note: {note}")
     if result.problems:
@@ -245,7 +261,7 @@ def _report_check(args: argparse.Namespace, result: Any) -> int:
         for p in result.problems:
             print(f"  - {p}", file=sys.stderr)
         return 2
-    print(f"{args.cluster_yaml}: valid (base image pinned, pins equal to pyproject.toml's, no secret, non-root user)")
+    print(f"{args.cluster_yaml}: valid ({checked})")
     return 0
 
 
