@@ -215,6 +215,12 @@ def cmd_cluster_check(args: argparse.Namespace) -> int:
     if Path(args.cluster_yaml).name.startswith(("Dockerfile", "Containerfile")):
         return _report_check(args, _check_image(args), "base image pinned, pins equal to pyproject.toml's, no "
                              "secret, non-root user")
+    if Path(args.cluster_yaml).suffix in (".sbatch", ".slurm"):
+        from orchestrator.slurm import check_sbatch
+
+        checked = "directives, Ray launch, iclmem on the head, clean stop, secrets, shared storage"
+        return _report_check(args, check_sbatch(args.cluster_yaml, args.sweep),
+                             checked + (f"; resources of {', '.join(args.sweep)}" if args.sweep else ""))
     if _is_kuberay(Path(args.cluster_yaml)):
         from orchestrator.kuberay import check_manifest
 

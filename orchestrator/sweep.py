@@ -551,21 +551,26 @@ def _tune_listens_to_sigusr1() -> bool:
 
 @contextmanager
 def catch_interrupts() -> Iterator[Interrupts]:
-    """Install :class:`Interrupts` for the duration of a sweep (main thread only: Python delivers
-    signals there; elsewhere the process's own handling stays)."""
+    """Install :class:`Interrupts` for SIGINT and SIGTERM for the duration of a sweep (main thread only:
+    Python delivers signals there; elsewhere the process's own handling stays)."""
     state = Interrupts()
     if threading.current_thread() is not threading.main_thread():
         yield state
         return
     previous = signal.getsignal(signal.SIGINT)
+    previous_term = signal.getsignal(signal.SIGTERM)
     previous_usr1 = signal.getsignal(signal.SIGUSR1)
     previous_env = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     signal.signal(signal.SIGINT, state.handler)
+    # SIGTERM is how a scheduler stops a job (Slurm's scancel and time limit, Kubernetes deleting a pod): the
+    # same clean stop as Ctrl-C, so the run is recorded interrupted and `iclmem resume` continues it
+    signal.signal(signal.SIGTERM, state.handler)
     try:
         yield state
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
         signal.signal(signal.SIGUSR1, previous_usr1)  # Tune leaves its handler installed after fit
         if previous_env is None:
             os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)

@@ -137,14 +137,35 @@ def test_a_second_ctrl_c_exits_at_once_even_while_the_clean_up_hangs(set_command
     assert f"interrupted again, exiting at once; `{command} /runs/somewhere` continues it" in err
 
 
+def test_sigterm_from_a_scheduler_starts_the_same_clean_stop_as_ctrl_c():
+    """scancel, a Slurm time limit and Kubernetes deleting a pod send SIGTERM: the driver cleans up as after a
+    first Ctrl-C (the run recorded as interrupted) instead of dying on the spot."""
+    script = _HANGING_CLEANUP.replace("{set_command}", "pass")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "running"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.stdout.readline().strip() == "cleaning up"
+        proc.send_signal(signal.SIGTERM)  # a second one exits at once, as a second Ctrl-C does
+        proc.wait(timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+
+
 def test_the_handler_is_removed_after_the_sweep():
     from orchestrator.sweep import catch_interrupts
 
-    before = signal.getsignal(signal.SIGINT)
+    before, before_term = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with catch_interrupts() as interrupts:
         assert signal.getsignal(signal.SIGINT) == interrupts.handler
+        assert signal.getsignal(signal.SIGTERM) == interrupts.handler
         assert os.environ["TUNE_DISABLE_SIGINT_HANDLER"] == "1"  # Tune's own handler would hide the Ctrl-C
     assert signal.getsignal(signal.SIGINT) is before
+    assert signal.getsignal(signal.SIGTERM) is before_term
 
 
 SMALL = {"name": "small", "tasks": [{"name": "iris"}], "grid": {"q": [20], "lr": [1e-3, 3e-3]},
