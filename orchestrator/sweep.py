@@ -305,6 +305,8 @@ class ProbeOnCheckpoint:
         if self.pool is None:
             return
         epoch = int((trial.last_result or {}).get("epoch", -1))
+        if self.trial_logger is not None:  # W&B lineage: the checkpoint by reference, with its inputs
+            self.trial_logger.log_checkpoint(_unwrap(trial.config), epoch, checkpoint_uri(checkpoint))
         for job in jobs_for(_unwrap(trial.config), epoch, checkpoint, self.probes_dir):
             if (job.out_dir, job.stem) not in self.submitted:
                 self.submitted.add((job.out_dir, job.stem))
@@ -368,6 +370,16 @@ def _trial_results_callback(trial_logger: Any):
         pass
 
     return _LogTrialResults(trial_logger)
+
+
+def checkpoint_uri(checkpoint: Any) -> str:
+    """Where a Tune checkpoint is, as a URI: its local path, or ``s3://``/``gs://``... on a bucket (Tune keeps
+    the path without the scheme and the pyarrow file system beside it)."""
+    kind = str(getattr(getattr(checkpoint, "filesystem", None), "type_name", "local"))
+    path = str(checkpoint.path)
+    if kind in ("local", "") or "://" in path:
+        return path
+    return f"{'gs' if kind == 'gcs' else kind}://{path}"
 
 
 def jobs_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Path) -> list:

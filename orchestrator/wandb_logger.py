@@ -38,9 +38,10 @@ import pandas as pd
 
 from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError
-from iclmem.runfolder import WANDB_DIR
+from iclmem.runfolder import PREPARED_DIR, WANDB_DIR
 from orchestrator.report import tables as R
 from orchestrator.report.wandb_summary import (
+    CHECKPOINT_ARTIFACT_TYPE,
     CONTEXT_AUDIT_FIGURE_KEY,
     CONTEXT_AUDIT_TABLE_KEY,
     EPOCH_KEY,
@@ -51,7 +52,12 @@ from orchestrator.report.wandb_summary import (
     PEAK_TABLE_KEY,
     RESULTS_TABLE_KEY,
     SHARE_PREFIX,
+    TASK_ARTIFACT_TYPE,
     TRIAL_JOB_TYPE,
+    alert_for,
+    artifact_name,
+    checkpoint_metadata,
+    checkpoint_reference,
     context_audit_config,
     context_audit_public,
     context_audit_scalars,
@@ -300,6 +306,8 @@ class TrialLogger(Protocol):
 
     def log_probe(self, row: Mapping[str, Any]) -> None: ...
 
+    def log_checkpoint(self, config: Mapping[str, Any], epoch: int, checkpoint_uri: str) -> None: ...
+
     def finish(self, timeout: float | None = None) -> bool: ...
 
 
@@ -310,6 +318,9 @@ class NullTrialLogger:
         return None
 
     def log_probe(self, row: Mapping[str, Any]) -> None:
+        return None
+
+    def log_checkpoint(self, config: Mapping[str, Any], epoch: int, checkpoint_uri: str) -> None:
         return None
 
     def finish(self, timeout: float | None = None) -> bool:
@@ -449,6 +460,87 @@ class WandbTrialLogger:
         # Rows may arrive in any epoch order; the summary is recomputed from every row this driver saw
         # (a resumed driver sees them all again: its catch-up pass resubmits every checkpoint).
         run.summary.update(run_headline(self._rows[run_id].values()))
+        alert = alert_for(public)
+        if alert is not None and alert[0] not in entry.setdefault("alerted", []):
+            import wandb
+
+            run.alert(title=alert[0], text=alert[1], level=wandb.AlertLevel.WARN)  # once per run and kind
+            entry["alerted"] = [*entry["alerted"], alert[0]]
+            self.ledger.save()
+
+    def log_checkpoint(self, config: Mapping[str, Any], epoch: int, checkpoint_uri: str) -> None:
+        """W&B lineage of a checkpoint: an artifact ``checkpoint-<run id>`` (alias ``epoch-<n>``) holding a
+        reference to the checkpoint's storage URI, with its weights' and files' sha256 in the metadata (read
+        from the checkpoint's manifest when the driver can reach it); no weights are uploaded. The trial's
+        inputs, its prepared task and base weights, are artifacts the run uses (online; W&B records uses
+        only online, so offline runs name them in their summary, ``inputs/*``)."""
+        if self.mode == "disabled":
+            return
+        identity = config["identity"]
+        run = self._run_for(identity)
+        if run is None:
+            return
+        import wandb
+
+        run_id = str(identity["run_id"])
+        entry = self.ledger.entry(run_id)
+        if int(epoch) in entry.setdefault("checkpoints", []):
+            return  # logged before a driver restart
+        manifest = None
+        local = None if "://" in checkpoint_uri and not checkpoint_uri.startswith("file://") else \
+            Path(checkpoint_uri.removeprefix("file://"))
+        if local is not None and (local / "checkpoint.json").is_file():
+            try:
+                manifest = json.loads((local / "checkpoint.json").read_text())
+            except (OSError, ValueError):
+                manifest = None
+        artifact = wandb.Artifact(artifact_name("checkpoint", run_id), type=CHECKPOINT_ARTIFACT_TYPE,
+                                  metadata=checkpoint_metadata(run_id, int(epoch), manifest))
+        artifact.add_reference(checkpoint_reference(checkpoint_uri), checksum=False)
+        if not entry.get("inputs"):
+            entry["inputs"] = self._use_inputs(run, config)
+        run.log_artifact(artifact, aliases=[f"epoch-{int(epoch)}"])
+        entry["checkpoints"] = sorted([*entry["checkpoints"], int(epoch)])
+        self.ledger.save()
+
+    def _use_inputs(self, run: Any, config: Mapping[str, Any]) -> list[str]:
+        """The trial's prepared task(s) and base weights as input artifacts: used by the run online, named in
+        its summary offline. References to the files (with their checksums), never their contents."""
+        import wandb
+
+        finetune = config.get("finetune", {})
+        inputs = []
+        prepared = self.run_dir / PREPARED_DIR
+        for key in config.get("task_keys", []):
+            art = wandb.Artifact(artifact_name("task", key), type=TASK_ARTIFACT_TYPE,
+                                 metadata={"fingerprint": key, "task": config["identity"].get("task")})
+            files = sorted(prepared.glob(f"{key}.*")) if prepared.is_dir() else []
+            for path in files:
+                art.add_reference(f"file://{path.resolve()}", checksum=True)
+            if not files:  # prepared in data.cache_dir: named by its fingerprint
+                art.add_reference(f"iclmem://prepared/{key}", checksum=False)
+            inputs.append(art)
+        model = str(finetune.get("model", ""))
+        options = dict(finetune.get("model_options", {}))
+        base = wandb.Artifact(artifact_name("base", f"{model}-{json.dumps(options, sort_keys=True)}"),
+                              type=CHECKPOINT_ARTIFACT_TYPE, metadata={"model": model, "options": options})
+        try:
+            from trainables.models.checkpoints import locate_weights
+
+            path = locate_weights(model, options)
+        except Exception:  # weights the driver cannot locate: the artifact names the model's options only
+            path = None
+        if path is not None:
+            base.add_reference(f"file://{Path(path).resolve()}", checksum=True)
+        else:
+            base.add_reference(f"iclmem://{model}/{options.get('weights', 'default')}", checksum=False)
+        inputs.append(base)
+        if self.mode == "online":
+            for art in inputs:
+                run.use_artifact(art)
+        else:
+            run.summary.update({f"inputs/{a.type}/{i}": a.name for i, a in enumerate(inputs)})
+        return [a.name for a in inputs]
 
     def finish(self, timeout: float | None = None) -> bool:
         """Finish every open run, then shut the wandb service down so the offline transaction logs are

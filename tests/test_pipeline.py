@@ -278,6 +278,18 @@ def test_each_run_logged_its_config_training_and_probe_metrics_to_its_own_wandb_
             for key in ("auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "loss_ratio"):
                 want = getattr(row, key)  # a missing value (NaN) is left out of the logged row
                 assert logged.get(f"probe/{key}") == (None if pd.isna(want) else pytest.approx(want)), (run_id, key)
+        # lineage: every checkpoint as a reference artifact of its run (aliases epoch-N, weights' sha256 from
+        # its manifest), and one alert when the run is found memorized
+        artifacts = [r.artifact for r in records if r.HasField("artifact")]
+        if first["regime"] == "base":
+            assert artifacts == []
+        else:
+            epochs = [int(x.removeprefix("epoch-")) for a in artifacts for x in a.aliases if x.startswith("epoch-")]
+            assert sorted(epochs) == sorted(rows["epoch"])
+            assert all(json.loads(a.metadata)["weights_sha256"] for a in artifacts)
+            assert all(e.ref.startswith("file://") for a in artifacts for e in a.manifest.contents)
+        alerts = [r.alert.title for r in records if r.HasField("alert")]
+        assert alerts == ([f"memorization: {run_id}"] if (rows["outcome"] == "memorization").any() else []), run_id
         summary = wandb_summary(records)
         assert summary["peak/outcome"] == peaks.loc[run_id, "outcome"]
         assert summary["peak/epoch"] == peaks.loc[run_id, "epoch"]

@@ -659,3 +659,66 @@ def test_iclmem_resume_continues_each_trial_run_under_its_id_and_logs_each_epoch
     summary = wandb_summary(logs[1])
     assert (summary["peak/epoch"], summary["peak/outcome"], summary["probe/last_epoch"]) == (
         peak["epoch"], peak["outcome"], 6)
+
+
+# ------------------------------------------------------------------------------------------------- lineage
+def test_a_checkpoint_is_logged_as_a_reference_artifact_with_its_inputs_and_a_memorization_alert_once(tmp_path):
+    """W&B lineage, offline: the checkpoint folder (written by the real Finetuner.save) becomes an artifact
+    that references it (no weights uploaded) with its weights' sha256; the run names its prepared task and
+    base weights; a memorization verdict raises one alert, a no_signal one none."""
+    from synthetic_run_dir import read_wandb_records
+
+    from trainables.data import TaskSource, prepare_task, save_prepared
+    from trainables.finetune import Finetuner, FinetuneSpec
+
+    run_dir = tmp_path / "run"
+    task = prepare_task(TaskSource("iris", "builtin"), seed=0, q=20, context_size=30)
+    save_prepared(task, run_dir / "prepared")
+    finetune = {"model": "pfn-mini", "model_options": {"weights": "shipped"}, "regime": "single_fixed",
+                "lr": 1e-3, "epochs": 1, "seed": 0}
+    finetuner = Finetuner(FinetuneSpec(**finetune), [task])
+    finetuner.run_epoch()
+    checkpoint = finetuner.save(tmp_path / "tune" / "trial" / "checkpoint_000000")
+    manifest = json.loads((checkpoint / "checkpoint.json").read_text())
+    identity = {"run_id": "iris-single_fixed-lr0.001-q20", "task": "iris", "model": "pfn-mini",
+                "regime": "single_fixed", "lr": 1e-3, "q": 20, "label_mode": "normal", "seed": 0}
+    config = {"identity": identity, "task_keys": [task.fingerprint], "finetune": finetune}
+    logger = W.make_trial_logger("wandb", run_dir=run_dir, project="iclmem-test", group="g", config_hash="abc123",
+                                 mode="offline")
+    logger.log_checkpoint(config, 1, str(checkpoint))
+    logger.log_checkpoint(config, 1, str(checkpoint))  # Tune's catch-up pass hands it again: logged once
+    for outcome in ("no_signal", "memorization", "memorization"):
+        logger.log_probe({**identity, "epoch": 1, "outcome": outcome, "auc": 0.91, "tpr_at_1pct": 0.4})
+    wandb_id = logger.runs[identity["run_id"]].id
+    logger.finish()
+    records = [r for path in sorted((run_dir / "wandb").glob(f"offline-run-*-{wandb_id}/run-{wandb_id}.wandb"))
+               for r in read_wandb_records(path)]
+    artifacts = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact"]
+    assert len(artifacts) == 1
+    (art,) = artifacts
+    assert art.name == S.artifact_name("checkpoint", identity["run_id"])
+    assert art.type == "model"
+    assert "epoch-1" in list(art.aliases)
+    meta = json.loads(art.metadata)
+    assert meta["weights_sha256"] == manifest["weights_sha256"]
+    assert meta["files"]["model.safetensors"]["sha256"] == manifest["files"]["model.safetensors"]["sha256"]
+    refs = [entry.ref for entry in art.manifest.contents]
+    assert refs
+    assert all(ref.startswith(f"file://{checkpoint}") for ref in refs)  # references: nothing uploaded
+    alerts = [r.alert for r in records if r.WhichOneof("record_type") == "alert"]
+    assert [a.title for a in alerts] == [f"memorization: {identity['run_id']}"]
+    assert "AUC 0.910" in alerts[0].text
+    summary = {item.key: json.loads(item.value_json) for r in records if r.WhichOneof("record_type") == "summary"
+               for item in r.summary.update}
+    assert S.artifact_name("task", task.fingerprint) in summary.values()
+    assert any(str(v).startswith("base-pfn-mini") for v in summary.values())
+
+
+def test_an_epsilon_lower_bound_above_the_accountant_raises_an_alert_and_agreement_none():
+    row = {"run_id": "r", "epoch": 3, "outcome": "no_signal", "epsilon_consistent": False, "epsilon_lb": 2.5,
+           "dp_epsilon": 1.0}
+    title, text = S.alert_for(row)
+    assert title == "ε lower bound above the accountant's: r"
+    assert "2.5 exceeds the DP accountant's ε 1.0" in text
+    assert S.alert_for({**row, "epsilon_consistent": True}) is None
+    assert S.alert_for({"run_id": "r", "epoch": 3, "outcome": "overfitting"}) is None

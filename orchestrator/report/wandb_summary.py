@@ -409,3 +409,50 @@ def publish_wandb_report(report: Any) -> str:
     """Save a report built by :func:`build_wandb_report` to W&B (needs network and credentials)."""
     report.save()
     return str(getattr(report, "url", ""))
+
+
+# ------------------------------------------------------------------------------------------------- lineage
+CHECKPOINT_ARTIFACT_TYPE = "model"
+TASK_ARTIFACT_TYPE = "dataset"
+
+
+def artifact_name(kind: str, key: str) -> str:
+    """A W&B artifact name (letters, digits, ``-``, ``_``, ``.``) for ``kind`` and ``key``."""
+    return f"{kind}-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in str(key))[:120]
+
+
+def checkpoint_reference(checkpoint_uri: str) -> str:
+    """The URI W&B records for a checkpoint: ``file://`` for a local folder, the storage URI (s3://, gs://)
+    as it is otherwise. A reference: W&B keeps the address and checksums, never the weights."""
+    return checkpoint_uri if "://" in checkpoint_uri else f"file://{checkpoint_uri}"
+
+
+def checkpoint_metadata(run_id: str, epoch: int, manifest: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What a checkpoint artifact says of itself: its run and epoch, and from the checkpoint's manifest (when
+    the driver can read it) the weights' sha256, each file's sha256 and size, and the recipe."""
+    out: dict[str, Any] = {"run_id": run_id, "epoch": int(epoch)}
+    if manifest:
+        out["weights_sha256"] = manifest.get("weights_sha256")
+        out["files"] = {name: {"sha256": rec.get("sha256"), "bytes": rec.get("bytes", rec.get("size"))}
+                        for name, rec in (manifest.get("files") or {}).items()}
+        if "recipe" in manifest:
+            out["recipe"] = manifest["recipe"]
+    return out
+
+
+def alert_for(row: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(title, text) of the W&B alert a probe row raises, or None: a memorization verdict, or an ε lower bound
+    above the DP accountant's ε for the same checkpoint (one of the two is then wrong). Ids and numbers only."""
+    run_id, epoch = row.get("run_id"), row.get(EPOCH_KEY)
+    outcome = str(row.get("outcome", ""))
+    if outcome == "memorization":
+        auc, tpr = row.get("auc"), row.get("tpr_at_1pct")
+        numbers = ", ".join(f"{k} {float(v):.3f}" for k, v in (("AUC", auc), ("TPR@1%", tpr))
+                            if v is not None and v == v)
+        return (f"memorization: {run_id}", f"run {run_id}, epoch {epoch}: verdict memorization ({numbers})")
+    consistent = row.get("epsilon_consistent")
+    if consistent is not None and consistent == consistent and not bool(consistent):
+        return (f"ε lower bound above the accountant's: {run_id}",
+                f"run {run_id}, epoch {epoch}: ε lower bound {row.get('epsilon_lb')} exceeds the DP accountant's "
+                f"ε {row.get('dp_epsilon')}: the audit or the accounting is wrong")
+    return None
