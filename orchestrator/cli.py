@@ -228,18 +228,10 @@ def cmd_cluster_check(args: argparse.Namespace) -> int:
         return _report_check(args, check_manifest(args.cluster_yaml, args.sweep),
                              checked + (f"; resources of {', '.join(args.sweep)}" if args.sweep else ""))
     result = check_cluster_file(args.cluster_yaml, args.sweep)  # a sweep that does not load: ConfigError, exit 2
-    for note in result.notes:
-        print(f"note: {note}")
-    if result.problems:
-        print(f"{args.cluster_yaml}: {len(result.problems)} problem(s):", file=sys.stderr)
-        for p in result.problems:
-            print(f"  - {p}", file=sys.stderr)
-        return 2  # bad input, like every other command's refusal (see the exit codes in `iclmem --help`)
     checked = "Ray's validation, shared storage, secrets"
     if args.sweep:
         checked += f"; storage, secrets and resources of {', '.join(args.sweep)}"
-    print(f"{args.cluster_yaml}: valid ({checked})")
-    return 0
+    return _report_check(args, result, checked)
 
 
 def _check_image(args: argparse.Namespace) -> Any:
@@ -260,6 +252,8 @@ def _is_kuberay(path: Path) -> bool:
 
 
 def _report_check(args: argparse.Namespace, result: Any, checked: str) -> int:
+    """A cluster-check's notes, then its problems (exit 2, bad input, like every other command's refusal; see
+    the exit codes in `iclmem --help`) or that the file is valid and what was checked."""
     for note in result.notes:
         print(f"note: {note}")
     if result.problems:

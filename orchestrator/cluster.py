@@ -312,6 +312,17 @@ def secret_problems(config: dict[str, Any], where: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------- resources
+def sweeps_fit(result: ClusterCheck, prepared: dict[str, Any], where: str,
+               loaded: Sequence[tuple[str, SweepConfig]]) -> None:
+    """Each loaded sweep: no credential in it, and its trials and probe actors fit the node types of
+    ``prepared`` (a Ray cluster config's shape: what KubeRay's groups and a Slurm allocation are mapped to)."""
+    for sweep_path, sweep in loaded:
+        result.problems += secret_problems(sweep.model_dump(mode="json"), sweep_path)
+        problems, notes = resource_problems(prepared, where, sweep, sweep_path)
+        result.problems += problems
+        result.notes += notes
+
+
 def _bundle(cpus: float, gpus: float, custom: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in {"CPU": cpus, "GPU": gpus, **custom}.items() if v > 0}
 

@@ -33,7 +33,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from orchestrator.cluster import SHARED_SCHEMES, ClusterCheck, resource_problems, secret_problems
+from orchestrator.cluster import SHARED_SCHEMES, ClusterCheck, secret_problems, sweeps_fit
 from orchestrator.config import load_sweep
 
 _STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
@@ -244,9 +244,5 @@ def check_manifest(path: str | Path, sweeps: Sequence[str | Path] = ()) -> Clust
             nodes[name] = {"resources": _resources(group), "max_workers": most}
         prepared = {"provider": {"type": "kubernetes"}, "head_node_type": "head", "available_node_types": nodes,
                     "max_workers": sum(n["max_workers"] for n in nodes.values())}
-        for sweep_path, sweep in loaded:
-            result.problems += secret_problems(sweep.model_dump(mode="json"), sweep_path)
-            problems, notes = resource_problems(prepared, at, sweep, sweep_path)
-            result.problems += problems
-            result.notes += notes
+        sweeps_fit(result, prepared, at, loaded)
     return result

@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.cluster import _SECRET_PATTERNS, ClusterCheck, resource_problems, secret_problems
+from orchestrator.cluster import _SECRET_PATTERNS, ClusterCheck, sweeps_fit
 from orchestrator.config import load_sweep
 
 _DIRECTIVE = re.compile(r"^#SBATCH\s+(--?[A-Za-z-]+)(?:[=\s]+(\S+))?")
@@ -114,9 +114,5 @@ def check_sbatch(path: str | Path, sweeps: Sequence[str | Path] = ()) -> Cluster
         resources["GPU"] = gpus
     prepared = {"provider": {"type": "slurm"}, "head_node_type": "node", "max_workers": nodes - 1,
                 "available_node_types": {"node": {"resources": resources, "max_workers": nodes - 1}}}
-    for sweep_path, sweep in loaded:
-        result.problems += secret_problems(sweep.model_dump(mode="json"), sweep_path)
-        problems, notes = resource_problems(prepared, where, sweep, sweep_path)
-        result.problems += problems
-        result.notes += notes
+    sweeps_fit(result, prepared, where, loaded)
     return result

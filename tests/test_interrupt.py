@@ -111,15 +111,22 @@ _HANGING_CLEANUP = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize(("set_command", "command"), [("pass", "iclmem resume"),
-                                                  ("interrupts.resume_command = 'iclmem lm resume'", "iclmem lm resume")])
-def test_a_second_ctrl_c_exits_at_once_even_while_the_clean_up_hangs(set_command, command):
+def _hanging_driver(set_command: str = "pass") -> subprocess.Popen:
+    """A process inside catch_interrupts whose clean-up never ends, started and running."""
     script = _HANGING_CLEANUP.replace("{set_command}", set_command)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "running"
+    return proc
+
+
+@pytest.mark.parametrize(("set_command", "command"), [("pass", "iclmem resume"),
+                                                  ("interrupts.resume_command = 'iclmem lm resume'", "iclmem lm resume")])
+def test_a_second_ctrl_c_exits_at_once_even_while_the_clean_up_hangs(set_command, command):
+    proc = _hanging_driver(set_command)
     try:
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "running"
         proc.send_signal(signal.SIGINT)
         assert proc.stdout.readline().strip() == "cleaning up"  # the first Ctrl-C starts the clean-up
         time.sleep(0.5)
@@ -140,12 +147,9 @@ def test_a_second_ctrl_c_exits_at_once_even_while_the_clean_up_hangs(set_command
 def test_sigterm_from_a_scheduler_starts_the_same_clean_stop_as_ctrl_c():
     """scancel, a Slurm time limit and Kubernetes deleting a pod send SIGTERM: the driver cleans up as after a
     first Ctrl-C (the run recorded as interrupted) instead of dying on the spot."""
-    script = _HANGING_CLEANUP.replace("{set_command}", "pass")
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = _hanging_driver()
     try:
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "running"
         proc.send_signal(signal.SIGTERM)
         assert proc.stdout.readline().strip() == "cleaning up"
         proc.send_signal(signal.SIGTERM)  # a second one exits at once, as a second Ctrl-C does
