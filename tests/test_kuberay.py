@@ -58,6 +58,11 @@ BROKEN = {
                    r"the groups run different images"),
     "storage on the pod's disk": (lambda d: _set_env(_worker(d), "ICLMEM_STORAGE", {"value": "/tmp/tune"}),
                                   r"env.ICLMEM_STORAGE: '/tmp/tune' is on the pod's own disk"),
+    "shared volume on the node's disk": (
+        lambda d: d["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"].update(
+            volumes=[{"name": "shared", "emptyDir": {}},
+                     {"name": "ray-token", "secret": {"secretName": "iclmem-ray-token"}}]),
+        r"workerGroupSpecs\[0\].*env.ICLMEM_STORAGE: '/shared/tune' is on the pod's own disk"),
     "run folder on the pod's disk": (lambda d: d["spec"].update(entrypoint="iclmem run x.yaml --out /home/iclmem/runs"),
                                      r"spec.entrypoint: --out '/home/iclmem/runs' is on the pod's own disk"),
     "misspelt field": (lambda d: d["spec"].update(shutdownAfterJobFinished=True),
