@@ -130,19 +130,28 @@ def cmd_report(args: argparse.Namespace) -> int:
     problem = unwritable(run_dir)
     if problem:
         raise ConfigError(f"{run_dir}: {problem}; `iclmem report` rewrites the tables and the report there")
-    results = aggregate(run_dir, wandb_mode=args.wandb, replace_fewer=args.force)
-    if args.wandb_report:
-        from orchestrator.report.wandb_summary import build_wandb_report
+    publish = [flag for flag, on in (("--wandb-report", args.wandb_report),
+                                     ("--wandb-workspace", args.wandb_workspace)) if on]
+    entity = sweep.wandb.entity or os.environ.get("WANDB_ENTITY")
+    if publish:  # checked before the tables are rebuilt
         from orchestrator.wandb_logger import resolve_wandb_mode
 
         if resolve_wandb_mode(args.wandb or "online") != "online":
-            raise ConfigError("--wandb-report publishes to W&B: pass --wandb online and export WANDB_API_KEY")
-        entity = sweep.wandb.entity or os.environ.get("WANDB_ENTITY")
+            raise ConfigError(f"{publish[0]} publishes to W&B: pass --wandb online and export WANDB_API_KEY")
         if not entity:
-            raise ConfigError("--wandb-report needs a W&B entity: set wandb.entity in the sweep or WANDB_ENTITY")
+            raise ConfigError(f"{publish[0]} needs a W&B entity: set wandb.entity in the sweep or WANDB_ENTITY")
+    results = aggregate(run_dir, wandb_mode=args.wandb, replace_fewer=args.force)
+    if args.wandb_report:
+        from orchestrator.report.wandb_summary import build_wandb_report
+
         report = build_wandb_report(entity, sweep.wandb.project, sweep.name, results, run_dir=run_dir,
                                     publish=True)
         print(f"[iclmem] W&B report: {getattr(report, 'url', '')}")
+    if args.wandb_workspace:
+        from orchestrator.report.wandb_summary import build_wandb_workspace
+
+        workspace = build_wandb_workspace(str(entity), sweep.wandb.project, sweep.name, publish=True)
+        print(f"[iclmem] W&B workspace: {getattr(workspace, 'url', '')}")
     return 0
 
 
@@ -366,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--wandb", choices=wandb_modes, default=None,
                      help="W&B mode of the summary run (default: the sweep's)")
     rep.add_argument("--wandb-report", action="store_true", help="also publish a W&B Report (online mode, key in env)")
+    rep.add_argument("--wandb-workspace", action="store_true",
+                     help="also save a W&B workspace of the trial runs, grouped by task, lr, Q and label mode "
+                          "(online mode, key in env)")
     rep.add_argument("--force", action="store_true",
                      help="rebuild even when the stored probe results cover fewer checkpoints than the results "
                           "table already holds (which is otherwise refused, leaving the table as it is)")

@@ -722,3 +722,40 @@ def test_an_epsilon_lower_bound_above_the_accountant_raises_an_alert_and_agreeme
     assert "2.5 exceeds the DP accountant's ε 1.0" in text
     assert S.alert_for({**row, "epsilon_consistent": True}) is None
     assert S.alert_for({"run_id": "r", "epoch": 3, "outcome": "overfitting"}) is None
+
+
+@pytest.fixture(scope="module")
+def workspaces():
+    return pytest.importorskip("wandb_workspaces.workspaces", reason="pip install wandb-workspaces")
+
+
+def test_the_workspace_groups_the_trial_runs_by_task_lr_q_and_label_mode_and_plots_what_they_log(
+        workspaces, trial_runs):
+    from synthetic_run_dir import read_wandb_records, wandb_history
+
+    workspace = S.build_wandb_workspace("my-entity", "iclmem-test", GROUP)
+    assert isinstance(workspace, workspaces.Workspace)
+    assert (workspace.entity, workspace.project) == ("my-entity", "iclmem-test")
+    assert [str(g) for g in workspace.runset_settings.groupby] == [str(workspaces.Config(k)) for k in
+                                                                    ("task", "lr", "q", "label_mode")]
+    assert f"'{GROUP}'" in str(workspace.runset_settings.filters)
+    assert "'trial'" in str(workspace.runset_settings.filters)
+    plotted = {y for section in workspace.sections for panel in section.panels for y in panel.y}
+    assert all(panel.x == "epoch" for section in workspace.sections for panel in section.panels)
+    # every plotted key is one the trial runs log
+    run_dir, _, first_ids, _, _ = trial_runs
+    logged = {k for wandb_id in first_ids.values() for path in _offline_files(run_dir, wandb_id)
+              for h in wandb_history(read_wandb_records(path)) for k in h}
+    assert plotted - {"train_loss", "member_icl_accuracy", "nonmember_icl_accuracy"} <= logged
+    assert "train_loss" in logged
+
+
+def test_the_workspace_is_saved_only_when_asked(workspaces, monkeypatch):
+    saved = []
+    monkeypatch.setattr(workspaces.Workspace, "save", lambda self, *a, **k: saved.append(self) or self)
+    S.build_wandb_workspace("e", "p", "g")
+    assert saved == []
+    workspace = S.build_wandb_workspace("e", "p", "g", publish=True)
+    assert saved == [workspace]
+    with pytest.raises(ConfigError, match="quotes"):
+        S.build_wandb_workspace("e", "p", "g'x")

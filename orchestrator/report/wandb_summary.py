@@ -411,6 +411,36 @@ def publish_wandb_report(report: Any) -> str:
     return str(getattr(report, "url", ""))
 
 
+# Trial-run metrics the saved workspace plots against epoch, by section (keys the trial runs log)
+WORKSPACE_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Memorization", (CHECKPOINT_AUC_KEY, "probe/tpr_at_1pct", "probe/loss_ratio")),
+    ("Training and utility", ("train_loss", "member_icl_accuracy", "nonmember_icl_accuracy")),
+)
+WORKSPACE_GROUPBY = ("task", "lr", "q", "label_mode")
+
+
+def build_wandb_workspace(entity: str, project: str, group: str, *, publish: bool = False) -> Any:
+    """A saved W&B workspace (``wandb_workspaces.workspaces``) over the trial runs of sweep ``group``: one section
+    per entry of :data:`WORKSPACE_SECTIONS` (a line plot of each metric against ``epoch``), the runs grouped by
+    :data:`WORKSPACE_GROUPBY` (task, lr, Q, label mode: one line per setting, mean over seeds). Nothing touches
+    the network unless ``publish`` is true, which calls ``workspace.save()``."""
+    if any(c in str(group) for c in "'\"\\"):
+        raise ConfigError(f"W&B group name {group!r} must not contain quotes or backslashes")
+    import wandb_workspaces.reports.v2 as wr
+    import wandb_workspaces.workspaces as ws
+
+    sections = [ws.Section(name=name, is_open=True, panels=[
+        wr.LinePlot(title=key, x=EPOCH_KEY, y=[key], title_x="epoch", groupby_aggfunc="mean")
+        for key in keys]) for name, keys in WORKSPACE_SECTIONS]
+    settings = ws.RunsetSettings(filters=[ws.Metric("Group") == group, ws.Metric("JobType") == TRIAL_JOB_TYPE],
+                                 groupby=[ws.Config(k) for k in WORKSPACE_GROUPBY])
+    workspace = ws.Workspace(entity=entity, project=project, name=f"iclmem {group}"[:128], sections=sections,
+                             runset_settings=settings)
+    if publish:
+        workspace.save()
+    return workspace
+
+
 # ------------------------------------------------------------------------------------------------- lineage
 CHECKPOINT_ARTIFACT_TYPE = "model"
 TASK_ARTIFACT_TYPE = "dataset"
