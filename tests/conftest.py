@@ -50,7 +50,7 @@ _SHARED_SCOPES = ("module", "class")
 # The modules of the longest tests (--durations on this 2-core machine: 40-100 s each), started first; a hint
 # for the schedule only (a stale entry costs minutes, never a result)
 _LONGEST_FIRST = ("test_node_loss", "test_pipeline", "test_interrupt", "test_dp", "test_tune_faults", "test_console",
-                  "test_cluster_jobs", "test_exchangeability")
+                  "test_cluster_jobs", "test_slurm_rehearsal", "test_exchangeability")
 _SHARED_SESSION_FIXTURES = ("real_sweep",)
 
 
