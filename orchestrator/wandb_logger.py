@@ -56,6 +56,7 @@ from orchestrator.report.wandb_summary import (
     TRIAL_JOB_TYPE,
     alert_for,
     artifact_name,
+    checkpoint_artifact_refs,
     checkpoint_metadata,
     checkpoint_reference,
     context_audit_config,
@@ -240,6 +241,12 @@ class WandbResultsLogger:
         run.log(payload)
         for k, v in summary_scalars(public).items():
             run.summary[k] = v
+        if self.mode == "online":  # lineage: the results come from these checkpoints (W&B records uses online)
+            for ref in checkpoint_artifact_refs(public):
+                try:
+                    run.use_artifact(ref)
+                except Exception as exc:  # a checkpoint its trial run never logged (W&B off then): said, skipped
+                    log.warning("W&B lineage: %s not found (%s)", ref, exc)
         run.log_artifact(self._artifact(run_dir, public, tables))
 
     def _artifact(self, run_dir: Path, public: pd.DataFrame, tables: Mapping[str, pd.DataFrame]):

@@ -759,3 +759,33 @@ def test_the_workspace_is_saved_only_when_asked(workspaces, monkeypatch):
     assert saved == [workspace]
     with pytest.raises(ConfigError, match="quotes"):
         S.build_wandb_workspace("e", "p", "g'x")
+
+
+def test_online_the_summary_run_uses_every_fine_tuned_checkpoint_artifact_offline_none(logged, monkeypatch):
+    """Lineage from the verdicts to the checkpoints: the summary run uses `checkpoint-<run>:epoch-<n>` of each
+    fine-tuned row (online only: W&B refuses use_artifact offline); the base model's sanity checks have none."""
+    run_dir, *_ = logged
+    results = RunFolder(run_dir).results()
+    refs = S.checkpoint_artifact_refs(R.public_results(results))
+    tuned = results[~results["sanity_check"].astype(bool)]
+    assert len(refs) == len(tuned.drop_duplicates(["run_id", "epoch"]))
+    assert all(":epoch-" in ref and ref.startswith("checkpoint-") for ref in refs)
+
+    used: list[str] = []
+
+    class FakeRun:
+        summary: dict = {}
+
+        def define_metric(self, *a, **k): ...
+        def log(self, *a, **k): ...
+        def log_artifact(self, *a, **k): ...
+        def use_artifact(self, ref):
+            used.append(ref)
+
+    for mode, expected in (("offline", []), ("online", refs)):
+        used.clear()
+        logger = W.WandbResultsLogger(project="p", group="g", mode="offline")
+        logger.mode = mode
+        monkeypatch.setattr(logger, "_start", lambda *a, **k: FakeRun())
+        logger.log_summary(run_dir, results)
+        assert used == expected, mode

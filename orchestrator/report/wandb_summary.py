@@ -451,6 +451,16 @@ def artifact_name(kind: str, key: str) -> str:
     return f"{kind}-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in str(key))[:120]
 
 
+def checkpoint_artifact_refs(public: pd.DataFrame) -> list[str]:
+    """``checkpoint-<run id>:epoch-<n>`` of every fine-tuned checkpoint of a results table (the sanity-check
+    rows of the untouched base model have none): what the summary run uses, for W&B's lineage."""
+    if public.empty or "run_id" not in public.columns:
+        return []
+    tuned = public[~public["sanity_check"].fillna(False).astype(bool)] if "sanity_check" in public.columns else public
+    pairs = sorted({(str(r), int(e)) for r, e in zip(tuned["run_id"], tuned[EPOCH_KEY], strict=True)})
+    return [f"{artifact_name('checkpoint', r)}:epoch-{e}" for r, e in pairs]
+
+
 def checkpoint_reference(checkpoint_uri: str) -> str:
     """The URI W&B records for a checkpoint: ``file://`` for a local folder, the storage URI (s3://, gs://)
     as it is otherwise. A reference: W&B keeps the address and checksums, never the weights."""
