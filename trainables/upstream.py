@@ -9,9 +9,10 @@ validation and early stopping. :class:`UpstreamFinetuner` runs that fine-tuner u
 * training rows: the Q members with the labels the run trains on (the package splits them into its own
   context and query chunks each epoch); validation rows (the package's early stopping): C', which the
   package never trains on and the probe never audits;
-* from the sweep: epochs, lr, weight decay, gradient clipping, seed, device, and the ensemble size
-  (``n_estimators`` of the model's options, the package's default 2, for fine-tuning, validation and the
-  deployed estimator alike); everything else is the package's default, early stopping included, unless the
+* from the sweep: epochs, lr, weight decay, gradient clipping, seed, device, and the deployed ensemble
+  (``n_estimators`` of the model's options: TabPFN's ``n_estimators_final_inference``, default 2, TabICL's
+  ``n_estimators_inference``, default 8; the fine-tuning and validation ensembles stay the package's);
+  everything else is the package's default, early stopping included, unless the
   model's ``finetuner`` option sets it (``{early_stopping: false}``: any keyword of the package's
   fine-tuner but those above, checked by :func:`check_finetuner_settings` before any work);
 * checkpoints by epoch: the package writes its own checkpoint after every epoch (``save_checkpoint_interval
