@@ -23,7 +23,7 @@ test: install lint
 	$(PYTEST) -n 2 --dist loadgroup --no-loadscope-reorder --durations=15 tests
 
 # For development, before every commit: no model training, no sweep, no Ray cluster or actor (the tests marked
-# slow are left out; `make test` runs them all), on two xdist workers: 2:19 here from a clean clone (3:07 on
+# slow are left out; `make test` runs them all), on two xdist workers: 2:10 here from a clean clone (3:07 on
 # one). It installs nothing when nothing changed.
 test-fast: install
 	$(PYTEST) -n 2 --dist loadgroup --no-loadscope-reorder -m "not slow" tests
