@@ -573,11 +573,21 @@ def estimate(config: str | Path, workers: int, device: str | None = None, task: 
     """Count, measure and predict for a sweep file (see the module docstring)."""
     import torch
 
-    from orchestrator.config import TaskConfig, load_sweep
+    from orchestrator.config import TaskConfig, context_audit_specs, load_sweep
     from trainables.models.base import resolve_device
 
     sweep = load_sweep(config)
     work = count_work(sweep)
+    audits = len(context_audit_specs(sweep))
+    if not work.runs:
+        from iclmem.errors import ConfigError
+
+        raise ConfigError(f"{config}: no fine-tuning run to estimate"
+                          + (f" (its only regime is context: {audits} deployed-context audit(s), which `iclmem "
+                             "estimate` does not cost; one audit's time is that of `iclmem audit-context` on one "
+                             "task, README 'Auditing a deployed estimator's context')" if audits else ""))
+    if audits and log:
+        log(f"note: the {audits} deployed-context audit(s) of regime context are not in this estimate")
     dev = resolve_device(device)
     previous = torch.get_num_threads()
     torch.set_num_threads(int(threads or 1))

@@ -136,3 +136,15 @@ def test_validate_counts_the_audits_and_says_when_a_table_leaves_no_room_for_the
     out = capsys.readouterr().out
     assert "0 fine-tuning runs and 1 deployed-context audits (regime context)" in out
     assert "no never-in-context control, so the verdict is not trusted; use a larger table or a smaller grid.q" in out
+
+
+def test_estimate_refuses_a_sweep_of_regime_context_alone_naming_its_audits(tmp_path, capsys):
+    import yaml
+
+    from orchestrator.cli import main
+
+    config = tmp_path / "ctx.yaml"
+    config.write_text(yaml.safe_dump(_sweep()))
+    assert main(["estimate", str(config), "--workers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "no fine-tuning run to estimate (its only regime is context: 1 deployed-context audit(s)" in err
