@@ -288,6 +288,16 @@ def _walk(value: Any, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, .
                 yield from _walk(v, path + (i,))
 
 
+def literal_secret(text: str) -> str | None:
+    """What credential ``text`` holds ("a literal WANDB_API_KEY", "a private key", ...), or None: the one test
+    of cluster files, sweeps, Dockerfiles and batch scripts."""
+    for pattern, what in _SECRET_PATTERNS:
+        match = pattern.search(text)
+        if match:
+            return what.format(*match.groups())
+    return None
+
+
 def secret_problems(config: dict[str, Any], where: str) -> list[str]:
     """A cluster or sweep file is committed and copied to every node: it must hold no credential."""
     problems = []
@@ -298,11 +308,9 @@ def secret_problems(config: dict[str, Any], where: str) -> list[str]:
         if isinstance(key, str) and _SECRET_KEYS.match(key) and text.strip() and not text.strip().startswith("$"):
             problems.append(f"{where}: {at}: holds a credential; {advice}")
             continue
-        for pattern, what in _SECRET_PATTERNS:
-            match = pattern.search(text)
-            if match:
-                problems.append(f"{where}: {at}: holds {what.format(*match.groups())}; {advice}")
-                break
+        found = literal_secret(text)
+        if found:
+            problems.append(f"{where}: {at}: holds {found}; {advice}")
     mounts = config.get("file_mounts")
     for remote, local in (mounts.items() if isinstance(mounts, dict) else []):
         if any(isinstance(p, str) and _WANDB_KEY_FILE.search(p) for p in (remote, local)):

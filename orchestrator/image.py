@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.cluster import _SECRET_PATTERNS, _WANDB_KEY_FILE, ClusterCheck
+from orchestrator.cluster import _WANDB_KEY_FILE, ClusterCheck, literal_secret
 
 _PIN = re.compile(r"(?<![\w.-])([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([A-Za-z0-9.+!_-]+)")
 _EXACT_TAG = re.compile(r"\d+\.\d+\.\d+")  # a full version somewhere in the tag: 3.11.7-slim, 12.6.3-runtime
@@ -91,7 +91,9 @@ def _resolve(ref: str, args: dict[str, str]) -> str:
     return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: args.get(m.group(1), m.group(0)), ref)
 
 
-def _base_image_problem(ref: str) -> str | None:
+def base_image_problem(ref: str) -> str | None:
+    """Why the image reference ``ref`` is not pinned (None when it is: a digest, or a tag with a full x.y.z
+    version); Dockerfiles' base images and KubeRay's container images alike."""
     if "$" in ref:
         return f"base image {ref!r} names an ARG without a default: pin it in the file"
     if "@sha256:" in ref:
@@ -142,17 +144,15 @@ def check_dockerfile(path: str | Path, pyproject: str | Path | None = None) -> C
                 if _SECRET_NAME.match(name) and literal and not literal.startswith("$"):
                     result.problems.append(f"{at}: {ins.keyword} {name} bakes a credential into the image; pass it "
                                            "at run time (a Kubernetes Secret, a 0600 file on the head)")
-        for pattern, what in _SECRET_PATTERNS:
-            match = pattern.search(ins.text)
-            if match and ins.keyword not in ("ARG", "ENV"):
-                result.problems.append(f"{at}: {ins.keyword} holds {what.format(*match.groups())}")
-                break
+        found = literal_secret(ins.text) if ins.keyword not in ("ARG", "ENV") else None  # those: by name, above
+        if found:
+            result.problems.append(f"{at}: {ins.keyword} holds {found}")
         if ins.keyword in ("COPY", "ADD") and any(_WANDB_KEY_FILE.search(p) for p in ins.text.split()):
             result.problems.append(f"{at}: {ins.keyword} copies a credential file into the image")
         if ins.keyword == "FROM":
             froms += 1
             ref = _resolve(ins.text.split()[0], args) if ins.text else ""
-            problem = _base_image_problem(ref)
+            problem = base_image_problem(ref)
             if problem:
                 result.problems.append(f"{at}: {problem}")
         if ins.keyword == "RUN" and "pip install" in ins.text:

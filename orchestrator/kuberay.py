@@ -35,6 +35,7 @@ import yaml
 
 from orchestrator.cluster import SHARED_SCHEMES, ClusterCheck, secret_problems, sweeps_fit
 from orchestrator.config import load_sweep
+from orchestrator.image import base_image_problem
 
 _STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _POD_TEMPLATE = {"type": "object", "required": ["spec"], "properties": {"metadata": {"type": "object"},
@@ -84,7 +85,6 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "apiVersion": {"const": "ray.io/v1"}, "kind": {"const": "RayCluster"}, "metadata": _METADATA,
         "spec": _CLUSTER_SPEC}},
 }
-_EXACT_TAG = re.compile(r"\d+\.\d+\.\d+")
 _QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
 
 
@@ -210,8 +210,7 @@ def check_manifest(path: str | Path, sweeps: Sequence[str | Path] = ()) -> Clust
                 here = f"{prefix}.{field}.template.spec.containers[{c}]"
                 image = str(container.get("image", ""))
                 images.add(image)
-                tag = image.rpartition(":")[2] if ":" in image.split("/")[-1] else ""
-                if "@sha256:" not in image and (not tag or tag == "latest" or not _EXACT_TAG.search(tag)):
+                if base_image_problem(image) is not None:
                     result.problems.append(f"{at}: {here}.image: {image!r} is not pinned: use an x.y.z tag or a "
                                            "digest (`make image`), the same on every group")
                 env = _env(container)

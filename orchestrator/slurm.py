@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.cluster import _SECRET_PATTERNS, ClusterCheck, sweeps_fit
+from orchestrator.cluster import ClusterCheck, literal_secret, sweeps_fit
 from orchestrator.config import load_sweep
 
 _DIRECTIVE = re.compile(r"^#SBATCH\s+(--?[A-Za-z-]+)(?:[=\s]+(\S+))?")
@@ -97,11 +97,9 @@ def check_sbatch(path: str | Path, sweeps: Sequence[str | Path] = ()) -> Cluster
         if re.search(r"\bexport\s+WANDB_API_KEY\b", line):
             result.problems.append(f"{where}:{number}: exports WANDB_API_KEY: every srun step (every Ray node) would "
                                    "inherit it; read it from a 0600 file in the driver's command only")
-        for pattern, what in _SECRET_PATTERNS:
-            match = pattern.search(line)
-            if match:
-                result.problems.append(f"{where}:{number}: holds {what.format(*match.groups())}")
-                break
+        found = literal_secret(line)
+        if found:
+            result.problems.append(f"{where}:{number}: holds {found}")
     if not re.search(r"\bICLMEM_STORAGE\b", body):
         result.problems.append(f"{where}: sets no ICLMEM_STORAGE: Tune's checkpoints must be on the shared file "
                                "system every node reaches")

@@ -8,6 +8,7 @@ the reference model is shared by every run instead.
 
 from __future__ import annotations
 
+import functools
 import sys
 import tempfile
 import warnings
@@ -78,6 +79,22 @@ def dp_metrics(finetuner: Finetuner) -> dict[str, Any]:
     return {f"dp_{k}": record[k] for k in keys}
 
 
+def ground_truth_record(config: dict[str, Any], spec: FinetuneSpec, tasks: list[Any]) -> dict[str, Any]:
+    """What goes next to every checkpoint: which rows were members, non-members, C' and null splits, and the
+    labels the run trained on (the spec's ground-truth log)."""
+    return {"run_id": config["run_id"], "regime": spec.regime.value,
+            "tasks": [ground_truth_log(t, int(config.get("null_splits", 0))) for t in tasks]}
+
+
+def report_checkpoint(metrics: dict[str, Any], ground_truth: dict[str, Any], save: Any) -> None:
+    """``tune.report`` of ``metrics`` with a checkpoint folder: ``save(folder)`` writes the weights and state,
+    then the ground-truth log goes beside them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        save(tmp)
+        write_json_atomic(Path(tmp) / GROUND_TRUTH_FILE, ground_truth, default=str)
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
+
+
 def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None = None) -> None:
     """``prepared`` maps task fingerprints to prepared tasks; bound with ``tune.with_parameters`` so the
     tasks travel through the object store to any node, with no shared file system needed for them."""
@@ -98,10 +115,7 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
             resume_or_recompute(finetuner, directory, config["run_id"], damaged)
     schedule = set(spec.schedule())
     identity = {"run_id": config["run_id"]}
-    # next to every checkpoint: which rows were members, non-members, C' and null splits, and the labels
-    # the run trained on (the spec's ground-truth log)
-    ground_truth = {"run_id": config["run_id"], "regime": spec.regime.value,
-                    "tasks": [ground_truth_log(t, int(config.get("null_splits", 0))) for t in finetuner.tasks]}
+    ground_truth = ground_truth_record(config, spec, finetuner.tasks)
     if finetuner.canaries is not None:  # the canaries inserted into the members (ids, kinds, copies, labels)
         ground_truth["canaries"] = finetuner.canaries.log()
 
@@ -116,11 +130,8 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
             tune.report(metrics)
             return
         if result.epoch in schedule:
-            with tempfile.TemporaryDirectory() as tmp:
-                finetuner.save(tmp, metrics)
-                write_json_atomic(Path(tmp) / GROUND_TRUTH_FILE, {**ground_truth, **draws(spec, finetuner.tasks,
-                                                                                       result.epoch)}, default=str)
-                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
+            report_checkpoint(metrics, {**ground_truth, **draws(spec, finetuner.tasks, result.epoch)},
+                              functools.partial(finetuner.save, metrics=metrics))
         else:
             tune.report(metrics)
 
@@ -140,8 +151,7 @@ def upstream_trainable(config: dict[str, Any], spec: FinetuneSpec, tasks: list[A
         return
     schedule = set(spec.schedule())
     identity = {"run_id": config["run_id"]}
-    ground_truth = {"run_id": config["run_id"], "regime": spec.regime.value,
-                    "tasks": [ground_truth_log(t, int(config.get("null_splits", 0))) for t in finetuner.tasks]}
+    ground_truth = ground_truth_record(config, spec, finetuner.tasks)
 
     def on_epoch(result: EpochResult, package_file: Path, end: UpstreamEnd | None) -> None:
         metrics = {**identity, "epoch": result.epoch, "train_loss": result.train_loss, "diverged": result.diverged,
@@ -155,9 +165,6 @@ def upstream_trainable(config: dict[str, Any], spec: FinetuneSpec, tasks: list[A
         if result.diverged or not (result.epoch in schedule or (end is not None and end.stopped_early)):
             tune.report(metrics)
             return
-        with tempfile.TemporaryDirectory() as tmp:
-            finetuner.save(tmp, package_file, metrics)
-            write_json_atomic(Path(tmp) / GROUND_TRUTH_FILE, ground_truth, default=str)
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
+        report_checkpoint(metrics, ground_truth, lambda folder: finetuner.save(folder, package_file, metrics))
 
     finetuner.run(on_epoch)

@@ -60,8 +60,7 @@ from trainables.finetune import (
     EpochResult,
     FinetuneSpec,
     file_record,
-    fixed_batch,
-    icl_metrics,
+    icl_utility,
     verify_checkpoint,
 )
 from trainables.models import ModelAdapter, build_model, read_weights
@@ -269,12 +268,13 @@ class _CheckpointHook:
         self.poll(final=True)
 
     def poll(self, final: bool = False) -> None:
-        self.seen.update(e for e, _ in self.recipe.epoch_files(self.folder))
-        files = [(e, p) for e, p in self.recipe.epoch_files(self.folder) if e > self.last_epoch]
+        listed = self.recipe.epoch_files(self.folder)  # once per call: it runs after every training step
+        self.seen.update(e for e, _ in listed)
+        files = [(e, p) for e, p in listed if e > self.last_epoch]
         for i, (epoch, path) in enumerate(files):
             self.last_epoch = epoch
             self.on_file(epoch, path, self.logged.pop(epoch, {}), final and i == len(files) - 1)
-        for _epoch, path in self.recipe.epoch_files(self.folder)[:-1]:  # the newest stays for the package's resume
+        for _epoch, path in listed[:-1]:  # the newest stays for the package's resume
             path.unlink(missing_ok=True)
 
 
@@ -315,6 +315,7 @@ class _Deployed:
 
     def __init__(self, model: ModelAdapter) -> None:
         self.module = model.module
+        self.device = model.device
         self._model = model
 
     def log_probs(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
@@ -351,8 +352,6 @@ class UpstreamFinetuner:
         self._resume_digest: str | None = None
         self.epochs_run = 0  # epochs the package trained in this process (a resumed TabPFN run: only those after)
         self._base_state = {k: v.detach().clone() for k, v in self.model.module.state_dict().items()}
-        self._eval = {"member": [fixed_batch(self.task).to(self.device)],
-                      "nonmember": [fixed_batch(self.task, self.task.nonmember_idx).to(self.device)]}
 
     # ---------------------------------------------------------------------------------------- data
     def training_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -374,7 +373,7 @@ class UpstreamFinetuner:
     def evaluate(self) -> dict[str, float]:
         """In-context accuracy and loss with C' as the context, on members and non-members, scored as the
         package deploys the weights."""
-        return icl_metrics(_Deployed(self.model), self._eval)  # type: ignore[arg-type]
+        return deployed_utility(self.model, self.task)
 
     # ---------------------------------------------------------------------------------------- running
     def run(self, on_epoch: Callable[[EpochResult, Path, UpstreamEnd | None], bool | None]) -> UpstreamEnd:
@@ -486,9 +485,7 @@ class UpstreamFinetuner:
 def deployed_utility(model: ModelAdapter, task: Any) -> dict[str, float]:
     """``member_icl_accuracy`` ... ``nonmember_icl_loss`` of ``model`` with C' as the context, scored as its
     package deploys it (``deployed_log_probs``): what a model owner's users would get."""
-    device = model.device
-    return icl_metrics(_Deployed(model), {"member": [fixed_batch(task).to(device)],  # type: ignore[arg-type]
-                                          "nonmember": [fixed_batch(task, task.nonmember_idx).to(device)]})
+    return icl_utility(_Deployed(model), task)  # type: ignore[arg-type]
 
 
 def recompute_upstream_model(spec: FinetuneSpec, tasks: Sequence[Any], epoch: int) -> ModelAdapter:

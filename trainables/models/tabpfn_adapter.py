@@ -91,7 +91,6 @@ class TabPFNV2Adapter(PackageScoring, NativeRegressionAdapter):
         self.max_classes = int(config.get("max_num_classes", 0)) if self.task == "classification" else 0
         self.max_features = int(self.options.get("max_features", DEFAULT_MAX_FEATURES))
         self.softmax_temperature = float(self.options.get("softmax_temperature", 1.0))
-        self.recipe = Recipe(self.options.get("recipe", Recipe.ICLMEM.value))
         self.n_estimators = int(self.options.get("n_estimators", DEFAULT_DEPLOYED_N_ESTIMATORS))
         module.use_multiclass_target_encoding = bool(self.options.get("densify_labels", False)) and self.task == "classification"
 
