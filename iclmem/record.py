@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, NamedTuple
 
 from iclmem.errors import ResultSchemaError
-from iclmem.vocab import Attack, CanaryKind, ScoreKind, VerdictRule, values
+from iclmem.vocab import Attack, CanaryKind, Neighbours, ScoreKind, VerdictRule, values
 
-__all__ = ["ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "CHECKPOINT_KEY", "COLUMNS", "FAMILIES", "GRID_AXES", "IDENTITY_COLUMNS", "Column", "ColumnFamily",
+__all__ = ["ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "CHECKPOINT_KEY", "COLUMNS", "FAMILIES", "GRID_AXES", "IDENTITY_COLUMNS", "NEIGHBOURS", "Column", "ColumnFamily",
            "RunIdentity", "check_columns", "check_row", "column_meaning", "is_public", "is_result_column", "public_columns"]
 
 
@@ -149,7 +149,14 @@ COLUMNS: dict[str, Column] = _columns(
     Column("run_epsilon_lb", "the run's largest ε lower bound over its checkpoints"),
     Column("run_epsilon_lb_epoch", "the epoch of the run's largest ε lower bound"),
     Column("run_epsilon_lb_kind", "the attack and score of the run's largest ε lower bound"),
-    Column("epsilon_consistent", "whether the ε lower bound stays below the accountant's ε"),
+    Column("epsilon_consistent", "whether the ε lower bound stays below the accountant's replace-one ε"),
+    Column("gdp_mu_lb", "Gaussian-DP μ lower bound from the headline attack's whole ROC (replace-one)"),
+    Column("gdp_mu_lb_kind", "which score the GDP μ lower bound comes from"),
+    Column("gdp_epsilon_lb", "the ε at epsilon_lb_delta a mechanism with exactly that μ has (replace-one)"),
+    Column("gdp_consistent", "whether the GDP μ lower bound stays below DP-SGD's exact replace-one μ"),
+    Column("dp_mu", "DP-SGD's exact Gaussian-DP μ up to this checkpoint (add/remove; full batches only)"),
+    Column("dp_mu_replace_one", "DP-SGD's exact Gaussian-DP μ for replace-one neighbours"),
+    Column("one_run_consistent", "whether the one-run ε lower bound stays below the accountant's add/remove ε"),
     Column("dp_delta", "DP-SGD δ"),
     Column("dp_max_grad_norm", "DP-SGD per-example clipping norm"),
     Column("dp_noise_multiplier", "DP-SGD noise multiplier (calibrated to the target ε)"),
@@ -170,6 +177,22 @@ COLUMNS: dict[str, Column] = _columns(
     Column("canary_records", "every canary's exposure and rank (JSON; ids, no row values)", False),
     Column("canary_holdout", "held-out canaries each exposure is ranked against"),
     Column("canary_exposure_max", "the largest measurable exposure, log2(holdout + 1)"),
+    Column("canary_p_value", "one-sided rank test of inserted against held-out canaries (probe statistic)"),
+    Column("canary_known_context_p_value", "the same rank test on the known-context statistic"),
+    Column("canary_beta", "the level of the canaries' tests and the one-run bound's error probability"),
+    Column("canary_detected", "canary_p_value below canary_beta: the inserted canaries are told apart"),
+    # ---- the one-run ε lower bound of one_run canaries (probes.one_run)
+    Column("one_run_epsilon_lb", "one-run ε lower bound (add/remove), the larger of both canary statistics"),
+    Column("one_run_epsilon_lb_attack", "which canary statistic gave the one-run bound"),
+    Column("one_run_epsilon_lb_probe", "one-run ε lower bound of the probe statistic"),
+    Column("one_run_epsilon_lb_known_context", "one-run ε lower bound of the known-context statistic"),
+    Column("one_run_guesses", "guesses (top k+ and bottom k- canaries) behind the one-run bound"),
+    Column("one_run_correct", "right guesses among them"),
+    Column("one_run_m", "canaries of the one-run design (each in with probability 1/2)"),
+    Column("one_run_n_in", "canaries the coins put into training"),
+    Column("one_run_delta", "the δ of the one-run claim tested"),
+    Column("one_run_beta", "the one-run bound holds with probability 1 - beta"),
+    Column("one_run_tests", "tests of the union bound (guess grid x statistics)"),
     # ---- where and how long (probes.actors)
     Column("probe_seconds", "wall time of the checkpoint's probe", False),
     Column("probe_node", "Ray node the probe ran on", False),
@@ -203,7 +226,21 @@ FAMILIES: tuple[ColumnFamily, ...] = (
     ColumnFamily(re.compile(rf"^canary_(({'|'.join(values(CanaryKind))})_)?(exposure|known_context_exposure|label_rank)"
                             r"_c\d+$"),
                  "canary exposure (bits) or label rank, per canary kind and number of copies"),
+    ColumnFamily(re.compile(r"^canary_p_value_c\d+$"),
+                 "rank test of the canaries inserted with that many copies against the held-out ones"),
 )
+
+# The neighbour relation every ε / μ column is stated for (iclmem.vocab.Neighbours), declared once: the report
+# prints it beside each number and the consistency checks compare a bound only with the accountant's figure
+# for the same relation. The member / non-member audit plays replace-one (which row of a pair is trained);
+# one_run canaries are in or out (add/remove), the relation DP-SGD accountants state.
+NEIGHBOURS: dict[str, Neighbours] = {
+    "epsilon_lb": Neighbours.REPLACE_ONE, "run_epsilon_lb": Neighbours.REPLACE_ONE,
+    "gdp_mu_lb": Neighbours.REPLACE_ONE, "gdp_epsilon_lb": Neighbours.REPLACE_ONE,
+    "one_run_epsilon_lb": Neighbours.ADD_REMOVE,
+    "dp_epsilon": Neighbours.ADD_REMOVE, "dp_mu": Neighbours.ADD_REMOVE,
+    "dp_epsilon_replace_one": Neighbours.REPLACE_ONE, "dp_mu_replace_one": Neighbours.REPLACE_ONE,
+}
 
 
 def _lookup(name: object) -> Column | ColumnFamily | None:

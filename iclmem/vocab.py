@@ -250,6 +250,24 @@ class CanaryKind(Vocab):
     RARE_LABEL = "rare_label"  # a real row's features (slightly jittered) under the members' rarest label
 
 
+class CanaryDesign(Vocab):
+    """How a sweep's canaries are inserted (trainables/canaries.py)."""
+
+    # per kind, a fixed number per copy count (1, 2, 4, 8 copies) and held-out ones: exposure and its rank test
+    EXPOSURE = "exposure"
+    # per kind, m canaries each inserted once with probability 1/2 (coins from the seed): the one-run ε bound
+    ONE_RUN = "one_run"
+
+
+class Neighbours(Vocab):
+    """The neighbour relation an ε is stated for: training sets that differ by adding or removing one row,
+    or by replacing one row with another. DP-SGD accountants state add/remove; the member / non-member
+    audit plays replace-one (which row of a pair is trained on); the one-run canaries play add/remove."""
+
+    ADD_REMOVE = "add/remove"
+    REPLACE_ONE = "replace-one"
+
+
 class WandbMode(Vocab):
     OFFLINE = "offline"
     ONLINE = "online"

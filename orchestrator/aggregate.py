@@ -164,6 +164,28 @@ def _kinds_of(row: pd.Series, all_kinds: list[str]) -> list[str]:
     return all_kinds
 
 
+def _gdp_headline(out: pd.DataFrame, kinds: list[str]) -> list[float]:
+    """Sets ``gdp_mu_lb``, ``gdp_mu_lb_kind`` and ``gdp_epsilon_lb`` (the largest calibrated kind's μ bound
+    among the competing kinds, as for ``epsilon_lb``) and returns each row's largest μ over every kind (what
+    the consistency check holds against DP-SGD's μ)."""
+    import math
+
+    kinds = [k for k in kinds if f"calibrated_{k}_gdp_mu_lb" in out.columns]
+    best_mu, best_kind, best_eps, any_kind = [], [], [], []
+    for _, row in out.iterrows():
+        values = {k: float(row[f"calibrated_{k}_gdp_mu_lb"]) for k in _kinds_of(row, kinds)
+                  if pd.notna(row.get(f"calibrated_{k}_gdp_mu_lb"))}
+        best = max(values, key=lambda k: values[k], default=None)
+        best_mu.append(math.nan if best is None else values[best])
+        best_kind.append(best)
+        best_eps.append(math.nan if best is None else float(row[f"calibrated_{best}_gdp_epsilon_lb"]))
+        every = [float(row[f"calibrated_{k}_gdp_mu_lb"]) for k in kinds if pd.notna(row.get(f"calibrated_{k}_gdp_mu_lb"))]
+        any_kind.append(max(every, default=math.nan))
+    if kinds:
+        out["gdp_mu_lb"], out["gdp_mu_lb_kind"], out["gdp_epsilon_lb"] = best_mu, best_kind, best_eps
+    return any_kind
+
+
 def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -> pd.DataFrame:
     """Adds, beside the per-kind bounds the probe wrote (``calibrated_<kind>_epsilon_lb``):
 
@@ -177,17 +199,25 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
       replace one, :meth:`trainables.dp.DPSettings.epsilon_replace_one_at`); and ``epsilon_consistent``:
       whether every calibrated kind's bound stays at or below the replace-one ε. False is a bug in the audit
       or in the accounting, printed as a warning; None where there is no accountant or the audit's δ is
-      below the accountant's (then the bound is not comparable).
+      below the accountant's (then the bound is not comparable);
+    * ``gdp_mu_lb`` (``_kind``) and ``gdp_epsilon_lb``: the Gaussian-DP bound of the competing kinds, as
+      ``epsilon_lb``; DP rows add ``dp_mu`` / ``dp_mu_replace_one`` (DP-SGD's exact μ, full batches) and
+      ``gdp_consistent`` (every kind's μ bound <= the replace-one μ; μ has no δ, so it always compares);
+    * ``one_run_consistent``: the canaries' one-run ε bound <= the accountant's add/remove ε (the relation
+      both are stated for; None where the one-run δ is below the accountant's).
+
+    Every bound's neighbour relation is declared once, in ``iclmem.record.NEIGHBOURS``.
 
     A checkpoint whose split is not exchangeable (``exchangeable`` False: the paper's unmatched
-    shuffled_members design, or a blind baseline separating the groups) gets no ε lower bound at all: every
-    ``*epsilon_lb`` column is NaN there and ``epsilon_lb_withheld`` says why, since its rates measure the
-    label difference between the groups as much as membership.
+    shuffled_members design, or a blind baseline separating the groups) gets no bound from its split at all:
+    every ``*epsilon_lb`` and ``*gdp_mu_lb`` column but the canaries' one-run bound is NaN there and
+    ``epsilon_lb_withheld`` says why, since its rates measure the label difference between the groups as
+    much as membership.
     """
     import math
     import warnings
 
-    from iclmem.vocab import SCORE_KINDS
+    from iclmem.vocab import SCORE_KINDS, Neighbours
 
     if results.empty:
         return results
@@ -198,7 +228,10 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
             ("members and non-members are separable without the model (label design "
              f"{row.get('label_design')}, blind AUC {float(row.get('blind_auc', math.nan)):.3f}): no ε lower bound")
             if sep else None for sep, (_, row) in zip(separable, out.iterrows())]
-        for column in [c for c in out.columns if c.endswith("epsilon_lb")]:
+        # the split's bounds go; the canaries' one-run bound stays (inserted and held-out canaries are
+        # exchangeable by their own design, whatever the members' labels)
+        for column in [c for c in out.columns if c.endswith(("epsilon_lb", "gdp_mu_lb"))
+                       and not c.startswith("one_run_")]:
             out.loc[separable, column] = math.nan
     kinds = [k.value for k in SCORE_KINDS if f"calibrated_{k.value}_epsilon_lb" in out.columns]
     if not kinds:
@@ -214,6 +247,7 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
         every = [float(row[f"calibrated_{k}_epsilon_lb"]) for k in kinds if pd.notna(row.get(f"calibrated_{k}_epsilon_lb"))]
         any_kind.append(max(every, default=math.nan))
     out["epsilon_lb"], out["epsilon_lb_kind"], out["epsilon_lb_delta"] = lb, lb_kind, lb_delta
+    gdp_any = _gdp_headline(out, kinds)
     keys = [c for c in ("run_id", "task") if c in out.columns]
     # the epoch as a float (NaN when no checkpoint has a bound): one dtype in memory and read back from parquet
     out["run_epsilon_lb"], out["run_epsilon_lb_epoch"], out["run_epsilon_lb_kind"] = math.nan, math.nan, None
@@ -230,6 +264,7 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
     from trainables.dp import DPSettings
 
     spent, spent_replace, steps, consistent = [], [], [], []
+    mu, mu_replace, gdp_ok, one_run_ok = [], [], [], []
     inconsistent, not_comparable = [], []
     for i, row in out.iterrows():
         if pd.isna(row.get("dp_noise_multiplier")):
@@ -237,6 +272,10 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
             spent_replace.append(math.nan)
             steps.append(None)
             consistent.append(None)
+            mu.append(math.nan)
+            mu_replace.append(math.nan)
+            gdp_ok.append(None)
+            one_run_ok.append(None)
             continue
         dp = DPSettings(**{f: row[f"dp_{f}"] for f in ("target_epsilon", "delta", "max_grad_norm", "noise_multiplier",
                                                      "epochs", "sample_rate", "steps_per_epoch", "accountant")})
@@ -244,6 +283,28 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
         eps = dp.epsilon_replace_one_at(int(row["epoch"]))
         spent_replace.append(eps)
         steps.append(dp.steps_at(int(row["epoch"])))
+        where = f"{row['run_id']} [{row.get('task')}] epoch {int(row['epoch'])}"
+        # Gaussian-DP: μ has no δ, so the audit's μ and DP-SGD's exact μ always compare (full batches only)
+        mu.append(dp.mu_at(int(row["epoch"])))
+        mu_replace.append(dp.mu_at(int(row["epoch"]), Neighbours.REPLACE_ONE))
+        audit_mu = gdp_any[out.index.get_loc(i)]
+        if math.isnan(audit_mu) or math.isnan(mu_replace[-1]):
+            gdp_ok.append(None)
+        else:
+            gdp_ok.append(audit_mu <= mu_replace[-1] + 1e-9)
+            if not gdp_ok[-1]:
+                inconsistent.append(f"{where}: audited GDP mu_lb {audit_mu:.4g} > DP-SGD's exact replace-one "
+                                    f"mu {mu_replace[-1]:.4g}")
+        # one-run canaries are in or out: add/remove, the accountant's own relation
+        one_run = float(row.get("one_run_epsilon_lb", math.nan))
+        one_run_delta = float(row.get("one_run_delta", math.nan))
+        if math.isnan(one_run) or math.isnan(one_run_delta) or one_run_delta < dp.delta:
+            one_run_ok.append(None)
+        else:
+            one_run_ok.append(one_run <= spent[-1] + 1e-9)
+            if not one_run_ok[-1]:
+                inconsistent.append(f"{where}: one-run epsilon_lb {one_run:.4g} > accountant's add/remove epsilon "
+                                    f"{spent[-1]:.4g} (delta {dp.delta:g})")
         audit = any_kind[out.index.get_loc(i)]
         if math.isnan(audit) or math.isnan(eps):
             consistent.append(None)
@@ -260,13 +321,15 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
                                     f"(delta {dp.delta:g})")
     out["dp_epsilon"], out["dp_epsilon_replace_one"] = spent, spent_replace
     out["dp_steps"], out["epsilon_consistent"] = steps, consistent
+    out["dp_mu"], out["dp_mu_replace_one"] = mu, mu_replace
+    out["gdp_consistent"], out["one_run_consistent"] = gdp_ok, one_run_ok
     if not_comparable:
         log(f"[iclmem] note: epsilon_consistent is not checked for {len(set(not_comparable))} DP run(s) whose audit "
             "delta (outcome.epsilon_delta) is below training.dp_delta; set them equal to compare")
     if inconsistent:
-        message = (f"{len(inconsistent)} checkpoint(s) have an audited epsilon lower bound ABOVE the DP accountant's "
-                   "epsilon: a bug in the audit or in the DP accounting (or the members and non-members are not "
-                   "exchangeable, e.g. shuffled member labels): " + "; ".join(inconsistent))
+        message = (f"{len(inconsistent)} checkpoint(s) have an audited lower bound ABOVE what DP-SGD guarantees "
+                   "for the same neighbour relation: a bug in the audit or in the DP accounting (or the members and "
+                   "non-members are not exchangeable, e.g. shuffled member labels): " + "; ".join(inconsistent))
         log(f"[iclmem] WARNING {message}")
         warnings.warn(message, EpsilonInconsistencyWarning, stacklevel=2)
     return out

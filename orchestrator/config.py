@@ -30,8 +30,9 @@ from pydantic import (
 )
 
 from iclmem.errors import ConfigError, DataError
-from iclmem.vocab import CanaryKind, LabelDesign, LabelMode, Recipe, Regime, TaskKind, TrialRole, WandbMode
+from iclmem.vocab import CanaryDesign, CanaryKind, LabelDesign, LabelMode, Recipe, Regime, TaskKind, TrialRole, WandbMode
 from trainables.dp import DEFAULT_DP_DELTA, DPAccountant
+from trainables.canaries import DEFAULT_ONE_RUN_M
 
 _FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max, without importing numpy here
 # numpy's legacy RandomState and scikit-learn's random_state take seeds in [0, 2**32): a larger one fails
@@ -61,7 +62,8 @@ def config_hash_of(data: dict[str, Any]) -> str:
 HASH_NEUTRAL_FIELDS: tuple[tuple[str, str], ...] = (
     ("grid", "dp"), ("training", "dp_delta"), ("training", "dp_max_grad_norm"), ("training", "dp_accountant"),
     ("outcome", "epsilon_delta"), ("probe", "references"), ("resources", "stall_timeout_min"),
-    ("probe", "context_references"),
+    ("probe", "context_references"), ("canaries", "design"), ("canaries", "m"), ("canaries", "beta"),
+    ("canaries", "delta"),
 )
 # Blocks added after run folders existed: left out of the hash while they hold their defaults.
 HASH_NEUTRAL_BLOCKS: tuple[str, ...] = ("canaries",)
@@ -313,14 +315,41 @@ class ProbeConfig(StrictConfig):
 
 
 class CanaryConfig(StrictConfig):
-    """Canary rows inserted into every audited run's fine-tuning members (trainables/canaries.py): for each
-    kind, ``per_group`` canaries per copy count, each trained that many times per step, and ``holdout``
-    never-trained ones that their exposure is measured against (probes/canaries.py). No kinds = off."""
+    """Canary rows inserted into every audited run's fine-tuning members (trainables/canaries.py). Design
+    ``exposure``: for each kind, ``per_group`` canaries per copy count, each trained that many times per
+    step, and ``holdout`` never-trained ones that their exposure and rank test are measured against
+    (probes/canaries.py). Design ``one_run``: for each kind, ``m`` canaries each trained once with
+    probability 1/2, for the one-run ε bound (probes/one_run.py). ``beta``: the audit's error probability
+    (the one-run bound holds at 1 − beta; a rank test's p-value below beta marks the canaries detected);
+    ``delta``: the δ of the one-run claim tested (unset: ``outcome.epsilon_delta``). No kinds = off."""
 
     kinds: list[CanaryKind] = []
+    design: CanaryDesign = CanaryDesign.EXPOSURE
     copies: list[int] = [1, 2, 4, 8]
     per_group: int = Field(4, ge=1, le=256)
     holdout: int = Field(32, ge=4, le=4096)
+    m: int = Field(DEFAULT_ONE_RUN_M, ge=16, le=65536)
+    beta: float = Field(0.05, gt=0, lt=0.5)
+    delta: float | None = Field(None, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _design_fields(self) -> CanaryConfig:
+        # a field of the other design is refused, never silently ignored (one left at its default is not in
+        # force either way, and the sweep.json a run folder keeps lists every field)
+        def changed(names: tuple[str, ...]) -> list[str]:
+            return [n for n in names if getattr(self, n) != type(self).model_fields[n].default]
+
+        if self.design is CanaryDesign.ONE_RUN:
+            stray = changed(("copies", "per_group", "holdout"))
+            if stray:
+                raise ValueError(f"design one_run inserts each of m canaries once with probability 1/2 (the one-run "
+                                 f"bound's unit is one row): {', '.join(stray)} belong(s) to design exposure; "
+                                 "set m instead")
+        elif changed(("m", "delta")):
+            stray = changed(("m", "delta"))
+            raise ValueError(f"{', '.join(stray)} belong(s) to design one_run (the one-run ε bound); set "
+                             "design: one_run, or per_group / holdout / copies for design exposure")
+        return self
 
     @field_validator("kinds", "copies")
     @classmethod
@@ -346,7 +375,8 @@ class CanaryConfig(StrictConfig):
             return None
         from trainables.canaries import CanarySettings
 
-        return CanarySettings(tuple(self.kinds), tuple(self.copies), self.per_group, self.holdout).as_dict()
+        return CanarySettings(tuple(self.kinds), tuple(self.copies), self.per_group, self.holdout, self.design,
+                              self.m).as_dict()
 
 
 

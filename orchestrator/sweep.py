@@ -1093,7 +1093,8 @@ def start_probe_pools(prepared: PreparedSweep, run_dir: Path) -> ProbePools:
     sweep = prepared.sweep
     thresholds = OutcomeThresholds.from_dict(sweep.outcome.model_dump())
     settings = ProbeSettings(n_resamples=sweep.probe.bootstrap, thresholds=thresholds,
-                             null_splits=sweep.probe.null_splits, n_checkpoints=checkpoints_per_run(sweep))
+                             null_splits=sweep.probe.null_splits, n_checkpoints=checkpoints_per_run(sweep),
+                             canary_beta=sweep.canaries.beta, canary_delta=sweep.canaries.delta)
     res = sweep.resources
     options = res.actor_options()
     cache = run_dir / REFERENCE_DIR

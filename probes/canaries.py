@@ -21,6 +21,12 @@ Two statistics, both oriented so that higher = more member-like:
 
 Beside them, the Secret Sharer's own measure over the candidate labels: the rank of the canary's trained
 label among the C candidates under the checkpoint with C' (1 = most probable).
+
+Exposure has no significance level; :func:`canary_tests` gives one: a one-sided Mann-Whitney rank test of
+the inserted canaries' statistic against the held-out ones' (pooled over kinds; per copy count as well in
+the exposure design), whose p-value is valid because inserted and held-out canaries are exchangeable
+draws before training. ``canary_detected`` is p < ``beta``. For the one_run design it also gives the
+one-run ε lower bound (``probes.one_run``) of both statistics on the canaries' coins.
 """
 
 from __future__ import annotations
@@ -64,8 +70,11 @@ def canary_records(ids: np.ndarray, kinds: tuple[CanaryKind, ...], copies: np.nd
     for kind in dict.fromkeys(kind_values):
         mine = kind_values == kind
         held, inserted = mine & (copies == 0), np.flatnonzero(mine & (copies > 0))
-        exp_probe = exposure_bits(probe_stat[inserted], probe_stat[held])
-        exp_known = exposure_bits(known_stat[inserted], known_stat[held])
+        if held.any():
+            exp_probe = exposure_bits(probe_stat[inserted], probe_stat[held])
+            exp_known = exposure_bits(known_stat[inserted], known_stat[held])
+        else:  # a one_run draw that put every canary of a kind in (probability 2^-m): nothing to rank against
+            exp_probe = exp_known = np.full(inserted.size, np.nan)
         for j, i in enumerate(inserted):
             out.append({"id": int(ids[i]), "kind": str(kind), "copies": int(copies[i]),
                         "probe_stat": float(probe_stat[i]), "exposure": float(exp_probe[j]),
@@ -96,4 +105,49 @@ def summary_columns(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["exposure_bits", "label_ranks", "canary_records", "summary_columns"]
+def canary_tests(kinds: tuple[CanaryKind, ...], copies: np.ndarray, probe_stat: np.ndarray, known_stat: np.ndarray,
+                 beta: float) -> dict[str, Any]:
+    """The rank tests of inserted (copies > 0) against held-out (copies 0) canaries: ``canary_p_value`` (the
+    probe statistic), ``canary_known_context_p_value``, ``canary_detected`` (probe p < ``beta``) and, with
+    several copy counts, ``canary_p_value_c<k>`` (canaries of k copies against every held-out one). NaN
+    p-values where a side is empty (a one_run draw can leave one empty, with probability 2^-m)."""
+    from probes.metrics import mann_whitney_p
+
+    copies = np.asarray(copies, dtype=np.int64)
+    inserted, held = copies > 0, copies == 0
+
+    def p_of(stat: np.ndarray, rows: np.ndarray) -> float:
+        if not rows.any() or not held.any():
+            return float("nan")
+        return mann_whitney_p(np.asarray(stat)[rows], np.asarray(stat)[held])
+
+    out: dict[str, Any] = {"canary_p_value": p_of(probe_stat, inserted),
+                           "canary_known_context_p_value": p_of(known_stat, inserted), "canary_beta": float(beta)}
+    out["canary_detected"] = bool(out["canary_p_value"] < beta)  # NaN < beta is False: nothing detected
+    counts = sorted(set(copies[inserted].tolist()))
+    if len(counts) > 1:
+        for k in counts:
+            out[f"canary_p_value_c{k}"] = p_of(probe_stat, copies == k)
+    return out
+
+
+def one_run_columns(copies: np.ndarray, probe_stat: np.ndarray, known_stat: np.ndarray, delta: float, beta: float,
+                    tie_seed: int) -> dict[str, Any]:
+    """The one-run bound of both statistics on one_run canaries (in = copies 1): ``one_run_epsilon_lb`` (the
+    larger; every test of both attacks shares ``beta``), ``one_run_epsilon_lb_<attack>``, the guesses that
+    gave the headline and the design's numbers (m, canaries in, δ, β)."""
+    from probes.one_run import one_run_audits
+
+    bounds = one_run_audits({"probe": probe_stat, "known_context": known_stat}, np.asarray(copies) > 0, delta, beta,
+                            tie_seed)
+    best_name = max(bounds, key=lambda k: bounds[k].epsilon)
+    best = bounds[best_name]
+    out: dict[str, Any] = {f"one_run_epsilon_lb_{name}": b.epsilon for name, b in bounds.items()}
+    out.update({"one_run_epsilon_lb": best.epsilon, "one_run_epsilon_lb_attack": best_name,
+                "one_run_guesses": best.guesses, "one_run_correct": best.correct, "one_run_m": best.m,
+                "one_run_n_in": best.n_in, "one_run_delta": best.delta, "one_run_beta": best.beta,
+                "one_run_tests": best.tests})
+    return out
+
+
+__all__ = ["exposure_bits", "label_ranks", "canary_records", "summary_columns", "canary_tests", "one_run_columns"]

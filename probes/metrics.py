@@ -32,6 +32,7 @@ import pandas as pd
 from iclmem.errors import ProbeError
 from iclmem.vocab import SCORE_KINDS, Calibration, ScoreKind
 from probes.epsilon import DEFAULT_EPSILON_DELTA, EpsilonBound, epsilon_lower_bound
+from probes.gdp import GdpBound, gdp_mu_lower_bound
 
 __all__ = [
     "ScoreKind",
@@ -488,6 +489,8 @@ class CheckpointMetrics:
     p_value: float = float("nan")  # one-sided Mann-Whitney p-value of the AUC (see mann_whitney_p)
     # the ε lower bound the attack implies (probes.epsilon), over every threshold of these scores
     epsilon: EpsilonBound | None = None
+    # the Gaussian-DP μ lower bound of the same scores' whole ROC (probes.gdp) and the ε it implies at δ
+    gdp: GdpBound | None = None
 
     def tpr_at(self, alpha: float) -> TprAtFpr:
         return _lookup_alpha(self.tpr, alpha, "TPR")
@@ -543,6 +546,9 @@ class CheckpointMetrics:
             # row never states a bound without its δ; the side (a word) stays out of this numeric record
             out[f"{p}_epsilon_lb"] = self.epsilon.epsilon
             out[f"{p}_epsilon_lb_delta"] = self.epsilon.delta
+        if self.gdp is not None:
+            out[f"{p}_gdp_mu_lb"] = self.gdp.mu
+            out[f"{p}_gdp_epsilon_lb"] = self.gdp.epsilon
         return out
 
 
@@ -559,8 +565,9 @@ def membership_metrics(
     epsilon_delta: float = DEFAULT_EPSILON_DELTA,
 ) -> CheckpointMetrics:
     """All metrics of one kind from already-oriented membership scores (higher = member); the ε lower
-    bound (:func:`probes.epsilon.epsilon_lower_bound`) at δ = ``epsilon_delta``, with Clopper-Pearson
-    bounds at ``confidence``."""
+    bound (:func:`probes.epsilon.epsilon_lower_bound`) and the Gaussian-DP μ bound
+    (:func:`probes.gdp.gdp_mu_lower_bound`) at δ = ``epsilon_delta``, with Clopper-Pearson bounds at
+    ``confidence``."""
     m = _scores(member_scores, "member scores")
     n = _scores(nonmember_scores, "non-member scores")
     alphas = tuple(dict.fromkeys(float(a) for a in alphas))
@@ -584,6 +591,7 @@ def membership_metrics(
         confidence=float(confidence),
         p_value=mann_whitney_p(m, n),
         epsilon=epsilon_lower_bound(m, n, epsilon_delta, confidence),
+        gdp=gdp_mu_lower_bound(m, n, epsilon_delta, confidence),
     )
 
 

@@ -22,11 +22,11 @@ from iclmem.atomic import read_parquet_checked, write_json_atomic, write_parquet
 from iclmem.errors import ConfigError, ProbeError
 from iclmem.record import check_row
 from iclmem.runfolder import QUERIES_SUFFIX
-from iclmem.vocab import SCORE_KINDS, LabelDesign, Outcome, VerdictRule
+from iclmem.vocab import SCORE_KINDS, CanaryDesign, LabelDesign, Outcome, VerdictRule
 from probes.attacks import LOGIT_PREFIX, logit_of_loss
 from probes.blind import exchangeable, task_blind_baseline
 from probes.calibration import model_digest, reference_scores, resolve_model
-from probes.canaries import canary_records, label_ranks
+from probes.canaries import canary_records, canary_tests, label_ranks, one_run_columns
 from probes.canaries import summary_columns as canary_summary_columns
 from probes.metrics import (
     Calibration,
@@ -54,6 +54,10 @@ class ProbeSettings:
     null_splits: int = 1
     # checkpoints a run's headline selects from (the selection-aware rule's family is this x score kinds)
     n_checkpoints: int = 1
+    # the canaries' audit (sweep block canaries): the error probability of the one-run bound and the rank
+    # tests' level, and the one-run claim's δ (None: thresholds.epsilon_delta)
+    canary_beta: float = 0.05
+    canary_delta: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("null_splits", "n_checkpoints", "n_resamples"):
@@ -343,7 +347,8 @@ def probe_checkpoint(
     row.update(_null_columns(model, task, plan, cache_dir, base_digest, base_model, settings, ratio, std,
                              fine_tuned))
     if canaries is not None:
-        row.update(canary_columns(model, task, plan, canaries, cache_dir, base_digest, base_model))
+        row.update(canary_columns(model, task, plan, canaries, cache_dir, base_digest, base_model, settings,
+                                  int(identity.get("seed", 0))))
 
     manip = per_manipulation_auc(finetuned, reference)
     manip = manip.reset_index()[["manipulation", "category", ScoreKind.LOSS.value]].rename(columns={ScoreKind.LOSS.value: "auc"})
@@ -377,11 +382,14 @@ def canary_plan(task: Any, canaries: Any, plan: ProbePlan) -> ProbePlan:
 
 
 def canary_columns(model: Any, task: Any, plan: ProbePlan, canaries: Any, cache_dir: str | Path, base_digest: str,
-                   base_model: Any) -> dict[str, Any]:
+                   base_model: Any, settings: ProbeSettings | None = None, tie_seed: int = 0) -> dict[str, Any]:
     """Exposure of the run's canaries at this checkpoint (``probes.canaries``): the probe's calibrated
     loss and the known-context calibrated loss of every canary, inserted and held out, and the rank of its
     trained label; the base model's statistics of both are computed once and cached like the reference
-    scores of the real split."""
+    scores of the real split. Beside them the rank tests' p-values and, for one_run canaries, the one-run
+    ε lower bound at ``settings.canary_beta`` and δ ``settings.canary_delta`` (unset: the outcome's
+    ``epsilon_delta``), guesses' ties broken by ``tie_seed``."""
+    settings = settings or ProbeSettings()
     cplan = canary_plan(task, canaries, plan)
     ref_key = f"{task.fingerprint}|canaries|{canaries.fingerprint}"
     reference = robustness_scores(reference_scores(cache_dir, ref_key, cplan, base_digest, base_model))
@@ -402,7 +410,12 @@ def canary_columns(model: Any, task: Any, plan: ProbePlan, canaries: Any, cache_
                                   distribution_scores(lp_ft, labels)["loss"].astype(np.float64) - loss_base)
     records = canary_records(ids, canaries.kinds, canaries.copies, probe_stat, known_stat,
                              label_ranks(lp_ft.numpy(), canaries.labels), int(task.n_classes))
-    return canary_summary_columns(records)
+    out = canary_summary_columns(records)
+    out.update(canary_tests(canaries.kinds, canaries.copies, probe_stat, known_stat, settings.canary_beta))
+    if canaries.settings.design is CanaryDesign.ONE_RUN:
+        delta = settings.thresholds.epsilon_delta if settings.canary_delta is None else settings.canary_delta
+        out.update(one_run_columns(canaries.copies, probe_stat, known_stat, delta, settings.canary_beta, tie_seed))
+    return out
 
 
 def query_table(finetuned: pd.DataFrame, reference: pd.DataFrame, plan: ProbePlan, loss_ft: np.ndarray,

@@ -9,10 +9,18 @@ Two kinds (``iclmem.vocab.CanaryKind``):
   number, so no canary equals a table row) under the label that is rarest among the members, drawn from
   rows of other labels.
 
-For each kind, ``per_group`` canaries are inserted with each copy count of ``copies`` and ``holdout``
-more are drawn the same way but never inserted: the held-out canaries are the reference distribution a
-canary's exposure is measured against (``probes.canaries``). Inserted and held-out canaries of one kind
-are exchangeable draws of one generator, so an untrained model cannot tell them apart.
+Two designs (``iclmem.vocab.CanaryDesign``):
+
+* ``exposure``: for each kind, ``per_group`` canaries are inserted with each copy count of ``copies`` and
+  ``holdout`` more are drawn the same way but never inserted: the held-out canaries are the reference
+  distribution a canary's exposure and its rank test are measured against (``probes.canaries``).
+* ``one_run``: for each kind, ``m`` canaries are drawn, and each is inserted once or not at all by a fair
+  coin of its own (independent of every other draw, from the run's seed): the design of the one-run ε
+  bound (``probes.one_run``), whose unit is one row added or removed. The coins are the ``copies`` (1 or
+  0) the ground-truth log records.
+
+Inserted and held-out canaries of one kind are exchangeable draws of one generator, so an untrained model
+cannot tell them apart.
 
 Everything here is a pure function of (prepared task, settings): the trainable, a probe actor and a
 recomputed checkpoint all rebuild the same canaries. Canary ids are negative (-1, -2, ...): they never
@@ -31,10 +39,12 @@ from typing import Any
 import numpy as np
 
 from iclmem.errors import ConfigError
-from iclmem.vocab import CanaryKind, ColumnKind
+from iclmem.vocab import CanaryDesign, CanaryKind, ColumnKind
 
 DEFAULT_COPIES: tuple[int, ...] = (1, 2, 4, 8)
+DEFAULT_ONE_RUN_M = 128  # one_run canaries per kind (benchmarks/one_run.py measures what that buys)
 _STREAM_CANARY = 6  # beside trainables.data's _STREAM_* streams: the canaries' random draws never share theirs
+_STREAM_COINS = 7  # the one_run inclusion coins: a stream of their own, so they are independent of the draws
 OUTLIER_SIGMAS = (4.0, 6.0)  # an outlier number lies this many of its column's standard deviations out
 JITTER_SIGMAS = 0.1  # a rare_label canary's numbers are moved by this many standard deviations (Gaussian)
 
@@ -47,20 +57,30 @@ class CanarySettings:
     copies: tuple[int, ...] = DEFAULT_COPIES
     per_group: int = 4
     holdout: int = 32
+    design: CanaryDesign = CanaryDesign.EXPOSURE
+    m: int = DEFAULT_ONE_RUN_M  # one_run only: canaries per kind, each inserted with probability 1/2
 
     def __post_init__(self) -> None:
         kinds = tuple(CanaryKind(k) for k in self.kinds)
-        copies = tuple(int(c) for c in self.copies)
+        design = CanaryDesign(self.design)
+        copies = tuple(int(c) for c in self.copies) if design is CanaryDesign.EXPOSURE else (1,)
         object.__setattr__(self, "kinds", kinds)
         object.__setattr__(self, "copies", copies)
+        object.__setattr__(self, "design", design)
         if not kinds or len(set(kinds)) != len(kinds):
             raise ConfigError(f"canary kinds must be distinct and at least one, got {[k.value for k in kinds]}")
         if not copies or len(set(copies)) != len(copies) or min(copies) < 1:
             raise ConfigError(f"canary copy counts must be distinct integers >= 1, got {list(copies)}")
         if int(self.per_group) < 1 or int(self.holdout) < 1:
             raise ConfigError(f"canaries need per_group >= 1 and holdout >= 1, got {self.per_group}, {self.holdout}")
+        if design is CanaryDesign.ONE_RUN and int(self.m) < 16:
+            raise ConfigError(f"one_run canaries need m >= 16 per kind (the bound's guesses are fractions of m), "
+                              f"got {self.m}")
 
     def as_dict(self) -> dict[str, Any]:
+        if self.design is CanaryDesign.ONE_RUN:
+            # the exposure design's dict is unchanged by the one_run fields, so its runs keep their ids
+            return {"kinds": [k.value for k in self.kinds], "design": self.design.value, "m": int(self.m)}
         return {"kinds": [k.value for k in self.kinds], "copies": list(self.copies),
                 "per_group": int(self.per_group), "holdout": int(self.holdout)}
 
@@ -70,16 +90,28 @@ class CanarySettings:
             return value
         data = dict(value)
         return cls(kinds=tuple(data["kinds"]), copies=tuple(data.get("copies", DEFAULT_COPIES)),
-                   per_group=int(data.get("per_group", 4)), holdout=int(data.get("holdout", 32)))
+                   per_group=int(data.get("per_group", 4)), holdout=int(data.get("holdout", 32)),
+                   design=CanaryDesign(data.get("design", CanaryDesign.EXPOSURE.value)),
+                   m=int(data.get("m", DEFAULT_ONE_RUN_M)))
+
+    @property
+    def per_kind(self) -> int:
+        """Canaries drawn per kind, inserted and held out."""
+        if self.design is CanaryDesign.ONE_RUN:
+            return int(self.m)
+        return self.per_group * len(self.copies) + self.holdout
 
     @property
     def n_canaries(self) -> int:
         """Canaries of a run, inserted and held out: the extra queries every checkpoint's probe scores."""
-        return len(self.kinds) * (self.per_group * len(self.copies) + self.holdout)
+        return len(self.kinds) * self.per_kind
 
     @property
     def n_inserted_rows(self) -> int:
-        """Query rows the canaries add to each fine-tuning step (every copy is one row)."""
+        """Query rows the canaries add to each fine-tuning step (every copy is one row); for one_run the
+        expected number (half the canaries: which ones is the coins')."""
+        if self.design is CanaryDesign.ONE_RUN:
+            return self.n_canaries // 2
         return len(self.kinds) * self.per_group * sum(self.copies)
 
 
@@ -159,10 +191,14 @@ def make_canaries(task: Any, settings: CanarySettings | Mapping[str, Any]) -> Ca
     # another fingerprint and must rebuild the very canaries the run trained on
     rng = np.random.default_rng([_STREAM_CANARY, int(task.seed), zlib.crc32(str(task.name).encode())])
     out_features, out_labels, out_kinds, out_copies, out_sources = [], [], [], [], []
+    coins = np.random.default_rng([_STREAM_COINS, int(task.seed), zlib.crc32(str(task.name).encode())])
     for kind in settings.kinds:
-        n = settings.per_group * len(settings.copies) + settings.holdout
-        copies = np.concatenate([np.repeat(settings.copies, settings.per_group),
-                                 np.zeros(settings.holdout, dtype=np.int64)])
+        n = settings.per_kind
+        if settings.design is CanaryDesign.ONE_RUN:
+            copies = (coins.random(n) < 0.5).astype(np.int64)  # in (1 copy) or out, each by its own fair coin
+        else:
+            copies = np.concatenate([np.repeat(settings.copies, settings.per_group),
+                                     np.zeros(settings.holdout, dtype=np.int64)])
         rows = np.empty((n, len(kinds)))
         source = np.full(n, -1, dtype=np.int64)
         picked = np.zeros(n, dtype=np.int64)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from iclmem.errors import ConfigError
+from iclmem.vocab import Neighbours
 
 if TYPE_CHECKING:  # torch is imported where the gradients are computed: the sweep config reads this module
     import torch
@@ -199,6 +200,18 @@ class DPSettings:
         if self.sample_rate != 1.0:
             return math.nan
         return epsilon_spent(self.noise_multiplier / 2.0, 1.0, self.steps_at(epoch), self.delta, self.accountant)
+
+    def mu_at(self, epoch: int, neighbours: Neighbours = Neighbours.ADD_REMOVE) -> float:
+        """The mechanism's exact Gaussian-DP μ after ``epoch`` epochs: full-batch steps are Gaussian mechanisms
+        of noise multiplier σ, and GDP composes exactly (μ = sqrt(steps) / σ add/remove, twice that for
+        replace-one: the clipped sum moves by up to 2 × max_grad_norm). NaN for a sampled batch (sample
+        rate < 1), whose trade-off curve is not Gaussian."""
+        from probes.gdp import gaussian_mechanism_mu
+
+        if self.sample_rate != 1.0:
+            return math.nan
+        sensitivity = 2.0 if Neighbours(neighbours) is Neighbours.REPLACE_ONE else 1.0
+        return gaussian_mechanism_mu(self.noise_multiplier, self.steps_at(epoch), sensitivity)
 
     def as_dict(self) -> dict[str, Any]:
         return {"target_epsilon": self.target_epsilon, "delta": self.delta, "max_grad_norm": self.max_grad_norm,

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from iclmem.atomic import atomic_write, write_json_atomic
 from iclmem.errors import CheckpointError, ConfigError, CorruptCheckpointError
-from iclmem.vocab import Regime
+from iclmem.vocab import CanaryDesign, Regime
 from trainables.canaries import CanarySet, CanarySettings, make_canaries
 from trainables.dp import (
     DPSettings,
@@ -264,6 +264,14 @@ class Finetuner:
         self._eval_members = members
         self._eval_nonmembers = [fixed_batch(t, t.nonmember_idx).to(self.device) for t in self.tasks]
 
+    def _public_rows(self, batch: Batch) -> int:
+        """What a DP step divides the noisy sum by: a number that does not depend on which rows are in.
+        One_run canaries are in by coin flips, so their count is the expected one, never the drawn one
+        (dividing by the drawn count would let the update's scale tell how many canaries went in)."""
+        if self.canaries is not None and self.canaries.settings.design is CanaryDesign.ONE_RUN:
+            return int(self._eval_members[0].query_y.numel()) + self.canaries.settings.n_inserted_rows
+        return int(batch.query_y.numel())
+
     # ---------------------------------------------------------------------------------------- steps
     def batches(self, epoch: int) -> list[Batch]:
         if self.spec.regime == Regime.MULTI_RANDOM:
@@ -299,7 +307,7 @@ class Finetuner:
             sums, losses, _norms = clipped_gradient_sum(self.model, batch, self.dp.max_grad_norm, self._per_row_mode)
         if not torch.isfinite(losses).all():
             return float("nan")
-        grads = noisy_gradient(sums, self.dp.noise_std, batch.query_y.numel(), self._dp_generator)
+        grads = noisy_gradient(sums, self.dp.noise_std, self._public_rows(batch), self._dp_generator)
         self.optimizer.zero_grad(set_to_none=True)
         for p, g in zip(self.model.trainable_parameters(), grads):
             p.grad = g
