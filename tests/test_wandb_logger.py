@@ -716,11 +716,16 @@ def test_a_checkpoint_is_logged_as_a_reference_artifact_with_its_inputs_and_a_me
 
 def test_an_epsilon_lower_bound_above_the_accountant_raises_an_alert_and_agreement_none():
     row = {"run_id": "r", "epoch": 3, "outcome": "no_signal", "epsilon_consistent": False, "epsilon_lb": 2.5,
-           "dp_epsilon": 1.0}
+           "dp_epsilon": 1.0, "dp_epsilon_replace_one": 2.1}
     title, text = S.alert_for(row)
     assert title == "ε lower bound above the accountant's: r"
-    assert "2.5 exceeds the DP accountant's ε 1.0" in text
+    # the bound is held against the accountant's figure for its own neighbour relation, and says which
+    assert "2.5 (replace-one) exceeds DP-SGD's 2.1 (replace-one)" in text
     assert S.alert_for({**row, "epsilon_consistent": True}) is None
+    one_run = {**row, "epsilon_consistent": True, "one_run_consistent": False, "one_run_epsilon_lb": 1.4}
+    assert "1.4 (add/remove) exceeds DP-SGD's 1.0 (add/remove)" in S.alert_for(one_run)[1]
+    gdp = {**row, "epsilon_consistent": None, "gdp_consistent": False, "gdp_mu_lb": 0.9, "dp_mu_replace_one": 0.5}
+    assert S.alert_for(gdp)[0] == "GDP μ lower bound above the accountant's: r"
     assert S.alert_for({"run_id": "r", "epoch": 3, "outcome": "overfitting"}) is None
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from iclmem.record import CHECKPOINT_KEY
+from iclmem.record import CHECKPOINT_KEY, NEIGHBOURS
 from orchestrator.report.parts import html_table, paragraph, save_png, section_html
 
 __all__ = ["CANARY_REPORT_COLUMNS", "CANARIES_FIGURE", "canary_copies", "canary_table", "canary_figure",
@@ -28,7 +28,10 @@ __all__ = ["CANARY_REPORT_COLUMNS", "CANARIES_FIGURE", "canary_copies", "canary_
 
 CANARIES_FIGURE = "canary_exposure.png"
 MAX_FIGURE_RUNS = 12  # panels beyond this many runs would be unreadable; the table lists every run
-CANARY_REPORT_COLUMNS: tuple[str, ...] = (*CHECKPOINT_KEY, "sanity_check", "canary_holdout", "canary_exposure_max")
+CANARY_REPORT_COLUMNS: tuple[str, ...] = (*CHECKPOINT_KEY, "sanity_check", "canary_holdout", "canary_exposure_max",
+                                          "canary_p_value", "canary_known_context_p_value", "canary_beta",
+                                          "canary_detected", "one_run_epsilon_lb", "one_run_m", "one_run_n_in",
+                                          "one_run_guesses", "one_run_correct", "one_run_delta", "one_run_beta")
 _COPIES = re.compile(r"^canary_exposure_c(\d+)$")
 
 
@@ -71,6 +74,14 @@ def canary_table(results: pd.DataFrame) -> pd.DataFrame:
         out["label rank, copies " + " / ".join(str(k) for k in copies)] = " / ".join(
             f"{float(row[f'canary_label_rank_c{k}']):.2f}" for k in copies)
         out["max (bits)"] = f"{float(row['canary_exposure_max']):.2f}"
+        if pd.notna(row.get("canary_p_value", np.nan)):
+            out["rank-test p (probe / known context)"] = (f"{float(row['canary_p_value']):.2g} / "
+                                                          f"{float(row['canary_known_context_p_value']):.2g}")
+            out["detected"] = "yes" if bool(row.get("canary_detected")) else "no"
+        if pd.notna(row.get("one_run_epsilon_lb", np.nan)):
+            out[f"one-run ε_lb ({NEIGHBOURS['one_run_epsilon_lb']})"] = (
+                f"{float(row['one_run_epsilon_lb']):.3f} ({int(row['one_run_correct'])}/{int(row['one_run_guesses'])} "
+                f"right; {int(row['one_run_n_in'])} of {int(row['one_run_m'])} in)")
         rows.append(out)
     return pd.DataFrame(rows)
 
@@ -124,6 +135,15 @@ def canaries_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
             "exposure reads the zero-information probe's calibrated loss (−ΔS), known-context exposure the "
             "calibrated loss of the trained label with C′; label rank is the trained label's rank among the "
             "candidates with C′ (1 = predicted). Means over the canaries of each copy count; exposure that grows "
-            "with the copies is memorization of those rows.")
+            "with the copies is memorization of those rows. Rank-test p: one-sided Mann–Whitney test of the "
+            "inserted canaries' statistic against the held-out ones' (valid because both are draws of one "
+            "generator before training); detected = p below the sweep's canaries.beta.")
+    one_run = _public(results)
+    if "one_run_epsilon_lb" in one_run.columns and one_run["one_run_epsilon_lb"].notna().any():
+        first = one_run[one_run["one_run_epsilon_lb"].notna()].iloc[0]
+        note += (f" Design one_run: {int(first['one_run_m'])} canaries, each inserted once by a fair coin of its own; "
+                 "the one-run ε_lb guesses the coins from the checkpoint (the highest and lowest scores, on a grid "
+                 f"fixed in advance) and holds with probability {1 - float(first['one_run_beta']):.2f} at δ = "
+                 f"{float(first['one_run_delta']):g}, from this single run (docs/METHOD.md).")
     return section_html("Canaries: exposure by number of copies", [paragraph(note), html_table(table)], figure_dir,
                         figure, "canary exposure by copies")

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.errors import ConfigError
-from iclmem.record import IDENTITY_COLUMNS
+from iclmem.record import IDENTITY_COLUMNS, NEIGHBOURS
 from iclmem.runfolder import MANIPULATION_AUC_FILE, RESULTS_FILE, SPLIT_REPORT_FILE
 from orchestrator.report import tables as R
 from orchestrator.run_folder import RunFolder
@@ -490,9 +490,13 @@ def alert_for(row: Mapping[str, Any]) -> tuple[str, str] | None:
         numbers = ", ".join(f"{k} {float(v):.3f}" for k, v in (("AUC", auc), ("TPR@1%", tpr))
                             if v is not None and v == v)
         return (f"memorization: {run_id}", f"run {run_id}, epoch {epoch}: verdict memorization ({numbers})")
-    consistent = row.get("epsilon_consistent")
-    if consistent is not None and consistent == consistent and not bool(consistent):
-        return (f"ε lower bound above the accountant's: {run_id}",
-                f"run {run_id}, epoch {epoch}: ε lower bound {row.get('epsilon_lb')} exceeds the DP accountant's "
-                f"ε {row.get('dp_epsilon')}: the audit or the accounting is wrong")
+    # each bound against the accountant's figure for its own neighbour relation (iclmem.record.NEIGHBOURS)
+    for flag, bound, limit, name in (("epsilon_consistent", "epsilon_lb", "dp_epsilon_replace_one", "ε lower bound"),
+                                     ("gdp_consistent", "gdp_mu_lb", "dp_mu_replace_one", "GDP μ lower bound"),
+                                     ("one_run_consistent", "one_run_epsilon_lb", "dp_epsilon", "one-run ε lower bound")):
+        consistent = row.get(flag)
+        if consistent is not None and consistent == consistent and not bool(consistent):
+            return (f"{name} above the accountant's: {run_id}",
+                    f"run {run_id}, epoch {epoch}: {name} {row.get(bound)} ({NEIGHBOURS[bound]}) exceeds DP-SGD's "
+                    f"{row.get(limit)} ({NEIGHBOURS[limit]}): the audit or the accounting is wrong")
     return None
