@@ -43,12 +43,12 @@ def _span(values: list[float], digits: int = 2) -> str:
 
 
 def audit_runs(args, base, suite, cache) -> tuple[list[list[str]], list[dict]]:
+    from iclmem.vocab import Neighbours
     from probes.probe import ProbeSettings, probe_checkpoint
     from probes.scoring import ProbePlan, ProbeQueries
     from trainables.data import PrepSettings, TaskSource, prepare_task
     from trainables.dp import DPSettings
     from trainables.finetune import Finetuner, FinetuneSpec
-    from iclmem.vocab import Neighbours
 
     settings = ProbeSettings(n_resamples=200, null_splits=0)
     records = []

@@ -195,6 +195,10 @@ COLUMNS: dict[str, Column] = _columns(
     Column("one_run_tests", "tests of the union bound (guess grid x statistics)"),
     # ---- where and how long (probes.actors)
     Column("probe_seconds", "wall time of the checkpoint's probe", False),
+    Column("probe_device_seconds", "device-seconds of the probe (CPU time on a CPU, wall time on a GPU)", False),
+    Column("probe_score_seconds", "of which scoring the checkpoint's contexts (null splits, canaries)", False),
+    Column("probe_reference_seconds", "of which base-model reference scores (when not cached yet)", False),
+    Column("probe_plan_seconds", "of which building the task's probe plan (once per task and actor)", False),
     Column("probe_node", "Ray node the probe ran on", False),
 )
 

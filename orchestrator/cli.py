@@ -40,6 +40,13 @@ def with_wandb_mode(config: Any, mode: str) -> Any:
     return config.model_copy(update={"wandb": config.wandb.model_copy(update={"mode": WandbMode(mode)})})
 
 
+def _process_started() -> float:
+    """When this process started (``time.time()`` seconds): the run's timings count the driver's own start."""
+    import psutil
+
+    return float(psutil.Process().create_time())
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.config import load_sweep
     from orchestrator.sweep import run_sweep
@@ -50,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_dir = Path(args.out) if args.out else _default_run_dir(args.config)
     print(f"[iclmem] sweep {sweep.name!r} ({sweep.config_hash()}) -> {run_dir}", flush=True)
     results = run_sweep(args.config, run_dir, sweep=sweep, address=args.address, progress=not args.quiet,
-                        num_cpus=args.num_cpus, verbose=args.verbose)
+                        num_cpus=args.num_cpus, verbose=args.verbose, started_at=_process_started())
     print(f"[iclmem] done: {len(results)} checkpoint results; report at {run_dir / 'report.html'}")
     return 0
 
@@ -59,7 +66,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from orchestrator.sweep import run_sweep
 
     results = run_sweep(None, args.run_dir, address=args.address, resume=True, progress=not args.quiet,
-                        num_cpus=args.num_cpus, verbose=args.verbose)
+                        num_cpus=args.num_cpus, verbose=args.verbose, started_at=_process_started())
     print(f"[iclmem] resumed: {len(results)} checkpoint results; report at {Path(args.run_dir) / 'report.html'}")
     return 0
 
@@ -210,11 +217,34 @@ def cmd_audit_context(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
+    from orchestrator.config import load_sweep
     from orchestrator.estimate import estimate, render
+    from orchestrator.timing import comparison_lines, read_timings, save_prediction
 
-    est = estimate(args.config, args.workers, device=args.device, task=args.task, epochs=args.epochs,
+    timings = None
+    if args.compare:  # a finished run: its own sweep and worker count, unless the command line names others
+        from iclmem.runfolder import SWEEP_FILE
+
+        timings = read_timings(args.compare)  # before any measuring: a folder without timings fails at once
+        config = args.config or str(Path(args.compare) / SWEEP_FILE)
+        workers = args.workers or timings.workers
+    elif not args.config:
+        raise ConfigError("iclmem estimate needs a sweep file (or --compare RUN_DIR)")
+    else:
+        config, workers = args.config, args.workers or 1
+    est = estimate(config, workers, device=args.device, task=args.task, epochs=args.epochs,
                    threads=args.threads, log=lambda line: print(line, file=sys.stderr, flush=True))
     print(render(est, markdown=args.markdown))
+    prediction = est.prediction(load_sweep(config).config_hash())
+    if timings is None:
+        saved = save_prediction(prediction)  # `iclmem run` of this sweep prints its times beside it
+        if saved is not None:
+            print(f"(kept as {saved}: `iclmem run` of this sweep compares its measured times with it)")
+    else:
+        print()
+        print(f"Beside the run {args.compare} ({timings.trials} trials, {timings.checkpoints} checkpoint results, "
+              f"{timings.workers} workers, recorded {timings.recorded_at}):")
+        print("\n".join(comparison_lines(prediction, timings)))
     return 0
 
 
@@ -457,9 +487,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = parser(sub, "estimate", help="the grid's work, unit costs measured on this device, and the predicted "
                "wall time and device-hours on N workers, before anything is launched")
-    e.add_argument("config", help="sweep YAML")
-    e.add_argument("--workers", type=_positive, default=1,
-                   help="parallel slots: cores of a CPU sweep, GPUs of a CUDA one")
+    e.add_argument("config", nargs="?", default=None, help="sweep YAML (with --compare: the run's own by default)")
+    e.add_argument("--workers", type=_positive, default=None,
+                   help="parallel slots: cores of a CPU sweep, GPUs of a CUDA one (default 1; with --compare, "
+                        "the run's)")
+    e.add_argument("--compare", metavar="RUN_DIR", default=None,
+                   help="a finished run: the estimate beside the times it recorded (RUN_DIR/timings.json), phase "
+                        "by phase, naming the phase with the largest error")
     e.add_argument("--device", default=None,
                    help="auto, cpu, cuda or cuda:N (default: auto, CUDA when present)")
     e.add_argument("--task", default=None, help="measure on this task (default: the sweep's first; any built-in name)")

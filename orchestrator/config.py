@@ -30,9 +30,19 @@ from pydantic import (
 )
 
 from iclmem.errors import ConfigError, DataError
-from iclmem.vocab import CanaryDesign, CanaryKind, LabelDesign, LabelMode, Recipe, Regime, TaskKind, TrialRole, WandbMode
-from trainables.dp import DEFAULT_DP_DELTA, DPAccountant
+from iclmem.vocab import (
+    CanaryDesign,
+    CanaryKind,
+    LabelDesign,
+    LabelMode,
+    Recipe,
+    Regime,
+    TaskKind,
+    TrialRole,
+    WandbMode,
+)
 from trainables.canaries import DEFAULT_ONE_RUN_M
+from trainables.dp import DEFAULT_DP_DELTA, DPAccountant
 
 _FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max, without importing numpy here
 # numpy's legacy RandomState and scikit-learn's random_state take seeds in [0, 2**32): a larger one fails

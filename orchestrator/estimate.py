@@ -1,26 +1,33 @@
 """What a sweep will cost, before anything is launched: ``iclmem estimate CONFIG --workers N``.
 
-1. **Count** the grid's work with the sweep's own expansion (``expand_grid``): runs, fine-tuning steps,
-   checkpoints probed, probe contexts (checkpoints x 2Q x |suite| per run, plus the base-model control per
-   reference when ``probe.base_as_checkpoint``), references (one per task x model x Q x label mode x seed,
-   computed once and shared) and the contexts sharing saves.
-2. **Measure** unit costs of each configured model on the local device (CPU, or CUDA when present or
-   asked for), at each Q of the grid, on the sweep's first task (or ``task``): Stage I preparation, a few
-   fine-tuning epochs as the trainable runs them (AdamW step + member/non-member evaluation), a checkpoint
-   save, the probe plan with its invariance-shortcut table, one probe batch (``score`` of every context of
-   the plan, per context scored), and the rest of a checkpoint's probe (ICL predictions, bootstrap
-   intervals, AUCs, ROC; every score table stubbed, the contexts of plans besides the task's -- the null
-   splits' pools -- counted and costed as scoring; the checkpoint's load and the result's save). The
-   machinery around the work is measured on a local Ray too: the driver's start (imports), Ray's start
-   and stop, a worker actor's start (a process importing torch, Tune and iclmem, as every probe actor
-   does), and a Tune trial that imports what iclmem's trainable imports and reports once per epoch
-   (its cost per trial, and a Tune experiment's fixed cost).
-3. **Predict** device-seconds per kind of work and the wall time on N workers (N parallel slots: cores for
-   a CPU sweep, GPUs for a CUDA one): driver start + Ray start + Stage I + the Tune experiment's fixed cost
-   + max(parallel work / N, the probe actors' work / min(probe actors, N), the longest chain: one run's
-   trial overhead, epochs and saves, then the probe of its last checkpoint). Within those bounds the
-   parallel work packs perfectly (fine-tuning and probing overlap, as the pipeline's checkpoint callback
-   makes them). Not modelled: data transfer between nodes, W&B upload, report rendering.
+1. **Count** the grid's work with the sweep's own expansion (``expand_grid``), per (model, Q, task)
+   (:class:`CostKey`; a multi-task run counts once on each of its tasks): runs and what they fine-tune on
+   (their tasks, DP-SGD or not), fine-tuning steps, checkpoints probed, probe contexts (checkpoints x 2Q x
+   |suite| per run, plus the base-model control per reference when ``probe.base_as_checkpoint``),
+   references (one per task x model x Q x label mode x seed, computed once and shared) and the contexts
+   sharing saves; reference trials (``probe.references``) are runs of the grid like any other.
+2. **Measure** unit costs of each configured model at each Q **on each task of the grid** (tables differ
+   in features, classes, rows and context statistics; ``--task`` measures every key on one task instead,
+   and the output says which) on the local device (CPU, or CUDA when present or asked for): Stage I
+   preparation, a few fine-tuning epochs as the trainable runs them (AdamW step + member/non-member
+   evaluation), DP-SGD epochs where the grid has DP runs (per-row gradients, clipping, noise), a
+   checkpoint save, the probe plan with its invariance-shortcut table, one probe batch (``score`` of every
+   context of the plan, per context scored), and the rest of a checkpoint's probe (ICL predictions,
+   bootstrap intervals, AUCs, ROC; every score table stubbed, the contexts of plans besides the task's --
+   the null splits' pools -- counted and costed as scoring; the checkpoint's load and the result's save).
+   The machinery around the work is measured on a local Ray too: the driver's start (imports), Ray's start
+   and stop, a worker actor's start (a process importing torch, Tune and iclmem, as every probe actor and
+   trial actor does), a Tune trial on a reused actor that reports once per epoch, and a Tune experiment's
+   fixed cost.
+3. **Predict** device-seconds per phase (``orchestrator.timing.Phase``, the same phases a run records in
+   ``RUN_DIR/timings.json``) and the wall time on N workers (N parallel slots: cores for a CPU sweep, GPUs
+   for a CUDA one): driver start + Ray start + Stage I + the Tune experiment's fixed cost + max(parallel
+   work / N, the probe actors' work / min(probe actors, N), the longest chain: one run's trial overhead,
+   epochs and saves, then the probes of its last checkpoint). Trial overhead: each trial slot (what the
+   probe actors leave of N, over a trial's share) starts its actor once, and every trial adds its own
+   scheduling and reports. Within those bounds the parallel work packs perfectly (fine-tuning and probing
+   overlap, as the pipeline's checkpoint callback makes them). Not modelled: data transfer between nodes,
+   W&B upload, aggregation and report rendering (a run's record shows them: ``iclmem estimate --compare``).
 
 Costs are measured at the torch thread count a trial uses (``torch_threads``, default 1).
 """
@@ -38,35 +45,63 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+
+from orchestrator.timing import PROBE_ACTOR_PHASES, Phase, Prediction
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------------------------ counting
+class CostKey(NamedTuple):
+    """What unit costs are measured for: a model at a Q on a task (tasks differ in features, classes, rows and
+    context statistics, so each is measured on its own)."""
+
+    model: str
+    q: int
+    task: str
+
+
 @dataclass(frozen=True)
 class Work:
-    """The work a grid implies; per-(model, Q) counts are keyed by (model name, Q)."""
+    """The work a grid implies; per-(model, Q, task) counts are keyed by :class:`CostKey` (a multi-task run
+    counts once for each of its tasks: it steps on each every epoch and each checkpoint is probed on each)."""
 
     runs: int
     epochs: int
     schedule: tuple[int, ...]
     suite: int
     tasks: tuple[str, ...]
-    runs_by: dict[tuple[str, int], int]
+    runs_by: dict[CostKey, int]
     steps: int
     eval_forwards: int
-    checkpoint_jobs: dict[tuple[str, int], int]
-    probe_contexts: dict[tuple[str, int], int]
-    controls: dict[tuple[str, int], int]
-    control_contexts: dict[tuple[str, int], int]
-    references: dict[tuple[str, int], int]
-    reference_contexts: dict[tuple[str, int], int]
+    checkpoint_jobs: dict[CostKey, int]
+    probe_contexts: dict[CostKey, int]
+    controls: dict[CostKey, int]
+    control_contexts: dict[CostKey, int]
+    references: dict[CostKey, int]
+    reference_contexts: dict[CostKey, int]
     reference_contexts_saved: int
     prepared_tasks: int
     model_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the runs by what they fine-tune on: (the keys of their tasks, DP-SGD or not) -> runs
+    compositions: dict[tuple[tuple[CostKey, ...], bool], int] = field(default_factory=dict)
+    prepared_by_task: dict[str, int] = field(default_factory=dict)  # Stage I preparations per task
+    dp_epsilon: float | None = None  # a target ε of the grid's DP-SGD runs (their step cost does not depend on it)
+    # what decides how many trials run at once on N workers (Tune reuses a trial's actor for the next trial)
+    trial_share: float = 1.0  # CPUs (GPUs for a GPU sweep) per trial
+    probe_share: float = 0.0  # CPUs (GPUs) the probe actors hold together
+    max_concurrent_trials: int | None = None
+
+    def trial_slots(self, workers: int) -> int:
+        """Trials running at once on ``workers``: what the probe actors leave, over a trial's share."""
+        free = max(workers - self.probe_share, self.trial_share)
+        slots = max(int(math.floor(free / self.trial_share + 1e-9)), 1)
+        if self.max_concurrent_trials:
+            slots = min(slots, self.max_concurrent_trials)
+        return min(slots, max(self.runs, 1))
 
     @property
     def checkpoints(self) -> int:
@@ -74,6 +109,10 @@ class Work:
 
     def total(self, name: str) -> int:
         return sum(getattr(self, name).values())
+
+    @property
+    def dp_runs(self) -> int:
+        return sum(n for (_, dp), n in self.compositions.items() if dp)
 
 
 def _canary_settings(sweep: Any) -> Any:
@@ -95,13 +134,14 @@ def count_work(sweep: Any) -> Work:
     suite = len(_suite(sweep.probe.suite))
     schedule = FinetuneSpec(epochs=t.epochs, checkpoint_epochs=tuple(t.checkpoint_epochs),
                             every_epoch=t.every_epoch).schedule()
-    n_tasks = len(sweep.tasks)
-    runs_by = Counter((tr.model, tr.q) for tr in trials)
-    refs = Counter((tr.task, tr.model, tr.q, tr.label_mode, tr.seed) for tr in trials)
-    references = Counter((key[1], key[2]) for key in refs)
+    keys_of = {tr.run_id: tuple(CostKey(tr.model, tr.q, task) for task in tr.task.split("+")) for tr in trials}
+    runs_by = Counter(k for tr in trials for k in keys_of[tr.run_id])
+    compositions = Counter((keys_of[tr.run_id], math.isfinite(tr.dp)) for tr in trials)
+    refs = Counter((task, tr.model, tr.q, tr.label_mode, tr.seed) for tr in trials for task in tr.task.split("+"))
+    references = Counter(CostKey(key[1], key[2], key[0]) for key in refs)
     controls = references if sweep.probe.base_as_checkpoint else Counter()
-    steps = sum(t.epochs * (n_tasks if str(tr.regime) == "multi_fixed" else 1) for tr in trials)
-    contexts = lambda counter, per: {k: n * per * 2 * k[1] * suite for k, n in counter.items()}  # noqa: E731
+    steps = sum(t.epochs * len(keys_of[tr.run_id]) for tr in trials)
+    contexts = lambda counter, per: {k: n * per * 2 * k.q * suite for k, n in counter.items()}  # noqa: E731
     prepared = {(task, tr.q, tr.label_mode, tr.seed) for tr in trials for task in tr.task.split("+")}
     probe_contexts = contexts(runs_by, len(schedule))
     canaries = _canary_settings(sweep)
@@ -113,6 +153,7 @@ def count_work(sweep: Any) -> Work:
     if canaries is not None:  # and the base model scores them once per reference (cached beside its scores)
         reference_contexts = {k: v + references[k] * canaries.n_canaries * suite
                               for k, v in reference_contexts.items()}
+    finite = [tr.dp for tr in trials if math.isfinite(tr.dp)]
     return Work(
         runs=len(trials), epochs=t.epochs, schedule=tuple(schedule), suite=suite,
         tasks=tuple(tk.name for tk in sweep.tasks), runs_by=dict(runs_by), steps=steps,
@@ -124,7 +165,18 @@ def count_work(sweep: Any) -> Work:
         reference_contexts_saved=sum((runs - 1) * 2 * key[2] * suite for key, runs in refs.items()),
         prepared_tasks=len(prepared),
         model_options={m.name: dict(m.options) for m in sweep.models},
+        compositions=dict(compositions),
+        prepared_by_task=dict(Counter(p[0] for p in prepared)),
+        dp_epsilon=min(finite) if finite else None,
+        **_shares(sweep.resources),
     )
+
+
+def _shares(res: Any) -> dict[str, Any]:
+    gpu = res.gpus_per_trial > 0
+    return {"trial_share": float(res.gpus_per_trial if gpu else res.cpus_per_trial),
+            "probe_share": float(res.probe_actors * (res.gpus_per_probe_actor if gpu else res.cpus_per_probe_actor)),
+            "max_concurrent_trials": res.max_concurrent_trials}
 
 
 # ------------------------------------------------------------------------------------------------ measuring
@@ -146,6 +198,7 @@ class UnitCosts:
     rest_s: float  # the rest of one checkpoint's probe (score tables stubbed), its checkpoint's load and result save
     extra_contexts: int = 0  # contexts a fine-tuned checkpoint's probe scores besides the task's plan (null splits)
     extra_reference_contexts: int = 0  # and the reference scores for them (once per reference)
+    dp_epoch_s: float = math.nan  # one DP-SGD epoch (per-row gradients, clipping, noise); measured when the grid has DP
 
 
 def _suite(spec: Any) -> tuple:
@@ -188,8 +241,9 @@ def _stub_table(plan: Any, rng: np.random.Generator) -> Any:
 
 
 def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any], q: int, task_config: Any,
-                       device: Any, epochs: int = 4, score_rounds: int = 1) -> UnitCosts:
-    """Unit costs of one model at one Q on ``device`` (see the module docstring)."""
+                       device: Any, epochs: int = 4, score_rounds: int = 1, dp_epsilon: float | None = None) -> UnitCosts:
+    """Unit costs of one model at one Q on ``device`` (see the module docstring); with ``dp_epsilon`` also a
+    DP-SGD epoch at that target ε (the sweep's δ, clipping norm and accountant)."""
     import warnings
 
     import probes.probe as probe_mod
@@ -240,6 +294,14 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
         finetuner = Finetuner(spec, [task], device=device)
         finetuner.run_epoch()  # warm-up: kernels, allocator
         epoch_s = _median_time(finetuner.run_epoch, epochs)
+        if dp_epsilon is not None:
+            from trainables.dp import DPSettings
+
+            t = sweep.training
+            dp = DPSettings.calibrate(dp_epsilon, t.dp_delta, t.dp_max_grad_norm, epochs + 1, t.dp_accountant)
+            private = Finetuner(replace(spec, dp=dp), [task], device=device)
+            private.run_epoch()  # warm-up: vmap traces the model on its first call
+            dp_epoch_s = _median_time(private.run_epoch, max(2, epochs // 2))
         with tempfile.TemporaryDirectory(prefix="iclmem-estimate-") as tmp:
             saves = iter(range(10))
             save_s = _median_time(lambda: finetuner.save(Path(tmp) / f"c{next(saves)}", {"epoch": finetuner.epoch}), 3)
@@ -247,6 +309,8 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
             load_s = _median_time(lambda: load_checkpoint_model(Path(tmp) / "c0").to(finetuner.device), 2)
         finetuner_device, tuned_model, canaries = finetuner.device, finetuner.model, finetuner.canaries
 
+    if is_upstream(spec) or dp_epsilon is None:
+        dp_epoch_s = math.nan
     base = build_model(model_name, **model_options).to(finetuner_device)
     suite = _suite(sweep.probe.suite)
     holder: dict[str, Any] = {}
@@ -318,7 +382,7 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
                      forwards_saved=plan.forwards_saved(base.invariances),
                      score_per_context_s=score_s / len(plan.planned), rest_s=rest_s,
                      extra_contexts=asked["score"] // max(asked["calls"], 1),
-                     extra_reference_contexts=asked["reference"] // max(asked["calls"], 1))
+                     extra_reference_contexts=asked["reference"] // max(asked["calls"], 1), dp_epoch_s=dp_epoch_s)
 
 
 _WORKER_IMPORTS = "import ray.tune, torch, trainables.finetune, probes.probe, probes.scoring"
@@ -352,40 +416,12 @@ for _ in range(2):
 
 # Tune's own cost per trial: a trial that imports what iclmem's trainable imports and reports REPORTS
 # times (one per epoch, as the trainable does), in an experiment of 1 trial and of 3 trials run one
-# after the other; the difference over the 2 extra trials is the cost of one trial, the rest the
-# experiment's fixed cost (setup, state files, teardown). A trial's cost is counted in CPU-seconds of
-# every process involved (this driver, Ray's daemons, the trial's worker; polled, so a worker that ends
-# keeps its last reading): on a machine of several cores Ray's daemons work beside the trial.
+# after the other on one reused actor (as iclmem's tuner runs them); the difference over the 2 extra trials
+# is the cost of one trial on a reused actor, the rest the experiment's fixed cost (setup, state files,
+# teardown) and the actor's start.
 import tempfile
-import threading
 
-import psutil
 from ray import tune
-
-seen = {}
-stop = threading.Event()
-
-def poll():
-    me = psutil.Process()
-    while not stop.is_set():
-        try:
-            procs = [me, *me.children(recursive=True)]
-        except psutil.Error:
-            procs = [me]
-        for p in procs:
-            try:
-                t = p.cpu_times()
-                seen[p.pid] = t.user + t.system
-            except psutil.Error:
-                pass
-        time.sleep(0.1)
-
-poller = threading.Thread(target=poll, daemon=True)
-poller.start()
-
-def cpu():
-    time.sleep(0.3)  # one more poll
-    return sum(seen.values())
 
 def trainable(config):
     import torch, trainables.finetune, probes.probe  # noqa: F401
@@ -393,25 +429,21 @@ def trainable(config):
         tune.report({"epoch": epoch})
 
 def fit(samples):
+    # as iclmem's tuner: one actor per trial slot, reused by the next trial
     with tempfile.TemporaryDirectory() as storage:
         t = time.perf_counter()
         tune.Tuner(trainable, param_space={"reports": REPORTS},
-                   tune_config=tune.TuneConfig(num_samples=samples, max_concurrent_trials=1),
+                   tune_config=tune.TuneConfig(num_samples=samples, max_concurrent_trials=1, reuse_actors=True),
                    run_config=tune.RunConfig(storage_path=storage, verbose=0)).fit()
         return time.perf_counter() - t
 
-c0 = cpu()
 one = fit(1)
-c1 = cpu()
 three = fit(3)
-c3 = cpu()
-trial_wall = max((three - one) / 2, 0.0)
-trial_cpu = max((c3 - c1) / 2, 0.0)
+trial_wall = max((three - one) / 2, 0.0)  # a trial on a reused actor: scheduling, its reports
 t = time.perf_counter()
 ray.shutdown()
-stop.set()
 print(json.dumps({"ray_start_s": init + time.perf_counter() - t, "actor_start_s": min(actors),
-                  "tune_trial_s": max(trial_cpu, trial_wall), "tune_fixed_s": max(one - trial_wall, 0.0)}))
+                  "tune_trial_s": trial_wall, "tune_fixed_s": max(one - trial_wall - min(actors), 0.0)}))
 """
 
 
@@ -460,7 +492,7 @@ class Overheads:
 @dataclass(frozen=True)
 class Estimate:
     work: Work
-    costs: dict[tuple[str, int], UnitCosts]
+    costs: dict[CostKey, UnitCosts]
     overheads: Overheads
     workers: int
     compute_s: dict[str, float]  # device-seconds per kind of work, run in parallel on the workers
@@ -516,55 +548,70 @@ class Estimate:
     def device(self) -> str:
         return next(iter(self.costs.values())).device
 
+    def prediction(self, config_hash: str = "") -> Prediction:
+        """The per-phase prediction a run is compared with (``orchestrator.timing``)."""
+        return Prediction(serial=dict(self.serial_s), work=dict(self.compute_s), longest_s=self.longest_s,
+                          probe_actors=self.probe_actors, workers=self.workers, config_hash=config_hash,
+                          device=self.device, created=time.strftime("%Y-%m-%d %H:%M:%S"))
+
     def on(self, workers: int) -> Estimate:
         """The same measured grid on another number of workers."""
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
-        return replace(self, workers=workers)
+        return predict(self.work, self.costs, workers, self.overheads, self.probe_actors)  # trial slots change too
 
 
-def predict(work: Work, costs: dict[tuple[str, int], UnitCosts], workers: int, overheads: Overheads,
+def _epoch_s(cost: UnitCosts, dp: bool) -> float:
+    return cost.dp_epoch_s if dp and not math.isnan(cost.dp_epoch_s) else cost.epoch_s
+
+
+def predict(work: Work, costs: dict[CostKey, UnitCosts], workers: int, overheads: Overheads,
             probe_actors: int = 1) -> Estimate:
     """Device-seconds and wall time from counted work and measured unit costs (module docstring, step 3)."""
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
-    keys = sorted(work.runs_by)
+    costs = {CostKey(*k): v for k, v in costs.items()}
+    keys = sorted(CostKey(*k) for k in work.runs_by)
     epochs, ck = work.epochs, work.checkpoints
     o = overheads
-    run_s = {k: o.trial_s + epochs * costs[k].epoch_s + ck * costs[k].save_s for k in keys}
+    compositions = work.compositions or {((k,), False): n for k, n in work.runs_by.items()}
+
+    def tuning_s(task_keys: tuple[CostKey, ...], dp: bool) -> float:
+        """One run's epochs (a step on each of its tasks per epoch) and its checkpoints' saves (one model)."""
+        return (epochs * sum(_epoch_s(costs[k], dp) for k in task_keys)
+                + ck * statistics.mean(costs[k].save_s for k in task_keys))
+
     probe_s = {k: (costs[k].contexts + costs[k].extra_contexts) * costs[k].score_per_context_s + costs[k].rest_s
                for k in keys}
-    references = sum(work.references.values())
     plan_builds = sum(work.references.get(k, 0) * min(probe_actors, work.checkpoint_jobs[k]) for k in keys)
     compute = {
-        "Tune trials (actor start, imports, reports)": sum(work.runs_by[k] * o.trial_s for k in keys),
-        "fine-tuning (epochs + checkpoint saves)": sum(work.runs_by[k] * (epochs * costs[k].epoch_s + ck * costs[k].save_s)
-                                                       for k in keys),
-        "probe scoring (checkpoints + controls)": sum((work.probe_contexts[k] + work.control_contexts.get(k, 0)
-                                                       + work.checkpoint_jobs[k] * costs[k].extra_contexts)
-                                                      * costs[k].score_per_context_s for k in keys),
-        "rest of probes (ICL, bootstrap, AUCs)": sum((work.checkpoint_jobs[k] + work.controls.get(k, 0)) * costs[k].rest_s
-                                                     for k in keys),
-        "reference scoring (once per reference)": sum((work.reference_contexts[k] + work.references.get(k, 0)
-                                                       * costs[k].extra_reference_contexts)
-                                                      * costs[k].score_per_context_s for k in keys),
-        "probe plans (per task and probe actor)": sum(work.references.get(k, 0) * min(probe_actors, work.checkpoint_jobs[k])
-                                                      * costs[k].plan_s for k in keys),
-        "probe actor start": probe_actors * len({k[0] for k in keys}) * o.actor_start_s,
+        # each trial slot starts its actor once (Tune reuses it for the next trial); every trial adds its own
+        # scheduling and reports
+        Phase.TRIALS.value: (work.trial_slots(workers) * o.actor_start_s
+                             + sum(compositions.values()) * o.tune_trial_s if o.tune_trial_s
+                             else sum(compositions.values()) * o.actor_start_s),
+        Phase.FINETUNE.value: sum(n * tuning_s(tk, dp) for (tk, dp), n in compositions.items()),
+        Phase.SCORING.value: sum((work.probe_contexts[k] + work.control_contexts.get(k, 0)
+                                  + work.checkpoint_jobs[k] * costs[k].extra_contexts)
+                                 * costs[k].score_per_context_s for k in keys),
+        Phase.PROBE_REST.value: sum((work.checkpoint_jobs[k] + work.controls.get(k, 0)) * costs[k].rest_s for k in keys),
+        Phase.REFERENCE.value: sum((work.reference_contexts[k] + work.references.get(k, 0)
+                                    * costs[k].extra_reference_contexts)
+                                   * costs[k].score_per_context_s for k in keys),
+        Phase.PLANS.value: sum(work.references.get(k, 0) * min(probe_actors, work.checkpoint_jobs[k]) * costs[k].plan_s
+                               for k in keys),
+        Phase.ACTOR_START.value: probe_actors * len({k.model for k in keys}) * o.actor_start_s,
     }
-    mean_prepare = statistics.mean(c.prepare_s for c in costs.values())
-    serial = {"driver start (imports)": o.driver_start_s, "Ray start and stop": o.ray_start_s,
-              "Stage I (driver)": work.prepared_tasks * mean_prepare, "Tune experiment (setup, teardown)": o.tune_fixed_s}
-    longest = max(run_s[k] + probe_s[k] for k in keys)
-    del references
-    probe_work = sum(v for k, v in compute.items() if k in _PROBE_ACTOR_WORK)
+    prepare = {k.task: c.prepare_s for k, c in costs.items()}
+    mean_prepare = statistics.mean(prepare.values())
+    stage_i = (sum(n * prepare.get(task, mean_prepare) for task, n in work.prepared_by_task.items())
+               if work.prepared_by_task else work.prepared_tasks * mean_prepare)
+    serial = {Phase.DRIVER_START.value: o.driver_start_s, Phase.RAY.value: o.ray_start_s,
+              Phase.STAGE_I.value: stage_i, Phase.TUNE_FIXED.value: o.tune_fixed_s}
+    longest = max(o.actor_start_s + o.tune_trial_s + tuning_s(tk, dp) + sum(probe_s[k] for k in tk)
+                  for tk, dp in compositions)
+    probe_work = sum(v for k, v in compute.items() if Phase(k) in PROBE_ACTOR_PHASES)
     return Estimate(work, costs, o, workers, compute, serial, longest, plan_builds, probe_work, probe_actors)
-
-
-# the kinds of work in ``predict``'s compute_s that run on the probe actors (the rest runs in Tune trials)
-_PROBE_ACTOR_WORK = frozenset({"probe scoring (checkpoints + controls)", "rest of probes (ICL, bootstrap, AUCs)",
-                               "reference scoring (once per reference)", "probe plans (per task and probe actor)",
-                               "probe actor start"})
 
 
 def estimate(config: str | Path, workers: int, device: str | None = None, task: str | None = None,
@@ -591,15 +638,20 @@ def estimate(config: str | Path, workers: int, device: str | None = None, task: 
     dev = resolve_device(device)
     previous = torch.get_num_threads()
     torch.set_num_threads(int(threads or 1))
-    task_config = next((t for t in sweep.tasks if t.name == task), None) or (
-        TaskConfig(name=task) if task else sweep.tasks[0])
-    costs: dict[tuple[str, int], UnitCosts] = {}
+    configs = {t.name: t for t in sweep.tasks}
+    # --task: every key measured on that one task (quicker, blind to how the tasks differ); else each on its own
+    forced = (configs.get(task) or TaskConfig(name=task)) if task else None
+    costs: dict[CostKey, UnitCosts] = {}
+    dp_keys = {k for (tk, dp) in work.compositions for k in tk if dp}
     try:
-        for model_name, q in sorted(work.runs_by):
+        for n, key in enumerate(sorted(work.runs_by), 1):
+            task_config = forced or configs[key.task]
             if log:
-                log(f"measuring {model_name} at Q={q} on {dev} ({task_config.name}) ...")
-            costs[(model_name, q)] = measure_unit_costs(sweep, model_name, work.model_options.get(model_name, {}), q,
-                                                        task_config, dev, epochs=epochs, score_rounds=score_rounds)
+                log(f"measuring {key.model} at Q={key.q} on {dev}, task {task_config.name}"
+                    f"{' (plain and DP-SGD epochs)' if key in dp_keys else ''} ({n} of {len(work.runs_by)}) ...")
+            costs[key] = measure_unit_costs(sweep, key.model, work.model_options.get(key.model, {}), key.q,
+                                            task_config, dev, epochs=epochs, score_rounds=score_rounds,
+                                            dp_epsilon=work.dp_epsilon if key in dp_keys else None)
     finally:
         torch.set_num_threads(previous)
     if log:
@@ -646,11 +698,16 @@ def render(est: Estimate, markdown: bool = False) -> str:
         ("references (computed once, shared)", f"{w.total('references'):,}"),
         ("reference contexts", f"{w.total('reference_contexts'):,} (sharing saves {w.reference_contexts_saved:,})"),
     ]
-    cost_rows = [(f"{c.model} Q={c.q}", f"{c.epoch_s * 1e3:.1f}", f"{c.save_s * 1e3:.1f}", f"{c.plan_s:.2f}",
+    cost_rows = [(f"{k.model} Q={k.q} {k.task}" + (f" (measured on {c.task})" if c.task != k.task else ""),
+                  f"{c.epoch_s * 1e3:.1f}" + ("" if math.isnan(c.dp_epoch_s) else f" / DP {c.dp_epoch_s * 1e3:.1f}"),
+                  f"{c.save_s * 1e3:.1f}", f"{c.plan_s:.2f}",
                   f"{c.contexts:,} ({c.forwards_saved:.0%} not forwarded)"
                   + (f" + {c.extra_contexts:,} null-split" if c.extra_contexts else ""),
                   f"{c.score_per_context_s * 1e3:.4f}",
-                  f"{c.rest_s:.2f}", f"{c.prepare_s:.2f}") for c in est.costs.values()]
+                  f"{c.rest_s:.2f}", f"{c.prepare_s:.2f}") for k, c in est.costs.items()]
+    measured_on = {c.task for c in est.costs.values()}
+    where = (f"each (model, Q, task) on its own task ({len(est.costs)} measurements)" if all(
+        k.task == c.task for k, c in est.costs.items()) else f"task {', '.join(sorted(measured_on))} only (--task)")
     compute_rows = [(k, human(v), f"{v / 3600:.3f}") for k, v in est.compute_s.items()]
     compute_rows += [(f"{k} (serial)", human(v), "") for k, v in est.serial_s.items()]
     text = [
@@ -658,12 +715,12 @@ def render(est: Estimate, markdown: bool = False) -> str:
         "",
         _table(["work", "count"], work_rows, markdown),
         "",
-        f"Unit costs measured on {est.device} (task {next(iter(est.costs.values())).task}); driver start "
+        f"Unit costs measured on {est.device}, {where}; driver start "
         f"{est.overheads.driver_start_s:.1f} s, Ray start and stop {est.overheads.ray_start_s:.1f} s, worker actor "
         f"start {est.overheads.actor_start_s:.1f} s, Tune trial around the work {est.overheads.tune_trial_s:.1f} s, "
         f"Tune experiment {est.overheads.tune_fixed_s:.1f} s:",
         "",
-        _table(["model", "epoch ms (step+eval)", "save ms", "plan s", "contexts per probe", "score ms/context",
+        _table(["model, Q, task", "epoch ms (step+eval)", "save ms", "plan s", "contexts per probe", "score ms/context",
                 "rest of probe s", "Stage I s"], cost_rows, markdown),
         "",
         _table(["compute", "device time", "device-hours"], compute_rows, markdown),

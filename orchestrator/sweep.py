@@ -372,6 +372,65 @@ def _trial_results_callback(trial_logger: Any):
     return _LogTrialResults(trial_logger)
 
 
+class TimeTrials:
+    """Tune callback: each trial's wall time as the driver sees it (start to completion) and the epoch and save
+    seconds its results report (``trainables.trainable.EPOCH_SECONDS`` / ``SAVE_SECONDS``), for the run's
+    timings (``orchestrator.timing``). Left out of Tune's pickled state: a resumed driver times its own part."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, float] = {}
+        self.trial_s = self.epoch_s = self.save_s = self.work_wall_s = 0.0
+        self.first_start: float | None = None
+        self.last_end: float | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        now = time.perf_counter()
+        self.started[str(trial.trial_id)] = now
+        self.first_start = now if self.first_start is None else self.first_start
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        from trainables.trainable import EPOCH_SECONDS, EPOCH_WALL_SECONDS, SAVE_SECONDS, SAVE_WALL_SECONDS
+
+        self.epoch_s += float(result.get(EPOCH_SECONDS) or 0.0)
+        self.save_s += float(result.get(SAVE_SECONDS) or 0.0)
+        self.work_wall_s += float(result.get(EPOCH_WALL_SECONDS) or 0.0) + float(result.get(SAVE_WALL_SECONDS) or 0.0)
+
+    def _ended(self, trial: Any) -> None:
+        now = time.perf_counter()
+        start = self.started.pop(str(trial.trial_id), None)
+        if start is not None:
+            self.trial_s += now - start
+        self.last_end = now
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._ended(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._ended(trial)
+
+    @property
+    def span_s(self) -> float:
+        """From the first trial's start to the last one's end."""
+        if self.first_start is None or self.last_end is None:
+            return 0.0
+        return max(self.last_end - self.first_start, 0.0)
+
+
+def _trial_timer():
+    from ray.tune import Callback
+
+    class _TimeTrials(TimeTrials, Callback):
+        pass
+
+    return _TimeTrials()
+
+
 def checkpoint_uri(checkpoint: Any) -> str:
     """Where a Tune checkpoint is, as a URI: its local path, or ``s3://``/``gs://``... on a bucket (Tune keeps
     the path without the scheme and the pyarrow file system beside it)."""
@@ -689,17 +748,20 @@ def incomplete_runs(prepared: PreparedSweep, progress: Progress) -> list[str]:
 def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: SweepConfig | None = None,
               address: str | None = None, resume: bool = False, progress: bool = True,
               num_cpus: int | None = None, log: Callable[[str], None] = print,
-              verbose: bool = True) -> pd.DataFrame:
+              verbose: bool = True, started_at: float | None = None) -> pd.DataFrame:
     """Run (or resume) a whole sweep; returns the results table (also at ``RUN_DIR/results.parquet``).
 
     ``verbose=False`` (the command line's default) keeps what Ray, Tune, wandb and Python warnings print
     in ``RUN_DIR/console.log``; iclmem's own lines still reach the terminal. Ctrl-C raises
     :class:`SweepInterrupted` after a bounded clean-up, with ``run_state.json`` saying so
-    (:func:`iclmem.runfolder.write_run_state`)."""
+    (:func:`iclmem.runfolder.write_run_state`). ``started_at``: when the driver process started (``time.time()``
+    seconds; the command line passes its own), so the run's timings count the driver's start; without it
+    they start here."""
     with catch_interrupts() as interrupts:
         try:
             return _run_sweep(config_path, run_dir, sweep=sweep, address=address, resume=resume, progress=progress,
-                              num_cpus=num_cpus, log=log, verbose=verbose, interrupts=interrupts)
+                              num_cpus=num_cpus, log=log, verbose=verbose, interrupts=interrupts,
+                              started_at=started_at)
         except KeyboardInterrupt:
             # Stopped outside Tune's loop (Stage I, the drain): _run_sweep's clean-up has run and the state
             # is recorded where a folder exists.
@@ -712,7 +774,14 @@ def run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Swe
 
 def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: SweepConfig | None,
                address: str | None, resume: bool, progress: bool, num_cpus: int | None,
-               log: Callable[[str], None], verbose: bool, interrupts: Interrupts) -> pd.DataFrame:
+               log: Callable[[str], None], verbose: bool, interrupts: Interrupts,
+               started_at: float | None = None) -> pd.DataFrame:
+    from orchestrator.timing import Phase, PhaseClock
+
+    clock = PhaseClock()  # the driver's phases, for RUN_DIR/timings.json
+    entered = time.time()
+    if started_at is not None:
+        clock.add(Phase.DRIVER_START, entered - started_at)
     run_dir = Path(run_dir).resolve()
     if resume:
         if not (run_dir / SWEEP_FILE).is_file() and folder_kind(run_dir) == "lm":
@@ -730,7 +799,7 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
         resume = True
     source = str(config_path) if config_path else str(run_dir / SWEEP_FILE) if resume else f"sweep {sweep.name!r}"
     # Python warnings of Stage I are held until the run folder (and its console log) exists.
-    with warnings.catch_warnings(record=True) as early_warnings:
+    with warnings.catch_warnings(record=True) as early_warnings, clock(Phase.STAGE_I):
         check_context_audits(sweep, log)  # regime context: its Stage I (in memory) before any folder or cluster work
         prepared = prepare_in_place_or_staged(sweep, run_dir, log=log if progress else (lambda _m: None),
                                               source=source)
@@ -748,7 +817,8 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
             log = console.line
         try:
             return _drive(prepared, run_dir, address=address, resume=resume, progress=progress, num_cpus=num_cpus,
-                          log=log, console=console, interrupts=interrupts)
+                          log=log, console=console, interrupts=interrupts, clock=clock,
+                          wall_from=started_at if started_at is not None else entered)
         except (KeyboardInterrupt, SweepInterrupted, SweepStalled, TrialsFailed, DiskFull):  # _drive recorded the state
             raise
         except BaseException as exc:
@@ -767,11 +837,16 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
 
 def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resume: bool, progress: bool,
            num_cpus: int | None, log: Callable[[str], None], console: Console,
-           interrupts: Interrupts) -> pd.DataFrame:
+           interrupts: Interrupts, clock: Any = None, wall_from: float | None = None) -> pd.DataFrame:
     """Ray side of :func:`run_sweep`: probe pools, Tune, the catch-up pass and aggregation."""
     import ray
 
     from orchestrator.aggregate import aggregate
+    from orchestrator.timing import Phase, PhaseClock
+
+    clock = clock or PhaseClock()
+    timer = _trial_timer()
+    spent: dict[str, Any] = {"fit_s": 0.0, "drain_s": 0.0, "actor_start_s": 0.0, "workers": 0, "results": None}
 
     sweep = prepared.sweep
     trial_logger = trial_logger_for(sweep, run_dir)  # opens nothing until the first result
@@ -802,7 +877,10 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
         if why:  # before Ray and before any trial: Tune would fail on its first checkpoint
             raise ConfigError(f"storage_path {storage}: cannot keep checkpoints there: {why}; fix storage_path in "
                               "the sweep (or the credentials of its bucket). Stage I's results are kept")
-        started = ensure_ray(address, num_cpus=num_cpus)
+        with clock(Phase.RAY):
+            started = ensure_ray(address, num_cpus=num_cpus)
+        available = ray.cluster_resources()
+        spent["workers"] = int(available.get("GPU", 0) if sweep.resources.gpus_per_trial > 0 else available.get("CPU", 0))
         if not address:
             # one local node: a trial or actor asking for more than it holds would wait forever, silently
             problems = unsatisfiable_resources(sweep.resources, ray.cluster_resources())
@@ -818,15 +896,18 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
                 from probes.actors import ProbeJob
 
                 pool.submit(ProbeJob(identity, 0, None, key, str(probes_dir / identity["run_id"]), "e0000"))
-            callbacks = [_tune_callback(pool, probes_dir, prog, trial_logger), _trial_results_callback(trial_logger)]
+            callbacks = [_tune_callback(pool, probes_dir, prog, trial_logger), _trial_results_callback(trial_logger),
+                         timer]
             tuner = _tuner(prepared, run_dir, callbacks, restore=resume, log=log)
             if resume:
                 reattach(tuner, pool, probes_dir, prog, trial_logger)
             interrupts.in_tune = True
+            fit_started = time.perf_counter()
             try:
                 grid = tuner.fit()
             finally:
                 interrupts.in_tune = False
+                spent["fit_s"] = time.perf_counter() - fit_started
             if prog.stall is not None:  # the watchdog stopped Tune: resumable, like an interruption, but exit 1
                 finish_timeout = WANDB_FINISH_TIMEOUT_S
                 for row in pool.poll():
@@ -859,8 +940,11 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
                 for checkpoint, metrics in result.best_checkpoints or []:
                     for job in jobs_for(config, int(metrics["epoch"]), checkpoint, probes_dir):
                         pool.submit(job)
+            drain_started = time.perf_counter()
             try:
                 drained = pool.drain(watchdog=Watchdog(stall_timeout_s))
+                spent["drain_s"] = time.perf_counter() - drain_started
+                spent["actor_start_s"] = pool.start_seconds()
             except SweepStalled as stalled:
                 write_run_state(run_dir, RunStatus.INTERRUPTED, incomplete_runs(prepared, prog),
                                 note=f"stopped for making no progress: {stalled}"[:2000])
@@ -877,7 +961,8 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
                 failed = [f"{j.identity.get('run_id', '?')}/{j.stem}" for j, _ in pool.failed]
                 log(f"[iclmem] {len(pool.failed)} probe job(s) failed after retries: {failed}; first error: {pool.failed[0][1][:2000]}")
         audit_failures = finish_context_audits(audits, sweep, run_dir, log)
-        results = aggregate(run_dir, prepared, log=log) if prepared.trials else pd.DataFrame()
+        with clock(Phase.REPORT):
+            results = aggregate(run_dir, prepared, log=log) if prepared.trials else pd.DataFrame()
         if not prepared.trials:
             from orchestrator.report.context_audits import write_context_report
 
@@ -912,6 +997,7 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
                              f"see the trial errors{where} and the Tune logs under {run_dir}")
         write_run_state(run_dir, RunStatus.COMPLETE)
         interrupts.record = None  # a Ctrl-C during the shutdown below leaves a complete sweep complete
+        spent["results"] = results
         return results
     except KeyboardInterrupt:  # outside Tune's loop: Ray start-up, the probe pools, the final drain
         finish_timeout = WANDB_FINISH_TIMEOUT_S
@@ -925,7 +1011,52 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
         if pool is not None:
             pool.shutdown()
         if started:
-            ray.shutdown()
+            with clock(Phase.RAY):
+                ray.shutdown()
+        if spent["results"] is not None and prepared.trials:  # a complete sweep: what it spent, phase by phase
+            record_timings(run_dir, prepared, spent, timer, clock, wall_from, resume, log)
+
+
+def record_timings(run_dir: Path, prepared: PreparedSweep, spent: dict[str, Any], timer: TimeTrials, clock: Any,
+                   wall_from: float | None, resumed: bool, log: Callable[[str], None]) -> None:
+    """Writes RUN_DIR/timings.json (``orchestrator.timing``) and prints the wall time; beside the last
+    ``iclmem estimate`` of this sweep when there is one. Never fails the sweep: its results are in."""
+    from orchestrator.timing import Phase, RunTimings, comparison_lines, human, load_prediction, write_timings
+
+    try:
+        results = spent["results"]
+
+        def total(column: str) -> float:
+            return float(pd.to_numeric(results[column], errors="coerce").fillna(0).sum()) if column in results else 0.0
+
+        score_s, reference_s, plan_s = (total(f"probe_{n}_seconds") for n in ("score", "reference", "plan"))
+        tune_fixed = max(spent["fit_s"] - timer.span_s, 0.0)
+        clock.add(Phase.TUNE_FIXED, tune_fixed)
+        work = {Phase.TRIALS.value: max(timer.trial_s - timer.work_wall_s, 0.0),
+                Phase.FINETUNE.value: timer.epoch_s + timer.save_s,
+                Phase.SCORING.value: score_s, Phase.REFERENCE.value: reference_s, Phase.PLANS.value: plan_s,
+                Phase.PROBE_REST.value: max(total("probe_device_seconds") - score_s - reference_s - plan_s, 0.0),
+                Phase.ACTOR_START.value: spent["actor_start_s"]}
+        notes = (() if Phase.DRIVER_START.value in clock.seconds
+                 else ("driver start not measured: run_sweep called from Python",))
+        timings = RunTimings(
+            wall_s=time.time() - (wall_from or time.time()), parallel_s=timer.span_s + spent["drain_s"],
+            serial=dict(clock.seconds), work=work, workers=int(spent["workers"]),
+            probe_actors=prepared.sweep.resources.probe_actors, trials=len(prepared.trials),
+            checkpoints=int(len(results)), resumed=resumed, recorded_at=time.strftime("%Y-%m-%d %H:%M:%S"),
+            notes=notes)
+        write_timings(run_dir, timings)
+        biggest = sorted(((v, k) for k, v in {**timings.serial, **timings.work}.items()), reverse=True)[:3]
+        log(f"[iclmem] wall time {human(timings.wall_s)}; most of it: "
+            + ", ".join(f"{k} {human(v)}" for v, k in biggest) + f" (per phase: {run_dir / 'timings.json'})")
+        prediction = load_prediction(prepared.sweep.config_hash())
+        if prediction is None:
+            log(f"[iclmem] `iclmem estimate --compare {run_dir}` sets a prediction beside these times")
+        else:
+            summary = next(line for line in comparison_lines(prediction, timings) if line.startswith("predicted "))
+            log(f"[iclmem] beside `iclmem estimate` of {prediction.created}: {summary}")
+    except Exception as exc:  # noqa: BLE001 - the timings are a report on the run, never a reason to fail it
+        log(f"[iclmem] WARNING the run's timings were not recorded: {type(exc).__name__}: {exc}")
 
 
 def require_writable(run_dir: Path, resume: bool) -> None:
@@ -1065,6 +1196,9 @@ class ProbePools:
     @property
     def notes(self) -> list[str]:
         return [n for pool in self.pools.values() for n in pool.notes]
+
+    def start_seconds(self) -> float:
+        return sum(pool.start_seconds() for pool in self.pools.values())
 
     def shutdown(self) -> None:
         for pool in self.pools.values():

@@ -66,10 +66,20 @@ def _node_id() -> str:
 
 
 class _PoolWorker:
-    """What every worker kind answers besides ``run``: the node it runs on."""
+    """What every worker kind answers besides ``run``: the node it runs on, and how long it took to start."""
 
     def node_id(self) -> str:
         return _node_id()
+
+    def _mark_started(self) -> None:
+        """Called at the end of a constructor: the actor's start is its process's start to here (imports,
+        the reference model's load, the tasks from the object store)."""
+        import psutil
+
+        self._start_seconds = max(time.time() - psutil.Process().create_time(), 0.0)
+
+    def start_seconds(self) -> float:
+        return float(getattr(self, "_start_seconds", 0.0))
 
 
 class ProbeWorker(_PoolWorker):
@@ -110,12 +120,16 @@ class ProbeWorker(_PoolWorker):
         self._canaries: dict[tuple[str, str], Any] = {}
         # a reference trial's task fingerprint -> its target's (probe.references): see ``run``
         self.reference_tasks = dict(reference_tasks or {})
+        self._mark_started()
 
     def plan(self, task_key: str) -> ProbePlan:
         if task_key not in self._plans:
+            from probes.stopwatch import phase
+
             task = self.tasks[task_key]
-            self._plans[task_key] = ProbePlan.build(ProbeQueries.from_task(task), self.suite, task.seed,
-                                                    compress_rows=self.base.supports_context_weights)
+            with phase("plan"):
+                self._plans[task_key] = ProbePlan.build(ProbeQueries.from_task(task), self.suite, task.seed,
+                                                        compress_rows=self.base.supports_context_weights)
         return self._plans[task_key]
 
     def canaries(self, job: ProbeJob) -> Any:
@@ -171,7 +185,12 @@ class ProbeWorker(_PoolWorker):
     def run(self, job: ProbeJob) -> ProbeResult:
         """Probe one checkpoint and return the whole result; the driver stores it on its own disk, so
         results never depend on which node an actor ran on."""
-        started = time.perf_counter()
+        from probes import stopwatch
+
+        stopwatch.reset()
+        clock = time.process_time if self.device.type == "cpu" else time.perf_counter  # device-seconds
+        stopwatch.use_clock(clock)
+        started, wall = clock(), time.perf_counter()
         task = self.tasks[job.task_key]
         notes: list[str] = []
         settings, base_plan = self.settings, None
@@ -186,7 +205,11 @@ class ProbeWorker(_PoolWorker):
             self._model_for(job, notes), task, self.plan(job.task_key), self.cache_dir, self.base_digest,
             self.base, settings, job.identity, job.epoch, canaries=self.canaries(job), base_plan=base_plan,
         )
-        result.row["probe_seconds"] = round(time.perf_counter() - started, 3)
+        result.row["probe_seconds"] = round(time.perf_counter() - wall, 3)
+        result.row["probe_device_seconds"] = round(clock() - started, 3)
+        spent = stopwatch.tally()  # the phases of this job (orchestrator.timing reads them off the results)
+        for name in ("score", "reference", "plan"):
+            result.row[f"probe_{name}_seconds"] = round(spent.get(name, 0.0), 3)
         result.row["probe_node"] = _node_id()
         return replace(result, notes=tuple(notes)) if notes else result
 
@@ -304,6 +327,11 @@ class ProbePool:
 
     def nodes(self) -> list[str]:
         return ray.get([a.node_id.remote() for a in self.actors])
+
+    def start_seconds(self) -> float:
+        """Device-seconds the actors took to start (summed over them), for the run's timings (an actor
+        restarted on another node reports its own, second start)."""
+        return float(sum(ray.get([a.start_seconds.remote() for a in self.actors])))
 
     def shutdown(self) -> None:
         for actor in self.actors:

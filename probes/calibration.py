@@ -61,6 +61,9 @@ def reference_scores(
     cached = read_parquet_checked(path)
     if cached is not None and len(cached) == len(plan.planned):
         return cached
-    table = score(resolve_model(base_model), plan)
-    write_parquet_atomic(table, path)
+    from probes.stopwatch import phase
+
+    with phase("reference"):  # the run's timings count it apart from the checkpoints' scoring
+        table = score(resolve_model(base_model), plan)
+        write_parquet_atomic(table, path)
     return table

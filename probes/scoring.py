@@ -213,6 +213,15 @@ def model_device(model: Any) -> torch.device:
 @torch.no_grad()
 def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: bool = True,
           merge: bool = True) -> pd.DataFrame:
+    """Scores of every context of ``plan`` (:func:`_score`), timed as the probe's scoring phase."""
+    from probes.stopwatch import phase
+
+    with phase("score"):
+        return _score(model, plan, max_batch, shortcut, merge)
+
+
+def _score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: bool = True,
+           merge: bool = True) -> pd.DataFrame:
     """One row per (query, manipulation): query_id, member, manipulation, category, loss, entropy, confidence.
 
     Rows come back in plan order (query-major, suite order), so tables from two models align row by row.

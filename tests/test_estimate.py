@@ -50,7 +50,7 @@ def config(tmp_path):
 
 def test_work_is_counted_from_the_grid_as_by_hand(config):
     work = count_work(load_sweep(config))
-    key = ("pfn-mini", 20)
+    key = ("pfn-mini", 20, "breast_cancer")
     assert work.runs == 4  # 2 lr x 1 Q x 2 label modes
     assert work.steps == 4 * 5
     assert work.eval_forwards == 2 * 5 * 4
@@ -68,7 +68,7 @@ def test_work_is_counted_from_the_grid_as_by_hand(config):
 def _costs(**changes) -> dict:
     base = UnitCosts(model="pfn-mini", q=20, device="cpu", task="breast_cancer", prepare_s=0.5, epoch_s=0.1,
                      save_s=0.05, plan_s=0.2, contexts=120, forwards_saved=0.3, score_per_context_s=1e-3, rest_s=0.4)
-    return {("pfn-mini", 20): dataclasses.replace(base, **changes)}
+    return {("pfn-mini", 20, "breast_cancer"): dataclasses.replace(base, **changes)}
 
 
 def test_prediction_adds_each_kind_of_work_and_divides_the_parallel_part_by_the_workers(config):
@@ -76,7 +76,8 @@ def test_prediction_adds_each_kind_of_work_and_divides_the_parallel_part_by_the_
     one = predict(work, _costs(), 1, OVERHEADS)
     c = one.compute_s
     assert c["fine-tuning (epochs + checkpoint saves)"] == pytest.approx(4 * (5 * 0.1 + 2 * 0.05))
-    assert c["Tune trials (actor start, imports, reports)"] == pytest.approx(4 * 2.0)
+    # one trial slot on 1 worker: its actor starts once (1.5 s), then 4 trials of 2.0 s each
+    assert c["Tune trials (actor start, imports, reports)"] == pytest.approx(1.5 + 4 * 2.0)
     assert c["probe actor start"] == pytest.approx(1 * 1.5)
     assert c["probe scoring (checkpoints + controls)"] == pytest.approx((960 + 240) * 1e-3)
     assert c["reference scoring (once per reference)"] == pytest.approx(240 * 1e-3)
@@ -89,7 +90,7 @@ def test_prediction_adds_each_kind_of_work_and_divides_the_parallel_part_by_the_
     assert one.on(2).wall_s == pytest.approx(two.wall_s)
     # many workers: bound by the longest chain (a run's start, epochs, saves, then its last probe)
     many = predict(work, _costs(), 1000, OVERHEADS, probe_actors=1000)
-    assert many.longest_s == pytest.approx(2.0 + 5 * 0.1 + 2 * 0.05 + 120 * 1e-3 + 0.4)
+    assert many.longest_s == pytest.approx(1.5 + 2.0 + 5 * 0.1 + 2 * 0.05 + 120 * 1e-3 + 0.4)
     assert many.wall_s == pytest.approx(6.5 + many.longest_s)
     assert many.bound == "the longest run"
     assert many.device_hours == pytest.approx(1000 * many.longest_s / 3600)

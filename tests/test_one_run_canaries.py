@@ -32,8 +32,10 @@ def _sweep(**canaries):
 
 def test_one_run_canaries_are_each_in_by_a_coin_of_the_seed_and_the_log_records_the_coins():
     first, again, other = make_canaries(_task(0), ONE_RUN), make_canaries(_task(0), ONE_RUN), make_canaries(_task(1), ONE_RUN)
-    assert len(first) == 128 and set(first.copies.tolist()) == {0, 1}
-    assert np.array_equal(first.copies, again.copies) and first.fingerprint == again.fingerprint
+    assert len(first) == 128
+    assert set(first.copies.tolist()) == {0, 1}
+    assert np.array_equal(first.copies, again.copies)
+    assert first.fingerprint == again.fingerprint
     assert not np.array_equal(first.copies, other.copies)  # another seed, other coins
     # fair coins: over 10 seeds x 128 canaries the share in is 1/2 within 4 standard deviations (0.056)
     share = np.mean([make_canaries(_task(s), ONE_RUN).copies.mean() for s in range(10)])
@@ -43,7 +45,8 @@ def test_one_run_canaries_are_each_in_by_a_coin_of_the_seed_and_the_log_records_
     assert log["copies"] == first.copies.tolist()
     # each kind gets its own m draws, in and out alike
     kinds = np.array([k.value for k in first.kinds])
-    assert (kinds == "outlier").sum() == 64 and (kinds == "rare_label").sum() == 64
+    assert (kinds == "outlier").sum() == 64
+    assert (kinds == "rare_label").sum() == 64
     assert first.settings.n_inserted_rows == 64  # the expected count, which DP-SGD divides by
 
 
@@ -82,14 +85,17 @@ def test_the_rank_test_detects_planted_inserted_canaries_and_stays_quiet_on_exch
     copies = np.array([1] * 8 + [8] * 8 + [0] * 32)
     shifted = np.where(copies > 0, 2.5, 0.0) + rng.normal(0, 1, 48)
     planted = canary_tests(kinds, copies, shifted, shifted, beta=0.05)
-    assert planted["canary_p_value"] < 1e-4 and planted["canary_detected"]
-    assert planted["canary_p_value_c8"] < 0.01 and planted["canary_p_value_c1"] < 0.01
+    assert planted["canary_p_value"] < 1e-4
+    assert planted["canary_detected"]
+    assert planted["canary_p_value_c8"] < 0.01
+    assert planted["canary_p_value_c1"] < 0.01
     # no shift: over 200 draws the test fires in about beta of them (at most 2x beta here)
     fired = sum(canary_tests(kinds, copies, x, x, 0.05)["canary_detected"]
                 for x in (rng.normal(0, 1, 48) for _ in range(200)))
     assert fired <= 20
     flat = canary_tests(kinds, copies, np.zeros(48), np.zeros(48), 0.05)
-    assert flat["canary_p_value"] == 1.0 and not flat["canary_detected"]
+    assert flat["canary_p_value"] == 1.0
+    assert not flat["canary_detected"]
 
 
 def test_dp_sgd_divides_by_the_expected_canary_count_so_the_coins_do_not_set_the_steps_scale():
@@ -134,14 +140,18 @@ def test_a_sweep_of_one_run_canaries_bounds_epsilon_from_one_run_below_the_accou
     last = tuned[tuned["epoch"] == 10]
     plain = last[last["dp_target_epsilon"].isna()].iloc[0]  # a run without DP has no target ε
     private = last[last["dp_target_epsilon"] == 4.0].iloc[0]
-    assert plain["one_run_m"] == 128 and 30 < plain["one_run_n_in"] < 98
+    assert plain["one_run_m"] == 128
+    assert 30 < plain["one_run_n_in"] < 98
     assert plain["one_run_epsilon_lb"] > 1.5
-    assert plain["canary_detected"] and plain["canary_p_value"] < 1e-6
+    assert plain["canary_detected"]
+    assert plain["canary_p_value"] < 1e-6
     assert 0 <= private["one_run_epsilon_lb"] <= private["dp_epsilon"] <= 4.0
-    assert private["one_run_consistent"] and private["gdp_consistent"]
+    assert private["one_run_consistent"]
+    assert private["gdp_consistent"]
     assert private["dp_mu"] == pytest.approx(math.sqrt(10) / private["dp_noise_multiplier"])
     assert private["dp_mu_replace_one"] == pytest.approx(2 * private["dp_mu"])
-    assert private["one_run_delta"] == pytest.approx(1e-5) and private["one_run_beta"] == 0.05
+    assert private["one_run_delta"] == pytest.approx(1e-5)
+    assert private["one_run_beta"] == 0.05
     # the coins the probe read are the ones the trainable logged
     truth = [json.loads(p.read_text())["canaries"] for p in sorted((run_dir / "tune").rglob("ground_truth.json"))]
     assert all(t["settings"]["design"] == "one_run" for t in truth)

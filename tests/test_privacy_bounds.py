@@ -38,7 +38,7 @@ REFERENCE_GDP = [
 ]
 
 
-@pytest.mark.parametrize("m,r,v,level,delta,expected", REFERENCE_ONE_RUN)
+@pytest.mark.parametrize(("m", "r", "v", "level", "delta", "expected"), REFERENCE_ONE_RUN)
 def test_the_one_run_bound_reproduces_the_reference_implementations_numbers(m, r, v, level, delta, expected):
     assert one_run_epsilon(m, r, v, delta, level) == pytest.approx(expected, abs=2e-6)
 
@@ -54,7 +54,8 @@ def test_the_one_run_p_value_grows_with_epsilon_and_delta_and_is_the_binomial_ta
     from scipy import stats
 
     ps = [one_run_p_value(500, 100, 80, e, 1e-5) for e in (0.0, 0.5, 1.0, 2.0)]
-    assert ps == sorted(ps) and ps[0] < 1e-3 < ps[-1]
+    assert ps == sorted(ps)
+    assert ps[0] < 1e-3 < ps[-1]
     assert one_run_p_value(500, 100, 80, 1.0, 0.0) == pytest.approx(
         stats.binom.sf(79, 100, math.exp(1) / (1 + math.exp(1))), rel=1e-12)
     assert one_run_p_value(500, 100, 80, 1.0, 1e-4) > one_run_p_value(500, 100, 80, 1.0, 0.0)
@@ -64,7 +65,9 @@ def test_the_one_run_p_value_grows_with_epsilon_and_delta_and_is_the_binomial_ta
 
 def test_the_guess_grid_depends_on_m_alone_and_never_overlaps_top_and_bottom():
     grid = guess_grid(128)
-    assert grid == guess_grid(128) and (6, 0) in grid and (32, 32) in grid
+    assert grid == guess_grid(128)
+    assert (6, 0) in grid
+    assert (32, 32) in grid
     assert all(k_in + k_out <= 64 for k_in, k_out in grid)
 
 
@@ -95,13 +98,15 @@ def test_an_attack_that_sees_nothing_proves_nothing_and_ties_are_broken_independ
     assert flat.epsilon == 0.0
     # a perfect attack on the same coins
     perfect = one_run_audits({"a": coins.astype(float), "b": np.zeros(256)}, coins, delta=1e-5, beta=0.05)
-    assert perfect["a"].epsilon > 2.0 and perfect["b"].epsilon == 0.0
-    assert perfect["a"].tests == 2 * len(guess_grid(256)) and perfect["a"].correct == perfect["a"].guesses
+    assert perfect["a"].epsilon > 2.0
+    assert perfect["b"].epsilon == 0.0
+    assert perfect["a"].tests == 2 * len(guess_grid(256))
+    assert perfect["a"].correct == perfect["a"].guesses
     with pytest.raises(ProbeError, match="one score per canary"):
         one_run_audit(np.zeros(3), coins, delta=1e-5)
 
 
-@pytest.mark.parametrize("mu,delta,expected", REFERENCE_GDP)
+@pytest.mark.parametrize(("mu", "delta", "expected"), REFERENCE_GDP)
 def test_the_gdp_conversion_reproduces_opacus_numbers(mu, delta, expected):
     assert gdp_epsilon(mu, delta) == pytest.approx(expected, abs=2e-6)
     assert gdp_delta(mu, gdp_epsilon(mu, delta)) == pytest.approx(delta, rel=1e-6)
@@ -130,12 +135,13 @@ def test_dp_sgds_exact_mu_gives_an_epsilon_the_accountants_bound_from_above():
     """Full-batch DP-SGD is a composition of Gaussian mechanisms: μ = sqrt(steps) / σ exactly. Its ε at δ is
     the true one, so Opacus's RDP accountant (an upper bound) is above it and the PRV accountant (numerical,
     near-exact) is within a few percent of it: a wrong μ formula would miss both."""
-    from trainables.dp import DPSettings, epsilon_spent
     from iclmem.vocab import Neighbours
+    from trainables.dp import DPSettings, epsilon_spent
 
     dp = DPSettings.calibrate(4.0, 1e-5, 1.0, 25)
     exact = gdp_epsilon(dp.mu_at(25), 1e-5)
-    assert exact < dp.epsilon_at(25) and exact == pytest.approx(epsilon_spent(dp.noise_multiplier, 1.0, 25, 1e-5, "prv"),
+    assert exact < dp.epsilon_at(25)
+    assert exact == pytest.approx(epsilon_spent(dp.noise_multiplier, 1.0, 25, 1e-5, "prv"),
                                                                 rel=0.03)
     assert dp.mu_at(25, Neighbours.REPLACE_ONE) == pytest.approx(2 * dp.mu_at(25))
     assert gaussian_mechanism_mu(dp.noise_multiplier, 25) == pytest.approx(5 / dp.noise_multiplier)

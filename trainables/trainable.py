@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,19 @@ from trainables.upstream import UpstreamEnd, UpstreamFinetuner, is_upstream
 # The metric a trial reports (with its first result after a resume) when the checkpoint it was to resume
 # from was damaged: the driver prints it on the console, since the trial's own stderr may be on another node
 DAMAGED_CHECKPOINT_METRIC = "damaged_checkpoint"
+# seconds of the epoch's fine-tuning (step and evaluation) and of its checkpoint's save, reported with the
+# epoch's metrics: the driver sums them into the run's timings (orchestrator.timing). Device-seconds: the
+# process's CPU time on a CPU (a trial sharing its cores with others is not charged their time), wall time
+# on a GPU; the wall times beside them give the trial's own overhead (its wall time less its work)
+EPOCH_SECONDS = "epoch_seconds"
+SAVE_SECONDS = "save_seconds"
+EPOCH_WALL_SECONDS = "epoch_wall_seconds"
+SAVE_WALL_SECONDS = "save_wall_seconds"
+
+
+def device_clock(device: Any) -> Any:
+    """The clock of device-seconds on ``device``: CPU time of this process on a CPU, wall time otherwise."""
+    return time.process_time if str(getattr(device, "type", device)) == "cpu" else time.perf_counter
 
 
 def resume_or_recompute(finetuner: Finetuner, directory: str | Path, run_id: str,
@@ -90,8 +104,13 @@ def report_checkpoint(metrics: dict[str, Any], ground_truth: dict[str, Any], sav
     """``tune.report`` of ``metrics`` with a checkpoint folder: ``save(folder)`` writes the weights and state,
     then the ground-truth log goes beside them."""
     with tempfile.TemporaryDirectory() as tmp:
+        started, wall = time.process_time(), time.perf_counter()
         save(tmp)
         write_json_atomic(Path(tmp) / GROUND_TRUTH_FILE, ground_truth, default=str)
+        # the save's seconds travel with the epoch's metrics (the run's timings, orchestrator.timing); a save is
+        # the CPU's work whatever the device
+        metrics = {**metrics, SAVE_SECONDS: time.process_time() - started,
+                   SAVE_WALL_SECONDS: time.perf_counter() - wall}
         tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
 
 
@@ -119,10 +138,13 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
     if finetuner.canaries is not None:  # the canaries inserted into the members (ids, kinds, copies, labels)
         ground_truth["canaries"] = finetuner.canaries.log()
 
+    clock = device_clock(finetuner.device)
     while finetuner.epoch < spec.epochs:
+        started, wall = clock(), time.perf_counter()
         result = finetuner.run_epoch()
         metrics = {**identity, "epoch": result.epoch, "train_loss": result.train_loss,
-                   "diverged": result.diverged, **result.metrics, **dp_metrics(finetuner)}
+                   "diverged": result.diverged, **result.metrics, **dp_metrics(finetuner),
+                   EPOCH_SECONDS: clock() - started, EPOCH_WALL_SECONDS: time.perf_counter() - wall}
         if damaged:  # once, with the first result after the resume
             metrics[DAMAGED_CHECKPOINT_METRIC] = damaged.pop()
         if result.diverged:
@@ -153,9 +175,12 @@ def upstream_trainable(config: dict[str, Any], spec: FinetuneSpec, tasks: list[A
     identity = {"run_id": config["run_id"]}
     ground_truth = ground_truth_record(config, spec, finetuner.tasks)
 
+    clock = device_clock(finetuner.device)
+    last = [clock(), time.perf_counter()]  # the package runs its epochs: an epoch is the time between two hook calls
+
     def on_epoch(result: EpochResult, package_file: Path, end: UpstreamEnd | None) -> None:
         metrics = {**identity, "epoch": result.epoch, "train_loss": result.train_loss, "diverged": result.diverged,
-                   **result.metrics}
+                   **result.metrics, EPOCH_SECONDS: clock() - last[0], EPOCH_WALL_SECONDS: time.perf_counter() - last[1]}
         if damaged:
             metrics[DAMAGED_CHECKPOINT_METRIC] = damaged.pop()
         if end is not None:
@@ -164,7 +189,8 @@ def upstream_trainable(config: dict[str, Any], spec: FinetuneSpec, tasks: list[A
                 metrics["upstream_best_epoch"] = end.best_epoch
         if result.diverged or not (result.epoch in schedule or (end is not None and end.stopped_early)):
             tune.report(metrics)
-            return
-        report_checkpoint(metrics, ground_truth, lambda folder: finetuner.save(folder, package_file, metrics))
+        else:
+            report_checkpoint(metrics, ground_truth, lambda folder: finetuner.save(folder, package_file, metrics))
+        last[:] = [clock(), time.perf_counter()]  # the save and Tune's report are not the next epoch's
 
     finetuner.run(on_epoch)
