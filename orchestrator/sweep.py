@@ -1024,7 +1024,13 @@ def record_timings(run_dir: Path, prepared: PreparedSweep, spent: dict[str, Any]
     from orchestrator.timing import Phase, RunTimings, comparison_lines, human, load_prediction, write_timings
 
     try:
+        from iclmem.runfolder import REFERENCE_RESULTS_FILE
+
         results = spent["results"]
+        # the reference trials' checkpoints (probe.references) are probed like any other, their rows kept apart
+        references = run_dir / REFERENCE_RESULTS_FILE
+        if references.is_file():
+            results = pd.concat([results, pd.read_parquet(references)], ignore_index=True)
 
         def total(column: str) -> float:
             return float(pd.to_numeric(results[column], errors="coerce").fillna(0).sum()) if column in results else 0.0

@@ -408,6 +408,14 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
     assert sorted(refs["run_id"].unique()) == [f"{audited['run_id'].iloc[0]}-ref{k}" for k in range(2)]
     assert set(refs["reference_of"]) == {audited["run_id"].iloc[0]}
     assert sorted(refs["epoch"]) == [2, 2, 4, 4]
+    # the run's timings count the reference trials' probes too (their rows are kept apart from the results)
+    from orchestrator.timing import Phase, read_timings
+
+    timings = read_timings(run_dir)
+    assert timings.checkpoints == len(results) + len(refs)
+    stored = pd.read_parquet(run_dir / "results.parquet")
+    assert timings.work[Phase.SCORING.value] == pytest.approx(stored["probe_score_seconds"].sum()
+                                                              + refs["probe_score_seconds"].sum())
     for a in Attack:
         for column in (f"{a.value}_auc", f"{a.value}_auc_low", f"{a.value}_tpr_at_1pct", f"{a.value}_tpr_at_0_1pct",
                        f"{a.value}_tpr_at_1pct_high", f"{a.value}_null_auc", f"known_context_{a.value}_auc"):

@@ -276,3 +276,35 @@ def test_the_report_section_shows_a_row_per_run_and_the_figure(tmp_path):
     assert "salary" not in page
     assert f"figures/{EPSILON_FIGURE}" in page
     assert epsilon_section_html(results.drop(columns=["epsilon_lb"]), tmp_path / "f2") == ""
+
+
+def test_each_bound_is_checked_against_the_accountants_figure_for_its_own_neighbour_relation():
+    """dp-ok at epoch 100: add/remove ε 0.995, replace-one ε about twice that; μ = √100 / 40.625 = 0.246
+    add/remove, 0.492 replace-one. A one-run bound (add/remove) of 1.5 sits between the two εs: above its own
+    relation's figure, so inconsistent though below the replace-one one; a GDP μ (replace-one) of 0.4 sits
+    between the two μs: below its own relation's figure, so consistent though above the add/remove one."""
+    from iclmem.record import NEIGHBOURS
+    from iclmem.vocab import Neighbours
+    from orchestrator.aggregate import EpsilonInconsistencyWarning, epsilon_columns
+
+    rows = _rows()
+    rows = rows[rows["run_id"] != "dp-bad"].reset_index(drop=True)
+    at = (rows["run_id"] == "dp-ok") & (rows["epoch"] == 100)
+    rows["one_run_epsilon_lb"], rows["one_run_delta"] = math.nan, math.nan
+    rows.loc[at, "one_run_epsilon_lb"], rows.loc[at, "one_run_delta"] = 1.5, 1e-5
+    for kind in ("loss", "entropy", "confidence"):
+        rows[f"calibrated_{kind}_gdp_mu_lb"], rows[f"calibrated_{kind}_gdp_epsilon_lb"] = 0.0, 0.0
+    rows.loc[at, "calibrated_loss_gdp_mu_lb"] = 0.4
+    printed: list[str] = []
+    with pytest.warns(EpsilonInconsistencyWarning, match="one-run"):
+        out = epsilon_columns(rows, log=printed.append)
+    row = out[at].iloc[0]
+    assert row["dp_epsilon"] < 1.5 < row["dp_epsilon_replace_one"]
+    assert row["dp_mu"] < 0.4 < row["dp_mu_replace_one"]
+    assert row["dp_mu"] == pytest.approx(10 / 40.625)
+    assert row["one_run_consistent"] is False
+    assert row["gdp_consistent"] is True
+    assert (row["gdp_mu_lb"], row["gdp_mu_lb_kind"]) == (0.4, "loss")
+    assert any("one-run epsilon_lb 1.5 > accountant's add/remove epsilon" in line for line in printed)
+    assert NEIGHBOURS["one_run_epsilon_lb"] is Neighbours.ADD_REMOVE
+    assert NEIGHBOURS["gdp_mu_lb"] is NEIGHBOURS["epsilon_lb"] is Neighbours.REPLACE_ONE
