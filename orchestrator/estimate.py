@@ -199,6 +199,10 @@ class UnitCosts:
     extra_contexts: int = 0  # contexts a fine-tuned checkpoint's probe scores besides the task's plan (null splits)
     extra_reference_contexts: int = 0  # and the reference scores for them (once per reference)
     dp_epoch_s: float = math.nan  # one DP-SGD epoch (per-row gradients, clipping, noise); measured when the grid has DP
+    # what a run's first epoch costs beyond a steady one (kernels, allocator; for DP-SGD vmap's first trace,
+    # seconds per run): every trial pays it once
+    first_epoch_extra_s: float = 0.0
+    dp_first_epoch_extra_s: float = 0.0
 
 
 def _suite(spec: Any) -> tuple:
@@ -292,16 +296,18 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
         finetuner_device, tuned_model, canaries = upstream.device, upstream.model, None
     else:
         finetuner = Finetuner(spec, [task], device=device)
-        finetuner.run_epoch()  # warm-up: kernels, allocator
+        first_s = _median_time(finetuner.run_epoch, 1)  # warm-up: kernels, allocator (every run pays it once)
         epoch_s = _median_time(finetuner.run_epoch, epochs)
+        first_extra_s, dp_first_extra_s = max(first_s - epoch_s, 0.0), 0.0
         if dp_epsilon is not None:
             from trainables.dp import DPSettings
 
             t = sweep.training
             dp = DPSettings.calibrate(dp_epsilon, t.dp_delta, t.dp_max_grad_norm, epochs + 1, t.dp_accountant)
             private = Finetuner(replace(spec, dp=dp), [task], device=device)
-            private.run_epoch()  # warm-up: vmap traces the model on its first call
+            dp_first_s = _median_time(private.run_epoch, 1)  # warm-up: vmap traces the model on its first call
             dp_epoch_s = _median_time(private.run_epoch, max(2, epochs // 2))
+            dp_first_extra_s = max(dp_first_s - dp_epoch_s, 0.0)
         with tempfile.TemporaryDirectory(prefix="iclmem-estimate-") as tmp:
             saves = iter(range(10))
             save_s = _median_time(lambda: finetuner.save(Path(tmp) / f"c{next(saves)}", {"epoch": finetuner.epoch}), 3)
@@ -309,8 +315,10 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
             load_s = _median_time(lambda: load_checkpoint_model(Path(tmp) / "c0").to(finetuner.device), 2)
         finetuner_device, tuned_model, canaries = finetuner.device, finetuner.model, finetuner.canaries
 
+    if is_upstream(spec):
+        first_extra_s = 0.0  # the package's first epoch is left out of epoch_s and not modelled apart
     if is_upstream(spec) or dp_epsilon is None:
-        dp_epoch_s = math.nan
+        dp_epoch_s, dp_first_extra_s = math.nan, 0.0
     base = build_model(model_name, **model_options).to(finetuner_device)
     suite = _suite(sweep.probe.suite)
     holder: dict[str, Any] = {}
@@ -382,7 +390,8 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
                      forwards_saved=plan.forwards_saved(base.invariances),
                      score_per_context_s=score_s / len(plan.planned), rest_s=rest_s,
                      extra_contexts=asked["score"] // max(asked["calls"], 1),
-                     extra_reference_contexts=asked["reference"] // max(asked["calls"], 1), dp_epoch_s=dp_epoch_s)
+                     extra_reference_contexts=asked["reference"] // max(asked["calls"], 1), dp_epoch_s=dp_epoch_s,
+                     first_epoch_extra_s=first_extra_s, dp_first_epoch_extra_s=dp_first_extra_s)
 
 
 _WORKER_IMPORTS = "import ray.tune, torch, trainables.finetune, probes.probe, probes.scoring"
@@ -565,6 +574,10 @@ def _epoch_s(cost: UnitCosts, dp: bool) -> float:
     return cost.dp_epoch_s if dp and not math.isnan(cost.dp_epoch_s) else cost.epoch_s
 
 
+def _first_extra_s(cost: UnitCosts, dp: bool) -> float:
+    return cost.dp_first_epoch_extra_s if dp and not math.isnan(cost.dp_epoch_s) else cost.first_epoch_extra_s
+
+
 def predict(work: Work, costs: dict[CostKey, UnitCosts], workers: int, overheads: Overheads,
             probe_actors: int = 1) -> Estimate:
     """Device-seconds and wall time from counted work and measured unit costs (module docstring, step 3)."""
@@ -577,8 +590,10 @@ def predict(work: Work, costs: dict[CostKey, UnitCosts], workers: int, overheads
     compositions = work.compositions or {((k,), False): n for k, n in work.runs_by.items()}
 
     def tuning_s(task_keys: tuple[CostKey, ...], dp: bool) -> float:
-        """One run's epochs (a step on each of its tasks per epoch) and its checkpoints' saves (one model)."""
+        """One run's epochs (a step on each of its tasks per epoch; its first epoch's warm-up once) and its
+        checkpoints' saves (one model)."""
         return (epochs * sum(_epoch_s(costs[k], dp) for k in task_keys)
+                + sum(_first_extra_s(costs[k], dp) for k in task_keys)
                 + ck * statistics.mean(costs[k].save_s for k in task_keys))
 
     probe_s = {k: (costs[k].contexts + costs[k].extra_contexts) * costs[k].score_per_context_s + costs[k].rest_s
@@ -699,7 +714,8 @@ def render(est: Estimate, markdown: bool = False) -> str:
         ("reference contexts", f"{w.total('reference_contexts'):,} (sharing saves {w.reference_contexts_saved:,})"),
     ]
     cost_rows = [(f"{k.model} Q={k.q} {k.task}" + (f" (measured on {c.task})" if c.task != k.task else ""),
-                  f"{c.epoch_s * 1e3:.1f}" + ("" if math.isnan(c.dp_epoch_s) else f" / DP {c.dp_epoch_s * 1e3:.1f}"),
+                  f"{c.epoch_s * 1e3:.1f}" + ("" if math.isnan(c.dp_epoch_s) else f" / DP {c.dp_epoch_s * 1e3:.1f}")
+                  + f" (first +{(c.first_epoch_extra_s + c.dp_first_epoch_extra_s) * 1e3:.0f})",
                   f"{c.save_s * 1e3:.1f}", f"{c.plan_s:.2f}",
                   f"{c.contexts:,} ({c.forwards_saved:.0%} not forwarded)"
                   + (f" + {c.extra_contexts:,} null-split" if c.extra_contexts else ""),

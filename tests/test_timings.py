@@ -85,10 +85,10 @@ SWEEP = {
 }
 
 
-def _cost(task: str, epoch_s: float, dp_epoch_s: float = math.nan) -> UnitCosts:
+def _cost(task: str, epoch_s: float, dp_epoch_s: float = math.nan, first: float = 0.0, dp_first: float = 0.0) -> UnitCosts:
     return UnitCosts(model="pfn-mini", q=20, device="cpu", task=task, prepare_s=0.1, epoch_s=epoch_s, save_s=0.0,
                      plan_s=0.0, contexts=10, forwards_saved=0.0, score_per_context_s=0.0, rest_s=0.0,
-                     dp_epoch_s=dp_epoch_s)
+                     dp_epoch_s=dp_epoch_s, first_epoch_extra_s=first, dp_first_epoch_extra_s=dp_first)
 
 
 def test_work_is_counted_per_task_and_dp_and_each_task_is_costed_with_its_own_units():
@@ -98,11 +98,11 @@ def test_work_is_counted_per_task_and_dp_and_each_task_is_costed_with_its_own_un
     assert all(n == 2 for n in work.runs_by.values())
     assert work.dp_runs == 2
     assert work.dp_epsilon == 1.0
-    costs = {keys[0]: _cost("digits", 1.0, 10.0), keys[1]: _cost("iris", 0.1, 1.0)}
+    costs = {keys[0]: _cost("digits", 1.0, 10.0, first=0.2, dp_first=3.0), keys[1]: _cost("iris", 0.1, 1.0)}
     o = Overheads(actor_start_s=2.0, tune_trial_s=0.5)
     est = predict(work, costs, 2, o, 1)
-    # 10 epochs of: digits plain 1 + DP 10, iris plain 0.1 + DP 1
-    assert est.compute_s[Phase.FINETUNE.value] == pytest.approx(10 * (1 + 10 + 0.1 + 1))
+    # 10 epochs of: digits plain 1 + DP 10, iris plain 0.1 + DP 1; and each run's first-epoch warm-up once
+    assert est.compute_s[Phase.FINETUNE.value] == pytest.approx(10 * (1 + 10 + 0.1 + 1) + 0.2 + 3.0)
     # 2 workers, a probe actor's 0.5 CPU: 3 trial slots, each starting its actor once; 4 trials
     assert work.trial_slots(2) == 3
     assert est.compute_s[Phase.TRIALS.value] == pytest.approx(3 * 2.0 + 4 * 0.5)
