@@ -164,23 +164,31 @@ def _kinds_of(row: pd.Series, all_kinds: list[str]) -> list[str]:
     return all_kinds
 
 
+def _kind_headline(out: pd.DataFrame, kinds: list[str], bound: str, companion: str) -> tuple[list, list, list, list]:
+    """Per row, over the score kinds: the largest ``calibrated_<kind>_<bound>`` among the row's competing kinds
+    (``threshold_score_kinds``), its kind and its ``calibrated_<kind>_<companion>``, and the largest over every
+    kind (what the consistency checks hold against the accountant)."""
+    import math
+
+    best_values, best_kinds, companions, any_kind = [], [], [], []
+    for _, row in out.iterrows():
+        values = {k: float(row[f"calibrated_{k}_{bound}"]) for k in _kinds_of(row, kinds)
+                  if pd.notna(row.get(f"calibrated_{k}_{bound}"))}
+        best = max(values, key=lambda k: values[k], default=None)
+        best_values.append(math.nan if best is None else values[best])
+        best_kinds.append(best)
+        companions.append(math.nan if best is None else float(row[f"calibrated_{best}_{companion}"]))
+        every = [float(row[f"calibrated_{k}_{bound}"]) for k in kinds if pd.notna(row.get(f"calibrated_{k}_{bound}"))]
+        any_kind.append(max(every, default=math.nan))
+    return best_values, best_kinds, companions, any_kind
+
+
 def _gdp_headline(out: pd.DataFrame, kinds: list[str]) -> list[float]:
     """Sets ``gdp_mu_lb``, ``gdp_mu_lb_kind`` and ``gdp_epsilon_lb`` (the largest calibrated kind's μ bound
     among the competing kinds, as for ``epsilon_lb``) and returns each row's largest μ over every kind (what
     the consistency check holds against DP-SGD's μ)."""
-    import math
-
     kinds = [k for k in kinds if f"calibrated_{k}_gdp_mu_lb" in out.columns]
-    best_mu, best_kind, best_eps, any_kind = [], [], [], []
-    for _, row in out.iterrows():
-        values = {k: float(row[f"calibrated_{k}_gdp_mu_lb"]) for k in _kinds_of(row, kinds)
-                  if pd.notna(row.get(f"calibrated_{k}_gdp_mu_lb"))}
-        best = max(values, key=lambda k: values[k], default=None)
-        best_mu.append(math.nan if best is None else values[best])
-        best_kind.append(best)
-        best_eps.append(math.nan if best is None else float(row[f"calibrated_{best}_gdp_epsilon_lb"]))
-        every = [float(row[f"calibrated_{k}_gdp_mu_lb"]) for k in kinds if pd.notna(row.get(f"calibrated_{k}_gdp_mu_lb"))]
-        any_kind.append(max(every, default=math.nan))
+    best_mu, best_kind, best_eps, any_kind = _kind_headline(out, kinds, "gdp_mu_lb", "gdp_epsilon_lb")
     if kinds:
         out["gdp_mu_lb"], out["gdp_mu_lb_kind"], out["gdp_epsilon_lb"] = best_mu, best_kind, best_eps
     return any_kind
@@ -236,16 +244,7 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
     kinds = [k.value for k in SCORE_KINDS if f"calibrated_{k.value}_epsilon_lb" in out.columns]
     if not kinds:
         return out
-    lb, lb_kind, lb_delta, any_kind = [], [], [], []
-    for _, row in out.iterrows():
-        values = {k: float(row[f"calibrated_{k}_epsilon_lb"]) for k in _kinds_of(row, kinds)
-                  if pd.notna(row.get(f"calibrated_{k}_epsilon_lb"))}
-        best = max(values, key=lambda k: values[k], default=None)
-        lb.append(math.nan if best is None else values[best])
-        lb_kind.append(best)
-        lb_delta.append(math.nan if best is None else float(row[f"calibrated_{best}_epsilon_lb_delta"]))
-        every = [float(row[f"calibrated_{k}_epsilon_lb"]) for k in kinds if pd.notna(row.get(f"calibrated_{k}_epsilon_lb"))]
-        any_kind.append(max(every, default=math.nan))
+    lb, lb_kind, lb_delta, any_kind = _kind_headline(out, kinds, "epsilon_lb", "epsilon_lb_delta")
     out["epsilon_lb"], out["epsilon_lb_kind"], out["epsilon_lb_delta"] = lb, lb_kind, lb_delta
     gdp_any = _gdp_headline(out, kinds)
     keys = [c for c in ("run_id", "task") if c in out.columns]
