@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from iclmem.errors import ResultSchemaError
 from iclmem.vocab import Attack, CanaryKind, Neighbours, ScoreKind, VerdictRule, values
 
-__all__ = ["ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "CHECKPOINT_KEY", "COLUMNS", "FAMILIES", "GRID_AXES", "IDENTITY_COLUMNS", "NEIGHBOURS", "Column", "ColumnFamily",
+__all__ = ["ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "CHECKPOINT_KEY", "COLUMNS", "FAMILIES", "GRID_AXES", "IDENTITY_COLUMNS", "NEIGHBOURS", "VOLATILE_COLUMNS", "Column", "ColumnFamily",
            "RunIdentity", "check_columns", "check_row", "column_meaning", "is_public", "is_result_column", "public_columns"]
 
 
@@ -233,6 +233,11 @@ FAMILIES: tuple[ColumnFamily, ...] = (
     ColumnFamily(re.compile(r"^canary_p_value_c\d+$"),
                  "rank test of the canaries inserted with that many copies against the held-out ones"),
 )
+
+# Where and how long a checkpoint's probe ran: the columns two runs of the same sweep may differ in (a resumed,
+# interrupted or re-scheduled run gives the same results otherwise, and the tests compare all the rest)
+VOLATILE_COLUMNS: tuple[str, ...] = ("probe_seconds", "probe_device_seconds", "probe_score_seconds",
+                                     "probe_reference_seconds", "probe_plan_seconds", "probe_node")
 
 # The neighbour relation every ε / μ column is stated for (iclmem.vocab.Neighbours), declared once: the report
 # prints it beside each number and the consistency checks compare a bound only with the accountant's figure

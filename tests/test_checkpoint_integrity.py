@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from iclmem.errors import CheckpointError, CorruptCheckpointError
+from iclmem.record import VOLATILE_COLUMNS
 from trainables.data import TaskSource, prepare_task
 from trainables.finetune import (
     META_FILE,
@@ -172,7 +173,7 @@ def test_a_probe_actor_recomputes_a_corrupt_checkpoint_from_its_recipe_and_score
     assert str(damaged / MODEL_FILE) in error
     assert len(pool.notes) == 1
     assert "weights match the recorded checksum" in pool.notes[0]
-    volatile = {"probe_seconds", "probe_node"}
+    volatile = set(VOLATILE_COLUMNS)
     intact, recomputed = ({k: v for k, v in r.items() if k not in volatile} for r in rows)
     assert intact == recomputed
     assert intact["auc"] != 0.5

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from iclmem.record import RunIdentity
+from iclmem.record import VOLATILE_COLUMNS, RunIdentity
 from probes.actors import ProbeJob, ProbePool
 from probes.calibration import model_digest
 from probes.manipulations import default_suite
@@ -74,7 +74,7 @@ def _pool_rows(n_actors: int, root: Path, task, checkpoint) -> list[dict]:
 def test_verdicts_are_identical_with_one_or_two_probe_actors(setup, ray_session):
     root, task, checkpoint = setup
     one, two = _pool_rows(1, root, task, checkpoint), _pool_rows(2, root, task, checkpoint)
-    volatile = {"probe_seconds", "probe_node"}
+    volatile = set(VOLATILE_COLUMNS)
     strip = lambda row: json.dumps({k: v for k, v in row.items() if k not in volatile}, sort_keys=True, default=str)
     assert [strip(r) for r in one] == [strip(r) for r in two]
     assert one[0]["outcome"] == "no_signal"

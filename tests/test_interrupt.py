@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from iclmem.record import VOLATILE_COLUMNS
 from iclmem.runfolder import RUN_STATE_FILE, RunStatus, read_run_state
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +43,7 @@ def _cli(*args: str) -> subprocess.Popen:
 
 
 def _table(run_dir: Path) -> pd.DataFrame:
-    volatile = ["probe_seconds", "probe_node"]
+    volatile = list(VOLATILE_COLUMNS)
     results = pd.read_parquet(run_dir / "results.parquet").drop(columns=volatile)
     return results.sort_values(["run_id", "epoch"]).reset_index(drop=True)
 

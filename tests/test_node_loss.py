@@ -26,12 +26,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from iclmem.record import VOLATILE_COLUMNS
+
 pytestmark = pytest.mark.slow  # end to end: real Ray Tune sweeps (`make test-fast` leaves them out)
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "tests" / "node_loss_driver.py"
 OUTCOMES = {"collapse", "memorization", "inversion", "overfitting", "no_signal"}
-VOLATILE = ["probe_seconds", "probe_node"]  # how long a probe took and where it ran
+VOLATILE = list(VOLATILE_COLUMNS)  # how long a probe took and where it ran
 EPOCHS, CHECKPOINT_EPOCHS = 30, [1, 15, 30]
 LRS = [1e-1, 1e-2, 1e-3]
 TIMEOUT_S = 360

@@ -28,11 +28,13 @@ import pandas as pd
 import pytest
 import yaml
 
+from iclmem.record import VOLATILE_COLUMNS
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 SBATCH = REPO / "slurm" / "iclmem.sbatch"
-VOLATILE = ["probe_seconds", "probe_node", "config_hash"]  # where and how long; the hash names the resources too
+VOLATILE = [*VOLATILE_COLUMNS, "config_hash"]  # where and how long; the hash names the resources too
 TIMEOUT_S = 420
 
 SRUN = r"""#!/bin/bash

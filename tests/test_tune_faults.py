@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+from iclmem.record import VOLATILE_COLUMNS
 from trainables.data import TaskSource, prepare_task
 from trainables.models import read_weights
 
@@ -141,7 +142,7 @@ def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, 
     from orchestrator.sweep import run_sweep
 
     clean = run_sweep(config, tmp_path / "clean", progress=False)
-    volatile = ["probe_seconds", "probe_node"]
+    volatile = list(VOLATILE_COLUMNS)
     a = results.drop(columns=volatile).sort_values(["run_id", "epoch"]).reset_index(drop=True)
     b = clean.drop(columns=volatile).sort_values(["run_id", "epoch"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(a, b)
