@@ -98,6 +98,29 @@ def _shims(folder: Path) -> Path:
     return folder
 
 
+def _tree(pid: int) -> set[int]:
+    """The pids of a process and everything under it (empty once it is gone)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return {root.pid, *(p.pid for p in root.children(recursive=True))}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def _trial_pids(out_dir: Path) -> set[int]:
+    """The processes Tune's result files name so far (the trainable's pid in every report)."""
+    pids = set()
+    for path in (out_dir / "tune").rglob("result.json") if (out_dir / "tune").is_dir() else ():
+        for line in path.read_text().splitlines():
+            try:
+                pids.add(int(json.loads(line)["pid"]))
+            except (ValueError, KeyError):
+                pass  # a line being written
+    return pids
+
+
 def _kill_tree(pid: int) -> set[int]:
     """A node lost: its `ray start` step and every process under it (raylet, object store, workers), at once;
     their pids."""
@@ -144,10 +167,13 @@ def test_the_sbatch_script_runs_a_sweep_across_its_nodes_and_survives_losing_one
                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lost_at, killed = None, set()
     try:
-        # stop node n2 once a trained checkpoint's probe result is stored and trials are still running
+        # stop node n2 once a trained checkpoint's probe result is stored and a trial is running on n2 (under
+        # load n2 may join late, and Tune then runs the first trials on the head's reused actor: killing an idle
+        # n2 would lose nothing and prove nothing)
         while time.monotonic() - started < TIMEOUT_S and job.poll() is None:
             stored = list((out_dir / "probes").glob("*single_fixed*/e0001*.parquet")) if out_dir.is_dir() else []
-            if stored and (rehearsal / "n2.pid").is_file():
+            if stored and (rehearsal / "n2.pid").is_file() and _trial_pids(out_dir) & _tree(
+                    int((rehearsal / "n2.pid").read_text())):
                 lost_at = time.monotonic() - started
                 killed = _kill_tree(int((rehearsal / "n2.pid").read_text()))
                 break
