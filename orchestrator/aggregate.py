@@ -164,6 +164,20 @@ def _kinds_of(row: pd.Series, all_kinds: list[str]) -> list[str]:
     return all_kinds
 
 
+def _below(bound: float, limit: float, comparable: bool, inconsistent: list[str], message: str) -> bool | None:
+    """Whether an audited ``bound`` stays at or below the accountant's ``limit`` for the same neighbour relation;
+    None where either is missing or the two are not ``comparable`` (a δ below the accountant's); a bound above
+    adds ``message`` to ``inconsistent``."""
+    import math
+
+    if math.isnan(bound) or math.isnan(limit) or not comparable:
+        return None
+    if bound <= limit + 1e-9:
+        return True
+    inconsistent.append(message)
+    return False
+
+
 def _kind_headline(out: pd.DataFrame, kinds: list[str], bound: str, companion: str) -> tuple[list, list, list, list]:
     """Per row, over the score kinds: the largest ``calibrated_<kind>_<bound>`` among the row's competing kinds
     (``threshold_score_kinds``), its kind and its ``calibrated_<kind>_<companion>``, and the largest over every
@@ -287,23 +301,15 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
         mu.append(dp.mu_at(int(row["epoch"])))
         mu_replace.append(dp.mu_at(int(row["epoch"]), Neighbours.REPLACE_ONE))
         audit_mu = gdp_any[out.index.get_loc(i)]
-        if math.isnan(audit_mu) or math.isnan(mu_replace[-1]):
-            gdp_ok.append(None)
-        else:
-            gdp_ok.append(audit_mu <= mu_replace[-1] + 1e-9)
-            if not gdp_ok[-1]:
-                inconsistent.append(f"{where}: audited GDP mu_lb {audit_mu:.4g} > DP-SGD's exact replace-one "
-                                    f"mu {mu_replace[-1]:.4g}")
+        gdp_ok.append(_below(audit_mu, mu_replace[-1], True, inconsistent,
+                             f"{where}: audited GDP mu_lb {audit_mu:.4g} > DP-SGD's exact replace-one "
+                             f"mu {mu_replace[-1]:.4g}"))
         # one-run canaries are in or out: add/remove, the accountant's own relation
         one_run = float(row.get("one_run_epsilon_lb", math.nan))
         one_run_delta = float(row.get("one_run_delta", math.nan))
-        if math.isnan(one_run) or math.isnan(one_run_delta) or one_run_delta < dp.delta:
-            one_run_ok.append(None)
-        else:
-            one_run_ok.append(one_run <= spent[-1] + 1e-9)
-            if not one_run_ok[-1]:
-                inconsistent.append(f"{where}: one-run epsilon_lb {one_run:.4g} > accountant's add/remove epsilon "
-                                    f"{spent[-1]:.4g} (delta {dp.delta:g})")
+        one_run_ok.append(_below(one_run, spent[-1], one_run_delta >= dp.delta, inconsistent,
+                                 f"{where}: one-run epsilon_lb {one_run:.4g} > accountant's add/remove epsilon "
+                                 f"{spent[-1]:.4g} (delta {dp.delta:g})"))
         audit = any_kind[out.index.get_loc(i)]
         if math.isnan(audit) or math.isnan(eps):
             consistent.append(None)

@@ -49,7 +49,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from orchestrator.timing import PROBE_ACTOR_PHASES, Phase, Prediction
+from orchestrator.timing import PROBE_ACTOR_PHASES, Phase, Prediction, human
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -680,16 +680,6 @@ def estimate(config: str | Path, workers: int, device: str | None = None, task: 
 
 
 # ------------------------------------------------------------------------------------------------ output
-def human(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
-
-
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], markdown: bool) -> str:
     rows = [[str(c) for c in r] for r in rows]
     if markdown:

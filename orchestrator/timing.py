@@ -228,11 +228,14 @@ def load_prediction(config_hash: str) -> Prediction | None:
 
 
 def human(seconds: float) -> str:
+    """Seconds as a person reads them: s, min, h or d."""
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
 
 
 def comparison_lines(prediction: Prediction, timings: RunTimings) -> list[str]:

@@ -188,7 +188,7 @@ class ProbeWorker(_PoolWorker):
         from probes import stopwatch
 
         stopwatch.reset()
-        clock = time.process_time if self.device.type == "cpu" else time.perf_counter  # device-seconds
+        clock = stopwatch.device_clock(self.device)
         stopwatch.use_clock(clock)
         started, wall = clock(), time.perf_counter()
         task = self.tasks[job.task_key]

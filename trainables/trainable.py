@@ -22,6 +22,7 @@ from iclmem.atomic import write_json_atomic
 from iclmem.errors import CorruptCheckpointError
 from iclmem.runfolder import GROUND_TRUTH_FILE
 from iclmem.vocab import Regime
+from probes.stopwatch import device_clock
 from trainables.data import ground_truth_log
 from trainables.finetune import EpochResult, Finetuner, FinetuneSpec
 from trainables.upstream import UpstreamEnd, UpstreamFinetuner, is_upstream
@@ -37,11 +38,6 @@ EPOCH_SECONDS = "epoch_seconds"
 SAVE_SECONDS = "save_seconds"
 EPOCH_WALL_SECONDS = "epoch_wall_seconds"
 SAVE_WALL_SECONDS = "save_wall_seconds"
-
-
-def device_clock(device: Any) -> Any:
-    """The clock of device-seconds on ``device``: CPU time of this process on a CPU, wall time otherwise."""
-    return time.process_time if str(getattr(device, "type", device)) == "cpu" else time.perf_counter
 
 
 def resume_or_recompute(finetuner: Finetuner, directory: str | Path, run_id: str,
