@@ -86,6 +86,8 @@ COLUMNS: dict[str, Column] = _columns(
     Column("reference_of", "a reference trial's target run_id (reference rows live in reference_results.parquet)",
            False),
     Column("reference_index", "a reference trial's index among its target's references", False),
+    Column("reference_training_seed", "a reference trial's training seed, derived from (run seed, reference_index): "
+           "its own initialisation, batch draws and DP noise", False),
     Column("config_hash", "hash of the sweep config that produced the row" + _RUN_META),
     Column("git_commit", "git commit of the code that produced the row" + _RUN_META),
     Column("dp_target_epsilon", "the grid's DP-SGD target ε (inf: no DP-SGD)"),
@@ -149,14 +151,22 @@ COLUMNS: dict[str, Column] = _columns(
     Column("run_epsilon_lb", "the run's largest ε lower bound over its checkpoints"),
     Column("run_epsilon_lb_epoch", "the epoch of the run's largest ε lower bound"),
     Column("run_epsilon_lb_kind", "the attack and score of the run's largest ε lower bound"),
-    Column("epsilon_consistent", "whether the ε lower bound stays below the accountant's replace-one ε"),
-    Column("gdp_mu_lb", "Gaussian-DP μ lower bound from the headline attack's whole ROC (replace-one)"),
+    Column("epsilon_consistent", "whether the classic (ε, δ) check at the grid's thresholds, read at "
+           "consistency_level, stays within the accountant's replace-one ε (False: exceeds it at that level)"),
+    Column("gdp_mu_lb", "Gaussian-DP μ lower bound at 95%, the largest over the competing score kinds, each "
+           "read at 0.05 / K (Bonferroni over the K kinds; replace-one)"),
     Column("gdp_mu_lb_kind", "which score the GDP μ lower bound comes from"),
-    Column("gdp_epsilon_lb", "the ε at epsilon_lb_delta a mechanism with exactly that μ has (replace-one)"),
-    Column("gdp_consistent", "whether the GDP μ lower bound stays below DP-SGD's exact replace-one μ"),
+    Column("gdp_epsilon_lb", "the ε at epsilon_lb_delta of a mechanism exactly gdp_mu_lb-GDP (replace-one): a "
+           "lower bound only for a Gaussian mechanism, so NaN except on full-batch DP-SGD runs"),
+    Column("gdp_epsilon_lb_withheld", "why no ε is derived from the GDP μ bounds at this checkpoint, if none is"),
+    Column("gdp_consistent", "whether the GDP μ check, read at consistency_level, stays within DP-SGD's exact "
+           "replace-one μ (False: exceeds it at that level)"),
     Column("dp_mu", "DP-SGD's exact Gaussian-DP μ up to this checkpoint (add/remove; full batches only)"),
     Column("dp_mu_replace_one", "DP-SGD's exact Gaussian-DP μ for replace-one neighbours"),
-    Column("one_run_consistent", "whether the one-run ε lower bound stays below the accountant's add/remove ε"),
+    Column("one_run_consistent", "whether the one-run check, read at consistency_level, stays within the "
+           "accountant's add/remove ε (False: exceeds it at that level)"),
+    Column("consistency_level", "the level each consistency check of the run is read at: 0.05 shared by the "
+           "run's checks (Bonferroni), so the run's flags together err with probability <= 0.05"),
     Column("dp_delta", "DP-SGD δ"),
     Column("dp_max_grad_norm", "DP-SGD per-example clipping norm"),
     Column("dp_noise_multiplier", "DP-SGD noise multiplier (calibrated to the target ε)"),
@@ -218,6 +228,10 @@ FAMILIES: tuple[ColumnFamily, ...] = (
                  "the outcome (and null-split false memorizations) under each verdict rule"),
     ColumnFamily(re.compile(r"^known_context_(calibrated_)?(auc|auc_low|auc_high|p_value|tpr_at_\d+pct(_low|_high)?)$"),
                  "the known-context loss attack (the member's own row in the context)"),
+    # listed before the kind's metric set, which would match it too: these counts are the aggregator's input
+    ColumnFamily(re.compile(rf"^(calibrated|uncalibrated|reference_only)_({_KINDS})_gdp_grid$"),
+                 "one score kind's false positives and negatives at the GDP grid's thresholds (JSON): what the "
+                 "aggregator re-reads the GDP and consistency bounds from at their levels", False),
     ColumnFamily(re.compile(rf"^(calibrated|uncalibrated|reference_only)_({_KINDS})_[a-z0-9_]+$"),
                  "one score kind's full metric set under one calibration"),
     ColumnFamily(re.compile(r"^threshold_[a-z_]+$"), "an outcome threshold in force (probes.outcomes)"),

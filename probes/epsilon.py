@@ -11,7 +11,8 @@ that makes the bound smaller (TPR by its lower bound, FPR by its upper bound), a
 maximum over the attack's thresholds (Jagielski et al. 2020, Nasr et al. 2021).
 
 Conventions (as in :mod:`probes.metrics`): members are the positive class and higher scores mean
-"member"; a threshold ``t`` predicts member iff ``score >= t``; every distinct score is a threshold.
+"member"; a threshold ``t`` predicts member iff ``score >= t``; every distinct score is a threshold, and
+at each one both inequalities are read (:class:`BoundSide` says which gave the maximum).
 
 * **Confidence.** Both rates use the ends of the two-sided ``confidence`` Clopper–Pearson interval
   (``(1 - confidence) / 2`` in each tail), so by the union bound TPR ≥ TPR_low *and* FPR ≤ FPR_high
@@ -22,10 +23,12 @@ Conventions (as in :mod:`probes.metrics`): members are the positive class and hi
   only with the number of rows (50 members and 50 non-members cap it at about 2.6).
 * **No evidence is 0.** ε is non-negative by definition; a side whose numerator is not positive
   (``TPR_low <= δ``, ``1 - δ - FPR_high <= 0``) says nothing, and an attack no better than chance gives 0.
-* **What the bound is not.** The maximum over thresholds (and, one level up, over checkpoints and score
-  kinds) is not corrected for selection, as in the audit literature; and the rows of one run are not
-  independent trials of one mechanism. The bound is evidence to read against an accountant's ε
-  (``orchestrator.aggregate`` flags ε_lb above it), not a certified statement.
+* **What the bound is not.** The maximum over every threshold (and, one level up, over checkpoints and
+  score kinds) is not corrected for selection, as in the audit literature, so the bound has no stated
+  confidence; and the rows of one run are not independent trials of one mechanism. It is the literature's
+  figure, not a certified statement. A check against an accountant needs a level: the aggregator's reads
+  the same two inequalities at a few thresholds fixed by the non-members, with simultaneous bounds
+  (:func:`epsilon_from_rate_bounds`, via :meth:`probes.gdp.GridCounts.epsilon_lower_bound`).
 
 Pure numpy/scipy: no torch, no Ray.
 """
@@ -48,6 +51,7 @@ __all__ = [
     "EpsilonBound",
     "clopper_pearson_bounds",
     "epsilon_from_counts",
+    "epsilon_from_rate_bounds",
     "epsilon_lower_bound",
     "validate_delta",
 ]
@@ -143,6 +147,21 @@ def _bounds(tpr_low: FloatArray, fpr_high: FloatArray, delta: float) -> tuple[Fl
         tpr_side = np.where(num_tpr > 0, np.log(np.maximum(num_tpr, 1e-300) / fpr_high), -np.inf)
         tnr_side = np.where(num_tnr > 0, np.log(np.maximum(num_tnr, 1e-300) / (1.0 - tpr_low)), -np.inf)
     return tpr_side, tnr_side
+
+
+def epsilon_from_rate_bounds(tpr_low: Any, fpr_high: Any, delta: float) -> float:
+    """The largest ε both DP inequalities prove at any of the operating points given as rate bounds
+    (``tpr_low[i]`` below point i's TPR, ``fpr_high[i]`` above its FPR; the caller sees to it that they
+    hold together at the level it states); 0 when none proves anything."""
+    d = validate_delta(delta)
+    low = np.atleast_1d(np.asarray(tpr_low, dtype=np.float64))
+    high = np.atleast_1d(np.asarray(fpr_high, dtype=np.float64))
+    if low.shape != high.shape or low.ndim != 1 or low.size == 0:
+        raise ProbeError(f"rate bounds must be equal-length 1-d, got {low.shape} and {high.shape}")
+    if not ((high > 0).all() and (low < 1).all()):
+        raise ProbeError("rate bounds must keep FPR_high > 0 and TPR_low < 1 (Clopper-Pearson bounds do)")
+    tpr_side, tnr_side = _bounds(low, high, d)
+    return max(float(np.max(tpr_side)), float(np.max(tnr_side)), 0.0)
 
 
 def epsilon_from_counts(true_positives: Any, false_positives: Any, n_members: int, n_nonmembers: int,

@@ -518,11 +518,11 @@ class CheckpointMetrics:
     def prefix(self) -> str:
         return f"{self.calibration.value}_{self.kind.value}"
 
-    def as_dict(self, prefix: str | None = None) -> dict[str, float | int]:
+    def as_dict(self, prefix: str | None = None) -> dict[str, float | int | str]:
         """Flat record, keys ``<calibration>_<kind>_<stat>``, e.g. ``calibrated_loss_auc``,
         ``calibrated_loss_tpr_at_1pct``, ``calibrated_loss_tpr_at_1pct_threshold``."""
         p = self.prefix if prefix is None else prefix
-        out: dict[str, float | int] = {
+        out: dict[str, float | int | str] = {
             f"{p}_auc": self.auc,
             f"{p}_auc_low": self.auc_interval.low,
             f"{p}_auc_high": self.auc_interval.high,
@@ -547,8 +547,9 @@ class CheckpointMetrics:
             out[f"{p}_epsilon_lb"] = self.epsilon.epsilon
             out[f"{p}_epsilon_lb_delta"] = self.epsilon.delta
         if self.gdp is not None:
-            out[f"{p}_gdp_mu_lb"] = self.gdp.mu
-            out[f"{p}_gdp_epsilon_lb"] = self.gdp.epsilon
+            # μ, its ε, and the counts behind them (JSON): the aggregator re-reads the counts at the level the
+            # checkpoint headline and the consistency checks need (probes.gdp.GridCounts)
+            out.update(self.gdp.as_dict(p))
         return out
 
 

@@ -146,3 +146,72 @@ def test_dp_sgds_exact_mu_gives_an_epsilon_the_accountants_bound_from_above():
     assert dp.mu_at(25, Neighbours.REPLACE_ONE) == pytest.approx(2 * dp.mu_at(25))
     assert gaussian_mechanism_mu(dp.noise_multiplier, 25) == pytest.approx(5 / dp.noise_multiplier)
     assert math.isnan(DPSettings.calibrate(4.0, 1e-5, 1.0, 25, sample_rate=0.5).mu_at(25))
+
+
+def test_the_gdp_counts_reproduce_the_bound_and_re_read_it_at_any_level():
+    """The probe records the counts behind a μ bound; read at the same β they give the same bound, at a
+    stricter β a smaller one (the aggregator's headline and checks read them so), and they survive JSON."""
+    from probes.gdp import GridCounts
+
+    rng = np.random.default_rng(11)
+    bound = gdp_mu_lower_bound(rng.normal(1.0, 1, 400), rng.normal(0, 1, 400), delta=1e-5)
+    assert bound.grid.mu_lower_bound(0.05) == pytest.approx(bound.mu, rel=1e-12)
+    assert 0 < bound.grid.mu_lower_bound(0.05 / 3) < bound.mu
+    assert bound.grid.mu_lower_bound(1e-12) < bound.grid.mu_lower_bound(0.05 / 3)
+    assert GridCounts.from_json(bound.grid.to_json()) == bound.grid
+    assert bound.as_dict("calibrated_loss")["calibrated_loss_gdp_grid"] == bound.grid.to_json()
+    with pytest.raises(ProbeError, match="not a GDP grid record"):
+        GridCounts.from_json('{"false_positives": [1]}')
+    with pytest.raises(ProbeError, match="out of range"):
+        GridCounts((51,), (0,), 50, 50)
+
+
+def test_the_gdp_thresholds_and_their_bonferroni_split_are_what_the_docs_say():
+    """On 50 distinct non-member scores the grid 1 %, 2 %, 5 %, 10 %, 20 %, 30 %, 50 % gives k = 1, 1, 2, 5, 10,
+    15, 25: T = 6 thresholds, the k-th highest non-member score each, so k false positives; each of the 2T
+    one-sided Clopper-Pearson upper bounds is read at β / (2T)."""
+    from scipy import stats
+
+    rng = np.random.default_rng(5)
+    nonmembers, members = rng.random(50), rng.random(50) + 0.3
+    grid = gdp_mu_lower_bound(members, nonmembers, delta=1e-5).grid
+    assert sorted(grid.false_positives) == [1, 2, 5, 10, 15, 25]  # by threshold, lowest first
+    assert grid.thresholds == 6
+    fpr_high, fnr_high = grid.rate_upper_bounds(0.05)
+    tail = 0.05 / 12
+    for i, (fp, fn) in enumerate(zip(grid.false_positives, grid.false_negatives)):
+        assert fpr_high[i] == pytest.approx(stats.beta.ppf(1 - tail, fp + 1, 50 - fp), rel=1e-9)
+        assert fnr_high[i] == pytest.approx(1.0 if fn == 50 else stats.beta.ppf(1 - tail, fn + 1, 50 - fn), rel=1e-9)
+        # members below the k-th highest non-member score are the misses
+        assert fn == int((members < np.sort(nonmembers)[::-1][fp - 1]).sum())
+
+
+def test_the_grids_classic_bound_applies_both_inequalities_to_the_simultaneous_rate_bounds():
+    from probes.gdp import GridCounts
+
+    grid = GridCounts((1, 5, 25), (30, 10, 2), 50, 50)
+    fpr_high, fnr_high = grid.rate_upper_bounds(0.01)
+    delta = 1e-5
+    by_hand = max(0.0, *(math.log((1 - b - delta) / a) for a, b in zip(fpr_high, fnr_high)),
+                  *(math.log((1 - a - delta) / b) for a, b in zip(fpr_high, fnr_high)))
+    assert grid.epsilon_lower_bound(delta, 0.01) == pytest.approx(by_hand, rel=1e-12)
+    assert grid.epsilon_lower_bound(delta, 1e-6) < grid.epsilon_lower_bound(delta, 0.01)
+    # no signal proves nothing
+    assert GridCounts((1, 25), (49, 25), 50, 50).epsilon_lower_bound(delta, 0.05) == 0.0
+
+
+def test_a_pure_dp_mechanism_converts_its_mu_to_an_epsilon_far_above_its_own():
+    """Randomised response at ε = 3 (each row's membership reported truthfully with probability e^3 / (1 + e^3))
+    is exactly 3-DP, and no attack's classic bound exceeds 3. Its μ bound is real, but the ε a Gaussian
+    mechanism of that μ has at δ = 1e-5 is about 19: the conversion is a bound only on the Gaussian curve,
+    which is why the aggregator derives it only for full-batch DP-SGD."""
+    from probes.epsilon import epsilon_lower_bound
+
+    rng = np.random.default_rng(3)
+    n, p = 20_000, math.exp(3) / (1 + math.exp(3))
+    members = (rng.random(n) < p) + rng.normal(0, 1e-6, n)
+    nonmembers = (rng.random(n) > p) + rng.normal(0, 1e-6, n)
+    bound = gdp_mu_lower_bound(members, nonmembers, delta=1e-5)
+    assert bound.mu > 3.0
+    assert bound.epsilon > 15.0
+    assert epsilon_lower_bound(members, nonmembers, 1e-5).epsilon <= 3.0

@@ -9,7 +9,10 @@ the rows of ``functional_call`` + ``grad``): row i then enters exactly one loss 
 its whole contribution to the step, whether or not the model lets query rows attend to each other.
 Each row's gradient is clipped to L2 norm ``max_grad_norm`` (over all trainable parameters together), the
 clipped gradients are summed, Gaussian noise of standard deviation ``noise_multiplier × max_grad_norm`` is
-added to the sum, and the result is divided by the number of query rows (public: the configured Q).
+added to the sum, and the result is divided by a public row count (``Finetuner._public_rows``): the batch's
+query rows (its members, plus any exposure canaries' copies, all fixed by the config and the design), or,
+with ``one_run`` canaries, the members plus the *expected* number of canaries in (half of them), since the
+drawn number would let the update's scale tell how many coins came up "in".
 
 What is *not* protected: the context rows C′ (their influence is not clipped; treat them as public
 context), and multi_random runs (their contexts are drawn from the member pool, so the sweep config
@@ -326,7 +329,8 @@ def clipped_gradient_sum(adapter: Any, batch: Any, max_grad_norm: float, mode: P
 
 def noisy_gradient(sums: list[torch.Tensor], noise_std: float, n_rows: int,
                    generator: torch.Generator) -> list[torch.Tensor]:
-    """(Σ clipped + N(0, noise_std²)) / n_rows per parameter. The noise is drawn on the CPU from
+    """(Σ clipped + N(0, noise_std²)) / n_rows per parameter, ``n_rows`` a count that does not depend on which
+    rows are in (module docstring). The noise is drawn on the CPU from
     ``generator`` (saved with the checkpoint) and moved to the gradients' device, so a run's noise is the
     same on any device and a resumed run draws what it would have drawn."""
     import torch

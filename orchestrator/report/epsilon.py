@@ -1,13 +1,17 @@
-"""The report's privacy section: ε lower bounds (every run) and DP-SGD utility and verdict against ε.
+"""The report's privacy section: ε and μ lower bounds (every run) and DP-SGD utility and verdict against ε.
 
 Reads only the columns listed in :data:`EPSILON_REPORT_COLUMNS` (ids, config, metrics, verdicts: the same
 rule as ``iclmem.record``'s public columns), so no raw value can reach the page. The columns come from
-``orchestrator.aggregate.epsilon_columns`` (ε_lb, run headline ε_lb, the accountant's ε, the consistency
-flag), the run identity (``dp_*`` of DP-SGD runs) and, when the probe adds them, the utility columns
-(``member_icl_accuracy``, ``nonmember_icl_accuracy``; ``trainables.finetune.icl_utility``).
+``orchestrator.aggregate.epsilon_columns`` (classic ε_lb, run headline ε_lb, GDP μ_lb and its ε where the
+training is Gaussian, the accountant's figures, the consistency flags and their level), the run identity
+(``dp_*`` of DP-SGD runs), the canaries' one-run bound (``one_run_*``) and, when the probe adds them, the
+utility columns (``member_icl_accuracy``, ``nonmember_icl_accuracy``; ``trainables.finetune.icl_utility``).
 
-* :func:`epsilon_table` -- one row per run: target ε, accountant ε, run-headline ε_lb, verdict at the
-  last checkpoint, utility, consistency;
+Each bound is stated at its own δ: the classic and GDP ε at ``epsilon_lb_delta`` (``outcome.epsilon_delta``),
+the one-run ε at ``one_run_delta`` (``canaries.delta``); μ has no δ.
+
+* :func:`epsilon_table` -- one row per run: target ε, accountant ε, run-headline ε_lb, the last checkpoint's
+  GDP and one-run bounds, verdict at the last checkpoint, utility, consistency;
 * :func:`epsilon_figure` -- ε_lb over epochs, one line per run, the accountant's ε dashed beside DP runs;
 * :func:`epsilon_section_html` -- both as an HTML fragment for the report page (empty when the results
   hold no ε column).
@@ -23,6 +27,7 @@ import pandas as pd
 
 from iclmem.record import CHECKPOINT_KEY, NEIGHBOURS
 from iclmem.vocab import SCORE_KINDS
+from orchestrator.aggregate import BEYOND_CHANCE_LEVEL, CONSISTENCY_LEVEL
 from orchestrator.report.parts import paragraph, save_png, section_html
 
 __all__ = ["EPSILON_REPORT_COLUMNS", "epsilon_public", "epsilon_table", "epsilon_figure", "epsilon_section_html",
@@ -38,7 +43,7 @@ EPSILON_REPORT_COLUMNS: tuple[str, ...] = (
     *(f"calibrated_{k.value}_epsilon_lb" for k in SCORE_KINDS),
     "dp_epsilon_replace_one", "dp_mu", "dp_mu_replace_one", "gdp_mu_lb", "gdp_mu_lb_kind", "gdp_epsilon_lb",
     "gdp_consistent", "one_run_epsilon_lb", "one_run_delta", "one_run_beta", "one_run_m", "one_run_consistent",
-    "canary_p_value", "canary_detected",
+    "canary_p_value", "canary_detected", "gdp_epsilon_lb_withheld", "consistency_level",
 )
 
 
@@ -61,8 +66,9 @@ def _fine_tuned(df: pd.DataFrame) -> pd.DataFrame:
 def epsilon_table(results: pd.DataFrame) -> pd.DataFrame:
     """One row per fine-tuned run (``run_id``, ``task``), ordered by task, label mode and target ε (no DP
     last): its last checkpoint's verdict, accountant ε and utility, and its headline ε_lb (the maximum over
-    checkpoints and competing kinds, with the epoch). ``consistent``: False if any checkpoint of the run
-    had ε_lb above the accountant's ε."""
+    checkpoints and competing kinds, with the epoch). ``consistent``: False if any consistency check of the
+    run (every checkpoint's classic, GDP and one-run checks, sharing the level
+    ``orchestrator.aggregate.CONSISTENCY_LEVEL``) found a bound above the accountant's figure."""
     df = _fine_tuned(epsilon_public(results))
     if df.empty or "epsilon_lb" not in df.columns:
         return pd.DataFrame()
@@ -90,6 +96,7 @@ def epsilon_table(results: pd.DataFrame) -> pd.DataFrame:
             "gdp_mu_lb": _float(last, "gdp_mu_lb"), "dp_mu_replace_one": _float(last, "dp_mu_replace_one"),
             "gdp_epsilon_lb": _float(last, "gdp_epsilon_lb"),
             "one_run_epsilon_lb": _float(last, "one_run_epsilon_lb"),
+            "one_run_delta": _float(last, "one_run_delta"),
             "canary_p_value": _float(last, "canary_p_value"),
         })
     table = pd.DataFrame(rows)
@@ -123,7 +130,8 @@ def epsilon_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
     delta = df["epsilon_lb_delta"].dropna()
     ax.set_xlabel("epoch")
     ax.set_ylabel("ε lower bound" + (f" (δ = {float(delta.iloc[0]):g})" if not delta.empty else ""))
-    ax.set_title("Audited ε lower bound over epochs (dashed: DP accountant's ε; red x: above it)")
+    ax.set_title("Audited ε lower bound over epochs (dashed: DP accountant's ε; red x: the classic check "
+                 "exceeds it at the run's level)", fontsize=9)
     if df["epoch"].max() > 20:
         ax.set_xscale("symlog", linthresh=1)
     ax.set_ylim(bottom=0)
@@ -137,6 +145,34 @@ def _cell(value: object) -> str:
     if isinstance(value, float):
         return "∞" if math.isinf(value) else f"{value:.3g}"
     return html.escape(str(value))
+
+
+def _deltas(values: pd.Series) -> str:
+    """The distinct δ of a column, as printed in the note ("1e-05", or "1e-05 / 1e-06" when runs differ)."""
+    return " / ".join(f"{d:g}" for d in sorted({float(v) for v in values.dropna()})) or "–"
+
+
+def _note(table: pd.DataFrame) -> str:
+    """What each bound in the table is, at which δ and which confidence, and what the consistency column tests."""
+    one_run = table["one_run_epsilon_lb"].notna().any()
+    return (
+        "Every bound names the neighbour relation it is stated for. "
+        f"Classic ε_lb (δ = {_deltas(table['epsilon_lb_delta'])}): the member / non-member attack's TPR and FPR at "
+        "their two-sided 95% Clopper–Pearson bounds, both DP inequalities at every distinct score, maximised over "
+        "thresholds, competing score kinds and checkpoints without correction for that choice: the literature's "
+        "figure, with no stated confidence. GDP μ_lb: the same attack at the thresholds of a fixed grid of "
+        "non-member quantiles, at 95% per checkpoint (Bonferroni over the grid's thresholds and the competing "
+        "kinds), shown at the last checkpoint. GDP ε_lb (same δ as the classic): the ε of a mechanism exactly "
+        "μ_lb-Gaussian; a lower bound only where the training is Gaussian (full-batch DP-SGD), so shown for DP "
+        "runs alone. "
+        + (f"One-run ε_lb (δ = {_deltas(table['one_run_delta'])}, canaries.delta): the canaries, each in by a "
+           "fair coin, guessed from the last checkpoint; valid from this one run at 1 − β without further "
+           "assumptions. " if one_run else "")
+        + "0 = no evidence. Under DP-SGD each bound's accountant figure (same relation) is an upper bound when the "
+        f"guarantee holds; the consistency column tests that for every checkpoint of the run at level "
+        f"{CONSISTENCY_LEVEL:g} in all (the run's checks share it; the classic and GDP checks also assume "
+        "independent rows). A failure is evidence against the accountant's figure at that level; only one that "
+        f"persists at level {BEYOND_CHANCE_LEVEL:g} points to a bug in the audit or the accounting.")
 
 
 def epsilon_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
@@ -159,7 +195,7 @@ def epsilon_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
                ("one_run_epsilon_lb", "one-run ε_lb" + rel("one_run_epsilon_lb")),
                ("canary_p_value", "canary p"), ("outcome", "verdict (last epoch)"),
                ("member_icl_accuracy", "member acc."), ("nonmember_icl_accuracy", "non-member acc."),
-               ("consistent", "bounds ≤ accountant")]
+               ("consistent", f"bounds ≤ accountant (level {CONSISTENCY_LEVEL:g})")]
     present = [c for c in columns if c[0] in ("task", "label_mode", "lr", "dp_target_epsilon", "outcome", "consistent")
                or table[c[0]].notna().any()]  # a bound no run has (no canaries, no DP) is left out
     columns = present
@@ -172,16 +208,7 @@ def epsilon_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
             style = ' style="color:#b00;font-weight:bold"' if key == "consistent" and value is False else ""
             cells.append(f"<td{style}>{_cell(value)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    delta = table["epsilon_lb_delta"].dropna()
-    note = (f"Every bound is read at δ = {float(delta.iloc[0]):g} and names the neighbour relation it is stated for. "
-            "Classic ε_lb: the member / non-member attack's TPR and FPR at their Clopper–Pearson 95% bounds, "
-            "maximised over thresholds and checkpoints (uncorrected for that choice; the rows of one run are "
-            "not independent trials, so read it as evidence). GDP μ_lb: the same attack's whole ROC against "
-            "Gaussian trade-off curves (Bonferroni over thresholds), at the last checkpoint; its ε is what a "
-            "mechanism with exactly that μ has at δ. One-run ε_lb: the canaries, each in by a fair coin, "
-            "guessed from the last checkpoint; valid from this one run at 1 − β. 0 = no evidence. A DP run's "
-            "accountant figure for the same relation is an upper bound on each, so a bound above it is a bug "
-            "in one of them.") if not delta.empty else ""
+    note = _note(table) if table["epsilon_lb_delta"].notna().any() else ""
     table_html = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
     return section_html("Privacy: ε lower bounds and DP-SGD", [paragraph(note), table_html], figure_dir, figure,
                         "ε over epochs")

@@ -481,8 +481,9 @@ def checkpoint_metadata(run_id: str, epoch: int, manifest: Mapping[str, Any] | N
 
 
 def alert_for(row: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(title, text) of the W&B alert a probe row raises, or None: a memorization verdict, or an ε lower bound
-    above the DP accountant's ε for the same checkpoint (one of the two is then wrong). Ids and numbers only."""
+    """(title, text) of the W&B alert a probe row raises, or None: a memorization verdict, or a consistency check
+    that finds a lower bound above the DP accountant's figure for the same checkpoint at the check's level
+    (``consistency_level``). Ids and numbers only."""
     run_id, epoch = row.get("run_id"), row.get(EPOCH_KEY)
     outcome = str(row.get("outcome", ""))
     if outcome == "memorization":
@@ -496,7 +497,10 @@ def alert_for(row: Mapping[str, Any]) -> tuple[str, str] | None:
                                      ("one_run_consistent", "one_run_epsilon_lb", "dp_epsilon", "one-run ε lower bound")):
         consistent = row.get(flag)
         if consistent is not None and consistent == consistent and not bool(consistent):
+            # the check reads the bound at its share of the run's level (orchestrator.aggregate), which the
+            # message states: an excess at a level is evidence against the accountant's figure, not proof of a bug
             return (f"{name} above the accountant's: {run_id}",
                     f"run {run_id}, epoch {epoch}: {name} {row.get(bound)} ({NEIGHBOURS[bound]}) exceeds DP-SGD's "
-                    f"{row.get(limit)} ({NEIGHBOURS[limit]}): the audit or the accounting is wrong")
+                    f"{row.get(limit)} ({NEIGHBOURS[limit]}) at level {row.get('consistency_level')} (the check's "
+                    "share of the run's consistency level)")
     return None
