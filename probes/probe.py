@@ -28,6 +28,7 @@ from probes.blind import exchangeable, task_blind_baseline
 from probes.calibration import model_digest, reference_scores, resolve_model
 from probes.canaries import canary_records, canary_tests, label_ranks, one_run_columns
 from probes.canaries import summary_columns as canary_summary_columns
+from probes.known_context import KnownContextPlan, known_context_predictions
 from probes.metrics import (
     Calibration,
     MembershipInput,
@@ -41,7 +42,7 @@ from probes.metrics import (
     roc_curve,
 )
 from probes.outcomes import CheckpointOutcome, OutcomeThresholds, build_evidence, classify, memorization_holds
-from probes.scoring import ProbePlan, ProbeQueries, distribution_scores, icl_log_probs, icl_predictions, score
+from probes.scoring import ProbePlan, ProbeQueries, distribution_scores, icl_log_probs, score
 from trainables.data import null_split
 
 
@@ -150,14 +151,21 @@ def _cached_frame(path: Path, compute: Callable[[], pd.DataFrame]) -> pd.DataFra
 def base_icl(cache_dir: str | Path, task: Any, base_digest: str,
              base_model: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The base model's ordinary ICL per query, cached like the reference scores: (loss, p) of the label as
-    probed, and the loss of the table's own label (what the collapse indicators read)."""
+    probed, and the loss of the table's own label (what the collapse indicators read). Predicted exactly as
+    the checkpoints are (``probes.known_context``: in multi_random no row with itself in its context); the
+    leave-one-out computation has its own cache key, so a frame cached with C' as every row's context is
+    never read for it, while the fixed-context regimes keep theirs (same numbers, same key)."""
+    plan = KnownContextPlan.for_task(task)
 
     def compute() -> pd.DataFrame:
-        predictions = icl_predictions(resolve_model(base_model), task)
+        predictions = known_context_predictions(resolve_model(base_model), task, plan=plan)
         return pd.DataFrame({"loss": predictions.loss, "p_true": predictions.p_true,
                              "loss_original": predictions.loss_original})
 
-    cached = _cached_frame(Path(cache_dir) / f"base_icl2_{task.fingerprint[:16]}_{base_digest}.parquet", compute)
+    tag = plan.cache_tag()
+    name = f"base_icl2_{task.fingerprint[:16]}_{base_digest}" if not tag else \
+        f"base_icl_{tag}_{task.fingerprint[:16]}_{base_digest}"
+    cached = _cached_frame(Path(cache_dir) / f"{name}.parquet", compute)
     return cached["loss"].to_numpy(), cached["p_true"].to_numpy(), cached["loss_original"].to_numpy()
 
 
@@ -319,7 +327,8 @@ def probe_checkpoint(
         reference = with_member_flags(reference_scores(cache_dir, base_plan[0], base_plan[1], base_digest, base_model),
                                       plan)
     finetuned = score(model, plan)
-    predictions = icl_predictions(model, task)
+    # C' as the known context, no row in its own (multi_random audits C': probes.known_context)
+    predictions = known_context_predictions(model, task, regime=identity.get("regime"))
     loss_ft = predictions.loss
     loss_base, _, loss_base_original = base_icl(cache_dir, task, base_digest, base_model)
     # ICLPredictions hold members then non-members (ProbeQueries.from_task's order)
