@@ -385,6 +385,22 @@ def test_report_top_states_rule_thresholds_counts_and_outcomes(report_path):
     assert "collapse_loss_ratio 5" in rule
 
 
+def test_report_top_gives_the_task_peaks_false_positive_rate_as_not_covered(report_path, results):
+    """#43: Tab. 8's peak is a maximum over a task's runs, outside the bound of one run's headline; the top
+    says so beside the run headline's rate, and Tab. 8 says it too."""
+    text = report_path.read_text()
+    top = _visible(_section(text, "summary"))
+    # the sweep's rule is the paper's (sweep.json): no guarantee at all, and the page says which would give one
+    assert "run headline (no guarantee under the paper rule; selection_aware's 5% would cover it) 0 of 32" in top
+    # one null split per checkpoint and three tasks: three null task peaks (single_fixed, as Tab. 8)
+    assert "Not covered by the 5% guarantee: the task-level peak (Tab. 8): 0 of 3 null task peaks" in top
+    claims = R.task_claim_error_rates(results).set_index(["rule", "claim"])
+    assert tuple(claims.loc[("paper", R.TASK_PEAK.name), ["n_null", "n_memorization"]]) == (3, 0)
+    assert "task_verdict" not in claims.index.get_level_values("claim")  # the rows record no p-value per kind
+    table8 = _visible(_section(text, "peak-vulnerability"))
+    assert "maxima over the task's runs: not covered by the 5% guarantee" in table8
+
+
 def test_report_top_reads_the_thresholds_and_strict_mode_from_the_config(tmp_path):
     rd = make_synthetic_run_dir(tmp_path / "strict", outcome={"strict": True, "collapse_loss_ratio": 3.0})
     text = R.write_html_report(rd, make_figures=False).read_text()

@@ -556,3 +556,167 @@ def test_the_report_prints_the_blind_baseline_and_warns_when_the_groups_are_sepa
     top = top[: top.index('id="provenance"')]
     assert "separable without the model in 1 of 1 runs" in top
     assert "unmatched design" in top
+
+
+# ------------------------------------------------------------------ #43: claims beyond one run's headline
+
+
+CLAIM_RUNS, CLAIM_NULLS, CLAIM_EPOCHS, CLAIM_N = 10, 10, (1, 2), 40
+PLANTED_RUN = 0  # the one run whose real split memorized (epoch 2)
+
+
+def _scores_tables(member_loss):
+    """Scores tables of one checkpoint on one split (one manipulation; the reference model scores every row
+    2.0): the members' probe losses as given, the non-members' spread evenly over [1, 3]. Only the loss
+    separates them; entropy and confidence are the same for every row."""
+    nonmember_loss = 2.0 + np.linspace(-1.0, 1.0, CLAIM_N)
+    ft, ref = [], []
+    rows = [(True, v) for v in member_loss] + [(False, v) for v in nonmember_loss]
+    for i, (member, loss) in enumerate(rows):
+        base = {"query_id": i, "member": member, "manipulation": "base", "category": "base"}
+        ft.append({**base, "loss": float(loss), "entropy": 2.0, "confidence": 0.5})
+        ref.append({**base, "loss": 2.0, "entropy": 2.0, "confidence": 0.5})
+    return pd.DataFrame(ft), pd.DataFrame(ref)
+
+
+# members worse than the non-members: no rule says memorization
+QUIET = 2.0 + np.linspace(-1.0, 1.0, CLAIM_N) + 0.5
+# what chance gives one null split of a run now and then: 14 members below every non-member, the rest among
+# them; AUC 0.67, p 0.004: below the selection-aware bar of one run (0.05 / 4) but not the task's (0.05 / 40)
+LUCKY = np.concatenate([np.linspace(0.0, 0.5, 14), 2.0 + np.linspace(-1.0, 1.0, CLAIM_N - 14) + 1e-3])
+# every member below every non-member (p 1e-14): real memorization
+PLANTED = np.linspace(0.0, 0.5, CLAIM_N)
+
+
+def _attack_scores(attack_null_index, seed):
+    """One attack's scores on the checkpoint's members then non-members: all tied, except that the half of the
+    non-members attack null split ``attack_null_index`` labels member (None: none) scores above the rest."""
+    from probes.attacks import attack_null_split
+
+    scores = np.zeros(2 * CLAIM_N)
+    if attack_null_index is not None:
+        scores[CLAIM_N:][attack_null_split(CLAIM_N, attack_null_index, seed)] = 1.0
+    return scores
+
+
+def _claims_row(seed, epoch, settings):
+    """The results row of checkpoint ``epoch`` of run ``seed``, assembled by the probe's own writers
+    (``build_evidence``, ``verdicts_by_rule``, ``headline_columns`` and the null-split record of
+    ``probes.probe``; the attacks' ``probes.attacks.score_columns``) from planted scores tables.
+
+    IclMem's null split j of run r is lucky (memorization under the selection-aware rule) only when j == r, at
+    epoch 2; LiRA online's attack null split (r + 5) % 10 is, at epoch 1. Everything else is quiet."""
+    from iclmem.record import check_row
+    from iclmem.vocab import Attack
+    from probes.attacks import score_columns
+    from probes.outcomes import CheckpointOutcome
+    from probes.probe import _null_record, verdicts_by_rule
+
+    th, n_ckpt = settings.thresholds, settings.n_checkpoints
+    real = _scores_tables(PLANTED if (seed, epoch) == (PLANTED_RUN, 2) else QUIET)
+    evidence = build_evidence(*real, 1.0, 0.2, thresholds=th, n_resamples=settings.n_resamples)
+    verdicts = verdicts_by_rule(evidence, th, n_ckpt)
+    verdict = verdicts[th.verdict_rule]
+    _, head = headline_columns(MembershipInput.from_scores_tables(*real), evidence, verdict, settings)
+    records = []
+    for j in range(CLAIM_NULLS):
+        null = _scores_tables(LUCKY if (j, epoch) == (seed, 2) else QUIET)
+        null_evidence = build_evidence(*null, 1.0, 0.2, thresholds=th, n_resamples=settings.n_resamples)
+        records.append(_null_record(j, null_evidence, verdicts_by_rule(null_evidence, th, n_ckpt), CLAIM_N, CLAIM_N))
+    row = {"run_id": f"t-s{seed}", "task": "t", "model": "pfn-mini", "regime": "single_fixed", "lr": 1e-3,
+           "q": CLAIM_N, "label_mode": "normal", "seed": seed, **CheckpointOutcome(epoch, evidence, verdict).as_dict(),
+           "sanity_check": False, "fine_tuned": True, "rule": th.verdict_rule.value,
+           **{f"outcome_{r.value}": v.outcome.value for r, v in verdicts.items()}, **head,
+           "n_members": CLAIM_N, "n_nonmembers": CLAIM_N, "null_splits": CLAIM_NULLS,
+           **{f"null_memorization_{r.value}": sum(rec[f"outcome_{r.value}"] == Outcome.MEMORIZATION.value
+                                                 for rec in records) for r in VerdictRule},
+           "null_evidence": json.dumps(records, sort_keys=True)}
+    member = np.arange(2 * CLAIM_N) < CLAIM_N
+    for attack in Attack:
+        lucky = (seed + 5) % CLAIM_NULLS if (attack is Attack.LIRA_ONLINE and epoch == 1) else None
+        cols, _ = score_columns(_attack_scores(lucky, seed), member, f"{attack.value}_", n_resamples=20,
+                                null_splits=CLAIM_NULLS, seed=seed, thresholds=th, n_checkpoints=n_ckpt)
+        row.update(cols)
+    check_row(row, "the #43 fixture")
+    return row
+
+
+@pytest.fixture(scope="module")
+def claims_results():
+    """One task, ten runs (seeds) of two checkpoints, ten null splits each, and the attacks' columns with
+    their run headlines as the aggregator adds them (``orchestrator.aggregate.attack_headline_columns``)."""
+    from orchestrator.aggregate import attack_headline_columns
+
+    settings = ProbeSettings(n_resamples=50, null_splits=CLAIM_NULLS, n_checkpoints=len(CLAIM_EPOCHS))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rows = [_claims_row(seed, epoch, settings) for seed in range(CLAIM_RUNS) for epoch in CLAIM_EPOCHS]
+    return attack_headline_columns(pd.DataFrame(rows))
+
+
+def test_the_fixture_plants_one_lucky_null_split_per_run_for_iclmem_and_for_lira(claims_results):
+    sa = VerdictRule.SELECTION_AWARE.value
+    by_run = claims_results.groupby("run_id")
+    assert (by_run[f"null_memorization_{sa}"].sum() == 1).all()
+    assert (by_run["lira_online_null_memorization"].sum() == 1).all()
+    assert (claims_results["lira_online_run_null_memorization"] == 1).all()
+    assert claims_results[["lira_offline_null_memorization", "rmia_null_memorization"]].eq(0).all().all()
+    assert list(claims_results.loc[claims_results["outcome"] == Outcome.MEMORIZATION.value, "run_id"]) == ["t-s0"]
+
+
+def test_a_task_peak_over_runs_is_a_false_positive_far_more_often_than_one_runs_headline(claims_results):
+    sa = VerdictRule.SELECTION_AWARE.value
+    runs = R.null_error_rates(claims_results).set_index(["rule", "level"])
+    assert tuple(runs.loc[(sa, "run_headline"), ["n_null", "n_memorization"]]) == (100, 10)  # 10% per run
+    assert tuple(runs.loc[(sa, "checkpoint"), ["n_null", "n_memorization"]]) == (200, 10)
+    claims = R.task_claim_error_rates(claims_results).set_index(["rule", "claim"])
+    # every null split index has one lucky run, and the task's peak over runs picks it: 10 of 10
+    peak = claims.loc[(sa, R.TASK_PEAK.name)]
+    assert (peak["n_null"], peak["n_memorization"], bool(peak["covered"])) == (10, 10, False)
+    iv = clopper_pearson(10, 10)
+    assert (peak["fpr_low"], peak["fpr_high"]) == pytest.approx((iv.low, iv.high))
+    assert tuple(claims.loc[(sa, R.TASK_ANY_RUN.name), ["n_null", "n_memorization"]]) == (10, 10)
+    # the Bonferroni over the task's runs (F = 10 runs x 2 checkpoints x 2 kinds) rejects every lucky split
+    controlled = claims.loc[(sa, R.TASK_VERDICT.name)]
+    assert (controlled["n_null"], controlled["n_memorization"], bool(controlled["covered"])) == (10, 0, True)
+    # ... and still finds the run that memorized its real members (p 1e-14 against 0.05 / 40)
+    table8 = R.peak_vulnerability_per_task(claims_results).iloc[0]
+    assert table8["task_verdict"] == Outcome.MEMORIZATION.value
+    assert table8["task_family_size"] == 40
+    assert table8["task_p_value_threshold"] == pytest.approx(0.05 / 40)
+
+
+def test_iclmem_or_any_attack_is_a_false_positive_more_often_than_either_alone(claims_results):
+    sa = VerdictRule.SELECTION_AWARE.value
+    rates = R.any_attack_error_rates(claims_results).set_index("claim")
+    assert set(rates["rule"]) == {sa}  # the rule the attacks' verdicts were decided by
+    checkpoint = rates.loc[R.CHECKPOINT_ANY_ATTACK.name]
+    # IclMem's 10 lucky null splits (epoch 2) and LiRA online's 10 (epoch 1) never share a checkpoint
+    assert (checkpoint["n_null"], checkpoint["n_memorization"], bool(checkpoint["covered"])) == (200, 20, False)
+    head = rates.loc[R.RUN_HEADLINE_ANY_ATTACK.name]
+    # per run, IclMem's null headline j = r and LiRA's j = r + 5 (mod 10): 20 of 100, each alone 10
+    assert (head["n_null"], head["n_memorization"]) == (100, 20)
+    iv = clopper_pearson(20, 100)
+    assert (head["fpr_low"], head["fpr_high"]) == pytest.approx((iv.low, iv.high))
+    both = R.claim_error_rates(claims_results)
+    assert {R.TASK_PEAK.name, R.CHECKPOINT_ANY_ATTACK.name} <= set(both["claim"])
+
+
+def test_the_report_top_labels_the_uncovered_claims_with_their_measured_rates(tmp_path, claims_results):
+    from iclmem.atomic import write_parquet_atomic
+
+    write_parquet_atomic(claims_results, tmp_path / "results.parquet")
+    text = R.write_html_report(tmp_path, make_figures=False).read_text()
+    top = text[: text.index('id="provenance"')]
+    summary = top[top.index('id="summary"'): top.index('id="verdict-rule"')]
+    for part in (summary, top[top.index('id="verdict-rule"'):]):
+        assert "Not covered by the 5% guarantee" in part
+        assert "the task-level peak (Tab. 8): 10 of 10 null task peaks (100.0%" in part
+        assert "IclMem or any attack at the run headline: 20 of 100 null run headlines (20.0%" in part
+        assert "Tab. 8&#x27;s task_verdict (Bonferroni over every run of the task): 0 of 10 null tasks" in part
+    assert "run headline (the claim the 5% guarantee covers) 10 of 100 null run headlines (10.0%" in summary
+    assert "no: not covered by the 5% guarantee" in top
+    table8 = text[text.index('<section id="peak-vulnerability">'):]
+    table8 = table8[: table8.index("</section>")]
+    assert "not covered by the 5% guarantee" in table8
+    assert "<th>task_verdict</th>" in table8

@@ -33,16 +33,23 @@ from iclmem.runfolder import (
     SWEEP_FILE,
 )
 from iclmem.vocab import BASE_MODEL_ROW, VerdictRule
-from orchestrator.config import SweepConfig
+from orchestrator.config import OutcomeConfig, SweepConfig
 from orchestrator.report.tables import (
     BASE_MANIPULATION,
+    CHECKPOINT_ANY_ATTACK,
+    CLAIMS,
     FACET_AXES,
     MAIN_REGIME,
+    RUN_HEADLINE_ANY_ATTACK,
     RUN_KEY,
+    TASK_ANY_RUN,
+    TASK_PEAK,
+    TASK_VERDICT,
     THRESHOLD_MEANINGS,
     blind_baseline_summary,
     calibration_impact,
     checkpoint_schedule,
+    claim_error_rates,
     competing_kinds,
     detectable_share_by_epoch,
     filter_regime,
@@ -111,7 +118,7 @@ def _fmt_value(col: str, v: Any) -> str:
     if isinstance(v, (bool, np.bool_)):
         return "yes" if v else "no"
     if isinstance(v, (float, np.floating)):
-        if col == "lr" or col.endswith("_pvalue") or col.endswith("p_value"):  # a p of 2e-7 must not read 0.000
+        if col == "lr" or col.endswith(("_pvalue", "p_value", "p_value_threshold")):  # 2e-7 must not read 0.000
             return f"{float(v):.3g}"
         if float(v).is_integer() and col in ("q", "seed", "epoch", "n_rows", "n_classes"):
             return str(int(v))
@@ -252,10 +259,63 @@ def _blind_items(results: pd.DataFrame) -> list[str]:
     return items
 
 
+def _guarantee(settings: Mapping[str, str]) -> str:
+    """The selection-aware rule's bound on a run headline's false-positive rate as a share, e.g. "5%"."""
+    try:
+        alpha = float(settings.get("family_alpha", OutcomeConfig().family_alpha))
+    except ValueError:
+        alpha = OutcomeConfig().family_alpha
+    return f"{alpha * 100:g}%"
+
+
+def _rate_text(r: Mapping[str, Any], trials: str) -> str:
+    return (f"{int(r['n_memorization'])} of {int(r['n_null'])} {trials} ({r['fpr']:.1%}; 95% Clopper-Pearson "
+            f"interval {r['fpr_low']:.1%}–{r['fpr_high']:.1%})")
+
+
+# How the report's top names each claim beyond one run's headline, and what one null trial of it is.
+_CLAIM_WORDS: dict[str, tuple[str, str]] = {
+    TASK_PEAK.name: ("the task-level peak (Tab. 8)", "null task peaks"),
+    TASK_ANY_RUN.name: ("some run of the task (Tab. 8's n_memorization)", "null tasks"),
+    TASK_VERDICT.name: ("Tab. 8's task_verdict (Bonferroni over every run of the task)", "null tasks"),
+    CHECKPOINT_ANY_ATTACK.name: ("IclMem or any attack at a checkpoint", "null checkpoints"),
+    RUN_HEADLINE_ANY_ATTACK.name: ("IclMem or any attack at the run headline", "null run headlines"),
+}
+
+
+def _claim_phrases(claims: pd.DataFrame, rule: str, covered: bool) -> list[str]:
+    """"<claim> said memorization on k of n <trials> (...)" for the rule in force's claims that are (or are
+    not) covered by the selection-aware bound, in :data:`CLAIMS` order."""
+    mine = claims[(claims["rule"] == rule) & (claims["covered"] == covered)].set_index("claim")
+    return [f"{_CLAIM_WORDS[c.name][0]}: {_rate_text(mine.loc[c.name], _CLAIM_WORDS[c.name][1])}"
+            for c in CLAIMS if c.name in mine.index]
+
+
+def _false_positive_item(rates: pd.DataFrame, claims: pd.DataFrame, rule: str, settings: Mapping[str, str]) -> str:
+    """The report-top line on the verdicts' measured false positives: the run headline's (what the
+    selection-aware bound covers) beside the claims it does not cover, each with its interval."""
+    head = rates[(rates["rule"] == rule) & (rates["level"] == "run_headline")] if not rates.empty else rates
+    if head.empty:
+        return ""
+    bound = _guarantee(settings)
+    covered = (f"the claim the {bound} guarantee covers" if rule.startswith(VerdictRule.SELECTION_AWARE.value)
+               else f"no guarantee under the {html.escape(rule)} rule; selection_aware's {bound} would cover it")
+    item = (f"<li><b>Measured false positives</b> (null splits, rule <code>{html.escape(rule)}</code>): run "
+            f"headline ({covered}) {_rate_text(head.iloc[0], 'null run headlines')}.")
+    uncovered = _claim_phrases(claims, rule, covered=False)
+    if uncovered:
+        item += (f' <span class="warn"><b>Not covered by the {bound} guarantee:</b> '
+                 f"{html.escape('; '.join(uncovered))}.</span>")
+    controlled = _claim_phrases(claims, rule, covered=True)
+    if controlled:
+        item += f" Covered: {html.escape('; '.join(controlled))}."
+    return item + ' See <a href="#verdict-rule">the verdict rule</a>.</li>'
+
+
 def _summary_html(results: pd.DataFrame, sweep: SweepConfig | None, comp: pd.DataFrame,
                   schedule: tuple[int, ...] | None, interrupted: bool, noops: pd.DataFrame,
                   settings: Mapping[str, str], rule: str, source: str = "",
-                  diverged: Collection[str] = ()) -> str:
+                  diverged: Collection[str] = (), claims: pd.DataFrame | None = None) -> str:
     """The report's top: the verdict in one line, the rule in force, what was run and what is stored."""
     line, n_runs = outcome_summary(results)
     ft = fine_tuned_rows(results)
@@ -274,6 +334,8 @@ def _summary_html(results: pd.DataFrame, sweep: SweepConfig | None, comp: pd.Dat
         f"<li><b>What was run:</b> {n_runs} fine-tuned run{'s' if n_runs != 1 else ''} with {len(ft)} "
         f"checkpoint{'s' if len(ft) != 1 else ''} (epochs {html.escape(', '.join(map(str, epochs)) or 'none')})."
         f"{controls}</li>",
+        _false_positive_item(null_error_rates(results), claims if claims is not None else claim_error_rates(results),
+                             rule, settings),
         _completeness_html(comp, schedule, interrupted, missing_runs(results, sweep, diverged), len(diverged)),
         *_blind_items(results),
     ]
@@ -442,8 +504,12 @@ def write_html_report(
     settings, source, disagree = thresholds_in_force(results, sweep)
     rule = rule_in_force(results, settings)
     noops = noop_manipulations(manip, results) if manip is not None else pd.DataFrame()
-    parts.append(_summary_html(results, sweep, comp, schedule, interrupted, noops, settings, rule, source, diverged))
-    parts.append(_verdict_rule_html(results, settings, source, disagree, rule))
+    facet_axes = [a for a in FACET_AXES if a in results.columns and filter_regime(results, regime)[a].nunique(dropna=False) > 1]
+    # the task-level claims are measured over what Tab. 8 takes its maximum over: this scope, these facets
+    claims = claim_error_rates(results, regime=regime, by=tuple(facet_axes), rule=rule)
+    parts.append(_summary_html(results, sweep, comp, schedule, interrupted, noops, settings, rule, source, diverged,
+                               claims))
+    parts.append(_verdict_rule_html(results, settings, source, disagree, rule, claims))
     parts.append(_definitions_html(results, settings))
     facets = _grid_axes_note(filter_regime(results, regime))
     parts.append(f"<p>The sections below cover {html.escape(scope)}. Rows of regime <code>{BASE_MODEL_ROW}</code> "
@@ -477,7 +543,6 @@ def write_html_report(
     section("provenance", "Provenance", "Configuration hash, code version and package versions.",
             _provenance_html(prov, results) + ("" if prov else _note("provenance.json not found; values "
                                                                        "shown come from the results table.")))
-    facet_axes = [a for a in FACET_AXES if a in results.columns and filter_regime(results, regime)[a].nunique(dropna=False) > 1]
     facet_caption = f" (one panel per {' × '.join(facet_axes)})" if facet_axes else ""
     counts = outcome_counts_per_q(results, regime=regime, by=tuple(facet_axes))
     rates = outcome_rates_per_q(results, regime=regime, by=tuple(facet_axes))
@@ -496,7 +561,13 @@ def write_html_report(
             df_to_html(detectable_share_by_epoch(results, regime=regime, by=tuple(facet_axes)))
             + figure("detectable_share", "Share of detectable runs by epoch" + facet_caption))
     section("peak-vulnerability", "Peak vulnerability per task (Tab. 8)",
-            "Highest calibrated AUC of each task over its runs, and the share of runs flagged memorization.",
+            "Highest calibrated AUC of each task over its runs, and the share of runs flagged memorization. The "
+            "peak's outcome and an n_memorization above 0 are maxima over the task's runs: not covered by the "
+            f"{_guarantee(settings)} guarantee, which bounds one run's headline (their false-positive rates, "
+            "measured on the null splits, are at the top). task_verdict is the task-level verdict that is "
+            "covered: selection-aware memorization at some checkpoint with a p-value below "
+            "task_p_value_threshold = family_alpha / task_family_size (Bonferroni over every run of the task). "
+            "null_peak_auc: the peak AUC the null splits reach with the same selection.",
             df_to_html(_tpr_1pct_display(peak_vulnerability_per_task(results, regime=regime, by=tuple(facet_axes)))))
     section("auc-epochs", "AUC over epochs", "Calibrated AUC (best score kind) per checkpoint, by learning rate; "
             "the dashed line is chance (0.5).",
@@ -548,9 +619,41 @@ def write_html_report(
     return write_text_atomic(run_dir / REPORT_FILE, _page(title or f"IclMem report — {run_dir.name}", parts))
 
 
+def _claims_html(claims: pd.DataFrame, rule: str, settings: Mapping[str, str]) -> str:
+    """The claims beyond one run's headline: which the selection-aware bound does not cover, their measured
+    false-positive rates under every rule, and how one null trial of each is decided."""
+    if claims.empty:
+        return ""
+    bound = _guarantee(settings)
+    uncovered, controlled = _claim_phrases(claims, rule, covered=False), _claim_phrases(claims, rule, covered=True)
+    out = ('<h3 id="claims-beyond-a-run">Claims beyond one run\'s headline</h3>'
+           f"<p>The {bound} guarantee (family_alpha) bounds one run's headline: a Bonferroni over that run's "
+           "checkpoints × competing score kinds. A maximum over runs (a task's peak) or an OR over verdicts "
+           "(IclMem or any reference-model attack) takes more chances than that family, so it can exceed "
+           f"{bound} however each verdict is controlled. This report gives IclMem's and each attack's verdict "
+           "apart and never ORs them into one; a reader who calls a checkpoint or run memorized when any of them "
+           "says so makes the claim measured here.</p>")
+    if uncovered:
+        out += (f'<p class="warn"><b>Not covered by the {bound} guarantee</b> (measured under '
+                f"<code>{html.escape(rule)}</code>): {html.escape('; '.join(uncovered))}.</p>")
+    if controlled:
+        out += f"<p><b>Covered</b> (at most family_alpha): {html.escape('; '.join(controlled))}.</p>"
+    shown = claims.assign(covered=[f"yes: at most {bound}" if c else f"no: not covered by the {bound} guarantee"
+                                   for c in claims["covered"]])
+    meanings = "".join(f"<dt><code>{html.escape(c.name)}</code></dt><dd>{html.escape(c.meaning)}</dd>"
+                       for c in CLAIMS if c.name in set(claims["claim"]))
+    return (out + df_to_html(shown) + '<p class="caption">One trial per task (and grid-axis value Tab. 8 splits '
+            "by) and null split index j for the task claims, null split j of every run of the task standing in "
+            "for the real split; per checkpoint or run and j for IclMem-or-any-attack, IclMem's null split j "
+            "paired with each attack's null split j. The 95% Clopper-Pearson interval is exact for independent "
+            f'trials; these share runs and rows.</p><dl class="defs">{meanings}</dl>')
+
+
 def _verdict_rule_html(results: pd.DataFrame, settings: Mapping[str, str] | None = None, source: str = "",
-                       disagree: list[str] | None = None, rule: str | None = None) -> str:
-    """The rule in use, its thresholds (with what each means), and its measured false-positive rate."""
+                       disagree: list[str] | None = None, rule: str | None = None,
+                       claims: pd.DataFrame | None = None) -> str:
+    """The rule in use, its thresholds (with what each means), its measured false-positive rate, and that of
+    the claims beyond one run's headline (``claims``: :func:`claim_error_rates`, computed when not given)."""
     if settings is None:
         settings, source, disagree = thresholds_in_force(results, {})
     rule = rule or rule_in_force(results, settings)
@@ -582,20 +685,25 @@ def _verdict_rule_html(results: pd.DataFrame, settings: Mapping[str, str] | None
         return head + _note("No null splits were probed (probe.null_splits: 0): the false-positive rate "
                             "of the verdicts is not measured for this sweep.") + "</section>"
     mine = rates[(rates["rule"] == rule) & (rates["level"] == "run_headline")]
+    per_checkpoint = rates[(rates["rule"] == rule) & (rates["level"] == "checkpoint")]
     line = ""
     if not mine.empty:
         r = mine.iloc[0]
         line = (f"<p><b>Measured false-positive rate of this rule at run-headline level: {int(r['n_memorization'])} "
                 f"of {int(r['n_null'])} null splits ({r['fpr']:.1%}; 95% Clopper-Pearson interval "
                 f"{r['fpr_low']:.1%}–{r['fpr_high']:.1%}).</b>"
+                + (f" Per checkpoint: {_rate_text(per_checkpoint.iloc[0], 'null splits')}."
+                   if not per_checkpoint.empty else "")
                 + (" Few null splits make a wide interval: raise <code>probe.null_splits</code> or add seeds to "
                    "narrow it." if r["fpr_high"] > 0.10 else "") + "</p>")
+    if claims is None:
+        claims = claim_error_rates(results, rule=rule)
     return (head + line + "<p class=\"caption\">Null splits: two disjoint sets of rows the run never saw, "
             "labelled member and non-member with the members' label counts, probed on every fine-tuned "
             "checkpoint (under shuffled_members with label-matched non-members, both sides carry labels permuted "
             "among the unused rows, as the real split's do). Every memorization verdict on them is a false "
             "positive; the _non_collapsed levels count only the trials a collapse verdict did not pre-empt.</p>"
-            + df_to_html(rates) + "</section>")
+            + df_to_html(rates) + _claims_html(claims, rule, settings) + "</section>")
 
 
 def _page(title: str, parts: Iterable[str]) -> str:
