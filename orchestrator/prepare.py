@@ -194,8 +194,21 @@ def _identity(trial: TrialSpec, sweep: SweepConfig) -> dict[str, Any]:
             "lr": trial.lr, "q": trial.q, "label_mode": trial.label_mode, "seed": trial.seed,
             "config_hash": sweep.config_hash(), "git_commit": git_commit(),
             # only on reference trials, so a target's results row keeps exactly the columns it had before
-            **({"reference_of": trial.reference_of, "reference_index": trial.reference_index}
+            **({"reference_of": trial.reference_of, "reference_index": trial.reference_index,
+                "reference_training_seed": training_seed(trial)}
                if trial.role == TrialRole.REFERENCE else {})}
+
+
+def training_seed(trial: TrialSpec) -> int:
+    """The seed a trial's fine-tuning draws its randomness from (initialisation, batch draws, dropout, DP
+    noise): the run's seed for a target; for a reference fine-tune one derived from (run seed, reference
+    index) (trainables.finetune.reference_training_seed), never its target's, whose DP noise it would
+    otherwise replay. Stage I (which rows are members) stays under the run seed for both."""
+    from trainables.finetune import reference_training_seed
+
+    if trial.role == TrialRole.REFERENCE:
+        return reference_training_seed(trial.seed, int(trial.reference_index or 0))
+    return trial.seed
 
 
 def trial_config(trial: TrialSpec, prepared: PreparedSweep) -> dict[str, Any]:
@@ -211,7 +224,7 @@ def trial_config(trial: TrialSpec, prepared: PreparedSweep) -> dict[str, Any]:
     finetune = {"model": trial.model, "model_options": dict(trial.model_options), "regime": trial.regime,
                 "lr": trial.lr, "epochs": t.epochs, "checkpoint_epochs": list(t.checkpoint_epochs),
                 "every_epoch": t.every_epoch, "grad_clip": t.grad_clip, "weight_decay": t.weight_decay,
-                "seed": trial.seed, "queries_per_step": trial.q if trial.regime == Regime.MULTI_RANDOM else None}
+                "seed": training_seed(trial), "queries_per_step": trial.q if trial.regime == Regime.MULTI_RANDOM else None}
     if math.isfinite(trial.dp):
         from trainables.dp import DPSettings
 
@@ -220,7 +233,10 @@ def trial_config(trial: TrialSpec, prepared: PreparedSweep) -> dict[str, Any]:
         dp = DPSettings.calibrate(trial.dp, t.dp_delta, t.dp_max_grad_norm, t.epochs, t.dp_accountant)
         finetune["dp"] = dp.as_dict()
         identity.update({f"dp_{k}": v for k, v in dp.as_dict().items()})
-    if sweep.canaries.enabled and trial.role == TrialRole.TARGET:  # a reference model trains without them
+    if sweep.canaries.enabled:
+        # a reference trains with the target's recipe, canaries included (the same canaries: they are drawn
+        # from the run seed and the task, which the reference shares), so its "in" and "out" distributions
+        # are those of the recipe the target ran; the probe does not audit a reference's canaries
         finetune["canaries"] = sweep.canaries.settings()
     return {
         "run_id": trial.run_id,

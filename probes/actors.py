@@ -201,9 +201,12 @@ class ProbeWorker(_PoolWorker):
             # splits are skipped (the attacks' null splits come from the target's query table instead).
             base_plan = (self.tasks[target_key].fingerprint, self.plan(target_key))
             settings = replace(settings, null_splits=0)
+        # a reference trains with the target's canaries (the recipe's "in" distribution) but is no audit
+        # target: its canaries are not scored
+        canaries = None if target_key is not None else self.canaries(job)
         result = probe_checkpoint(
             self._model_for(job, notes), task, self.plan(job.task_key), self.cache_dir, self.base_digest,
-            self.base, settings, job.identity, job.epoch, canaries=self.canaries(job), base_plan=base_plan,
+            self.base, settings, job.identity, job.epoch, canaries=canaries, base_plan=base_plan,
         )
         result.row["probe_seconds"] = round(time.perf_counter() - wall, 3)
         result.row["probe_device_seconds"] = round(clock() - started, 3)

@@ -279,6 +279,140 @@ def test_reference_tasks_are_balanced_halves_of_the_population_with_their_own_fi
     assert len(prepared.controls) == 1  # one base-model sanity check: the references share the target's
 
 
+def _dp_reference_sweep(seed: int = 0, canaries: dict | None = None):
+    from orchestrator.config import parse_sweep
+
+    return parse_sweep({"name": "dp-refs", "tasks": [{"name": "iris"}],
+                        "grid": {"q": [20], "dp": [1], "seed": [seed]}, "data": {"context_size": 20},
+                        "training": {"epochs": 6, "checkpoint_epochs": [6]},
+                        "probe": {"references": 2, "bootstrap": 50}, **({"canaries": canaries} if canaries else {})},
+                       "test")
+
+
+def test_each_reference_fine_tune_draws_its_own_dp_noise_never_its_targets(tmp_path):
+    """A reference replaying its target's seed would add the very DP noise the target added: the attacks
+    calibrated on it would then read that noise. Through the real trial configs: the target's and each
+    reference's DP-SGD noise (one step's noise on the same gradient sums) differ, two references' differ,
+    and a reference rebuilt from its config draws the same noise again (a recomputed checkpoint equals the lost one)."""
+    import torch
+
+    from orchestrator.prepare import prepare_sweep, trial_config
+    from trainables.dp import noisy_gradient
+    from trainables.finetune import Finetuner, FinetuneSpec, reference_training_seed
+
+    prepared = prepare_sweep(_dp_reference_sweep(), tmp_path, log=lambda _m: None)
+    configs = [trial_config(t, prepared) for t in prepared.trials]
+    assert [t.role for t in prepared.trials] == [TrialRole.TARGET, TrialRole.REFERENCE, TrialRole.REFERENCE]
+    seeds = [c["finetune"]["seed"] for c in configs]
+    assert seeds[0] == 0
+    assert seeds[1:] == [reference_training_seed(0, 0), reference_training_seed(0, 1)]
+    assert len(set(seeds)) == 3
+    assert [c["identity"].get("reference_training_seed") for c in configs] == [None, *seeds[1:]]
+
+    def first_noise(config) -> torch.Tensor:
+        task = prepared.tasks[config["task_keys"][0]]
+        finetuner = Finetuner(FinetuneSpec(**config["finetune"]), [task])
+        assert finetuner.dp is not None
+        sums = [torch.zeros(64)]
+        return noisy_gradient(sums, finetuner.dp.noise_multiplier * finetuner.dp.max_grad_norm, 1,
+                              finetuner._dp_generator)[0]
+
+    target, ref0, ref1 = (first_noise(c) for c in configs)
+    assert not torch.equal(target, ref0)
+    assert not torch.equal(target, ref1)
+    assert not torch.equal(ref0, ref1)
+    assert torch.equal(ref0, first_noise(configs[1]))
+    # the seed is a function of (run seed, index) alone, and another run seed gives other references
+    assert reference_training_seed(1, 0) not in {reference_training_seed(0, k) for k in range(64)}
+    with pytest.raises(ConfigError, match="reference_index"):
+        reference_training_seed(0, -1)
+
+
+def test_references_train_with_the_targets_canaries(tmp_path):
+    """Same recipe, canaries included: each reference's config carries the target's canary settings, and the
+    reference's training batch holds the very canaries the target trains with (same rows, labels, copies)."""
+    from orchestrator.prepare import prepare_sweep, trial_config
+    from trainables.finetune import Finetuner, FinetuneSpec
+
+    canaries = {"kinds": ["outlier"], "per_group": 1, "copies": [1, 2], "holdout": 4}
+    prepared = prepare_sweep(_dp_reference_sweep(canaries=canaries), tmp_path, log=lambda _m: None)
+    configs = [trial_config(t, prepared) for t in prepared.trials]
+    assert all(c["finetune"]["canaries"] == configs[0]["finetune"]["canaries"] for c in configs)
+    finetuners = [Finetuner(FinetuneSpec(**c["finetune"]), [prepared.tasks[c["task_keys"][0]]]) for c in configs]
+    target = finetuners[0].canaries
+    for ref in finetuners[1:]:
+        assert ref.canaries is not None
+        np.testing.assert_array_equal(ref.canaries.features, target.features)
+        np.testing.assert_array_equal(ref.canaries.copies, target.copies)
+        # the reference's members (its half of the target's population) plus the canaries' 1 + 2 copies
+        n_members = len(ref.tasks[0].member_idx)
+        assert ref._fixed[0].query_y.numel() == n_members + 3
+
+
+# DP at ε = 1 with K = 2 references, on three seeds: iris, Q = 20, |C'| = 20, 6 epochs (~5 s a seed)
+DP_REFERENCE_SEEDS = (0, 1, 2)
+
+
+@pytest.mark.slow
+def test_no_attack_audits_a_dp_run_above_its_accountant_with_independent_references(tmp_path):
+    """Each attack (LiRA online / offline, RMIA; on the probe and on the known context) reads its ε lower
+    bound at the run's checkpoint; with references that draw their own noise, none may exceed what DP-SGD
+    guarantees for the attack's neighbour relation (replace one: the audit swaps a member for a non-member),
+    on every seed."""
+    import torch
+
+    from orchestrator.aggregate import attacks_for_checkpoint
+    from orchestrator.prepare import prepare_sweep, trial_config
+    from probes.calibration import model_digest
+    from probes.probe import ProbeSettings, probe_checkpoint
+    from probes.scoring import ProbePlan, ProbeQueries
+    from trainables.finetune import Finetuner, FinetuneSpec
+    from trainables.models import build_model
+
+    torch.set_num_threads(1)
+    checked = 0
+    for seed in DP_REFERENCE_SEEDS:
+        prepared = prepare_sweep(_dp_reference_sweep(seed), tmp_path / f"s{seed}", log=lambda _m: None)
+        base = build_model("pfn-mini")
+        digest = model_digest(base)
+        suite = prepared_suite()
+        settings = ProbeSettings(n_resamples=50, null_splits=0)
+        tables, accountant = [], None
+        cache = tmp_path / f"cache{seed}"
+        target_key = None
+        for trial in prepared.trials:
+            config = trial_config(trial, prepared)
+            (key,) = config["task_keys"]
+            task = prepared.tasks[key]
+            finetuner = Finetuner(FinetuneSpec(**config["finetune"]), [task])
+            finetuner.train()
+            plan = ProbePlan.build(ProbeQueries.from_task(task), suite, task.seed,
+                                   compress_rows=base.supports_context_weights)
+            base_plan = None
+            if target_key is None:
+                target_key, target_plan = key, plan
+                accountant = finetuner.dp.epsilon_replace_one_at(finetuner.epoch)
+            else:
+                base_plan = (prepared.tasks[target_key].fingerprint, target_plan)
+            result = probe_checkpoint(finetuner.model, task, plan, cache, digest, base, settings,
+                                      config["identity"], epoch=finetuner.epoch, base_plan=base_plan)
+            tables.append(result.queries)
+        columns, _ = attacks_for_checkpoint(tables[0], tables[1:], n_resamples=50, null_splits=0, seed=seed)
+        bounds = {c: v for c, v in columns.items() if c.endswith("_epsilon_lb")}
+        assert len(bounds) == 2 * len(Attack), sorted(bounds)
+        for column, bound in bounds.items():
+            assert bound <= accountant, (seed, column, bound, accountant)
+            checked += 1
+    assert checked == 2 * len(Attack) * len(DP_REFERENCE_SEEDS)
+
+
+def prepared_suite():
+    from orchestrator.selfcheck import PLANTED_SUITE
+    from probes.manipulations import suite_from_spec
+
+    return suite_from_spec(list(PLANTED_SUITE))
+
+
 # ------------------------------------------------------------------------------------------- planted ground truth
 def planted_attacks(*, n_references: int = 8, epochs: int = 150, lr: float = 1e-3, q: int = 30,
                     context_size: int = 60, seed: int = 0, bootstrap: int = 200, task: str = "iris",
@@ -298,7 +432,7 @@ def planted_attacks(*, n_references: int = 8, epochs: int = 150, lr: float = 1e-
     from probes.probe import ProbeSettings, probe_checkpoint
     from probes.scoring import ProbePlan, ProbeQueries
     from trainables.data import PrepSettings, TaskSource, prepare_task, reference_task
-    from trainables.finetune import Finetuner, FinetuneSpec
+    from trainables.finetune import Finetuner, FinetuneSpec, reference_training_seed
     from trainables.models import build_model
 
     torch.set_num_threads(1)  # as a sweep's trial runs (resources.torch_threads_per_trial); and fast on a busy host
@@ -312,9 +446,9 @@ def planted_attacks(*, n_references: int = 8, epochs: int = 150, lr: float = 1e-
     def plan_of(t):
         return ProbePlan.build(ProbeQueries.from_task(t), suite, t.seed, compress_rows=base.supports_context_weights)
 
-    def run(t, cache, base_plan=None):
+    def run(t, cache, base_plan=None, training_seed=seed):
         started = time.perf_counter()
-        finetuner = Finetuner(FinetuneSpec(model="pfn-mini", lr=lr, epochs=epochs, seed=seed), [t])
+        finetuner = Finetuner(FinetuneSpec(model="pfn-mini", lr=lr, epochs=epochs, seed=training_seed), [t])
         finetuner.train()
         result = probe_checkpoint(finetuner.model, t, plan_of(t), cache, digest, base, settings, {"run_id": "planted"},
                                   epoch=epochs, base_plan=base_plan)
@@ -325,7 +459,9 @@ def planted_attacks(*, n_references: int = 8, epochs: int = 150, lr: float = 1e-
         # as a sweep's probe actor does (probes.actors.ProbeWorker.run): a reference reads its target's
         # base-model scores
         target_plan = (prepared.fingerprint, plan_of(prepared))
-        refs = [run(reference_task(prepared, k), cache, target_plan) for k in range(n_references)]
+        # each reference trains under its own seed, as a sweep's reference trial does (orchestrator.prepare)
+        refs = [run(reference_task(prepared, k), cache, target_plan, reference_training_seed(seed, k))
+                for k in range(n_references)]
     columns, _ = attacks_for_checkpoint(target.queries, [r.queries for r, _ in refs], n_resamples=bootstrap,
                                         null_splits=3, seed=seed)
     return {**target.row, **columns, "target_seconds": target_s, "reference_seconds": [s for _, s in refs],
@@ -341,13 +477,13 @@ PLANTED_ATTACKS = {"task": "digits", "q": 100, "context_size": 100, "lr": 3e-3, 
 @pytest.mark.slow
 def test_planted_label_shuffled_members_are_detected_by_lira_and_rmia_and_null_splits_are_not():
     """pfn-mini on digits, Q = 100, |C'| = 100, shuffled member labels (label-matched non-members), lr 3e-3,
-    60 epochs, K = 4 (~10 s). Measured over seeds 0, 1, 2 (200 resamples): IclMem calibrated loss AUC
-    0.75-0.88 (interval from 0.70), TPR@1% 0.14-0.18; on the probe statistic RMIA 0.74-0.89 (from 0.68),
-    LiRA on the per-manipulation logits online 0.68-0.82, offline 0.73-0.84; on the known-context logit
-    every attack's interval from 0.93, TPR@1% 0.50-0.74. LiRA is weaker than ΔS on the zero-information probe statistic: the spread of
-    that statistic over reference fine-tunes dwarfs the per-query in/out gap, so 2 in- and 2 out-references
-    per query cannot place a query's Gaussians (README, "Reference-model attacks").
-    """
+    60 epochs, K = 4 references under their own training seeds (~25 s). Properties only, each with the
+    margin measured by benchmarks/planted_attacks.py over seeds 0-4 on AVX-512 and on forced AVX2 code
+    paths (RESULTS.md, "Planted attacks over seeds"): smallest interval lows seen, IclMem ΔS 0.695, RMIA
+    0.653, LiRA online 0.593, offline 0.632, every known-context attack 0.90; no null-split verdict on any
+    seed, at most one null AUC interval of nine missing 0.5. Which attack beats which (LiRA vs ΔS on the
+    probe, the known-context attacks' tail) changes with the seed and the code path: a finding for
+    RESULTS.md, not an assertion here."""
     from orchestrator.selfcheck import PLANTED_SUITE
     from probes.attacks import LOGIT_PREFIX
 
@@ -359,27 +495,24 @@ def test_planted_label_shuffled_members_are_detected_by_lira_and_rmia_and_null_s
     assert all(list(t.columns) == list(target_table.columns) for t in reference_tables)
     # the base-calibrated score finds the planted members (as orchestrator.selfcheck's planted check does) ...
     assert row["calibrated_loss_auc_low"] > 0.6
-    # ... and so does RMIA on the same statistic
-    assert row["rmia_auc_low"] > 0.6
-    # on the known-context loss every attack detects, far above chance; each beats ΔS in the tail
-    for a in ("lira_online", "lira_offline", "rmia"):
-        assert row[f"known_context_{a}_auc_low"] > 0.75, a
-    for a in ("lira_online", "lira_offline", "rmia"):
-        assert row[f"known_context_{a}_tpr_at_1pct"] > row["calibrated_loss_tpr_at_1pct"] + 0.2, a
-    # LiRA online on the probe statistic is weaker than ΔS (see the docstring): the measured gap, kept honest
-    assert row["lira_online_auc"] < row["calibrated_loss_auc"]
+    assert row["outcome"] == "memorization"
+    # ... and every attack on the probe statistic has its interval above chance
+    assert row["rmia_auc_low"] > 0.55
+    for a in (Attack.LIRA_ONLINE, Attack.LIRA_OFFLINE):
+        assert row[f"{a.value}_auc_low"] > 0.5, a
+    # on the known-context statistic every attack detects, far above chance, with a memorization verdict
+    for a in Attack:
+        assert row[f"known_context_{a.value}_auc_low"] > 0.8, a
+        assert row[f"known_context_{a.value}_outcome"] == "memorization", a
     # rows the target never trained on, labelled member at random (3 splits of its non-members): no attack
-    # verdict on them, and at most one of the 9 intervals on the probe statistic (and of the 9 on the
-    # known-context loss) misses 0.5, as 95% intervals may
+    # verdict on them on either statistic, and at most two of the 9 intervals on the probe statistic miss
+    # 0.5 (95% intervals may; one was the most seen)
+    for a in Attack:
+        assert row[f"{a.value}_null_memorization"] == 0, a
+        assert row[f"known_context_{a.value}_null_memorization"] == 0, a
     misses = sum(not (r["auc_low"] <= 0.5 <= r["auc_high"]) for a in Attack
                  for r in json.loads(row[f"{a.value}_null_evidence"]))
-    assert misses <= 1, misses
-    assert sum(row[f"known_context_{a.value}_null_detections"] for a in Attack) <= 1
-    # verdicts under the default rule (selection_aware, one checkpoint): the known-context attacks find the
-    # planted members, and no attack null split on the probe statistic is a false positive
-    for a in Attack:
-        assert row[f"known_context_{a.value}_outcome"] == "memorization", a
-        assert row[f"{a.value}_null_memorization"] == 0, a
+    assert misses <= 2, misses
 
 
 # ------------------------------------------------------------------------------------------- a real sweep
@@ -394,6 +527,7 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
         "name": "refs", "tasks": [{"name": "iris"}], "grid": {"q": [30], "label_mode": ["shuffled_members"]},
         "data": {"context_size": 60}, "training": {"epochs": 4, "checkpoint_epochs": [2, 4]},
         "probe": {"bootstrap": 50, "suite": ["base", "skew_true_x2"], "references": 2},
+        "canaries": {"kinds": ["outlier"], "per_group": 1, "copies": [1, 2], "holdout": 4},
         "resources": {"cpus_per_probe_actor": 0.5}, "wandb": {"mode": "disabled"},
     }, "test")
     run_dir = tmp_path / "run"
@@ -408,6 +542,13 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
     assert sorted(refs["run_id"].unique()) == [f"{audited['run_id'].iloc[0]}-ref{k}" for k in range(2)]
     assert set(refs["reference_of"]) == {audited["run_id"].iloc[0]}
     assert sorted(refs["epoch"]) == [2, 2, 4, 4]
+    # each reference trained under its own seed (recorded), with the target's canaries, which only the
+    # audited run's probe scores
+    assert refs.groupby("run_id")["reference_training_seed"].first().nunique() == 2
+    assert "reference_training_seed" not in results.columns
+    audited_rows = results[~results["sanity_check"].astype(bool)]
+    assert audited_rows["canary_p_value"].notna().all()
+    assert "canary_p_value" not in refs.columns or refs["canary_p_value"].isna().all()
     # the run's timings count the reference trials' probes too (their rows are kept apart from the results)
     from orchestrator.timing import Phase, read_timings
 
@@ -455,11 +596,12 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
     assert "Reference-model attacks: LiRA and RMIA" in page
     assert "attacks_roc.png" in page
     assert "null FP (run headline)" in page  # the attack verdict table reaches the page (allow-listed columns)
-    # the base model scored the target's queries once for the run and both references (its real split and its
-    # null split pool): a reference trial reads the target's table and probes no null split of its own
+    # the base model scored the target's queries once for the run and both references (its real split, its
+    # null split pool and its canaries): a reference trial reads the target's table, probes no null split of
+    # its own and scores no canary (it trained with them, but is no audit target)
     from iclmem.runfolder import REFERENCE_DIR
 
-    assert len(list((run_dir / REFERENCE_DIR).glob("reference_*.parquet"))) == 2
+    assert len(list((run_dir / REFERENCE_DIR).glob("reference_*.parquet"))) == 3
     assert (run_dir / "figures" / "attacks_roc.png").stat().st_size > 1000
     # the report's outcome counts see one audited run, not three
     assert "-ref0" not in page.split("Reference-model attacks")[0]
@@ -665,7 +807,7 @@ def test_the_attacks_report_section_shows_each_attacks_verdict_and_its_null_fals
     assert len(table) == 6
     assert set(table["attack"]) == {a.value for a in Attack}
     assert set(table["verdict"]) == {"memorization"}
-    rmia = table[(table["attack"] == "rmia") & (table["statistic"] == "probe (−ΔS)")].iloc[0]
+    rmia = table[(table["attack"] == "rmia") & (table["statistic"] == "zero-information probe")].iloc[0]
     assert rmia["null FP (run headline)"] == "1 / 2"
     assert rmia["p-value bar"] == "0.025"
     assert rmia["headline epoch"] in (2, 4)

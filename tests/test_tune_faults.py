@@ -87,22 +87,47 @@ def _cli(*args: str, **kwargs) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
 
+def _saved_as_finished(run_dir: Path, trial_id: str) -> bool:
+    """Whether Tune's newest saved experiment state (``experiment_state-*.json``) records ``trial_id`` as
+    TERMINATED."""
+    states = sorted((run_dir / "tune").rglob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime)
+    if not states:
+        return False
+    try:
+        trials = json.loads(states[-1].read_text())["trial_data"]
+    except (ValueError, KeyError, OSError):  # caught mid-write: look again on the next poll
+        return False
+    for entry in trials:
+        trial = json.loads(entry[0])
+        if trial.get("trial_id") == trial_id:
+            return trial.get("status") == "TERMINATED"
+    return False
+
+
 def _kill_driver_once_a_trial_reaches(driver: subprocess.Popen, run_dir: Path, epoch: int,
                                       run_id_matches: Callable[[str], bool] = lambda _run_id: True,
                                       timeout: float = 300.0) -> Path:
     """Wait until some trial whose run id ``run_id_matches`` has reported ``epoch`` as its last result (its
-    ``result.json`` under ``run_dir/tune``), then SIGKILL the driver's process group; that trial's
-    ``result.json``. Fails with the driver's output if it ended first, or after ``timeout`` seconds."""
+    ``result.json`` under ``run_dir/tune``) and Tune's saved experiment state records it as finished, then
+    SIGKILL the driver's process group; that trial's ``result.json``. Fails with the driver's output if it
+    ended first, or after ``timeout`` seconds.
+
+    Finished means persisted: between a trial's last report and the next save of Tune's experiment state
+    (seconds under load) the trial is finished only in the driver's memory, and a driver killed then is
+    resumed by Tune from the last checkpoint the saved state names, which is Tune's contract, not a re-run of
+    a finished trial."""
     deadline = time.monotonic() + timeout
     finished = None
     while time.monotonic() < deadline and finished is None:
         for result in (run_dir / "tune").rglob("result.json"):
             lines = [json.loads(line) for line in result.read_text().splitlines() if line.strip()]
-            if lines and lines[-1].get("epoch") == epoch and run_id_matches(str(lines[-1].get("run_id"))):
+            if (lines and lines[-1].get("epoch") == epoch and run_id_matches(str(lines[-1].get("run_id")))
+                    and _saved_as_finished(run_dir, str(lines[-1].get("trial_id")))):
                 finished = result
         time.sleep(0.5)
     assert finished is not None, (driver.communicate(timeout=5)[0] if driver.poll() is not None
                                   else f"no matching trial reached epoch {epoch}")
+    assert driver.poll() is None, "the sweep ended before Tune saved a finished trial: nothing left to kill"
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait(timeout=30)
     return finished

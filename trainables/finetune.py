@@ -47,6 +47,28 @@ STATE_FILE = "trainer_state.pt"
 META_FILE = "checkpoint.json"
 
 
+# A reference fine-tune's own randomness (LiRA / RMIA shadow models): a stream separate from every
+# trainables.data stream, so a reference's seed never equals a run seed it could be confused with
+_REFERENCE_TRAINING_STREAM = 0x5EF
+
+
+def reference_training_seed(run_seed: int, reference_index: int) -> int:
+    """The training seed of reference fine-tune ``reference_index`` of a run with seed ``run_seed``.
+
+    A reference model must not share its target's randomness: with the target's seed it would start from
+    the same initialisation, draw the same batches and, on a DP run, add *the same DP noise*, so an attack
+    calibrated on it would see the noise the target added and its ε lower bound would no longer be limited
+    by the accountant. The seed is derived from (run seed, index) by numpy's SeedSequence (a hash: no two
+    (run seed, index) pairs of a sweep share a stream, and none equals a run's own seed stream), so a
+    reference is as reproducible as its target and a recomputed reference checkpoint equals the lost one.
+    Only the training randomness changes: the reference's rows are still its half of the target's
+    population (trainables.data.reference_task), prepared under the run seed."""
+    if reference_index < 0:
+        raise ConfigError(f"reference_index must be >= 0, got {reference_index}")
+    state = np.random.SeedSequence([_REFERENCE_TRAINING_STREAM, int(run_seed), int(reference_index)])
+    return int(state.generate_state(1, dtype=np.uint32)[0] & 0x7FFFFFFF)  # torch.manual_seed takes any int; 31 bits
+
+
 @dataclass(frozen=True)
 class FinetuneSpec:
     """Everything that determines one run's weights, apart from the prepared tasks."""
@@ -261,7 +283,11 @@ class Finetuner:
         # per-epoch member metrics stay those of the real members
         self.canaries = make_canaries(self.tasks[0], spec.canaries) if spec.canaries is not None else None
         self._fixed = members if self.canaries is None else [with_canaries(members[0], self.canaries)]
-        self._eval_members = members
+        # the per-epoch member metrics (reported to Tune) never predict a row with itself in the context: in
+        # multi_random C' is part of the member pool, so its rows are left out of the member evaluation there
+        # (the probe's results rows use leave-one-out contexts instead: probes.known_context)
+        self._eval_members = members if spec.regime != Regime.MULTI_RANDOM else [
+            fixed_batch(t, np.setdiff1d(t.member_idx, t.context_idx)).to(self.device) for t in self.tasks]
         self._eval_nonmembers = [fixed_batch(t, t.nonmember_idx).to(self.device) for t in self.tasks]
 
     def _public_rows(self, batch: Batch) -> int:

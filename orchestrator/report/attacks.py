@@ -33,7 +33,8 @@ __all__ = ["ATTACK_REPORT_COLUMNS", "ATTACKS_FIGURE",
 ATTACKS_FIGURE = "attacks_roc.png"
 _ATTACKS = [a.value for a in Attack]
 # the statistics the attacks run on (orchestrator.aggregate.ATTACK_STATISTICS): column prefix -> report name
-_STATISTICS = {"": "probe (−ΔS)", "known_context_": "known-context loss"}
+# (IclMem's own score on the probe is −ΔS; LiRA reads the per-manipulation logits of p(y*), RMIA p(y*) itself)
+_STATISTICS = {"": "zero-information probe", "known_context_": "known context C'"}
 ATTACK_REPORT_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys((
     *CHECKPOINT_KEY, "sanity_check", "outcome",
     "auc", "auc_low", "auc_high", "tpr_at_1pct", "calibrated_loss_auc", "calibrated_loss_auc_low",
@@ -196,10 +197,13 @@ def attacks_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
         return ""
     figure = attack_roc_figure(results, Path(figure_dir) / ATTACKS_FIGURE)
     note = ("Reference-model attacks on the same checkpoints (probe.references = K reference fine-tunes per run, "
-            "each on a random half of the run's members and non-members). LiRA online: per-query Gaussians of the "
-            "statistic (calibrated probe loss, −ΔS) under references that trained on the query and those that did "
-            "not; LiRA offline: the out-references only; RMIA: the query's likelihood ratio against the references, "
-            "ranked among the other queries. Each run at its checkpoint with the highest LiRA-online AUC; AUC with "
+            "each on a random half of the run's members and non-members, with a training seed of its own). LiRA "
+            "online: per query and per manipulation of the probe suite, Gaussians of the logit of the model's "
+            "probability of the query's label, log p − log(1 − p), under references that trained on the query and "
+            "those that did not, the query's score the mean over the manipulations (on the known context C': the "
+            "one logit with C' as context); LiRA offline: the out-references only; RMIA: the query's probability "
+            "of its label (the geometric mean over the manipulations) divided by its mean over the references, "
+            "ranked among the other queries. IclMem's own score beside them is the base-calibrated −ΔS. Each run at its checkpoint with the highest LiRA-online AUC; AUC with "
             "its bootstrap 95% interval; null AUC: the attack on a random half of the non-members labelled "
             "member (rows the run never trained on), which must stay near 0.5. Reference trials are not audited "
             "runs: their rows are in reference_results.parquet, not in the tables above.")
