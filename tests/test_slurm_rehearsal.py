@@ -109,16 +109,27 @@ def _tree(pid: int) -> set[int]:
         return set()
 
 
-def _trial_pids(out_dir: Path) -> set[int]:
-    """The processes Tune's result files name so far (the trainable's pid in every report)."""
-    pids = set()
-    for path in (out_dir / "tune").rglob("result.json") if (out_dir / "tune").is_dir() else ():
-        for line in path.read_text().splitlines():
-            try:
-                pids.add(int(json.loads(line)["pid"]))
-            except (ValueError, KeyError):
-                pass  # a line being written
-    return pids
+def _checkpointed_trials_in(pids: set[int], out_dir: Path) -> set[str]:
+    """The folders of the Tune trials that those of ``pids`` run and that have saved two checkpoints (epochs 1
+    and 30). A function trainable's actor is titled ``ray::ImplicitFunc...`` and works in a folder named after
+    its trial, the name of the trial's folder in the sweep's storage, where its checkpoints are persisted. Two,
+    not one: a checkpoint is on disk before Tune's driver has taken the report that registers it (a trial lost in
+    between restarts from scratch), and a function trainable's report waits for the driver to take the one
+    before it. (Tune's result files are no use here: it writes them in buffered chunks, often only once a trial
+    has ended.)"""
+    import psutil
+
+    folders = {d.parent for d in out_dir.glob("tune/*/tune/*/checkpoint_*")}
+    checkpointed = {d.name for d in folders if len(list(d.glob("checkpoint_*"))) >= 2}
+    found = set()
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if "ImplicitFunc" in " ".join(proc.cmdline()) and Path(proc.cwd()).name in checkpointed:
+                found.add(Path(proc.cwd()).name)
+        except psutil.Error:
+            pass  # gone meanwhile
+    return found
 
 
 def _kill_tree(pid: int) -> set[int]:
@@ -165,19 +176,18 @@ def test_the_sbatch_script_runs_a_sweep_across_its_nodes_and_survives_losing_one
     started = time.monotonic()
     job = subprocess.Popen(["bash", str(SBATCH)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lost_at, killed = None, set()
+    lost_at, lost, killed = None, set(), set()
     try:
-        # stop node n2 once a trained checkpoint's probe result is stored and a trial is running on n2 (under
-        # load n2 may join late, and Tune then runs the first trials on the head's reused actor: killing an idle
-        # n2 would lose nothing and prove nothing)
+        # stop node n2 while a trial runs there that has saved checkpoints (the trial it runs now, not one that
+        # ran there before: under load n2 can join late, probe actors start slowly, and a trial can end on n2
+        # before any probe result is stored; killing an idle n2 would lose nothing and prove nothing)
         while time.monotonic() - started < TIMEOUT_S and job.poll() is None:
-            stored = list((out_dir / "probes").glob("*single_fixed*/e0001*.parquet")) if out_dir.is_dir() else []
-            if stored and (rehearsal / "n2.pid").is_file() and _trial_pids(out_dir) & _tree(
-                    int((rehearsal / "n2.pid").read_text())):
+            n2 = _tree(int((rehearsal / "n2.pid").read_text())) if (rehearsal / "n2.pid").is_file() else set()
+            if lost := _checkpointed_trials_in(n2, out_dir):
                 lost_at = time.monotonic() - started
                 killed = _kill_tree(int((rehearsal / "n2.pid").read_text()))
                 break
-            time.sleep(0.5)
+            time.sleep(0.2)
         out, _ = job.communicate(timeout=max(10.0, TIMEOUT_S - (time.monotonic() - started)))
     except subprocess.TimeoutExpired:
         os.killpg(job.pid, signal.SIGKILL)
@@ -194,16 +204,21 @@ def test_the_sbatch_script_runs_a_sweep_across_its_nodes_and_survives_losing_one
     assert trained["run_id"].nunique() == 3
     for run_id, group in trained.groupby("run_id"):
         assert sorted(group["epoch"]) == [1, 30, 60], run_id
-    # the lost node was running a trial (a process Tune's results name was among those killed), and that trial
-    # still reported every epoch: Tune restarted it from its checkpoint on the head
-    reports = {}
-    for path in (out_dir / "tune").rglob("result.json"):
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        reports[lines[0]["run_id"]] = lines
-    lost = {run_id for run_id, lines in reports.items() if {r["pid"] for r in lines} & killed}
-    assert lost, (sorted(killed), {r: sorted({x["pid"] for x in lines}) for r, lines in reports.items()})
-    for run_id in lost:
-        assert max(r["epoch"] for r in reports[run_id]) == 60, run_id
+    # the lost node was running a trial that had saved its checkpoints: Tune recorded the trial's failure, restored
+    # it from a checkpoint on the head, and it reported every epoch to the last. The reports of the processes
+    # that survived start just past a checkpointed epoch (1 or 30), where a rerun from scratch would start at 1
+    # (Tune either rewrites a restored trial's result file from the checkpoint on or appends to the reports the
+    # lost actor had flushed)
+    for trial in lost:
+        folder = next((out_dir / "tune").glob(f"*/tune/{trial}"))
+        assert any(word in (folder / "error.txt").read_text() for word in ("unavailable", "died")), trial
+        reports = [json.loads(line) for line in (folder / "result.json").read_text().splitlines() if line]
+        before = [r["epoch"] for r in reports if r["pid"] in killed]
+        after = [r["epoch"] for r in reports if r["pid"] not in killed]
+        assert [r["epoch"] for r in reports] == before + after, (trial, before, after)
+        assert after, (trial, before)
+        assert after[0] - 1 in (1, 30), (trial, before, after)
+        assert after == list(range(after[0], 61)), (trial, before, after)
     assert not results.duplicated(["run_id", "epoch"]).any()
 
     # the same sweep on one node (the session's Ray, no `worker` resource asked for): the same table
