@@ -15,7 +15,7 @@ The models (``PRETRAINABLE``; ``--model`` names one):
 Each is built by its adapter's builder with ``weights="random"`` (``build_model``; the seeded init tests use
 for tiny random checkpoints), trained through the adapter's own forward (the function iclmem's fine-tuner
 and probe run), and exported by the adapter's ``package_checkpoint`` for tabicl-mini and tabpfn-mini: the
-package's own checkpoint format, ``torch.save({"config", "state_dict"})`` as a ``.ckpt``, the format of the
+package's own checkpoint format, a dict ``{"config", "state_dict"}`` pickled by torch as a ``.ckpt``, the format of the
 official TabICL and TabPFN v2 files, which ``TabICLClassifier(model_path=...)``,
 ``TabPFNClassifier(model_path=...)``, the packages' fine-tuners and ``build_model("tabicl" | "tabpfn-v2",
 weights=FILE)`` load. pfn-mini is exported as before (safetensors with its config in the metadata).
@@ -198,7 +198,7 @@ PRETRAINABLE.register("tabicl-mini", Pretrainable(
     weights_file="tabicl_mini.ckpt", write_weights=_write_package_checkpoint,
     versions=("torch", "numpy", "tabicl", "scikit-learn", "xgboost-cpu"),
     package_classifier=_tabicl_classifier,
-    export_format="tabicl's checkpoint: torch.save({'config', 'state_dict'}) (TabICLClassifier(model_path=FILE))",
+    export_format="tabicl's checkpoint: {'config', 'state_dict'} saved by torch (TabICLClassifier(model_path=FILE))",
 ))
 
 PRETRAINABLE.register("tabpfn-mini", Pretrainable(
@@ -211,7 +211,7 @@ PRETRAINABLE.register("tabpfn-mini", Pretrainable(
     weights_file="tabpfn_mini.ckpt", write_weights=_write_package_checkpoint,
     versions=("torch", "numpy", "tabicl", "tabpfn", "scikit-learn", "xgboost-cpu"),
     package_classifier=_tabpfn_classifier,
-    export_format="tabpfn's v2 checkpoint: torch.save({'config', 'state_dict'}) (TabPFNClassifier(model_path=FILE))",
+    export_format="tabpfn's v2 checkpoint: {'config', 'state_dict'} saved by torch (TabPFNClassifier(model_path=FILE))",
 ))
 
 
