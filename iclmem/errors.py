@@ -24,6 +24,13 @@ class ConfigError(IclmemError):
     exit_code = EXIT_BAD_INPUT
 
 
+class RunFolderInUse(IclmemError):
+    """Another iclmem command holds the run folder (``iclmem.runlock``): refused before any work, nothing
+    changed. The message names the folder and the holder (pid, host, start, command)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
 class DataError(IclmemError):
     """A table cannot be turned into a prepared task (missing file, bad target, too few rows, ...)."""
 

@@ -33,6 +33,12 @@ WANDB_DIR = "wandb"
 # kept here instead of on the console unless ``--verbose``. Append-only, as a log is.
 CONSOLE_LOG_FILE = "console.log"
 RUN_STATE_FILE = "run_state.json"  # how the last driver of this folder ended (:class:`RunStatus`); see ``write_run_state``
+# One command at a time per run folder (``iclmem.runlock``): ``run``, ``resume`` and ``report`` flock LOCK_FILE (an
+# empty file) while they work, and DRIVER_FILE says who holds it (pid, host, start, command); both are removed
+# when the holder ends, and left behind only by a driver that was killed (the next command takes over).
+LOCK_FILE = "driver.lock"
+DRIVER_FILE = "driver.json"
+LOCK_NAMES = frozenset({LOCK_FILE, DRIVER_FILE})
 DIVERGED_RUNS_FILE = "diverged_runs.json"  # the run ids whose training stopped on a NaN / inf loss (the driver)
 # ``iclmem lm run | lm resume`` (``orchestrator.lm_sweep``) write RUN_STATE_FILE and CONSOLE_LOG_FILE too.
 
@@ -54,7 +60,7 @@ LM_ASSETS_DIR = "lm_assets"  # the built-in synthetic model and dataset, built o
 __all__ = [
     "FIGURES_DIR", "MANIPULATION_AUC_FILE", "PREPARED_DIR", "PROBES_DIR", "PROVENANCE_FILE", "REFERENCE_DIR",
     "REFERENCE_RESULTS_FILE", "REPORT_FILE", "RESULTS_FILE", "ROC_DIR", "SPLIT_REPORT_FILE", "SWEEP_FILE", "TUNE_DIR", "VERDICT_FILE",
-    "WANDB_DIR", "folder_kind", "roc_path", "existing_ancestor", "unwritable", "GROUND_TRUTH_FILE", "CONSOLE_LOG_FILE", "RUN_STATE_FILE", "RunStatus",
+    "WANDB_DIR", "LOCK_FILE", "DRIVER_FILE", "folder_kind", "roc_path", "existing_ancestor", "unwritable", "GROUND_TRUTH_FILE", "CONSOLE_LOG_FILE", "RUN_STATE_FILE", "RunStatus",
     "read_run_state", "write_run_state", "QUERIES_SUFFIX", "probe_stem",
     "LM_ASSETS_DIR", "LM_EXPOSURE_DIR", "LM_REPORT_FILE", "LM_RESULTS_FILE", "LM_SWEEP_FILE", "LM_UNITS_DIR",
 ]
@@ -72,7 +78,7 @@ def folder_kind(path: str | Path) -> str:
         return "missing"
     if not folder.is_dir():
         return "foreign"
-    if not any(folder.iterdir()):
+    if not any(p.name not in LOCK_NAMES for p in folder.iterdir()):  # the lock of a command at work is no content
         return "empty"
     if (folder / SWEEP_FILE).is_file():
         return "tabular"

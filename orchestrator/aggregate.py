@@ -85,12 +85,14 @@ def split_report_table(prepared: Any) -> pd.DataFrame:
 
 
 def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], None] = print,
-              wandb_mode: str | None = None, replace_fewer: bool = True) -> pd.DataFrame:
+              wandb_mode: str | None = None, replace_fewer: bool = True, forced: str | None = None) -> pd.DataFrame:
     """Rebuild ``RUN_DIR/results.parquet`` (and the tables and report beside it) from the stored probe results.
 
     ``replace_fewer=False`` (``iclmem report`` without ``--force``) refuses, writing nothing, when the probe
     results cover fewer checkpoints than the results table already holds: a missing or pruned ``probes/``
-    folder must not turn a table of results into an emptier one."""
+    folder must not turn a table of results into an emptier one. ``forced``: why the report was refused
+    before ``iclmem report --force`` made it anyway (``sweep.json`` not the config of the results), shown at
+    the report's top."""
     run_dir = Path(run_dir)
     folder = RunFolder(run_dir)
     sweep = folder.sweep_or_none  # the reference-model attacks need the query tables held in memory
@@ -122,7 +124,7 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
         write_parquet_atomic(roc, roc_path(run_dir, run_id, epoch))
     if prepared is not None:
         write_parquet_atomic(split_report_table(prepared), run_dir / SPLIT_REPORT_FILE)
-    report = write_reports(run_dir, results, wandb_mode=wandb_mode, log=log)
+    report = write_reports(run_dir, results, wandb_mode=wandb_mode, log=log, forced=forced)
     log(f"[iclmem] {len(results)} checkpoint results -> {run_dir / RESULTS_FILE}")
     if report is not None:
         log(f"[iclmem] report: {report}")
@@ -130,14 +132,15 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
 
 
 def write_reports(run_dir: Path, results: pd.DataFrame, wandb_mode: str | None = None,
-                  log: Callable[[str], None] = print) -> Path | None:
-    """HTML report (with figures) always; the W&B sweep summary unless W&B is disabled."""
+                  log: Callable[[str], None] = print, forced: str | None = None) -> Path | None:
+    """HTML report (with figures) always; the W&B sweep summary unless W&B is disabled. ``forced``: see
+    :func:`aggregate`."""
     from orchestrator.report.html import write_html_report
     from orchestrator.wandb_logger import make_results_logger, resolve_wandb_mode
 
     if results.empty:
         return None
-    report = write_html_report(run_dir)
+    report = write_html_report(run_dir, forced=forced)
     sweep = RunFolder(run_dir).sweep_or_none
     wandb_cfg = sweep.wandb if sweep is not None else WandbConfig()
     mode = resolve_wandb_mode(wandb_mode or wandb_cfg.mode)

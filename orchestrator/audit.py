@@ -56,6 +56,15 @@ def min_bootstrap() -> int:
     return int(next(m.ge for m in ProbeConfig.model_fields["bootstrap"].metadata if hasattr(m, "ge")))
 
 
+def check_bootstrap_cap(bootstrap: int) -> None:
+    """``--bootstrap`` within the sweep schema's upper bound (``probe.bootstrap``, :data:`MAX_BOOTSTRAP`)."""
+    from orchestrator.config import MAX_BOOTSTRAP
+
+    if bootstrap > MAX_BOOTSTRAP:
+        raise ConfigError(f"--bootstrap {bootstrap}: at most {MAX_BOOTSTRAP} resamples (a probe holds resamples x rows "
+                          "of indices at once; the sweep's probe.bootstrap has the same bound)")
+
+
 def parse_task(spec: str) -> Any:
     """``iris`` (built-in), ``DIR:name`` (CARTE folder), or ``FILE.csv:target`` / ``FILE.parquet:target``."""
     from trainables.data import TaskSource
@@ -337,6 +346,7 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
     if bootstrap < lowest:
         raise ConfigError(f"--bootstrap {bootstrap}: at least {lowest} resamples are needed for the AUC and TPR "
                           f"intervals the verdict reads (the sweep's probe.bootstrap has the same bound)")
+    check_bootstrap_cap(bootstrap)
     if label_mode is not None:
         label_mode = LabelMode(label_mode).value
     path = Path(checkpoint)
@@ -463,6 +473,7 @@ def audit_estimator(estimator: str, base_estimator: str, task: str, *, members: 
     if bootstrap < min_bootstrap():
         raise ConfigError(f"--bootstrap {bootstrap}: at least {min_bootstrap()} resamples are needed for the AUC and "
                           "TPR intervals the verdict reads (the sweep's probe.bootstrap has the same bound)")
+    check_bootstrap_cap(bootstrap)
     label_mode = LabelMode(label_mode or DEFAULTS["label_mode"]).value
     seed = DEFAULTS["seed"] if seed is None else int(seed)
     context_size = DEFAULTS["context_size"] if context_size is None else int(context_size)

@@ -126,10 +126,11 @@ def cmd_lm(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from iclmem.runfolder import folder_kind, unwritable
-    from orchestrator.aggregate import aggregate
+    from iclmem.runlock import hold_run_folder, refuse_if_held
     from orchestrator.run_folder import RunFolder
 
     run_dir = Path(args.run_dir)
+    refuse_if_held(run_dir)  # a folder a driver works in is refused as such, before anything is read
     if folder_kind(run_dir) != "tabular":  # never write tables and a report into someone else's folder
         raise ConfigError(f"{run_dir} is not an iclmem sweep folder (it holds no sweep.json); `iclmem report` "
                           "rebuilds the results of a folder `iclmem run` wrote")
@@ -137,6 +138,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     problem = unwritable(run_dir)
     if problem:
         raise ConfigError(f"{run_dir}: {problem}; `iclmem report` rewrites the tables and the report there")
+    with hold_run_folder(run_dir, "iclmem report"):  # no driver starts in the folder while its tables are rebuilt
+        return _report(args, run_dir, sweep)
+
+
+def _report(args: argparse.Namespace, run_dir: Path, sweep: Any) -> int:
+    from orchestrator.aggregate import aggregate
+    from orchestrator.sweep import results_config_mismatch
+
+    # the report shows sweep.json's rule and thresholds: over results made with another config they would lie
+    mismatch = results_config_mismatch(run_dir, sweep)
+    if mismatch is not None and not args.force:
+        raise ConfigError(f"{mismatch} The report would show its rule and thresholds over verdicts made with "
+                          "others. Restore the edited or deleted file from a copy, or run `iclmem report --force` "
+                          "to report anyway (the report is then marked as forced); nothing was changed")
+    if mismatch is not None:
+        print(f"iclmem: warning: reporting anyway (--force), the report marked as forced: {mismatch}",
+              file=sys.stderr, flush=True)
     publish = [flag for flag, on in (("--wandb-report", args.wandb_report),
                                      ("--wandb-workspace", args.wandb_workspace)) if on]
     entity = sweep.wandb.entity or os.environ.get("WANDB_ENTITY")
@@ -147,7 +165,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise ConfigError(f"{publish[0]} publishes to W&B: pass --wandb online and export WANDB_API_KEY")
         if not entity:
             raise ConfigError(f"{publish[0]} needs a W&B entity: set wandb.entity in the sweep or WANDB_ENTITY")
-    results = aggregate(run_dir, wandb_mode=args.wandb, replace_fewer=args.force)
+    results = aggregate(run_dir, wandb_mode=args.wandb, replace_fewer=args.force, forced=mismatch)
     if args.wandb_report:
         from orchestrator.report.wandb_summary import build_wandb_report
 
@@ -339,6 +357,25 @@ def _positive(text: str) -> int:
     return value
 
 
+def _folder(name: str) -> Any:
+    """The argparse type of a folder argument (``--out``, ``RUN_DIR``). An empty name (an unset shell variable:
+    ``--out "$RUN"``) is refused rather than read as "not given" or as ".", which would write the run somewhere
+    the user did not name."""
+
+    def folder(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{name} is empty ({text!r}): give the folder by name (an unset shell "
+                                             "variable?)" + (", or leave --out out for the default"
+                                                             if name == "--out" else ""))
+        return text
+
+    return folder
+
+
+_out_folder = _folder("--out")
+_run_dir = _folder("RUN_DIR")
+
+
 def build_parser() -> argparse.ArgumentParser:
     formatter = _HelpFormatter
     p = argparse.ArgumentParser(prog="iclmem", description="Audit tabular foundation models for memorization of "
@@ -363,14 +400,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = parser(sub, "run", help="Stage I, fine-tuning, probing and aggregation in one pipelined sweep")
     r.add_argument("config", help="sweep YAML (see configs/)")
-    r.add_argument("--out", default=None, help="run folder, new or empty (default: ./runs/<config>-<time>)")
+    r.add_argument("--out", type=_out_folder, default=None,
+                   help="run folder, new or empty (default: ./runs/<config>-<time>)")
     r.add_argument("--wandb", choices=wandb_modes, default=None,
                    help="override the sweep's wandb.mode (default: the sweep's)")
     ray_args(r)
     r.set_defaults(func=cmd_run)
 
     s = parser(sub, "resume", help="resume a sweep whose driver stopped; finished trials are not re-run")
-    s.add_argument("run_dir", help="the run folder of `iclmem run`")
+    s.add_argument("run_dir", type=_run_dir, help="the run folder of `iclmem run`")
     ray_args(s)
     s.set_defaults(func=cmd_resume)
 
@@ -383,12 +421,13 @@ def build_parser() -> argparse.ArgumentParser:
     lm_sub = lm.add_subparsers(dest="lm_command", required=True)
     lr = parser(lm_sub, "run", help="run an LM sweep file's probes on the probe pool")
     lr.add_argument("config", help="LM sweep YAML (see configs/lm_quickstart.yaml)")
-    lr.add_argument("--out", default=None, help="run folder: new, empty, or an LM run of the same config to "
+    lr.add_argument("--out", type=_out_folder, default=None, help="run folder: new, empty, or an LM run of the same "
+                    "config to "
                     "continue (default: ./runs/<config>-<time>)")
     lr.add_argument("--wandb", choices=wandb_modes, default=None,
                     help="override the sweep's wandb.mode (default: the sweep's, offline unless set)")
     lres = parser(lm_sub, "resume", help="finish an LM sweep from its run folder; stored units are not recomputed")
-    lres.add_argument("run_dir", help="the run folder of `iclmem lm run`")
+    lres.add_argument("run_dir", type=_run_dir, help="the run folder of `iclmem lm run`")
     for lm_driver in (lr, lres):
         ray_args(lm_driver, console_log=False)
         lm_driver.add_argument("--verbose", action="store_true",
@@ -401,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     lm.set_defaults(func=cmd_lm)
 
     rep = parser(sub, "report", help="rebuild results table, reports and W&B summary from stored results")
-    rep.add_argument("run_dir", help="the run folder of `iclmem run`")
+    rep.add_argument("run_dir", type=_run_dir, help="the run folder of `iclmem run`")
     rep.add_argument("--wandb", choices=wandb_modes, default=None,
                      help="W&B mode of the summary run (default: the sweep's)")
     rep.add_argument("--wandb-report", action="store_true", help="also publish a W&B Report (online mode, key in env)")
@@ -410,7 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "(online mode, key in env)")
     rep.add_argument("--force", action="store_true",
                      help="rebuild even when the stored probe results cover fewer checkpoints than the results "
-                          "table already holds (which is otherwise refused, leaving the table as it is)")
+                          "table already holds, or when sweep.json no longer matches the config hash "
+                          "provenance.json records for the results (or provenance.json is missing); both are "
+                          "otherwise refused, leaving the folder as it is. A report made despite the second is "
+                          "marked as forced at its top")
     rep.set_defaults(func=cmd_report)
 
     m = parser(sub, "models", help="registered model adapters and whether their extras are installed")
@@ -451,7 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="file of member row ids, one per line, for a model fine-tuned elsewhere (default: "
                          "the members the checkpoint records, else iclmem's own split); ROW_ID,LABEL gives the "
                          "label each was trained with, which a shuffled --label-mode requires")
-    pr.add_argument("--out", default=None, help="audit folder: new, empty, or an earlier audit of the same checkpoint (default: "
+    pr.add_argument("--out", type=_out_folder, default=None, help="audit folder: new, empty, or an earlier audit of the "
+                    "same checkpoint (default: "
                     "./runs/audit-<task>-<checkpoint id>)")
     pr.set_defaults(func=cmd_probe)
 
@@ -478,7 +521,8 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--seed", type=int, default=0, help="seed of the split and of the reference contexts")
     ca.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP,
                     help=f"bootstrap resamples of the AUC intervals, at least {min_bootstrap()}")
-    ca.add_argument("--out", required=True, help="audit folder: new, empty, or an earlier run of the same audit")
+    ca.add_argument("--out", type=_out_folder, required=True,
+                    help="audit folder: new, empty, or an earlier run of the same audit")
     ca.add_argument("--wandb", choices=wandb_modes, default=None,
                     help="also log the audit as one W&B run (its table of metrics, verdict and ROC figure; no row of "
                          "the table): offline into OUT/wandb, or online with WANDB_API_KEY set (default: no W&B)")

@@ -12,17 +12,22 @@ import hashlib
 import itertools
 import json
 import math
+import types
+import typing
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
+    AllowInfNan,
     BaseModel,
     ConfigDict,
     Field,
+    Strict,
     StrictInt,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_serializer,
     field_validator,
@@ -48,14 +53,62 @@ _FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max, without 
 # numpy's legacy RandomState and scikit-learn's random_state take seeds in [0, 2**32): a larger one fails
 # inside Stage I or a trial, so the schema refuses it
 SEED_MAX = 2**32 - 1
+# The most bootstrap resamples a probe draws (probe.bootstrap, `iclmem probe --bootstrap`, `iclmem audit-context
+# --bootstrap`). The intervals' endpoints are settled to well under 0.01 AUC by a few thousand resamples; 100,000
+# keeps a probe's index arrays (resamples x (members + non-members) int64, probes.metrics.bootstrap_indices) at
+# 160 MB for Q = 100 and 1.6 GB for Q = 1000, while 1e12 could never be held and fails every probe after training.
+MAX_BOOTSTRAP = 100_000
 
 
 class StrictConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Every block of a sweep file (tabular and LM): unknown keys are errors, a boolean is never a number (YAML
+    reads ``true``, ``yes`` and ``on`` as booleans, which pydantic would take as 1), and a number is finite
+    unless a setting says otherwise (``grid.dp``, where ``.inf`` means no DP)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        found = _boolean_where_number(field.annotation, value) if field is not None else None
+        if found is not None:
+            where, flag = found
+            raise ValueError(f"a number is meant{f' at {where}' if where else ''}, got the boolean "
+                             f"{str(flag).lower()} (YAML reads true/false, yes/no and on/off as booleans)")
+        return value
 
     def config_hash(self) -> str:
         """Names a validated config (run folders, provenance): the hash of its JSON form."""
         return config_hash_of(self.model_dump(mode="json"))
+
+
+def _boolean_where_number(annotation: Any, value: Any, where: str = "") -> tuple[str, bool] | None:
+    """(where in ``value``, the boolean) for the first boolean given where ``annotation`` asks for a number (an
+    int or a float, alone, in a list or as a mapping's value), or None. A setting that admits a boolean (or
+    anything) takes it as it is."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        base, *metadata = typing.get_args(annotation)
+        if any(isinstance(m, Strict) and m.strict for m in metadata):  # pydantic refuses a boolean there itself
+            return None
+        return _boolean_where_number(base, value, where)
+    if origin in (typing.Union, types.UnionType):
+        members = typing.get_args(annotation)
+        if any(m is bool or m is Any for m in members):
+            return None
+        return next((found for m in members if (found := _boolean_where_number(m, value, where)) is not None), None)
+    if isinstance(value, bool):
+        return (where, value) if annotation in (int, float) else None
+    args = typing.get_args(annotation)
+    if origin in (list, tuple, set, frozenset) and isinstance(value, (list, tuple)) and args:
+        return next((found for i, item in enumerate(value)
+                     if (found := _boolean_where_number(args[0], item, f"{where}[{i}]")) is not None), None)
+    if origin is dict and isinstance(value, dict) and len(args) == 2:
+        return next((found for key, item in value.items()
+                     if (found := _boolean_where_number(args[1], item, f"{where}.{key}" if where else str(key)))
+                     is not None), None)
+    return None
 
 
 def config_hash_of(data: dict[str, Any]) -> str:
@@ -179,7 +232,7 @@ class GridConfig(StrictConfig):
     label_mode: list[LabelMode] = [LabelMode.NORMAL]
     seed: list[StrictInt] = [0]
     # DP-SGD target ε of each run (trainables.dp); inf (YAML .inf or "inf") = plain fine-tuning
-    dp: list[float] = [math.inf]
+    dp: list[Annotated[float, AllowInfNan(True)]] = [math.inf]
 
     @field_validator("lr")
     @classmethod
@@ -284,7 +337,10 @@ class DataConfig(StrictConfig):
 class ProbeConfig(StrictConfig):
     suite: Literal["default"] | list[str | dict[str, Any]] = "default"
     base_as_checkpoint: bool = True  # probe the untouched base model as a checkpoint: the pipeline sanity check
-    bootstrap: int = Field(1000, ge=10)  # resamples of the AUC/TPR intervals, which strict mode's rule reads
+    # resamples of the AUC/TPR intervals, which strict mode's rule reads. At most MAX_BOOTSTRAP: every probe
+    # holds resamples x rows of indices at once, so a number far past it (1e12) validates, trains the whole grid
+    # and then fails every probe with a MemoryError
+    bootstrap: int = Field(1000, ge=10, le=MAX_BOOTSTRAP)
     # null splits probed on every fine-tuned checkpoint (never-trained rows labelled member / non-member at
     # random): the measured false-positive rate of every verdict rule comes from them
     null_splits: int = Field(1, ge=0)
@@ -417,13 +473,19 @@ def _outcome_config() -> type[BaseModel]:
 OutcomeConfig = _outcome_config()
 
 
+# A custom resource amount a trial or a probe actor asks Ray for (finite: StrictConfig refuses inf and NaN)
+ResourceAmount = Annotated[float, Field(ge=0)]
+
+
 class ProbeActorsConfig(StrictConfig):
     """The probe pool's actors: how many, and what each asks Ray for (tabular and LM sweeps alike)."""
 
     probe_actors: int = Field(1, ge=1)
     cpus_per_probe_actor: float = Field(1.0, gt=0)
     gpus_per_probe_actor: float = Field(0.0, ge=0)
-    probe_resources: dict[str, float] = Field(default_factory=dict)
+    # custom Ray resources of each probe actor, e.g. {worker: 1}: amounts >= 0 (Ray would wait forever for a
+    # negative one, as for any amount no node has)
+    probe_resources: dict[str, ResourceAmount] = Field(default_factory=dict)
 
     def actor_options(self) -> dict[str, Any]:
         """Ray actor options of one probe actor."""
@@ -440,7 +502,7 @@ class ResourcesConfig(ProbeActorsConfig):
     torch_threads_per_trial: int = Field(1, ge=1)
     gpus_per_trial: float = Field(0.0, ge=0)
     max_concurrent_trials: int | None = Field(None, ge=1)
-    trial_resources: dict[str, float] = Field(default_factory=dict)  # custom resources, e.g. {worker: 1}
+    trial_resources: dict[str, ResourceAmount] = Field(default_factory=dict)  # custom resources, e.g. {worker: 1}
     # minutes without progress (no trial running, none started or finished, no epoch or probe result) after
     # which the driver stops the sweep, saying what Ray waits for, and exits 1 (resumable); 0 = wait forever
     stall_timeout_min: float = Field(30.0, ge=0)

@@ -154,7 +154,14 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
     """Audit whether rows of ``task`` were in a fitted estimator's context; returns the
     :class:`probes.context_audit.ContextAuditResult` and writes the folder ``out`` (and, with ``wandb``
     offline or online, one W&B run of project ``project``)."""
-    from orchestrator.audit import DEFAULT_BOOTSTRAP, claim_audit_folder, min_bootstrap, parse_task, settings_hash
+    from orchestrator.audit import (
+        DEFAULT_BOOTSTRAP,
+        check_bootstrap_cap,
+        claim_audit_folder,
+        min_bootstrap,
+        parse_task,
+        settings_hash,
+    )
     from probes.context_audit import MAX_REFERENCES
 
     note = log or (lambda line: print(line, file=sys.stderr))
@@ -170,6 +177,7 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
         raise ConfigError(f"--context-size {context_size}: at least 4 rows")
     if bootstrap < min_bootstrap():
         raise ConfigError(f"--bootstrap {bootstrap}: at least {min_bootstrap()} resamples")
+    check_bootstrap_cap(bootstrap)
     if null_splits < 0:
         raise ConfigError(f"--null-splits {null_splits}: zero or more")
     if wandb is not None:

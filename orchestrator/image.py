@@ -8,8 +8,9 @@ What a cluster gets wrong in an image is what this checks, from the file alone (
   pyproject.toml pins exactly in its dependencies and in the extras the file installs (``.[tabicl,tabpfn]``:
   torch, ray, opacus, tabicl, tabpfn) is pinned in the file: an image with another torch or Ray than the
   driver's fails in ways no error message names;
-* no secret: no ``ENV`` / ``ARG`` with a credential's name and a literal value, no key material, no copy of a
-  ``.netrc`` or W&B key file (an image's layers keep what any step wrote);
+* no secret: no ``ARG`` with a credential's name (its value stays in the image's history, default or not), no
+  ``ENV`` with one and a literal value, no key material (``wandb login KEY`` included, in comments too), no copy
+  of a ``.netrc`` or W&B key file (an image's layers keep what any step wrote);
 * the container runs as a non-root user (the last ``USER`` is neither ``root`` nor ``0``).
 
 Every problem names the file and the line.
@@ -21,12 +22,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.cluster import _WANDB_KEY_FILE, ClusterCheck, literal_secret
+from orchestrator.cluster import _WANDB_KEY_FILE, SECRET_NAME, ClusterCheck, comment_secret_problems, literal_secret
 
 _PIN = re.compile(r"(?<![\w.-])([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([A-Za-z0-9.+!_-]+)")
 _EXACT_TAG = re.compile(r"\d+\.\d+\.\d+")  # a full version somewhere in the tag: 3.11.7-slim, 12.6.3-runtime
-_SECRET_NAME = re.compile(r"(WANDB_API_KEY|RAY_AUTH_TOKEN|AWS_SECRET_ACCESS_KEY|AWS_SESSION_TOKEN|[A-Z0-9_]*"
-                          r"(?:_TOKEN|_SECRET|_API_KEY|PASSWORD))$", re.I)
 
 
 def _norm(name: str) -> str:
@@ -116,7 +115,9 @@ def check_dockerfile(path: str | Path, pyproject: str | Path | None = None) -> C
     if not path.is_file():
         result.problems.append(f"{where}: {'file not found' if not path.exists() else 'not a file'}")
         return result
-    parsed = _parse(path.read_text())
+    text = path.read_text()
+    parsed = _parse(text)
+    result.problems += comment_secret_problems(text, where, whole_line_only=True)
     pyproject = Path(pyproject) if pyproject is not None else path.parent / "pyproject.toml"
     extras = {e.strip() for ins in parsed.instructions if ins.keyword == "RUN" and "pip install" in ins.text
               for group in re.findall(r"\.\[([^\]]+)\]", ins.text) for e in group.split(",")}
@@ -134,14 +135,20 @@ def check_dockerfile(path: str | Path, pyproject: str | Path | None = None) -> C
             name, _, default = ins.text.partition("=")
             if default:
                 args[name.strip()] = default.strip().strip("\"'")
-        if ins.keyword in ("ARG", "ENV"):
+        if ins.keyword == "ARG" and SECRET_NAME.match(ins.text.partition("=")[0].strip()):
+            # with a default or without: a build argument's value stays in the image's history (docker history)
+            result.problems.append(f"{at}: ARG {ins.text.partition('=')[0].strip()} passes a credential into the "
+                                   "build, and the image's history keeps it; use a BuildKit secret (RUN "
+                                   "--mount=type=secret,...) or pass it at run time (a Kubernetes Secret, a 0600 "
+                                   "file on the head)")
+        elif ins.keyword in ("ARG", "ENV"):
             pairs = re.findall(r"([A-Za-z_][A-Za-z0-9_]*)=(\"[^\"]*\"|'[^']*'|\S+)", ins.text)
             if ins.keyword == "ENV" and not pairs and " " in ins.text:  # the old `ENV NAME value` form
                 name, _, value = ins.text.partition(" ")
                 pairs = [(name, value)]
             for name, value in pairs:
                 literal = value.strip("\"'")
-                if _SECRET_NAME.match(name) and literal and not literal.startswith("$"):
+                if SECRET_NAME.match(name) and literal and not literal.startswith("$"):
                     result.problems.append(f"{at}: {ins.keyword} {name} bakes a credential into the image; pass it "
                                            "at run time (a Kubernetes Secret, a 0600 file on the head)")
         found = literal_secret(ins.text) if ins.keyword not in ("ARG", "ENV") else None  # those: by name, above

@@ -33,7 +33,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from orchestrator.cluster import SHARED_SCHEMES, ClusterCheck, secret_problems, sweeps_fit
+from orchestrator.cluster import SHARED_SCHEMES, ClusterCheck, comment_secret_problems, secret_problems, sweeps_fit
 from orchestrator.config import load_sweep
 from orchestrator.image import base_image_problem
 
@@ -163,10 +163,12 @@ def check_manifest(path: str | Path, sweeps: Sequence[str | Path] = ()) -> Clust
     result = ClusterCheck(where)
     loaded = [(str(p), load_sweep(p)) for p in sweeps]
     try:
-        docs = [d for d in yaml.safe_load_all(Path(path).read_text()) if d is not None]
+        text = Path(path).read_text()
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except (OSError, yaml.YAMLError) as exc:
         result.problems.append(f"{where}: cannot read as YAML: {' '.join(str(exc).split())}")
         return result
+    result.problems += comment_secret_problems(text, where)
     for index, doc in enumerate(docs):
         at = where if len(docs) == 1 else f"{where} (document {index + 1})"
         kind = doc.get("kind") if isinstance(doc, dict) else None

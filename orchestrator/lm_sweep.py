@@ -371,12 +371,11 @@ def _resolve_new_or_continued(cfg: LMSweepConfig, run_dir: Path) -> LMInputs:
 def _run_lm_sweep(config_path: str | Path | None, run_dir: str | Path, *, config: LMSweepConfig | None,
                   address: str | None, num_cpus: int | None, resume: bool, log: Callable[[str], None],
                   verbose: bool, interrupts: Any) -> pd.DataFrame:
-    import warnings
-    from contextlib import nullcontext
-
-    from orchestrator.sweep import claim_run_folder, console_warnings, require_writable
+    from iclmem.runlock import hold_run_folder, refuse_if_held
+    from orchestrator.sweep import claim_run_folder, require_writable
 
     run_dir = Path(run_dir).resolve()
+    refuse_if_held(run_dir)  # a folder another driver works in is refused as such, before anything is read
     if resume:
         cfg = _stored_config(run_dir)
     else:
@@ -384,6 +383,21 @@ def _run_lm_sweep(config_path: str | Path | None, run_dir: str | Path, *, config
     require_writable(run_dir, resume)
     if not resume:
         claim_run_folder(run_dir, kind="lm", config_hash=cfg.config_hash())  # before anything is written
+    with hold_run_folder(run_dir, "iclmem lm resume" if resume else "iclmem lm run"):  # one driver per folder
+        if not resume:  # again under the lock: another driver may have written the folder since
+            claim_run_folder(run_dir, kind="lm", config_hash=cfg.config_hash())
+        return _run_lm_sweep_holding(cfg, run_dir, address=address, num_cpus=num_cpus, log=log, verbose=verbose,
+                                     interrupts=interrupts)
+
+
+def _run_lm_sweep_holding(cfg: LMSweepConfig, run_dir: Path, *, address: str | None, num_cpus: int | None,
+                          log: Callable[[str], None], verbose: bool, interrupts: Any) -> pd.DataFrame:
+    """:func:`_run_lm_sweep` once the folder's lock is held."""
+    import warnings
+    from contextlib import nullcontext
+
+    from orchestrator.sweep import console_warnings
+
     # Python warnings of the inputs' loading are held until the run folder (and its console log) exists.
     with warnings.catch_warnings(record=True) as early_warnings:
         inputs = _resolve_new_or_continued(cfg, run_dir)

@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.cluster import ClusterCheck, literal_secret, sweeps_fit
+from orchestrator.cluster import ClusterCheck, comment_secret_problems, literal_secret, sweeps_fit
 from orchestrator.config import load_sweep
 
 _DIRECTIVE = re.compile(r"^#SBATCH\s+(--?[A-Za-z-]+)(?:[=\s]+(\S+))?")
@@ -100,6 +100,7 @@ def check_sbatch(path: str | Path, sweeps: Sequence[str | Path] = ()) -> Cluster
         found = literal_secret(line)
         if found:
             result.problems.append(f"{where}:{number}: holds {found}")
+    result.problems += comment_secret_problems("\n".join(lines), where, whole_line_only=True)
     if not re.search(r"\bICLMEM_STORAGE\b", body):
         result.problems.append(f"{where}: sets no ICLMEM_STORAGE: Tune's checkpoints must be on the shared file "
                                "system every node reaches")

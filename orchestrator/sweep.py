@@ -41,6 +41,7 @@ from iclmem.runfolder import (
     PROBES_DIR,
     PROVENANCE_FILE,
     REFERENCE_DIR,
+    RESULTS_FILE,
     RUN_STATE_FILE,
     SWEEP_FILE,
     TUNE_DIR,
@@ -52,6 +53,7 @@ from iclmem.runfolder import (
     unwritable,
     write_run_state,
 )
+from iclmem.runlock import hold_run_folder, refuse_if_held
 from orchestrator.config import SweepConfig, load_sweep
 from orchestrator.context_audit import check_context_audits, finish_context_audits, submit_context_audits
 from orchestrator.prepare import EXPERIMENT_NAME, PreparedSweep, prepare_sweep, provenance, trial_config
@@ -783,6 +785,7 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
     if started_at is not None:
         clock.add(Phase.DRIVER_START, entered - started_at)
     run_dir = Path(run_dir).resolve()
+    refuse_if_held(run_dir)  # a folder another driver works in is refused as such, before anything is read
     if resume:
         if not (run_dir / SWEEP_FILE).is_file() and folder_kind(run_dir) == "lm":
             raise ConfigError(f"{run_dir} is a language-model probe run: continue it with `iclmem lm resume {run_dir}`")
@@ -791,7 +794,24 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
     elif sweep is None:
         sweep = load_sweep(config_path)
     require_writable(run_dir, resume)
-    if not resume and claim_run_folder(run_dir, sweep):
+    if not resume:
+        claim_run_folder(run_dir, sweep)  # someone else's folder is refused before the lock touches it
+    # one driver per folder, from here to the end: a second `run`, `resume` or `report` is refused (exit 2)
+    with hold_run_folder(run_dir, "iclmem resume" if resume else "iclmem run"):
+        return _run_sweep_holding(config_path, run_dir, sweep=sweep, address=address, resume=resume,
+                                  progress=progress, num_cpus=num_cpus, log=log, verbose=verbose,
+                                  interrupts=interrupts, clock=clock, entered=entered, started_at=started_at)
+
+
+def _run_sweep_holding(config_path: str | Path | None, run_dir: Path, *, sweep: SweepConfig, address: str | None,
+                       resume: bool, progress: bool, num_cpus: int | None, log: Callable[[str], None], verbose: bool,
+                       interrupts: Interrupts, clock: Any, entered: float, started_at: float | None) -> pd.DataFrame:
+    """:func:`_run_sweep` once the folder's lock is held: Stage I, the drive, the state record."""
+    from orchestrator.timing import Phase
+
+    if resume:  # read again under the lock: what was checked before it may have changed since
+        check_results_match(run_dir, sweep)
+    elif claim_run_folder(run_dir, sweep):
         # the same config's folder: continue it as `iclmem resume` would, never re-train a finished trial
         check_results_match(run_dir, sweep)
         log(f"[iclmem] {run_dir} holds this sweep already: continuing it (finished trials are kept, as `iclmem "
@@ -1072,20 +1092,39 @@ def require_writable(run_dir: Path, resume: bool) -> None:
         raise ConfigError(f"{'run folder' if resume else '--out'} {run_dir}: {problem}; nothing was started")
 
 
-def check_results_match(run_dir: Path, sweep: SweepConfig) -> None:
-    """The stored results of ``run_dir`` were made by ``sweep``: its provenance record (written with the
-    first results) names the same config hash. A ``sweep.json`` edited after the run started would
-    otherwise mix rows of two configs under one folder; :class:`ConfigError` names both hashes."""
+def results_config_mismatch(run_dir: Path, sweep: SweepConfig) -> str | None:
+    """Why the stored results of ``run_dir`` cannot be attributed to ``sweep`` (its ``sweep.json``), or None when
+    they can: the provenance record (written with ``sweep.json``, before any result) must name the same config
+    hash, and a folder that holds results (``results.parquet`` or ``probes/``) must have that record. The one
+    check ``resume``, ``run``'s continuation of a folder and ``report`` share; each says what it refuses."""
     try:
         record = RunFolder(run_dir).provenance
     except DataError as exc:
         raise DataError(f"{exc}; the folder's results cannot be attributed to a config") from None
-    if record is not None and record.config_hash != sweep.config_hash():
+    if record is None:
+        held = [name for name in (RESULTS_FILE, f"{PROBES_DIR}/") if (run_dir / name.rstrip("/")).exists()]
+        if not held:
+            return None
+        return (f"{run_dir} holds results ({' and '.join(held)}) but no {PROVENANCE_FILE}: the config they were "
+                f"made with is unknown, so {SWEEP_FILE} (config hash {sweep.config_hash()}) cannot be checked "
+                f"against them (was {PROVENANCE_FILE} deleted?)")
+    if record.config_hash != sweep.config_hash():
+        return (f"{run_dir / SWEEP_FILE} (config hash {sweep.config_hash()}) no longer matches the config its results "
+                f"were made with ({run_dir / PROVENANCE_FILE}: hash {record.config_hash}, sweep {record.sweep_name!r}): "
+                f"was {SWEEP_FILE} edited?")
+    return None
+
+
+def check_results_match(run_dir: Path, sweep: SweepConfig) -> None:
+    """The stored results of ``run_dir`` were made by ``sweep`` (:func:`results_config_mismatch`): a
+    ``sweep.json`` edited after the run started, or a provenance record deleted, would otherwise mix rows of
+    two configs under one folder; :class:`ConfigError` says which (both hashes, or the missing file)."""
+    problem = results_config_mismatch(run_dir, sweep)
+    if problem is not None:
         raise ConfigError(
-            f"{run_dir / SWEEP_FILE} (config hash {sweep.config_hash()}) no longer matches the config its results "
-            f"were made with ({PROVENANCE_FILE}: hash {record.config_hash}, sweep {record.sweep_name!r}): was "
-            "sweep.json edited? Resuming would mix results of two configs. Run the edited sweep in a new folder "
-            f"(`iclmem run SWEEP --out NEW`), or restore {SWEEP_FILE} to resume this one; nothing was changed")
+            f"{problem} Resuming would mix results of two configs. Run the sweep in a new folder (`iclmem run "
+            f"SWEEP --out NEW`), or restore {SWEEP_FILE} and {PROVENANCE_FILE} to resume this one; nothing was "
+            "changed")
 
 
 def claim_run_folder(run_dir: Path, sweep: SweepConfig | None = None, *, kind: str = "tabular",
@@ -1150,18 +1189,19 @@ def prepare_in_place_or_staged(sweep: SweepConfig, run_dir: Path, log: Callable[
         prepared = prepare_sweep(sweep, Path(sweep.data.cache_dir).expanduser().resolve(), log=log, source=source)
         run_dir.mkdir(parents=True, exist_ok=True)
         return prepared
-    if run_dir.exists():
+    if folder_kind(run_dir) not in ("missing", "empty"):  # (the lock this driver holds is no content)
         return prepare_sweep(sweep, run_dir / PREPARED_DIR, log=log, source=source)
-    staging = run_dir.with_name(f".{run_dir.name}.staging")
+    staging = run_dir.with_name(f".{run_dir.name}.staging")  # the folder's lock keeps it this driver's own
     shutil.rmtree(staging, ignore_errors=True)
     try:
         prepared = prepare_sweep(sweep, staging / PREPARED_DIR, log=log, source=source)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging.mkdir(exist_ok=True)  # a sweep of regime context alone prepares nothing here
-    staging.rename(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if (staging / PREPARED_DIR).exists():  # a sweep of regime context alone prepares nothing here
+        (staging / PREPARED_DIR).rename(run_dir / PREPARED_DIR)
+    shutil.rmtree(staging, ignore_errors=True)
     return prepared
 
 

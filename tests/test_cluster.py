@@ -278,6 +278,41 @@ def test_literal_secrets_refused(tmp_path, command, name):
     assert problem.startswith(f"{path}: setup_commands.{len(config['setup_commands']) - 1}: holds a literal {name};")
 
 
+W_AND_B_KEY = "0123456789abcdef0123456789abcdef01234567"  # shaped like a W&B key; never sent
+
+
+@pytest.mark.parametrize("command", [f"wandb login {W_AND_B_KEY}", f"pip install wandb && wandb login --relogin '{W_AND_B_KEY}'",
+                                     f"wandb login --host https://wandb.example.org {W_AND_B_KEY}"])
+def test_a_key_given_to_wandb_login_in_setup_commands_is_refused(tmp_path, command):
+    config = _shipped()
+    config["setup_commands"].append(command)
+    path = _write(tmp_path, config)
+    (problem,) = check_cluster_file(path).problems
+    assert problem.startswith(f"{path}: setup_commands.{len(config['setup_commands']) - 1}: holds a W&B key given to "
+                              "`wandb login`;")
+
+
+@pytest.mark.parametrize("command", ["wandb login $WANDB_API_KEY", "wandb login --relogin",
+                                     "wandb login --host https://wandb.example.org", 'wandb login "$(cat ~/.wandb_key)"'])
+def test_wandb_login_without_a_literal_key_passes(tmp_path, command):
+    config = _shipped()
+    config["setup_commands"].append(command)
+    assert check_cluster_file(_write(tmp_path, config)).ok
+
+
+def test_an_aws_key_in_a_yaml_comment_is_refused_naming_the_line(tmp_path):
+    lines = CLUSTER.read_text().splitlines()
+    lines.insert(3, "# old credentials: AKIAABCDEFGHIJKLMNOP (rotated?)")
+    lines.append("  - echo done  # key AKIAQRSTUVWXYZ234567")
+    path = tmp_path / "cluster.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    assert check_cluster_file(path).problems == [
+        f"{path}:4: a comment holds an AWS access key id; remove it and revoke the credential (the file's history "
+        "keeps it)",
+        f"{path}:{len(lines)}: a comment holds an AWS access key id; remove it and revoke the credential (the "
+        "file's history keeps it)"]
+
+
 def test_other_credentials_refused(tmp_path):
     config = _shipped()
     config["head_setup_commands"].append("export AWS_ACCESS_KEY_ID=AKIAABCDEFGHIJKLMNOP")

@@ -290,3 +290,97 @@ def test_bad_dp_settings_are_refused_naming_the_setting(setting, message):
 
     with pytest.raises(ConfigError, match=message):
         parse_sweep({"name": "s", "tasks": [{"name": "iris"}, {"name": "wine"}], **setting})
+
+
+# ------------------------------------------------------------------ numbers are numbers (issue #45, cases 2 and 3)
+# YAML reads true/yes/on as booleans, which pydantic would take as 1: a learning rate of 1.0, one epoch
+@pytest.mark.parametrize(("yaml_text", "where"), [
+    ("grid: {lr: [true]}", "grid.lr: a number is meant at [0], got the boolean true"),
+    ("grid: {lr: [0.001, yes]}", "grid.lr: a number is meant at [1], got the boolean true"),
+    ("grid: {dp: [false]}", "grid.dp: a number is meant at [0], got the boolean false"),
+    ("training: {weight_decay: true}", "training.weight_decay: a number is meant, got the boolean true"),
+    ("training: {epochs: true}", "training.epochs: a number is meant, got the boolean true"),
+    ("training: {epochs: 5, checkpoint_epochs: [1, on]}", "training.checkpoint_epochs: a number is meant at [1]"),
+    ("probe: {null_splits: true}", "probe.null_splits: a number is meant, got the boolean true"),
+    ("probe: {bootstrap: true}", "probe.bootstrap: a number is meant"),
+    ("outcome: {memorization_auc: true}", "outcome.memorization_auc: a number is meant"),
+    ("resources: {cpus_per_trial: true}", "resources.cpus_per_trial: a number is meant"),
+    ("resources: {trial_resources: {worker: true}}", "resources.trial_resources: a number is meant at worker"),
+    ("resources: {max_concurrent_trials: true}", "resources.max_concurrent_trials: a number is meant"),
+    ("canaries: {kinds: [random_label], copies: [1, true]}", "canaries.copies: a number is meant at [1]"),
+])
+def test_a_yaml_boolean_where_a_number_is_meant_is_refused_naming_the_setting(tmp_path, yaml_text, where):
+    from iclmem.errors import ConfigError
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"name: s\ntasks: [{{name: iris}}]\n{yaml_text}\n")
+    with pytest.raises(ConfigError) as info:
+        load_sweep(path)
+    assert where in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_booleans_stay_booleans_and_integers_stay_numbers():
+    from orchestrator.config import parse_sweep
+
+    sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"lr": [1]},
+                         "training": {"every_epoch": True, "weight_decay": 0}, "outcome": {"strict": True}})
+    assert sweep.grid.lr == [1.0]
+    assert sweep.training.weight_decay == 0.0
+    assert sweep.training.every_epoch is True
+    assert sweep.outcome.strict is True
+
+
+def test_a_yaml_boolean_in_an_lm_sweep_is_refused_naming_the_setting(tmp_path):
+    from iclmem.errors import ConfigError
+    from orchestrator.lm_config import load_lm_sweep
+
+    path = tmp_path / "lm.yaml"
+    path.write_text(yaml.safe_dump({**yaml.safe_load((CONFIGS / "lm_quickstart.yaml").read_text()),
+                                    "batch_size": True}))
+    with pytest.raises(ConfigError, match=r"batch_size: a number is meant, got the boolean true"):
+        load_lm_sweep(path)
+
+
+@pytest.mark.parametrize(("yaml_text", "where"), [
+    ("training: {weight_decay: .inf}", "training.weight_decay: Input should be a finite number"),
+    ("training: {grad_clip: .nan}", "training.grad_clip: Input should be a finite number"),
+    ("grid: {lr: [.inf]}", "grid.lr.0: Input should be a finite number"),
+    ("resources: {stall_timeout_min: .inf}", "resources.stall_timeout_min: Input should be a finite number"),
+    ("outcome: {collapse_loss_ratio: .inf}", "outcome.collapse_loss_ratio: Input should be a finite number"),
+    ("resources: {probe_resources: {worker: .inf}}", "resources.probe_resources.worker: Input should be a finite number"),
+    ("grid: {dp: [.nan]}", "grid.dp"),
+])
+def test_a_non_finite_number_where_a_finite_one_is_meant_is_refused_naming_the_setting(tmp_path, yaml_text, where):
+    from iclmem.errors import ConfigError
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(f"name: s\ntasks: [{{name: iris}}]\n{yaml_text}\n")
+    with pytest.raises(ConfigError) as info:
+        load_sweep(path)
+    assert where in str(info.value)
+
+
+@pytest.mark.parametrize(("setting", "where"), [
+    ({"trial_resources": {"worker": -1}}, "resources.trial_resources.worker: Input should be greater than or equal to 0"),
+    ({"probe_resources": {"worker": -0.5}}, "resources.probe_resources.worker: Input should be greater than or equal"),
+])
+def test_a_negative_custom_resource_is_refused_naming_the_setting(setting, where):
+    from iclmem.errors import ConfigError
+    from orchestrator.config import parse_sweep
+
+    with pytest.raises(ConfigError) as info:
+        parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "resources": setting})
+    assert where in str(info.value)
+    assert parse_sweep({"name": "s", "tasks": [{"name": "iris"}],
+                        "resources": {"trial_resources": {"worker": 0.5}}}).resources.trial_resources == {"worker": 0.5}
+
+
+def test_a_bootstrap_that_no_probe_could_hold_is_refused_at_validation():
+    from iclmem.errors import ConfigError
+    from orchestrator.config import MAX_BOOTSTRAP, parse_sweep
+
+    base = {"name": "s", "tasks": [{"name": "iris"}]}
+    assert parse_sweep({**base, "probe": {"bootstrap": MAX_BOOTSTRAP}}).probe.bootstrap == MAX_BOOTSTRAP
+    with pytest.raises(ConfigError, match=rf"probe.bootstrap: Input should be less than or equal to {MAX_BOOTSTRAP}"):
+        parse_sweep({**base, "probe": {"bootstrap": 10**12}})

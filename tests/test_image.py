@@ -45,6 +45,14 @@ def _broken(tmp_path: Path, old: str, new: str) -> Path:
     ("USER iclmem", "USER root", r"runs as root \(USER root\)"),
     ("    WANDB_MODE=offline", "    WANDB_MODE=offline WANDB_API_KEY=0123456789abcdef", r":\d+: ENV WANDB_API_KEY bakes a credential"),
     ("COPY configs ./configs", "COPY configs ./configs\nCOPY .netrc /home/iclmem/.netrc", r":\d+: COPY copies a credential file"),
+    ("USER iclmem", "RUN wandb login 0123456789abcdef0123456789abcdef01234567\nUSER iclmem",
+     r":\d+: RUN holds a W&B key given to `wandb login`"),
+    ("ARG TORCH_VARIANT=cpu", "ARG TORCH_VARIANT=cpu\nARG WANDB_API_KEY",
+     r":\d+: ARG WANDB_API_KEY passes a credential into the build, and the image's history keeps it"),
+    ("ARG TORCH_VARIANT=cpu", "ARG TORCH_VARIANT=cpu\nARG WANDB_API_KEY=0123456789abcdef",
+     r":\d+: ARG WANDB_API_KEY passes a credential into the build"),
+    ("ARG TORCH_VARIANT=cpu", "ARG TORCH_VARIANT=cpu\n# AWS_ACCESS_KEY_ID=AKIAABCDEFGHIJKLMNOP",
+     r":\d+: a comment holds an AWS access key id"),
 ])
 def test_a_broken_image_is_refused_naming_the_line_and_the_fault(tmp_path, old, new, message):
     result = check_dockerfile(_broken(tmp_path, old, new))

@@ -74,6 +74,10 @@ BROKEN = {
                    r"spec.entrypoint: 'python train.py' is not `iclmem run"),
     "replicas as text": (lambda d: d["spec"]["rayClusterSpec"]["workerGroupSpecs"][0].update(replicas="2"),
                          r"spec.rayClusterSpec.workerGroupSpecs\[0\].replicas: '2' is not of type 'integer'"),
+    "literal Ray token in the job's env": (
+        lambda d: _set_env(_head(d), "RAY_AUTH_TOKEN", {"value": "a-literal-ray-token"}),
+        r"headGroupSpec.template.spec.containers.0.env.\d+: sets RAY_AUTH_TOKEN to a literal value; take it from a "
+        r"Secret"),
     "key in the runtime env": (lambda d: d["spec"].update(runtimeEnvYAML="env_vars:\n  WANDB_API_KEY: $KEY\n"),
                                r"spec.runtimeEnvYAML: passes WANDB_API_KEY through Ray's runtime env"),
 }
@@ -84,6 +88,14 @@ def test_a_broken_manifest_is_refused_naming_the_field(tmp_path, fault):
     edit, message = BROKEN[fault]
     result = check_manifest(_broken(tmp_path, edit))
     assert any(re.search(message, p) for p in result.problems), result.problems
+
+
+def test_an_aws_key_in_a_comment_of_the_manifest_is_refused_naming_the_line(tmp_path):
+    path = tmp_path / "rayjob.yaml"
+    path.write_text(RAYJOB.read_text().replace("# Storage:", "# AKIAABCDEFGHIJKLMNOP\n# Storage:", 1))
+    line = path.read_text().splitlines().index("# AKIAABCDEFGHIJKLMNOP") + 1
+    assert check_manifest(path).problems == [f"{path}:{line}: a comment holds an AWS access key id; remove it and "
+                                             "revoke the credential (the file's history keeps it)"]
 
 
 def test_a_sweep_asking_more_gpus_than_any_group_has_is_refused_naming_the_setting(tmp_path):

@@ -129,6 +129,21 @@ def test_bootstrap_below_the_schema_minimum_is_refused(plain, tmp_path, value):
     assert not (tmp_path / "a").exists()
 
 
+def test_bootstrap_above_the_schema_maximum_is_refused_before_any_work(tmp_path, capsys):
+    from orchestrator.cli import main
+    from orchestrator.config import MAX_BOOTSTRAP
+
+    too_many = str(MAX_BOOTSTRAP + 1)
+    assert main(["probe", str(tmp_path / "no-such-checkpoint"), "--task", "iris", "--bootstrap", too_many,
+                 "--out", str(tmp_path / "a")]) == 2
+    assert f"--bootstrap {too_many}: at most {MAX_BOOTSTRAP} resamples" in capsys.readouterr().err
+    assert main(["audit-context", "iris", "--model", "pfn-mini", "--bootstrap", too_many,
+                 "--out", str(tmp_path / "b")]) == 2
+    assert f"--bootstrap {too_many}: at most {MAX_BOOTSTRAP} resamples" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+    assert not (tmp_path / "b").exists()
+
+
 def test_an_unknown_label_mode_is_refused_with_the_enums_choices(plain):
     folder, _ = plain
     proc = _cli(str(folder), "--task", "iris", "--label-mode", "bogus")

@@ -245,3 +245,110 @@ def test_storage_that_cannot_keep_checkpoints_is_named_before_ray_starts(tmp_pat
     # a bucket that cannot be reached (no network here; elsewhere no such bucket) is an answer, not a hang
     why = unreachable_storage("gs://iclmem-no-such-bucket-7f3a9c/x", timeout_s=1)
     assert why, "an unreachable bucket was accepted"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# #45: an empty --out or RUN_DIR (an unset shell variable) is refused, never read as "the default folder"
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["run", "sweep.yaml", "--out", ""], ["run", "sweep.yaml", "--out", "  "], ["lm", "run", "lm.yaml", "--out", ""],
+    ["probe", "checkpoint", "--task", "iris", "--out", ""], ["audit-context", "iris", "--model", "pfn-mini", "--out", ""],
+    ["resume", ""], ["report", " "], ["lm", "resume", ""],
+], ids=lambda argv: " ".join(a if a.strip() else repr(a) for a in argv))
+def test_an_empty_out_or_run_dir_is_refused_with_exit_2_and_nothing_written(tmp_path, monkeypatch, capsys, argv):
+    from orchestrator.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(SWEEP))
+    (tmp_path / "lm.yaml").write_text((REPO / "configs" / "lm_quickstart.yaml").read_text())
+    before = _digests(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    what = "--out" if "--out" in argv else "RUN_DIR"
+    assert f"{what} is empty" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lm.yaml", "sweep.yaml"]  # no runs/<name>-<time>
+    assert _digests(tmp_path) == before
+
+
+# ----------------------------------------------------------------------------------------------------------
+# #45: `report` checks sweep.json against the config its results were made with, as `resume` does (one check,
+# orchestrator.sweep.results_config_mismatch); a folder with results but no provenance.json is refused by both
+# ----------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory) -> Path:
+    """A small finished run folder made by the real writers without Ray (sweep.json, provenance.json, a
+    fine-tuned checkpoint, its probe result, the tables and the report: tests/test_atomic_writes.py's)."""
+    from test_atomic_writes import _run_folder_writers
+
+    run_dir = tmp_path_factory.mktemp("small") / "run"
+    for _name, write in _run_folder_writers(run_dir, 0):
+        write()
+    return run_dir
+
+
+def _edit_outcome(run_dir: Path) -> tuple[str, str]:
+    """sweep.json's outcome block edited by hand; (the recorded hash, the edited one)."""
+    import json
+
+    stored = json.loads((run_dir / "sweep.json").read_text())
+    recorded = parse_sweep(stored).config_hash()
+    stored["outcome"] = {**stored["outcome"], "rule": "paper", "memorization_auc": 0.6}
+    (run_dir / "sweep.json").write_text(json.dumps(stored))
+    return recorded, parse_sweep(stored).config_hash()
+
+
+def test_report_refuses_a_sweep_json_whose_outcome_was_edited_naming_both_hashes(small_run, tmp_path, capsys):
+    run_dir = _copy(small_run, tmp_path / "edited")
+    recorded, edited = _edit_outcome(run_dir)
+    before = _digests(run_dir)
+    code, err = _main(capsys, "report", str(run_dir), "--wandb", "disabled")
+    assert code == 2, err
+    assert f"{run_dir / 'sweep.json'} (config hash {edited}) no longer matches" in err
+    assert f"{run_dir / 'provenance.json'}: hash {recorded}" in err
+    assert "iclmem report --force" in err
+    assert "Traceback" not in err
+    assert _digests(run_dir) == before, "a refused report changed the folder"
+
+
+def test_report_force_reports_an_edited_sweep_json_anyway_marked_as_forced(small_run, tmp_path, capsys):
+    run_dir = _copy(small_run, tmp_path / "forced")
+    _recorded, edited = _edit_outcome(run_dir)
+    code, err = _main(capsys, "report", str(run_dir), "--wandb", "disabled", "--force")
+    assert code == 0, err
+    assert "reporting anyway (--force)" in err
+    page = (run_dir / "report.html").read_text()
+    assert "(forced)</title>" in page
+    assert '<section id="forced">' in page
+    assert f"config hash {edited}" in page
+    assert page.index('id="forced"') < page.index('id="summary"'), "the mark is not above the rule it qualifies"
+
+
+def test_report_of_an_unedited_folder_is_not_marked_as_forced(small_run, tmp_path, capsys):
+    run_dir = _copy(small_run, tmp_path / "plain")
+    code, err = _main(capsys, "report", str(run_dir), "--wandb", "disabled")
+    assert code == 0, err
+    assert "forced" not in (run_dir / "report.html").read_text().lower()
+
+
+@pytest.mark.parametrize("command", ["resume", "report"])
+def test_a_folder_with_results_but_no_provenance_is_refused_saying_what_is_missing(small_run, tmp_path, capsys,
+                                                                                      command):
+    run_dir = _copy(small_run, tmp_path / "no-provenance")
+    (run_dir / "provenance.json").unlink()
+    before = _digests(run_dir)
+    code, err = _main(capsys, command, str(run_dir))
+    assert code == 2, err
+    assert f"{run_dir} holds results (results.parquet and probes/) but no provenance.json" in err
+    assert "Traceback" not in err
+    assert _digests(run_dir) == before
+    assert not (run_dir / "provenance.json").exists(), "provenance.json was written again over the old rows"
+
+
+def test_report_force_reports_a_folder_without_provenance_marked_as_forced(small_run, tmp_path, capsys):
+    run_dir = _copy(small_run, tmp_path / "no-provenance-forced")
+    (run_dir / "provenance.json").unlink()
+    code, err = _main(capsys, "report", str(run_dir), "--wandb", "disabled", "--force")
+    assert code == 0, err
+    assert "but no provenance.json" in (run_dir / "report.html").read_text()

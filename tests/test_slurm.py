@@ -40,6 +40,10 @@ def _broken(tmp_path: Path, old: str, new: str) -> Path:
      r":\d+: exports WANDB_API_KEY: every srun step"),
     ("export RAY_USAGE_STATS_ENABLED=0", "export RAY_USAGE_STATS_ENABLED=0\nWANDB_API_KEY=0123456789abcdef0123",
      r":\d+: holds a literal WANDB_API_KEY"),
+    ("export RAY_USAGE_STATS_ENABLED=0", "export RAY_USAGE_STATS_ENABLED=0\nwandb login 0123456789abcdef0123456789abcdef01234567",
+     r":\d+: holds a W&B key given to `wandb login`"),
+    ("export RAY_USAGE_STATS_ENABLED=0", "# AKIAABCDEFGHIJKLMNOP\nexport RAY_USAGE_STATS_ENABLED=0",
+     r":\d+: a comment holds an AWS access key id"),
     (": \"${ICLMEM_STORAGE:=${ICLMEM_OUT%/}/tune}\"\nexport ICLMEM_STORAGE\n", "", r"sets no ICLMEM_STORAGE"),
 ])
 def test_a_broken_script_is_refused_naming_the_line(tmp_path, old, new, message):

@@ -450,7 +450,7 @@ def _grid_axes_note(results: pd.DataFrame) -> str:
 
 def write_html_report(
     run_dir: str | Path, *, title: str | None = None, make_figures: bool = True, embed_images: bool = False,
-    regime: str | None = "auto",
+    regime: str | None = "auto", forced: str | None = None,
 ) -> Path:
     """Write ``RUN_DIR/report.html``: every paper table, the figures and a provenance block.
 
@@ -458,6 +458,8 @@ def write_html_report(
     ``file://``), or embedded as base64 with ``embed_images``. ``regime="auto"`` uses single_fixed for
     the main-regime sections when the sweep has it, else pools every regime. Missing optional inputs skip
     their section with a note. Only allow-listed columns are read, so no raw value can reach the page.
+    ``forced``: why ``iclmem report`` refused the folder before ``--force`` (its ``sweep.json`` is not the
+    config its results were made with); the page's top says so, above everything read from that file.
     """
     folder = RunFolder(run_dir)
     run_dir = folder.path
@@ -507,6 +509,12 @@ def write_html_report(
     facet_axes = [a for a in FACET_AXES if a in results.columns and filter_regime(results, regime)[a].nunique(dropna=False) > 1]
     # the task-level claims are measured over what Tab. 8 takes its maximum over: this scope, these facets
     claims = claim_error_rates(results, regime=regime, by=tuple(facet_axes), rule=rule)
+    if forced:
+        parts.append('<section id="forced"><h2 class="warn">Forced report</h2><p class="warn"><b>Made with '
+                     "<code>iclmem report --force</code> despite a refusal:</b> "
+                     f"{html.escape(forced)} The rule, thresholds and schedule below are read from "
+                     f"{html.escape(SWEEP_FILE)}; the stored verdicts were made with the config the results were "
+                     "run with, which may differ.</p></section>")
     parts.append(_summary_html(results, sweep, comp, schedule, interrupted, noops, settings, rule, source, diverged,
                                claims))
     parts.append(_verdict_rule_html(results, settings, source, disagree, rule, claims))
@@ -616,7 +624,8 @@ def write_html_report(
             "single_fixed vs multi_fixed vs multi_random at peak checkpoints, per Q.",
             df_to_html(regime_comparison(results)))
 
-    return write_text_atomic(run_dir / REPORT_FILE, _page(title or f"IclMem report — {run_dir.name}", parts))
+    title = title or f"IclMem report — {run_dir.name}"
+    return write_text_atomic(run_dir / REPORT_FILE, _page(f"{title} (forced)" if forced else title, parts))
 
 
 def _claims_html(claims: pd.DataFrame, rule: str, settings: Mapping[str, str]) -> str:
