@@ -92,10 +92,12 @@ def no_membership_check(control: NoMembershipControl | str, label_mode: LabelMod
                         q: int = 50, context_size: int = 64, seed: int = 0, unrelated_rows: int = 100,
                         lr: float = 3e-3, epochs: int = 60, noise: float = 1.0, bootstrap: int = 200,
                         suite: Sequence[str] = PLANTED_SUITE, torch_threads: int = 1,
-                        prepared: Any = None) -> dict[str, Any]:
-    """Audit a pfn-mini that never saw the audited members or non-members; returns the results row.
-    ``prepared``: a prepared task to audit instead of the built-in ``task`` (its label mode and design are
-    then its own).
+                        prepared: Any = None, model: str = "pfn-mini",
+                        options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Audit a model that never saw the audited members or non-members; returns the results row.
+    ``model`` and ``options`` (default: pfn-mini's shipped weights) name the base model, built by
+    ``build_model`` and prepared for under its own input contract, as a sweep does. ``prepared``: a prepared
+    task to audit instead of the built-in ``task`` (its label mode and design are then its own).
 
     ``unrelated_*``: fine-tuned (``lr``, ``epochs``, single_fixed with C') on ``unrelated_rows`` rows that are
     neither members, non-members nor C', on their true labels or on labels moved one class on; ``noised``:
@@ -113,19 +115,20 @@ def no_membership_check(control: NoMembershipControl | str, label_mode: LabelMod
     from trainables.models import build_model
 
     control = NoMembershipControl(control)
+    options = {"weights": "shipped"} if options is None and model == "pfn-mini" else dict(options or {})
     previous = torch.get_num_threads()
     torch.set_num_threads(torch_threads)
     try:
+        base = build_model(model, **options)
         if prepared is None:
-            prepared = prepare_task(TaskSource(task, "builtin"), PrepSettings(context_size=context_size,
-                                                                              label_design=label_design),
+            prepared = prepare_task(TaskSource(task, "builtin"),
+                                    base.prep_settings(PrepSettings(context_size=context_size, label_design=label_design)),
                                     label_mode, seed=seed, q=q)
-        base = build_model("pfn-mini", weights="shipped")
         if control is NoMembershipControl.NOISED:
-            model = build_model("pfn-mini", weights="shipped")
+            audited = build_model(model, **options)
             generator = torch.Generator().manual_seed(1000 + seed)
             with torch.no_grad():
-                for parameter in model.module.parameters():
+                for parameter in audited.module.parameters():
                     std = float(parameter.std()) if parameter.numel() > 1 else float(parameter.abs().mean())
                     parameter.add_(noise * std * torch.randn(parameter.shape, generator=generator))
         else:
@@ -141,17 +144,17 @@ def no_membership_check(control: NoMembershipControl | str, label_mode: LabelMod
                 labels[rows] = (labels[rows] + 1) % prepared.n_classes
             elsewhere = dataclasses.replace(prepared, member_idx=rows, labels=labels,
                                             fingerprint=f"{prepared.fingerprint}-unrelated-{control.value}")
-            finetuner = Finetuner(FinetuneSpec(model="pfn-mini", model_options={"weights": "shipped"}, lr=lr,
-                                               epochs=epochs, seed=seed), [elsewhere])
+            finetuner = Finetuner(FinetuneSpec(model=model, model_options=options, lr=lr, epochs=epochs, seed=seed),
+                                  [elsewhere])
             finetuner.train()
-            model = finetuner.model
+            audited = finetuner.model
         plan = ProbePlan.build(ProbeQueries.from_task(prepared), suite_from_spec(list(suite)), prepared.seed,
                                compress_rows=base.supports_context_weights)
         with tempfile.TemporaryDirectory() as cache:
-            result = probe_checkpoint(model, prepared, plan, cache, model_digest(base), base,
+            result = probe_checkpoint(audited, prepared, plan, cache, model_digest(base), base,
                                       ProbeSettings(n_resamples=bootstrap, null_splits=0),
                                       RunIdentity(f"control-{control.value}-{prepared.label_mode}-{seed}", prepared.name,
-                                                  "pfn-mini", Regime.SINGLE_FIXED.value, lr, len(prepared.member_idx),
+                                                  model, Regime.SINGLE_FIXED.value, lr, len(prepared.member_idx),
                                                   str(prepared.label_mode), seed).as_dict(),
                                       epoch=epochs)
         return result.row

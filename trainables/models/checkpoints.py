@@ -19,6 +19,12 @@ from iclmem.registry import Registry
 
 RANDOM = "random"  # seeded initialisation: no file
 HUB = "hub"  # the package's official checkpoint, from the local Hugging Face cache
+# A small model of the package's own architecture, pretrained here on a synthetic prior and shipped with iclmem
+# in the package's own checkpoint format (trainables/models/pretrain.py): loaded exactly as a user's official
+# file is, by the adapter's loader, the package's classifier and its fine-tuner.
+MINI = "mini"
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+MINI_CHECKPOINTS: Mapping[str, str] = {"tabicl": "tabicl_mini.ckpt", "tabpfn-v2": "tabpfn_mini.ckpt"}
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,26 @@ def locate_weights(model: str, options: Mapping[str, Any]) -> Path | None:
             return default.locate(**{k: v for k, v in options.items() if k != "weights"})
         except CheckpointError as exc:
             raise CheckpointError(f"model {model!r}: {exc}") from None
+    if weights == MINI:
+        return mini_checkpoint(model)
     return local_checkpoint(weights)
+
+
+def mini_checkpoint(model: str) -> Path:
+    """The shipped small pretrained checkpoint of ``model``'s own architecture (``weights: mini``)."""
+    if model not in MINI_CHECKPOINTS:
+        raise CheckpointError(f"model {model!r} has no shipped mini checkpoint (weights: mini); models with one: "
+                              f"{', '.join(sorted(MINI_CHECKPOINTS))}")
+    path = WEIGHTS_DIR / MINI_CHECKPOINTS[model]
+    if not path.is_file():
+        raise CheckpointError(f"the shipped {model} mini checkpoint is missing at {path}; reinstall iclmem or run "
+                              f"`python -m trainables.models.pretrain --model {path.stem.replace('_', '-')} --export`")
+    return path
+
+
+def checkpoint_file(model: str, weights: str) -> Path:
+    """A named file the user gave (``weights: /path``) or the shipped mini (``weights: mini``): it must exist."""
+    return mini_checkpoint(model) if weights == MINI else local_checkpoint(weights)
 
 
 def local_checkpoint(weights: str | Path) -> Path:

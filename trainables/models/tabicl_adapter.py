@@ -28,7 +28,7 @@ from iclmem.atomic import atomic_write
 from iclmem.errors import CheckpointError, ModelError
 from iclmem.vocab import InputContract
 from trainables.models.base import MODELS, Invariance, NativeRegressionAdapter, read_weights
-from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, hub_checkpoint, local_checkpoint
+from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, checkpoint_file, hub_checkpoint
 from trainables.models.estimator import PackageScoring, recipe_options
 from trainables.models.extras import float32_compute, register_extra, require_extra, saved_options
 
@@ -177,7 +177,7 @@ def build_tabicl(
     if softmax_temperature <= 0:
         raise ModelError(f"softmax_temperature must be positive, got {softmax_temperature}")
     weights = "random" if weights is None else str(weights)
-    path = None if weights in ("random", "hub") else local_checkpoint(weights)  # fail before any import
+    path = None if weights in ("random", "hub") else checkpoint_file(NAME, weights)  # fail before any import
     require_extra("tabicl", EXTRA)
     from tabicl._model.tabicl import TabICL
 
