@@ -310,14 +310,20 @@ def test_bad_dp_settings_are_refused_naming_the_setting(setting, message):
     ("canaries: {kinds: [random_label], copies: [1, true]}", "canaries.copies: a number is meant at [1]"),
 ])
 def test_a_yaml_boolean_where_a_number_is_meant_is_refused_naming_the_setting(tmp_path, yaml_text, where):
+    path, message = _refusal_of(tmp_path, yaml_text)
+    assert where in message
+    assert str(path) in message
+
+
+def _refusal_of(tmp_path, yaml_text: str) -> tuple[Path, str]:
+    """The ConfigError message load_sweep gives for an iris sweep with ``yaml_text`` added, and the file's path."""
     from iclmem.errors import ConfigError
 
     path = tmp_path / "sweep.yaml"
     path.write_text(f"name: s\ntasks: [{{name: iris}}]\n{yaml_text}\n")
     with pytest.raises(ConfigError) as info:
         load_sweep(path)
-    assert where in str(info.value)
-    assert str(path) in str(info.value)
+    return path, str(info.value)
 
 
 def test_booleans_stay_booleans_and_integers_stay_numbers():
@@ -352,13 +358,7 @@ def test_a_yaml_boolean_in_an_lm_sweep_is_refused_naming_the_setting(tmp_path):
     ("grid: {dp: [.nan]}", "grid.dp"),
 ])
 def test_a_non_finite_number_where_a_finite_one_is_meant_is_refused_naming_the_setting(tmp_path, yaml_text, where):
-    from iclmem.errors import ConfigError
-
-    path = tmp_path / "sweep.yaml"
-    path.write_text(f"name: s\ntasks: [{{name: iris}}]\n{yaml_text}\n")
-    with pytest.raises(ConfigError) as info:
-        load_sweep(path)
-    assert where in str(info.value)
+    assert where in _refusal_of(tmp_path, yaml_text)[1]
 
 
 @pytest.mark.parametrize(("setting", "where"), [
