@@ -53,9 +53,7 @@ def locate_weights(model: str, options: Mapping[str, Any]) -> Path | None:
             return default.locate(**{k: v for k, v in options.items() if k != "weights"})
         except CheckpointError as exc:
             raise CheckpointError(f"model {model!r}: {exc}") from None
-    if weights == MINI:
-        return mini_checkpoint(model)
-    return local_checkpoint(weights)
+    return checkpoint_file(model, weights)
 
 
 def mini_checkpoint(model: str) -> Path:

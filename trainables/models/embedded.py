@@ -12,10 +12,10 @@ import torch
 from iclmem.errors import CheckpointError
 from iclmem.vocab import InputContract
 from trainables.models.base import MODELS, ContextBatch, Invariance, ModelAdapter, candidate_log_probs, read_weights
-from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, local_checkpoint
+from trainables.models.checkpoints import DEFAULT_WEIGHTS, WEIGHTS_DIR, DefaultWeights, local_checkpoint
 from trainables.models.pfn_mini import PfnMini, PfnMiniConfig
 
-SHIPPED_WEIGHTS = Path(__file__).resolve().parent / "weights" / "pfn_mini.safetensors"
+SHIPPED_WEIGHTS = WEIGHTS_DIR / "pfn_mini.safetensors"
 
 
 class PfnMiniAdapter(ModelAdapter):

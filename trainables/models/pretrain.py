@@ -90,8 +90,8 @@ from iclmem.atomic import atomic_write, write_text_atomic
 from iclmem.errors import ConfigError, UnknownNameError
 from iclmem.registry import Registry
 from trainables.models.base import ModelAdapter
+from trainables.models.checkpoints import MINI_CHECKPOINTS, WEIGHTS_DIR
 
-WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 EVAL_FEATURES = 16
 # Tables per pool batch file: the generator's batch, whatever a model's step takes (pfn-mini's pool).
 POOL_TABLES = 32
@@ -195,7 +195,7 @@ PRETRAINABLE.register("tabicl-mini", Pretrainable(
             "ff_factor": 2, "row_rope_interleaved": False, "zero_init": False},
     # 4 micro-batches of 8 tables: 0.74 s per step against 0.95 s in one pass of 32 on this CPU
     defaults=TrainingDefaults(steps=4400, batch_size=POOL_TABLES, micro_batch=8),
-    weights_file="tabicl_mini.ckpt", write_weights=_write_package_checkpoint,
+    weights_file=MINI_CHECKPOINTS["tabicl"], write_weights=_write_package_checkpoint,
     versions=("torch", "numpy", "tabicl", "scikit-learn", "xgboost-cpu"),
     package_classifier=_tabicl_classifier,
     export_format="tabicl's checkpoint: {'config', 'state_dict'} saved by torch (TabICLClassifier(model_path=FILE))",
@@ -208,7 +208,7 @@ PRETRAINABLE.register("tabpfn-mini", Pretrainable(
     config={"max_num_classes": 10, "emsize": 32, "nlayers": 4, "nhead": 2, "features_per_group": 2},
     # every layer runs on every cell, so a step takes 16 tables to stay near a second
     defaults=TrainingDefaults(steps=3500, batch_size=16, lr=3e-3),
-    weights_file="tabpfn_mini.ckpt", write_weights=_write_package_checkpoint,
+    weights_file=MINI_CHECKPOINTS["tabpfn-v2"], write_weights=_write_package_checkpoint,
     versions=("torch", "numpy", "tabicl", "tabpfn", "scikit-learn", "xgboost-cpu"),
     package_classifier=_tabpfn_classifier,
     export_format="tabpfn's v2 checkpoint: {'config', 'state_dict'} saved by torch (TabPFNClassifier(model_path=FILE))",
