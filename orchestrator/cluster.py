@@ -3,15 +3,20 @@
 Ray validates the file itself: ``check_cluster_file`` runs the steps ``ray up`` runs before it contacts
 the provider (``ray.autoscaler._private.commands._bootstrap_config``): ``prepare_config`` (provider
 defaults, the on-premise node type, per-type worker bounds) and ``validate_config`` (Ray's JSON schema,
-``head_node_type``, ``min_workers`` within ``max_workers``). Ray's messages are passed on, prefixed with
+``head_node_type``, the sum of the ``min_workers`` within the global ``max_workers``). Ray's messages are passed on, prefixed with
 the file. What needs the provider's API is left to ``ray up``: instance types, images, credentials, and
 on AWS the CPUs/GPUs of a node type that declares no ``resources`` (Ray reads them from EC2).
 
-On top of that, iclmem checks only what Ray cannot know about:
+On top of that, iclmem checks only what Ray cannot know about (or does not check):
+
+* images: every container image the file names is pinned (an x.y.z tag or a digest, never ``latest``);
+* worker bounds: each node type's ``min_workers`` at most its own ``max_workers`` (Ray checks only the sum);
 
 * shared storage: a cluster that can have worker nodes must export ``ICLMEM_STORAGE`` naming storage
   every node reaches (Tune restores trials on other nodes; probe actors read checkpoints written
-  elsewhere), and a sweep's own ``storage_path`` must be shared too;
+  elsewhere), never a node-local, ephemeral folder (``/tmp``, ``/dev/shm``, ...), and a sweep's own
+  ``storage_path`` must be shared too;
+* a Dockerfile given by mistake (``gpu.Dockerfile``) is checked as the image it is, not read as YAML;
 * secrets: no credential written into the cluster file or the sweep (docs/CLUSTER.md: the W&B key
   lives in a 0600 file on the head and reaches only the driver);
 * resources: each sweep's trial and probe-actor requests fit a node type the cluster can start, all
@@ -83,7 +88,8 @@ _WANDB_KEY_FILE = re.compile(r"(^|/)\.?netrc$|wandb[^/]*key|key[^/]*wandb", re.I
 
 @dataclass
 class ClusterCheck:
-    """``problems`` make the file unusable (exit 1); ``notes`` are what could not be checked offline."""
+    """``problems`` make the file unusable (``iclmem cluster-check`` exits 2); ``notes`` are what could not be
+    checked offline."""
 
     path: str
     problems: list[str] = field(default_factory=list)
@@ -98,6 +104,8 @@ def check_cluster_file(path: str | Path, sweeps: Sequence[str | Path] = ()) -> C
     """Ray's validation of ``path`` plus iclmem's storage, secret and (per sweep file) resource checks.
     A sweep file that does not load raises ConfigError (from ``load_sweep``), naming that file."""
     where = str(path)
+    if is_dockerfile(path) and Path(path).is_file():
+        return _as_dockerfile(Path(path), sweeps)
     loaded = [(str(p), load_sweep(p)) for p in sweeps]
     result = ClusterCheck(where)
     config, problem = _read(Path(path))
@@ -109,6 +117,7 @@ def check_cluster_file(path: str | Path, sweeps: Sequence[str | Path] = ()) -> C
     result.problems += comment_secret_problems(Path(path).read_text(), where)
     for sweep_path, sweep in loaded:
         result.problems += secret_problems(sweep.model_dump(mode="json"), sweep_path)
+    result.problems += image_problems(config, where)
     prepared, ray_problems, ray_notes = ray_validate(config, where)
     result.problems += ray_problems
     result.notes += ray_notes
@@ -116,11 +125,34 @@ def check_cluster_file(path: str | Path, sweeps: Sequence[str | Path] = ()) -> C
         if loaded:
             result.notes.append(f"{where}: storage and resources not checked until Ray accepts the file")
         return result
+    result.problems += worker_bound_problems(config, where)
     result.problems += storage_problems(config, prepared, where, loaded)
     for sweep_path, sweep in loaded:
         problems, notes = resource_problems(prepared, where, sweep, sweep_path)
         result.problems += problems
         result.notes += notes
+    return result
+
+
+def is_dockerfile(path: str | Path) -> bool:
+    """A container image definition by its name: ``Dockerfile``, ``Containerfile``, ``Dockerfile.gpu``,
+    ``gpu.Dockerfile``, ``gpu.dockerfile`` (the names ``docker build -f`` and editors use)."""
+    name = Path(path).name.lower()
+    return (name.startswith(("dockerfile", "containerfile"))
+            or name.endswith((".dockerfile", ".containerfile")))
+
+
+def _as_dockerfile(path: Path, sweeps: Sequence[str | Path]) -> ClusterCheck:
+    """A Dockerfile given where a cluster file is expected: checked as the image it is, never read as YAML."""
+    from iclmem.errors import ConfigError
+    from orchestrator.image import check_dockerfile
+
+    if sweeps:
+        raise ConfigError(f"{path}: a Dockerfile: --sweep checks a sweep against a cluster's node types; an image has "
+                          "none (give the sweep with cluster.yaml or a k8s manifest)")
+    result = check_dockerfile(path)
+    result.notes.insert(0, f"{path}: a Dockerfile (by its name): checked as a container image (base image pinned, "
+                           "pins equal to pyproject.toml's, no secret, non-root user), not as a Ray cluster file")
     return result
 
 
@@ -206,6 +238,51 @@ def _schema_cause(config: dict[str, Any], where: str) -> str | None:
     return None
 
 
+# ------------------------------------------------------------------------------------------- images, bounds
+def image_problems(config: dict[str, Any], where: str) -> list[str]:
+    """Every container image the file names (``docker.image``, ``head_image``, ``worker_image`` and each node
+    type's ``docker.worker_image``) must be pinned: ``latest`` or a moving tag gives each node whatever the
+    registry holds the day it starts, so nodes of one cluster can run different Ray and torch."""
+    from orchestrator.image import base_image_problem
+
+    places: list[tuple[str, Any]] = []
+    docker = config.get("docker")
+    if isinstance(docker, dict):
+        places += [(f"docker.{key}", docker.get(key)) for key in ("image", "head_image", "worker_image")]
+    for name, node in (config.get("available_node_types") or {}).items() if isinstance(
+            config.get("available_node_types"), dict) else ():
+        node_docker = node.get("docker") if isinstance(node, dict) else None
+        if isinstance(node_docker, dict):
+            places += [(f"available_node_types.{name}.docker.{key}", node_docker.get(key))
+                       for key in ("head_image", "worker_image")]
+    problems = []
+    for key, image in places:
+        if not isinstance(image, str) or not image.strip():
+            continue
+        problem = base_image_problem(image.strip())
+        if problem:
+            problems.append(f"{where}: {key}: {problem.removeprefix('base image ')}; every node pulls the image when "
+                            "it starts, so an unpinned one can give nodes of one cluster different Ray and torch "
+                            "(pin the Ray version iclmem pins, e.g. rayproject/ray:2.60.0-py311-gpu)")
+    return problems
+
+
+def worker_bound_problems(config: dict[str, Any], where: str) -> list[str]:
+    """Each node type's ``min_workers`` at most its ``max_workers`` (Ray checks only their sums against the global
+    ``max_workers``; the autoscaler would otherwise keep trying to start more nodes than it may)."""
+    problems = []
+    types = config.get("available_node_types")
+    for name, node in (types.items() if isinstance(types, dict) else ()):
+        if not isinstance(node, dict):
+            continue
+        low, high = node.get("min_workers"), node.get("max_workers")
+        if isinstance(low, int) and isinstance(high, int) and low > high:
+            problems.append(f"{where}: available_node_types.{name}.min_workers: {low} is more than its max_workers "
+                            f"{high}: the autoscaler can never reach the minimum; lower min_workers or raise "
+                            "max_workers")
+    return problems
+
+
 # ------------------------------------------------------------------------------------------- storage
 def _commands(config: dict[str, Any]) -> Iterable[tuple[str, str]]:
     """(key path, command) for every shell command the cluster file runs, node-type commands included."""
@@ -236,9 +313,28 @@ def multi_node(prepared: dict[str, Any]) -> bool:
     return prepared.get("max_workers", 0) > 0 and any(n.get("max_workers", 0) > 0 for n in nodes)
 
 
+# Folders that are node-local or wiped on reboot on every Linux host, whatever else is mounted: storage there is
+# never shared (each node has its own /tmp) and does not outlive the node (a preempted node takes it along).
+NODE_LOCAL_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run", "/var/run", "/proc", "/sys")
+
+
+def node_local_reason(value: str) -> str | None:
+    """Why the absolute path ``value`` is node-local, ephemeral storage (under /tmp, /dev/shm, ...), or None."""
+    path = "/" + value.strip().lstrip("/") if value.strip().startswith("/") else None
+    if path is None:
+        return None
+    top = next((d for d in NODE_LOCAL_DIRS if path == d or path.startswith(d + "/")), None)
+    if top is None:
+        return None
+    return (f"is under {top}, which is node-local and ephemeral: every node has its own {top} (a trial restored "
+            "on another node, or a probe actor there, would not find the checkpoints) and it is wiped with the "
+            "node; use s3://, gs:// or the absolute path of a shared mount (NFS) every node has")
+
+
 def _not_shared(value: str) -> str | None:
     """Why ``value`` is not storage every node reaches; None for a remote URI or an absolute path (taken
-    as a shared mount: for ICLMEM_STORAGE that is what exporting it declares)."""
+    as a shared mount: for ICLMEM_STORAGE that is what exporting it declares) that is not node-local
+    (/tmp, /dev/shm, ...: :func:`node_local_reason`)."""
     if "://" in value:
         scheme = value.split("://", 1)[0].lower()
         if scheme in SHARED_SCHEMES:
@@ -251,7 +347,7 @@ def _not_shared(value: str) -> str | None:
     if not value.startswith("/"):
         return ("is a folder on the node the driver runs on (a relative or ~ path); Tune writes checkpoints on "
                 "the node of each trial and restores them on others: use s3://, gs:// or an NFS mount")
-    return None
+    return node_local_reason(value)
 
 
 def storage_problems(config: dict[str, Any], prepared: dict[str, Any], where: str,

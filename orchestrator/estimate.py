@@ -203,6 +203,8 @@ class UnitCosts:
     # seconds per run): every trial pays it once
     first_epoch_extra_s: float = 0.0
     dp_first_epoch_extra_s: float = 0.0
+    measured_s: float = 0.0  # how long measuring this unit took
+    cut_short: int = 0  # repeats the unit's time budget left out (its steps extrapolated from fewer samples)
 
 
 def _suite(spec: Any) -> tuple:
@@ -218,13 +220,43 @@ def _task_source(task: Any) -> Any:
     return task_source(task)
 
 
-def _median_time(fn: Any, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
+def _median_time(fn: Any, repeats: int, budget: Budget | None = None) -> float:
+    """Median wall seconds of ``repeats`` calls of ``fn``; with ``budget``, repeats stop once it is spent (the
+    first call always runs)."""
+    times: list[float] = []
+    for _ in range(max(1, repeats)):
+        if times and budget is not None and budget.spent():
+            budget.cut_short += 1
+            break
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
     return float(statistics.median(times))
+
+
+class Budget:
+    """The time one unit's measurement may take (seconds; None: unbounded): every step runs at least once, and
+    its repeats (and separate warm-up calls) stop once the budget is spent, the unit then extrapolated from
+    fewer samples (a warm-up call that exhausts it is the sample: an over-estimate, never an under-one)."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.start = time.perf_counter()
+        self.cut_short = 0  # repeats or warm-ups skipped because the budget was spent
+
+    def spent(self) -> bool:
+        return self.seconds is not None and time.perf_counter() - self.start >= self.seconds
+
+    def warm_then_time(self, fn: Any, repeats: int) -> float:
+        """A warm-up call, then the median of ``repeats`` more; when the warm-up alone spends the budget, its
+        own time."""
+        start = time.perf_counter()
+        fn()
+        first = time.perf_counter() - start
+        if self.spent():
+            self.cut_short += 1
+            return first
+        return _median_time(fn, repeats, self)
 
 
 def _stub_table(plan: Any, rng: np.random.Generator) -> Any:
@@ -245,9 +277,12 @@ def _stub_table(plan: Any, rng: np.random.Generator) -> Any:
 
 
 def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any], q: int, task_config: Any,
-                       device: Any, epochs: int = 4, score_rounds: int = 1, dp_epsilon: float | None = None) -> UnitCosts:
+                       device: Any, epochs: int = 4, score_rounds: int = 1, dp_epsilon: float | None = None,
+                       budget_s: float | None = None) -> UnitCosts:
     """Unit costs of one model at one Q on ``device`` (see the module docstring); with ``dp_epsilon`` also a
-    DP-SGD epoch at that target ε (the sweep's δ, clipping norm and accountant)."""
+    DP-SGD epoch at that target ε (the sweep's δ, clipping norm and accountant). ``budget_s``: the time the
+    measurement may take (:class:`Budget`): each step runs once, its repeats only while the budget lasts."""
+    budget = Budget(budget_s)
     import warnings
 
     import probes.probe as probe_mod
@@ -292,12 +327,12 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
             gaps = sorted(b - a for a, b in zip(stamps[1:], stamps[2:], strict=False)) or [0.0]
             epoch_s = gaps[len(gaps) // 2]  # the first epoch (the package's set-up and first validation) left out
             save_s = sorted(saves_s)[len(saves_s) // 2]
-            load_s = _median_time(lambda: load_checkpoint_model(Path(tmp) / "c0").to(upstream.device), 2)
+            load_s = _median_time(lambda: load_checkpoint_model(Path(tmp) / "c0").to(upstream.device), 2, budget)
         finetuner_device, tuned_model, canaries = upstream.device, upstream.model, None
     else:
         finetuner = Finetuner(spec, [task], device=device)
         first_s = _median_time(finetuner.run_epoch, 1)  # warm-up: kernels, allocator (every run pays it once)
-        epoch_s = _median_time(finetuner.run_epoch, epochs)
+        epoch_s = _median_time(finetuner.run_epoch, epochs, budget)
         first_extra_s, dp_first_extra_s = max(first_s - epoch_s, 0.0), 0.0
         if dp_epsilon is not None:
             from trainables.dp import DPSettings
@@ -306,13 +341,13 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
             dp = DPSettings.calibrate(dp_epsilon, t.dp_delta, t.dp_max_grad_norm, epochs + 1, t.dp_accountant)
             private = Finetuner(replace(spec, dp=dp), [task], device=device)
             dp_first_s = _median_time(private.run_epoch, 1)  # warm-up: vmap traces the model on its first call
-            dp_epoch_s = _median_time(private.run_epoch, max(2, epochs // 2))
+            dp_epoch_s = _median_time(private.run_epoch, max(2, epochs // 2), budget)
             dp_first_extra_s = max(dp_first_s - dp_epoch_s, 0.0)
         with tempfile.TemporaryDirectory(prefix="iclmem-estimate-") as tmp:
             saves = iter(range(10))
-            save_s = _median_time(lambda: finetuner.save(Path(tmp) / f"c{next(saves)}", {"epoch": finetuner.epoch}), 3)
+            save_s = _median_time(lambda: finetuner.save(Path(tmp) / f"c{next(saves)}", {"epoch": finetuner.epoch}), 3, budget)
             # a probe job loads its checkpoint (manifest checksums verified) before scoring
-            load_s = _median_time(lambda: load_checkpoint_model(Path(tmp) / "c0").to(finetuner.device), 2)
+            load_s = _median_time(lambda: load_checkpoint_model(Path(tmp) / "c0").to(finetuner.device), 2, budget)
         finetuner_device, tuned_model, canaries = finetuner.device, finetuner.model, finetuner.canaries
 
     if is_upstream(spec):
@@ -330,8 +365,7 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
 
     plan_s = _median_time(build_plan, 1)
     plan = holder["plan"]
-    score(base, plan)  # warm-up
-    score_s = _median_time(lambda: score(base, plan), max(1, score_rounds))
+    score_s = budget.warm_then_time(lambda: score(base, plan), max(1, score_rounds))  # warm-up first
 
     # The rest of a probe, with every score table stubbed (random scores of the plan's shape); the contexts
     # of plans other than the task's (e.g. null splits' pools) are counted, to be costed as scoring. With
@@ -380,9 +414,9 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
 
             if canaries is not None:  # the base model's canary losses: cached once per task in a sweep
                 probe_mod.canary_columns(tuned_model, task, plan, canaries, cache, digest, base)
-            rest_s = _median_time(probe_rest, 2)
+            rest_s = _median_time(probe_rest, 2, budget)
             writes = iter(range(10))
-            rest_s += load_s + _median_time(lambda: result["r"].save(cache, f"job{next(writes)}"), 2)
+            rest_s += load_s + _median_time(lambda: result["r"].save(cache, f"job{next(writes)}"), 2, budget)
     finally:
         probe_mod.score, probe_mod.reference_scores = saved
     return UnitCosts(model=model_name, q=q, device=str(finetuner_device), task=task_config.name, prepare_s=prepare_s,
@@ -391,7 +425,8 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
                      score_per_context_s=score_s / len(plan.planned), rest_s=rest_s,
                      extra_contexts=asked["score"] // max(asked["calls"], 1),
                      extra_reference_contexts=asked["reference"] // max(asked["calls"], 1), dp_epoch_s=dp_epoch_s,
-                     first_epoch_extra_s=first_extra_s, dp_first_epoch_extra_s=dp_first_extra_s)
+                     first_epoch_extra_s=first_extra_s, dp_first_epoch_extra_s=dp_first_extra_s,
+                     measured_s=time.perf_counter() - budget.start, cut_short=budget.cut_short)
 
 
 _WORKER_IMPORTS = "import ray.tune, torch, trainables.finetune, probes.probe, probes.scoring"
@@ -402,6 +437,9 @@ _DRIVER_IMPORTS = ("import ray, ray.tune, torch, pandas, pyarrow, matplotlib.pyp
 # that imports torch, Tune and iclmem), timed one after the other on an otherwise idle local Ray.
 _RAY_START = """
 import json, time
+start = time.perf_counter()
+DRIVER_IMPORTS
+driver = time.perf_counter() - start  # the driver's start, in the same process (one interpreter start less)
 start = time.perf_counter()
 import ray
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -451,7 +489,7 @@ three = fit(3)
 trial_wall = max((three - one) / 2, 0.0)  # a trial on a reused actor: scheduling, its reports
 t = time.perf_counter()
 ray.shutdown()
-print(json.dumps({"ray_start_s": init + time.perf_counter() - t, "actor_start_s": min(actors),
+print(json.dumps({"driver_start_s": driver, "ray_start_s": init + time.perf_counter() - t, "actor_start_s": min(actors),
                   "tune_trial_s": trial_wall, "tune_fixed_s": max(one - trial_wall - min(actors), 0.0)}))
 """
 
@@ -472,12 +510,13 @@ def run_python(code: str) -> str:
 
 
 def measure_ray(reports: int = 1) -> dict[str, float]:
-    """Seconds, measured on a local Ray: ``ray_start_s`` (start + stop), ``actor_start_s`` (one worker
+    """Seconds, measured in one fresh process: ``driver_start_s`` (the driver's imports), then on a local Ray:
+    ``ray_start_s`` (start + stop), ``actor_start_s`` (one worker
     actor), ``tune_trial_s`` (one Tune trial reporting ``reports`` times, its actor's start included) and
     ``tune_fixed_s`` (a Tune experiment's own cost)."""
     import json
 
-    code = _RAY_START.replace("REPORTS", str(max(1, int(reports))))
+    code = _RAY_START.replace("REPORTS", str(max(1, int(reports)))).replace("DRIVER_IMPORTS", _DRIVER_IMPORTS)
     return {k: float(v) for k, v in json.loads(run_python(code).strip().splitlines()[-1]).items()}
 
 
@@ -499,6 +538,23 @@ class Overheads:
 
 
 @dataclass(frozen=True)
+class Measuring:
+    """What measuring an estimate's costs took: each distinct unit (model, Q, task measured on) once, within its
+    time budget, then the machinery around the work."""
+
+    units_s: float  # measuring the distinct units, together
+    overheads_s: float  # the driver's start, Ray's start, actors and Tune (subprocesses)
+    units: int  # distinct units measured
+    keys: int  # (model, Q, task) keys they stand for
+    unit_budget_s: float | None  # each unit's time budget (None: unbounded)
+    cut_short: int = 0  # repeats the budgets left out, over every unit
+
+    @property
+    def total_s(self) -> float:
+        return self.units_s + self.overheads_s
+
+
+@dataclass(frozen=True)
 class Estimate:
     work: Work
     costs: dict[CostKey, UnitCosts]
@@ -510,6 +566,7 @@ class Estimate:
     plan_builds: int
     probe_s: float = 0.0  # the part of compute_s that only the probe actors do
     probe_actors: int = 1  # resources.probe_actors
+    measuring: Measuring | None = None  # what measuring the costs took (None: costs given, not measured)
 
     @property
     def parallel_s(self) -> float:
@@ -539,7 +596,8 @@ class Estimate:
 
     def with_probe_actors(self, probe_actors: int) -> Estimate:
         """The same measured grid with another number of probe actors (their plans and starts recounted)."""
-        return predict(self.work, self.costs, self.workers, self.overheads, probe_actors)
+        return replace(predict(self.work, self.costs, self.workers, self.overheads, probe_actors),
+                       measuring=self.measuring)
 
     def probe_actors_needed(self) -> int | None:
         """About how many probe actors would bring their bound down to total work / N (at most N), or None
@@ -567,7 +625,8 @@ class Estimate:
         """The same measured grid on another number of workers."""
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
-        return predict(self.work, self.costs, workers, self.overheads, self.probe_actors)  # trial slots change too
+        return replace(predict(self.work, self.costs, workers, self.overheads, self.probe_actors),  # trial slots too
+                       measuring=self.measuring)
 
 
 def _epoch_s(cost: UnitCosts, dp: bool) -> float:
@@ -629,10 +688,22 @@ def predict(work: Work, costs: dict[CostKey, UnitCosts], workers: int, overheads
     return Estimate(work, costs, o, workers, compute, serial, longest, plan_builds, probe_work, probe_actors)
 
 
+# Each unit's measurement stops repeating its steps after this long (one pass of every step always runs): with
+# one unit per (model, Q, task measured on), measuring stays a small share of any sweep it is worth estimating.
+UNIT_BUDGET_S = 8.0
+
+
+def unit_of(key: CostKey, forced_task: str | None) -> CostKey:
+    """The unit a key's costs are measured as: its own (model, Q, task), or on ``forced_task`` (``--task``), where
+    every task of a (model, Q) is the same unit, measured once."""
+    return CostKey(key.model, key.q, forced_task or key.task)
+
+
 def estimate(config: str | Path, workers: int, device: str | None = None, task: str | None = None,
              epochs: int = 4, score_rounds: int = 1, threads: int | None = None,
-             with_ray: bool = True, log: Any = None) -> Estimate:
-    """Count, measure and predict for a sweep file (see the module docstring)."""
+             with_ray: bool = True, log: Any = None, unit_budget_s: float | None = UNIT_BUDGET_S) -> Estimate:
+    """Count, measure and predict for a sweep file (see the module docstring). Each distinct unit is measured
+    once (``--task``: one per model and Q, whatever the tasks), within ``unit_budget_s``."""
     import torch
 
     from orchestrator.config import TaskConfig, context_audit_specs, load_sweep
@@ -656,30 +727,67 @@ def estimate(config: str | Path, workers: int, device: str | None = None, task: 
     configs = {t.name: t for t in sweep.tasks}
     # --task: every key measured on that one task (quicker, blind to how the tasks differ); else each on its own
     forced = (configs.get(task) or TaskConfig(name=task)) if task else None
-    costs: dict[CostKey, UnitCosts] = {}
     dp_keys = {k for (tk, dp) in work.compositions for k in tk if dp}
+    # the distinct units: each measured once (a DP-SGD epoch too where any of its keys has DP runs)
+    units: dict[CostKey, list[CostKey]] = {}
+    for key in sorted(work.runs_by):
+        units.setdefault(unit_of(key, forced.name if forced else None), []).append(key)
+    measured: dict[CostKey, UnitCosts] = {}
+    started = time.perf_counter()
     try:
-        for n, key in enumerate(sorted(work.runs_by), 1):
-            task_config = forced or configs[key.task]
+        for n, (unit, keys) in enumerate(units.items(), 1):
+            task_config = forced or configs[unit.task]
+            dp = any(k in dp_keys for k in keys)
             if log:
-                log(f"measuring {key.model} at Q={key.q} on {dev}, task {task_config.name}"
-                    f"{' (plain and DP-SGD epochs)' if key in dp_keys else ''} ({n} of {len(work.runs_by)}) ...")
-            costs[key] = measure_unit_costs(sweep, key.model, work.model_options.get(key.model, {}), key.q,
-                                            task_config, dev, epochs=epochs, score_rounds=score_rounds,
-                                            dp_epsilon=work.dp_epsilon if key in dp_keys else None)
+                log(f"measuring {unit.model} at Q={unit.q} on {dev}, task {task_config.name}"
+                    f"{' (plain and DP-SGD epochs)' if dp else ''} (unit {n} of {len(units)}"
+                    + (f", for {len(keys)} (model, Q, task) keys" if len(keys) > 1 else "")
+                    + (f"; repeats within {unit_budget_s:g} s" if unit_budget_s is not None else "") + ") ...")
+            measured[unit] = measure_unit_costs(sweep, unit.model, work.model_options.get(unit.model, {}), unit.q,
+                                                task_config, dev, epochs=epochs, score_rounds=score_rounds,
+                                                dp_epsilon=work.dp_epsilon if dp else None, budget_s=unit_budget_s)
     finally:
         torch.set_num_threads(previous)
+    costs = {key: measured[unit] for unit, keys in units.items() for key in keys}
+    units_s = time.perf_counter() - started
     if log:
         log("measuring the driver's start, Ray's start and a worker actor's start ...")
-    driver_start = measure_process(_DRIVER_IMPORTS)
+    started = time.perf_counter()
     if with_ray:
-        overheads = Overheads(driver_start_s=driver_start, **measure_ray(reports=min(work.epochs, 100)))
+        timed = measure_ray(reports=min(work.epochs, 100))
+        timed.setdefault("driver_start_s", measure_process(_DRIVER_IMPORTS))  # measured in Ray's process, else here
+        overheads = Overheads(**timed)
     else:
-        overheads = Overheads(driver_start_s=driver_start, actor_start_s=measure_process(_WORKER_IMPORTS))
-    return predict(work, costs, workers, overheads, sweep.resources.probe_actors)
+        overheads = Overheads(driver_start_s=measure_process(_DRIVER_IMPORTS),
+                              actor_start_s=measure_process(_WORKER_IMPORTS))
+    measuring = Measuring(units_s=units_s, overheads_s=time.perf_counter() - started, units=len(units),
+                          keys=len(costs), unit_budget_s=unit_budget_s,
+                          cut_short=sum(c.cut_short for c in measured.values()))
+    return replace(predict(work, costs, workers, overheads, sweep.resources.probe_actors), measuring=measuring)
 
 
 # ------------------------------------------------------------------------------------------------ output
+MEASURING_SHARE = 0.25  # above this share of the predicted wall time, the output says why measuring took so long
+
+
+def measuring_line(est: Estimate) -> str:
+    """How long measuring took, what bounded it, and its share of the predicted wall time."""
+    m = est.measuring
+    assert m is not None
+    bound = (f"each unit's repeats bounded to {m.unit_budget_s:g} s after one pass of every step"
+             + (f", {m.cut_short} repeat(s) left out and extrapolated" if m.cut_short else "")
+             if m.unit_budget_s is not None else "no time bound")
+    share = m.total_s / max(est.wall_s, 1e-9)
+    line = (f"Measuring took {m.total_s:.0f} s: {m.units} distinct unit(s) measured once each for {m.keys} "
+            f"(model, Q, task) key(s) in {m.units_s:.0f} s ({bound}); the driver's start, Ray and Tune in "
+            f"{m.overheads_s:.0f} s. That is {share:.0%} of the predicted wall time.")
+    if share > MEASURING_SHARE:
+        line += (" The sweep is short: measuring its fixed costs (the driver's start, Ray's start, a Tune "
+                 "experiment), which it pays once too, weighs as much as its work; a longer grid costs the same "
+                 "to measure.")
+    return line
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], markdown: bool) -> str:
     rows = [[str(c) for c in r] for r in rows]
     if markdown:
@@ -735,6 +843,8 @@ def render(est: Estimate, markdown: bool = False) -> str:
         + f"bound by {est.bound}"
         + f"), {est.device_hours:.3f} device-hours held, {est.parallel_s / 3600:.3f} busy.",
     ]
+    if est.measuring is not None:
+        text.append(measuring_line(est))
     needed = est.probe_actors_needed()
     if needed is not None:  # every checkpoint's probe waits for one of too few actors
         lifted = est.with_probe_actors(needed)

@@ -4,7 +4,8 @@ What a cluster gets wrong in an image is what this checks, from the file alone (
 
 * the base image is pinned: an exact version tag (``python:3.11.7-slim-bookworm``) or a digest, never
   ``latest`` or a moving tag (``python:3.11``), also through ``ARG`` defaults;
-* every ``pip install`` pin (``name==version``) equals pyproject.toml's pin of that package, and every package
+* every ``pip install`` pin (``name==version``) equals pyproject.toml's pin of that package (pyproject.toml beside
+  the file or above it; without one the pins cannot be compared, and the file is refused, not called valid), and every package
   pyproject.toml pins exactly in its dependencies and in the extras the file installs (``.[tabicl,tabpfn]``:
   torch, ray, opacus, tabicl, tabpfn) is pinned in the file: an image with another torch or Ray than the
   driver's fails in ways no error message names;
@@ -107,8 +108,19 @@ def base_image_problem(ref: str) -> str | None:
     return None
 
 
+def _nearest_pyproject(path: Path) -> Path | None:
+    """pyproject.toml beside the Dockerfile or in the nearest folder above it (``docker/gpu.Dockerfile`` of a
+    checkout is built with the checkout as its context); None when there is none."""
+    for folder in (path.resolve().parent, *path.resolve().parent.parents):
+        if (folder / "pyproject.toml").is_file():
+            return folder / "pyproject.toml"
+    return None
+
+
 def check_dockerfile(path: str | Path, pyproject: str | Path | None = None) -> ClusterCheck:
-    """The checks above on ``path``, pins compared with ``pyproject`` (default: pyproject.toml beside it)."""
+    """The checks above on ``path``, pins compared with ``pyproject`` (default: pyproject.toml beside it or in the
+    nearest folder above it). Without one the pins are not compared, and that is a problem: the check cannot
+    say the image is valid."""
     path = Path(path)
     where = str(path)
     result = ClusterCheck(where)
@@ -118,13 +130,24 @@ def check_dockerfile(path: str | Path, pyproject: str | Path | None = None) -> C
     text = path.read_text()
     parsed = _parse(text)
     result.problems += comment_secret_problems(text, where, whole_line_only=True)
-    pyproject = Path(pyproject) if pyproject is not None else path.parent / "pyproject.toml"
+    given = pyproject is not None
+    pyproject = Path(pyproject) if given else _nearest_pyproject(path)
     extras = {e.strip() for ins in parsed.instructions if ins.keyword == "RUN" and "pip install" in ins.text
               for group in re.findall(r"\.\[([^\]]+)\]", ins.text) for e in group.split(",")}
-    every = pyproject_pins(pyproject) if pyproject.is_file() else {}
-    wanted = pyproject_pins(pyproject, extras) if pyproject.is_file() else {}
-    if not every:
-        result.notes.append(f"{where}: no pyproject.toml beside it ({pyproject}): pins not compared")
+    every = pyproject_pins(pyproject) if pyproject is not None and pyproject.is_file() else {}
+    wanted = pyproject_pins(pyproject, extras) if pyproject is not None and pyproject.is_file() else {}
+    if pyproject is None or not pyproject.is_file():
+        # Without the driver's pins nothing says the image runs the driver's torch and Ray: not "valid".
+        own = sorted({f"{m.group(1)}=={m.group(3)}" for ins in parsed.instructions
+                      if ins.keyword == "RUN" and "pip install" in ins.text for m in _PIN.finditer(_resolve(ins.text, {}))})
+        looked = str(pyproject) if given else f"beside it or in a folder above it ({path.resolve().parent})"
+        result.problems.append(f"{where}: pip install pins: not compared: no pyproject.toml {looked}, so nothing says "
+                               f"the image's pins ({', '.join(own) or 'none'}) are the driver's; check the "
+                               "Dockerfile inside the checkout it is built from")
+    elif pyproject.resolve().parent != path.resolve().parent:
+        result.notes.append(f"{where}: pins compared with {pyproject} (the nearest pyproject.toml above it)")
+    elif not every:
+        result.notes.append(f"{where}: {pyproject} pins no package exactly: pins not compared")
     args: dict[str, str] = {}
     froms = 0
     pinned: dict[str, tuple[str, int]] = {}

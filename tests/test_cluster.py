@@ -218,6 +218,7 @@ def test_multi_node_needs_shared_storage(tmp_path):
 @pytest.mark.parametrize(("value", "shared"), [
     ("s3://bucket/iclmem", True), ("gs://bucket/iclmem", True), ("/mnt/nfs/iclmem", True),
     ("runs/tune", False), ("~/tune", False), ("file:///mnt/nfs/iclmem", False),
+    ("/tmp/iclmem", False), ("/dev/shm/iclmem", False), ("/var/tmp/iclmem", False),  # node-local, ephemeral
 ])
 def test_cluster_storage_must_be_shared(tmp_path, value, shared):
     config = _shipped()
@@ -465,3 +466,80 @@ def test_docs_describe_jobs_and_token_auth():
                    "iclmem cluster-check cluster.yaml --sweep configs/paper.yaml"):
         assert needle in text, needle
     assert "RAY_AUTH_MODE=disabled" not in text
+
+
+# ------------------------------------------------------------------------------------------- what Ray does not check
+def _refused_by_the_cli(path: Path, key: str) -> str:
+    """`iclmem cluster-check` refuses the file: exit 2, one problem line naming the file and the key."""
+    proc = _cli("cluster-check", str(path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("  - ")]
+    assert line.startswith(f"  - {path}: {key}: "), line
+    return line
+
+
+def test_node_local_storage_is_refused_saying_why(tmp_path):
+    config = _shipped()
+    config["setup_commands"][0] = "echo 'export ICLMEM_STORAGE=/tmp/iclmem' > ~/.iclmem_env"
+    line = _refused_by_the_cli(_write(tmp_path, config), "setup_commands.0")
+    assert "ICLMEM_STORAGE=/tmp/iclmem is under /tmp, which is node-local and ephemeral" in line
+    sweep = _sweep(tmp_path, storage_path="/tmp/tune")  # a sweep's own storage_path too, even under the root
+    config["setup_commands"][0] = "echo 'export ICLMEM_STORAGE=/mnt/nfs/iclmem' > ~/.iclmem_env"
+    config["setup_commands"].insert(1, "echo 'export ICLMEM_SHARED_STORAGE=1' >> ~/.iclmem_env")
+    (problem,) = check_cluster_file(_write(tmp_path, config), [sweep]).problems
+    assert problem.startswith(f"{sweep}: storage_path: '/tmp/tune' is under /tmp, which is node-local")
+
+
+@pytest.mark.parametrize(("where", "image", "key"), [
+    ("docker", "rayproject/ray:latest", "docker.image"),
+    ("docker", "rayproject/ray", "docker.image"),                          # no tag: Docker takes latest
+    ("docker", "rayproject/ray:nightly-gpu", "docker.image"),              # a moving tag
+    ("worker_image", "rayproject/ray:latest-gpu", "docker.worker_image"),
+    ("node_type", "rayproject/ray:latest", "available_node_types.gpu.1x.docker.worker_image"),
+])
+def test_an_unpinned_image_is_refused(tmp_path, where, image, key):
+    config = _shipped()
+    if where == "docker":
+        config["docker"]["image"] = image
+    elif where == "worker_image":
+        config["docker"]["worker_image"] = image
+    else:
+        config["available_node_types"]["gpu.1x"]["docker"] = {"worker_image": image}
+    path = _write(tmp_path, config)
+    (problem,) = check_cluster_file(path).problems
+    assert problem.startswith(f"{path}: {key}: {image!r}")
+    assert "pin" in problem
+    if image == "rayproject/ray:latest" and where == "docker":
+        _refused_by_the_cli(path, key)
+    config["docker"]["image"] = "rayproject/ray@sha256:" + "0" * 64  # a digest is pinned
+    config["docker"].pop("worker_image", None)
+    config["available_node_types"]["gpu.1x"].pop("docker", None)
+    assert check_cluster_file(_write(tmp_path, config)).ok
+
+
+def test_min_workers_above_the_node_types_max_workers_is_refused(tmp_path):
+    """Ray checks only the sum of min_workers against the global max_workers, not each type's own bound."""
+    config = _shipped()
+    config["available_node_types"]["gpu.4x"].update(min_workers=3, max_workers=2)
+    path = _write(tmp_path, config)
+    assert check_cluster_file(path).problems == [
+        f"{path}: available_node_types.gpu.4x.min_workers: 3 is more than its max_workers 2: the autoscaler can "
+        "never reach the minimum; lower min_workers or raise max_workers"]
+    _refused_by_the_cli(path, "available_node_types.gpu.4x.min_workers")
+    config["available_node_types"]["gpu.4x"].update(min_workers=2)
+    assert check_cluster_file(_write(tmp_path, config)).ok
+
+
+def test_a_dockerfile_by_another_name_is_checked_as_an_image_not_read_as_yaml(tmp_path):
+    folder = tmp_path / "ctx"
+    folder.mkdir()
+    shutil.copy(ROOT / "pyproject.toml", folder / "pyproject.toml")
+    shutil.copy(ROOT / "Dockerfile", folder / "gpu.Dockerfile")
+    result = check_cluster_file(folder / "gpu.Dockerfile")
+    assert result.problems == []
+    assert any("checked as a container image" in n for n in result.notes)
+    (folder / "gpu.Dockerfile").write_text((ROOT / "Dockerfile").read_text().replace("USER iclmem", "USER root"))
+    proc = _cli("cluster-check", str(folder / "gpu.Dockerfile"))
+    assert proc.returncode == 2
+    assert "not valid YAML" not in proc.stderr
+    assert "runs as root (USER root)" in proc.stderr

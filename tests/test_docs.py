@@ -147,3 +147,46 @@ def test_the_link_checks_catch_what_they_are_for(tmp_path):
     doc = tmp_path / "PAGE.md"
     doc.write_text(page)
     assert not (doc.parent / "../shared/method/SPEC.md").resolve().exists()
+
+
+# ------------------------------------------------------------------------------------------- claims that are testable
+def test_cluster_md_states_the_exit_status_cluster_check_returns(tmp_path, capsys):
+    """docs/CLUSTER.md: a refused file exits 2 (not 1), and the per-node-type min_workers check it describes is
+    made: run the real command on a file that breaks it."""
+    import yaml
+
+    from orchestrator.cli import main
+
+    text = (REPO / "docs" / "CLUSTER.md").read_text()
+    assert "Exit status: 0 valid; 2 refused" in text
+    assert "1 problems" not in text
+    assert "Each node type's own `min_workers` at most its `max_workers`" in text
+    config = yaml.safe_load((REPO / "cluster.yaml").read_text())
+    config["available_node_types"]["gpu.4x"].update(min_workers=3, max_workers=2)
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    assert main(["cluster-check", str(path)]) == 2
+    assert f"{path}: available_node_types.gpu.4x.min_workers: 3 is more than its max_workers 2" in capsys.readouterr().err
+    assert main(["cluster-check", str(REPO / "cluster.yaml")]) == 0
+
+
+def test_base_yaml_says_what_validate_does_without_the_carte_tables(tmp_path, capsys):
+    """configs/base.yaml's data note: `iclmem validate` looks for the tables (exit 2, each missing one named);
+    `--schema-only` passes without them. A copy in a folder without ../data/carte makes the tables missing."""
+    from orchestrator.cli import main
+
+    comment = (REPO / "configs" / "base.yaml").read_text()
+    assert "without the folder it exits 2 naming every missing" in comment
+    assert "does not look for the files" not in comment
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "base.yaml").write_text(comment)
+    assert main(["validate", str(folder / "base.yaml")]) == 2
+    assert "task 'beer_ratings': CARTE directory not found" in capsys.readouterr().err
+    assert main(["validate", str(folder / "base.yaml"), "--schema-only"]) == 0
+
+
+def test_the_readme_gives_one_quickstart_time():
+    text = (REPO / "README.md").read_text()
+    assert "about a minute and a half on 2 cores, 88 s measured" in text
+    assert "a few minutes" not in text.lower()

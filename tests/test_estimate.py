@@ -164,3 +164,80 @@ def test_cli_estimate_prints_work_and_predicted_wall_time(config, capsys, monkey
     assert "Predicted on 2 worker(s): wall time" in out
     assert ("driver start 1.5 s, Ray start and stop 4.5 s, worker actor start 2.5 s, Tune trial around the work "
             "3.0 s, Tune experiment 1.0 s") in out
+
+
+# ------------------------------------------------------------------------------------------------ measuring once
+TWO_TASKS = SWEEP.replace("  - name: breast_cancer\n", "  - name: breast_cancer\n  - name: wine\n").replace(
+    "q: [20]", "q: [20, 30]")
+
+
+def _counting(monkeypatch) -> list[tuple]:
+    """measure_unit_costs replaced by a stub that records its (model, Q, task, budget) calls; no subprocess."""
+    calls: list[tuple] = []
+
+    def fake(sweep, model, options, q, task_config, device, **kw):
+        calls.append((model, q, task_config.name, kw.get("budget_s")))
+        return UnitCosts(model=model, q=q, device="cpu", task=task_config.name, prepare_s=0.5, epoch_s=0.1,
+                         save_s=0.05, plan_s=0.2, contexts=120, forwards_saved=0.3, score_per_context_s=1e-3,
+                         rest_s=0.4, cut_short=1)
+
+    monkeypatch.setattr(estimate_mod, "measure_unit_costs", fake)
+    monkeypatch.setattr(estimate_mod, "measure_process", lambda code, repeats=1: 1.5)
+    monkeypatch.setattr(estimate_mod, "measure_ray", lambda reports: {
+        "driver_start_s": 1.0, "ray_start_s": 4.5, "actor_start_s": 2.5, "tune_trial_s": 3.0, "tune_fixed_s": 1.0})
+    return calls
+
+
+def test_with_task_each_model_and_q_is_measured_once_whatever_the_tasks(tmp_path, monkeypatch):
+    """`--task digits` measures every task's keys on digits: one unit per (model, Q), not one per task (the
+    README's `iclmem estimate configs/paper.yaml --task digits` measured the same unit 20 times)."""
+    path = tmp_path / "two.yaml"
+    path.write_text(TWO_TASKS)
+    calls = _counting(monkeypatch)
+    est = estimate(path, workers=2, task="digits")
+    assert sorted(c[:3] for c in calls) == [("pfn-mini", 20, "digits"), ("pfn-mini", 30, "digits")]
+    assert len(est.costs) == 4  # 2 tasks x 2 Q, each priced with its unit's costs
+    assert est.costs[("pfn-mini", 20, "wine")] is est.costs[("pfn-mini", 20, "breast_cancer")]
+    assert est.measuring.units == 2
+    assert est.measuring.keys == 4
+    calls.clear()
+    est = estimate(path, workers=2)  # without --task each (model, Q, task) is its own unit, still once each
+    assert sorted(c[:3] for c in calls) == sorted((m, q, t) for m, q, t in est.costs)
+    assert len(calls) == len(set(calls)) == 4
+
+
+def test_the_paper_grid_with_task_digits_measures_two_units(monkeypatch):
+    """The README's own example: 10 tasks x Q {50, 512} are 20 keys, 2 units."""
+    calls = _counting(monkeypatch)
+    est = estimate(estimate_mod.REPO / "configs" / "paper.yaml", workers=32, task="digits")
+    assert len(est.costs) == 20
+    assert sorted(c[:3] for c in calls) == [("pfn-mini", 50, "digits"), ("pfn-mini", 512, "digits")]
+
+
+def test_each_unit_is_measured_within_the_time_budget_and_the_output_says_so(config, monkeypatch):
+    calls = _counting(monkeypatch)
+    est = estimate(config, workers=2, unit_budget_s=3.0)
+    assert {c[3] for c in calls} == {3.0}  # the budget reaches the measurement
+    text = render(est)
+    assert "Measuring took" in text
+    assert "1 distinct unit(s) measured once each for 1 (model, Q, task) key(s)" in text
+    assert "repeats bounded to 3 s" in text
+    assert "1 repeat(s) left out and extrapolated" in text
+    assert "of the predicted wall time" in text
+
+
+def test_a_spent_budget_stops_the_repeats_after_one_call():
+    """Counts calls, not seconds: a budget of 0 s allows each step its one pass and no repeat."""
+    calls = []
+    spent = estimate_mod.Budget(0.0)
+    assert estimate_mod._median_time(lambda: calls.append(1), 5, spent) >= 0
+    assert len(calls) == 1
+    assert spent.cut_short == 1
+    calls.clear()
+    spent.warm_then_time(lambda: calls.append(1), 3)  # the warm-up call is the sample
+    assert len(calls) == 1
+    calls.clear()
+    unbounded = estimate_mod.Budget(None)
+    unbounded.warm_then_time(lambda: calls.append(1), 3)
+    assert len(calls) == 4
+    assert unbounded.cut_short == 0

@@ -12,9 +12,9 @@ from orchestrator.report.frontier import frontier_section_html, frontier_table, 
 
 
 def _row(run_id: str, epoch: int, accuracy: float, tpr: float, *, lira: float = math.nan, label_mode: str = "normal",
-         sanity: bool = False, model: str = "pfn-mini", lr: float = 1e-3) -> dict:
+         sanity: bool = False, model: str = "pfn-mini", lr: float = 1e-3, outcome: str = "no_signal") -> dict:
     return {"run_id": run_id, "task": "digits", "model": model, "regime": "single_fixed", "lr": lr, "q": 50,
-            "label_mode": label_mode, "seed": 0, "epoch": epoch, "sanity_check": sanity,
+            "label_mode": label_mode, "seed": 0, "epoch": epoch, "sanity_check": sanity, "outcome": outcome,
             "nonmember_icl_accuracy": accuracy, "tpr_at_1pct": tpr, "lira_online_tpr_at_1pct": lira}
 
 
@@ -46,3 +46,32 @@ def test_no_utility_column_or_no_usable_row_gives_no_section(tmp_path):
     assert frontier_table(rows.assign(label_mode="shuffled_all")).empty
     assert frontier_section_html(rows.assign(label_mode="shuffled_all"), tmp_path) == ""
     assert not list(tmp_path.iterdir())
+
+
+def test_collapsed_checkpoints_are_no_setting_to_pick(tmp_path):
+    """A collapse leaks little because the model broke: it must not sit on the frontier (or in the table)."""
+    rows = [
+        _row("a", 1, 0.90, 0.50),
+        _row("b", 1, 0.80, 0.20),
+        _row("c", 1, 0.85, 0.0, outcome="collapse"),   # would beat b on both axes if it counted
+        _row("c", 2, 0.10, 0.0, outcome="collapse"),   # and be the zero-leakage end of the frontier
+    ]
+    table = frontier_table(pd.DataFrame(rows))
+    assert "c" not in set(table["run_id"])
+    assert {(r.run_id, r.epoch) for r in table.itertuples() if r.on_frontier} == {("a", 1), ("b", 1)}
+    section = frontier_section_html(pd.DataFrame(rows), tmp_path)
+    assert "2 collapsed checkpoint(s) left out" in section
+
+
+def test_settings_at_zero_leakage_are_drawn_on_top_of_the_axis(tmp_path, monkeypatch):
+    """Points at TPR 0 sit on the left spine: markers unclipped, above it."""
+    import orchestrator.report.frontier as frontier_mod
+
+    drawn = {}
+    monkeypatch.setattr(frontier_mod, "save_png", lambda fig, path: drawn.setdefault("fig", fig) and path)
+    table = frontier_table(pd.DataFrame([_row("a", 1, 0.9, 0.0), _row("b", 1, 0.8, 0.0, lr=1e-2)]))
+    frontier_mod.frontier_figure(table, tmp_path / "f.png")
+    (ax,) = drawn["fig"].axes
+    artists = [*ax.collections, *[line for line in ax.lines if line.get_marker() == "o"]]
+    assert artists
+    assert all(not a.get_clip_on() for a in artists)

@@ -71,3 +71,27 @@ def test_the_build_context_leaves_out_run_folders_wandb_files_and_credentials():
     ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")}
     assert {"runs", "wandb", ".netrc", ".git"} <= ignored
+
+
+def test_without_pyproject_the_pins_are_not_compared_and_the_file_is_not_called_valid(tmp_path, capsys):
+    """A Dockerfile with no pyproject.toml beside or above it: the pins cannot be compared with the driver's,
+    so the check says so and refuses (exit 2) instead of reporting "pins equal"."""
+    alone = tmp_path / "Dockerfile"
+    shutil.copy(REPO / "Dockerfile", alone)
+    (problem,) = check_dockerfile(alone).problems
+    assert problem.startswith(f"{alone}: pip install pins: not compared: no pyproject.toml")
+    assert "torch==2.13.0" in problem  # what could not be compared
+    assert main(["cluster-check", str(alone)]) == 2
+    captured = capsys.readouterr()
+    assert "valid" not in captured.out
+    assert "not compared" in captured.err
+
+
+def test_a_dockerfile_in_a_subfolder_is_compared_with_the_checkouts_pyproject(tmp_path):
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "docker").mkdir()
+    text = (REPO / "Dockerfile").read_text().replace("torch==2.13.0", "torch==2.12.0", 1)
+    (tmp_path / "docker" / "gpu.Dockerfile").write_text(text)
+    result = check_dockerfile(tmp_path / "docker" / "gpu.Dockerfile")
+    assert any("pins torch==2.12.0, pyproject.toml pins 2.13.0" in p for p in result.problems), result.problems
+    assert any("the nearest pyproject.toml above it" in n for n in result.notes)

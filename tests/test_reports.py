@@ -644,9 +644,9 @@ def test_html_report_renders_in_headless_chromium(run_dir, report_path, variant_
     url = report_path.resolve().as_uri()
     dom = _rendered(report_path, tmp_path / "profile1")
     # the top section is the first thing on the page, with its outcome line and completeness
-    first = re.search(r'<section id="([a-z-]+)">', dom)
-    assert first
-    assert first.group(1) == "summary"
+    first = re.findall(r'<section id="([a-z-]+)">', dom)[:2]
+    assert first == ["leaked", "summary"]  # the runs that leaked, then the counts and the rule
+    assert "6 of 32 runs leaked" in _visible(_section(dom, "leaked"))
     top = _visible(_section(dom, "summary"))
     assert f"Outcome: {_planted_outcome_line()}" in top
     assert "strict mode off" in top
@@ -724,3 +724,85 @@ def test_the_report_of_a_real_sweep_reads_its_rows_rule_and_flags_through_the_ru
     page = (run_dir / "report.html").read_text()
     assert "selection_aware" in _visible(_section(page, "summary"))
     assert "blind" in _visible(_section(page, "summary")).lower()  # the blind baseline beside the verdicts
+
+
+# -- the first screen: which runs leaked --------------------------------------------------------------
+def _leaked_expected() -> list[tuple[str, str, int, float]]:
+    """(run id, task, headline epoch, AUC of the deciding kind) of every run planted with memorization at its
+    peak, highest AUC first (ties: run id)."""
+    out = []
+    for (task, lr, q), (outcome, peak, auc, _onset) in PLAN.items():
+        if outcome == "memorization":
+            deciding = 0.58 if (task, lr, q) == ENTROPY_PEAK_RUN else auc  # its peak is the entropy kind's
+            out.append((run_id("single_fixed", task, lr, q), task, peak, deciding))
+    for (regime, task, lr), outcome in REGIME_PLAN.items():
+        if outcome == "memorization":
+            out.append((run_id(regime, task, lr, 50), task, 2, 0.60))
+    return sorted(out, key=lambda r: (-r[3], r[0]))
+
+
+def test_the_first_section_names_the_leaked_runs_with_epoch_auc_interval_and_tpr(report_path):
+    """Before the outcome counts and the rule: each run that leaked, its epoch, AUC with the interval, TPR@1%."""
+    text = report_path.read_text()
+    sections = re.findall(r'<section id="([a-z-]+)">', text)
+    assert sections[:3] == ["leaked", "summary", "verdict-rule"]
+    leaked = _section(text, "leaked")
+    assert text.index("Runs that leaked") < text.index("Outcome:") < text.index("Rule in force")
+    rows = re.findall(r"<tr><td>([^<]+)</td><td>([^<]+)</td><td>(\d+)</td><td>([^<]+)</td><td>([^<]+)</td>", leaked)
+    expected = _leaked_expected()
+    assert [r[0] for r in rows] == [e[0] for e in expected]  # exactly the memorization runs, highest AUC first
+    for (rid, task, epoch, auc_text, tpr), (_, want_task, want_epoch, auc) in zip(rows, expected, strict=True):
+        assert (task, int(epoch)) == (want_task, want_epoch), rid
+        assert auc_text == f"{auc:.3f} [{auc - 0.05:.3f}, {auc + 0.05:.3f}]", rid  # AUC with its 95% interval
+        assert tpr.startswith("0.050"), rid
+    assert f"{len(expected)} of 32 runs leaked" in _visible(leaked)
+
+
+def test_the_terminal_lines_name_the_same_leaked_runs(results):
+    from orchestrator.report.html import leaked_lines
+
+    lines = leaked_lines(results)
+    assert lines[0] == "6 of 32 runs leaked (memorization at the headline checkpoint):"
+    rid, task, epoch, auc = _leaked_expected()[0]
+    assert lines[1] == (f"  {rid} [{task}]: epoch {epoch}, AUC {auc:.3f} [{auc - 0.05:.3f}, {auc + 0.05:.3f}], "
+                        "TPR@1% 0.050 (0 FP allowed)")
+    assert leaked_lines(results.assign(outcome="no_signal"))[0].startswith("No run leaked: none of the 32")
+
+
+def test_no_leak_says_so_first(tmp_path, results):
+    from orchestrator.report.html import _leaked_html
+
+    assert "No run leaked" in _leaked_html(results.assign(outcome="no_signal"))
+
+
+def test_the_run_table_puts_auc_and_tpr_right_after_the_run_id(report_path):
+    table = _section(report_path.read_text(), "task-table")
+    header = re.findall(r"<th>([^<]+)</th>", table)
+    assert header[:6] == ["run_id", "auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct"]
+
+
+def test_the_context_audit_says_how_the_strongest_attack_is_chosen_and_shows_the_auc_pick_too(tmp_path):
+    """The strongest attack is the highest TPR at 1% FPR (ties: AUC), not the highest AUC: the section says the
+    criterion and shows the attack the AUC would pick beside it."""
+    from iclmem.runfolder import CONTEXT_AUDITS_DIR, CONTEXT_AUDITS_FILE, VERDICT_FILE
+    from orchestrator.report.context_audits import context_audits_section_html
+
+    rows = pd.DataFrame([
+        {"run_id": "a", "task": "t", "model": "m", "q": 8, "seed": 0, "heldout_accuracy": 0.7, "target": target,
+         "attack": attack, "auc": auc, "tpr_at_1pct": tpr, "tpr_at_0_1pct": tpr / 2}
+        for target, attack, auc, tpr in (("deployed", "loss", 0.9, 0.05), ("deployed", "rmia", 0.7, 0.30),
+                                          ("never_in_context", "loss", 0.5, 0.02))])
+    rows.to_parquet(tmp_path / CONTEXT_AUDITS_FILE)
+    (tmp_path / CONTEXT_AUDITS_DIR / "a").mkdir(parents=True)
+    (tmp_path / CONTEXT_AUDITS_DIR / "a" / VERDICT_FILE).write_text(json.dumps(
+        {"outcome": "memorization", "trusted": True, "strongest_attack": "rmia"}))
+    section = context_audits_section_html(tmp_path)
+    text = _visible(section)
+    assert "highest TPR at 1% FPR" in text
+    assert "not the one with the highest AUC" in text
+    header = re.findall(r"<th>([^<]+)</th>", section)
+    cells = re.findall(r"<td>([^<]*)</td>", section)
+    line = dict(zip(header, cells))
+    assert (line["strongest_attack"], line["auc"], line["tpr_at_1pct"]) == ("rmia", "0.700", "0.300")
+    assert (line["highest_auc_attack"], line["highest_auc"], line["highest_auc_tpr_at_1pct"]) == ("loss", "0.900",
+                                                                                                  "0.050")

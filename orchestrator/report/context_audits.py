@@ -1,6 +1,8 @@
 """The report's section for a sweep's regime ``context``: one line per deployed-context audit (task, model, Q,
 seed) with its verdict, whether it is trusted, the strongest attack's AUC and TPR at 1% and 0.1% FPR on the
-deployed context, and the highest TPR at 1% FPR any attack reaches on the never-in-context control.
+deployed context (strongest: the highest TPR at 1% FPR, ties the higher AUC, as ``probes.context_audit.audit_verdict``
+chooses it), the attack with the highest AUC beside it, and the highest TPR at 1% FPR any attack reaches on the
+never-in-context control.
 
 Reads ``RUN_DIR/context_audits.parquet`` (``orchestrator.context_audit.collect_sweep_audits``: public columns,
 ids and metrics) and each audit's ``verdict.json``; no row value is read.
@@ -38,6 +40,8 @@ def context_audits_table(rows: pd.DataFrame, verdicts: dict[str, dict[str, Any]]
         deployed = part[part["target"] == ContextTarget.DEPLOYED.value]
         best = deployed[deployed["attack"] == strongest]
         control = part[part["target"] == ContextTarget.CONTROL.value]
+        # the attack a reader ranking by AUC would pick: shown beside the strongest (ranked by TPR at 1% FPR)
+        by_auc = deployed.sort_values(["auc", "tpr_at_1pct"], ascending=False, kind="mergesort").head(1)
         first = part.iloc[0]
         out.append({"run_id": run_id, "task": first["task"], "model": first["model"], "q": int(first["q"]),
                     "seed": int(first["seed"]), "verdict": verdict.get("outcome"),
@@ -45,6 +49,10 @@ def context_audits_table(rows: pd.DataFrame, verdicts: dict[str, dict[str, Any]]
                     "auc": float(best["auc"].iloc[0]) if not best.empty else float("nan"),
                     "tpr_at_1pct": float(best["tpr_at_1pct"].iloc[0]) if not best.empty else float("nan"),
                     "tpr_at_0_1pct": float(best["tpr_at_0_1pct"].iloc[0]) if not best.empty else float("nan"),
+                    "highest_auc_attack": str(by_auc["attack"].iloc[0]) if not by_auc.empty else "",
+                    "highest_auc": float(by_auc["auc"].iloc[0]) if not by_auc.empty else float("nan"),
+                    "highest_auc_tpr_at_1pct": float(by_auc["tpr_at_1pct"].iloc[0]) if not by_auc.empty
+                    else float("nan"),
                     "control_max_tpr_at_1pct": float(control["tpr_at_1pct"].max()) if not control.empty
                     else float("nan"),
                     "heldout_accuracy": float(first["heldout_accuracy"])})
@@ -71,7 +79,8 @@ def context_audits_section_html(run_dir: str | Path) -> str:
     if table.empty:
         return ""
     shown = table.copy()
-    for col in ("auc", "tpr_at_1pct", "tpr_at_0_1pct", "control_max_tpr_at_1pct", "heldout_accuracy"):
+    for col in ("auc", "tpr_at_1pct", "tpr_at_0_1pct", "highest_auc", "highest_auc_tpr_at_1pct",
+                "control_max_tpr_at_1pct", "heldout_accuracy"):
         shown[col] = shown[col].map(lambda v: f"{v:.3f}")
     shown["trusted"] = shown["trusted"].map(lambda v: "yes" if v else "NOT trusted")
     untrusted = int((~table["trusted"]).sum())
@@ -79,7 +88,11 @@ def context_audits_section_html(run_dir: str | Path) -> str:
             "audited for which rows they were by five attacks with reference contexts (the same audit as `iclmem "
             "audit-context`; each one's folder is under context_audits/). A verdict is trusted only when the "
             "never-in-context control gets no_signal under every attack and the blind baseline holds; the last "
-            "TPR column is the control's highest."
+            "TPR column is the control's highest. The strongest attack is the one with the highest TPR at 1% FPR "
+            "on the deployed context (ties: the higher AUC), not the one with the highest AUC: a leak of a few rows "
+            "shows at a low false-positive rate before it moves the AUC. Its auc and tpr columns are that attack's; "
+            "highest_auc_attack is the attack the AUC alone would pick, with its own AUC and TPR at 1%, so both "
+            "rankings are shown."
             + (f" {untrusted} verdict(s) are NOT trusted: read their folders' reasons." if untrusted else ""))
     return section_html("Deployed-context audits", [paragraph(note), html_table(shown)], run_dir, None, "")
 

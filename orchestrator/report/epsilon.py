@@ -120,7 +120,8 @@ def epsilon_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
         # the run id's hash tail tells apart runs that differ only in axes not named here
         label = (f"{task} {group['label_mode'].iloc[0]} lr={float(group['lr'].iloc[0]):g} "
                  + (f"DP ε={float(target):g}" if pd.notna(target) else "no DP") + f" ({str(run_id)[-6:]})")
-        ax.plot(group["epoch"], group["epsilon_lb"], marker="o", color=colour, label=label)
+        # clip_on False: ε_lb is 0 wherever the audit finds nothing, and a line on the axis must still show
+        ax.plot(group["epoch"], group["epsilon_lb"], marker="o", color=colour, label=label, clip_on=False, zorder=3)
         if "dp_epsilon" in group.columns and group["dp_epsilon"].notna().any():
             ax.plot(group["epoch"], group["dp_epsilon"], linestyle="--", marker="_", markersize=12, color=colour,
                     alpha=0.7)

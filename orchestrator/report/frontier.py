@@ -9,7 +9,9 @@ TPR at 1% FPR, and the settings no other beats on both (the frontier), so a mode
   (``tpr_at_1pct``, the deciding score's) and each reference-model attack (``<attack>_tpr_at_1pct`` and
   ``known_context_<attack>_tpr_at_1pct``, with ``probe.references``).
 * Only runs with true labels (label mode ``normal``): under shuffled labels the non-members' accuracy is not
-  held-out accuracy on the task. The base model's sanity-check rows are left out.
+  held-out accuracy on the task. The base model's sanity-check rows are left out, and so are collapsed
+  checkpoints (outcome ``collapse``: the model's predictions broke down, so it is no setting to pick, however
+  little an attack finds in it).
 
 Reads only :data:`FRONTIER_REPORT_COLUMNS` and the attack TPR columns (public: ids, config, metrics).
 
@@ -30,14 +32,15 @@ import numpy as np
 import pandas as pd
 
 from iclmem.record import CHECKPOINT_KEY
-from iclmem.vocab import Attack, LabelMode, Recipe, values
+from iclmem.vocab import Attack, LabelMode, Outcome, Recipe, values
 from orchestrator.report.parts import html_table, paragraph, save_png, section_html
 
 __all__ = ["FRONTIER_FIGURE", "FRONTIER_REPORT_COLUMNS", "frontier_figure", "frontier_section_html", "frontier_table",
            "leakage_columns"]
 
 FRONTIER_FIGURE = "leakage_utility_frontier.png"
-FRONTIER_REPORT_COLUMNS: tuple[str, ...] = (*CHECKPOINT_KEY, "sanity_check", "nonmember_icl_accuracy", "tpr_at_1pct",
+FRONTIER_REPORT_COLUMNS: tuple[str, ...] = (*CHECKPOINT_KEY, "sanity_check", "outcome", "nonmember_icl_accuracy",
+                                            "tpr_at_1pct",
                                             "dp_target_epsilon", "model_options", "deployed_nonmember_icl_accuracy")
 UTILITY = "nonmember_icl_accuracy"
 DEPLOYED_UTILITY = "deployed_nonmember_icl_accuracy"  # recipe upstream: held-out accuracy as the package deploys
@@ -80,7 +83,7 @@ def _dominated(utility: np.ndarray, leakage: np.ndarray) -> np.ndarray:
 
 def frontier_table(results: pd.DataFrame) -> pd.DataFrame:
     """One row per checkpoint of a true-label fine-tuned run with both numbers: the group (task, model,
-    regime), the setting (lr, Q, epoch, target ε or inf without DP), ``heldout_accuracy``,
+    regime; collapsed checkpoints left out), the setting (lr, Q, epoch, target ε or inf without DP), ``heldout_accuracy``,
     ``leakage_tpr_at_1pct`` and ``strongest_attack``, and ``on_frontier`` (no checkpoint of the same group
     has at least its accuracy and at most its leakage, one of them strictly). Ordered by group, then
     leakage. Empty when the results hold no utility or leakage column."""
@@ -93,6 +96,8 @@ def frontier_table(results: pd.DataFrame) -> pd.DataFrame:
         df = df[~df["sanity_check"].fillna(False).astype(bool)]
     if "label_mode" in df.columns:
         df = df[df["label_mode"].astype(str) == LabelMode.NORMAL.value]
+    if "outcome" in df.columns:  # a collapsed checkpoint is no setting to pick
+        df = df[df["outcome"].astype(str) != Outcome.COLLAPSE.value]
     leak = df[list(tpr)].astype(float)
     utility = df[UTILITY].astype(float)
     if DEPLOYED_UTILITY in df.columns:  # recipe upstream: as the package deploys the weights
@@ -136,9 +141,12 @@ def frontier_figure(table: pd.DataFrame, path: str | Path) -> Path | None:
         part = table[table["task"].astype(str) == task]
         for i, ((model, recipe, regime), group) in enumerate(part.groupby(["model", "recipe", "regime"], sort=True)):
             colour = f"C{i % 10}"
-            ax.scatter(group["leakage_tpr_at_1pct"], group["heldout_accuracy"], s=18, alpha=0.5, color=colour)
+            # clip_on False: a setting no attack finds anything in sits at leakage 0, on the axis itself
+            ax.scatter(group["leakage_tpr_at_1pct"], group["heldout_accuracy"], s=18, alpha=0.5, color=colour,
+                       clip_on=False, zorder=3)
             front = group[group["on_frontier"]].sort_values("leakage_tpr_at_1pct")
-            ax.plot(front["leakage_tpr_at_1pct"], front["heldout_accuracy"], marker="o", color=colour,
+            ax.plot(front["leakage_tpr_at_1pct"], front["heldout_accuracy"], marker="o", color=colour, clip_on=False,
+                    zorder=4,
                     label=f"{model} {regime}" + (f" ({recipe} recipe)" if recipe != Recipe.ICLMEM.value else ""))
         ax.axvline(0.01, color="grey", linewidth=0.8, linestyle=":")  # TPR = FPR: an attack that sees nothing
         ax.set_xscale("symlog", linthresh=0.01)
@@ -148,6 +156,18 @@ def frontier_figure(table: pd.DataFrame, path: str | Path) -> Path | None:
         ax.set_title(task)
         ax.legend(fontsize=7, loc="lower right")
     return save_png(fig, path)
+
+
+def _collapsed_checkpoints(results: pd.DataFrame) -> int:
+    """True-label fine-tuned checkpoints with outcome collapse (what the frontier leaves out)."""
+    if "outcome" not in results.columns:
+        return 0
+    df = results[results["outcome"].astype(str) == Outcome.COLLAPSE.value]
+    if "sanity_check" in df.columns:
+        df = df[~df["sanity_check"].fillna(False).astype(bool)]
+    if "label_mode" in df.columns:
+        df = df[df["label_mode"].astype(str) == LabelMode.NORMAL.value]
+    return len(df)
 
 
 def frontier_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
@@ -162,7 +182,10 @@ def frontier_section_html(results: pd.DataFrame, figure_dir: str | Path) -> str:
     for col in ("heldout_accuracy", "leakage_tpr_at_1pct"):
         front[col] = front[col].map(lambda v: f"{v:.3f}")
     attacks = ", ".join(sorted(set(table["strongest_attack"].astype(str))))
-    note = (f"Every checkpoint of a fine-tuned run on true labels ({len(table)}), by held-out accuracy (in-context "
+    collapsed = _collapsed_checkpoints(results)
+    note = (f"Every checkpoint of a fine-tuned run on true labels ({len(table)}"
+            + (f"; {collapsed} collapsed checkpoint(s) left out: no setting to pick" if collapsed else "")
+            + "), by held-out accuracy (in-context "
             "accuracy on the non-members, rows it never trained on; as the package deploys the weights for recipe "
             "upstream) against the strongest attack's TPR at 1% FPR "
             f"(here among: {attacks}). The rows below are the frontier: no other setting of the same task, model "

@@ -38,6 +38,7 @@ from orchestrator.report.tables import (
     BASE_MANIPULATION,
     CHECKPOINT_ANY_ATTACK,
     CLAIMS,
+    DETECTABLE,
     FACET_AXES,
     MAIN_REGIME,
     RUN_HEADLINE_ANY_ATTACK,
@@ -60,6 +61,7 @@ from orchestrator.report.tables import (
     outcome_counts_per_q,
     outcome_rates_per_q,
     outcome_summary,
+    peak_checkpoints,
     peak_vulnerability_per_task,
     perturbation_effectiveness,
     regime_comparison,
@@ -312,6 +314,68 @@ def _false_positive_item(rates: pd.DataFrame, claims: pd.DataFrame, rule: str, s
     return item + ' See <a href="#verdict-rule">the verdict rule</a>.</li>'
 
 
+LEAKED_COLUMNS: tuple[str, ...] = ("run_id", "task", "model", "q", "lr", "label_mode", "seed", "epoch", "score_kind",
+                                   "auc", "auc_low", "auc_high", "tpr_at_1pct", "n_nonmembers")
+
+
+def leaked_runs(results: pd.DataFrame) -> pd.DataFrame:
+    """The fine-tuned runs whose headline checkpoint (the peak, as the summary counts them) has a memorization
+    verdict, one row each: run id, the checkpoint's epoch, its AUC (deciding kind) with the 95% interval, TPR at
+    1% FPR and the non-members it rests on; highest AUC first. Every regime, as the outcome counts."""
+    peaks = peak_checkpoints(fine_tuned_rows(results), regime=None)
+    if peaks.empty or "outcome" not in peaks.columns:
+        return pd.DataFrame(columns=list(LEAKED_COLUMNS))
+    leaked = peaks[peaks["outcome"].astype(str) == DETECTABLE]
+    cols = [c for c in LEAKED_COLUMNS if c in leaked.columns]
+    order = [c for c in ("auc", "run_id", "task") if c in leaked.columns]
+    return (leaked.loc[:, cols].sort_values(order, ascending=[c != "auc" for c in order], kind="mergesort")
+            .reset_index(drop=True))
+
+
+def leaked_lines(results: pd.DataFrame, limit: int = 20) -> list[str]:
+    """The leaked runs as plain lines, for a terminal summary (what the report's first section shows)."""
+    table = leaked_runs(results)
+    _, n_runs = outcome_summary(results)
+    if table.empty:
+        return [f"No run leaked: none of the {n_runs} fine-tuned runs has a memorization verdict at its headline "
+                "checkpoint."]
+    lines = [f"{len(table)} of {n_runs} runs leaked (memorization at the headline checkpoint):"]
+    for r in table.head(limit).to_dict("records"):
+        lines.append(f"  {r['run_id']}" + (f" [{r['task']}]" if "task" in r else "") + f": epoch {int(r['epoch'])}, "
+                     f"AUC {_fmt_value('auc', r.get('auc'))} [{_fmt_value('auc', r.get('auc_low'))}, "
+                     f"{_fmt_value('auc', r.get('auc_high'))}], TPR@1% {_fmt_value('tpr_at_1pct', r.get('tpr_at_1pct'))}"
+                     + (" (0 FP allowed)" if pd.notna(r.get("n_nonmembers"))
+                        and allowed_false_positives(0.01, int(r["n_nonmembers"])) == 0 else ""))
+    if len(table) > limit:
+        lines.append(f"  ... and {len(table) - limit} more (report.html, section 'Runs that leaked')")
+    return lines
+
+
+def _leaked_html(results: pd.DataFrame) -> str:
+    """The report's first section: which runs leaked, at which epoch, how strongly (AUC with its interval, TPR at
+    1% FPR), before the outcome counts and the rule."""
+    table = leaked_runs(results)
+    _, n_runs = outcome_summary(results)
+    if table.empty:
+        body = (f"<p class=\"verdict\"><b>No run leaked:</b> none of the {n_runs} fine-tuned run"
+                f"{'s' if n_runs != 1 else ''} has a memorization verdict at its headline checkpoint.</p>")
+    else:
+        shown = pd.DataFrame({
+            "run_id": table["run_id"],
+            **({"task": table["task"]} if "task" in table.columns else {}),
+            "epoch": table["epoch"].astype(int),
+            "AUC [95% interval]": [f"{_fmt_value('auc', a)} [{_fmt_value('auc', lo)}, {_fmt_value('auc', hi)}]"
+                                   for a, lo, hi in zip(table["auc"], table.get("auc_low", table["auc"]),
+                                                        table.get("auc_high", table["auc"]))],
+            "TPR@1%": _tpr_1pct_display(table)["tpr_at_1pct"] if "tpr_at_1pct" in table.columns else "",
+            **({"score_kind": table["score_kind"]} if "score_kind" in table.columns else {}),
+        })
+        body = (f"<p class=\"verdict\"><b>{len(table)} of {n_runs} run{'s' if n_runs != 1 else ''} leaked</b> "
+                "(memorization verdict at the headline checkpoint: the highest calibrated AUC over epochs and score "
+                "kinds). Highest AUC first; AUC and TPR@1% are the deciding score kind's.</p>" + df_to_html(shown))
+    return f'<section id="leaked"><h2>Runs that leaked</h2>{body}</section>'
+
+
 def _summary_html(results: pd.DataFrame, sweep: SweepConfig | None, comp: pd.DataFrame,
                   schedule: tuple[int, ...] | None, interrupted: bool, noops: pd.DataFrame,
                   settings: Mapping[str, str], rule: str, source: str = "",
@@ -410,13 +474,21 @@ def _tpr_1pct_display(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+# The run table's first columns: the run, then how strongly it leaked, before the many outcome and setting columns
+RUN_TABLE_LEAD: tuple[str, ...] = ("run_id", "auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "outcome",
+                                   "epoch")
+
+
 def _run_table_display(table: pd.DataFrame, comp: pd.DataFrame) -> pd.DataFrame:
-    """A run table with its completeness (``checkpoints`` stored of scheduled, ``status``) and TPR@1% caveat."""
+    """A run table with its completeness (``checkpoints`` stored of scheduled, ``status``) and TPR@1% caveat; the
+    run id first, then AUC with its interval and the TPRs (never off screen to the right), then the rest."""
     key = [c for c in RUN_KEY if c in table.columns and c in comp.columns]
     out = table
     if key and not comp.empty:
         c = comp.assign(checkpoints=[_status_cell(r) for r in comp.to_dict("records")])[[*key, "checkpoints", "status"]]
         out = table.merge(c, on=key, how="left")
+    lead = [c for c in RUN_TABLE_LEAD if c in out.columns]
+    out = out.loc[:, [*lead, *(c for c in out.columns if c not in lead)]]
     return _tpr_1pct_display(out)
 
 
@@ -515,6 +587,7 @@ def write_html_report(
                      f"{html.escape(forced)} The rule, thresholds and schedule below are read from "
                      f"{html.escape(SWEEP_FILE)}; the stored verdicts were made with the config the results were "
                      "run with, which may differ.</p></section>")
+    parts.append(_leaked_html(results))  # first: which runs leaked, before the counts and the rule
     parts.append(_summary_html(results, sweep, comp, schedule, interrupted, noops, settings, rule, source, diverged,
                                claims))
     parts.append(_verdict_rule_html(results, settings, source, disagree, rule, claims))
