@@ -119,6 +119,9 @@ COLUMNS: dict[str, Column] = _columns(
     Column("raw_outcome", "memorization or no_signal from the uncalibrated scores alone"),
     Column("raw_score_kind", "the score kind that flagged raw memorization (None when none did)"),
     Column("raw_memorization_flag", "whether the uncalibrated scores alone pass the memorization test"),
+    Column("known_context_memorization_flag", "whether the base-calibrated known-context loss passes the memorization "
+           "test (its own family, one score per checkpoint; never on a collapsed checkpoint): the second "
+           "channel beside the zero-information outcome"),
     Column("calibrated_memorization_flag", "whether the calibrated scores pass the memorization test"),
     Column("fine_tuned", "whether the checkpoint differs from the base model"),
     Column("sanity_check", "the untouched base model probed as a checkpoint (ΔS ≡ 0 by construction)"),
@@ -227,7 +230,7 @@ FAMILIES: tuple[ColumnFamily, ...] = (
     ColumnFamily(re.compile(rf"^(outcome|null_memorization)_({_RULES})(_strict)?$"),
                  "the outcome (and null-split false memorizations) under each verdict rule"),
     ColumnFamily(re.compile(r"^known_context_(calibrated_)?(auc|auc_low|auc_high|p_value|tpr_at_\d+pct(_low|_high)?)$"),
-                 "the known-context loss attack (the member's own row in the context)"),
+                 "the known-context loss attack (each audited row predicted with C' as its context)"),
     # listed before the kind's metric set, which would match it too: these counts are the aggregator's input
     ColumnFamily(re.compile(rf"^(calibrated|uncalibrated|reference_only)_({_KINDS})_gdp_grid$"),
                  "one score kind's false positives and negatives at the GDP grid's thresholds (JSON): what the "

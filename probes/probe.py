@@ -352,7 +352,8 @@ def probe_checkpoint(
            **collapse, **blind_columns(task),
            "n_members": int(plan.queries.member.sum()), "n_nonmembers": int((~plan.queries.member).sum()),
            **icl_utility_columns(predictions, plan.queries.member), **deployed_utility_columns(model, task)}
-    row.update(known_context_columns(loss_ft, loss_base, plan.queries.member, settings))
+    row.update(known_context_columns(loss_ft, loss_base, plan.queries.member, settings,
+                                     collapsed=verdict.checks.get(Outcome.COLLAPSE.value, False)))
     row.update(_null_columns(model, task, plan, cache_dir, base_digest, base_model, settings, ratio, std,
                              fine_tuned))
     if canaries is not None:
@@ -490,21 +491,36 @@ def headline_columns(scores: MembershipInput, evidence: Any, verdict: Any,
 
 
 def known_context_columns(loss_ft: np.ndarray, loss_base: np.ndarray, member: np.ndarray,
-                          settings: ProbeSettings) -> dict[str, Any]:
+                          settings: ProbeSettings, collapsed: bool = False) -> dict[str, Any]:
     """The known-context baseline: the plain loss attack on the exact fine-tuning context-query pairs.
 
     The attacker knows C' and asks the checkpoint for each query's label with C' as context (the per-epoch
     evaluation's computation, per query); lower loss = member. An upper bound of what the checkpoint
     leaks in its own training setting, beside the zero-information probe. ``known_context_calibrated_*``
-    subtracts the base model's loss on the same pair."""
+    subtracts the base model's loss on the same pair.
+
+    ``known_context_memorization_flag``: the memorization rule (:func:`probes.outcomes.memorization_holds`,
+    the run's thresholds) on the calibrated known-context loss, in a selection-aware family of its own (one
+    score per checkpoint), never on a collapsed checkpoint. It does not decide the outcome, which stays the
+    zero-information probe's (the method's contract); it is the second channel a verdict of no_signal must
+    be read with, because a model whose in-context read-out finds a memorized label only among rows like C'
+    (TabICL's architecture, docs/METHOD.md "Where the zero-information probe is blind") shows nothing in a
+    context of copies of the query."""
+    th = settings.thresholds
     member = np.asarray(member, dtype=bool)
-    kw = dict(alphas=(0.01, 0.10), n_resamples=settings.n_resamples, seed=settings.bootstrap_seed)
+    alphas = tuple(dict.fromkeys((0.01, 0.10, float(th.memorization_alpha))))
+    kw = dict(alphas=alphas, n_resamples=settings.n_resamples, seed=settings.bootstrap_seed)
     out: dict[str, Any] = {}
+    calibrated = None
     for prefix, loss in (("known_context_", np.asarray(loss_ft, dtype=np.float64)),
                          ("known_context_calibrated_", np.asarray(loss_ft, np.float64) - np.asarray(loss_base, np.float64))):
         s = membership_score(ScoreKind.LOSS, loss)
         cal = Calibration.CALIBRATED if "calibrated" in prefix else Calibration.UNCALIBRATED
-        out.update(_metrics_columns(membership_metrics(s[member], s[~member], ScoreKind.LOSS, cal, **kw), prefix))
+        metrics = membership_metrics(s[member], s[~member], ScoreKind.LOSS, cal, **kw)
+        calibrated = metrics if cal is Calibration.CALIBRATED else calibrated
+        out.update(_metrics_columns(metrics, prefix))
+    out["known_context_memorization_flag"] = bool(
+        not collapsed and memorization_holds(calibrated, th, settings.n_checkpoints, n_competing=1))
     return out
 
 

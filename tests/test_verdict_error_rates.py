@@ -258,6 +258,24 @@ def test_known_context_baseline_is_the_plain_loss_attack_on_the_fine_tuning_pair
     assert cols["known_context_auc"] == 0.5
 
 
+def test_the_known_context_flag_is_the_memorization_rule_on_the_calibrated_known_context_loss():
+    """Set where the base-calibrated known-context loss of members is clearly lower (AUC 1, TPR 1), not where
+    only the uncalibrated loss is (the base model found the members as easy), and never on a collapsed
+    checkpoint; under selection_aware its family is one score per checkpoint, so more checkpoints raise
+    the bar (30 + 30 rows pass at one checkpoint, p ~ 1e-11, and fail at 10^10)."""
+    member = np.array([True] * 30 + [False] * 30)
+    separated = np.where(member, 0.1, 1.0) + np.linspace(0, 0.01, 60)
+    settings = ProbeSettings(n_resamples=50)
+    assert known_context_columns(separated, np.ones(60), member, settings)["known_context_memorization_flag"]
+    calibrated_away = known_context_columns(separated, separated, member, settings)
+    assert calibrated_away["known_context_auc"] == 1.0
+    assert not calibrated_away["known_context_memorization_flag"]
+    assert not known_context_columns(separated, np.ones(60), member, settings,
+                                     collapsed=True)["known_context_memorization_flag"]
+    many = ProbeSettings(n_resamples=50, n_checkpoints=10**10)
+    assert not known_context_columns(separated, np.ones(60), member, many)["known_context_memorization_flag"]
+
+
 def test_calibration_impact_compares_the_same_rule_over_non_collapsed_checkpoints_only():
     rows = [
         {"run_id": "a", "task": "t", "regime": "single_fixed", "q": 50, "epoch": 1, "outcome": "collapse",
