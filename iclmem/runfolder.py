@@ -5,8 +5,10 @@ each file here is written atomically."""
 
 from __future__ import annotations
 
+import contextlib
+import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,15 @@ RUN_STATE_FILE = "run_state.json"  # how the last driver of this folder ended (:
 LOCK_FILE = "driver.lock"
 DRIVER_FILE = "driver.json"
 LOCK_NAMES = frozenset({LOCK_FILE, DRIVER_FILE})
+# What a killed iclmem process can leave in a folder besides the lock: a file of ``iclmem.atomic`` caught half-written
+# under its temporary name (``.<name>.<8 random characters of tempfile.mkstemp>.tmp``, <name> one iclmem writes at
+# the top of a folder, or a prepared task), and the probe file of an older ``unwritable``. They are no content: a
+# folder holding only these (and the lock) is still empty, and a folder holding them is still iclmem's.
+_TEMP_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")
+_WRITE_CHECK = re.compile(r"^\.iclmem-write-check-[a-z0-9_]{8}$")
+_WRITE_CHECK_PREFIX = ".iclmem-write-check-"
+# Stage I's cache, as ``trainables.data.save_prepared`` names it: ``<fingerprint>.npz`` and ``.json``
+_PREPARED_ENTRY = re.compile(r"^[0-9a-f]{16,64}\.(npz|json)$")
 DIVERGED_RUNS_FILE = "diverged_runs.json"  # the run ids whose training stopped on a NaN / inf loss (the driver)
 # ``iclmem lm run | lm resume`` (``orchestrator.lm_sweep``) write RUN_STATE_FILE and CONSOLE_LOG_FILE too.
 
@@ -60,16 +71,72 @@ LM_ASSETS_DIR = "lm_assets"  # the built-in synthetic model and dataset, built o
 __all__ = [
     "FIGURES_DIR", "MANIPULATION_AUC_FILE", "PREPARED_DIR", "PROBES_DIR", "PROVENANCE_FILE", "REFERENCE_DIR",
     "REFERENCE_RESULTS_FILE", "REPORT_FILE", "RESULTS_FILE", "ROC_DIR", "SPLIT_REPORT_FILE", "SWEEP_FILE", "TUNE_DIR", "VERDICT_FILE",
-    "WANDB_DIR", "LOCK_FILE", "DRIVER_FILE", "folder_kind", "roc_path", "existing_ancestor", "unwritable", "GROUND_TRUTH_FILE", "CONSOLE_LOG_FILE", "RUN_STATE_FILE", "RunStatus",
-    "read_run_state", "write_run_state", "QUERIES_SUFFIX", "probe_stem",
+    "WANDB_DIR", "LOCK_FILE", "DRIVER_FILE", "folder_kind", "roc_path", "existing_ancestor", "unwritable", "GROUND_TRUTH_FILE",
+    "is_leftover", "content", "undo_if_refused", "remove_temp_leftovers", "CONSOLE_LOG_FILE", "RUN_STATE_FILE", "RunStatus",
+    "read_run_state", "write_run_state", "never_started", "QUERIES_SUFFIX", "probe_stem",
     "LM_ASSETS_DIR", "LM_EXPOSURE_DIR", "LM_REPORT_FILE", "LM_RESULTS_FILE", "LM_SWEEP_FILE", "LM_UNITS_DIR",
 ]
 
 
+def _top_level_files() -> frozenset[str]:
+    """Every file name iclmem writes at the top of a run or audit folder (the constants of this module)."""
+    return frozenset({value for name, value in globals().items() if name.isupper() and isinstance(value, str)
+                      and name.endswith("_FILE")} | {"timings.json", CONTEXT_ROC_FIGURE})
+
+
+def _is_temp_leftover(entry: Path, names: frozenset[str] | None = None) -> bool:
+    found = _TEMP_LEFTOVER.match(entry.name)
+    if found is None or not entry.is_file():
+        return False
+    return found["name"] in (names if names is not None else _top_level_files()) or bool(
+        _PREPARED_ENTRY.match(found["name"]))
+
+
+def is_leftover(path: str | Path) -> bool:
+    """Whether ``path`` is what a killed iclmem process leaves behind and no content: the folder's lock and its
+    holder record (``iclmem.runlock``), a file of ``iclmem.atomic`` caught under its temporary name, an old
+    write-check file, or a ``prepared/`` folder of Stage I's cache alone (a driver killed between Stage I and
+    ``sweep.json``). Never someone's file: each is a name (and for ``prepared/`` a content) only iclmem writes."""
+    entry = Path(path)
+    name = entry.name
+    if name in LOCK_NAMES or _WRITE_CHECK.match(name):
+        return entry.is_file()
+    if _is_temp_leftover(entry):
+        return True
+    if name == PREPARED_DIR and entry.is_dir() and not entry.is_symlink():
+        return all((_PREPARED_ENTRY.match(p.name) and p.is_file()) or _is_temp_leftover(p, frozenset())
+                   for p in entry.iterdir())
+    return False
+
+
+def remove_temp_leftovers(path: str | Path) -> list[str]:
+    """Remove the files a killed iclmem process left half-written under a temporary name (and old write-check
+    files) at the top of the folder ``path``; the names removed. Only for a command that holds the folder's
+    lock (``iclmem.runlock``): no other iclmem command is writing there."""
+    folder = Path(path)
+    removed = []
+    for entry in sorted(folder.iterdir()) if folder.is_dir() else ():
+        if _is_temp_leftover(entry) or (_WRITE_CHECK.match(entry.name) and entry.is_file()):
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+                removed.append(entry.name)
+    return removed
+
+
+def content(path: str | Path) -> list[Path]:
+    """The entries of the folder ``path`` that are content, i.e. not :func:`is_leftover` (empty for a missing
+    folder)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if not is_leftover(p))
+
+
 def folder_kind(path: str | Path) -> str:
-    """What ``path`` is: "missing", "empty", "tabular" (an iclmem sweep: ``sweep.json``), "lm" (an iclmem
-    language-model run, by its provenance record), "audit" (an ``iclmem probe`` folder, likewise), or
-    "foreign" (anything else: someone's files)."""
+    """What ``path`` is: "missing", "empty" (nothing but what a command at work or a killed one leaves:
+    :func:`is_leftover`), "tabular" (an iclmem sweep: ``sweep.json``), "lm" (an iclmem language-model run, by
+    its provenance record), "audit" (an ``iclmem probe`` folder, likewise), or "foreign" (anything else:
+    someone's files)."""
     from iclmem.errors import DataError
     from iclmem.provenance import Provenance
 
@@ -78,7 +145,7 @@ def folder_kind(path: str | Path) -> str:
         return "missing"
     if not folder.is_dir():
         return "foreign"
-    if not any(p.name not in LOCK_NAMES for p in folder.iterdir()):  # the lock of a command at work is no content
+    if not content(folder):  # the lock of a command at work, or a killed one's leftovers, is no content
         return "empty"
     if (folder / SWEEP_FILE).is_file():
         return "tabular"
@@ -98,22 +165,90 @@ def existing_ancestor(path: str | Path) -> Path:
     return target
 
 
-def unwritable(folder: str | Path) -> str | None:
+def unwritable(folder: str | Path, *, probe_foreign: bool = False) -> str | None:
     """Why iclmem could not write in ``folder`` (or create it), or None: checked before any work, so a
-    read-only mount or a file in the way is one line of bad input, not a traceback after Stage I."""
+    read-only mount or a file in the way is one line of bad input, not a traceback after Stage I.
+
+    Nothing is written among someone's files: permissions and a read-only mount are read (``os.access``,
+    ``statvfs``); then the write is tried only where iclmem would write anyway: a missing ``folder`` is created
+    and removed again (as the command would create it), an empty or iclmem folder gets a probe file that is
+    removed at once. A folder of other files (``/``, ``~``, someone's project) gets no probe: the command
+    refuses it as not its own. ``probe_foreign``: probe such a folder too (a storage path given to be
+    written in, which holds other experiments)."""
+    import errno
     import os
     import tempfile
 
-    target = existing_ancestor(folder)
+    requested = Path(folder).expanduser().absolute()
+    target = existing_ancestor(requested)
     if not target.is_dir():
         return f"{target} is a file, not a folder"
+    if not os.access(target, os.W_OK | os.X_OK):
+        return f"{target} is not writable ({os.strerror(errno.EACCES)})"
     try:
-        fd, probe = tempfile.mkstemp(prefix=".iclmem-write-check-", dir=target)
-        os.close(fd)
-        os.unlink(probe)
+        if os.statvfs(target).f_flag & os.ST_RDONLY:
+            return f"{target} is not writable ({os.strerror(errno.EROFS)})"
+    except OSError:
+        pass
+    try:
+        if target != requested:  # the folder the command would create, created and removed
+            first = requested
+            while first.parent != target:
+                first = first.parent
+            try:
+                os.mkdir(first)
+            except FileExistsError:  # made since by someone else: the command decides what it is
+                return None
+            os.rmdir(first)
+        elif probe_foreign or folder_kind(target) != "foreign":
+            fd, probe = tempfile.mkstemp(prefix=_WRITE_CHECK_PREFIX, dir=target)
+            os.close(fd)
+            os.unlink(probe)
     except OSError as exc:
         return f"{target} is not writable ({exc.strerror or exc})"
     return None
+
+
+@contextlib.contextmanager
+def undo_if_refused(folder: str | Path) -> Iterator[None]:
+    """Run a command's work in ``folder``; when it ends in refused input (an error of exit status 2, e.g. a
+    table or member file found bad during Stage I) and the folder was new or empty when the block began, remove
+    what the block wrote there: a refusal leaves nothing behind (no provenance record, no prepared rows). A
+    folder that held content already (an earlier run of the same work) is left to the command, which checks
+    before it writes. Any other end (a crash, Ctrl-C) keeps what was written, for the command to continue."""
+    from iclmem.errors import EXIT_BAD_INPUT
+
+    path = Path(folder)
+    kind = folder_kind(path)
+    if kind not in ("missing", "empty"):
+        yield
+        return
+    before = None if kind == "missing" else {p.name for p in path.iterdir()}
+    try:
+        yield
+    except BaseException as exc:
+        if getattr(exc, "exit_code", None) == EXIT_BAD_INPUT and path.is_dir():
+            if before is None:
+                for entry in path.iterdir():
+                    if entry.name not in LOCK_NAMES:  # a lock held around the block is its holder's to remove
+                        _remove(entry)
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+            else:
+                for entry in path.iterdir():
+                    if entry.name not in before and entry.name not in LOCK_NAMES:
+                        _remove(entry)
+        raise
+
+
+def _remove(entry: Path) -> None:
+    import shutil
+
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            entry.unlink()
 
 
 def roc_path(run_dir: str | Path, run_id: str, epoch: int) -> Path:
@@ -143,20 +278,51 @@ class RunStatus(str, Enum):
 
 
 def write_run_state(run_dir: str | Path, status: RunStatus, incomplete_runs: Iterable[str] = (),
-                    note: str = "") -> None:
+                    note: str = "", *, refused: bool = False) -> None:
     """Record how this driver ends (or that it started): ``{"status", "incomplete_runs", "updated", "note"}``.
 
     ``incomplete_runs`` (INTERRUPTED only) are the run ids whose training had not finished when the sweep
     stopped; their rows in ``results.parquet`` (if any) cover only the checkpoints reached. The report
-    reads this through :func:`read_run_state` to say the sweep is incomplete."""
+    reads this through :func:`read_run_state` to say the sweep is incomplete. ``refused`` (FAILED only): the
+    sweep was refused after Stage I before any trial, probe or audit of it ever started (resources no local
+    Ray has, unreachable storage or Ray head), and no earlier driver of the folder started one: ``"refused":
+    true`` is added, and the folder holds no result of its config, so a run of another config may take it
+    (:func:`never_started`)."""
     from iclmem.atomic import write_json_atomic
 
-    write_json_atomic(Path(run_dir) / RUN_STATE_FILE, {
+    state: dict[str, Any] = {
         "status": RunStatus(status).value,
         "incomplete_runs": sorted(set(incomplete_runs)),
         "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "note": note,
-    })
+    }
+    if refused:
+        state["refused"] = True
+    write_json_atomic(Path(run_dir) / RUN_STATE_FILE, state)
+
+
+# what a sweep that ever started work leaves in its folder (with its trials' storage, which may be elsewhere)
+_STARTED_MARKERS = (RESULTS_FILE, REFERENCE_RESULTS_FILE, PROBES_DIR, REFERENCE_DIR, TUNE_DIR, WANDB_DIR, ROC_DIR,
+                    CONTEXT_AUDITS_DIR, CONTEXT_AUDITS_FILE, DIVERGED_RUNS_FILE, "timings.json", REPORT_FILE)
+
+
+def never_started(run_dir: str | Path) -> str | None:
+    """The note of the refusal that ended ``run_dir``'s sweep, when it never started any work: its last driver
+    recorded a refusal before any trial (``write_run_state(..., refused=True)``, which only a driver of a folder
+    where no work had started writes) and the folder holds no result, trial, probe, reference score or audit.
+    Such a folder holds only the refused config and Stage I's cache: it claims nothing, and ``iclmem run``
+    of a corrected config may take it over. None for any other folder."""
+    from iclmem.errors import DataError
+
+    try:
+        state = read_run_state(run_dir)
+    except DataError:
+        return None
+    if state is None or state["status"] != RunStatus.FAILED or state.get("refused") is not True:
+        return None
+    if any((Path(run_dir) / name).exists() for name in _STARTED_MARKERS):
+        return None
+    return str(state.get("note") or "refused before any trial started")
 
 
 def read_run_state(run_dir: str | Path) -> dict[str, Any] | None:

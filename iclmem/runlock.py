@@ -11,6 +11,8 @@ next command takes the folder over, rewriting the record, and says so on stderr.
 the holder ends normally (the lock file while still held, and an acquirer checks that the file it locked is
 still the one in the folder, so two commands never both hold a lock); a folder this module created to hold
 the lock is removed again when nothing else was written into it, so a refused command leaves nothing behind.
+A holder also removes the files a killed command left half-written under a temporary name at the top of the
+folder (``iclmem.runfolder.remove_temp_leftovers``): with the lock held nobody else is writing them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from iclmem.runfolder import DRIVER_FILE, LOCK_FILE
+from iclmem.runfolder import DRIVER_FILE, LOCK_FILE, remove_temp_leftovers
 
 __all__ = ["Holder", "hold_run_folder", "read_holder", "refuse_if_held"]
 
@@ -185,6 +187,8 @@ def hold_run_folder(run_dir: str | Path, command: str,
                  "releasing the folder (killed?); its results are kept")
         write_json_atomic(folder / DRIVER_FILE, {"pid": me.pid, "host": me.host, "started": me.started,
                                                  "command": me.command})
+        if fd is not None:  # held: what a killed command left half-written is nobody's now
+            remove_temp_leftovers(folder)
         yield me
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -90,7 +90,8 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
 
     ``replace_fewer=False`` (``iclmem report`` without ``--force``) refuses, writing nothing, when the probe
     results cover fewer checkpoints than the results table already holds: a missing or pruned ``probes/``
-    folder must not turn a table of results into an emptier one. ``forced``: why the report was refused
+    folder must not turn a table of results into an emptier one; and when there is no probe result at all
+    (a sweep stopped before its first checkpoint was probed), saying so instead of writing an empty table. ``forced``: why the report was refused
     before ``iclmem report --force`` made it anyway (``sweep.json`` not the config of the results), shown at
     the report's top."""
     run_dir = Path(run_dir)
@@ -101,6 +102,8 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
     results, references = split_references(results)
     if not replace_fewer:
         stored_rows = folder.stored_result_rows()
+        if results.empty and stored_rows == 0:
+            raise nothing_to_report(folder)
         if len(results) < stored_rows:
             from iclmem.errors import DataError
 
@@ -129,6 +132,45 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
     if report is not None:
         log(f"[iclmem] report: {report}")
     return results
+
+
+def nothing_to_report(folder: RunFolder) -> Exception:
+    """The error of ``iclmem report`` on a sweep folder that holds no probe result (and no results table): what
+    its last driver recorded (``run_state.json``) and what to do, instead of an empty table written unsaid."""
+    from iclmem.errors import DataError
+    from iclmem.runfolder import RunStatus
+
+    try:
+        state = folder.run_state
+    except DataError:
+        state = None
+    status = state["status"] if state is not None else None
+    resume = f"`iclmem resume {folder.path}` continues it"
+    try:
+        from orchestrator.config import expand_grid
+
+        trials = len(expand_grid(folder.sweep))
+    except DataError:
+        trials = None
+    if trials == 0:
+        how = ("its sweep is of regime context alone, which fine-tunes no checkpoint: its report (report.html, "
+               "context_audits.parquet) is written by the sweep itself")
+    elif status == RunStatus.RUNNING:  # no driver holds the folder (the lock was checked): this one was killed
+        how = f"its driver ended before any checkpoint was probed (killed?); {resume}"
+    elif status == RunStatus.INTERRUPTED:
+        how = f"its sweep was interrupted before any checkpoint was probed; {resume}"
+    elif status == RunStatus.FAILED:
+        lines = str(state.get("note") or "").strip().splitlines() if state is not None else []
+        why = lines[0][:300] if lines else "no cause recorded"
+        how = (f"its sweep failed before any checkpoint was probed ({why}); fix that and run the sweep again "
+               f"(`iclmem run SWEEP --out {folder.path}`)")
+    elif status == RunStatus.COMPLETE:
+        how = "its sweep finished without a checkpoint to probe"
+    else:
+        how = f"no driver recorded how its sweep ended; {resume}"
+    return DataError(f"{folder.path} holds no probe result ({folder.path / PROBES_DIR} is empty or missing): {how}. "
+                     "There is nothing to report and nothing was written (`iclmem report --force` writes the "
+                     "empty table anyway)")
 
 
 def write_reports(run_dir: Path, results: pd.DataFrame, wandb_mode: str | None = None,

@@ -28,7 +28,21 @@ import numpy as np
 from iclmem.atomic import json_safe, write_json_atomic
 from iclmem.errors import CheckpointError, ConfigError, DataError
 from iclmem.provenance import Provenance
-from iclmem.runfolder import GROUND_TRUTH_FILE, PREPARED_DIR, PROBES_DIR, REFERENCE_DIR, VERDICT_FILE
+from iclmem.runfolder import (
+    CONTEXT_AUDIT_FILE,
+    CONTEXT_ROC_FIGURE,
+    CONTEXT_ROC_FILE,
+    CONTEXT_SCORES_FILE,
+    GROUND_TRUTH_FILE,
+    PREPARED_DIR,
+    PROBES_DIR,
+    PROVENANCE_FILE,
+    REFERENCE_DIR,
+    VERDICT_FILE,
+    WANDB_DIR,
+    undo_if_refused,
+)
+from iclmem.runlock import hold_run_folder
 from iclmem.vocab import LabelDesign, LabelMode
 
 # Draws of non-members for external members before the audit gives up on finding exchangeable ones (Stage
@@ -74,9 +88,14 @@ def parse_task(spec: str) -> Any:
             raise ConfigError(f"--task {spec}: a table needs its target column after a colon: --task {spec}:TARGET "
                               "(a CARTE folder is DIR:NAME)")
         return TaskSource(spec, "builtin")
+    # a table's target is everything after the first ``.csv:`` / ``.parquet:``, so a column may hold colons
+    # (``data.csv:a:b`` is column ``a:b`` of data.csv, not the CARTE folder ``data.csv:a``)
+    table = re.match(r"(?P<file>.+?\.(?:csv|parquet)):(?P<target>.+)\Z", spec, flags=re.S)
+    if table is not None:
+        return TaskSource(Path(table["file"]).stem, "table", table["file"], table["target"])
     left, right = spec.rsplit(":", 1)
-    if left.endswith((".csv", ".parquet")):
-        return TaskSource(Path(left).stem, "table", left, right)
+    if not left or not right:
+        raise ConfigError(f"--task {spec}: give a built-in task name, CARTE_DIR:NAME or FILE.csv:TARGET")
     return TaskSource(right, "carte", left)
 
 
@@ -138,6 +157,9 @@ def read_member_ids(path: str | Path, allow_labels: bool = False) -> np.ndarray:
         seen[value] = number
     if not seen:
         raise DataError(f"{file}: holds no member row ids (one integer row id per line)")
+    if len(seen) < 2:
+        raise DataError(f"{file}: holds {len(seen)} member row id; a membership AUC compares at least two members "
+                        "with two non-members, so give at least two")
     return np.array(list(seen), dtype=np.int64)
 
 
@@ -338,7 +360,7 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
     from probes.outcomes import OutcomeThresholds
     from probes.probe import ProbeSettings, probe_checkpoint
     from probes.scoring import ProbePlan, ProbeQueries
-    from trainables.data import PrepSettings, load_or_prepare
+    from trainables.data import PrepSettings, load_prepared, prepare_task, save_prepared, task_fingerprint
     from trainables.models import build_model
 
     note = log or (lambda line: print(line, file=sys.stderr))
@@ -405,19 +427,20 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
         base = build_model(model_name, **options)
     model = _build_weights(model_name, options, path, "fine-tuned")  # weights of another model: refused here
     # flags and models are settled: claimed before any work, so that an audit stopped half-way can run again
-    claim_audit_folder(out_dir, audit_hash(path), "--out" if out else "the default audit folder")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    audit_provenance(path, {"checkpoint": str(path.resolve()), "task": task or record_task_spec(source),
-                            "base_model": model_name, "base_options": options, "base_weights": base_weights, "q": q,
-                            "label_mode": label_mode, "seed": seed, "bootstrap": bootstrap,
-                            "context_size": context_size, "members": members}, seed).write(out_dir)
+    claim_audit_folder(out_dir, audit_hash(path), "--out" if out else "the default audit folder", note=note)
     # Stage I under the base model's input contract (ConTextTab reads the real columns, TabICL and TabPFN
     # unreduced numbers), as a sweep prepares the task for that model
     # a log written before label-matched non-members existed records no design: those runs used the paper's
     design = (record.truth.get("label_design", LabelDesign.UNMATCHED.value)
               if record is not None and record.truth is not None else LabelDesign.MATCHED.value)
-    prepared = load_or_prepare(source, base.prep_settings(PrepSettings(context_size=context_size, label_design=design)),
-                               label_mode, seed, q=q, cache_dir=out_dir / PREPARED_DIR)
+    # in memory (or read from an earlier audit's cache), and every check of it made, before anything is written:
+    # a task, members file or canary record refused leaves no folder (and no prepared rows) behind
+    prep_settings = base.prep_settings(PrepSettings(context_size=context_size, label_design=design))
+    fingerprint = task_fingerprint(source, prep_settings, label_mode, seed, q, None)
+    cache_dir = out_dir / PREPARED_DIR
+    stage_one = (load_prepared(fingerprint, cache_dir) if cache_dir.is_dir() else None) or \
+        prepare_task(source, prep_settings, label_mode, seed, q, None)
+    prepared = stage_one
     if member_ids is not None:
         ids = member_ids
         if record is not None and record.truth is not None:
@@ -444,10 +467,18 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
         if record.canaries_fingerprint and canaries.fingerprint != record.canaries_fingerprint:
             raise CheckpointError(f"{path}: the canaries rebuilt from {meta_file} differ from those {truth_file} "
                                   "records (was the task prepared with other settings?)")
-    result = probe_checkpoint(model, prepared, plan, out_dir / REFERENCE_DIR, model_digest(base), base, settings,
-                              identity, epoch=-1, canaries=canaries)
-    result.save(out_dir / PROBES_DIR, path.name)
-    write_json_atomic(out_dir / VERDICT_FILE, strict_json(result.row))
+    provenance = audit_provenance(path, {"checkpoint": str(path.resolve()), "task": task or record_task_spec(source),
+                                         "base_model": model_name, "base_options": options, "base_weights": base_weights,
+                                         "q": q, "label_mode": label_mode, "seed": seed, "bootstrap": bootstrap,
+                                         "context_size": context_size, "members": members}, seed)
+    with undo_if_refused(out_dir), hold_run_folder(out_dir, "iclmem probe"):
+        start_audit_folder(out_dir, provenance)
+        if load_prepared(fingerprint, cache_dir) is None:
+            save_prepared(stage_one, cache_dir)
+        result = probe_checkpoint(model, prepared, plan, out_dir / REFERENCE_DIR, model_digest(base), base, settings,
+                                  identity, epoch=-1, canaries=canaries)
+        result.save(out_dir / PROBES_DIR, path.name)
+        write_json_atomic(out_dir / VERDICT_FILE, strict_json(result.row))
     return dict(result.row)
 
 
@@ -461,13 +492,14 @@ def audit_estimator(estimator: str, base_estimator: str, task: str, *, members: 
     ``fit`` and its query a ``predict_proba``
     (:class:`trainables.models.estimator.EstimatorAdapter`), so the estimator is scored with its own
     preprocessing and ensembling; otherwise the audit is ``iclmem probe``'s, same verdict and folder."""
+    from orchestrator.context_audit import load_factory
     from probes.calibration import model_digest
     from probes.manipulations import default_suite
     from probes.outcomes import OutcomeThresholds
     from probes.probe import ProbeSettings, probe_checkpoint
     from probes.scoring import ProbePlan, ProbeQueries
     from trainables.data import PrepSettings, load_or_prepare
-    from trainables.models.estimator import EstimatorAdapter, load_estimator_factory
+    from trainables.models.estimator import EstimatorAdapter
 
     note = log or (lambda line: print(line, file=sys.stderr))
     if bootstrap < min_bootstrap():
@@ -479,31 +511,36 @@ def audit_estimator(estimator: str, base_estimator: str, task: str, *, members: 
     context_size = DEFAULTS["context_size"] if context_size is None else int(context_size)
     member_file = read_member_file(members)  # a bad file fails before any work
     source = parse_task(task)
-    model = EstimatorAdapter(load_estimator_factory(estimator, "--estimator"), estimator)
-    base = EstimatorAdapter(load_estimator_factory(base_estimator, "--base-estimator"), base_estimator)
+    model = EstimatorAdapter(load_factory(estimator, "--estimator"), estimator, "--estimator")
+    base = EstimatorAdapter(load_factory(base_estimator, "--base-estimator"), base_estimator, "--base-estimator")
     config = {"estimator": estimator, "base_estimator": base_estimator, "task": task, "members": members,
               "label_mode": label_mode, "seed": seed, "bootstrap": bootstrap, "context_size": context_size}
     identity_hash = settings_hash(config)
     out_dir = Path(out) if out else Path("runs") / f"audit-{source.name}-{identity_hash[:8]}"
-    claim_audit_folder(out_dir, identity_hash, "--out" if out else "the default audit folder", "estimator")
+    claim_audit_folder(out_dir, identity_hash, "--out" if out else "the default audit folder", "estimator", note=note)
     # Stage I in memory, before the folder is made: a table or members file that cannot be audited leaves none
     n_members = len(member_file.row_ids)
     prepared = load_or_prepare(source, PrepSettings(context_size=context_size, label_design=LabelDesign.MATCHED.value),
                                label_mode, seed, q=n_members)
     prepared = with_members(prepared, member_file.row_ids, seed, source=members, member_labels=member_file.labels)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    Provenance.collect(kind="audit", sweep_name=f"audit-{source.name}", config=config, config_hash=identity_hash,
-                       seeds=[seed]).write(out_dir)
+    # one checked fit of each estimator on the members, scored on a few non-members: one that fails or answers
+    # what no probability is (NaN, inf, negative) is one line naming its flag, and leaves no folder
+    for adapter in (model, base):
+        adapter.fit_once(prepared.features[prepared.member_idx], prepared.labels[prepared.member_idx],
+                         prepared.features[prepared.nonmember_idx[:8]], prepared.n_classes)
     plan = ProbePlan.build(ProbeQueries.from_task(prepared), default_suite(), seed, compress_rows=False)
-    note(f"[iclmem] black-box audit of {estimator} against {base_estimator}: {len(plan.planned)} probe contexts "
-         f"per model and split, each a fit and a predict_proba")
     settings = ProbeSettings(n_resamples=bootstrap, thresholds=OutcomeThresholds())
     identity = {"run_id": f"audit-estimator-{identity_hash[:8]}", "task": source.name, "model": EstimatorAdapter.name,
                 "regime": "external", "lr": float("nan"), "q": n_members, "label_mode": label_mode, "seed": seed}
-    result = probe_checkpoint(model, prepared, plan, out_dir / REFERENCE_DIR, model_digest(base), base, settings,
-                              identity, epoch=-1)
-    result.save(out_dir / PROBES_DIR, "estimator")
-    write_json_atomic(out_dir / VERDICT_FILE, strict_json(result.row))
+    with undo_if_refused(out_dir), hold_run_folder(out_dir, "iclmem probe"):
+        start_audit_folder(out_dir, Provenance.collect(kind="audit", sweep_name=f"audit-{source.name}", config=config,
+                                                       config_hash=identity_hash, seeds=[seed]))
+        note(f"[iclmem] black-box audit of {estimator} against {base_estimator}: {len(plan.planned)} probe contexts "
+             f"per model and split, each a fit and a predict_proba")
+        result = probe_checkpoint(model, prepared, plan, out_dir / REFERENCE_DIR, model_digest(base), base, settings,
+                                  identity, epoch=-1)
+        result.save(out_dir / PROBES_DIR, "estimator")
+        write_json_atomic(out_dir / VERDICT_FILE, strict_json(result.row))
     return dict(result.row)
 
 
@@ -534,13 +571,34 @@ def audit_hash(checkpoint: Path) -> str:
     return hashlib.sha256(str(checkpoint.resolve()).encode()).hexdigest()[:16]
 
 
-def claim_audit_folder(out_dir: Path, identity: str, flag: str, what: str = "checkpoint") -> None:
-    """An audit (``iclmem probe``, ``iclmem audit-context``) writes into a new or empty folder, or into the
-    folder of the same audit (``identity``: its provenance's config hash); never among someone else's files,
-    over another audit's verdict, or into a sweep's run folder. :class:`ConfigError` (nothing written)
-    otherwise. ``what`` names the kind of audit in the message."""
-    from iclmem.runfolder import folder_kind, unwritable
+# What an audit (``iclmem probe``, ``iclmem audit-context``) writes in its folder: an unfinished audit holding
+# nothing else may be replaced by an audit of other settings (claim_audit_folder, start_audit_folder)
+AUDIT_NAMES = frozenset({PROVENANCE_FILE, PREPARED_DIR, REFERENCE_DIR, PROBES_DIR, VERDICT_FILE, CONTEXT_AUDIT_FILE,
+                         CONTEXT_ROC_FILE, CONTEXT_SCORES_FILE, CONTEXT_ROC_FIGURE, WANDB_DIR})
 
+
+def unfinished_audit(out_dir: Path) -> bool:
+    """Whether ``out_dir`` holds an audit that never wrote its verdict (it failed, was refused half-way by an
+    older iclmem, or was stopped) and nothing but what an audit writes: it holds no result to keep, so an audit
+    of other settings may take its place."""
+    from iclmem.runfolder import content
+
+    return not (out_dir / VERDICT_FILE).exists() and all(p.name in AUDIT_NAMES for p in content(out_dir))
+
+
+def claim_audit_folder(out_dir: Path, identity: str, flag: str, what: str = "checkpoint",
+                       note: Any = None) -> None:
+    """An audit (``iclmem probe``, ``iclmem audit-context``) writes into a new or empty folder, into the folder
+    of the same audit (``identity``: its provenance's config hash), or into the folder of an unfinished audit of
+    other settings (no verdict: it failed or was stopped; :func:`unfinished_audit`), which it replaces, saying
+    so through ``note``; never among someone else's files, over another audit's verdict, into a folder another
+    command holds, or into a sweep's run folder. :class:`ConfigError` (nothing written) otherwise. ``what``
+    names the kind of audit in the message."""
+    from iclmem.runfolder import folder_kind, unwritable
+    from iclmem.runlock import refuse_if_held
+
+    say = note or (lambda line: print(line, file=sys.stderr))
+    refuse_if_held(out_dir)  # an audit at work in the folder is refused as such
     found = folder_kind(out_dir)
     where = f"{flag} {out_dir}"
     if found == "audit":
@@ -548,7 +606,10 @@ def claim_audit_folder(out_dir: Path, identity: str, flag: str, what: str = "che
         if record is None or record.config_hash != identity:
             config = record.config if record is not None else {}
             audited = config.get("checkpoint") or config.get("estimator") or config.get("task") or "?"
-            raise ConfigError(f"{where} holds the audit of another {what} ({audited}); give --out a new folder")
+            if not unfinished_audit(out_dir):
+                raise ConfigError(f"{where} holds the audit of another {what} ({audited}); give --out a new folder")
+            say(f"[iclmem] {where} holds an unfinished audit of another {what} ({audited}: no {VERDICT_FILE}, it "
+                "failed or was stopped): this audit replaces it")
     if found in ("tabular", "lm"):
         raise ConfigError(f"{where} is an iclmem run folder; an audit writes into a folder of its own: give --out a "
                           "new folder")
@@ -559,6 +620,27 @@ def claim_audit_folder(out_dir: Path, identity: str, flag: str, what: str = "che
     problem = unwritable(out_dir)
     if problem:
         raise ConfigError(f"{where}: {problem}")
+
+
+def start_audit_folder(out_dir: Path, record: Provenance) -> None:
+    """Make the audit folder and write its provenance, once every check of the audit has passed. An unfinished
+    audit of other settings that :func:`claim_audit_folder` let this one replace is removed first (its cached
+    rows, scores and stored result are not this audit's); the same audit's are kept, to be continued."""
+    import shutil
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        previous = Provenance.read(out_dir)
+    except DataError:
+        previous = None
+    if previous is not None and previous.config_hash != record.config_hash and unfinished_audit(out_dir):
+        for name in AUDIT_NAMES:
+            entry = out_dir / name
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            elif entry.exists():
+                entry.unlink()
+    record.write(out_dir)
 
 
 def strict_json(row: dict[str, Any]) -> Any:

@@ -49,25 +49,45 @@ def _process_started() -> float:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.config import load_sweep
+    from orchestrator.prepare import check_models
     from orchestrator.sweep import run_sweep
 
     sweep = load_sweep(args.config)
     if args.wandb:
         sweep = with_wandb_mode(sweep, args.wandb)
+    check_models(sweep, args.config)  # an unknown option or a weights file that does not load: before the folder
+    check_address(args.address)
     run_dir = Path(args.out) if args.out else _default_run_dir(args.config)
     print(f"[iclmem] sweep {sweep.name!r} ({sweep.config_hash()}) -> {run_dir}", flush=True)
     results = run_sweep(args.config, run_dir, sweep=sweep, address=args.address, progress=not args.quiet,
                         num_cpus=args.num_cpus, verbose=args.verbose, started_at=_process_started())
     print(f"[iclmem] done: {len(results)} checkpoint results; report at {run_dir / 'report.html'}")
+    _print_leaked(results)
     return 0
+
+
+def _print_leaked(results: Any) -> None:
+    """The final summary's runs that leaked (run id, epoch, AUC with its interval, TPR@1%), as the report's first
+    section lists them; nothing for a sweep with no fine-tuned run (a context-audit-only sweep)."""
+    from orchestrator.report.html import leaked_lines
+    from orchestrator.report.tables import outcome_summary
+
+    if results is None or len(results) == 0 or outcome_summary(results)[1] == 0:
+        return
+    for line in leaked_lines(results):
+        print(f"[iclmem] {line}")
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from orchestrator.sweep import run_sweep
 
+    check_address(args.address)
+    _check_outputs(Path(args.run_dir), "iclmem resume")
+    _check_trial_runs(Path(args.run_dir))
     results = run_sweep(None, args.run_dir, address=args.address, resume=True, progress=not args.quiet,
                         num_cpus=args.num_cpus, verbose=args.verbose, started_at=_process_started())
     print(f"[iclmem] resumed: {len(results)} checkpoint results; report at {Path(args.run_dir) / 'report.html'}")
+    _print_leaked(results)
     return 0
 
 
@@ -103,18 +123,22 @@ def cmd_lm(args: argparse.Namespace) -> int:
 
         cfg = load_lm_sweep(args.config)
         if not args.schema_only:  # every model directory and dataset loads (the built-in world is built)
+            _check_lm_device(cfg, args.config, None, validating=True)
             with tempfile.TemporaryDirectory() as scratch:
                 inputs = resolve_inputs(cfg, Path(scratch))
             print(f"{args.config}: {len(inputs.models)} model(s) and {len(inputs.datasets)} dataset(s) load")
         print(f"{args.config}: valid; config hash {cfg.config_hash()}")
         return 0
     quiet = (lambda _line: None) if args.quiet else print
+    check_address(args.address)
     if args.lm_command == "resume":
         run_dir = Path(args.run_dir)
+        _check_lm_device(None, str(run_dir), args.address, validating=False)
         results = run_lm_sweep(None, run_dir, resume=True, address=args.address, num_cpus=args.num_cpus, log=quiet,
                                verbose=args.verbose)
     else:
         cfg = load_lm_sweep(args.config)
+        _check_lm_device(cfg, args.config, args.address, validating=False)
         if args.wandb:
             cfg = with_wandb_mode(cfg, args.wandb)
         run_dir = Path(args.out) if args.out else _default_run_dir(args.config)
@@ -138,6 +162,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     problem = unwritable(run_dir)
     if problem:
         raise ConfigError(f"{run_dir}: {problem}; `iclmem report` rewrites the tables and the report there")
+    _check_outputs(run_dir, "iclmem report")
     with hold_run_folder(run_dir, "iclmem report"):  # no driver starts in the folder while its tables are rebuilt
         return _report(args, run_dir, sweep)
 
@@ -165,7 +190,9 @@ def _report(args: argparse.Namespace, run_dir: Path, sweep: Any) -> int:
             raise ConfigError(f"{publish[0]} publishes to W&B: pass --wandb online and export WANDB_API_KEY")
         if not entity:
             raise ConfigError(f"{publish[0]} needs a W&B entity: set wandb.entity in the sweep or WANDB_ENTITY")
-    results = aggregate(run_dir, wandb_mode=args.wandb, replace_fewer=args.force, forced=mismatch)
+    # the report reads what is stored and recomputes nothing: a damaged probe result is left out, said so
+    with _reworded_warnings(_REPORT_REWORDING.format(run_dir=run_dir)):
+        results = aggregate(run_dir, wandb_mode=args.wandb, replace_fewer=args.force, forced=mismatch)
     if args.wandb_report:
         from orchestrator.report.wandb_summary import build_wandb_report
 
@@ -239,6 +266,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from orchestrator.estimate import estimate, render
     from orchestrator.timing import comparison_lines, read_timings, save_prediction
 
+    if args.device is not None and not _ESTIMATE_DEVICE.fullmatch(args.device):
+        raise ConfigError(f"--device {args.device!r}: one of auto, cpu, cuda or cuda:N (a GPU's index)")
     timings = None
     if args.compare:  # a finished run: its own sweep and worker count, unless the command line names others
         from iclmem.runfolder import SWEEP_FILE
@@ -267,9 +296,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_check(args: argparse.Namespace) -> int:
-    from orchestrator.cluster import check_cluster_file
+    from orchestrator.cluster import check_cluster_file, is_dockerfile
 
-    if Path(args.cluster_yaml).name.startswith(("Dockerfile", "Containerfile")):
+    if is_dockerfile(args.cluster_yaml):  # Dockerfile, Containerfile, Dockerfile.gpu, gpu.Dockerfile, ...
         return _report_check(args, _check_image(args), "base image pinned, pins equal to pyproject.toml's, no "
                              "secret, non-root user")
     if Path(args.cluster_yaml).suffix in (".sbatch", ".slurm"):
@@ -289,6 +318,133 @@ def cmd_cluster_check(args: argparse.Namespace) -> int:
     if args.sweep:
         checked += f"; storage, secrets and resources of {', '.join(args.sweep)}"
     return _report_check(args, result, checked)
+
+
+_ESTIMATE_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # what trainables.models.base.resolve_device takes
+# ``HOST:PORT`` or ``ray://HOST:PORT`` (a bracketed IPv6 host too), the forms --address takes besides auto / local
+_ADDRESS = re.compile(r"(?:ray://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})")
+_NO_ADDRESS = "drop --address to start an embedded local Ray"
+
+
+def check_address(address: str | None) -> None:
+    """``--address`` of run, resume and lm run / resume, checked before any work: ``auto`` needs a Ray cluster
+    this machine can find (``ray start --head`` here, or RAY_ADDRESS), anything else must be ``HOST:PORT``
+    or ``ray://HOST:PORT`` (whether a head answers there is checked once the config is, by the driver)."""
+    if address is None:
+        return
+    text = address.strip()
+    if text == "local":
+        return
+    if text == "auto":
+        from ray._private.services import get_ray_address_from_environment
+
+        try:
+            get_ray_address_from_environment("auto", None)
+        except ConnectionError:
+            raise ConfigError("--address auto: no running Ray cluster found on this machine (no `ray start --head` "
+                              f"here and no RAY_ADDRESS); start one, give its HOST:PORT, or {_NO_ADDRESS}") from None
+        return
+    match = _ADDRESS.fullmatch(text)
+    if match is None or not 0 < int(match.group("port")) < 65536:
+        shown = os.fsencode(address).decode("utf-8", "backslashreplace")
+        raise ConfigError(f"--address {shown!r}: not a Ray address; give auto, HOST:PORT (e.g. 10.0.0.5:6379, what "
+                          f"`ray status` prints) or ray://HOST:PORT, or {_NO_ADDRESS}")
+
+
+# Files and folders `iclmem report` and `iclmem resume` (re)write in a run folder: one that is in the way (a
+# folder where a file goes, or a file where a folder goes) is named before any work, not when it is written.
+def _run_folder_outputs() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    from iclmem.runfolder import (
+        CONTEXT_AUDITS_FILE,
+        FIGURES_DIR,
+        MANIPULATION_AUC_FILE,
+        PROBES_DIR,
+        REFERENCE_RESULTS_FILE,
+        REPORT_FILE,
+        RESULTS_FILE,
+        ROC_DIR,
+        SPLIT_REPORT_FILE,
+    )
+
+    files = (RESULTS_FILE, REFERENCE_RESULTS_FILE, SPLIT_REPORT_FILE, MANIPULATION_AUC_FILE, REPORT_FILE,
+             CONTEXT_AUDITS_FILE)
+    return files, (ROC_DIR, FIGURES_DIR, PROBES_DIR)
+
+
+def _check_outputs(run_dir: Path, command: str) -> None:
+    files, folders = _run_folder_outputs()
+    for name in files:
+        path = run_dir / name
+        if path.exists() and not path.is_file():
+            raise ConfigError(f"{path} is a folder, not a file: `{command}` writes the file {name} there; move the "
+                              "folder away (nothing was changed)")
+    for name in folders:
+        path = run_dir / name
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{path} is a file, not a folder: `{command}` keeps its {name} files there; move the "
+                              "file away (nothing was changed)")
+
+
+def _check_trial_runs(run_dir: Path) -> None:
+    """``RUN_DIR/wandb/trial_runs.json`` (the W&B run of every trial, read when a resumed sweep logs to W&B):
+    a damaged one is named before any work, by the reader the W&B logger uses."""
+    from iclmem.runfolder import WANDB_DIR
+    from orchestrator.wandb_logger import TRIAL_RUNS_FILE, TrialRunsLedger
+
+    TrialRunsLedger.read(run_dir / WANDB_DIR / TRIAL_RUNS_FILE)
+
+
+def _check_lm_device(cfg: Any, where: str, address: str | None, *, validating: bool) -> None:
+    """An LM sweep's ``device`` must exist where its probe actors run: on this machine unless --address joins a
+    cluster. A resumed run's device is its ``lm_sweep.json``'s."""
+    from orchestrator.lm_config import unavailable_device
+
+    if address:
+        return  # the actors run on the cluster's nodes, which this machine cannot see
+    if cfg is None:
+        from iclmem.runfolder import LM_SWEEP_FILE
+
+        stored = Path(where) / LM_SWEEP_FILE
+        if not stored.is_file():
+            return  # the resume itself names a folder that is not an LM run
+        from orchestrator.lm_config import parse_lm_sweep
+
+        try:
+            cfg = parse_lm_sweep(json.loads(stored.read_text(encoding="utf-8")), str(stored))
+        except (ValueError, OSError, IclmemError):
+            return  # the resume names a damaged record itself
+    why = unavailable_device(cfg)
+    if why is None:
+        return
+    if validating:
+        raise ConfigError(f"{where}: {why}: set device: cpu, or validate on a machine with it (`iclmem lm validate "
+                          "--schema-only` checks the file alone)")
+    raise ConfigError(f"{where}: {why}, where the embedded Ray's probe actors would run: set device: cpu, or join a "
+                      "cluster with that device with --address")
+
+
+_REPORT_REWORDING = ("left out of the report (`iclmem report` recomputes nothing; `iclmem resume {run_dir}` "
+                     "probes it again)")
+_RECOMPUTE_WORDS = re.compile(r"(; recomputing it|; it will be recomputed)$")
+
+
+@contextlib.contextmanager
+def _reworded_warnings(instead: str) -> Iterator[None]:
+    """Warnings that promise a recomputation (a damaged stored result) said as what a reader does with them."""
+    import warnings
+
+    previous = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        text = _RECOMPUTE_WORDS.sub(f"; {instead}", str(message))
+        previous(category(text) if isinstance(message, Warning) else text, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
 
 
 def _check_image(args: argparse.Namespace) -> Any:
@@ -374,6 +530,43 @@ def _folder(name: str) -> Any:
 
 _out_folder = _folder("--out")
 _run_dir = _folder("RUN_DIR")
+
+
+def check_folder_name(flag: str, text: str) -> None:
+    """A folder a command writes in (``--out``, ``RUN_DIR``) must have a name the tools below can take: UTF-8
+    (Ray, Parquet and W&B encode paths as UTF-8) and within the file system's NAME_MAX per part and PATH_MAX
+    in all. Checked before any work, in one line naming the flag."""
+    shown = os.fsencode(text).decode("utf-8", "backslashreplace")
+    short = shown if len(shown) <= 80 else f"{shown[:40]}...{shown[-20:]}"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{flag} {short!r}: the name is not UTF-8 (bytes of another encoding, shown as \\x..); "
+                          "Ray, Parquet and W&B take UTF-8 paths only: name the folder in UTF-8") from None
+    absolute = Path(text).expanduser().absolute()
+    known = next((p for p in (absolute, *absolute.parents) if _is_dir_quietly(p)), Path("/"))
+    name_max, path_max = _path_limit(known, "PC_NAME_MAX", 255), _path_limit(known, "PC_PATH_MAX", 4096)
+    for part in absolute.parts[1:]:
+        if len(os.fsencode(part)) > name_max:
+            raise ConfigError(f"{flag} {short!r}: a folder name of {len(os.fsencode(part))} bytes in it; the file "
+                              f"system takes at most {name_max} (NAME_MAX): give a shorter name")
+    if len(os.fsencode(absolute)) >= path_max:
+        raise ConfigError(f"{flag} {short!r}: a path of {len(os.fsencode(absolute))} bytes; the file system takes "
+                          f"at most {path_max - 1} (PATH_MAX), and the run's own files go below it: give a shorter path")
+
+
+def _is_dir_quietly(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a name too long to look up
+        return False
+
+
+def _path_limit(folder: Path, name: str, default: int) -> int:
+    try:
+        return int(os.pathconf(folder, name))
+    except (OSError, ValueError):
+        return default
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -587,6 +780,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     args = build_parser().parse_args(argv)
     try:
+        for flag, attr in (("--out", "out"), ("RUN_DIR", "run_dir")):
+            if getattr(args, attr, None):
+                check_folder_name(flag, getattr(args, attr))
         # run, resume, lm run and lm resume keep the full form, in the run folder's console log
         sweeping = args.command in ("run", "resume") or (args.command == "lm" and args.lm_command in ("run", "resume"))
         with _short_warnings(not sweeping):

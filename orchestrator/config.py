@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import types
 import typing
 from dataclasses import asdict, dataclass, replace
@@ -333,6 +334,25 @@ class DataConfig(StrictConfig):
     # input); default: RUN_DIR/prepared.
     cache_dir: str | None = None
 
+    @field_validator("cache_dir")
+    @classmethod
+    def _cache_is_a_folder(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if not value.strip():
+            raise ValueError("cache_dir is empty: name a folder, or leave it out for RUN_DIR/prepared")
+        from iclmem.runfolder import existing_ancestor
+
+        try:
+            part = existing_ancestor(value)
+            blocked = part.exists() and not part.is_dir()
+        except OSError as exc:  # a name too long for the file system
+            raise ValueError(f"cache_dir {value[:60]!r}...: not a usable folder name ({exc.strerror or exc})") from None
+        if blocked:
+            raise ValueError(f"{str(part)!r} is a file, not a folder: Stage I keeps its prepared tasks under "
+                             "cache_dir, so it must be a folder (or a path to create)")
+        return value
+
 
 class ProbeConfig(StrictConfig):
     suite: Literal["default"] | list[str | dict[str, Any]] = "default"
@@ -508,10 +528,36 @@ class ResourcesConfig(ProbeActorsConfig):
     stall_timeout_min: float = Field(30.0, ge=0)
 
 
+# What W&B refuses in a project name (wandb's own check): a name with one of them fails at the first run
+_WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
+_WANDB_PROJECT_MAX = 128
+
+
 class WandbConfig(StrictConfig):
     mode: WandbMode = WandbMode.OFFLINE
     project: str = "iclmem"
     entity: str | None = None
+
+    @field_validator("project")
+    @classmethod
+    def _project_name(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError(f"the W&B project name is empty ({value!r}): name a project (default iclmem)")
+        bad = sorted({c for c in value if c in _WANDB_PROJECT_FORBIDDEN})
+        if bad:
+            raise ValueError(f"the W&B project name {value!r} holds {' '.join(bad)}, which W&B refuses in a project "
+                             "name")
+        if len(value) > _WANDB_PROJECT_MAX:
+            raise ValueError(f"the W&B project name is {len(value)} characters; W&B takes at most "
+                             f"{_WANDB_PROJECT_MAX}")
+        return value
+
+    @field_validator("entity")
+    @classmethod
+    def _entity_name(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError(f"the W&B entity is empty ({value!r}): name one, or leave it out for your default")
+        return value
 
 
 class SweepConfig(StrictConfig):
@@ -615,12 +661,19 @@ class SweepConfig(StrictConfig):
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
 
+_YAML_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class UniqueKeyLoader(yaml.SafeLoader):
     """yaml.safe_load that refuses a key given twice in one mapping (YAML would keep the last silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _value in node.value:
+            if key_node.tag == _YAML_MERGE_TAG:
+                # ``<<: *anchor`` merges as PyYAML's safe_load does (SafeLoader's construct_mapping flattens
+                # it); a key this mapping gives itself overrides the merged one, which is no duplicate
+                continue
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
@@ -630,7 +683,13 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    if not path.is_file():
+    try:
+        is_file, is_dir = path.is_file(), path.is_dir()
+    except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL byte ...
+        raise ConfigError(f"{_shown(path)}: cannot be a sweep file ({getattr(exc, 'strerror', None) or exc})") from None
+    if is_dir:
+        raise ConfigError(f"{path} is a folder, not a sweep file: give the sweep's YAML file itself")
+    if not is_file:
         raise ConfigError(f"sweep file not found: {path}")
     if path.resolve() in seen:
         raise ConfigError(f"{path}: include cycle through {[str(p) for p in seen]}")
@@ -645,7 +704,10 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     try:
         data = yaml.load(text, Loader=UniqueKeyLoader) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
+    except RecursionError:  # PyYAML composes nested lists and mappings recursively
+        raise ConfigError(f"{path}: lists or mappings nested too deeply to read (hundreds of levels); no sweep "
+                          "setting nests more than a few") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of settings")
     include = data.pop("include", None)
@@ -653,6 +715,22 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         return data
     base = _read_yaml((path.parent / include).resolve(), seen + (path.resolve(),))
     return _merge(base, data)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: what is wrong and where (its message quotes the line under a caret)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        mark = exc.problem_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        context = f"{exc.context}: " if exc.context else ""
+        return f"{context}{exc.problem}{where}"
+    return " ".join(str(exc).split())
+
+
+def _shown(path: Path) -> str:
+    """``path`` for a one-line message: bytes that are not UTF-8 as escapes, a very long name cut short."""
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]} ({len(text)} characters)"
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -666,14 +744,17 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 
 def format_validation_error(source: str, exc: ValidationError) -> str:
-    lines = [f"{source}: {exc.error_count()} problem(s):"]
+    """Every problem with its path in the file: one line for one problem, else a line per problem."""
+    problems = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown setting"
-        lines.append(f"  - {where}: {msg}")
-    return "\n".join(lines)
+        problems.append(f"{where}: {msg}")
+    if len(problems) == 1:
+        return f"{source}: {problems[0]}"
+    return "\n".join([f"{source}: {len(problems)} problem(s):", *(f"  - {p}" for p in problems)])
 
 
 def validate_config(model: type[ConfigT], data: dict[str, Any], source: str) -> ConfigT:
@@ -684,9 +765,18 @@ def validate_config(model: type[ConfigT], data: dict[str, Any], source: str) -> 
         raise ConfigError(format_validation_error(source, exc)) from None
 
 
-def read_config(model: type[ConfigT], path: str | Path) -> ConfigT:
-    """A sweep file (following ``include:``) validated into ``model``; paths in it are left as written."""
-    return validate_config(model, _read_yaml(Path(path)), str(path))
+def read_config(model: type[ConfigT], path: str | Path,
+                other: tuple[type[BaseModel], str] | None = None) -> ConfigT:
+    """A sweep file (following ``include:``) validated into ``model``; paths in it are left as written.
+    ``other``: the other kind of sweep file (tabular or LM) and what to say of a file of that kind, which is
+    named as such in one line instead of as every setting it lacks and has."""
+    data = _read_yaml(Path(path))
+    if other is not None:
+        theirs = sorted(k for k in data if k in other[0].model_fields and k not in model.model_fields)
+        ours = [k for k in data if k in model.model_fields and k not in other[0].model_fields]
+        if theirs and not ours:
+            raise ConfigError(f"{path}: {other[1].format(path=path, keys=', '.join(theirs))}")
+    return validate_config(model, data, str(path))
 
 
 def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepConfig:
@@ -712,7 +802,11 @@ def read_stored_sweep(run_dir: str | Path) -> SweepConfig:
 
 
 def load_sweep(path: str | Path) -> SweepConfig:
-    return resolve_paths(read_config(SweepConfig, path), Path(path).parent)
+    from orchestrator.lm_config import LMSweepConfig
+
+    lm = (LMSweepConfig, "an LM sweep file (it has {keys}), not a tabular one: check it with `iclmem lm validate "
+                         "{path}` and run it with `iclmem lm run`")
+    return resolve_paths(read_config(SweepConfig, path, other=lm), Path(path).parent)
 
 
 def resolve_paths(sweep: SweepConfig, base_dir: Path) -> SweepConfig:

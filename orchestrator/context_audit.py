@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.atomic import write_json_atomic, write_parquet_atomic
-from iclmem.errors import ConfigError, DataError
+from iclmem.errors import ConfigError, DataError, IclmemError
 from iclmem.provenance import Provenance
 from iclmem.runfolder import (
     CONTEXT_AUDIT_FILE,
@@ -40,7 +40,7 @@ from iclmem.runfolder import (
     CONTEXT_SCORES_FILE,
     VERDICT_FILE,
 )
-from iclmem.vocab import ContextAttack, ContextTarget, LabelDesign, LabelMode
+from iclmem.vocab import ContextAttack, ContextTarget, LabelDesign, LabelMode, Recipe
 
 DEFAULT_CONTEXT_SIZE = 256
 DEFAULT_REFERENCES = 64
@@ -80,15 +80,34 @@ class AdapterScorer:
 class EstimatorScorer:
     """A scikit-learn-style classifier as a :class:`probes.context_audit.ContextScorer`: a fresh estimator
     from ``factory()`` fitted on each context, ``predict_proba`` on the queries
-    (:func:`trainables.models.estimator.estimator_log_probs`)."""
+    (:func:`trainables.models.estimator.estimator_log_probs`). A ``fit`` or ``predict_proba`` that fails, and
+    probabilities that are not finite and >= 0, are a :class:`~iclmem.errors.ModelError` naming the estimator (``name``,
+    its ``MODULE:FACTORY``), through :class:`trainables.models.estimator.CheckedEstimator`."""
 
     def __init__(self, factory: Callable[[], Any], n_classes: int, name: str = "estimator") -> None:
         self.factory, self.n_classes, self.name = factory, int(n_classes), name
 
     def __call__(self, context_x: np.ndarray, context_y: np.ndarray, query_x: np.ndarray) -> np.ndarray:
-        from trainables.models.estimator import estimator_log_probs
+        from trainables.models.estimator import CheckedEstimator, estimator_log_probs
 
-        return estimator_log_probs(self.factory, context_x, context_y, query_x, self.n_classes, self.name)
+        return estimator_log_probs(lambda: CheckedEstimator(self.factory(), self.name), context_x, context_y,
+                                   query_x, self.n_classes, self.name)
+
+
+def load_factory(spec: str, flag: str = "--estimator") -> Callable[[], Any]:
+    """:func:`trainables.models.estimator.load_estimator_factory`, with a module that does not parse or fails
+    while it is imported named in one line too."""
+    from trainables.models.estimator import load_estimator_factory
+
+    try:
+        return load_estimator_factory(spec, flag)
+    except SyntaxError as exc:
+        raise ConfigError(f"{flag} {spec}: {exc.filename or 'its module'} does not parse (line {exc.lineno}: "
+                          f"{exc.msg})") from None
+    except IclmemError:
+        raise
+    except Exception as exc:  # the module's own code failed as it was imported
+        raise ConfigError(f"{flag} {spec}: importing its module failed ({type(exc).__name__}: {exc})") from None
 
 
 # ------------------------------------------------------------------------------------------ the audit
@@ -105,10 +124,13 @@ class PreparedContextAudit:
 
 def prepare_context_audit(source: Any, task: str, context_size: int, seed: int, *, adapter: Any = None,
                           factory: Callable[[], Any] | None = None, estimator: str | None = None,
-                          note: Callable[[str], None] = print) -> PreparedContextAudit:
+                          note: Callable[[str], None] = print, deployed: bool = False) -> PreparedContextAudit:
     """Stage I for a context audit under the model's input contract: N label-matched members and non-members
     (q = N), a small C' (:data:`BLIND_CONTEXT_ROWS`), and the control drawn from the rows left (N rows with
-    the members' label counts; none when the table has too few, said through ``note``)."""
+    the members' label counts; none when the table has too few, said through ``note``). ``deployed``: the
+    adapter's weights scored as its package deploys them (``deployed_estimator``: a fit of the package's
+    classifier per context, its preprocessing and ensemble included) on the same prepared rows as the raw
+    network would be."""
     from probes.context_audit import ContextAuditInputs
     from trainables.data import PrepSettings, null_split, prepare_task
 
@@ -142,8 +164,16 @@ def prepare_context_audit(source: Any, task: str, context_size: int, seed: int, 
              "table or a smaller --context-size")
     inputs = ContextAuditInputs(features[population], labels[population], member, prepared.n_classes,
                                 control_x, control_y)
-    scorer: Any = (AdapterScorer(adapter, prepared.n_classes, prepared.columns) if adapter is not None
-                   else EstimatorScorer(factory, prepared.n_classes, str(estimator)))
+    if deployed:
+        if adapter is None or not callable(getattr(adapter, "deployed_estimator", None)):
+            raise ConfigError(f"model {getattr(adapter, 'name', None)!r} has no package classifier to deploy it "
+                              "through (recipe upstream: tabicl, tabpfn-v2)")
+        scorer: Any = EstimatorScorer(adapter.deployed_estimator, prepared.n_classes,
+                                      estimator or f"{adapter.name} as its package deploys it")
+    elif adapter is not None:
+        scorer = AdapterScorer(adapter, prepared.n_classes, prepared.columns)
+    else:
+        scorer = EstimatorScorer(factory, prepared.n_classes, str(estimator))
     return PreparedContextAudit(inputs, scorer, prepared, population)
 
 
@@ -154,6 +184,8 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
     """Audit whether rows of ``task`` were in a fitted estimator's context; returns the
     :class:`probes.context_audit.ContextAuditResult` and writes the folder ``out`` (and, with ``wandb``
     offline or online, one W&B run of project ``project``)."""
+    from iclmem.runfolder import undo_if_refused
+    from iclmem.runlock import hold_run_folder
     from orchestrator.audit import (
         DEFAULT_BOOTSTRAP,
         check_bootstrap_cap,
@@ -192,9 +224,7 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
               "references": references, "seed": seed, "bootstrap": bootstrap, "null_splits": null_splits}
     config_hash = settings_hash(config)
     out_dir = Path(out)
-    from trainables.models.estimator import load_estimator_factory
-
-    factory = load_estimator_factory(estimator) if estimator else None
+    factory = load_factory(estimator) if estimator else None
     adapter = None
     if model is not None:
         from trainables.models import build_model
@@ -204,11 +234,19 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
     # Stage I in memory (a second or two): a table that cannot be audited leaves no folder behind
     audit = prepare_context_audit(source, task, context_size, seed, adapter=adapter, factory=factory,
                                   estimator=estimator, note=note)
-    result, table, verdict = run_prepared_audit(audit, out_dir, task=task, sweep_name=f"context-{source.name}",
-                                                config=config, config_hash=config_hash, references=references,
-                                                seed=seed, bootstrap=bootstrap, null_splits=null_splits, note=note)
-    if wandb not in (None, "disabled"):
-        log_to_wandb(out_dir, table, verdict, wandb, project)
+    if factory is not None:  # one fit on the deployed context, so that an estimator that fails leaves no folder
+        inputs = audit.inputs
+        x, y = np.asarray(inputs.population_x), np.asarray(inputs.population_y)
+        audit.scorer(x[inputs.member], y[inputs.member], x[~inputs.member][:8])
+    # held while it scores (a second command on --out is refused, not let in to replace it as unfinished); an
+    # estimator refused mid-scoring (a later fit fails) takes what this audit wrote into a new folder with it
+    with undo_if_refused(out_dir), hold_run_folder(out_dir, "iclmem audit-context"):
+        result, table, verdict = run_prepared_audit(audit, out_dir, task=task, sweep_name=f"context-{source.name}",
+                                                    config=config, config_hash=config_hash, references=references,
+                                                    seed=seed, bootstrap=bootstrap, null_splits=null_splits,
+                                                    note=note)
+        if wandb not in (None, "disabled"):
+            log_to_wandb(out_dir, table, verdict, wandb, project)
     return result
 
 
@@ -218,14 +256,14 @@ def run_prepared_audit(audit: PreparedContextAudit, out_dir: Path, *, task: str,
                        size_setting: str = "--context-size") -> tuple[Any, pd.DataFrame, dict[str, Any]]:
     """Score a prepared audit and write its folder (provenance first, the verdict last): (result, table,
     verdict as written). Shared by ``iclmem audit-context`` and a sweep's regime ``context``."""
+    from orchestrator.audit import start_audit_folder
     from probes.context_audit import evaluate_context_audit
     from probes.metrics import LowResolutionWarning
     from probes.outcomes import OutcomeThresholds
     from probes.probe import blind_columns
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    Provenance.collect(kind="audit", sweep_name=sweep_name, config=config, config_hash=config_hash,
-                       seeds=[seed]).write(out_dir)
+    start_audit_folder(out_dir, Provenance.collect(kind="audit", sweep_name=sweep_name, config=config,
+                                                   config_hash=config_hash, seeds=[seed]))
     inputs, scorer, prepared, population = audit.inputs, audit.scorer, audit.prepared, audit.population
     member = inputs.member
     blind = blind_columns(prepared)
@@ -358,9 +396,13 @@ def prepare_sweep_audit(spec: Any, sweep: Any, note: Callable[[str], None]) -> P
     from trainables.models import build_model
 
     task = next(t for t in sweep.tasks if t.name == spec.task)
-    adapter = build_model(spec.model, **dict(spec.model_options))
+    options = dict(spec.model_options)
+    adapter = build_model(spec.model, **options)
+    # recipe upstream: the package fine-tunes and deploys the weights, so its classifier is what is audited
+    deployed = str(options.get("recipe", Recipe.ICLMEM.value)) == Recipe.UPSTREAM.value
     try:
-        return prepare_context_audit(task_source(task), spec.task, spec.q, spec.seed, adapter=adapter, note=note)
+        return prepare_context_audit(task_source(task), spec.task, spec.q, spec.seed, adapter=adapter, note=note,
+                                     deployed=deployed)
     except DataError as exc:
         raise DataError(f"regime context, task {spec.task!r}, grid.q {spec.q}: {exc}".replace("--context-size",
                                                                                             "grid.q")) from None

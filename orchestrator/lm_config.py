@@ -4,6 +4,7 @@ shared base file; relative paths relative to the file; the same probe-actor and 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +20,7 @@ __all__ = ["LMDatasetConfig", "LMModelConfig", "LMSweepConfig", "NerConfig", "Th
            "parse_lm_sweep"]
 
 SYNTHETIC_FORMAT = "conll2003"  # the format of the built-in synthetic dataset
+_DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")  # the torch devices the LM probe actors move their models to
 
 
 class LMModelConfig(StrictConfig):
@@ -121,6 +123,13 @@ class LMSweepConfig(StrictConfig):
     resources: ProbeActorsConfig = ProbeActorsConfig()
     wandb: WandbConfig = WandbConfig(project="iclmem-lm")
 
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, v: str) -> str:
+        if not _DEVICE.fullmatch(v):
+            raise ValueError(f"device {v!r}: one of cpu, cuda, cuda:N (a GPU's index) or mps")
+        return v
+
     @field_validator("probes")
     @classmethod
     def _probes(cls, v: list[LMProbe]) -> list[LMProbe]:
@@ -153,10 +162,31 @@ def parse_lm_sweep(data: dict[str, Any], source: str = "<lm sweep>") -> LMSweepC
     return validate_config(LMSweepConfig, data, source)
 
 
+def unavailable_device(cfg: LMSweepConfig) -> str | None:
+    """Why ``cfg.device`` cannot run on this machine (CUDA asked for, none here; likewise MPS), or None."""
+    if cfg.device == "cpu":
+        return None
+    import torch
+
+    if cfg.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return f"device {cfg.device}, but torch sees no CUDA device on this machine"
+        index = int(cfg.device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            return f"device {cfg.device}, but torch sees {torch.cuda.device_count()} CUDA device(s) here"
+    elif cfg.device == "mps" and not torch.backends.mps.is_available():
+        return "device mps, but torch sees no MPS device on this machine"
+    return None
+
+
 def load_lm_sweep(path: str | Path) -> LMSweepConfig:
     """Read and validate an LM sweep YAML; relative paths are relative to the file."""
+    from orchestrator.config import SweepConfig
+
     path = Path(path)
-    cfg = read_config(LMSweepConfig, path)
+    tabular = (SweepConfig, "a tabular sweep file (it has {keys}), not an LM one: check it with `iclmem validate "
+                            "{path}` and run it with `iclmem run`")
+    cfg = read_config(LMSweepConfig, path, other=tabular)
     return cfg.model_copy(update={
         "models": [m.model_copy(update={"path": resolve_path(m.path, path.parent)}) for m in cfg.models],
         "datasets": [d.model_copy(update={"path": resolve_path(d.path, path.parent)}) for d in cfg.datasets],

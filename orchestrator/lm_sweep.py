@@ -397,7 +397,11 @@ def _run_lm_sweep_holding(cfg: LMSweepConfig, run_dir: Path, *, address: str | N
     from contextlib import nullcontext
 
     from orchestrator.sweep import console_warnings
+    from orchestrator.wandb_logger import resolve_wandb_mode
 
+    # says now, on the terminal (not in the console log that quiet_console opens below), when the environment's
+    # WANDB_MODE overrides the sweep's wandb.mode; the W&B logger at the end resolves it again, silently
+    resolve_wandb_mode(str(cfg.wandb.mode))
     # Python warnings of the inputs' loading are held until the run folder (and its console log) exists.
     with warnings.catch_warnings(record=True) as early_warnings:
         inputs = _resolve_new_or_continued(cfg, run_dir)

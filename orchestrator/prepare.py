@@ -63,22 +63,67 @@ class PreparedSweep:
     reference_tasks: dict[str, str] = field(default_factory=dict)
 
 
+def check_models(sweep: SweepConfig, source: str = "sweep") -> None:
+    """Every model of the sweep is found and builds with its options, and a weights file the sweep names
+    (``options.weights: /path``) loads into it: a :class:`ConfigError` naming each model at fault (its index,
+    its option or its file), before any table is read or any folder written."""
+    from trainables.models import build_model
+    from trainables.models.checkpoints import DEFAULT_WEIGHTS, HUB, MINI, RANDOM, locate_weights
+
+    missing, broken = [], []
+    for index, model_cfg in enumerate(sweep.models):
+        name, options = model_cfg.name, dict(model_cfg.options)
+        try:
+            path = locate_weights(name, options)
+        except IclmemError as exc:
+            missing.append(f"models.{index}: {exc}")
+            continue
+        where = f"models.{index} ({name})"
+        try:  # random weights: the options alone, no file read
+            build_model(name, **{**options, "weights": RANDOM})
+        except Exception as exc:  # an adapter's constructor: any failure is the options' to name
+            broken.append(f"{where}: {_option_problem(options, exc)}")
+            continue
+        weights = options.get("weights")
+        default = DEFAULT_WEIGHTS.get(name).weights if name in DEFAULT_WEIGHTS else None
+        if path is None or not isinstance(weights, str) or weights in (RANDOM, HUB, MINI, default):
+            continue  # the shipped or official weights: located above, loaded by every trial alike
+        try:  # a file the user named: it must load into this model, or every trial would fail on it
+            build_model(name, **options)
+        except Exception as exc:
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            why = why if len(why) <= 160 else why[:157] + "..."
+            broken.append(f"{where}: weights file {path} does not load into {name} ({why})")
+    if missing:
+        raise ConfigError(f"{source}: model weights not found (nothing was started):\n  - " + "\n  - ".join(missing))
+    if len(broken) == 1:
+        raise ConfigError(f"{source}: {broken[0]}; nothing was started")
+    if broken:
+        raise ConfigError(f"{source}: {len(broken)} models do not build (nothing was started):\n  - "
+                          + "\n  - ".join(broken))
+
+
+def _option_problem(options: dict[str, Any], exc: Exception) -> str:
+    """One line for a model that its options do not build: an unknown option by name, else the error."""
+    import re
+
+    if isinstance(exc, IclmemError):
+        return str(exc)
+    unknown = re.search(r"unexpected keyword argument '([^']+)'", str(exc))
+    if isinstance(exc, TypeError) and unknown:
+        return f"unknown option {unknown.group(1)!r} in options {options} (see the model's adapter; `iclmem models`)"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"options {options} do not build the model ({type(exc).__name__}: {text})"
+
+
 def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None] = print,
                   source: str = "sweep") -> PreparedSweep:
     """Stage I for every (task, Q, label mode, seed, model input contract) of the grid, after every model's
     weights are found; each trial (and its base-model control) is mapped to the tasks prepared for its own
     model's contract. Fails before any Ray work."""
     from trainables.models import build_model
-    from trainables.models.checkpoints import locate_weights
 
-    problems = []
-    for index, model_cfg in enumerate(sweep.models):
-        try:
-            locate_weights(model_cfg.name, model_cfg.options)
-        except IclmemError as exc:
-            problems.append(f"models.{index}: {exc}")
-    if problems:
-        raise ConfigError(f"{source}: model weights not found (nothing was started):\n  - " + "\n  - ".join(problems))
+    check_models(sweep, source)
 
     settings = PrepSettings(regression_bins=sweep.data.regression_bins, max_features=sweep.data.max_features,
                             context_size=sweep.data.context_size, label_design=sweep.data.label_design)

@@ -48,6 +48,7 @@ from iclmem.runfolder import (
     RunStatus,
     existing_ancestor,
     folder_kind,
+    never_started,
     probe_stem,
     record_diverged_run,
     unwritable,
@@ -140,7 +141,8 @@ def unreachable_storage(storage_path: str, timeout_s: float = STORAGE_CHECK_TIME
     before Ray starts: otherwise the first trial fails with a traceback (or the filesystem retries for
     minutes) after Stage I."""
     if "://" not in storage_path or storage_path.startswith("file://"):
-        return unwritable(storage_path.removeprefix("file://"))
+        # a storage path is given to be written in, beside other experiments: probed even when it holds them
+        return unwritable(storage_path.removeprefix("file://"), probe_foreign=True)
     outcome: list[str | None] = []
 
     def probe() -> None:
@@ -687,9 +689,17 @@ def console_warnings(console: Console) -> Iterator[None]:
         warnings.showwarning = original
 
 
-def unsatisfiable_resources(resources: Any, available: dict[str, float]) -> list[str]:
+def probe_pool_count(sweep: Any) -> int:
+    """How many probe pools a sweep with trials starts: one per distinct model (name and options), each of
+    ``resources.probe_actors`` actors (``start_probe_pools``)."""
+    return len({(m.name, json.dumps(dict(m.options), sort_keys=True, default=str)) for m in sweep.models})
+
+
+def unsatisfiable_resources(resources: Any, available: dict[str, float], pools: int = 1) -> list[str]:
     """What a single Ray node holding ``available`` (``ray.cluster_resources()``) can never give one trial or
-    one probe actor of ``resources`` (the sweep's ``resources`` block), one line each naming the setting."""
+    one probe actor of ``resources`` (the sweep's ``resources`` block), one line each naming the setting.
+    ``pools``: the probe pools the sweep starts (:func:`probe_pool_count`; 0 without trials), whose actors
+    all hold their share for the whole sweep."""
     asks = [("resources.cpus_per_trial", "CPU", resources.cpus_per_trial),
             ("resources.gpus_per_trial", "GPU", resources.gpus_per_trial),
             ("resources.cpus_per_probe_actor", "CPU", resources.cpus_per_probe_actor),
@@ -707,11 +717,14 @@ def unsatisfiable_resources(resources: Any, available: dict[str, float]) -> list
     # the probe actors start first and hold their share for the whole sweep: a trial must fit beside them
     for kind, per_trial, per_actor in (("CPU", resources.cpus_per_trial, resources.cpus_per_probe_actor),
                                        ("GPU", resources.gpus_per_trial, resources.gpus_per_probe_actor)):
-        held = resources.probe_actors * per_actor
+        actors = resources.probe_actors * pools
+        held = actors * per_actor
         have = float(available.get(kind, 0.0))
         if per_trial and held and per_trial + held > have:
+            who = (f"{actors} probe actor(s)" if pools == 1 else
+                   f"{actors} probe actors ({resources.probe_actors} for each of the sweep's {pools} models)")
             problems.append(f"resources.{kind.lower()}s_per_trial: {per_trial:g} {kind} asked, but the "
-                            f"{resources.probe_actors} probe actor(s) hold {held:g} of the local Ray's {have:g} "
+                            f"{who} hold {held:g} of the local Ray's {have:g} "
                             f"{kind} for the whole sweep: no trial could start (lower it, or "
                             f"resources.probe_actors / {kind.lower()}s_per_probe_actor)")
     return problems
@@ -793,9 +806,9 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
         check_results_match(run_dir, sweep)
     elif sweep is None:
         sweep = load_sweep(config_path)
-    require_writable(run_dir, resume)
     if not resume:
-        claim_run_folder(run_dir, sweep)  # someone else's folder is refused before the lock touches it
+        claim_run_folder(run_dir, sweep)  # someone else's folder is refused before anything touches it
+    require_writable(run_dir, resume)
     # one driver per folder, from here to the end: a second `run`, `resume` or `report` is refused (exit 2)
     with hold_run_folder(run_dir, "iclmem resume" if resume else "iclmem run"):
         return _run_sweep_holding(config_path, run_dir, sweep=sweep, address=address, resume=resume,
@@ -809,6 +822,10 @@ def _run_sweep_holding(config_path: str | Path | None, run_dir: Path, *, sweep: 
     """:func:`_run_sweep` once the folder's lock is held: Stage I, the drive, the state record."""
     from orchestrator.timing import Phase
 
+    # whether no driver of this folder has started any work yet: only then is a refusal after Stage I recorded as
+    # one that leaves the folder to a corrected config (iclmem.runfolder.never_started)
+    pristine = folder_kind(run_dir) in ("missing", "empty") or never_started(run_dir) is not None
+    replaced = None
     if resume:  # read again under the lock: what was checked before it may have changed since
         check_results_match(run_dir, sweep)
     elif claim_run_folder(run_dir, sweep):
@@ -817,12 +834,20 @@ def _run_sweep_holding(config_path: str | Path | None, run_dir: Path, *, sweep: 
         log(f"[iclmem] {run_dir} holds this sweep already: continuing it (finished trials are kept, as `iclmem "
             "resume` does)")
         resume = True
+    elif folder_kind(run_dir) == "tabular":  # a refused sweep of another config that never started: replaced
+        replaced = RunFolder(run_dir).sweep
+        why = (never_started(run_dir) or "").strip().splitlines()
+        log(f"[iclmem] {run_dir} holds the sweep {replaced.name!r} (hash {replaced.config_hash()}), refused before "
+            f"any trial started ({why[0][:300] if why else 'refused'}): replacing it by this one")
+    from orchestrator.wandb_logger import resolve_wandb_mode
+
+    resolve_wandb_mode(sweep.wandb.mode)  # says now, on the terminal, when the environment overrides the mode
     source = str(config_path) if config_path else str(run_dir / SWEEP_FILE) if resume else f"sweep {sweep.name!r}"
     # Python warnings of Stage I are held until the run folder (and its console log) exists.
     with warnings.catch_warnings(record=True) as early_warnings, clock(Phase.STAGE_I):
         check_context_audits(sweep, log)  # regime context: its Stage I (in memory) before any folder or cluster work
         prepared = prepare_in_place_or_staged(sweep, run_dir, log=log if progress else (lambda _m: None),
-                                              source=source)
+                                              source=source, replace=replaced is not None)
     record_sweep(run_dir, sweep)
     write_run_state(run_dir, RunStatus.RUNNING)
     interrupts.run_dir = str(run_dir)
@@ -840,6 +865,9 @@ def _run_sweep_holding(config_path: str | Path | None, run_dir: Path, *, sweep: 
                           log=log, console=console, interrupts=interrupts, clock=clock,
                           wall_from=started_at if started_at is not None else entered)
         except (KeyboardInterrupt, SweepInterrupted, SweepStalled, TrialsFailed, DiskFull):  # _drive recorded the state
+            raise
+        except RefusedBeforeStart as exc:  # nothing started: a corrected config may take the folder if nothing ever did
+            write_run_state(run_dir, RunStatus.FAILED, note=f"{type(exc).__name__}: {exc}"[:2000], refused=pristine)
             raise
         except BaseException as exc:
             said = [line.strip() for line in _console_tail(console.log_path, since=log_start).splitlines()
@@ -889,24 +917,25 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
 
             why = unreachable_address(address)
             if why:  # after the config and the tables were checked, before Ray: ray.init would retry for minutes
-                raise ConfigError(f"--address {address}: no Ray head there, {why}; start one with `ray start --head` "
-                                  "(or give the address `ray status` prints), or drop --address to run on an "
-                                  "embedded Ray")
+                raise RefusedBeforeStart(f"--address {address}: no Ray head there, {why}; start one with `ray start "
+                                         "--head` (or give the address `ray status` prints), or drop --address to "
+                                         "run on an embedded Ray")
         storage = storage_for(sweep, run_dir)
         why = unreachable_storage(storage)
         if why:  # before Ray and before any trial: Tune would fail on its first checkpoint
-            raise ConfigError(f"storage_path {storage}: cannot keep checkpoints there: {why}; fix storage_path in "
-                              "the sweep (or the credentials of its bucket). Stage I's results are kept")
+            raise RefusedBeforeStart(f"storage_path {storage}: cannot keep checkpoints there: {why}; fix storage_path "
+                                     "in the sweep (or the credentials of its bucket). Stage I's results are kept")
         with clock(Phase.RAY):
             started = ensure_ray(address, num_cpus=num_cpus)
         available = ray.cluster_resources()
         spent["workers"] = int(available.get("GPU", 0) if sweep.resources.gpus_per_trial > 0 else available.get("CPU", 0))
         if not address:
             # one local node: a trial or actor asking for more than it holds would wait forever, silently
-            problems = unsatisfiable_resources(sweep.resources, ray.cluster_resources())
+            problems = unsatisfiable_resources(sweep.resources, ray.cluster_resources(),
+                                               pools=probe_pool_count(sweep) if prepared.trials else 0)
             if problems:
-                raise ConfigError("the local Ray cannot run this sweep (nothing was started; Stage I's results are "
-                                  "kept):\n  - " + "\n  - ".join(problems))
+                raise RefusedBeforeStart("the local Ray cannot run this sweep (nothing was started; Stage I's results "
+                                         "are kept):\n  - " + "\n  - ".join(problems))
         audits = submit_context_audits(sweep, run_dir, log)  # regime context: Ray tasks beside the trials
         causes: dict[str, list[str]] = {}
         if prepared.trials:
@@ -1085,6 +1114,13 @@ def record_timings(run_dir: Path, prepared: PreparedSweep, spent: dict[str, Any]
         log(f"[iclmem] WARNING the run's timings were not recorded: {type(exc).__name__}: {exc}")
 
 
+class RefusedBeforeStart(ConfigError):
+    """A sweep refused after Stage I, before any trial, probe or audit started (resources the local Ray does not
+    have, an unreachable Ray head or storage). The folder keeps Stage I's cache; when no work of it had ever
+    started, ``run_state.json`` records the refusal so that a corrected config may take the folder over
+    (:func:`claim_run_folder`), instead of being sent to an ``iclmem resume`` that would be refused again."""
+
+
 def require_writable(run_dir: Path, resume: bool) -> None:
     """A driver (tabular or LM, new or resumed) refuses a run folder it could not write, before any work."""
     problem = unwritable(run_dir)
@@ -1135,7 +1171,9 @@ def claim_run_folder(run_dir: Path, sweep: SweepConfig | None = None, *, kind: s
     ``kind`` is the run this driver writes (what :func:`iclmem.runfolder.folder_kind` calls it): "tabular"
     (``iclmem run``, of ``sweep``) or "lm" (``iclmem lm run``, of the LM sweep whose hash is ``config_hash``).
     Returns True when the folder holds a run of the same config (to be continued), False for a new or empty
-    one; raises :class:`ConfigError` (nothing written) for any other folder."""
+    one, or a tabular sweep of another config that was refused before any work of it started
+    (:func:`iclmem.runfolder.never_started`: it holds no result, so it claims nothing); raises
+    :class:`ConfigError` (nothing written) for any other folder."""
     found = folder_kind(run_dir)
     if found in ("missing", "empty"):
         return False
@@ -1162,12 +1200,16 @@ def claim_run_folder(run_dir: Path, sweep: SweepConfig | None = None, *, kind: s
             stored = RunFolder(run_dir).sweep
             if stored.config_hash() == config_hash:
                 return True
+            if never_started(run_dir) is not None:  # refused before any trial: nothing of it to continue
+                return False
             raise ConfigError(
                 f"{run_dir} holds a sweep of another config ({stored.name!r}, hash {stored.config_hash()}; "
                 f"this one is {config_hash}): continue that one with `iclmem resume {run_dir}`, or give "
                 "--out a new folder")
         if found == "lm":
             raise ConfigError(f"{run_dir} holds a language-model probe run; give --out a new folder")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--out {run_dir}: {run_dir} is a file, not a folder; nothing was started")
     raise ConfigError(f"{run_dir} is not empty and is not an iclmem run folder: iclmem writes nothing among other "
                       "files; give --out a new or empty folder")
 
@@ -1179,17 +1221,19 @@ def record_sweep(run_dir: Path, sweep: SweepConfig) -> None:
 
 
 def prepare_in_place_or_staged(sweep: SweepConfig, run_dir: Path, log: Callable[[str], None],
-                               source: str = "sweep") -> PreparedSweep:
+                               source: str = "sweep", replace: bool = False) -> PreparedSweep:
     """Stage I for a new run folder happens in a staging folder renamed into place on success, so a
     sweep refused for bad input leaves no partial output behind. With ``data.cache_dir`` the prepared
-    tasks are read from (and added to) that shared cache instead of ``RUN_DIR/prepared``."""
+    tasks are read from (and added to) that shared cache instead of ``RUN_DIR/prepared``. ``replace``: the
+    folder holds a refused sweep of another config (:func:`claim_run_folder`), whose Stage I cache this one
+    replaces on success."""
     import shutil
 
     if sweep.data.cache_dir:
         prepared = prepare_sweep(sweep, Path(sweep.data.cache_dir).expanduser().resolve(), log=log, source=source)
         run_dir.mkdir(parents=True, exist_ok=True)
         return prepared
-    if folder_kind(run_dir) not in ("missing", "empty"):  # (the lock this driver holds is no content)
+    if folder_kind(run_dir) not in ("missing", "empty") and not replace:  # (the lock held is no content)
         return prepare_sweep(sweep, run_dir / PREPARED_DIR, log=log, source=source)
     staging = run_dir.with_name(f".{run_dir.name}.staging")  # the folder's lock keeps it this driver's own
     shutil.rmtree(staging, ignore_errors=True)
@@ -1199,6 +1243,8 @@ def prepare_in_place_or_staged(sweep: SweepConfig, run_dir: Path, log: Callable[
         shutil.rmtree(staging, ignore_errors=True)
         raise
     run_dir.mkdir(parents=True, exist_ok=True)
+    # the cache of a replaced sweep, or one a killed driver left (iclmem.runfolder.is_leftover), is not this one's
+    shutil.rmtree(run_dir / PREPARED_DIR, ignore_errors=True)
     if (staging / PREPARED_DIR).exists():  # a sweep of regime context alone prepares nothing here
         (staging / PREPARED_DIR).rename(run_dir / PREPARED_DIR)
     shutil.rmtree(staging, ignore_errors=True)

@@ -108,18 +108,39 @@ class NullResultsLogger:
         return None
 
 
+_SAID: set[str] = set()  # the mode overrides this process has already named (each is said once)
+
+
+def _say_once(line: str) -> None:
+    """One warning line on stderr, once per process: the mode is resolved by every logger a command opens."""
+    import sys
+
+    if line not in _SAID:
+        _SAID.add(line)
+        print(f"iclmem: warning: {line}", file=sys.stderr, flush=True)
+
+
 def resolve_wandb_mode(requested: str | None = "offline", environ: Mapping[str, str] | None = None) -> str:
     """``online`` only when asked for and ``WANDB_API_KEY`` is present; ``disabled`` if asked; else offline.
 
-    An environment ``WANDB_MODE`` of offline/disabled also wins over a request for online.
+    An environment ``WANDB_MODE`` of offline/disabled also wins over a request for online, and says so in one
+    warning line on stderr naming ``WANDB_MODE`` (once per process): online must not turn offline unsaid.
     """
     env = os.environ if environ is None else environ
     req = (requested or "offline").lower()
-    env_mode = str(env.get("WANDB_MODE", "")).lower()
-    if req == "disabled" or env_mode == "disabled":
+    raw_env_mode = str(env.get("WANDB_MODE", ""))
+    env_mode = raw_env_mode.lower()
+    if req == "disabled":
+        return "disabled"
+    if env_mode == "disabled":
+        if req == "online":
+            _say_once(f"W&B online mode requested, but the environment sets WANDB_MODE={raw_env_mode}: nothing is "
+                      "logged to W&B (unset WANDB_MODE to log online)")
         return "disabled"
     if req == "online":
         if env_mode in ("offline", "dryrun"):
+            _say_once(f"W&B online mode requested, but the environment sets WANDB_MODE={raw_env_mode}: logging "
+                      "offline (unset WANDB_MODE to log online)")
             return "offline"
         if env.get("WANDB_API_KEY"):
             return "online"
@@ -344,11 +365,32 @@ class TrialRunsLedger:
     would otherwise be merged into the same W&B runs by ``wandb sync`` or online resume.
     """
 
+    REMEDY = "delete it to start the trials' W&B runs afresh (the results are not in it)"
+
     def __init__(self, path: Path, config_hash: str) -> None:
         self.path = path
-        data = json.loads(path.read_text()) if path.is_file() else {}
+        data = self.read(path)
         self.token: str = data.get("token") or f"{str(config_hash)[:8]}-{secrets.token_hex(3)}"
         self.runs: dict[str, dict[str, Any]] = data.get("runs", {})
+
+    @classmethod
+    def read(cls, path: Path) -> dict[str, Any]:
+        """The ledger's JSON (``{}`` when there is none yet); a damaged one is a one-line
+        :class:`~iclmem.errors.DataError` naming the file (``iclmem resume`` checks it before any work)."""
+        from iclmem.atomic import read_json_object
+        from iclmem.errors import DataError
+
+        if not path.exists():
+            return {}
+        if not path.is_file():
+            raise DataError(f"{path} is a folder, not the W&B trial-run ledger; {cls.REMEDY}")
+        data = read_json_object(path, "W&B trial-run ledger", cls.REMEDY)
+        runs, token = data.get("runs", {}), data.get("token", "")
+        if (not isinstance(runs, dict) or not all(isinstance(v, dict) for v in runs.values())
+                or not isinstance(token, (str, type(None)))):
+            raise DataError(f"{path}: damaged, not the W&B trial-run ledger iclmem wrote (no mapping of runs); "
+                            f"{cls.REMEDY}")
+        return data
 
     def entry(self, run_id: str) -> dict[str, Any]:
         if run_id not in self.runs:

@@ -204,10 +204,13 @@ class ProbeWorker(_PoolWorker):
         # a reference trains with the target's canaries (the recipe's "in" distribution) but is no audit
         # target: its canaries are not scored
         canaries = None if target_key is not None else self.canaries(job)
-        result = probe_checkpoint(
-            self._model_for(job, notes), task, self.plan(job.task_key), self.cache_dir, self.base_digest,
-            self.base, settings, job.identity, job.epoch, canaries=canaries, base_plan=base_plan,
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # every job's: an actor probes many checkpoints
+            result = probe_checkpoint(
+                self._model_for(job, notes), task, self.plan(job.task_key), self.cache_dir, self.base_digest,
+                self.base, settings, job.identity, job.epoch, canaries=canaries, base_plan=base_plan,
+            )
+        notes.extend(_recomputed_notes(caught, job, notes))
         result.row["probe_seconds"] = round(time.perf_counter() - wall, 3)
         result.row["probe_device_seconds"] = round(clock() - started, 3)
         spent = stopwatch.tally()  # the phases of this job (orchestrator.timing reads them off the results)
@@ -215,6 +218,28 @@ class ProbeWorker(_PoolWorker):
             result.row[f"probe_{name}_seconds"] = round(spent.get(name, 0.0), 3)
         result.row["probe_node"] = _node_id()
         return replace(result, notes=tuple(notes)) if notes else result
+
+
+# what ``iclmem.atomic.read_parquet_checked`` (reference scores, the base model's in-context loss) and
+# ``trainables.data.load_prepared`` warn when a stored table is damaged and recomputed
+_RECOMPUTED = ("ignoring unreadable file ", "ignoring damaged ")
+
+
+def _recomputed_notes(caught: list[warnings.WarningMessage], job: ProbeJob, notes: list[str]) -> list[str]:
+    """The warnings of one probe job that name a damaged stored file it recomputed (a ``reference/*.parquet``
+    first of all), as notes: the driver shows an actor's notes on its own console (the README's promise: "a
+    damaged one is recomputed with a warning that names it"), where the actor's stderr, on whatever node it
+    runs, would only reach the console log. Any other warning is shown as it would have been."""
+    found: list[str] = []
+    for w in caught:
+        text = str(w.message)
+        if issubclass(w.category, UserWarning) and text.startswith(_RECOMPUTED):
+            line = f"run {job.identity.get('run_id')} epoch {job.epoch}: {' '.join(text.split())[:600]}"
+            if line not in notes and line not in found:
+                found.append(line)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return found
 
 
 class LMUnitWorker(_PoolWorker):

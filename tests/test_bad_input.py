@@ -258,3 +258,20 @@ def test_the_address_check_accepts_a_listening_port_and_leaves_other_forms_to_ra
     assert unreachable_address("auto") is None
     assert unreachable_address(None) is None
     assert "nothing answers on 127.0.0.1" in unreachable_address(f"127.0.0.1:{_closed_local_port()}", timeout=2)
+
+
+def test_probe_actors_of_every_model_are_counted_before_a_trial_is_left_no_cpu():
+    """Each distinct model gets a probe pool of its own (``start_probe_pools``), and its actors hold their CPU for
+    the whole sweep: five models of one CPU-actor each on a 2-CPU Ray leave no trial a CPU, which was a sweep
+    waiting at "0 running" forever. One model, the same settings: a trial fits beside its actor."""
+    from orchestrator.config import load_sweep
+    from orchestrator.sweep import probe_pool_count, unsatisfiable_resources
+
+    sweep = load_sweep(Path(__file__).resolve().parents[1] / "configs" / "real_formats.yaml")
+    assert probe_pool_count(sweep) == 5
+    crowded = sweep.resources.model_copy(update={"cpus_per_trial": 1, "cpus_per_probe_actor": 1, "probe_actors": 1})
+    (problem,) = unsatisfiable_resources(crowded, {"CPU": 2.0}, pools=probe_pool_count(sweep))
+    assert "5 probe actors (1 for each of the sweep's 5 models) hold 5 of the local Ray's 2 CPU" in problem
+    assert problem.startswith("resources.cpus_per_trial: 1 CPU asked")
+    assert unsatisfiable_resources(crowded, {"CPU": 2.0}, pools=1) == []
+    assert unsatisfiable_resources(crowded, {"CPU": 2.0}, pools=0) == []  # regime context alone: no probe pool

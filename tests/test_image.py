@@ -95,3 +95,22 @@ def test_a_dockerfile_in_a_subfolder_is_compared_with_the_checkouts_pyproject(tm
     result = check_dockerfile(tmp_path / "docker" / "gpu.Dockerfile")
     assert any("pins torch==2.12.0, pyproject.toml pins 2.13.0" in p for p in result.problems), result.problems
     assert any("the nearest pyproject.toml above it" in n for n in result.notes)
+
+
+@pytest.mark.parametrize("name", ["gpu.Dockerfile", "gpu.dockerfile", "Dockerfile.gpu", "app.Containerfile"])
+def test_a_valid_dockerfile_by_another_name_ends_with_the_images_valid_line_not_rays(tmp_path, capsys, name):
+    """`iclmem cluster-check gpu.Dockerfile` is dispatched as an image by the name rule the cluster check uses
+    (orchestrator.cluster.is_dockerfile): its last line is the image check's "valid", not Ray's."""
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    path = tmp_path / name
+    shutil.copy(REPO / "Dockerfile", path)
+    before = path.read_bytes()
+    assert main(["cluster-check", str(path)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == (f"{path}: valid (base image pinned, pins equal to pyproject.toml's, no secret, "
+                       "non-root user)")
+    assert not any("Ray" in line for line in out)
+    assert main(["cluster-check", str(path), "--sweep", "sweep.yaml"]) == 2  # an image has no node types
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("iclmem: error: --sweep checks a sweep against a cluster's node types")
+    assert path.read_bytes() == before

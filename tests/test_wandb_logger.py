@@ -794,3 +794,36 @@ def test_online_the_summary_run_uses_every_fine_tuned_checkpoint_artifact_offlin
         monkeypatch.setattr(logger, "_start", lambda *a, **k: FakeRun())
         logger.log_summary(run_dir, results)
         assert used == expected, mode
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"runs": [1]}', '{"runs": {"r1": 3}}', '{"token": 5}',
+                                  "\udcff"])
+def test_a_damaged_trial_run_ledger_is_one_line_naming_the_file_and_is_left_alone(tmp_path, text):
+    """The ledger is read with iclmem.atomic.read_json_object: a damaged one is a DataError naming the file (exit
+    2 at the command line), never a JSONDecodeError or an AttributeError from inside the logger."""
+    from iclmem.errors import DataError
+
+    path = tmp_path / "wandb" / W.TRIAL_RUNS_FILE
+    path.parent.mkdir()
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    before = path.read_bytes()
+    with pytest.raises(DataError) as err:
+        W.TrialRunsLedger(path, CONFIG_HASH)
+    message = str(err.value)
+    assert message.startswith(f"{path}")
+    assert "\n" not in message
+    assert "damaged" in message
+    if text not in ("[1, 2]",):  # a JSON that is no object: read_json_object names what it is instead
+        assert "delete it to start the trials' W&B runs afresh" in message
+    assert err.value.exit_code == 2
+    assert path.read_bytes() == before
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["wandb", f"wandb/{W.TRIAL_RUNS_FILE}"]
+
+
+def test_a_trial_run_ledger_that_is_a_folder_is_named_as_such(tmp_path):
+    from iclmem.errors import DataError
+
+    path = tmp_path / W.TRIAL_RUNS_FILE
+    path.mkdir()
+    with pytest.raises(DataError, match="is a folder, not the W&B trial-run ledger"):
+        W.TrialRunsLedger(path, CONFIG_HASH)

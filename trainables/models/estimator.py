@@ -8,6 +8,9 @@ weights iclmem can read and is never fine-tuned by iclmem.
 * :func:`load_estimator_factory` -- ``MODULE:FACTORY`` imported and tried once (a :class:`ConfigError`
   naming the spec before any work);
 * :func:`estimator_log_probs` -- log p(class | query, context) float64 [m, C] from one fit;
+* :class:`CheckedEstimator` -- a user's estimator whose failing ``fit`` / ``predict_proba``, or probabilities
+  that are not finite and >= 0, are one :class:`ModelError` naming its flag and spec
+  (``--estimator MODULE:FACTORY``); ``iclmem audit-context`` and ``iclmem probe --estimator`` both wrap with it;
 * :class:`PackageScoring` -- a mixin for an adapter whose package deploys its weights through the package's own
   estimator (TabPFN v2, TabICL under ``recipe="upstream"``): ``deployed_log_probs`` fits that estimator on
   each context, with the adapter's current weights written in the package's checkpoint format;
@@ -55,6 +58,40 @@ def load_estimator_factory(spec: str, flag: str = "--estimator") -> Callable[[],
         raise ConfigError(f"{flag} {spec}: {attr}() returned a {type(probe).__name__} without "
                           f"{' and '.join(missing)}; the audit needs a classifier with fit and predict_proba")
     return factory
+
+
+class CheckedEstimator:
+    """A user's estimator whose ``fit`` and ``predict_proba`` fail, or answer what no probability is, in one
+    line naming it: ``{flag} {name}`` (e.g. ``--estimator good:NanProba``)."""
+
+    def __init__(self, estimator: Any, name: str, flag: str = "--estimator") -> None:
+        self._estimator, self._name, self._flag = estimator, name, flag
+
+    def __getattr__(self, attr: str) -> Any:  # classes_ and the rest, as the estimator has them
+        return getattr(self._estimator, attr)
+
+    def _failed(self, method: str, exc: Exception) -> ModelError:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return ModelError(f"{self._flag} {self._name}: its {method} failed ({type(exc).__name__}: {text})")
+
+    def fit(self, x: Any, y: Any) -> CheckedEstimator:
+        try:
+            self._estimator.fit(x, y)
+        except Exception as exc:  # a user's estimator: any failure is theirs to see, named
+            raise self._failed("fit", exc) from None
+        return self
+
+    def predict_proba(self, x: Any) -> np.ndarray:
+        try:
+            proba = np.asarray(self._estimator.predict_proba(x), dtype=np.float64)
+        except Exception as exc:
+            raise self._failed("predict_proba", exc) from None
+        bad = {"NaN": np.isnan(proba), "infinite": np.isinf(proba), "negative": proba < 0}
+        found = [f"{int(mask.sum())} {what}" for what, mask in bad.items() if mask.any()]
+        if found:
+            raise ModelError(f"{self._flag} {self._name}: predict_proba returned {' and '.join(found)} "
+                             f"probabilities (of {proba.size}); class probabilities must be finite and >= 0")
+        return proba
 
 
 def estimator_log_probs(factory: Callable[[], Any], context_x: np.ndarray, context_y: np.ndarray,
@@ -173,10 +210,21 @@ class EstimatorAdapter(ModelAdapter):
     max_classes = 100_000
     max_features = 1_000_000
 
-    def __init__(self, factory: Callable[[], Any], spec: str) -> None:
+    def __init__(self, factory: Callable[[], Any], spec: str, flag: str = "--estimator") -> None:
         super().__init__(torch.nn.Module(), {"estimator": spec})
         self.factory = factory
         self.spec = spec
+        self.flag = flag  # the command-line flag that named it, for the one-line error of a failing fit
+
+    def _checked(self) -> CheckedEstimator:
+        return CheckedEstimator(self.factory(), self.spec, self.flag)
+
+    def fit_once(self, context_x: np.ndarray, context_y: np.ndarray, query_x: np.ndarray,
+                 n_classes: int) -> np.ndarray:
+        """One checked fit and ``predict_proba`` (float64 [m, C] log-probabilities): an estimator that fails
+        is a :class:`ModelError` naming ``{flag} {spec}`` before any folder is made."""
+        return estimator_log_probs(self._checked, np.asarray(context_x), np.asarray(context_y, dtype=np.int64),
+                                   np.asarray(query_x), n_classes, self.spec)
 
     def _logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
         raise ModelError("an estimator is scored through log_probs, which knows the number of classes")
@@ -188,6 +236,6 @@ class EstimatorAdapter(ModelAdapter):
         if context_weight is not None:
             raise ModelError(f"estimator {self.spec}: context row multiplicities are not taken")
         cx, cy, qx = (t.detach().cpu().numpy() for t in (context_x, context_y, query_x))
-        out = [estimator_log_probs(self.factory, cx[b], cy[b].astype(np.int64), qx[b], n_classes, self.spec)
+        out = [estimator_log_probs(self._checked, cx[b], cy[b].astype(np.int64), qx[b], n_classes, self.spec)
                for b in range(cx.shape[0])]
         return torch.from_numpy(np.stack(out)).float()
