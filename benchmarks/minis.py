@@ -2,7 +2,7 @@
 tabpfn-mini (TabPFN v2's), each pretrained here on the same synthetic prior (trainables/models/pretrain.py).
 
     python3 benchmarks/minis.py [--families pfn-mini tabicl-mini tabpfn-mini] [--seeds 0,1,2,3,4]
-                                [--parts accuracy planted control] [--carte-dir ../shared/data/carte] [--no-write]
+                                [--parts accuracy planted control upstream] [--carte-dir ../shared/data/carte] [--no-write]
 
 One section per family in RESULTS.md, all through the code a sweep runs (the adapters' loaders on the shipped
 files, Stage I under each model's own input contract, iclmem's fine-tuner and probe), one torch thread:
@@ -15,10 +15,15 @@ files, Stage I under each model's own input contract, iclmem's fine-tuner and pr
   (256 rows) predicting the 2Q member and non-member rows.
 * **Planted power.** Label-shuffled members on iris (Q 30, |C'| 60) fine-tuned at pfn-mini's recipe (lr 3e-3,
   200 epochs), probed with the planted check's four manipulations (``orchestrator.selfcheck.planted_check``):
-  the verdict and the calibrated AUC with its interval per seed.
+  the verdict and the calibrated AUC with its interval per seed, and beside them the known-context channel
+  (``known_context_memorization_flag``: the same rule on the base-calibrated loss with C' as context).
+* **Planted runs through the packages' own fine-tuners** (``--parts upstream``, a section of its own): the same
+  planted members fine-tuned by ``FinetunedTabICLClassifier`` / ``FinetunedTabPFNClassifier`` (``recipe:
+  upstream``) at the package's defaults and with early stopping off.
 * **No-membership control.** Models that never saw the audited rows (``no_membership_check``: fine-tuned on
   100 other rows with true or flipped labels, or the shipped weights plus noise), breast_cancer Q 50, |C'| 64,
-  in every label mode: the verdicts (none may read memorization) and the calibrated AUC.
+  in every label mode: the verdicts (none may read memorization), the known-context flags (none may be set)
+  and the calibrated AUCs.
 """
 
 from __future__ import annotations
@@ -51,21 +56,12 @@ def section(family: str) -> str:
     return f"Model family {family}: accuracy, planted power, no-membership control"
 
 
-def _package_classifier(model: str, path: Path) -> Any:
-    if model == "tabicl":
-        from tabicl import TabICLClassifier
-
-        return TabICLClassifier(model_path=str(path), allow_auto_download=False, device="cpu")
-    from tabpfn import TabPFNClassifier
-
-    return TabPFNClassifier(model_path=str(path), device="cpu")
-
-
 def accuracy_table(family: str, seeds: list[int]) -> tuple[str, list[dict]]:
     from sklearn.linear_model import LogisticRegression
 
     from trainables.models import build_model
     from trainables.models.checkpoints import locate_weights
+    from trainables.models.deployed import package_classifier
     from trainables.models.pretrain import evaluate, evaluate_classifier
 
     model, options = FAMILIES[family]
@@ -76,7 +72,7 @@ def accuracy_table(family: str, seeds: list[int]) -> tuple[str, list[dict]]:
     if model != "pfn-mini":
         path = locate_weights(model, options)
         assert path is not None
-        package = evaluate_classifier(lambda: _package_classifier(model, path), seeds)
+        package = evaluate_classifier(lambda: package_classifier(model), seeds)
     rows, out = [], []
     for table in raw:
         ratio = raw[table] / lr[table]
@@ -140,36 +136,89 @@ def planted_table(family: str, seeds: list[int]) -> str:
         start = time.perf_counter()
         row = planted_check(model, options, seed=seed, **PLANTED)
         rows.append([seed, row["outcome"], fmt(row["auc"]), f"[{fmt(row['auc_low'])}, {fmt(row['auc_high'])}]",
-                     f"{time.perf_counter() - start:.0f}"])
+                     "yes" if row["known_context_memorization_flag"] else "no",
+                     fmt(row["known_context_calibrated_auc"]), fmt(row["known_context_calibrated_auc_low"]),
+                     fmt(row["known_context_calibrated_tpr_at_10pct"]), f"{time.perf_counter() - start:.0f}"])
         print(f"{family} planted seed {seed}: {rows[-1]}", flush=True)
     found = sum(r[1] == "memorization" for r in rows)
-    return (f"Found {found} of {len(rows)}.\n\n"
-            + md_table(["seed", "outcome", "calibrated AUC", "95% interval", "seconds"], rows))
+    flagged = sum(r[4] == "yes" for r in rows)
+    either = sum(r[1] == "memorization" or r[4] == "yes" for r in rows)
+    return (f"Found by the zero-information probe's verdict in {found} of {len(rows)}; known-context flag set in "
+            f"{flagged} of {len(rows)}; either in {either} of {len(rows)}.\n\n"
+            + md_table(["seed", "outcome", "calibrated AUC", "95% interval", "known-context flag",
+                        "known-context calibrated AUC", "its interval low", "its TPR@10%", "seconds"], rows))
 
 
 def control_table(family: str, seeds: list[int]) -> str:
     from orchestrator.selfcheck import NoMembershipControl, no_membership_check
 
     model, options = FAMILIES[family]
-    rows, false = [], 0
+    rows, false, flagged = [], 0, 0
     for control in NoMembershipControl:
         for mode in LABEL_MODES:
             outs = [no_membership_check(control, mode, seed=s, model=model, options=options) for s in seeds]
             verdicts = sorted({o["outcome"] for o in outs})
             false += sum(o["outcome"] == "memorization" for o in outs)
+            flagged += sum(bool(o["known_context_memorization_flag"]) for o in outs)
             aucs = [o["auc"] for o in outs]
+            kc = [o["known_context_calibrated_auc"] for o in outs]
             rows.append([control.value, mode, ", ".join(verdicts), f"{fmt(min(aucs))}–{fmt(max(aucs))}",
-                         f"{fmt(min(o['auc_low'] for o in outs))}"])
+                         f"{fmt(min(o['auc_low'] for o in outs))}",
+                         sum(bool(o["known_context_memorization_flag"]) for o in outs),
+                         f"{fmt(min(kc))}–{fmt(max(kc))}"])
             print(f"{family} control {control.value} {mode}: {rows[-1]}", flush=True)
-    return (f"Memorization verdicts: {false} of {len(rows) * len(seeds)}.\n\n"
-            + md_table(["control", "label mode", "verdicts", "calibrated AUC", "lowest interval low"], rows))
+    return (f"Memorization verdicts: {false} of {len(rows) * len(seeds)}; known-context flags: {flagged} of "
+            f"{len(rows) * len(seeds)}.\n\n"
+            + md_table(["control", "label mode", "verdicts", "calibrated AUC", "lowest interval low",
+                        "known-context flags", "known-context calibrated AUC"], rows))
+
+
+UPSTREAM_SECTION = "Planted runs through the packages' own fine-tuners on the minis"
+# (label, the fine-tuner's keywords beside iclmem's, lr): the package's defaults (early stopping on C', patience
+# 8), then every epoch trained at two learning rates
+UPSTREAM_RECIPES = (("package defaults (early stopping)", {}, 1e-4),
+                    ("early stopping off", {"early_stopping": False}, 1e-3),
+                    ("early stopping off", {"early_stopping": False}, 3e-3))
+
+
+def upstream_table(families: list[str], seeds: list[int], epochs: int = 200) -> str:
+    """Label-shuffled members (iris, Q 30, |C'| 60) fine-tuned by each package's own fine-tuner (``recipe:
+    upstream``) from the shipped mini, probed at the last epoch it trained: the zero-information verdict, the
+    known-context channel, and the utility as the package deploys the weights (C' as its context)."""
+    from orchestrator.selfcheck import planted_check
+
+    rows = []
+    for family in families:
+        model, options = FAMILIES[family]
+        if model == "pfn-mini":
+            continue
+        for label, finetuner, lr in UPSTREAM_RECIPES:
+            for seed in seeds:
+                start = time.perf_counter()
+                row = planted_check(model, {**options, "recipe": "upstream", "finetuner": finetuner}, seed=seed,
+                                    task=PLANTED["task"], q=PLANTED["q"], context_size=PLANTED["context_size"],
+                                    lr=lr, epochs=epochs)
+                rows.append([family, label, f"{lr:g}", seed, row["epoch"], row["outcome"], fmt(row["auc"]),
+                             "yes" if row["known_context_memorization_flag"] else "no",
+                             fmt(row["known_context_calibrated_auc"]), fmt(row["known_context_calibrated_auc_low"]),
+                             fmt(row["deployed_member_icl_accuracy"]), fmt(row["deployed_nonmember_icl_accuracy"]),
+                             f"{time.perf_counter() - start:.0f}"])
+                print(f"upstream {rows[-1]}", flush=True)
+    return (f"Label-shuffled members, iris, Q {PLANTED['q']}, |C'| {PLANTED['context_size']}, up to {epochs} epochs "
+            "through `FinetunedTabICLClassifier` / `FinetunedTabPFNClassifier` from the shipped mini (`recipe: "
+            "upstream`), probed at the last epoch trained with the planted check's four manipulations. "
+            "\"deployed member / non-member accuracy\": the package's classifier on the fine-tuned weights with "
+            "C' as its context (a member's trained label is a shuffled one: 1/3 is chance).\n\n"
+            + md_table(["family", "fine-tuner", "lr", "seed", "last epoch", "outcome", "calibrated AUC",
+                        "known-context flag", "known-context calibrated AUC", "its interval low",
+                        "deployed member accuracy", "deployed non-member accuracy", "seconds"], rows))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--parts", nargs="+", default=["accuracy", "planted", "control"],
-                        choices=["accuracy", "planted", "control"])
+                        choices=["accuracy", "planted", "control", "upstream"])
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--control-seeds", default="0")
     parser.add_argument("--carte-dir", default=str(REPO.parent / "shared" / "data" / "carte"))
@@ -179,7 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     set_threads(1)
     seeds = [int(s) for s in args.seeds.split(",")]
     control_seeds = [int(s) for s in args.control_seeds.split(",")]
+    if "upstream" in args.parts:
+        text = upstream_table(args.families, seeds)
+        print(text, flush=True)
+        publish(UPSTREAM_SECTION, text, args.no_write, argv)
     for family in args.families:
+        if not {"accuracy", "planted", "control"} & set(args.parts):
+            break
         parts = [f"Weights: `{FAMILIES[family][0]}` with `{FAMILIES[family][1]}`, one torch thread."]
         if "accuracy" in args.parts:
             text, _ = accuracy_table(family, seeds)

@@ -3,7 +3,7 @@
     python3 benchmarks/verdict_error_rates.py [--quick] [--seeds 3] [--null-splits 20] [--epochs 30]
                                               [--checkpoints 1,5,10,30] [--q 50] [--bootstrap 200]
                                               [--task digits] [--carte ../shared/data/carte] [--carte-task spotify]
-                                              [--carte-null-splits 10] [--no-write]
+                                              [--carte-null-splits 10] [--family pfn-mini] [--no-write]
 
 For each task (the quickstart's ``digits`` and one CARTE table), label mode (normal and
 shuffled_members) and seed, the shipped pfn-mini is fine-tuned as the quickstart does (single_fixed,
@@ -46,8 +46,10 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import fmt, md_table, publish, set_threads, verdict  # noqa: E402
+from minis import FAMILIES  # noqa: E402  (the shipped models: family -> registered adapter, options)
 
 SECTION = "Verdict error rates"
+
 TARGET = 0.05
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,7 +67,8 @@ def probe_runs(source, label_modes, seeds, args, log) -> pd.DataFrame:
     from trainables.models import build_model
 
     checkpoints = tuple(int(e) for e in args.checkpoints.split(","))
-    base = build_model("pfn-mini", weights="shipped")
+    model, options = FAMILIES[args.family]
+    base = build_model(model, **options)
     digest = model_digest(base)
     settings = ProbeSettings(n_resamples=args.bootstrap, null_splits=args.null_splits, n_checkpoints=len(checkpoints))
     cache = Path(tempfile.mkdtemp(prefix="verdict-error-rates-"))
@@ -73,10 +76,10 @@ def probe_runs(source, label_modes, seeds, args, log) -> pd.DataFrame:
     for label_mode in label_modes:
         for seed in seeds:
             started = time.perf_counter()
-            task = load_or_prepare(source, PrepSettings(context_size=args.context), label_mode, seed, q=args.q,
-                                   cache_dir=cache / "prepared")
+            task = load_or_prepare(source, base.prep_settings(PrepSettings(context_size=args.context)), label_mode,
+                                   seed, q=args.q, cache_dir=cache / "prepared")
             torch.manual_seed(seed)
-            ft = Finetuner(FinetuneSpec(model="pfn-mini", model_options={"weights": "shipped"}, lr=args.lr,
+            ft = Finetuner(FinetuneSpec(model=model, model_options=dict(options), lr=args.lr,
                                         epochs=max(checkpoints), seed=seed), [task])
             plan = ProbePlan.build(ProbeQueries.from_task(task), default_suite(), task.seed,
                                    compress_rows=base.supports_context_weights)
@@ -114,7 +117,7 @@ def markdown(per_task: dict[str, pd.DataFrame], args, seconds: float) -> str:
 
     checkpoints = args.checkpoints.split(",")
     lines = [
-        f"pfn-mini (shipped), single_fixed, lr {args.lr:g}, Q = {args.q}, C' = {args.context} rows, checkpoints at "
+        f"{args.family} ({', '.join(f'{k}: {v}' for k, v in FAMILIES[args.family][1].items())}), single_fixed, lr {args.lr:g}, Q = {args.q}, C' = {args.context} rows, checkpoints at "
         f"epochs {', '.join(checkpoints)}; label modes normal and shuffled_members, seeds "
         f"{', '.join(map(str, range(args.seeds)))}; {args.null_splits} null splits per checkpoint "
         f"({args.carte_null_splits or args.null_splits} on the CARTE table); "
@@ -193,6 +196,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--carte-null-splits", type=int, default=None,
                     help="null splits per checkpoint on the CARTE table (default: --null-splits)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--family", default="pfn-mini", choices=list(FAMILIES),
+                    help="the shipped model to fine-tune (benchmarks/minis.py's families); a section of its own "
+                         "for each but pfn-mini")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
     if args.quick:
@@ -215,7 +221,8 @@ def main(argv: list[str] | None = None) -> None:
         per_task[name] = probe_runs(source, ("normal", "shuffled_members"), range(args.seeds),
                                     argparse.Namespace(**{**vars(args), "null_splits": n_null}),
                                     lambda m: print(m, flush=True))
-    publish(SECTION, markdown(per_task, args, time.perf_counter() - started), args.no_write, argv)
+    section = SECTION if args.family == "pfn-mini" else f"{SECTION}: {args.family}"
+    publish(section, markdown(per_task, args, time.perf_counter() - started), args.no_write, argv)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ def planted_check(model: str, options: Mapping[str, Any], *, lr: float = 1e-3, e
                   suite: Sequence[str] = PLANTED_SUITE, reference_statistics: bool = True,
                   torch_threads: int = 1) -> dict[str, Any]:
     """Fine-tune ``model`` on label-shuffled members and probe its last checkpoint; returns the results
-    row (outcome, deciding score kind, calibrated AUC with its interval, loss ratio, ...). Runs on
+    row (outcome, deciding score kind, calibrated AUC with its interval, loss ratio, ..., ``epoch``: the last
+    epoch trained). ``options`` with ``recipe: upstream`` fine-tune through the package's own fine-tuner
+    (``trainables.upstream``), which may stop early. Runs on
     ``torch_threads`` threads, like a sweep's trial (``resources.torch_threads_per_trial``, default 1): the
     thread count changes the order of float sums, and over hundreds of steps the fine-tuned weights with it."""
     import torch
@@ -70,9 +72,15 @@ def _planted_check(model: str, options: Mapping[str, Any], *, lr: float, epochs:
     # unreduced features), as a sweep prepares it for that model.
     prep = build_model(model, **options).prep_settings(PrepSettings(context_size=context_size))
     prepared = prepare_task(TaskSource(task, "builtin"), prep, LabelMode.SHUFFLED_MEMBERS, seed=seed, q=q)
-    finetuner = Finetuner(FinetuneSpec(model=model, model_options=dict(options), lr=lr, epochs=epochs, seed=seed),
-                          [prepared])
-    finetuner.train()
+    spec = FinetuneSpec(model=model, model_options=dict(options), lr=lr, epochs=epochs, seed=seed)
+    if str(options.get("recipe", "iclmem")) == "upstream":  # the package's own fine-tuner, its early stopping included
+        from trainables.upstream import UpstreamFinetuner
+
+        finetuner = UpstreamFinetuner(spec, [prepared])
+        finetuner.run(lambda _result, _path, _end: None)
+    else:
+        finetuner = Finetuner(spec, [prepared])
+        finetuner.train()
     base = build_model(model, **options)
     queries = ProbeQueries.from_task(prepared)
     if not reference_statistics:
@@ -83,7 +91,7 @@ def _planted_check(model: str, options: Mapping[str, Any], *, lr: float, epochs:
         result = probe_checkpoint(finetuner.model, prepared, plan, cache, model_digest(base), base,
                                   ProbeSettings(n_resamples=bootstrap, null_splits=0),  # the planted split only
                                   RunIdentity(f"planted-{model}", task, model, Regime.SINGLE_FIXED.value, lr, q,
-                                              LabelMode.SHUFFLED_MEMBERS.value, seed).as_dict(), epoch=epochs)
+                                              LabelMode.SHUFFLED_MEMBERS.value, seed).as_dict(), epoch=finetuner.epoch)
     return result.row
 
 

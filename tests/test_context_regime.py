@@ -148,3 +148,34 @@ def test_estimate_refuses_a_sweep_of_regime_context_alone_naming_its_audits(tmp_
     assert main(["estimate", str(config), "--workers", "2"]) == 2
     err = capsys.readouterr().err
     assert "no fine-tuning run to estimate (its only regime is context: 1 deployed-context audit(s)" in err
+
+
+@pytest.mark.skipif(not __import__("trainables.models.extras", fromlist=["x"]).extra_is_installed("tabpfn-v2"),
+                    reason="tabpfn-v2: its optional extra is not installed")
+def test_a_model_with_the_upstream_recipe_is_audited_as_its_package_deploys_it_on_the_raw_networks_rows():
+    """Regime context with ``recipe: upstream``: the package's classifier on the model's weights (one fit per
+    context: its preprocessing and ensemble) scores the same prepared rows the raw network would; with
+    recipe iclmem the raw network does. The deployed scores equal the adapter's own ``deployed_log_probs``."""
+    import numpy as np
+    import torch
+
+    from orchestrator.context_audit import AdapterScorer, EstimatorScorer, prepare_sweep_audit
+
+    def audit(options):
+        sweep = parse_sweep(_sweep(tasks=[{"name": "breast_cancer"}], grid={"regime": ["context"], "q": [24]},
+                                   models=[{"name": "tabpfn-v2", "options": options}]))
+        (spec,) = context_audit_specs(sweep)
+        return prepare_sweep_audit(spec, sweep, lambda _line: None)
+
+    raw, deployed = audit({"weights": "mini"}), audit({"weights": "mini", "recipe": "upstream"})
+    assert isinstance(raw.scorer, AdapterScorer)
+    assert isinstance(deployed.scorer, EstimatorScorer)
+    x, y = np.asarray(raw.inputs.population_x), np.asarray(raw.inputs.population_y)
+    np.testing.assert_array_equal(x, deployed.inputs.population_x)  # the same rows, prepared once
+    member = np.asarray(raw.inputs.member)
+    got = deployed.scorer(x[member], y[member], x[~member][:6])
+    adapter = deployed.scorer.factory.__self__  # the adapter whose weights the package's classifier loads
+    want = adapter.deployed_log_probs(torch.from_numpy(x[member]).float()[None], torch.from_numpy(y[member])[None],
+                                      torch.from_numpy(x[~member][:6]).float()[None], 2)[0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert not np.allclose(got, raw.scorer(x[member], y[member], x[~member][:6]), atol=1e-3)

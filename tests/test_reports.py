@@ -764,9 +764,41 @@ def test_the_terminal_lines_name_the_same_leaked_runs(results):
     lines = leaked_lines(results)
     assert lines[0] == "6 of 32 runs leaked (memorization at the headline checkpoint):"
     rid, task, epoch, auc = _leaked_expected()[0]
-    assert lines[1] == (f"  {rid} [{task}]: epoch {epoch}, AUC {auc:.3f} [{auc - 0.05:.3f}, {auc + 0.05:.3f}], "
+    assert lines[1] == (f"  {rid} [{task}, pfn-mini]: epoch {epoch}, AUC {auc:.3f} [{auc - 0.05:.3f}, {auc + 0.05:.3f}], "
                         "TPR@1% 0.050 (0 FP allowed)")
     assert leaked_lines(results.assign(outcome="no_signal"))[0].startswith("No run leaked: none of the 32")
+
+
+def test_runs_flagged_by_the_known_context_alone_are_named_after_the_leaked_ones(results):
+    """A run whose zero-information verdict is not memorization but whose known-context channel flagged a
+    checkpoint is named apart, at its flagged checkpoint of highest known-context AUC; a run the verdict already
+    calls leaked is not named twice, and results without the column name none."""
+    from orchestrator.report.html import _leaked_html, known_context_only_runs, leaked_lines
+
+    leaked_ids = {e[0] for e in _leaked_expected()}
+    ft = results[results["epoch"] > 0]
+    quiet = sorted(set(ft["run_id"]) - leaked_ids)[0]
+    loud = sorted(leaked_ids)[0]
+    flagged = results.assign(known_context_memorization_flag=False, known_context_calibrated_auc=0.6,
+                             known_context_calibrated_auc_low=0.55, known_context_calibrated_auc_high=0.65,
+                             known_context_calibrated_tpr_at_10pct=0.3)
+    epochs = sorted(ft.loc[ft["run_id"] == quiet, "epoch"])
+    for epoch, auc in zip(epochs[:2], (0.71, 0.83)):
+        at = (flagged["run_id"] == quiet) & (flagged["epoch"] == epoch)
+        flagged.loc[at, ["known_context_memorization_flag", "known_context_calibrated_auc"]] = [True, auc]
+    flagged.loc[flagged["run_id"] == loud, "known_context_memorization_flag"] = True
+    table = known_context_only_runs(flagged)
+    assert table["run_id"].tolist() == [quiet]
+    assert (int(table["epoch"][0]), table["known_context_calibrated_auc"][0]) == (int(epochs[1]), 0.83)
+    lines = leaked_lines(flagged)
+    assert lines[lines.index(next(l for l in lines if "known context C' only" in l)) + 1].startswith(f"  {quiet} ")
+    assert f"{quiet}" in _leaked_html(flagged)
+    assert "known context C′ only" in _leaked_html(flagged)
+    quiet_verdicts = leaked_lines(flagged.assign(outcome="no_signal"))  # no verdict of memorization at all
+    assert quiet_verdicts[0].startswith("No run leaked")
+    assert "known context C' only" in quiet_verdicts[1]
+    assert known_context_only_runs(results).empty
+    assert not any("known context" in line for line in leaked_lines(results))
 
 
 def test_no_leak_says_so_first(tmp_path, results):

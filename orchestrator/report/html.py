@@ -332,20 +332,66 @@ def leaked_runs(results: pd.DataFrame) -> pd.DataFrame:
             .reset_index(drop=True))
 
 
+def known_context_only_runs(results: pd.DataFrame) -> pd.DataFrame:
+    """The fine-tuned runs the zero-information verdict did not call memorization at their headline checkpoint
+    but whose known-context channel flagged a checkpoint (``known_context_memorization_flag``: the same rule on
+    the base-calibrated loss with C' as context, docs/METHOD.md "Where the zero-information probe is blind"), one
+    row each at the flagged checkpoint of highest known-context AUC: run id, task, epoch, that AUC with its
+    interval and TPR at 10% FPR; highest AUC first. Empty when the results have no such column."""
+    columns = ["run_id", "task", "model", "epoch", "known_context_calibrated_auc", "known_context_calibrated_auc_low",
+               "known_context_calibrated_auc_high", "known_context_calibrated_tpr_at_10pct"]
+    ft = fine_tuned_rows(results)
+    if ft.empty or "known_context_memorization_flag" not in ft.columns:
+        return pd.DataFrame(columns=columns)
+    flagged = ft[ft["known_context_memorization_flag"].fillna(False).astype(bool)]
+    flagged = flagged[~flagged["run_id"].isin(set(leaked_runs(results)["run_id"]))]
+    if flagged.empty:
+        return pd.DataFrame(columns=columns)
+    best = (flagged.sort_values(["known_context_calibrated_auc", "epoch"], ascending=[False, True], kind="mergesort")
+            .drop_duplicates("run_id"))
+    return best.loc[:, [c for c in columns if c in best.columns]].reset_index(drop=True)
+
+
+def _where(r: Mapping[str, Any]) -> str:
+    """" [task, model]" of a leaked run's line: a run id does not name its model."""
+    named = [str(r[k]) for k in ("task", "model") if k in r and pd.notna(r[k])]
+    return f" [{', '.join(named)}]" if named else ""
+
+
+def _known_context_text(r: Mapping[str, Any]) -> str:
+    return (f"epoch {int(r['epoch'])}, known-context AUC {_fmt_value('auc', r.get('known_context_calibrated_auc'))} "
+            f"[{_fmt_value('auc', r.get('known_context_calibrated_auc_low'))}, "
+            f"{_fmt_value('auc', r.get('known_context_calibrated_auc_high'))}]")
+
+
 def leaked_lines(results: pd.DataFrame, limit: int = 20) -> list[str]:
     """The leaked runs as plain lines, for a terminal summary (what the report's first section shows)."""
     table = leaked_runs(results)
     _, n_runs = outcome_summary(results)
     if table.empty:
         return [f"No run leaked: none of the {n_runs} fine-tuned runs has a memorization verdict at its headline "
-                "checkpoint."]
+                "checkpoint."] + _known_context_lines(results, limit)
     lines = [f"{len(table)} of {n_runs} runs leaked (memorization at the headline checkpoint):"]
     for r in table.head(limit).to_dict("records"):
-        lines.append(f"  {r['run_id']}" + (f" [{r['task']}]" if "task" in r else "") + f": epoch {int(r['epoch'])}, "
+        lines.append(f"  {r['run_id']}{_where(r)}: epoch {int(r['epoch'])}, "
                      f"AUC {_fmt_value('auc', r.get('auc'))} [{_fmt_value('auc', r.get('auc_low'))}, "
                      f"{_fmt_value('auc', r.get('auc_high'))}], TPR@1% {_fmt_value('tpr_at_1pct', r.get('tpr_at_1pct'))}"
                      + (" (0 FP allowed)" if pd.notna(r.get("n_nonmembers"))
                         and allowed_false_positives(0.01, int(r["n_nonmembers"])) == 0 else ""))
+    if len(table) > limit:
+        lines.append(f"  ... and {len(table) - limit} more (report.html, section 'Runs that leaked')")
+    return lines + _known_context_lines(results, limit)
+
+
+def _known_context_lines(results: pd.DataFrame, limit: int) -> list[str]:
+    table = known_context_only_runs(results)
+    if table.empty:
+        return []
+    more = "more " if not leaked_runs(results).empty else ""
+    lines = [f"{len(table)} {more}run{'s' if len(table) != 1 else ''} leaked through the known context C' only "
+             "(known_context_memorization_flag; the zero-information probe did not find it):"]
+    for r in table.head(limit).to_dict("records"):
+        lines.append(f"  {r['run_id']}{_where(r)}: {_known_context_text(r)}")
     if len(table) > limit:
         lines.append(f"  ... and {len(table) - limit} more (report.html, section 'Runs that leaked')")
     return lines
@@ -373,6 +419,20 @@ def _leaked_html(results: pd.DataFrame) -> str:
         body = (f"<p class=\"verdict\"><b>{len(table)} of {n_runs} run{'s' if n_runs != 1 else ''} leaked</b> "
                 "(memorization verdict at the headline checkpoint: the highest calibrated AUC over epochs and score "
                 "kinds). Highest AUC first; AUC and TPR@1% are the deciding score kind's.</p>" + df_to_html(shown))
+    known = known_context_only_runs(results)
+    if not known.empty:
+        shown = pd.DataFrame({
+            "run_id": known["run_id"], **({"task": known["task"]} if "task" in known.columns else {}),
+            "epoch": known["epoch"].astype(int),
+            "known-context AUC [95% interval]": [
+                f"{_fmt_value('auc', a)} [{_fmt_value('auc', lo)}, {_fmt_value('auc', hi)}]"
+                for a, lo, hi in zip(known["known_context_calibrated_auc"], known["known_context_calibrated_auc_low"],
+                                     known["known_context_calibrated_auc_high"])]})
+        body += (f"<p class=\"verdict\"><b>{len(known)} more run{'s' if len(known) != 1 else ''} leaked through the "
+                 "known context C′ only:</b> the zero-information probe did not call memorization, but the same rule "
+                 "on the base-calibrated loss with C′ as the context did (<code>known_context_memorization_flag</code>; "
+                 "METHOD.md, \"Where the zero-information probe is blind\"). Whoever holds C′ can tell these "
+                 "members.</p>" + df_to_html(shown))
     return f'<section id="leaked"><h2>Runs that leaked</h2>{body}</section>'
 
 
