@@ -2,7 +2,7 @@
 the never-in-context control, and the wall time of one reference context.
 
     python3 benchmarks/context_audit.py [--task digits] [--context-size 256] [--max-references 256]
-                                        [--forest] [--no-write]
+                                        [--forest] [--family pfn-mini] [--no-write]
 
 The audit of ``iclmem audit-context TASK --model pfn-mini`` (orchestrator.context_audit.prepare_context_audit:
 N label-matched members and non-members, the control from the rows left). P is scored once under
@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import fmt, md_table, publish  # noqa: E402
+from minis import FAMILIES  # noqa: E402  (the shipped models: family -> registered adapter, options)
 
 SECTION = "Deployed-context audit: TPR against K reference contexts, and the cost of one"
 KS = (2, 4, 8, 16, 32, 64, 128, 256)
@@ -41,8 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-references", type=int, default=256)
     parser.add_argument("--bootstrap", type=int, default=200)
     parser.add_argument("--forest", action="store_true")
+    parser.add_argument("--family", default="pfn-mini", choices=list(FAMILIES),
+                        help="the shipped model audited (benchmarks/minis.py's families); a section of its own for "
+                             "each but pfn-mini")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
+    model, options = FAMILIES[args.family]
 
     from iclmem.vocab import ContextAttack, ContextTarget
     from orchestrator.audit import parse_task
@@ -52,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.simplefilter("ignore")
     source = parse_task(args.task)
-    audit = prepare_context_audit(source, args.task, args.context_size, 0, adapter=build_model("pfn-mini"),
+    audit = prepare_context_audit(source, args.task, args.context_size, 0, adapter=build_model(model, **options),
                                   note=lambda _m: None)
     refs = score_references(audit.scorer, audit.inputs, args.max_references, 0)
     rows = []
@@ -68,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([str(k), *cells, fmt(control, 3), result.verdict.outcome.value,
                      "yes" if result.verdict.trusted else "no"])
     n = args.context_size
-    text = (f"`{args.task}`, pfn-mini (shipped weights), deployed context N = {n} rows, {n} label-matched "
+    text = (f"`{args.task}`, {args.family} (shipped weights), deployed context N = {n} rows, {n} label-matched "
             f"non-members, control context of {n} rows outside both; bootstrap {args.bootstrap}. Each cell: TPR at 1% "
             "FPR (Clopper-Pearson 95% lower bound) / TPR at 0.1% FPR on the deployed context. With "
             f"{n} non-members, 0.1% FPR allows no false positive: that column is a zero-false-positive TPR.\n\n"
             + md_table(["K", *[a.value for a in attacks], "control: max TPR@1%", "verdict", "trusted"], rows)
-            + f"\n\nOne reference context costs {fmt(refs.seconds_per_reference * 1000, 1)} ms here (pfn-mini, one "
+            + f"\n\nOne reference context costs {fmt(refs.seconds_per_reference * 1000, 1)} ms here ({args.family}, one "
               f"forward pass of {2 * n} rows against {n}; {args.max_references} references in "
               f"{fmt(refs.seconds, 1)} s in all).\n")
     if args.forest:
@@ -89,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"ratio to pfn-mini's forward pass {fmt(fr.seconds_per_reference / refs.seconds_per_reference, 1)}; "
                  f"strongest attack {result.verdict.strongest.value}: TPR at 1% FPR {fmt(best['tpr_at_1pct'], 3)}, "
                  f"verdict {result.verdict.outcome.value}.\n")
-    publish(SECTION, text, args.no_write, argv)
+    publish(SECTION if args.family == "pfn-mini" else f"{SECTION}: {args.family}", text, args.no_write, argv)
     return 0
 
 
