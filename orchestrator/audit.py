@@ -492,14 +492,13 @@ def audit_estimator(estimator: str, base_estimator: str, task: str, *, members: 
     ``fit`` and its query a ``predict_proba``
     (:class:`trainables.models.estimator.EstimatorAdapter`), so the estimator is scored with its own
     preprocessing and ensembling; otherwise the audit is ``iclmem probe``'s, same verdict and folder."""
-    from orchestrator.context_audit import load_factory
     from probes.calibration import model_digest
     from probes.manipulations import default_suite
     from probes.outcomes import OutcomeThresholds
     from probes.probe import ProbeSettings, probe_checkpoint
     from probes.scoring import ProbePlan, ProbeQueries
     from trainables.data import PrepSettings, load_or_prepare
-    from trainables.models.estimator import EstimatorAdapter
+    from trainables.models.estimator import EstimatorAdapter, load_estimator_factory
 
     note = log or (lambda line: print(line, file=sys.stderr))
     if bootstrap < min_bootstrap():
@@ -511,8 +510,8 @@ def audit_estimator(estimator: str, base_estimator: str, task: str, *, members: 
     context_size = DEFAULTS["context_size"] if context_size is None else int(context_size)
     member_file = read_member_file(members)  # a bad file fails before any work
     source = parse_task(task)
-    model = EstimatorAdapter(load_factory(estimator, "--estimator"), estimator, "--estimator")
-    base = EstimatorAdapter(load_factory(base_estimator, "--base-estimator"), base_estimator, "--base-estimator")
+    model = EstimatorAdapter(load_estimator_factory(estimator, "--estimator"), estimator, "--estimator")
+    base = EstimatorAdapter(load_estimator_factory(base_estimator, "--base-estimator"), base_estimator, "--base-estimator")
     config = {"estimator": estimator, "base_estimator": base_estimator, "task": task, "members": members,
               "label_mode": label_mode, "seed": seed, "bootstrap": bootstrap, "context_size": context_size}
     identity_hash = settings_hash(config)

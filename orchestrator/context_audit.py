@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.atomic import write_json_atomic, write_parquet_atomic
-from iclmem.errors import ConfigError, DataError, IclmemError
+from iclmem.errors import ConfigError, DataError
 from iclmem.provenance import Provenance
 from iclmem.runfolder import (
     CONTEXT_AUDIT_FILE,
@@ -40,7 +40,7 @@ from iclmem.runfolder import (
     CONTEXT_SCORES_FILE,
     VERDICT_FILE,
 )
-from iclmem.vocab import ContextAttack, ContextTarget, LabelDesign, LabelMode, Recipe
+from iclmem.vocab import ContextAttack, ContextTarget, LabelDesign, LabelMode
 
 DEFAULT_CONTEXT_SIZE = 256
 DEFAULT_REFERENCES = 64
@@ -92,22 +92,6 @@ class EstimatorScorer:
 
         return estimator_log_probs(lambda: CheckedEstimator(self.factory(), self.name), context_x, context_y,
                                    query_x, self.n_classes, self.name)
-
-
-def load_factory(spec: str, flag: str = "--estimator") -> Callable[[], Any]:
-    """:func:`trainables.models.estimator.load_estimator_factory`, with a module that does not parse or fails
-    while it is imported named in one line too."""
-    from trainables.models.estimator import load_estimator_factory
-
-    try:
-        return load_estimator_factory(spec, flag)
-    except SyntaxError as exc:
-        raise ConfigError(f"{flag} {spec}: {exc.filename or 'its module'} does not parse (line {exc.lineno}: "
-                          f"{exc.msg})") from None
-    except IclmemError:
-        raise
-    except Exception as exc:  # the module's own code failed as it was imported
-        raise ConfigError(f"{flag} {spec}: importing its module failed ({type(exc).__name__}: {exc})") from None
 
 
 # ------------------------------------------------------------------------------------------ the audit
@@ -224,7 +208,9 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
               "references": references, "seed": seed, "bootstrap": bootstrap, "null_splits": null_splits}
     config_hash = settings_hash(config)
     out_dir = Path(out)
-    factory = load_factory(estimator) if estimator else None
+    from trainables.models.estimator import load_estimator_factory
+
+    factory = load_estimator_factory(estimator) if estimator else None
     adapter = None
     if model is not None:
         from trainables.models import build_model
@@ -398,8 +384,10 @@ def prepare_sweep_audit(spec: Any, sweep: Any, note: Callable[[str], None]) -> P
     task = next(t for t in sweep.tasks if t.name == spec.task)
     options = dict(spec.model_options)
     adapter = build_model(spec.model, **options)
+    from trainables.upstream import upstream_options
+
     # recipe upstream: the package fine-tunes and deploys the weights, so its classifier is what is audited
-    deployed = str(options.get("recipe", Recipe.ICLMEM.value)) == Recipe.UPSTREAM.value
+    deployed = upstream_options(options)
     try:
         return prepare_context_audit(task_source(task), spec.task, spec.q, spec.seed, adapter=adapter, note=note,
                                      deployed=deployed)

@@ -67,15 +67,14 @@ def _planted_check(model: str, options: Mapping[str, Any], *, lr: float, epochs:
     from trainables.data import PrepSettings, TaskSource, prepare_task
     from trainables.finetune import Finetuner, FinetuneSpec
     from trainables.models import build_model
+    from trainables.upstream import UpstreamFinetuner, upstream_options
 
     # Stage I under the model's own input contract (ConTextTab reads the real columns, TabICL/TabPFN
     # unreduced features), as a sweep prepares it for that model.
     prep = build_model(model, **options).prep_settings(PrepSettings(context_size=context_size))
     prepared = prepare_task(TaskSource(task, "builtin"), prep, LabelMode.SHUFFLED_MEMBERS, seed=seed, q=q)
     spec = FinetuneSpec(model=model, model_options=dict(options), lr=lr, epochs=epochs, seed=seed)
-    if str(options.get("recipe", "iclmem")) == "upstream":  # the package's own fine-tuner, its early stopping included
-        from trainables.upstream import UpstreamFinetuner
-
+    if upstream_options(options):  # the package's own fine-tuner, its early stopping included
         finetuner = UpstreamFinetuner(spec, [prepared])
         finetuner.run(lambda _result, _path, _end: None)
     else:

@@ -689,10 +689,15 @@ def console_warnings(console: Console) -> Iterator[None]:
         warnings.showwarning = original
 
 
+def probe_pool_key(model_cfg: Any) -> tuple[str, str]:
+    """Which probe pool a model's runs are probed by: one pool per distinct model (name and options)."""
+    return model_cfg.name, json.dumps(dict(model_cfg.options), sort_keys=True, default=str)
+
+
 def probe_pool_count(sweep: Any) -> int:
-    """How many probe pools a sweep with trials starts: one per distinct model (name and options), each of
-    ``resources.probe_actors`` actors (``start_probe_pools``)."""
-    return len({(m.name, json.dumps(dict(m.options), sort_keys=True, default=str)) for m in sweep.models})
+    """How many probe pools a sweep with trials starts (``start_probe_pools``), each of
+    ``resources.probe_actors`` actors."""
+    return len({probe_pool_key(m) for m in sweep.models})
 
 
 def unsatisfiable_resources(resources: Any, available: dict[str, float], pools: int = 1) -> list[str]:
@@ -1328,7 +1333,7 @@ def start_probe_pools(prepared: PreparedSweep, run_dir: Path) -> ProbePools:
     tasks = ray.put(prepared.tasks)  # one copy in the object store for every pool
     pools = {}
     for model_cfg in sweep.models:
-        key = (model_cfg.name, json.dumps(dict(model_cfg.options), sort_keys=True))
+        key = probe_pool_key(model_cfg)
         if key in pools:
             continue
         base = build_model(model_cfg.name, **model_cfg.options)

@@ -215,9 +215,10 @@ def deployed_utility_columns(model: Any, task: Any) -> dict[str, float]:
     """A model fine-tuned by its package's own fine-tuner (``recipe`` upstream): the same utility as the
     package deploys the weights (``deployed_member_icl_accuracy`` ... ``deployed_nonmember_icl_loss``; see
     ``trainables.upstream.deployed_utility``); empty for every other model."""
-    if str(getattr(model, "options", {}).get("recipe", "iclmem")) != "upstream":
+    from trainables.upstream import deployed_utility, upstream_options
+
+    if not upstream_options(getattr(model, "options", {})):
         return {}
-    from trainables.upstream import deployed_utility
 
     return {f"deployed_{k}": v for k, v in deployed_utility(model, task).items()}
 

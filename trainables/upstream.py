@@ -42,7 +42,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,12 @@ UPSTREAM_STATE_FILE = "upstream_state.pth"
 
 def is_upstream(spec: FinetuneSpec) -> bool:
     """Whether ``spec`` fine-tunes through the package's own fine-tuner."""
-    return str(spec.model_options.get("recipe", Recipe.ICLMEM.value)) == Recipe.UPSTREAM.value
+    return upstream_options(spec.model_options)
+
+
+def upstream_options(options: Mapping[str, Any]) -> bool:
+    """Whether a model's options name the upstream recipe (its package fine-tunes and deploys the weights)."""
+    return str(options.get("recipe", Recipe.ICLMEM.value)) == Recipe.UPSTREAM.value
 
 
 # What the sweep sets, by name (UpstreamFinetuner.finetuner_values), and where a user sets it in a sweep file.

@@ -332,19 +332,21 @@ def leaked_runs(results: pd.DataFrame) -> pd.DataFrame:
             .reset_index(drop=True))
 
 
-def known_context_only_runs(results: pd.DataFrame) -> pd.DataFrame:
+def known_context_only_runs(results: pd.DataFrame, leaked: pd.DataFrame | None = None) -> pd.DataFrame:
     """The fine-tuned runs the zero-information verdict did not call memorization at their headline checkpoint
     but whose known-context channel flagged a checkpoint (``known_context_memorization_flag``: the same rule on
     the base-calibrated loss with C' as context, docs/METHOD.md "Where the zero-information probe is blind"), one
     row each at the flagged checkpoint of highest known-context AUC: run id, task, epoch, that AUC with its
-    interval and TPR at 10% FPR; highest AUC first. Empty when the results have no such column."""
+    interval and TPR at 10% FPR; highest AUC first. Empty when the results have no such column. ``leaked``: the
+    results' :func:`leaked_runs`, when the caller has them already."""
     columns = ["run_id", "task", "model", "epoch", "known_context_calibrated_auc", "known_context_calibrated_auc_low",
                "known_context_calibrated_auc_high", "known_context_calibrated_tpr_at_10pct"]
     ft = fine_tuned_rows(results)
     if ft.empty or "known_context_memorization_flag" not in ft.columns:
         return pd.DataFrame(columns=columns)
     flagged = ft[ft["known_context_memorization_flag"].fillna(False).astype(bool)]
-    flagged = flagged[~flagged["run_id"].isin(set(leaked_runs(results)["run_id"]))]
+    leaked = leaked_runs(results) if leaked is None else leaked
+    flagged = flagged[~flagged["run_id"].isin(set(leaked["run_id"]))]
     if flagged.empty:
         return pd.DataFrame(columns=columns)
     best = (flagged.sort_values(["known_context_calibrated_auc", "epoch"], ascending=[False, True], kind="mergesort")
@@ -370,7 +372,7 @@ def leaked_lines(results: pd.DataFrame, limit: int = 20) -> list[str]:
     _, n_runs = outcome_summary(results)
     if table.empty:
         return [f"No run leaked: none of the {n_runs} fine-tuned runs has a memorization verdict at its headline "
-                "checkpoint."] + _known_context_lines(results, limit)
+                "checkpoint."] + _known_context_lines(results, table, limit)
     lines = [f"{len(table)} of {n_runs} runs leaked (memorization at the headline checkpoint):"]
     for r in table.head(limit).to_dict("records"):
         lines.append(f"  {r['run_id']}{_where(r)}: epoch {int(r['epoch'])}, "
@@ -380,14 +382,14 @@ def leaked_lines(results: pd.DataFrame, limit: int = 20) -> list[str]:
                         and allowed_false_positives(0.01, int(r["n_nonmembers"])) == 0 else ""))
     if len(table) > limit:
         lines.append(f"  ... and {len(table) - limit} more (report.html, section 'Runs that leaked')")
-    return lines + _known_context_lines(results, limit)
+    return lines + _known_context_lines(results, table, limit)
 
 
-def _known_context_lines(results: pd.DataFrame, limit: int) -> list[str]:
-    table = known_context_only_runs(results)
+def _known_context_lines(results: pd.DataFrame, leaked: pd.DataFrame, limit: int) -> list[str]:
+    table = known_context_only_runs(results, leaked)
     if table.empty:
         return []
-    more = "more " if not leaked_runs(results).empty else ""
+    more = "more " if not leaked.empty else ""
     lines = [f"{len(table)} {more}run{'s' if len(table) != 1 else ''} leaked through the known context C' only "
              "(known_context_memorization_flag; the zero-information probe did not find it):"]
     for r in table.head(limit).to_dict("records"):
@@ -419,7 +421,7 @@ def _leaked_html(results: pd.DataFrame) -> str:
         body = (f"<p class=\"verdict\"><b>{len(table)} of {n_runs} run{'s' if n_runs != 1 else ''} leaked</b> "
                 "(memorization verdict at the headline checkpoint: the highest calibrated AUC over epochs and score "
                 "kinds). Highest AUC first; AUC and TPR@1% are the deciding score kind's.</p>" + df_to_html(shown))
-    known = known_context_only_runs(results)
+    known = known_context_only_runs(results, table)
     if not known.empty:
         shown = pd.DataFrame({
             "run_id": known["run_id"], **({"task": known["task"]} if "task" in known.columns else {}),

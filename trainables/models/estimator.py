@@ -38,7 +38,8 @@ LOG_P_FLOOR = float(np.log(1e-12))
 
 def load_estimator_factory(spec: str, flag: str = "--estimator") -> Callable[[], Any]:
     """``MODULE:ATTRIBUTE``: a callable taking no argument and returning an unfitted classifier with ``fit``
-    and ``predict_proba``, imported and called once to check it."""
+    and ``predict_proba``, imported and called once to check it. Every failure (a module that is missing, does
+    not parse or fails as it is imported, a factory that fails) is one :class:`ConfigError` naming ``flag``."""
     if ":" not in spec:
         raise ConfigError(f"{flag} {spec!r}: give MODULE:FACTORY, e.g. sklearn.linear_model:LogisticRegression")
     module_name, attr = spec.split(":", 1)
@@ -46,6 +47,11 @@ def load_estimator_factory(spec: str, flag: str = "--estimator") -> Callable[[],
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"{flag} {spec}: module {module_name!r} cannot be imported ({exc})") from None
+    except SyntaxError as exc:
+        raise ConfigError(f"{flag} {spec}: {exc.filename or 'its module'} does not parse (line {exc.lineno}: "
+                          f"{exc.msg})") from None
+    except Exception as exc:  # the module's own code failed as it was imported
+        raise ConfigError(f"{flag} {spec}: importing its module failed ({type(exc).__name__}: {exc})") from None
     factory = getattr(module, attr, None)
     if factory is None or not callable(factory):
         raise ConfigError(f"{flag} {spec}: {module_name} has no callable {attr!r}")
