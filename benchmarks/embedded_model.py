@@ -4,7 +4,7 @@
                                          [--carte-q 500] [--carte-context 256] [--carte-seeds 3] [--no-write]
 
 1. scikit-learn tables (breast_cancer, wine, iris), exactly as the pretraining script evaluates them
-   (``trainables.models.pretrain_pfn_mini.evaluate``): features standardised over the whole table and,
+   (``trainables.models.pretrain_eval.evaluate``): features standardised over the whole table and,
    past 16 columns, reduced to 16 leading PCA components (``prepare_eval_features``); 50/50 stratified
    splits for ``--seeds`` seeds; the first half is the context, the second the queries. Logistic
    regression (scikit-learn, default L2, lbfgs) is fitted on the same context rows and scored on the

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --keep: estimate again, but set it beside the runs already there (no sweep rerun)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
-    from orchestrator.config import load_sweep
+    from orchestrator.sweep_files import load_sweep
     from orchestrator.timing import compare, load_prediction, read_timings
 
     rows, ratios = [], []

@@ -7,7 +7,7 @@ Three tables, all through the real Stage I, fine-tuning and probe code, pfn-mini
 torch thread:
 
 * **Blind baseline.** Per built-in task and design, the members-vs-non-members AUC of a logistic regression
-  fitted on C' alone (``probes/blind.py``), ``shuffled_members``, over the seeds.
+  fitted on C' alone (``trainables/data/blind.py``), ``shuffled_members``, over the seeds.
 * **No-membership control.** Models that never saw the audited rows (``no_membership_check``: fine-tuned
   on 100 other rows with true or flipped labels, or the shipped weights plus noise), breast_cancer Q = 50,
   |C'| = 64, audited in every label mode: the calibrated AUC range, the verdicts and the largest ε lower

@@ -48,7 +48,7 @@ TARGET = 0.15
 
 
 def finetune_config(epochs: int, seed: int = 0) -> dict:
-    from trainables.finetune import DEFAULT_CHECKPOINT_EPOCHS
+    from trainables.spec import DEFAULT_CHECKPOINT_EPOCHS
 
     return {"model": "pfn-mini", "model_options": {"weights": "shipped"}, "regime": "single_fixed", "lr": 1e-3,
             "epochs": epochs, "checkpoint_epochs": list(DEFAULT_CHECKPOINT_EPOCHS), "every_epoch": False,

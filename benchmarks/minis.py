@@ -8,7 +8,7 @@ One section per family in RESULTS.md, all through the code a sweep runs (the ada
 files, Stage I under each model's own input contract, iclmem's fine-tuner and probe), one torch thread:
 
 * **In-context accuracy.** scikit-learn tables (breast_cancer, wine, iris) exactly as the pretraining record
-  evaluates them (``trainables.models.pretrain.evaluate``: standardised, 16 PCA components at most, 50/50
+  evaluates them (``trainables.models.pretrain_eval.evaluate``: standardised, 16 PCA components at most, 50/50
   stratified splits over the seeds): the raw network as iclmem drives it, the package's own classifier on the
   shipped file (its preprocessing and ensemble), and logistic regression on the same rows. CARTE tables (when
   ``--carte-dir`` holds them), prepared as a sweep prepares them for the model: the uniform-label context C'
@@ -62,7 +62,7 @@ def accuracy_table(family: str, seeds: list[int]) -> tuple[str, list[dict]]:
     from trainables.models import build_model
     from trainables.models.checkpoints import locate_weights
     from trainables.models.deployed import package_classifier
-    from trainables.models.pretrain import evaluate, evaluate_classifier
+    from trainables.models.pretrain_eval import evaluate, evaluate_classifier
 
     model, options = FAMILIES[family]
     adapter = build_model(model, **options)
@@ -90,7 +90,8 @@ def carte_table(family: str, carte_dir: Path, seeds: list[int], q: int = 500, co
 
     from trainables.data import PrepSettings, TaskSource, prepare_task
     from trainables.models import build_model
-    from trainables.models.pretrain import icl_predict, logits_of
+    from trainables.models.pretrain_eval import icl_predict
+    from trainables.models.pretrain_models import logits_of
 
     model, options = FAMILIES[family]
     adapter = build_model(model, **options)

@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
 
-    from orchestrator.estimate import estimate, human, render
+    from orchestrator.estimate import estimate
+    from orchestrator.estimate_render import render
+    from orchestrator.timing import human
 
     est = estimate(args.config, args.workers[0], device=args.device, task=args.task, epochs=args.epochs,
                    threads=args.threads, log=lambda line: print(line, flush=True))

@@ -137,7 +137,8 @@ def naive(model, queries, suite, seed: int, n_queries: int) -> dict:
 
     import torch
 
-    from probes.manipulations import apply, materialize, rng_for
+    from probes.context_plans import materialize
+    from probes.manipulations import apply, rng_for
     from probes.scoring import distribution_scores
 
     model.module.eval()

@@ -122,14 +122,19 @@ COLUMNS: dict[str, Column] = _columns(
     Column("known_context_memorization_flag", "whether the base-calibrated known-context loss passes the memorization "
            "test (its own family, one score per checkpoint; never on a collapsed checkpoint): the second "
            "channel beside the zero-information outcome"),
+    Column("deployed_known_context_memorization_flag", "recipe upstream: the same test on the known-context loss "
+           "scored as the package deploys the weights (its preprocessing and ensemble), calibrated by the base "
+           "weights deployed alike"),
     Column("calibrated_memorization_flag", "whether the calibrated scores pass the memorization test"),
     Column("fine_tuned", "whether the checkpoint differs from the base model"),
     Column("sanity_check", "the untouched base model probed as a checkpoint (ΔS ≡ 0 by construction)"),
     Column("n_members", "members scored"),
     Column("n_nonmembers", "non-members scored"),
     Column("null_splits", "null splits probed (rows never trained on, labelled member at random)"),
-    Column("null_evidence", "per null split: sizes, AUC, interval and p-value (JSON)"),
-    # ---- exchangeability of members and non-members (probes.blind)
+    Column("null_evidence", "per null split: sizes, AUC, interval and p-value, known-context flag (JSON)"),
+    Column("null_known_context_flags", "null splits on which the known-context flag was set (false positives of "
+           "that channel)"),
+    # ---- exchangeability of members and non-members (trainables.data.blind)
     Column("label_design", "how non-members' labels are treated under shuffled_members (LabelDesign)"),
     Column("blind_auc", "blind baseline: AUC of a classifier on C' alone separating members before training"),
     Column("blind_auc_low", "lower end of the blind baseline's interval"),
@@ -229,8 +234,10 @@ FAMILIES: tuple[ColumnFamily, ...] = (
                  "a point of the ROC at a fixed false-positive rate, with its Clopper-Pearson interval"),
     ColumnFamily(re.compile(rf"^(outcome|null_memorization)_({_RULES})(_strict)?$"),
                  "the outcome (and null-split false memorizations) under each verdict rule"),
-    ColumnFamily(re.compile(r"^known_context_(calibrated_)?(auc|auc_low|auc_high|p_value|tpr_at_\d+pct(_low|_high)?)$"),
-                 "the known-context loss attack (each audited row predicted with C' as its context)"),
+    ColumnFamily(re.compile(r"^(deployed_)?known_context_(calibrated_)?(auc|auc_low|auc_high|p_value|"
+                            r"tpr_at_\d+pct(_low|_high)?)$"),
+                 "the known-context loss attack (each audited row predicted with C' as its context); deployed_: "
+                 "recipe upstream, scored as the package deploys the weights"),
     # listed before the kind's metric set, which would match it too: these counts are the aggregator's input
     ColumnFamily(re.compile(rf"^(calibrated|uncalibrated|reference_only)_({_KINDS})_gdp_grid$"),
                  "one score kind's false positives and negatives at the GDP grid's thresholds (JSON): what the "

@@ -44,10 +44,11 @@ from iclmem.runfolder import (
 )
 from iclmem.runlock import hold_run_folder
 from iclmem.vocab import LabelDesign, LabelMode
+from trainables.data.task import PrepSettings
 
-# Draws of non-members for external members before the audit gives up on finding exchangeable ones (Stage
-# I's max_redraws + 1).
-MAX_NONMEMBER_DRAWS = 21
+# Draws of non-members for external members before the audit gives up on finding exchangeable ones: Stage I's
+# first draw and its redraws (PrepSettings.max_redraws, read from there)
+MAX_NONMEMBER_DRAWS = PrepSettings().max_redraws + 1
 
 # What a probe uses when neither a flag nor the checkpoint says otherwise.
 def _schema_defaults() -> tuple[dict[str, Any], int]:
@@ -289,7 +290,7 @@ def with_members(task: Any, member_row_ids: np.ndarray, seed: int, source: str =
             raise DataError(f"{source}: labels {unknown[:10]} are not classes of task {task.name!r} "
                             f"({list(task.class_names)[:10]})")
         labels[members] = [index[v] for v in member_labels]
-    from probes.blind import task_blind_baseline
+    from trainables.data.blind import task_blind_baseline
 
     for attempt in range(MAX_NONMEMBER_DRAWS):
         # as Stage I does, a draw whose groups are separable without the model is drawn again

@@ -36,7 +36,6 @@ import logging
 import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,9 @@ import jsonschema
 import yaml
 from ray.autoscaler._private import util as ray_util
 
-from orchestrator.config import SweepConfig, load_sweep
+from orchestrator.config import SweepConfig
+from orchestrator.deploy_checks import ClusterCheck, comment_secret_problems, secret_problems
+from orchestrator.sweep_files import load_sweep
 
 STORAGE_ENV = "ICLMEM_STORAGE"
 SHARED_ENV = "ICLMEM_SHARED_STORAGE"  # confirms that a local-looking storage_path is a shared mount
@@ -58,46 +59,6 @@ _EPS = 1e-6  # fractional requests (4 x 0.25 GPU) add up with float error; Ray i
 _COMMAND_KEYS = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
                  "head_start_ray_commands", "worker_start_ray_commands")
 
-_LITERAL = r"['\"]?\s*[=:]\s*['\"]?(?=[^$'\"\s])"  # "=value", ": 'value'" (JSON), but not "=$VAR"
-_SECRET_VAR = r"\b(WANDB_API_KEY|[A-Z][A-Z0-9_]*(?:_TOKEN|_SECRET|SECRET_ACCESS_KEY|_API_KEY|PASSWORD))"
-_AWS_KEY_ID = (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), "an AWS access key id")
-_SECRET_PATTERNS = (
-    _AWS_KEY_ID,
-    (re.compile(_SECRET_VAR + _LITERAL, re.I), "a literal {0}"),
-    # `wandb login KEY` (flags and a --host URL may come first); `wandb login $WANDB_API_KEY` reads the shell's
-    (re.compile(r"\bwandb\s+login\b(?:\s+--?[A-Za-z][\w-]*(?:[= ](?![-$'\"])\S*[:/.]\S*|=\S*)?)*\s+['\"]?"
-                r"(?![$-])[A-Za-z0-9_-]{20,}(?![^\s'\";&|)])"), "a W&B key given to `wandb login`"),
-    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
-    (re.compile(r"\"private_key\"\s*:"), "a service-account private key"),
-)
-# In comments, prose (`--from-file=WANDB_API_KEY=/path/to/file`, `WANDB_API_KEY=<your key>`) names variables
-# without holding them: a variable counts there only with a value shaped like a key (16+ key characters)
-_COMMENT_PATTERNS = (
-    _AWS_KEY_ID,
-    (re.compile(_SECRET_VAR + r"['\"]?\s*[=:]\s*['\"]?[A-Za-z0-9_+-]{16,}(?![\w/.+-])", re.I), "a literal {0}"),
-    *_SECRET_PATTERNS[2:],
-)
-_SECRET_KEYS = re.compile(r"^(aws_secret_access_key|aws_session_token|secret_access_key|wandb_api_key|"
-                          r"ray_auth_token|password|private_key|api_key|token)$", re.I)
-# The name of a variable that holds a credential (an env entry's `name`, a Dockerfile ENV or ARG)
-SECRET_NAME = re.compile(r"(WANDB_API_KEY|RAY_AUTH_TOKEN|AWS_SECRET_ACCESS_KEY|AWS_SESSION_TOKEN|[A-Z0-9_]*"
-                         r"(?:_TOKEN|_SECRET|_API_KEY|PASSWORD))$", re.I)
-# Where `wandb login` keeps the key, or a file named for it: file_mounts would copy it to every node.
-_WANDB_KEY_FILE = re.compile(r"(^|/)\.?netrc$|wandb[^/]*key|key[^/]*wandb", re.I)
-
-
-@dataclass
-class ClusterCheck:
-    """``problems`` make the file unusable (``iclmem cluster-check`` exits 2); ``notes`` are what could not be
-    checked offline."""
-
-    path: str
-    problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
 
 def check_cluster_file(path: str | Path, sweeps: Sequence[str | Path] = ()) -> ClusterCheck:
@@ -379,93 +340,6 @@ def storage_problems(config: dict[str, Any], prepared: dict[str, Any], where: st
                       f"{f' ({root})' if root else ''} or export {SHARED_ENV}=1 in the setup_commands of {where}")
         if reason:
             problems.append(f"{sweep_path}: storage_path: {path!r} {reason} ({where} can have worker nodes)")
-    return problems
-
-
-# ------------------------------------------------------------------------------------------- secrets
-def _walk(value: Any, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], Any, str]]:
-    """(path, mapping key holding it or None, text) for every string in the document."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if isinstance(v, str):
-                yield path + (k,), k, v
-            else:
-                yield from _walk(v, path + (k,))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            if isinstance(v, str):
-                yield path + (i,), None, v
-            else:
-                yield from _walk(v, path + (i,))
-
-
-def literal_secret(text: str, *, comment: bool = False) -> str | None:
-    """What credential ``text`` holds ("a literal WANDB_API_KEY", "a private key", ...), or None: the one test
-    of cluster files, sweeps, Dockerfiles and batch scripts. ``comment``: ``text`` is a comment, where a
-    variable's name followed by a value counts only when the value is shaped like a key."""
-    for pattern, what in _COMMENT_PATTERNS if comment else _SECRET_PATTERNS:
-        match = pattern.search(text)
-        if match:
-            return what.format(*match.groups())
-    return None
-
-
-def _mappings(value: Any, path: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], dict[Any, Any]]]:
-    """(path, mapping) for every mapping in the document, the document itself included."""
-    if isinstance(value, dict):
-        yield path, value
-        for k, v in value.items():
-            yield from _mappings(v, path + (k,))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _mappings(v, path + (i,))
-
-
-def secret_problems(config: dict[str, Any], where: str) -> list[str]:
-    """A cluster or sweep file is committed and copied to every node: it must hold no credential."""
-    problems = []
-    advice = ("keep secrets out of the file: the cloud's credential chain, ~/.ray/auth_token, and for W&B a "
-              "0600 file read on the head (docs/CLUSTER.md, W&B)")
-    for path, key, text in _walk(config):
-        at = ".".join(map(str, path))
-        if isinstance(key, str) and _SECRET_KEYS.match(key) and text.strip() and not text.strip().startswith("$"):
-            problems.append(f"{where}: {at}: holds a credential; {advice}")
-            continue
-        found = literal_secret(text)
-        if found:
-            problems.append(f"{where}: {at}: holds {found}; {advice}")
-    for path, mapping in _mappings(config):  # an env entry {name: RAY_AUTH_TOKEN, value: <the token>}
-        name, value = mapping.get("name"), mapping.get("value")
-        if (isinstance(name, str) and SECRET_NAME.match(name) and isinstance(value, str) and value.strip()
-                and not value.strip().startswith("$")):
-            at = ".".join(map(str, path)) or "(top level)"
-            problems.append(f"{where}: {at}: sets {name} to a literal value; take it from a Secret "
-                            "(valueFrom.secretKeyRef) or a file read at run time")
-    mounts = config.get("file_mounts")
-    for remote, local in (mounts.items() if isinstance(mounts, dict) else []):
-        if any(isinstance(p, str) and _WANDB_KEY_FILE.search(p) for p in (remote, local)):
-            problems.append(f"{where}: file_mounts.{remote}: copies a W&B key file to every node; only the driver "
-                            "needs it: keep it in a 0600 file on the head (docs/CLUSTER.md, W&B)")
-    return problems
-
-
-def comment_secret_problems(text: str, where: str, *, whole_line_only: bool = False) -> list[str]:
-    """Credentials in the comments of a file's text (``where:LINE``): every parser drops comments, git does not,
-    so a key in one is committed with the file. ``whole_line_only``: only lines that start with ``#`` are
-    comments (a Dockerfile, a shell script); otherwise also what follows `` #`` (YAML)."""
-    problems = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.lstrip()
-        if stripped.startswith("#"):
-            comment = stripped[1:]
-        elif whole_line_only or (match := re.search(r"\s#(.*)$", line)) is None:
-            continue
-        else:
-            comment = match.group(1)
-        found = literal_secret(comment, comment=True)
-        if found:
-            problems.append(f"{where}:{number}: a comment holds {found}; remove it and revoke the credential (the "
-                            "file's history keeps it)")
     return problems
 
 

@@ -7,19 +7,16 @@ into frozen ``TrialSpec`` dataclasses, one per fine-tuning run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
-import itertools
 import json
 import math
-import os
 import types
 import typing
-from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AllowInfNan,
     BaseModel,
@@ -27,7 +24,6 @@ from pydantic import (
     Field,
     Strict,
     StrictInt,
-    ValidationError,
     ValidationInfo,
     create_model,
     field_serializer,
@@ -36,19 +32,13 @@ from pydantic import (
 )
 
 from iclmem.errors import ConfigError, DataError
-from iclmem.vocab import (
-    CanaryDesign,
-    CanaryKind,
-    LabelDesign,
-    LabelMode,
-    Recipe,
-    Regime,
-    TaskKind,
-    TrialRole,
-    WandbMode,
-)
-from trainables.canaries import DEFAULT_ONE_RUN_M
+from iclmem.vocab import CanaryDesign, CanaryKind, LabelDesign, LabelMode, Recipe, Regime, TaskKind, WandbMode
+from orchestrator.config_reading import resolve_path, validate_config
+from probes.settings import ProbeSettings
+from trainables.canaries import CanarySettings
+from trainables.data.task import PrepSettings
 from trainables.dp import DEFAULT_DP_DELTA, DPAccountant
+from trainables.spec import FinetuneSpec
 
 _FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max, without importing numpy here
 # numpy's legacy RandomState and scikit-learn's random_state take seeds in [0, 2**32): a larger one fails
@@ -59,6 +49,17 @@ SEED_MAX = 2**32 - 1
 # keeps a probe's index arrays (resamples x (members + non-members) int64, probes.metrics.bootstrap_indices) at
 # 160 MB for Q = 100 and 1.6 GB for Q = 1000, while 1e12 could never be held and fails every probe after training.
 MAX_BOOTSTRAP = 100_000
+
+
+def settings_default(settings: type, name: str) -> Any:
+    """The default of field ``name`` of a lower layer's settings dataclass (``FinetuneSpec``, ``PrepSettings``,
+    ``ProbeSettings``, ``CanarySettings``): a schema default is read from there, never written a second time
+    (tests/test_defaults.py ties every schema block to the settings it builds)."""
+    found = {f.name: f for f in dataclasses.fields(settings)}[name]
+    if found.default is not dataclasses.MISSING:
+        return found.default
+    assert found.default_factory is not dataclasses.MISSING, f"{settings.__name__}.{name} has no default"
+    return found.default_factory()
 
 
 class StrictConfig(BaseModel):
@@ -290,17 +291,22 @@ class GridConfig(StrictConfig):
 
 
 class TrainingConfig(StrictConfig):
-    epochs: int = Field(50, ge=1)
+    epochs: int = Field(settings_default(FinetuneSpec, "epochs"), ge=1)
     # Default: the paper's schedule, up to ``epochs``. Epochs given here must all be <= ``epochs``.
-    checkpoint_epochs: list[int] = [1, 2, 5, 10, 25, 50, 100, 250, 500]
-    every_epoch: bool = False
-    grad_clip: float = Field(1.0, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
+    checkpoint_epochs: list[int] = list(settings_default(FinetuneSpec, "checkpoint_epochs"))
+    every_epoch: bool = settings_default(FinetuneSpec, "every_epoch")
+    grad_clip: float = Field(settings_default(FinetuneSpec, "grad_clip"), gt=0)
+    weight_decay: float = Field(settings_default(FinetuneSpec, "weight_decay"), ge=0)
     # DP-SGD runs (grid.dp finite) only: δ of their (ε, δ) guarantee, the per-query-row clipping norm (it
     # replaces grad_clip there) and Opacus's accountant (rdp or prv)
     dp_delta: float = Field(DEFAULT_DP_DELTA, gt=0, lt=1)
     dp_max_grad_norm: float = Field(1.0, gt=0, allow_inf_nan=False)
     dp_accountant: DPAccountant = DPAccountant.RDP
+
+    def schedule(self) -> tuple[int, ...]:
+        """The epochs a run of this block writes a checkpoint at (``FinetuneSpec.schedule``: the one rule)."""
+        return FinetuneSpec(epochs=self.epochs, checkpoint_epochs=tuple(self.checkpoint_epochs),
+                            every_epoch=self.every_epoch).schedule()
 
     @model_validator(mode="after")
     def _schedule_fits(self) -> TrainingConfig:
@@ -323,16 +329,21 @@ class TrainingConfig(StrictConfig):
 
 
 class DataConfig(StrictConfig):
-    context_size: int = Field(128, ge=2)
-    regression_bins: int = Field(10, ge=2)
-    max_features: int = Field(16, ge=1)
+    context_size: int = Field(settings_default(PrepSettings, "context_size"), ge=2)
+    regression_bins: int = Field(settings_default(PrepSettings, "regression_bins"), ge=2)
+    max_features: int = Field(settings_default(PrepSettings, "max_features"), ge=1)
     # shuffled_members only: ``matched`` (default) permutes the non-members' labels among themselves as the
     # members' are, so the two groups are exchangeable before training; ``unmatched`` is the paper's design
     # (non-members on true labels), kept to reproduce it: its groups are separable without the model
-    label_design: LabelDesign = LabelDesign.MATCHED
+    label_design: LabelDesign = settings_default(PrepSettings, "label_design")
     # Stage I cache shared across run folders (prepared tasks are immutable and named by a hash of every
     # input); default: RUN_DIR/prepared.
     cache_dir: str | None = None
+
+    def prep_settings(self) -> PrepSettings:
+        """Stage I's settings from this block (the one place the block becomes them); the rest at their defaults."""
+        return PrepSettings(regression_bins=self.regression_bins, max_features=self.max_features,
+                            context_size=self.context_size, label_design=self.label_design)
 
     @field_validator("cache_dir")
     @classmethod
@@ -360,10 +371,10 @@ class ProbeConfig(StrictConfig):
     # resamples of the AUC/TPR intervals, which strict mode's rule reads. At most MAX_BOOTSTRAP: every probe
     # holds resamples x rows of indices at once, so a number far past it (1e12) validates, trains the whole grid
     # and then fails every probe with a MemoryError
-    bootstrap: int = Field(1000, ge=10, le=MAX_BOOTSTRAP)
+    bootstrap: int = Field(settings_default(ProbeSettings, "n_resamples"), ge=10, le=MAX_BOOTSTRAP)
     # null splits probed on every fine-tuned checkpoint (never-trained rows labelled member / non-member at
     # random): the measured false-positive rate of every verdict rule comes from them
-    null_splits: int = Field(1, ge=0)
+    null_splits: int = Field(settings_default(ProbeSettings, "null_splits"), ge=0)
     # K reference fine-tunes per audited run (LiRA / RMIA, probes/attacks.py): each trains with the run's
     # recipe on a random half of its members + non-members; 0 = off
     references: int = Field(0, ge=0, le=64)
@@ -410,12 +421,12 @@ class CanaryConfig(StrictConfig):
     ``delta``: the δ of the one-run claim tested (unset: ``outcome.epsilon_delta``). No kinds = off."""
 
     kinds: list[CanaryKind] = []
-    design: CanaryDesign = CanaryDesign.EXPOSURE
-    copies: list[int] = [1, 2, 4, 8]
-    per_group: int = Field(4, ge=1, le=256)
-    holdout: int = Field(32, ge=4, le=4096)
-    m: int = Field(DEFAULT_ONE_RUN_M, ge=16, le=65536)
-    beta: float = Field(0.05, gt=0, lt=0.5)
+    design: CanaryDesign = settings_default(CanarySettings, "design")
+    copies: list[int] = list(settings_default(CanarySettings, "copies"))
+    per_group: int = Field(settings_default(CanarySettings, "per_group"), ge=1, le=256)
+    holdout: int = Field(settings_default(CanarySettings, "holdout"), ge=4, le=4096)
+    m: int = Field(settings_default(CanarySettings, "m"), ge=16, le=65536)
+    beta: float = Field(settings_default(ProbeSettings, "canary_beta"), gt=0, lt=0.5)
     delta: float | None = Field(None, ge=0, lt=1)
 
     @model_validator(mode="after")
@@ -575,10 +586,22 @@ class SweepConfig(StrictConfig):
     storage_path: str | None = None
     max_failures: int = Field(2, ge=0)
 
+
+    def probe_settings(self, n_checkpoints: int | None = None) -> ProbeSettings:
+        """How this sweep's checkpoints are probed (the one place the ``probe:``, ``outcome:`` and ``canaries:``
+        blocks become :class:`ProbeSettings`); ``n_checkpoints``: the selection-aware family's checkpoints per
+        run (default: the training schedule's)."""
+        from probes.outcomes import OutcomeThresholds
+
+        return ProbeSettings(n_resamples=self.probe.bootstrap,
+                             thresholds=OutcomeThresholds.from_dict(self.outcome.model_dump()),
+                             null_splits=self.probe.null_splits,
+                             n_checkpoints=len(self.training.schedule()) if n_checkpoints is None else n_checkpoints,
+                             canary_beta=self.canaries.beta, canary_delta=self.canaries.delta)
     @field_validator("storage_path")
     @classmethod
     def _storage_is_a_folder(cls, value: str | None) -> str | None:
-        if value is None or "://" in value:  # a bucket is reached at launch (orchestrator.sweep.check_storage)
+        if value is None or "://" in value:  # a bucket is reached at launch (orchestrator.storage.check_storage)
             return value
         from iclmem.runfolder import existing_ancestor
 
@@ -657,134 +680,12 @@ class SweepConfig(StrictConfig):
         return models
 
 
-# ------------------------------------------------------------------------------------------- loading
-ConfigT = TypeVar("ConfigT", bound=BaseModel)
-
-
-_YAML_MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-class UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load that refuses a key given twice in one mapping (YAML would keep the last silently)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _value in node.value:
-            if key_node.tag == _YAML_MERGE_TAG:
-                # ``<<: *anchor`` merges as PyYAML's safe_load does (SafeLoader's construct_mapping flattens
-                # it); a key this mapping gives itself overrides the merged one, which is no duplicate
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark)
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
-
-
-def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    try:
-        is_file, is_dir = path.is_file(), path.is_dir()
-    except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL byte ...
-        raise ConfigError(f"{_shown(path)}: cannot be a sweep file ({getattr(exc, 'strerror', None) or exc})") from None
-    if is_dir:
-        raise ConfigError(f"{path} is a folder, not a sweep file: give the sweep's YAML file itself")
-    if not is_file:
-        raise ConfigError(f"sweep file not found: {path}")
-    if path.resolve() in seen:
-        raise ConfigError(f"{path}: include cycle through {[str(p) for p in seen]}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        line = path.read_bytes()[:exc.start].count(b"\n") + 1
-        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line}); save the "
-                          "sweep file as UTF-8") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    try:
-        data = yaml.load(text, Loader=UniqueKeyLoader) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
-    except RecursionError:  # PyYAML composes nested lists and mappings recursively
-        raise ConfigError(f"{path}: lists or mappings nested too deeply to read (hundreds of levels); no sweep "
-                          "setting nests more than a few") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of settings")
-    include = data.pop("include", None)
-    if include is None:
-        return data
-    base = _read_yaml((path.parent / include).resolve(), seen + (path.resolve(),))
-    return _merge(base, data)
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """PyYAML's error in one line: what is wrong and where (its message quotes the line under a caret)."""
-    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
-        mark = exc.problem_mark
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        context = f"{exc.context}: " if exc.context else ""
-        return f"{context}{exc.problem}{where}"
-    return " ".join(str(exc).split())
-
-
-def _shown(path: Path) -> str:
-    """``path`` for a one-line message: bytes that are not UTF-8 as escapes, a very long name cut short."""
-    text = os.fsencode(path).decode("utf-8", "backslashreplace")
-    return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]} ({len(text)} characters)"
-
-
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def format_validation_error(source: str, exc: ValidationError) -> str:
-    """Every problem with its path in the file: one line for one problem, else a line per problem."""
-    problems = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown setting"
-        problems.append(f"{where}: {msg}")
-    if len(problems) == 1:
-        return f"{source}: {problems[0]}"
-    return "\n".join([f"{source}: {len(problems)} problem(s):", *(f"  - {p}" for p in problems)])
-
-
-def validate_config(model: type[ConfigT], data: dict[str, Any], source: str) -> ConfigT:
-    """``data`` validated into ``model`` (a tabular or an LM sweep); every mistake at once, as a ConfigError."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc)) from None
-
-
-def read_config(model: type[ConfigT], path: str | Path,
-                other: tuple[type[BaseModel], str] | None = None) -> ConfigT:
-    """A sweep file (following ``include:``) validated into ``model``; paths in it are left as written.
-    ``other``: the other kind of sweep file (tabular or LM) and what to say of a file of that kind, which is
-    named as such in one line instead of as every setting it lacks and has."""
-    data = _read_yaml(Path(path))
-    if other is not None:
-        theirs = sorted(k for k in data if k in other[0].model_fields and k not in model.model_fields)
-        ours = [k for k in data if k in model.model_fields and k not in other[0].model_fields]
-        if theirs and not ours:
-            raise ConfigError(f"{path}: {other[1].format(path=path, keys=', '.join(theirs))}")
-    return validate_config(model, data, str(path))
-
-
 def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepConfig:
     return validate_config(SweepConfig, data, source)
 
 
 def read_stored_sweep(run_dir: str | Path) -> SweepConfig:
-    """The validated sweep a run folder records (``sweep.json``, written by ``orchestrator.sweep.record_sweep``):
+    """The validated sweep a run folder records (``sweep.json``, written by ``orchestrator.folder_claims.record_sweep``):
     the one reader ``resume``, ``report`` and ``run``'s folder claim share. :class:`DataError` names the file
     when it is missing, not JSON, or not a sweep this iclmem accepts."""
     from iclmem.atomic import read_json_object
@@ -801,114 +702,8 @@ def read_stored_sweep(run_dir: str | Path) -> SweepConfig:
                         "another version)") from None
 
 
-def load_sweep(path: str | Path) -> SweepConfig:
-    from orchestrator.lm_config import LMSweepConfig
-
-    lm = (LMSweepConfig, "an LM sweep file (it has {keys}), not a tabular one: check it with `iclmem lm validate "
-                         "{path}` and run it with `iclmem lm run`")
-    return resolve_paths(read_config(SweepConfig, path, other=lm), Path(path).parent)
-
-
 def resolve_paths(sweep: SweepConfig, base_dir: Path) -> SweepConfig:
     """Relative data paths in a sweep file are relative to the file, not to the working directory."""
     tasks = [t.model_copy(update={"carte": resolve_path(t.carte, base_dir), "path": resolve_path(t.path, base_dir)})
              for t in sweep.tasks]
     return sweep.model_copy(update={"tasks": tasks})
-
-
-def resolve_path(p: str | None, base_dir: Path) -> str | None:
-    """A path from a sweep file made absolute against the file's folder (URLs and None stay as they are)."""
-    if p is None or "://" in p or Path(p).is_absolute():
-        return p
-    return str((base_dir / p).resolve())
-
-
-# ------------------------------------------------------------------------------------------- expansion
-@dataclass(frozen=True)
-class TrialSpec:
-    """One fine-tuning run of the grid."""
-
-    run_id: str
-    task: str
-    model: str
-    model_options: tuple[tuple[str, Any], ...]
-    regime: str
-    lr: float
-    q: int
-    label_mode: str
-    seed: int
-    dp: float = math.inf  # DP-SGD target epsilon; inf = plain fine-tuning
-    role: TrialRole = TrialRole.TARGET
-    reference_of: str | None = None  # a reference trial: the run id of the run it is a reference model of
-    reference_index: int | None = None  # ... and its index k (0..K-1), which picks its half of the population
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["model_options"] = dict(self.model_options)
-        return out
-
-
-@dataclass(frozen=True)
-class ContextAuditSpec:
-    """One deployed-context audit of regime ``context``: ``model`` with ``q`` rows of ``task`` as its context."""
-
-    run_id: str
-    task: str
-    model: str
-    model_options: tuple[tuple[str, Any], ...]
-    q: int
-    seed: int
-
-
-def context_audit_specs(sweep: SweepConfig) -> list[ContextAuditSpec]:
-    """Regime ``context``: one audit per task × model × Q (the deployed context's rows) × seed; the grid's
-    lr, label modes and ε are fine-tuning axes, which this regime has none of."""
-    if Regime.CONTEXT not in sweep.grid.regime:
-        return []
-    out = []
-    for task, model, q, seed in itertools.product(sweep.tasks, sweep.models, sweep.grid.q, sweep.grid.seed):
-        key = json.dumps([task.name, model.name, model.options, Regime.CONTEXT.value, q, seed,
-                          sweep.probe.context_references], sort_keys=True, default=str)
-        run_id = f"{task.name[:24]}-context-n{q}-s{seed}-{model.name}-{hashlib.sha1(key.encode()).hexdigest()[:6]}"
-        out.append(ContextAuditSpec(run_id, task.name, model.name, tuple(sorted(model.options.items())), q, seed))
-    return out
-
-
-def expand_grid(sweep: SweepConfig) -> list[TrialSpec]:
-    """tasks × models × regimes × lrs × Q × label modes × seeds; multi_fixed and multi_random runs take all
-    tasks at once (one model fine-tuned jointly on every task, paper App. 10). With ``probe.references``
-    = K, each run is followed by its K reference trials (``<run id>-ref<k>``, same recipe; Stage I gives
-    each its half of the run's population); the runs' own ids do not change."""
-    trials = []
-    g = sweep.grid
-    for model, regime, lr, q, mode, seed, dp in itertools.product(sweep.models, g.regime, g.lr, g.q, g.label_mode,
-                                                                  g.seed, g.dp):
-        if regime == Regime.CONTEXT:  # no fine-tuning: audits of their own (context_audit_specs)
-            continue
-        joint = regime in (Regime.MULTI_FIXED, Regime.MULTI_RANDOM)
-        task_groups = ["+".join(t.name for t in sweep.tasks)] if joint else [t.name for t in sweep.tasks]
-        for task in task_groups:
-            # a run without DP keeps the id it had before the dp axis existed; a DP run's names its epsilon
-            # (and, in the hashed key, the settings that change its noise)
-            parts: list[Any] = [task, model.name, model.options, regime, lr, q, mode, seed]
-            tag = ""
-            if math.isfinite(dp):
-                t = sweep.training
-                parts.append({"dp": dp, "delta": t.dp_delta, "max_grad_norm": t.dp_max_grad_norm,
-                              "accountant": str(t.dp_accountant)})
-                tag = f"-dp{dp:g}"
-            if mode == LabelMode.SHUFFLED_MEMBERS:
-                # the label design changes what the non-members are scored on: another design, another run
-                # (ids of shuffled_members runs from before label-matched non-members existed do not recur)
-                parts.append({"label_design": str(sweep.data.label_design)})
-            if sweep.canaries.enabled:  # canaries change the weights: a run with them is another run
-                parts.append({"canaries": sweep.canaries.settings()})
-            key = json.dumps(parts, sort_keys=True, default=str)
-            run_id = (f"{task[:24]}-{regime}-lr{lr:g}-q{q}-{mode}-s{seed}{tag}-"
-                      f"{hashlib.sha1(key.encode()).hexdigest()[:6]}")
-            target = TrialSpec(run_id, task, model.name, tuple(sorted(model.options.items())), regime, lr, q, mode,
-                               seed, dp)
-            trials.append(target)
-            trials.extend(replace(target, run_id=f"{run_id}-ref{k}", role=TrialRole.REFERENCE, reference_of=run_id,
-                                  reference_index=k) for k in range(sweep.probe.references))
-    return trials

@@ -451,7 +451,7 @@ def check_context_audits(sweep: Any, note: Callable[[str], None] = lambda _line:
     """Stage I of every regime-``context`` audit, on the driver before Ray starts: a table too small for its
     Q (or any other problem Stage I finds) is named now, not in a Ray task; what Stage I says (a table too
     small for the never-in-context control, so the verdict cannot be trusted) goes to ``note``."""
-    from orchestrator.config import context_audit_specs
+    from orchestrator.trials import context_audit_specs
 
     for spec in context_audit_specs(sweep):
         prepare_sweep_audit(spec, sweep, lambda line: note(line.replace("--context-size", "grid.q")))
@@ -460,7 +460,7 @@ def check_context_audits(sweep: Any, note: Callable[[str], None] = lambda _line:
 def submit_context_audits(sweep: Any, run_dir: Path, log: Callable[[str], None]) -> list[tuple[Any, Any]]:
     """Start every regime-``context`` audit not done yet as a Ray task (``resources.cpus_per_probe_actor``
     CPUs each); (spec, object ref) pairs."""
-    from orchestrator.config import context_audit_specs
+    from orchestrator.trials import context_audit_specs
 
     specs = context_audit_specs(sweep)
     if not specs:
@@ -482,7 +482,7 @@ def finish_context_audits(audits: list[tuple[Any, Any]], sweep: Any, run_dir: Pa
                           log: Callable[[str], None]) -> list[str]:
     """Wait for the audits, say each verdict, write ``context_audits.parquet`` from every finished folder;
     the failures, as ``run id: error`` lines (the others' folders are kept either way)."""
-    from orchestrator.config import context_audit_specs
+    from orchestrator.trials import context_audit_specs
 
     specs = context_audit_specs(sweep)
     if not specs:

@@ -23,7 +23,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.cluster import _WANDB_KEY_FILE, SECRET_NAME, ClusterCheck, comment_secret_problems, literal_secret
+from orchestrator.deploy_checks import (
+    SECRET_NAME,
+    WANDB_KEY_FILE,
+    ClusterCheck,
+    comment_secret_problems,
+    literal_secret,
+)
 
 _PIN = re.compile(r"(?<![\w.-])([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([A-Za-z0-9.+!_-]+)")
 _EXACT_TAG = re.compile(r"\d+\.\d+\.\d+")  # a full version somewhere in the tag: 3.11.7-slim, 12.6.3-runtime
@@ -177,7 +183,7 @@ def check_dockerfile(path: str | Path, pyproject: str | Path | None = None) -> C
         found = literal_secret(ins.text) if ins.keyword not in ("ARG", "ENV") else None  # those: by name, above
         if found:
             result.problems.append(f"{at}: {ins.keyword} holds {found}")
-        if ins.keyword in ("COPY", "ADD") and any(_WANDB_KEY_FILE.search(p) for p in ins.text.split()):
+        if ins.keyword in ("COPY", "ADD") and any(WANDB_KEY_FILE.search(p) for p in ins.text.split()):
             result.problems.append(f"{at}: {ins.keyword} copies a credential file into the image")
         if ins.keyword == "FROM":
             froms += 1

@@ -33,9 +33,10 @@ from typing import Any
 import jsonschema
 import yaml
 
-from orchestrator.cluster import SHARED_SCHEMES, ClusterCheck, comment_secret_problems, secret_problems, sweeps_fit
-from orchestrator.config import load_sweep
+from orchestrator.cluster import SHARED_SCHEMES, sweeps_fit
+from orchestrator.deploy_checks import ClusterCheck, comment_secret_problems, secret_problems
 from orchestrator.image import base_image_problem
+from orchestrator.sweep_files import load_sweep
 
 _STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _POD_TEMPLATE = {"type": "object", "required": ["spec"], "properties": {"metadata": {"type": "object"},

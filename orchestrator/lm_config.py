@@ -11,12 +11,13 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from iclmem.vocab import ExposureMetric, LMProbe, NerVariant, values
-from orchestrator.config import ProbeActorsConfig, StrictConfig, WandbConfig, read_config, resolve_path, validate_config
+from orchestrator.config import ProbeActorsConfig, StrictConfig, WandbConfig
+from orchestrator.config_reading import validate_config
 from probes.lm.data import DATASET_FORMATS
 from probes.lm.exposure import ThresholdRule, default_thresholds
 from probes.lm.ner import NerSettings
 
-__all__ = ["LMDatasetConfig", "LMModelConfig", "LMSweepConfig", "NerConfig", "ThresholdConfig", "load_lm_sweep",
+__all__ = ["LMDatasetConfig", "LMModelConfig", "LMSweepConfig", "NerConfig", "ThresholdConfig",
            "parse_lm_sweep"]
 
 SYNTHETIC_FORMAT = "conll2003"  # the format of the built-in synthetic dataset
@@ -177,17 +178,3 @@ def unavailable_device(cfg: LMSweepConfig) -> str | None:
     elif cfg.device == "mps" and not torch.backends.mps.is_available():
         return "device mps, but torch sees no MPS device on this machine"
     return None
-
-
-def load_lm_sweep(path: str | Path) -> LMSweepConfig:
-    """Read and validate an LM sweep YAML; relative paths are relative to the file."""
-    from orchestrator.config import SweepConfig
-
-    path = Path(path)
-    tabular = (SweepConfig, "a tabular sweep file (it has {keys}), not an LM one: check it with `iclmem validate "
-                            "{path}` and run it with `iclmem run`")
-    cfg = read_config(LMSweepConfig, path, other=tabular)
-    return cfg.model_copy(update={
-        "models": [m.model_copy(update={"path": resolve_path(m.path, path.parent)}) for m in cfg.models],
-        "datasets": [d.model_copy(update={"path": resolve_path(d.path, path.parent)}) for d in cfg.datasets],
-    })

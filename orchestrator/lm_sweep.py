@@ -1,7 +1,8 @@
 """Ray side of an LM probe sweep: work units on the probe pool, one results table, the report and W&B.
 
 ``run_lm_sweep`` is what ``iclmem lm run`` and ``iclmem lm resume RUN_DIR`` call. It runs on the same core
-as the tabular sweep (``orchestrator.sweep``): the config base and messages (``orchestrator.lm_config``),
+as the tabular sweep (``orchestrator.sweep``): the run-folder claim (``orchestrator.folder_claims``), Ctrl-C and the
+console (``orchestrator.console``), the config base and messages (``orchestrator.lm_config``),
 Ray start-up (``iclmem.raysession``), the probe pool (``probes.actors.ProbePool`` over
 ``LMUnitWorker``: retries, resends, results stored per unit with a checksum), the provenance record
 (``kind = "lm"``), the run-folder names (``iclmem.runfolder``), atomic writes, the report page and the W&B
@@ -48,7 +49,8 @@ from iclmem.runfolder import (
     write_run_state,
 )
 from iclmem.vocab import LMProbe, NerVariant
-from orchestrator.lm_config import LMSweepConfig, load_lm_sweep, parse_lm_sweep
+from orchestrator.lm_config import LMSweepConfig, parse_lm_sweep
+from orchestrator.sweep_files import load_lm_sweep
 from probes.lm.data import DATASET_FORMATS, LMDataset, canonical_type, load_dataset
 from probes.lm.exposure import ThresholdRule, exposure_counts, memorized_lists
 from probes.lm.net import f1_table
@@ -323,11 +325,12 @@ def run_lm_sweep(config_path: str | Path | None, run_dir: str | Path, *, config:
     in ``RUN_DIR`` are not computed again.
 
     The run folder is handled as the tabular driver's (``orchestrator.sweep.run_sweep``): a new run claims
-    a new or empty folder, or one holding an LM run of the same config (``claim_run_folder``), before
+    a new or empty folder, or one holding an LM run of the same config
+    (``orchestrator.folder_claims.claim_run_folder``), before
     writing anything; ``run_state.json`` says running / complete / failed / interrupted; ``verbose=False``
     (the command line's default) keeps what Ray, wandb and Python warnings print in ``RUN_DIR/console.log``;
     Ctrl-C raises :class:`SweepInterrupted` (exit 130) after a bounded clean-up, every stored unit kept."""
-    from orchestrator.sweep import catch_interrupts
+    from orchestrator.console import catch_interrupts
 
     with catch_interrupts() as interrupts:
         try:
@@ -372,7 +375,7 @@ def _run_lm_sweep(config_path: str | Path | None, run_dir: str | Path, *, config
                   address: str | None, num_cpus: int | None, resume: bool, log: Callable[[str], None],
                   verbose: bool, interrupts: Any) -> pd.DataFrame:
     from iclmem.runlock import hold_run_folder, refuse_if_held
-    from orchestrator.sweep import claim_run_folder, require_writable
+    from orchestrator.folder_claims import claim_run_folder, require_writable
 
     run_dir = Path(run_dir).resolve()
     refuse_if_held(run_dir)  # a folder another driver works in is refused as such, before anything is read
@@ -396,7 +399,7 @@ def _run_lm_sweep_holding(cfg: LMSweepConfig, run_dir: Path, *, address: str | N
     import warnings
     from contextlib import nullcontext
 
-    from orchestrator.sweep import console_warnings
+    from orchestrator.console import console_warnings
     from orchestrator.wandb_logger import resolve_wandb_mode
 
     # says now, on the terminal (not in the console log that quiet_console opens below), when the environment's

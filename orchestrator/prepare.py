@@ -20,16 +20,9 @@ from typing import Any
 from iclmem.errors import ConfigError, IclmemError
 from iclmem.provenance import Provenance, git_commit
 from iclmem.vocab import BASE_MODEL_ROW, InputContract, Regime, TrialRole
-from orchestrator.config import SweepConfig, TaskConfig, TrialSpec, expand_grid
-from trainables.data import (
-    DISTRACTOR_COLUMNS,
-    LabelMode,
-    PreparedTask,
-    PrepSettings,
-    TaskSource,
-    load_or_prepare,
-    reference_task,
-)
+from orchestrator.config import SweepConfig, TaskConfig
+from orchestrator.trials import TrialSpec, expand_grid
+from trainables.data import DISTRACTOR_COLUMNS, LabelMode, PreparedTask, TaskSource, load_or_prepare, reference_task
 
 EXPERIMENT_NAME = "tune"
 
@@ -125,8 +118,7 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
 
     check_models(sweep, source)
 
-    settings = PrepSettings(regression_bins=sweep.data.regression_bins, max_features=sweep.data.max_features,
-                            context_size=sweep.data.context_size, label_design=sweep.data.label_design)
+    settings = sweep.data.prep_settings()
     trials = expand_grid(sweep)
     # Each model (name + options) once, with random weights: its input contract and limits decide how
     # Stage I prepares the tasks it meets (the weights themselves were located above).

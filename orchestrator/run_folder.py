@@ -1,6 +1,6 @@
 """One reader of a sweep's run folder: every file the sweep writes there, read in one class.
 
-The writers are elsewhere (``orchestrator.sweep.record_sweep``, ``iclmem.runfolder.write_run_state``,
+The writers are elsewhere (``orchestrator.folder_claims.record_sweep``, ``iclmem.runfolder.write_run_state``,
 ``iclmem.provenance.Provenance.write``, ``orchestrator.aggregate`` through ``iclmem.atomic``); the report, the
 W&B summary, aggregation and the CLI read a folder only through :class:`RunFolder`. Reads are checked the
 way the writes are made: the sweep is validated into a :class:`~orchestrator.config.SweepConfig`, the run

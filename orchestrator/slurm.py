@@ -20,8 +20,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.cluster import ClusterCheck, comment_secret_problems, literal_secret, sweeps_fit
-from orchestrator.config import load_sweep
+from orchestrator.cluster import sweeps_fit
+from orchestrator.deploy_checks import ClusterCheck, comment_secret_problems, literal_secret
+from orchestrator.sweep_files import load_sweep
 
 _DIRECTIVE = re.compile(r"^#SBATCH\s+(--?[A-Za-z-]+)(?:[=\s]+(\S+))?")
 _TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")

@@ -1,6 +1,6 @@
 """What a finished run spent, phase by phase: written by ``iclmem run``, read by ``iclmem estimate --compare``.
 
-The phases are the estimate's own (:class:`Phase`, declared once: ``orchestrator.estimate.predict`` keys its
+The phases are the estimate's own (:class:`Phase`, declared once: ``orchestrator.estimate_predict.predict`` keys its
 prediction by them), so a run's record and a prediction line up row by row:
 
 * **serial** phases run on the driver, one after the other: its start (imports), Ray's start and stop,

@@ -157,12 +157,8 @@ class ProbeWorker(_PoolWorker):
         """The checkpoint's model; one that fails its checksum is recomputed from the run's recipe (and
         must then hash as the manifest recorded, when the manifest survived)."""
         from iclmem.errors import CorruptCheckpointError
-        from trainables.finetune import (
-            FinetuneSpec,
-            checkpoint_manifest,
-            load_checkpoint_model,
-            recompute_checkpoint_model,
-        )
+        from trainables.finetune import FinetuneSpec, checkpoint_manifest, load_checkpoint_model
+        from trainables.recompute import recompute_checkpoint_model
 
         try:
             return load_checkpoint_model(directory)
@@ -185,10 +181,11 @@ class ProbeWorker(_PoolWorker):
     def run(self, job: ProbeJob) -> ProbeResult:
         """Probe one checkpoint and return the whole result; the driver stores it on its own disk, so
         results never depend on which node an actor ran on."""
+        from iclmem.clock import device_clock
         from probes import stopwatch
 
         stopwatch.reset()
-        clock = stopwatch.device_clock(self.device)
+        clock = device_clock(self.device)
         stopwatch.use_clock(clock)
         started, wall = clock(), time.perf_counter()
         task = self.tasks[job.task_key]

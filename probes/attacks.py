@@ -48,6 +48,7 @@ import numpy as np
 from scipy.stats import norm
 
 from iclmem.errors import ProbeError
+from iclmem.stats import DEFAULT_RESAMPLES
 from iclmem.vocab import Attack, Calibration, Outcome, ScoreKind
 from probes.epsilon import DEFAULT_EPSILON_DELTA, epsilon_lower_bound
 from probes.metrics import CheckpointMetrics, clopper_pearson, membership_metrics, roc_curve
@@ -297,7 +298,7 @@ class AttackInputs:
     reference_log_p: np.ndarray
 
 
-def evaluate_attacks(inputs: AttackInputs, *, prefix: str = "", n_resamples: int = 1000, null_splits: int = 1,
+def evaluate_attacks(inputs: AttackInputs, *, prefix: str = "", n_resamples: int = DEFAULT_RESAMPLES, null_splits: int = 1,
                      seed: int = 0, epsilon_delta: float = DEFAULT_EPSILON_DELTA,
                      thresholds: OutcomeThresholds | None = None, n_checkpoints: int = 1,
                      ) -> tuple[dict[str, Any], dict[str, dict[str, list[float]]]]:

@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from iclmem.errors import ProbeError
+from iclmem.stats import DEFAULT_RESAMPLES
 from iclmem.vocab import ContextAttack, ContextTarget, Outcome
 from probes.attacks import ReferenceStatistics, lira_offline, lira_online, logit_of_loss, rmia, score_columns
 from probes.epsilon import DEFAULT_EPSILON_DELTA
@@ -274,7 +275,7 @@ def audit_verdict(rows: Sequence[Mapping[str, Any]], exchangeable: bool = True) 
 
 
 def evaluate_context_audit(scorer: ContextScorer, inputs: ContextAuditInputs, *, n_references: int, seed: int = 0,
-                           n_resamples: int = 1000, null_splits: int = 5,
+                           n_resamples: int = DEFAULT_RESAMPLES, null_splits: int = 5,
                            thresholds: OutcomeThresholds | None = None, epsilon_delta: float = DEFAULT_EPSILON_DELTA,
                            blind: Mapping[str, Any] | None = None, exchangeable: bool = True,
                            progress: Callable[[int, int], None] | None = None,

@@ -37,7 +37,7 @@ point can refute a sizeable μ.
   nothing about its ε (a perfect attack on 50 + 50 rows reads μ_lb 2.33 and "ε" 12.1, where the classic
   bound of the same scores caps at 2.57; a pure ε = 3 randomised response is not 12-DP). DP-SGD with full
   batches (iclmem's fixed batches, sample rate 1) is a composition of Gaussian mechanisms, so the
-  assumption holds there and its exact μ is known (:func:`gaussian_mechanism_mu`): the aggregator derives
+  assumption holds there and its exact μ is known (:func:`trainables.dp.gaussian_mechanism_mu`): the aggregator derives
   the ε only on such runs and withholds it (NaN, with the reason) on every other.
 * **Orientation** as everywhere in iclmem: members are the positive class, higher score = member, a
   threshold ``t`` predicts member iff ``score >= t``.
@@ -66,7 +66,7 @@ GDP_FPR_GRID: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 # the checkpoint headline, whose K competing kinds share it (each read at GDP_BETA / K)
 GDP_BETA = 0.05
 
-__all__ = ["GDP_BETA", "GDP_FPR_GRID", "GdpBound", "GridCounts", "gaussian_mechanism_mu", "gdp_delta", "gdp_epsilon",
+__all__ = ["GDP_BETA", "GDP_FPR_GRID", "GdpBound", "GridCounts", "gdp_delta", "gdp_epsilon",
            "gdp_epsilon_at", "gdp_mu_lower_bound"]
 
 FloatArray = npt.NDArray[np.float64]
@@ -268,13 +268,3 @@ def gdp_mu_lower_bound(member_scores: Any, nonmember_scores: Any, delta: float, 
     return GdpBound(mu=value, epsilon=gdp_epsilon_at(value, d), delta=d, confidence=c,
                     threshold=float(thresholds[i]) if value > 0.0 else math.nan, fpr_high=float(fpr_high[i]),
                     fnr_high=float(fnr_high[i]), n_members=int(m.size), n_nonmembers=int(n.size), grid=grid)
-
-
-def gaussian_mechanism_mu(noise_multiplier: float, steps: int, sensitivity: float = 1.0) -> float:
-    """μ of ``steps`` full-batch Gaussian mechanisms with noise ``noise_multiplier`` × clip norm and a
-    neighbour that moves the clipped sum by ``sensitivity`` × clip norm: sqrt(steps) · sensitivity / σ
-    (GDP composes exactly: the μ of a composition is the root of the sum of squares). Sensitivity 1 is
-    add/remove one row, 2 is replace one row."""
-    if not noise_multiplier > 0:
-        return math.inf
-    return math.sqrt(max(int(steps), 0)) * float(sensitivity) / float(noise_multiplier)

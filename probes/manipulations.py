@@ -1,25 +1,11 @@
-"""Stage II context manipulations: from one query to the contexts it is probed with.
+"""Stage II context manipulations: which context plans a query is probed with, and the suites naming them.
 
-The multiple-choice base context ``C_base`` for a query ``q = (x_q, y*)`` over ``m = |Y|`` candidate
-labels holds ``m`` rows, each a copy of ``x_q``, labelled ``0, 1, ..., m-1`` in sorted order. Every
-context row carries the query's own features, so a manipulated context is fully described by a
-:class:`ContextPlan` -- the label of each row, the kept feature columns, and the values of any
-distractor columns -- and :func:`materialize` / :func:`materialize_batch` turn plans into arrays.
-
-Primitives (registry ``PRIMITIVES``; parameters in brackets, all integers unless stated)
--------------------------------------------------------------------------------------------
-==================  ==========  ==================================================================
-primitive           phase       effect
-==================  ==========  ==================================================================
-skew_true           counts      true label's row count x ``repeat``
-skew_incorrect      counts      ``k`` distinct random incorrect labels (k capped at m-1), each x ``repeat``
-skew_mixed          counts      true label x ``true_repeat``; one random incorrect label x ``incorrect_repeat``
-scale_uniform       counts      every row x ``factor``
-scale_random        counts      every row x an independent draw from U{1..``max_factor``}
-position            order       ``where`` (str) = random | first | last: move the true-label rows
-drop_features       features    drop ``n`` random feature columns (default: 2, or 1 if < 3 features)
-distractors         distractors append ``n`` columns of fresh N(0, 1) values, query row included
-==================  ==========  ==================================================================
+A manipulation is a named, categorised composition of primitive steps (:class:`Manipulation`, :func:`step`;
+the eight primitives and their parameters are in :mod:`probes.manipulation_primitives`). :func:`apply` draws
+one manipulation's :class:`~probes.context_plans.ContextPlan` for one query, :func:`build_plans` every
+(query, manipulation) plan of a probe and :func:`group_by_shape` batches them for
+:func:`~probes.context_plans.materialize_batch`. The suites -- the default 48, or one built from a config's
+list -- are the rest of this module.
 
 Composition order (fixed, so every combination is well-defined whatever order a suite lists steps in;
 steps of the same phase run in the order listed):
@@ -92,20 +78,18 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from iclmem.errors import ConfigError, ProbeError, UnknownNameError
 from iclmem.registry import Registry
+from probes.context_plans import ContextPlan, PlanShape, materialize_batch
+from probes.manipulation_primitives import PRIMITIVES, ParamValue, Phase, StepContext
 
 __all__ = [
-    "Phase",
-    "ParamSpec",
-    "Primitive",
     "Step",
     "step",
     "Manipulation",
@@ -113,13 +97,11 @@ __all__ = [
     "PlannedContext",
     "PlanShape",
     "Suite",
-    "PRIMITIVES",
     "MANIPULATIONS",
     "DEFAULT_CATEGORY_COUNTS",
     "rng_for",
     "apply",
-    "materialize",
-    "materialize_batch",
+    "materialize_batch",  # not used here: probes/scoring.py takes it from this module with the plans it batches
     "default_suite",
     "suite_from_spec",
     "suite_to_spec",
@@ -131,334 +113,6 @@ __all__ = [
 # Bumping this changes every random draw; do it only together with a note in the results' metadata.
 _RNG_PERSON = b"iclmem.probes.v1"  # blake2b personalisation, exactly 16 bytes
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-
-
-# --------------------------------------------------------------------------------------------------
-# Plans and materialisation
-# --------------------------------------------------------------------------------------------------
-
-
-class PlanShape(NamedTuple):
-    """What must agree for plans to share a batch: rows N, kept columns F', distractor columns d."""
-
-    n_rows: int
-    n_kept: int
-    n_distractors: int
-
-
-def _frozen(array: np.ndarray) -> np.ndarray:
-    array = np.ascontiguousarray(array)
-    array.flags.writeable = False
-    return array
-
-
-@dataclass(frozen=True, eq=False)
-class ContextPlan:
-    """One manipulated context for one query. Arrays are read-only.
-
-    labels:        int64   [N]       label of each context row, in row order
-    keep_columns:  int64   [F']      feature columns of x_q kept, sorted ascending
-    distractors:   float32 [N+1, d]  distractor values; rows 0..N-1 context, row N the query
-    """
-
-    labels: np.ndarray
-    keep_columns: np.ndarray
-    distractors: np.ndarray
-
-    def __post_init__(self) -> None:
-        labels = np.asarray(self.labels)
-        keep = np.asarray(self.keep_columns)
-        dis = np.asarray(self.distractors)
-        if labels.ndim != 1 or labels.dtype != np.int64 or labels.size == 0:
-            raise ProbeError(f"plan labels must be a non-empty int64 vector, got {labels.dtype} {labels.shape}")
-        if keep.ndim != 1 or keep.dtype != np.int64:
-            raise ProbeError(f"plan keep_columns must be an int64 vector, got {keep.dtype} {keep.shape}")
-        if keep.size and (keep[0] < 0 or not bool((keep[1:] > keep[:-1]).all())):
-            raise ProbeError("plan keep_columns must be sorted, unique and non-negative")
-        if dis.ndim != 2 or dis.dtype != np.float32 or dis.shape[0] != labels.size + 1:
-            raise ProbeError(
-                f"plan distractors must be float32 [N+1={labels.size + 1}, d], got {dis.dtype} {dis.shape}"
-            )
-        if keep.size + dis.shape[1] == 0:
-            raise ProbeError("plan has no feature columns at all")
-        # object.__setattr__: the dataclass is frozen; we only swap in read-only contiguous copies.
-        object.__setattr__(self, "labels", _frozen(labels))
-        object.__setattr__(self, "keep_columns", _frozen(keep))
-        object.__setattr__(self, "distractors", _frozen(dis))
-
-    @property
-    def n_rows(self) -> int:
-        return int(self.labels.size)
-
-    @property
-    def n_kept(self) -> int:
-        return int(self.keep_columns.size)
-
-    @property
-    def n_distractors(self) -> int:
-        return int(self.distractors.shape[1])
-
-    @property
-    def n_columns(self) -> int:
-        """Width of the materialised rows, F' + d."""
-        return self.n_kept + self.n_distractors
-
-    @property
-    def shape(self) -> PlanShape:
-        return PlanShape(self.n_rows, self.n_kept, self.n_distractors)
-
-    def to_bytes(self) -> bytes:
-        """Canonical byte form: equal bytes <=> identical contexts (used for equality and hashing)."""
-        header = np.asarray(self.shape, dtype=np.int64).tobytes()
-        return header + self.labels.tobytes() + self.keep_columns.tobytes() + self.distractors.tobytes()
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ContextPlan):
-            return NotImplemented
-        return self.to_bytes() == other.to_bytes()
-
-    def __hash__(self) -> int:
-        return hash(self.to_bytes())
-
-
-def materialize(plan: ContextPlan, x_q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Context rows and query row of one plan: (float32 [N, F'+d], float32 [F'+d])."""
-    x = np.asarray(x_q, dtype=np.float32)
-    if x.ndim != 1:
-        raise ProbeError(f"x_q must be one feature vector, got shape {x.shape}")
-    if plan.n_kept and int(plan.keep_columns[-1]) >= x.size:
-        raise ProbeError(f"plan keeps column {int(plan.keep_columns[-1])} but x_q has {x.size} features")
-    kept = x[plan.keep_columns]
-    query_x = np.concatenate([kept, plan.distractors[-1]])
-    context_x = np.concatenate(
-        [np.broadcast_to(kept, (plan.n_rows, plan.n_kept)), plan.distractors[:-1]], axis=1
-    )
-    return np.ascontiguousarray(context_x, dtype=np.float32), query_x.astype(np.float32, copy=False)
-
-
-def materialize_batch(
-    plans: Sequence[ContextPlan], X_q: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Vectorised :func:`materialize` for plans of one :class:`PlanShape`, plan b with query row X_q[b].
-
-    Returns context_x float32 [B, N, F'+d], context_y int64 [B, N], query_x float32 [B, F'+d] -- the
-    layout ``ModelAdapter.log_probs`` takes (add the query axis with ``query_x[:, None]``).
-    """
-    if len(plans) == 0:
-        raise ProbeError("materialize_batch needs at least one plan")
-    X = np.asarray(X_q, dtype=np.float32)
-    if X.ndim != 2 or X.shape[0] != len(plans):
-        raise ProbeError(f"X_q must be [B={len(plans)}, F], got shape {X.shape}")
-    shape = plans[0].shape
-    if any(p.shape != shape for p in plans):
-        raise ProbeError("materialize_batch needs plans of one shape; group them with group_by_shape first")
-    n_rows, n_kept, _ = shape
-    keep = np.stack([p.keep_columns for p in plans])  # [B, F']
-    if n_kept and int(keep.max()) >= X.shape[1]:
-        raise ProbeError(f"a plan keeps column {int(keep.max())} but X_q has {X.shape[1]} features")
-    kept = np.take_along_axis(X, keep, axis=1)  # [B, F'] -- each plan keeps its own columns
-    dis = np.stack([p.distractors for p in plans])  # [B, N+1, d]
-    context_x = np.concatenate(
-        [np.broadcast_to(kept[:, None, :], (len(plans), n_rows, n_kept)), dis[:, :-1]], axis=2
-    )
-    query_x = np.concatenate([kept, dis[:, -1]], axis=1)
-    context_y = np.stack([p.labels for p in plans])
-    return (
-        np.ascontiguousarray(context_x, dtype=np.float32),
-        np.ascontiguousarray(context_y, dtype=np.int64),
-        np.ascontiguousarray(query_x, dtype=np.float32),
-    )
-
-
-# --------------------------------------------------------------------------------------------------
-# Primitives
-# --------------------------------------------------------------------------------------------------
-
-
-class Phase(IntEnum):
-    """Composition order of primitives (see module docstring)."""
-
-    COUNTS = 0
-    ORDER = 1
-    FEATURES = 2
-    DISTRACTORS = 3
-
-
-@dataclass(frozen=True)
-class StepContext:
-    """Facts about the query a primitive may need besides its phase's array."""
-
-    true_label: int
-    n_classes: int
-    n_features: int
-
-
-ParamValue = int | str
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One primitive parameter: an int >= ``minimum`` or, with ``choices``, one of those strings.
-
-    ``default`` None with ``required`` False means "absent": the primitive applies its own rule.
-    """
-
-    name: str
-    required: bool = True
-    default: ParamValue | None = None
-    minimum: int = 1
-    choices: tuple[str, ...] = ()
-
-    def check(self, primitive: str, value: Any) -> ParamValue:
-        if self.choices:
-            if not isinstance(value, str) or value not in self.choices:
-                raise ConfigError(
-                    f"primitive {primitive!r}: {self.name} must be one of {list(self.choices)}, got {value!r}"
-                )
-            return value
-        # bool is an int subclass; True as "repeat" is a typo, not a count.
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise ConfigError(f"primitive {primitive!r}: {self.name} must be an integer, got {value!r}")
-        if int(value) < self.minimum:
-            raise ConfigError(f"primitive {primitive!r}: {self.name} must be >= {self.minimum}, got {value!r}")
-        return int(value)
-
-
-# fn(array of its phase, context, rng, **params) -> new array. Arrays per phase:
-#   COUNTS: int64 [m] rows per label; ORDER: int64 [N] labels in row order;
-#   FEATURES: int64 [F'] kept columns; DISTRACTORS: float32 [N+1, d] distractor values.
-PrimitiveFn = Callable[..., np.ndarray]
-
-
-@dataclass(frozen=True)
-class Primitive:
-    name: str
-    phase: Phase
-    fn: PrimitiveFn
-    params: tuple[ParamSpec, ...]
-    doc: str
-
-    def validate(self, raw: Mapping[str, Any]) -> tuple[tuple[str, ParamValue], ...]:
-        """Checked parameters, defaults filled in, as sorted (name, value) pairs."""
-        known = {p.name: p for p in self.params}
-        unknown = sorted(set(raw) - set(known))
-        if unknown:
-            raise ConfigError(
-                f"primitive {self.name!r} got unknown parameter(s) {unknown}; accepted: {sorted(known) or 'none'}"
-            )
-        out: dict[str, ParamValue] = {}
-        for spec in self.params:
-            if spec.name in raw:
-                out[spec.name] = spec.check(self.name, raw[spec.name])
-            elif spec.required and spec.default is None:
-                raise ConfigError(f"primitive {self.name!r} needs parameter {spec.name!r}")
-            elif spec.default is not None:
-                out[spec.name] = spec.default
-        return tuple(sorted(out.items()))
-
-
-PRIMITIVES: Registry[Primitive] = Registry("manipulation primitive")
-
-
-def _primitive(name: str, phase: Phase, *params: ParamSpec) -> Callable[[PrimitiveFn], PrimitiveFn]:
-    def wrap(fn: PrimitiveFn) -> PrimitiveFn:
-        PRIMITIVES.register(name, Primitive(name, phase, fn, params, (fn.__doc__ or "").strip()))
-        return fn
-
-    return wrap
-
-
-def _incorrect_labels(ctx: StepContext) -> np.ndarray:
-    labels = np.arange(ctx.n_classes, dtype=np.int64)
-    return np.asarray(labels[labels != ctx.true_label])
-
-
-@_primitive("skew_true", Phase.COUNTS, ParamSpec("repeat"))
-def _skew_true(counts: np.ndarray, ctx: StepContext, rng: np.random.Generator, *, repeat: int) -> np.ndarray:
-    """Multiply the true label's row count by ``repeat``."""
-    out = counts.copy()
-    out[ctx.true_label] *= repeat
-    return out
-
-
-@_primitive("skew_incorrect", Phase.COUNTS, ParamSpec("k"), ParamSpec("repeat"))
-def _skew_incorrect(
-    counts: np.ndarray, ctx: StepContext, rng: np.random.Generator, *, k: int, repeat: int
-) -> np.ndarray:
-    """Multiply the row counts of k distinct random incorrect labels by ``repeat``; k capped at m-1."""
-    wrong = _incorrect_labels(ctx)
-    chosen = rng.choice(wrong, size=min(k, wrong.size), replace=False)
-    out = counts.copy()
-    out[chosen] *= repeat
-    return out
-
-
-@_primitive("skew_mixed", Phase.COUNTS, ParamSpec("true_repeat"), ParamSpec("incorrect_repeat"))
-def _skew_mixed(
-    counts: np.ndarray, ctx: StepContext, rng: np.random.Generator, *, true_repeat: int, incorrect_repeat: int
-) -> np.ndarray:
-    """Multiply the true label's rows by ``true_repeat`` and one random incorrect label's by ``incorrect_repeat``."""
-    wrong = _incorrect_labels(ctx)
-    out = counts.copy()
-    out[ctx.true_label] *= true_repeat
-    out[wrong[rng.integers(wrong.size)]] *= incorrect_repeat
-    return out
-
-
-@_primitive("scale_uniform", Phase.COUNTS, ParamSpec("factor"))
-def _scale_uniform(counts: np.ndarray, ctx: StepContext, rng: np.random.Generator, *, factor: int) -> np.ndarray:
-    """Multiply every row count by ``factor``."""
-    return counts * factor
-
-
-@_primitive("scale_random", Phase.COUNTS, ParamSpec("max_factor"))
-def _scale_random(
-    counts: np.ndarray, ctx: StepContext, rng: np.random.Generator, *, max_factor: int
-) -> np.ndarray:
-    """Repeat every current row by its own draw from U{1..max_factor}."""
-    rows = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
-    draws = rng.integers(1, max_factor + 1, size=rows.size, dtype=np.int64)
-    return np.bincount(rows, weights=draws, minlength=counts.size).astype(np.int64)
-
-
-@_primitive(
-    "position",
-    Phase.ORDER,
-    ParamSpec("where", required=False, default="random", choices=("random", "first", "last")),
-)
-def _position(rows: np.ndarray, ctx: StepContext, rng: np.random.Generator, *, where: str) -> np.ndarray:
-    """Move the true label's rows, as one block, to a uniformly random gap / the front / the end."""
-    is_true = rows == ctx.true_label
-    block, others = rows[is_true], rows[~is_true]
-    if where == "first":
-        gap = 0
-    elif where == "last":
-        gap = others.size
-    else:
-        gap = int(rng.integers(others.size + 1))
-    return np.concatenate([others[:gap], block, others[gap:]])
-
-
-@_primitive("drop_features", Phase.FEATURES, ParamSpec("n", required=False))
-def _drop_features(
-    keep: np.ndarray, ctx: StepContext, rng: np.random.Generator, *, n: int | None = None
-) -> np.ndarray:
-    """Drop n random kept columns (default 2, or 1 with fewer than 3), never the last one."""
-    if n is None:
-        n = 2 if keep.size >= 3 else 1
-    n = min(n, keep.size - 1)  # keep >= 1 real column, else the query's own features vanish
-    if n <= 0:
-        return keep
-    mask = np.ones(keep.size, dtype=bool)
-    mask[rng.choice(keep.size, size=n, replace=False)] = False
-    return keep[mask]  # boolean mask keeps the sorted order
-
-
-@_primitive("distractors", Phase.DISTRACTORS, ParamSpec("n"))
-def _distractors(dis: np.ndarray, ctx: StepContext, rng: np.random.Generator, *, n: int) -> np.ndarray:
-    """Append n columns of fresh standard-normal values for every context row and the query row."""
-    fresh = rng.standard_normal((dis.shape[0], n), dtype=np.float32)
-    return np.concatenate([dis, fresh], axis=1)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,27 +1,19 @@
 """Membership-inference metrics for one checkpoint (IclMem Stage II, spec "Metrics").
 
-Pure numpy/scipy/pandas. Shapes follow TensorFlow Privacy's ``membership_inference_attack``
-data structures: typed frozen dataclasses that carry the numbers, metrics as functions or methods.
+Pure numpy/scipy/pandas. One job: from a probe's scores to a checkpoint's metrics: orienting a score kind
+(:func:`membership_score`), the per-checkpoint metrics of one kind (:class:`CheckpointMetrics`), the
+per-query inputs ``S`` and ``S_ref`` (:class:`MembershipInput`), the scores-table helpers and the collapse
+indicators. The rank statistics they rest on (AUC, TPR at FPR, ROC, bootstrap, Mann-Whitney, Clopper-Pearson)
+live in :mod:`iclmem.stats`, whose conventions hold here (members positive, AUC = Mann-Whitney with ties 1/2,
+the pessimistic TPR threshold rule, the stratified bootstrap, NaN refused); they stay importable from here.
 
-Conventions used everywhere in this module
-
-* **Members are the positive class.** Every metric takes *membership scores*: higher means "more
-  likely a member". :func:`membership_score` is the one place that turns a raw score difference into
+* **Orientation.** :func:`membership_score` is the one place that turns a raw score difference into
   a membership score (``-delta`` for loss and entropy, ``+delta`` for confidence).
-* **AUC** is the Mann-Whitney statistic ``P(s_member > s_nonmember) + 0.5 * P(tie)``.
-* **TPR at FPR alpha** allows ``floor(alpha * n_nonmembers)`` false positives, predicts "member" iff
-  ``score > threshold`` (strict) and breaks ties pessimistically; see :func:`tpr_at_fpr`.
-* **Bootstrap** intervals are stratified (members and non-members resampled separately, with
-  replacement, each to its own size), seeded, and fully vectorised over resamples; the interval is the
-  percentile interval of the resampled statistic.
-* NaN scores are refused with :class:`~iclmem.errors.ProbeError` (a NaN would silently poison ranks);
-  ``+-inf`` is allowed and ranks like any other value.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -30,6 +22,27 @@ import numpy as np
 import pandas as pd
 
 from iclmem.errors import ProbeError
+from iclmem.stats import (
+    DEFAULT_ALPHAS,
+    DEFAULT_RESAMPLES,
+    NAN_INTERVAL,
+    BootstrapIntervals,
+    BootstrapReplicates,
+    Interval,
+    LowResolutionWarning,
+    RocCurve,
+    TprAtFpr,
+    allowed_false_positives,
+    auc,
+    bootstrap_indices,
+    bootstrap_intervals,
+    bootstrap_replicates,
+    clopper_pearson,
+    mann_whitney_p,
+    roc_curve,
+    score_array,
+    tpr_at_fpr,
+)
 from iclmem.vocab import SCORE_KINDS, Calibration, ScoreKind
 from probes.epsilon import DEFAULT_EPSILON_DELTA, EpsilonBound, epsilon_lower_bound
 from probes.gdp import GdpBound, gdp_mu_lower_bound
@@ -71,7 +84,7 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------------------
-# vocabularies and orientation
+# vocabulary and orientation
 # --------------------------------------------------------------------------------------------------
 
 
@@ -84,15 +97,6 @@ SCORES_TABLE_COLUMNS: tuple[str, ...] = (
     "entropy",
     "confidence",
 )
-
-DEFAULT_ALPHAS: tuple[float, ...] = (0.01, 0.10)
-
-# floor(alpha * n) is taken after adding this, so that e.g. 0.29 * 100 = 28.999999999999996 -> 29.
-_FLOOR_EPS = 1e-9
-
-
-class LowResolutionWarning(UserWarning):
-    """TPR@alpha is estimated from fewer than 10 allowed false positives (alpha * n_nonmembers < 10)."""
 
 
 def membership_score(kind: ScoreKind | str, delta: Any) -> np.ndarray:
@@ -117,339 +121,6 @@ def _kind(kind: ScoreKind | str) -> ScoreKind:
         raise ProbeError(
             f"unknown score kind {kind!r}; expected one of {[k.value for k in ScoreKind]}"
         ) from None
-
-
-def _scores(x: Any, name: str) -> np.ndarray:
-    arr = np.asarray(x, dtype=np.float64).reshape(-1)
-    if arr.size == 0:
-        raise ProbeError(f"{name}: no scores (need at least one member and one non-member)")
-    n_nan = int(np.isnan(arr).sum())
-    if n_nan:
-        raise ProbeError(f"{name}: {n_nan} of {arr.size} scores are NaN")
-    return arr
-
-
-# --------------------------------------------------------------------------------------------------
-# AUC
-# --------------------------------------------------------------------------------------------------
-
-
-def _member_rank_sums(member: np.ndarray, nonmember: np.ndarray) -> np.ndarray:
-    """Row-wise sum of the members' average ranks in the pooled sample.
-
-    ``member``: [B, n_m], ``nonmember``: [B, n_n]. Ranks are 1-based with ties sharing the mean rank
-    (== scipy.stats.rankdata(method="average")), computed for all B rows at once.
-    """
-    b, n_m = member.shape
-    pooled = np.concatenate([member, nonmember], axis=1)
-    n = pooled.shape[1]
-    order = np.argsort(pooled, axis=1, kind="stable")
-    v = np.take_along_axis(pooled, order, axis=1)
-    pos = np.broadcast_to(np.arange(n), (b, n))
-    starts_group = np.ones((b, n), dtype=bool)
-    starts_group[:, 1:] = v[:, 1:] != v[:, :-1]
-    ends_group = np.ones((b, n), dtype=bool)
-    ends_group[:, :-1] = starts_group[:, 1:]
-    first = np.maximum.accumulate(np.where(starts_group, pos, 0), axis=1)
-    last = np.minimum.accumulate(np.where(ends_group, pos, n - 1)[:, ::-1], axis=1)[:, ::-1]
-    avg_rank = (first + last) / 2.0 + 1.0
-    return np.asarray(np.where(order < n_m, avg_rank, 0.0).sum(axis=1), dtype=np.float64)
-
-
-def _auc_rows(member: np.ndarray, nonmember: np.ndarray) -> np.ndarray:
-    n_m, n_n = member.shape[1], nonmember.shape[1]
-    r = _member_rank_sums(member, nonmember)
-    return np.asarray((r - n_m * (n_m + 1) / 2.0) / (n_m * n_n), dtype=np.float64)
-
-
-def auc(member_scores: Any, nonmember_scores: Any) -> float:
-    """Area under the ROC curve = Mann-Whitney U / (n_m * n_n), ties between a member and a
-    non-member counted 1/2. 1.0 = every member scores above every non-member; 0.5 = chance."""
-    m = _scores(member_scores, "member scores")
-    n = _scores(nonmember_scores, "non-member scores")
-    return float(_auc_rows(m[None, :], n[None, :])[0])
-
-
-# --------------------------------------------------------------------------------------------------
-# TPR at fixed FPR
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TprAtFpr:
-    """Result of the fixed-FPR threshold rule (see :func:`tpr_at_fpr`)."""
-
-    tpr: float
-    threshold: float  # predict member iff score > threshold
-    realized_fpr: float  # n_false_positives / n_nonmembers, always <= alpha
-    n_false_positives: int
-    n_true_positives: int
-    n_members: int
-    n_nonmembers: int
-    allowed_false_positives: int  # floor(alpha * n_nonmembers)
-    alpha: float = float("nan")
-
-    def as_dict(self) -> dict[str, float | int]:
-        return {
-            "tpr": self.tpr,
-            "threshold": self.threshold,
-            "realized_fpr": self.realized_fpr,
-            "n_false_positives": self.n_false_positives,
-            "n_true_positives": self.n_true_positives,
-            "n_members": self.n_members,
-            "n_nonmembers": self.n_nonmembers,
-            "allowed_false_positives": self.allowed_false_positives,
-            "alpha": self.alpha,
-        }
-
-
-def allowed_false_positives(alpha: float, n_nonmembers: int) -> int:
-    """``floor(alpha * n_nonmembers)`` (with a 1e-9 guard against float round-off)."""
-    alpha = float(alpha)
-    if not (0.0 <= alpha <= 1.0) or math.isnan(alpha):
-        raise ProbeError(f"alpha must lie in [0, 1], got {alpha!r}")
-    return int(math.floor(alpha * n_nonmembers + _FLOOR_EPS))
-
-
-def _thresholds_rows(nonmember: np.ndarray, k: int) -> np.ndarray:
-    """Row-wise threshold: the (k+1)-th largest non-member score (``-inf`` if k >= n_nonmembers)."""
-    b, n_n = nonmember.shape
-    if k >= n_n:
-        return np.full(b, -np.inf)
-    # the (k+1)-th largest is the (n_n - k)-th smallest, i.e. index n_n - 1 - k of the ascending sort
-    idx = n_n - 1 - k
-    return np.partition(nonmember, idx, axis=1)[:, idx]
-
-
-def tpr_at_fpr(member_scores: Any, nonmember_scores: Any, alpha: float) -> TprAtFpr:
-    """True-positive rate at false-positive rate ``alpha`` (spec "Metrics", threshold rule).
-
-    Rule: ``k = floor(alpha * n_nonmembers)`` false positives are allowed; a query is predicted member
-    iff its score is strictly greater than the threshold; the threshold is the (k+1)-th largest
-    non-member score, the lowest threshold whose FPR is <= alpha. Ties are broken pessimistically:
-    when several scores equal the threshold none of them is counted positive (so the realized FPR can
-    be below alpha when non-members tie across the cut, and a member tied with a non-member at the
-    threshold is not detected). With k = 0 the threshold is the maximum non-member score. With
-    k >= n_nonmembers (alpha = 1) the threshold is ``-inf``.
-
-    Emits :class:`LowResolutionWarning` when ``alpha * n_nonmembers < 10``: the estimate then rests on
-    fewer than ten false positives and is coarse.
-    """
-    m = _scores(member_scores, "member scores")
-    n = _scores(nonmember_scores, "non-member scores")
-    k = allowed_false_positives(alpha, n.size)
-    if alpha * n.size < 10:
-        warnings.warn(
-            f"TPR@{alpha:g}: alpha * n_nonmembers = {alpha * n.size:g} < 10 "
-            f"({k} false positive(s) allowed); the estimate is coarse",
-            LowResolutionWarning,
-            stacklevel=2,
-        )
-    t = float(_thresholds_rows(n[None, :], k)[0])
-    fp = int((n > t).sum())
-    tp = int((m > t).sum())
-    return TprAtFpr(
-        tpr=tp / m.size,
-        threshold=t,
-        realized_fpr=fp / n.size,
-        n_false_positives=fp,
-        n_true_positives=tp,
-        n_members=int(m.size),
-        n_nonmembers=int(n.size),
-        allowed_false_positives=k,
-        alpha=float(alpha),
-    )
-
-
-# --------------------------------------------------------------------------------------------------
-# ROC curve
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class RocCurve:
-    """ROC points. ``thresholds`` descend from ``+inf``; point i predicts member iff
-    ``score >= thresholds[i]`` (so every distinct score is a corner; the first point is (0, 0))."""
-
-    fpr: np.ndarray
-    tpr: np.ndarray
-    thresholds: np.ndarray
-
-    def auc(self) -> float:
-        """Trapezoidal area; equals :func:`auc` (ties contribute the diagonal, i.e. 1/2)."""
-        return float(np.sum(np.diff(self.fpr) * (self.tpr[1:] + self.tpr[:-1]) / 2.0))
-
-
-def roc_curve(member_scores: Any, nonmember_scores: Any) -> RocCurve:
-    m = _scores(member_scores, "member scores")
-    n = _scores(nonmember_scores, "non-member scores")
-    distinct = np.unique(np.concatenate([m, n]))[::-1]
-    m_sorted, n_sorted = np.sort(m), np.sort(n)
-    # number of scores >= t: size - count(< t)
-    tp = m.size - np.searchsorted(m_sorted, distinct, side="left")
-    fp = n.size - np.searchsorted(n_sorted, distinct, side="left")
-    fpr = np.concatenate([[0.0], fp / n.size])
-    tpr = np.concatenate([[0.0], tp / m.size])
-    thresholds = np.concatenate([[np.inf], distinct])
-    for a in (fpr, tpr, thresholds):
-        a.flags.writeable = False
-    return RocCurve(fpr=fpr, tpr=tpr, thresholds=thresholds)
-
-
-# --------------------------------------------------------------------------------------------------
-# stratified bootstrap
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Interval:
-    """A two-sided interval (95% percentile bootstrap interval unless stated otherwise).
-    ``nan`` bounds mean "not computed" (e.g. ``n_resamples = 0``)."""
-
-    low: float
-    high: float
-
-    def contains(self, x: float) -> bool:
-        return bool(self.low <= x <= self.high)
-
-
-_NAN_INTERVAL = Interval(float("nan"), float("nan"))
-
-
-def bootstrap_indices(
-    n_members: int, n_nonmembers: int, n_resamples: int = 1000, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray]:
-    """Stratified resampling index matrices ``([B, n_members], [B, n_nonmembers])``, drawn with
-    replacement from ``np.random.default_rng(seed)`` (members first, then non-members)."""
-    rng = np.random.default_rng(seed)
-    mi = rng.integers(0, n_members, size=(n_resamples, n_members))
-    ni = rng.integers(0, n_nonmembers, size=(n_resamples, n_nonmembers))
-    return mi, ni
-
-
-@dataclass(frozen=True, eq=False)
-class BootstrapReplicates:
-    """The statistic on every resample: ``auc[b]`` and ``tpr[alpha][b]``."""
-
-    auc: np.ndarray
-    tpr: dict[float, np.ndarray]
-    member_idx: np.ndarray
-    nonmember_idx: np.ndarray
-
-
-# cap on elements of one [chunk, n_members + n_nonmembers] working matrix
-_CHUNK_ELEMENTS = 1 << 22
-
-
-def bootstrap_replicates(
-    member_scores: Any,
-    nonmember_scores: Any,
-    alphas: Sequence[float] = DEFAULT_ALPHAS,
-    n_resamples: int = 1000,
-    seed: int = 0,
-) -> BootstrapReplicates:
-    """AUC and TPR@alpha on each of ``n_resamples`` stratified resamples, vectorised: the resampled
-    scores form ``[B, n]`` matrices, AUC comes from row-wise average ranks and TPR from a row-wise
-    partition (same rule as :func:`tpr_at_fpr`). Large B is processed in blocks of rows (results do
-    not depend on the blocking); there is no Python loop over individual resamples."""
-    m = _scores(member_scores, "member scores")
-    n = _scores(nonmember_scores, "non-member scores")
-    if n_resamples < 0:
-        raise ProbeError(f"n_resamples must be >= 0, got {n_resamples}")
-    mi, ni = bootstrap_indices(m.size, n.size, n_resamples, seed)
-    ks = {float(a): allowed_false_positives(a, n.size) for a in alphas}
-    aucs = np.empty(n_resamples)
-    tprs = {a: np.empty(n_resamples) for a in ks}
-    chunk = max(1, _CHUNK_ELEMENTS // (m.size + n.size))
-    for lo in range(0, n_resamples, chunk):
-        hi = min(n_resamples, lo + chunk)
-        mb, nb = m[mi[lo:hi]], n[ni[lo:hi]]
-        aucs[lo:hi] = _auc_rows(mb, nb)
-        for a, k in ks.items():
-            t = _thresholds_rows(nb, k)
-            tprs[a][lo:hi] = (mb > t[:, None]).sum(axis=1) / m.size
-    return BootstrapReplicates(auc=aucs, tpr=tprs, member_idx=mi, nonmember_idx=ni)
-
-
-@dataclass(frozen=True)
-class BootstrapIntervals:
-    auc: Interval
-    tpr: dict[float, Interval]
-    n_resamples: int
-    seed: int
-    confidence: float
-
-
-def _percentile_interval(x: np.ndarray, confidence: float) -> Interval:
-    if x.size == 0:
-        return _NAN_INTERVAL
-    tail = (1.0 - confidence) / 2.0 * 100.0
-    lo, hi = np.percentile(x, [tail, 100.0 - tail])
-    return Interval(float(lo), float(hi))
-
-
-def bootstrap_intervals(
-    member_scores: Any,
-    nonmember_scores: Any,
-    alphas: Sequence[float] = DEFAULT_ALPHAS,
-    n_resamples: int = 1000,
-    seed: int = 0,
-    confidence: float = 0.95,
-) -> BootstrapIntervals:
-    """Percentile intervals (default 95%) for AUC and TPR@alpha from the stratified bootstrap."""
-    if not 0.0 < confidence < 1.0:
-        raise ProbeError(f"confidence must lie in (0, 1), got {confidence!r}")
-    reps = bootstrap_replicates(member_scores, nonmember_scores, alphas, n_resamples, seed)
-    return BootstrapIntervals(
-        auc=_percentile_interval(reps.auc, confidence),
-        tpr={a: _percentile_interval(v, confidence) for a, v in reps.tpr.items()},
-        n_resamples=int(n_resamples),
-        seed=int(seed),
-        confidence=float(confidence),
-    )
-
-
-# --------------------------------------------------------------------------------------------------
-# significance of one AUC, and the interval of an error rate
-# --------------------------------------------------------------------------------------------------
-
-
-def mann_whitney_p(member_scores: Any, nonmember_scores: Any) -> float:
-    """One-sided Mann-Whitney p-value of "members score higher than non-members".
-
-    The test of the AUC itself (AUC = U / (n_m n_n)): under the null hypothesis that the member and
-    non-member scores are exchangeable (rows assigned to the two sides at random, the model trained on
-    neither), ``P(p <= a) <= a``. scipy's exact distribution for small samples without ties, else the
-    normal approximation with the tie correction."""
-    from scipy import stats  # imported on use: scipy.stats is slow to import
-
-    m = _scores(member_scores, "member scores")
-    n = _scores(nonmember_scores, "non-member scores")
-    if np.ptp(np.concatenate([m, n])) == 0.0:
-        return 1.0  # every score equal: no evidence either way (scipy would divide by a zero variance)
-    return float(stats.mannwhitneyu(m, n, alternative="greater").pvalue)
-
-
-def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> Interval:
-    """Exact (Clopper-Pearson) two-sided interval of a binomial proportion ``k / n``: the rate of an
-    event seen ``k`` times in ``n`` independent trials, e.g. memorization verdicts on null splits.
-    ``n = 0`` gives ``(nan, nan)``."""
-    from scipy import stats
-
-    if not 0.0 < confidence < 1.0:
-        raise ProbeError(f"confidence must lie in (0, 1), got {confidence!r}")
-    if not (_is_count(k) and _is_count(n)) or k > n:
-        raise ProbeError(f"clopper_pearson needs integers 0 <= k <= n, got k={k!r}, n={n!r}")
-    if n == 0:
-        return _NAN_INTERVAL
-    tail = (1.0 - confidence) / 2.0
-    low = 0.0 if k == 0 else float(stats.beta.ppf(tail, k, n - k + 1))
-    high = 1.0 if k == n else float(stats.beta.ppf(1.0 - tail, k + 1, n - k))
-    return Interval(low, high)
-
-
-def _is_count(v: Any) -> bool:
-    return bool(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -530,7 +201,7 @@ class CheckpointMetrics:
         }
         for a, t in self.tpr.items():
             q = f"{p}_tpr_at_{_alpha_label(a)}"
-            iv = self.tpr_interval.get(a, _NAN_INTERVAL)
+            iv = self.tpr_interval.get(a, NAN_INTERVAL)
             out[q] = t.tpr
             out[f"{q}_low"] = iv.low
             out[f"{q}_high"] = iv.high
@@ -560,7 +231,7 @@ def membership_metrics(
     calibration: Calibration | str = Calibration.CALIBRATED,
     *,
     alphas: Sequence[float] = DEFAULT_ALPHAS,
-    n_resamples: int = 1000,
+    n_resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     confidence: float = 0.95,
     epsilon_delta: float = DEFAULT_EPSILON_DELTA,
@@ -569,15 +240,15 @@ def membership_metrics(
     bound (:func:`probes.epsilon.epsilon_lower_bound`) and the Gaussian-DP μ bound
     (:func:`probes.gdp.gdp_mu_lower_bound`) at δ = ``epsilon_delta``, with Clopper-Pearson bounds at
     ``confidence``."""
-    m = _scores(member_scores, "member scores")
-    n = _scores(nonmember_scores, "non-member scores")
+    m = score_array(member_scores, "member scores")
+    n = score_array(nonmember_scores, "non-member scores")
     alphas = tuple(dict.fromkeys(float(a) for a in alphas))
     tprs = {a: tpr_at_fpr(m, n, a) for a in alphas}
     if n_resamples > 0:
         bi = bootstrap_intervals(m, n, alphas, n_resamples, seed, confidence)
         auc_iv, tpr_iv = bi.auc, bi.tpr
     else:
-        auc_iv, tpr_iv = _NAN_INTERVAL, {a: _NAN_INTERVAL for a in alphas}
+        auc_iv, tpr_iv = NAN_INTERVAL, {a: NAN_INTERVAL for a in alphas}
     return CheckpointMetrics(
         kind=_kind(kind),
         calibration=Calibration(calibration),

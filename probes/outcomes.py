@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.errors import ConfigError, ProbeError
+from iclmem.stats import DEFAULT_RESAMPLES
 from iclmem.vocab import PRECEDENCE, Outcome, OutcomeRule, VerdictRule
 from probes.epsilon import DEFAULT_EPSILON_DELTA
 from probes.metrics import (
@@ -245,7 +246,7 @@ def build_evidence(
     *,
     thresholds: OutcomeThresholds | None = None,
     alphas: Sequence[float] = (0.01, 0.10),
-    n_resamples: int = 1000,
+    n_resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     confidence: float = 0.95,
     model_was_fine_tuned: bool = True,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +19,11 @@ import pandas as pd
 import torch
 
 from iclmem.atomic import read_parquet_checked, write_json_atomic, write_parquet_atomic
-from iclmem.errors import ConfigError, ProbeError
+from iclmem.errors import ProbeError
 from iclmem.record import check_row
 from iclmem.runfolder import QUERIES_SUFFIX
 from iclmem.vocab import SCORE_KINDS, CanaryDesign, LabelDesign, Outcome, VerdictRule
 from probes.attacks import LOGIT_PREFIX, logit_of_loss
-from probes.blind import exchangeable, task_blind_baseline
 from probes.calibration import model_digest, reference_scores, resolve_model
 from probes.canaries import canary_records, canary_tests, label_ranks, one_run_columns
 from probes.canaries import summary_columns as canary_summary_columns
@@ -42,30 +41,10 @@ from probes.metrics import (
     roc_curve,
 )
 from probes.outcomes import CheckpointOutcome, OutcomeThresholds, build_evidence, classify, memorization_holds
-from probes.scoring import ProbePlan, ProbeQueries, distribution_scores, icl_log_probs, score
-from trainables.data import null_split
-
-
-@dataclass(frozen=True)
-class ProbeSettings:
-    n_resamples: int = 1000
-    thresholds: OutcomeThresholds = field(default_factory=OutcomeThresholds)
-    bootstrap_seed: int = 0
-    # null splits probed on every fine-tuned checkpoint (their memorization verdicts are false positives)
-    null_splits: int = 1
-    # checkpoints a run's headline selects from (the selection-aware rule's family is this x score kinds)
-    n_checkpoints: int = 1
-    # the canaries' audit (sweep block canaries): the error probability of the one-run bound and the rank
-    # tests' level, and the one-run claim's δ (None: thresholds.epsilon_delta)
-    canary_beta: float = 0.05
-    canary_delta: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("null_splits", "n_checkpoints", "n_resamples"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (1 if name == "n_checkpoints" else 0):
-                raise ConfigError(f"probe setting {name!r} must be an integer >= "
-                                  f"{1 if name == 'n_checkpoints' else 0}, got {v!r}")
+from probes.scoring import ProbePlan, ProbeQueries, distribution_scores, icl_log_probs, icl_predictions, score
+from probes.settings import ProbeSettings
+from trainables.data import null_split, null_split_task
+from trainables.data.blind import exchangeable, task_blind_baseline
 
 
 @dataclass(frozen=True)
@@ -193,7 +172,7 @@ def collapse_indicators(predictions: Any, loss_base: np.ndarray, loss_base_origi
 
 
 def blind_columns(task: Any) -> dict[str, Any]:
-    """The split's blind baseline (probes.blind: members vs non-members scored by a model fitted on C'
+    """The split's blind baseline (trainables.data.blind: members vs non-members scored by a model fitted on C'
     alone), its label design and whether the split is exchangeable (a design that treats both groups
     alike and a blind interval containing 0.5): no membership claim and no ε bound rests on one that is not."""
     blind = task_blind_baseline(task)
@@ -353,10 +332,13 @@ def probe_checkpoint(
            **collapse, **blind_columns(task),
            "n_members": int(plan.queries.member.sum()), "n_nonmembers": int((~plan.queries.member).sum()),
            **icl_utility_columns(predictions, plan.queries.member), **deployed_utility_columns(model, task)}
-    row.update(known_context_columns(loss_ft, loss_base, plan.queries.member, settings,
-                                     collapsed=verdict.checks.get(Outcome.COLLAPSE.value, False)))
+    collapsed = verdict.checks.get(Outcome.COLLAPSE.value, False)
+    row.update(known_context_columns(loss_ft, loss_base, plan.queries.member, settings, collapsed=collapsed))
+    if fine_tuned:
+        row.update(deployed_known_context_columns(model, task, cache_dir, base_digest, base_model, settings,
+                                                  collapsed=collapsed))
     row.update(_null_columns(model, task, plan, cache_dir, base_digest, base_model, settings, ratio, std,
-                             fine_tuned))
+                             fine_tuned, collapsed=collapsed))
     if canaries is not None:
         row.update(canary_columns(model, task, plan, canaries, cache_dir, base_digest, base_model, settings,
                                   int(identity.get("seed", 0))))
@@ -525,11 +507,61 @@ def known_context_columns(loss_ft: np.ndarray, loss_base: np.ndarray, member: np
     return out
 
 
+DEPLOYED_PREFIX = "deployed_"
+
+
+def deployed_known_context_columns(model: Any, task: Any, cache_dir: str | Path, base_digest: str,
+                                   base_model: Any, settings: ProbeSettings, collapsed: bool = False) -> dict[str, Any]:
+    """A model fine-tuned by its package's own fine-tuner (``recipe`` upstream): the known-context channel
+    scored as the package deploys the weights (``trainables.upstream.deployed_losses``: its preprocessing and
+    ensemble, C' as the context), calibrated by the base weights deployed the same way (cached like
+    :func:`base_icl`): the columns of :func:`known_context_columns` prefixed ``deployed_``, and
+    ``deployed_known_context_memorization_flag``. The package fine-tunes on its own preprocessed features, so
+    what it memorized can show here and not through the raw network on iclmem's encoding; the raw channel's
+    columns stay beside it, so a report shows both and their difference. Empty for every other model."""
+    from trainables.upstream import deployed_losses, upstream_options
+
+    if not upstream_options(getattr(model, "options", {})):
+        return {}
+
+    def compute() -> pd.DataFrame:
+        return pd.DataFrame({"loss": deployed_losses(resolve_model(base_model), task)})
+
+    # the deployed classifier reads the model's options (its ensemble size, preprocessing), so they are in the key
+    deployment = {k: v for k, v in sorted(model.options.items()) if k != "weights"}
+    options_key = hashlib.sha256(json.dumps(deployment, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    cache_name = f"base_deployed_{task.fingerprint[:16]}_{base_digest}_{options_key}"
+    loss_base = _cached_frame(Path(cache_dir) / f"{cache_name}.parquet", compute)["loss"].to_numpy()
+    member = np.arange(len(task.member_idx) + len(task.nonmember_idx)) < len(task.member_idx)
+    columns = known_context_columns(deployed_losses(model, task), loss_base, member, settings, collapsed=collapsed)
+    return {DEPLOYED_PREFIX + name: value for name, value in columns.items()}
+
+
+def _null_known_context_flag(model: Any, task: Any, index: int, cache_dir: str | Path, base_digest: str,
+                             base_model: Any, settings: ProbeSettings, collapsed: bool) -> bool:
+    """The known-context flag on null split ``index``: its fake members and non-members (rows the run never
+    saw) predicted with C' as the context by the checkpoint and by the base model (cached per split), the flag's
+    own rule on the calibrated loss. Set, it is a false positive of the known-context channel."""
+    null_task = null_split_task(task, index)
+
+    def compute() -> pd.DataFrame:
+        return pd.DataFrame({"loss": icl_predictions(resolve_model(base_model), null_task).loss})
+
+    name = f"base_icl_null{index}_{task.fingerprint[:16]}_{base_digest}"
+    loss_base = _cached_frame(Path(cache_dir) / f"{name}.parquet", compute)["loss"].to_numpy()
+    member = np.arange(len(null_task.member_idx) + len(null_task.nonmember_idx)) < len(null_task.member_idx)
+    columns = known_context_columns(icl_predictions(model, null_task).loss, loss_base, member, settings,
+                                    collapsed=collapsed)
+    return bool(columns["known_context_memorization_flag"])
+
+
 def _null_columns(model: Any, task: Any, plan: ProbePlan, cache_dir: str | Path, base_digest: str,
                   base_model: Any, settings: ProbeSettings, ratio: float, std: float,
-                  fine_tuned: bool) -> dict[str, Any]:
-    """Null-split columns: how many were probed, how many each rule called memorization, and the
-    per-split record (``null_evidence``, JSON) the run-headline error rate is computed from."""
+                  fine_tuned: bool, collapsed: bool = False) -> dict[str, Any]:
+    """Null-split columns: how many were probed, how many each rule called memorization, how many the
+    known-context channel flagged (``null_known_context_flags``: the same flag as the real split's, on the null
+    rows predicted with C' as the context, calibrated by the base model), and the per-split record
+    (``null_evidence``, JSON) the run-headline error rates are computed from."""
     th = settings.thresholds
     n = settings.null_splits if fine_tuned else 0
     records = []
@@ -546,15 +578,19 @@ def _null_columns(model: Any, task: Any, plan: ProbePlan, cache_dir: str | Path,
                                       seed=settings.bootstrap_seed)
             verdicts = verdicts_by_rule(evidence, th, settings.n_checkpoints)
             blind = task_blind_baseline(task, members, nonmembers)
-            records.append(_null_record(j, evidence, verdicts, len(members), len(nonmembers), blind.auc))
+            record = _null_record(j, evidence, verdicts, len(members), len(nonmembers), blind.auc)
+            record["known_context_flag"] = _null_known_context_flag(model, task, j, cache_dir, base_digest,
+                                                                    base_model, settings, collapsed)
+            records.append(record)
     out: dict[str, Any] = {"null_splits": n}
     for r in VerdictRule:
         out[f"null_memorization_{r.value}"] = sum(rec[f"outcome_{r.value}"] == Outcome.MEMORIZATION.value
                                                  for rec in records)
+    out["null_known_context_flags"] = sum(bool(rec["known_context_flag"]) for rec in records)
     out["null_evidence"] = json.dumps(records, sort_keys=True)
     return out
 
 
 __all__ = ["ProbeResult", "ProbeSettings", "probe_checkpoint", "base_icl", "model_digest", "null_pool_plan", "split_scores_table",
-           "verdicts_by_rule", "known_context_columns",
+           "verdicts_by_rule", "known_context_columns", "deployed_known_context_columns",
            "headline_columns"]

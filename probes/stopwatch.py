@@ -10,17 +10,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["device_clock", "phase", "reset", "tally", "use_clock"]
+__all__ = ["phase", "reset", "tally", "use_clock"]
 
 _TALLY: dict[str, float] = {}
 _OPEN: list[str] = []
 _CLOCK = [time.perf_counter]
-
-
-def device_clock(device: Any) -> Any:
-    """The clock of device-seconds on ``device``: this process's CPU time on a CPU (a process sharing its cores
-    is not charged for the others' work), wall time otherwise."""
-    return time.process_time if str(getattr(device, "type", device)) == "cpu" else time.perf_counter
 
 
 def use_clock(clock: Any) -> None:

@@ -185,7 +185,7 @@ def make_synthetic_run_dir(
     not stored; ``drop_runs``: run ids with no stored row at all. ``interrupted``: ``"run_state"`` records
     the interruption with the driver's own writer (``write_run_state``). ``outcome``: the config's outcome block."""
     from iclmem.atomic import write_parquet_atomic
-    from orchestrator.sweep import record_sweep
+    from orchestrator.folder_claims import record_sweep
 
     run_dir = Path(root)
     run_dir.mkdir(parents=True, exist_ok=True)

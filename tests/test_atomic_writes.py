@@ -72,7 +72,7 @@ def _run_folder_writers(run_dir: Path, variant: int):
     from iclmem.vocab import LabelMode
     from orchestrator.aggregate import aggregate
     from orchestrator.config import parse_sweep
-    from orchestrator.sweep import record_sweep
+    from orchestrator.folder_claims import record_sweep
     from probes.calibration import model_digest
     from probes.manipulations import suite_from_spec
     from probes.probe import ProbeSettings, probe_checkpoint

@@ -224,7 +224,8 @@ def _sweep(**probe):
 
 
 def test_references_add_reference_trials_and_leave_the_runs_ids_and_hash_alone():
-    from orchestrator.config import expand_grid, parse_sweep
+    from orchestrator.config import parse_sweep
+    from orchestrator.trials import expand_grid
 
     plain = parse_sweep({"name": "refs", "tasks": [{"name": "iris"}], "grid": {"q": [10]}}, "test")
     explicit_zero = parse_sweep({"name": "refs", "tasks": [{"name": "iris"}], "grid": {"q": [10]},
@@ -754,7 +755,7 @@ def _query_tables(n: int = 40, k: int = 2, epochs=(2, 4), gap: float = 2.0, seed
 def _record_sweep(run_dir, bootstrap):
     """A sweep with two references per target and two null splits, recorded by the sweep's own writer."""
     from orchestrator.config import parse_sweep
-    from orchestrator.sweep import record_sweep
+    from orchestrator.folder_claims import record_sweep
 
     record_sweep(run_dir, parse_sweep({"name": "attacks", "tasks": [{"name": "iris"}], "outcome": {"rule": "selection_aware"},
                                        "probe": {"references": 2, "bootstrap": bootstrap, "null_splits": 2}}, "test"))

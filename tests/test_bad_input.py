@@ -202,7 +202,8 @@ def test_a_stored_sweep_with_the_default_schedule_and_few_epochs_validates_again
     the refusal of checkpoint epochs past the end must not fire on the (trimmed) default."""
     import json
 
-    from orchestrator.config import SweepConfig, load_sweep, parse_sweep
+    from orchestrator.config import SweepConfig, parse_sweep
+    from orchestrator.sweep_files import load_sweep
 
     sweep = SweepConfig.model_validate(_merge(BASE, {"training": {"epochs": 5, "checkpoint_epochs": _DROP}}))
     stored = tmp_path / "sweep.json"
@@ -264,8 +265,8 @@ def test_probe_actors_of_every_model_are_counted_before_a_trial_is_left_no_cpu()
     """Each distinct model gets a probe pool of its own (``start_probe_pools``), and its actors hold their CPU for
     the whole sweep: five models of one CPU-actor each on a 2-CPU Ray leave no trial a CPU, which was a sweep
     waiting at "0 running" forever. One model, the same settings: a trial fits beside its actor."""
-    from orchestrator.config import load_sweep
-    from orchestrator.sweep import probe_pool_count, unsatisfiable_resources
+    from orchestrator.probe_pools import probe_pool_count, unsatisfiable_resources
+    from orchestrator.sweep_files import load_sweep
 
     sweep = load_sweep(Path(__file__).resolve().parents[1] / "configs" / "real_formats.yaml")
     assert probe_pool_count(sweep) == 5

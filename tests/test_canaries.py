@@ -202,7 +202,8 @@ def _sweep(**canaries):
 
 
 def test_canaries_off_leave_run_ids_and_hash_alone_and_on_change_them():
-    from orchestrator.config import expand_grid, parse_sweep
+    from orchestrator.config import parse_sweep
+    from orchestrator.trials import expand_grid
 
     plain = parse_sweep({"name": "c", "tasks": [{"name": "iris"}]}, "test")
     off = _sweep()
@@ -228,7 +229,7 @@ def test_canaries_are_refused_with_other_regimes_and_bad_settings_name_the_setti
 
 
 def test_the_estimate_counts_the_canaries_probe_contexts():
-    from orchestrator.estimate import count_work
+    from orchestrator.estimate_work import count_work
 
     plain, on = count_work(_sweep()), count_work(_sweep(kinds=["outlier", "rare_label"], per_group=2, holdout=8))
     runs, checkpoints, suite = 1, len(plain.schedule), plain.suite
@@ -242,7 +243,7 @@ def test_the_estimate_times_a_probe_with_its_canaries_without_counting_their_con
     the extra contexts of other plans (with null splits off there are none)."""
     import probes.probe as probe_mod
     from orchestrator.config import parse_sweep
-    from orchestrator.estimate import measure_unit_costs
+    from orchestrator.estimate_measure import measure_unit_costs
 
     sweep = parse_sweep({"name": "c", "tasks": [{"name": "iris"}], "data": {"context_size": 30},
                          "probe": {"bootstrap": 20, "suite": ["base", "skew_true_x2"], "null_splits": 0},

@@ -20,10 +20,10 @@ from trainables.finetune import (
     Finetuner,
     FinetuneSpec,
     load_checkpoint_model,
-    recompute_checkpoint_model,
     verify_checkpoint,
 )
 from trainables.models import read_weights
+from trainables.recompute import recompute_checkpoint_model
 from trainables.trainable import resume_or_recompute
 
 SPEC = FinetuneSpec(lr=1e-3, epochs=6, seed=4)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.config import expand_grid, load_sweep
+from orchestrator.sweep_files import load_sweep
+from orchestrator.trials import expand_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -172,7 +173,7 @@ def test_a_setting_no_code_reads_is_refused_as_unknown(setting):
 
 def test_data_cache_dir_holds_the_prepared_tasks_instead_of_the_run_folder(tmp_path):
     from orchestrator.config import parse_sweep
-    from orchestrator.sweep import prepare_in_place_or_staged
+    from orchestrator.folder_claims import prepare_in_place_or_staged
 
     cache = tmp_path / "shared-cache"
     sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"q": [20]},
@@ -188,7 +189,7 @@ def test_data_cache_dir_holds_the_prepared_tasks_instead_of_the_run_folder(tmp_p
 def test_torch_threads_per_trial_reaches_the_trainable_and_the_recompute_recipe(tmp_path):
     from orchestrator.config import parse_sweep
     from orchestrator.prepare import prepare_sweep, trial_config
-    from orchestrator.sweep import jobs_for
+    from orchestrator.probe_pools import jobs_for
 
     sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"q": [20]},
                          "data": {"context_size": 30}, "resources": {"torch_threads_per_trial": 2}})
@@ -339,7 +340,7 @@ def test_booleans_stay_booleans_and_integers_stay_numbers():
 
 def test_a_yaml_boolean_in_an_lm_sweep_is_refused_naming_the_setting(tmp_path):
     from iclmem.errors import ConfigError
-    from orchestrator.lm_config import load_lm_sweep
+    from orchestrator.sweep_files import load_lm_sweep
 
     path = tmp_path / "lm.yaml"
     path.write_text(yaml.safe_dump({**yaml.safe_load((CONFIGS / "lm_quickstart.yaml").read_text()),

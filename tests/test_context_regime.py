@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from iclmem.errors import ConfigError, DataError
-from orchestrator.config import context_audit_specs, expand_grid, parse_sweep
+from orchestrator.config import parse_sweep
+from orchestrator.trials import context_audit_specs, expand_grid
 
 
 def _sweep(**over) -> dict:

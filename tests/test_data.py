@@ -1,4 +1,4 @@
-"""Stage I ground truth (trainables/data.py): loading, cleaning, preprocessing, split, label modes, cache."""
+"""Stage I ground truth (trainables/data/): loading, cleaning, preprocessing, split, label modes, cache."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 
 from iclmem.errors import ConfigError, DataError, SplitError
-from trainables import data as data_module
 from trainables.data import (
     BUILTIN_TASKS,
     BuiltinTask,
@@ -24,6 +23,7 @@ from trainables.data import (
     prepare_task,
     task_fingerprint,
 )
+from trainables.data import prepare as prepare_module
 
 CARTE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "carte"
 CARTE_TASKS = ["spotify", "wine_dot_com_prices", "wine_vivino_price"]
@@ -385,7 +385,8 @@ def test_cache_round_trip_is_identical_and_atomic(tmp_path: Path, monkeypatch: p
     def no_recompute(*args: object, **kwargs: object) -> PreparedTask:
         raise AssertionError("a cached task must not be prepared again")
 
-    monkeypatch.setattr(data_module, "prepare_task", no_recompute)
+    # load_or_prepare looks prepare_task up in its own module
+    monkeypatch.setattr(prepare_module, "prepare_task", no_recompute)
     loaded = load_or_prepare(source, PrepSettings(), "shuffled_members", 3, q=50, context_size=128, cache_dir=cache)
     assert loaded == first
     assert array_bytes(loaded) == array_bytes(first)
@@ -620,23 +621,24 @@ def test_the_blind_baseline_sits_at_chance_on_matched_splits_and_separates_unmat
 def test_a_split_whose_groups_are_separable_without_the_model_is_redrawn(monkeypatch) -> None:
     """Stage I refuses a draw whose blind interval excludes 0.5 and redraws; when no draw passes it fails
     naming the task and the label mode."""
-    import probes.blind as blind
+    import trainables.data.blind as blind
+    import trainables.data.split as split_module  # where the redraw loop looks blind_baseline up
 
     calls = []
-    real = blind.blind_baseline
+    real = split_module.blind_baseline
 
     def first_separable(*args, **kwargs):
         calls.append(1)
         out = real(*args, **kwargs)
         return blind.BlindBaseline(0.9, 0.8, 0.95, out.n_members, out.n_nonmembers) if len(calls) == 1 else out
 
-    monkeypatch.setattr(blind, "blind_baseline", first_separable)
+    monkeypatch.setattr(split_module, "blind_baseline", first_separable)
     task = prepare_task(builtin("iris"), PrepSettings(context_size=30), "normal", seed=0, q=30)
     assert task.split_report.blind_redraws == 1
     assert task.split_report.split_seed == 1
     assert task.split_report.blind_auc_low <= 0.5 <= task.split_report.blind_auc_high
 
-    monkeypatch.setattr(blind, "blind_baseline", lambda *a, **k: blind.BlindBaseline(0.2, 0.1, 0.3, 30, 30))
+    monkeypatch.setattr(split_module, "blind_baseline", lambda *a, **k: blind.BlindBaseline(0.2, 0.1, 0.3, 30, 30))
     with pytest.raises(SplitError, match=r"task 'iris', label_mode shuffled_members: .*separable without the model"):
         prepare_task(builtin("iris"), PrepSettings(context_size=30, max_redraws=3), "shuffled_members", seed=0, q=30)
 
@@ -644,8 +646,8 @@ def test_a_split_whose_groups_are_separable_without_the_model_is_redrawn(monkeyp
 def test_the_blind_baseline_is_remembered_per_split_never_across_splits() -> None:
     """A split's blind baseline is computed once per process and reused for every checkpoint; a null split
     of the same task (other members and non-members) gets its own, equal to a fresh computation."""
-    from probes.blind import _task_blind_baseline, task_blind_baseline
     from trainables.data import TaskSource, prepare_task
+    from trainables.data.blind import compute_task_blind_baseline, task_blind_baseline
 
     task = prepare_task(TaskSource("digits", "builtin"), label_mode="shuffled_members", seed=0, q=50, context_size=128)
     real = task_blind_baseline(task)
@@ -654,5 +656,5 @@ def test_the_blind_baseline_is_remembered_per_split_never_across_splits() -> Non
     other = np.random.default_rng(1).permutation(rows)
     null_members, null_nonmembers = np.sort(other[:50]), np.sort(other[50:])
     null = task_blind_baseline(task, null_members, null_nonmembers)
-    assert null == _task_blind_baseline(task, null_members, null_nonmembers)
+    assert null == compute_task_blind_baseline(task, null_members, null_nonmembers)
     assert null != real

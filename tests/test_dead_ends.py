@@ -87,7 +87,7 @@ def test_a_sweep_refused_after_stage_one_leaves_its_folder_to_the_corrected_swee
 def test_a_sweep_that_started_work_is_never_taken_by_another_config(tmp_path, capsys, no_cluster):
     from iclmem.runfolder import RunStatus, write_run_state
     from orchestrator.config import parse_sweep
-    from orchestrator.sweep import record_sweep
+    from orchestrator.folder_claims import record_sweep
 
     out = tmp_path / "run"
     out.mkdir()
@@ -309,7 +309,7 @@ def _started_sweep(out: Path) -> Path:
     """A sweep folder as its driver leaves it before the first probe result: records, no results."""
     from iclmem.runfolder import RunStatus, write_run_state
     from orchestrator.config import parse_sweep
-    from orchestrator.sweep import record_sweep
+    from orchestrator.folder_claims import record_sweep
 
     out.mkdir()
     record_sweep(out, parse_sweep(SWEEP))

@@ -155,8 +155,9 @@ def test_dp_is_refused_for_multi_random_and_for_another_epoch_count():
 
 # ------------------------------------------------------------------------------------------- checkpoints
 def test_a_dp_run_records_its_guarantee_and_resumes_bit_exactly(tmp_path):
-    from trainables.finetune import checkpoint_manifest, recompute_checkpoint_model
+    from trainables.finetune import checkpoint_manifest
     from trainables.models.base import weights_digest
+    from trainables.recompute import recompute_checkpoint_model
 
     task = _task()
     dp = DPSettings.calibrate(2.0, 1e-5, 0.5, epochs=4)
@@ -232,7 +233,7 @@ def test_the_trainable_reports_the_privacy_statement():
 def test_the_dp_axis_reaches_the_trainable_and_the_results_identity(tmp_path):
     from orchestrator.config import parse_sweep
     from orchestrator.prepare import prepare_sweep, trial_config
-    from orchestrator.sweep import jobs_for
+    from orchestrator.probe_pools import jobs_for
 
     sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"q": [20], "dp": ["inf", 2]},
                          "data": {"context_size": 20}, "training": {"epochs": 5, "checkpoint_epochs": [5],

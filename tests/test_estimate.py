@@ -8,8 +8,12 @@ import pytest
 
 import orchestrator.estimate as estimate_mod
 from orchestrator.cli import main
-from orchestrator.config import load_sweep
-from orchestrator.estimate import Overheads, UnitCosts, count_work, estimate, predict, render
+from orchestrator.estimate import estimate
+from orchestrator.estimate_measure import REPO, Budget, Overheads, UnitCosts, median_time
+from orchestrator.estimate_predict import predict
+from orchestrator.estimate_render import render
+from orchestrator.estimate_work import count_work
+from orchestrator.sweep_files import load_sweep
 
 OVERHEADS = Overheads(driver_start_s=1.0, ray_start_s=4.0, actor_start_s=1.5, tune_trial_s=2.0, tune_fixed_s=0.5)
 
@@ -209,7 +213,7 @@ def test_with_task_each_model_and_q_is_measured_once_whatever_the_tasks(tmp_path
 def test_the_paper_grid_with_task_digits_measures_two_units(monkeypatch):
     """The README's own example: 10 tasks x Q {50, 512} are 20 keys, 2 units."""
     calls = _counting(monkeypatch)
-    est = estimate(estimate_mod.REPO / "configs" / "paper.yaml", workers=32, task="digits")
+    est = estimate(REPO / "configs" / "paper.yaml", workers=32, task="digits")
     assert len(est.costs) == 20
     assert sorted(c[:3] for c in calls) == [("pfn-mini", 50, "digits"), ("pfn-mini", 512, "digits")]
 
@@ -229,15 +233,15 @@ def test_each_unit_is_measured_within_the_time_budget_and_the_output_says_so(con
 def test_a_spent_budget_stops_the_repeats_after_one_call():
     """Counts calls, not seconds: a budget of 0 s allows each step its one pass and no repeat."""
     calls = []
-    spent = estimate_mod.Budget(0.0)
-    assert estimate_mod._median_time(lambda: calls.append(1), 5, spent) >= 0
+    spent = Budget(0.0)
+    assert median_time(lambda: calls.append(1), 5, spent) >= 0
     assert len(calls) == 1
     assert spent.cut_short == 1
     calls.clear()
     spent.warm_then_time(lambda: calls.append(1), 3)  # the warm-up call is the sample
     assert len(calls) == 1
     calls.clear()
-    unbounded = estimate_mod.Budget(None)
+    unbounded = Budget(None)
     unbounded.warm_then_time(lambda: calls.append(1), 3)
     assert len(calls) == 4
     assert unbounded.cut_short == 0

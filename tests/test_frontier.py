@@ -75,3 +75,21 @@ def test_settings_at_zero_leakage_are_drawn_on_top_of_the_axis(tmp_path, monkeyp
     artists = [*ax.collections, *[line for line in ax.lines if line.get_marker() == "o"]]
     assert artists
     assert all(not a.get_clip_on() for a in artists)
+
+
+def test_the_known_context_attack_counts_as_leakage_so_a_setting_quiet_to_the_probe_is_not_mistaken_for_safe():
+    """On the minis the known-context channel finds what the zero-information probe does not: a checkpoint the
+    probe sees nothing in but the base-calibrated known-context loss attack does must place by that TPR."""
+    quiet = {**_row("a", 1, 0.95, 0.0), "known_context_calibrated_tpr_at_1pct": 0.30}
+    honest = {**_row("b", 1, 0.93, 0.05), "known_context_calibrated_tpr_at_1pct": 0.04}
+    deployed = {**_row("c", 1, 0.94, 0.0), "known_context_calibrated_tpr_at_1pct": 0.01,
+                "deployed_known_context_calibrated_tpr_at_1pct": 0.20}
+    table = frontier_table(pd.DataFrame([quiet, honest, deployed])).set_index("run_id")
+    assert table.loc["a", "leakage_tpr_at_1pct"] == pytest.approx(0.30)
+    assert table.loc["a", "strongest_attack"] == "known_context"
+    assert table.loc["c", "strongest_attack"] == "known_context_deployed"
+    assert table.loc["b", "strongest_attack"] == "iclmem"
+    # by the probe alone "a" would beat "b" on both axes; with the known-context attack both are on the frontier
+    assert table["on_frontier"].all()
+    probe_only = frontier_table(pd.DataFrame([_row("a", 1, 0.95, 0.0), _row("b", 1, 0.93, 0.05)])).set_index("run_id")
+    assert not bool(probe_only.loc["b", "on_frontier"])

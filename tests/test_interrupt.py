@@ -97,7 +97,7 @@ def test_ctrl_c_stops_a_real_sweep_within_seconds_and_resume_gives_the_uninterru
 
 _HANGING_CLEANUP = textwrap.dedent("""
     import time
-    from orchestrator.sweep import catch_interrupts
+    from orchestrator.console import catch_interrupts
 
     with catch_interrupts() as interrupts:
         interrupts.run_dir = "/runs/somewhere"
@@ -162,7 +162,7 @@ def test_sigterm_from_a_scheduler_starts_the_same_clean_stop_as_ctrl_c():
 
 
 def test_the_handler_is_removed_after_the_sweep():
-    from orchestrator.sweep import catch_interrupts
+    from orchestrator.console import catch_interrupts
 
     before, before_term = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with catch_interrupts() as interrupts:
@@ -180,13 +180,14 @@ SMALL = {"name": "small", "tasks": [{"name": "iris"}], "grid": {"q": [20], "lr":
 
 def test_ctrl_c_during_stage_one_of_a_new_run_leaves_no_folder_and_says_to_start_again(tmp_path, monkeypatch):
     from iclmem.errors import SweepInterrupted
+    from orchestrator import folder_claims
     from orchestrator import sweep as S
     from orchestrator.config import parse_sweep
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(S, "prepare_sweep", interrupted)
+    monkeypatch.setattr(folder_claims, "prepare_sweep", interrupted)  # Stage I (prepare_in_place_or_staged's)
     run_dir = tmp_path / "run"
     with pytest.raises(SweepInterrupted) as caught:
         S.run_sweep(None, run_dir, sweep=parse_sweep(SMALL), progress=False)
@@ -218,7 +219,7 @@ def test_ctrl_c_after_the_folder_exists_records_the_interruption_and_every_unfin
 _RAY_AND_A_HANGING_CLEANUP = textwrap.dedent("""
     import time
     from iclmem.raysession import ensure_ray
-    from orchestrator.sweep import catch_interrupts
+    from orchestrator.console import catch_interrupts
 
     with catch_interrupts() as interrupts:
         interrupts.run_dir = "/runs/somewhere"

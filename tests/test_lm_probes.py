@@ -478,7 +478,7 @@ def _stored_units(run: Path) -> dict[Path, tuple[int, int]]:
 def _without_wandb(sweep_file: Path):
     """The sweep file's config with W&B off: what the fault tests compare is the results table."""
     from iclmem.vocab import WandbMode
-    from orchestrator.lm_config import load_lm_sweep
+    from orchestrator.sweep_files import load_lm_sweep
 
     cfg = load_lm_sweep(sweep_file)
     return cfg.model_copy(update={"wandb": cfg.wandb.model_copy(update={"mode": WandbMode.DISABLED})})
@@ -684,8 +684,8 @@ def test_lm_resume_refuses_a_folder_that_is_not_an_lm_run(tmp_path):
 
 
 def test_sweep_file_mistakes_are_all_reported_before_any_work(tmp_path):
-    from orchestrator.lm_config import load_lm_sweep
     from orchestrator.lm_sweep import run_lm_sweep
+    from orchestrator.sweep_files import load_lm_sweep
 
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("""

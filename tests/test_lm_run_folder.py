@@ -81,7 +81,7 @@ def test_lm_run_refuses_a_folder_of_someone_elses_files_exits_2_and_writes_nothi
 
 
 def test_lm_run_refuses_an_lm_run_of_another_config_and_points_to_lm_resume(lm, tmp_path):
-    from orchestrator.lm_config import load_lm_sweep
+    from orchestrator.sweep_files import load_lm_sweep
 
     folder = tmp_path / "run"
     folder.mkdir()
@@ -99,7 +99,7 @@ def test_lm_run_refuses_an_lm_run_of_another_config_and_points_to_lm_resume(lm, 
 
 def test_lm_run_refuses_a_tabular_run_folder_and_asks_for_a_new_one(lm, tmp_path, capsys):
     from orchestrator.config import parse_sweep
-    from orchestrator.sweep import record_sweep
+    from orchestrator.folder_claims import record_sweep
 
     folder = tmp_path / "tabular"
     folder.mkdir()

@@ -13,6 +13,7 @@ import pytest
 
 from iclmem.errors import ConfigError, ProbeError, UnknownNameError
 from probes import manipulations as mm
+from probes.context_plans import materialize, materialize_batch
 from probes.manipulations import (
     ContextPlan,
     Manipulation,
@@ -20,8 +21,6 @@ from probes.manipulations import (
     build_plans,
     default_suite,
     group_by_shape,
-    materialize,
-    materialize_batch,
     rng_for,
     step,
     suite_fingerprint,

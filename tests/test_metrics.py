@@ -11,13 +11,13 @@ import pytest
 from scipy.stats import norm, rankdata
 
 from iclmem.errors import ProbeError
+from iclmem.stats import member_rank_sums
 from probes.metrics import (
     Calibration,
     LowResolutionWarning,
     MembershipInput,
     ScoreKind,
     SplitScores,
-    _member_rank_sums,
     auc,
     bootstrap_intervals,
     bootstrap_replicates,
@@ -180,7 +180,7 @@ def test_row_wise_ranks_equal_scipy_average_ranks():
     rng = np.random.default_rng(4)
     x = rng.integers(0, 4, size=(6, 11)).astype(float)
     x[0, 3] = np.inf
-    got = _member_rank_sums(x[:, :5], x[:, 5:])
+    got = member_rank_sums(x[:, :5], x[:, 5:])
     want = rankdata(x, axis=1)[:, :5].sum(axis=1)
     np.testing.assert_allclose(got, want)
 

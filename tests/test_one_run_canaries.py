@@ -51,7 +51,7 @@ def test_one_run_canaries_are_each_in_by_a_coin_of_the_seed_and_the_log_records_
 
 
 def test_the_exposure_designs_settings_and_run_ids_are_unchanged_by_the_one_run_fields():
-    from orchestrator.config import expand_grid
+    from orchestrator.trials import expand_grid
 
     exposure = CanarySettings((CanaryKind.OUTLIER,))
     assert exposure.as_dict() == {"kinds": ["outlier"], "copies": [1, 2, 4, 8], "per_group": 4, "holdout": 32}

@@ -20,16 +20,8 @@ import torch
 
 from iclmem.errors import ConfigError
 from trainables.models.extras import extra_is_installed
-from trainables.models.pretrain import (
-    PRETRAINABLE,
-    WEIGHTS_DIR,
-    build,
-    logits_of,
-    main,
-    measure,
-    split_loss_backward,
-    standardize,
-)
+from trainables.models.pretrain import PRETRAINABLE, WEIGHTS_DIR, build, logits_of, main, measure, split_loss_backward
+from trainables.models.pretrain_prior import standardize
 
 EXTRA = {"tabicl-mini": "tabicl", "tabpfn-mini": "tabpfn-v2"}
 MINIS = [pytest.param(name, marks=pytest.mark.skipif(not extra_is_installed(extra), reason=f"{extra} is not installed"))

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from iclmem.errors import ProbeError
-from probes.gdp import gaussian_mechanism_mu, gdp_delta, gdp_epsilon, gdp_mu_lower_bound
+from probes.gdp import gdp_delta, gdp_epsilon, gdp_mu_lower_bound
 from probes.one_run import guess_grid, one_run_audit, one_run_audits, one_run_epsilon, one_run_p_value
+from trainables.dp import gaussian_mechanism_mu
 
 # (m, r, v, level, δ, ε lower bound): outputs of the one-run audit's reference algorithm -- the p-value and
 # the ε search of Steinke, Nasr & Jagielski (2023), "Privacy auditing with one (1) training run", appendix

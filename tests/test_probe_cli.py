@@ -271,7 +271,7 @@ def test_probe_never_writes_among_a_users_files_or_over_their_verdict(recorded, 
 
 def test_an_audit_folder_takes_a_new_audit_of_its_own_checkpoint_only(recorded, plain, tmp_path):
     from orchestrator.config import parse_sweep
-    from orchestrator.sweep import record_sweep
+    from orchestrator.folder_claims import record_sweep
 
     out = tmp_path / "audit"
     first = audit_checkpoint(str(recorded), bootstrap=20, out=str(out))

@@ -759,7 +759,7 @@ def test_the_first_section_names_the_leaked_runs_with_epoch_auc_interval_and_tpr
 
 
 def test_the_terminal_lines_name_the_same_leaked_runs(results):
-    from orchestrator.report.html import leaked_lines
+    from orchestrator.report.leaked import leaked_lines
 
     lines = leaked_lines(results)
     assert lines[0] == "6 of 32 runs leaked (memorization at the headline checkpoint):"
@@ -773,7 +773,7 @@ def test_runs_flagged_by_the_known_context_alone_are_named_after_the_leaked_ones
     """A run whose zero-information verdict is not memorization but whose known-context channel flagged a
     checkpoint is named apart, at its flagged checkpoint of highest known-context AUC; a run the verdict already
     calls leaked is not named twice, and results without the column name none."""
-    from orchestrator.report.html import _leaked_html, known_context_only_runs, leaked_lines
+    from orchestrator.report.leaked import known_context_only_runs, leaked_html, leaked_lines
 
     leaked_ids = {e[0] for e in _leaked_expected()}
     ft = results[results["epoch"] > 0]
@@ -792,8 +792,8 @@ def test_runs_flagged_by_the_known_context_alone_are_named_after_the_leaked_ones
     assert (int(table["epoch"][0]), table["known_context_calibrated_auc"][0]) == (int(epochs[1]), 0.83)
     lines = leaked_lines(flagged)
     assert lines[lines.index(next(l for l in lines if "known context C' only" in l)) + 1].startswith(f"  {quiet} ")
-    assert f"{quiet}" in _leaked_html(flagged)
-    assert "known context C′ only" in _leaked_html(flagged)
+    assert f"{quiet}" in leaked_html(flagged)
+    assert "known context C′ only" in leaked_html(flagged)
     quiet_verdicts = leaked_lines(flagged.assign(outcome="no_signal"))  # no verdict of memorization at all
     assert quiet_verdicts[0].startswith("No run leaked")
     assert "known context C' only" in quiet_verdicts[1]
@@ -802,9 +802,9 @@ def test_runs_flagged_by_the_known_context_alone_are_named_after_the_leaked_ones
 
 
 def test_no_leak_says_so_first(tmp_path, results):
-    from orchestrator.report.html import _leaked_html
+    from orchestrator.report.leaked import leaked_html
 
-    assert "No run leaked" in _leaked_html(results.assign(outcome="no_signal"))
+    assert "No run leaked" in leaked_html(results.assign(outcome="no_signal"))
 
 
 def test_the_run_table_puts_auc_and_tpr_right_after_the_run_id(report_path):
@@ -838,3 +838,39 @@ def test_the_context_audit_says_how_the_strongest_attack_is_chosen_and_shows_the
     assert (line["strongest_attack"], line["auc"], line["tpr_at_1pct"]) == ("rmia", "0.700", "0.300")
     assert (line["highest_auc_attack"], line["highest_auc"], line["highest_auc_tpr_at_1pct"]) == ("loss", "0.900",
                                                                                                   "0.050")
+
+
+def test_a_run_flagged_only_through_the_package_deployed_classifier_is_named_with_that_channels_auc(results):
+    """recipe upstream: the known-context channel scored as the package deploys the weights has its own flag; a
+    run only it flagged is named with that channel's AUC and says so, while a run the network's channel flagged
+    keeps the network's AUC."""
+    from orchestrator.report.leaked import known_context_only_runs, leaked_html, leaked_lines
+
+    leaked_ids = {e[0] for e in _leaked_expected()}
+    ft = results[results["epoch"] > 0]
+    quiet = sorted(set(ft["run_id"]) - leaked_ids)
+    deployed_only, network = quiet[0], quiet[1]
+    flagged = results.assign(known_context_memorization_flag=False, known_context_calibrated_auc=0.52,
+                             known_context_calibrated_auc_low=0.4, known_context_calibrated_auc_high=0.64,
+                             known_context_calibrated_tpr_at_10pct=0.1,
+                             deployed_known_context_memorization_flag=False, deployed_known_context_calibrated_auc=0.5,
+                             deployed_known_context_calibrated_auc_low=0.4,
+                             deployed_known_context_calibrated_auc_high=0.6,
+                             deployed_known_context_calibrated_tpr_at_10pct=0.1)
+    last = flagged["epoch"] == flagged.loc[flagged["run_id"] == deployed_only, "epoch"].max()
+    at = (flagged["run_id"] == deployed_only) & last
+    flagged.loc[at, ["deployed_known_context_memorization_flag", "deployed_known_context_calibrated_auc",
+                     "deployed_known_context_calibrated_auc_low"]] = [True, 0.77, 0.66]
+    flagged.loc[flagged["run_id"] == network, ["known_context_memorization_flag",
+                                               "known_context_calibrated_auc"]] = [True, 0.7]
+    table = known_context_only_runs(flagged).set_index("run_id")
+    assert set(table.index) == {deployed_only, network}
+    assert (table.loc[deployed_only, "channel"], table.loc[deployed_only, "known_context_calibrated_auc"],
+            table.loc[deployed_only, "known_context_calibrated_auc_low"]) == ("deployed", 0.77, 0.66)
+    assert (table.loc[network, "channel"], table.loc[network, "known_context_calibrated_auc"]) == ("network", 0.7)
+    line = next(line for line in leaked_lines(flagged) if line.startswith(f"  {deployed_only} "))
+    assert "as the package deploys the weights" in line
+    assert "0.770" in line or "0.77" in line
+    assert "deployed" in leaked_html(flagged)
+    no_deployed = flagged.drop(columns=[c for c in flagged.columns if c.startswith("deployed_")])
+    assert set(known_context_only_runs(no_deployed)["run_id"]) == {network}

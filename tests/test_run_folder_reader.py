@@ -16,8 +16,8 @@ from iclmem.provenance import Provenance
 from iclmem.record import RunIdentity
 from iclmem.runfolder import RESULTS_FILE, SWEEP_FILE, RunStatus, write_run_state
 from orchestrator.config import parse_sweep
+from orchestrator.folder_claims import record_sweep
 from orchestrator.run_folder import RunFolder
-from orchestrator.sweep import record_sweep
 
 
 def _folder(tmp_path, *, rows: int = 40):

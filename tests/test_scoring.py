@@ -111,7 +111,7 @@ def test_batched_scores_equal_one_context_at_a_time(task):
     plan = ProbePlan.build(queries, suite, 0)
     model = build_model("pfn-mini")
     batched = score(model, plan)
-    from probes.manipulations import materialize
+    from probes.context_plans import materialize
 
     single = []
     with torch.no_grad():

@@ -13,8 +13,11 @@ import pytest
 import orchestrator.estimate as estimate_mod
 from iclmem.errors import DataError
 from orchestrator.cli import main
-from orchestrator.config import load_sweep, parse_sweep
-from orchestrator.estimate import Overheads, UnitCosts, count_work, predict
+from orchestrator.config import parse_sweep
+from orchestrator.estimate_measure import Overheads, UnitCosts
+from orchestrator.estimate_predict import predict
+from orchestrator.estimate_work import count_work
+from orchestrator.sweep_files import load_sweep
 from orchestrator.timing import (
     SERIAL_PHASES,
     WORK_PHASES,
@@ -143,7 +146,7 @@ def test_a_finished_run_records_its_phase_times_as_tune_and_the_probe_actors_rep
     timings = read_timings(run_dir)
     stored = pd.read_parquet(run_dir / "results.parquet")
     sweep = load_sweep(run_dir / "sweep.json")
-    from orchestrator.config import expand_grid
+    from orchestrator.trials import expand_grid
 
     assert timings.trials == len(expand_grid(sweep))
     assert timings.checkpoints == len(stored)

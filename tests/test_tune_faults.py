@@ -285,8 +285,9 @@ def test_a_sweep_whose_trials_fail_ends_failed_naming_each_cause_and_keeps_the_o
 
     import trainables.trainable
     from iclmem.errors import EXIT_FAILURE, TrialsFailed
-    from orchestrator.config import expand_grid, parse_sweep
+    from orchestrator.config import parse_sweep
     from orchestrator.sweep import run_sweep
+    from orchestrator.trials import expand_grid
 
     monkeypatch.setattr(trainables.trainable, "finetune_trainable", fault_injection.failing_at_lr_trainable)
     sweep = parse_sweep({
@@ -369,7 +370,7 @@ def test_a_sweep_that_waits_for_resources_no_node_gives_stops_after_the_stall_ti
 
 
 def test_the_watchdog_fires_only_after_the_timeout_without_change_and_never_while_busy():
-    from orchestrator.sweep import Watchdog
+    from orchestrator.progress import Watchdog
 
     now = [0.0]
     dog = Watchdog(60, clock=lambda: now[0])
@@ -390,7 +391,7 @@ def test_the_watchdog_fires_only_after_the_timeout_without_change_and_never_whil
 
 
 def test_the_stall_message_quotes_the_last_line_where_ray_says_why_it_waits(tmp_path):
-    from orchestrator.sweep import ray_wait_reason
+    from orchestrator.progress import ray_wait_reason
 
     log = tmp_path / "console.log"
     log.write_text("(raylet) something else\n[iclmem] trials 0/1 done, 0 running\nWARNING insufficient_resources_"

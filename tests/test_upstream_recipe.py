@@ -119,6 +119,13 @@ def test_the_package_fine_tuner_trains_the_members_and_hands_over_a_checkpoint_e
     assert results[-1][0].metrics["nonmember_icl_accuracy"] == pytest.approx(expected)
     proba = deployed.predict_proba(x_non)[np.arange(len(y_non)), np.searchsorted(deployed.classes_, y_non)]
     assert results[-1][0].metrics["nonmember_icl_loss"] == pytest.approx(float(-np.log(proba).mean()), rel=1e-4)
+    # the known-context channel as deployed reads the same classifier row by row, members first
+    from trainables.upstream import deployed_losses
+
+    losses = deployed_losses(finetuner.model, task)
+    n_members = len(task.member_idx)
+    assert losses[n_members:] == pytest.approx(-np.log(proba), rel=1e-4)
+    assert losses[:n_members].mean() == pytest.approx(results[-1][0].metrics["member_icl_loss"], rel=1e-4)
     loaded = load_checkpoint_model(tmp_path / "e2")  # what the probe loads: epoch 2's weights, recipe kept
     assert loaded.options["recipe"] == "upstream"
     for key, value in saved[2].items():
@@ -152,7 +159,7 @@ def test_a_run_resumed_from_its_checkpoint_continues_to_the_same_weights(model, 
 
 
 def test_a_lost_checkpoint_is_recomputed_by_running_the_package_again(task, tmp_path):
-    from trainables.finetune import recompute_checkpoint_model
+    from trainables.recompute import recompute_checkpoint_model
     from trainables.upstream import UpstreamFinetuner
 
     saved: dict[int, dict[str, torch.Tensor]] = {}
@@ -215,7 +222,7 @@ def test_a_sweep_setting_the_package_fine_tuner_cannot_honour_is_refused_naming_
 
 
 def test_the_recipe_is_part_of_the_model_identity():
-    from orchestrator.config import expand_grid
+    from orchestrator.trials import expand_grid
 
     upstream = parse_sweep(_sweep())
     own = parse_sweep(_sweep(models=[{"name": "tabpfn-v2", "options": TINY}]))
@@ -251,6 +258,11 @@ def test_a_sweep_of_the_upstream_recipes_runs_end_to_end_with_tune_checkpoints(r
     assert (controls["outcome"] == "no_signal").all()
     tuned = results[results["epoch"] == 3]
     assert (tuned["loss_ratio"] != 1.0).all()  # the package's fine-tuning changed the models the probe scored
+    # the known-context channel also as the package deploys the weights, on fine-tuned checkpoints only
+    assert tuned["deployed_known_context_calibrated_auc"].between(0, 1).all()
+    assert tuned["deployed_known_context_memorization_flag"].isin([True, False]).all()
+    assert controls["deployed_known_context_calibrated_auc"].isna().all()
+    assert (tuned["null_known_context_flags"] <= tuned["null_splits"]).all()
     manifests = [json.loads(p.read_text()) for p in (tmp_path / "run" / "tune").rglob("checkpoint.json")]
     assert sorted((m["model"], m["epoch"]) for m in manifests) == sorted((m, e) for m in models for e in (1, 3))
     assert all("upstream_state.pth" in m["files"] for m in manifests)
@@ -299,7 +311,7 @@ def test_a_crashed_upstream_trial_resumes_from_its_checkpoint_to_the_weights_of_
 
 def test_the_estimate_times_the_package_fine_tuner_epoch_for_an_upstream_model():
     """``iclmem estimate`` on a recipe-upstream sweep times the package's epochs (its own loop would refuse)."""
-    from orchestrator.estimate import measure_unit_costs
+    from orchestrator.estimate_measure import measure_unit_costs
 
     sweep = parse_sweep(_sweep(tasks=[{"name": "breast_cancer"}], grid={"q": [32]}, data={"context_size": 64},
                                probe={"suite": ["base", "distractors_1"], "bootstrap": 10}))

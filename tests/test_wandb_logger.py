@@ -538,12 +538,13 @@ def test_tune_callbacks_feed_the_trial_logger_and_are_reattached_after_a_restart
 
     from ray import cloudpickle
 
-    from orchestrator.sweep import Progress, _trial_results_callback, _tune_callback, reattach
+    from orchestrator.progress import Progress
+    from orchestrator.tune_callbacks import reattach, trial_results_callback, tune_callback
 
     trial = SimpleNamespace(config={"__trial__": {"identity": {"run_id": "r1"}}}, status="RUNNING")
     before = _RecordingTrialLogger()
-    callbacks = [_tune_callback(_Pool([{"run_id": "r1", "epoch": 1, "outcome": "no_signal"}]), tmp_path,
-                                Progress(1, enabled=False), before), _trial_results_callback(before)]
+    callbacks = [tune_callback(_Pool([{"run_id": "r1", "epoch": 1, "outcome": "no_signal"}]), tmp_path,
+                                Progress(1, enabled=False), before), trial_results_callback(before)]
     callbacks[1].on_trial_result(0, [trial], trial, {"epoch": 1, "train_loss": 0.5})
     callbacks[0].on_step_end(0, [trial])
     assert before.training == [("r1", 1)]

@@ -129,7 +129,7 @@ def test_yaml_merge_keys_merge_as_safe_load_does(capsys, here):
     and a key given twice in one mapping is still refused."""
     import yaml
 
-    from orchestrator.config import load_sweep
+    from orchestrator.sweep_files import load_sweep
 
     text = ("name: weak\ntasks:\n  - &iris {name: iris}\n  - {<<: *iris, name: iris2, builtin: iris}\n"
             "grid: {q: [30]}\ndata: {context_size: 60}\n"
@@ -250,7 +250,7 @@ def test_run_and_resume_end_by_naming_the_runs_that_leaked(capsys, here, monkeyp
     first section does, not only the report's path."""
     import pandas as pd
 
-    from orchestrator.report.html import leaked_lines
+    from orchestrator.report.leaked import leaked_lines
 
     run = _run_folder(here)
     results = pd.read_parquet(run / "results.parquet")

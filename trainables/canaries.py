@@ -43,7 +43,7 @@ from iclmem.vocab import CanaryDesign, CanaryKind, ColumnKind
 
 DEFAULT_COPIES: tuple[int, ...] = (1, 2, 4, 8)
 DEFAULT_ONE_RUN_M = 128  # one_run canaries per kind (benchmarks/one_run.py measures what that buys)
-_STREAM_CANARY = 6  # beside trainables.data's _STREAM_* streams: the canaries' random draws never share theirs
+_STREAM_CANARY = 6  # beside trainables/data/split.py's STREAM_* streams: the canaries' random draws never share theirs
 _STREAM_COINS = 7  # the one_run inclusion coins: a stream of their own, so they are independent of the draws
 OUTLIER_SIGMAS = (4.0, 6.0)  # an outlier number lies this many of its column's standard deviations out
 JITTER_SIGMAS = 0.1  # a rare_label canary's numbers are moved by this many standard deviations (Gaussian)
@@ -89,10 +89,9 @@ class CanarySettings:
         if isinstance(value, CanarySettings):
             return value
         data = dict(value)
-        return cls(kinds=tuple(data["kinds"]), copies=tuple(data.get("copies", DEFAULT_COPIES)),
-                   per_group=int(data.get("per_group", 4)), holdout=int(data.get("holdout", 32)),
-                   design=CanaryDesign(data.get("design", CanaryDesign.EXPOSURE.value)),
-                   m=int(data.get("m", DEFAULT_ONE_RUN_M)))
+        return cls(kinds=tuple(data["kinds"]), copies=tuple(data.get("copies", cls.copies)),
+                   per_group=int(data.get("per_group", cls.per_group)), holdout=int(data.get("holdout", cls.holdout)),
+                   design=CanaryDesign(data.get("design", cls.design)), m=int(data.get("m", cls.m)))
 
     @property
     def per_kind(self) -> int:

@@ -209,8 +209,6 @@ class DPSettings:
         of noise multiplier σ, and GDP composes exactly (μ = sqrt(steps) / σ add/remove, twice that for
         replace-one: the clipped sum moves by up to 2 × max_grad_norm). NaN for a sampled batch (sample
         rate < 1), whose trade-off curve is not Gaussian."""
-        from probes.gdp import gaussian_mechanism_mu
-
         if self.sample_rate != 1.0:
             return math.nan
         sensitivity = 2.0 if Neighbours(neighbours) is Neighbours.REPLACE_ONE else 1.0
@@ -351,3 +349,13 @@ def vmap_unsupported(exc: BaseException) -> bool:
 def warn_loop_fallback(model: str, exc: BaseException) -> None:
     warnings.warn(f"DP-SGD: torch.func.vmap cannot batch model {model!r} ({exc}); per-row gradients are computed "
                   "one row at a time instead (same result, slower)", RuntimeWarning, stacklevel=3)
+
+
+def gaussian_mechanism_mu(noise_multiplier: float, steps: int, sensitivity: float = 1.0) -> float:
+    """μ of ``steps`` full-batch Gaussian mechanisms with noise ``noise_multiplier`` × clip norm and a
+    neighbour that moves the clipped sum by ``sensitivity`` × clip norm: sqrt(steps) · sensitivity / σ
+    (GDP composes exactly: the μ of a composition is the root of the sum of squares). Sensitivity 1 is
+    add/remove one row, 2 is replace one row."""
+    if not noise_multiplier > 0:
+        return math.inf
+    return math.sqrt(max(int(steps), 0)) * float(sensitivity) / float(noise_multiplier)

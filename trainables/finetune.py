@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +29,12 @@ import torch.nn.functional as F
 from iclmem.atomic import atomic_write, write_json_atomic
 from iclmem.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from iclmem.vocab import CanaryDesign, Regime
-from trainables.canaries import CanarySet, CanarySettings, make_canaries
-from trainables.dp import (
-    DPSettings,
-    PerRowMode,
-    clipped_gradient_sum,
-    noisy_gradient,
-    vmap_unsupported,
-    warn_loop_fallback,
-)
+from trainables.canaries import CanarySet, make_canaries
+from trainables.dp import PerRowMode, clipped_gradient_sum, noisy_gradient, vmap_unsupported, warn_loop_fallback
 from trainables.models import ModelAdapter, build_model, read_weights
 from trainables.models.base import resolve_device, weights_digest
+from trainables.spec import FinetuneSpec
 
-DEFAULT_CHECKPOINT_EPOCHS = (1, 2, 5, 10, 25, 50, 100, 250, 500)
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "trainer_state.pt"
 META_FILE = "checkpoint.json"
@@ -67,70 +60,6 @@ def reference_training_seed(run_seed: int, reference_index: int) -> int:
         raise ConfigError(f"reference_index must be >= 0, got {reference_index}")
     state = np.random.SeedSequence([_REFERENCE_TRAINING_STREAM, int(run_seed), int(reference_index)])
     return int(state.generate_state(1, dtype=np.uint32)[0] & 0x7FFFFFFF)  # torch.manual_seed takes any int; 31 bits
-
-
-@dataclass(frozen=True)
-class FinetuneSpec:
-    """Everything that determines one run's weights, apart from the prepared tasks."""
-
-    model: str = "pfn-mini"
-    model_options: dict[str, Any] = field(default_factory=dict)
-    regime: Regime = Regime.SINGLE_FIXED
-    lr: float = 1e-3
-    epochs: int = 50
-    checkpoint_epochs: tuple[int, ...] = DEFAULT_CHECKPOINT_EPOCHS
-    every_epoch: bool = False
-    grad_clip: float = 1.0
-    weight_decay: float = 0.01
-    seed: int = 0
-    queries_per_step: int | None = None  # multi_random: Q query rows drawn per epoch (default: all but the context)
-    # DP-SGD (trainables.dp): per-query-row clipping and Gaussian noise instead of plain steps; None = off
-    dp: DPSettings | None = None
-    # canary rows added to the members as extra query rows (trainables.canaries); None = off
-    canaries: CanarySettings | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "regime", Regime(self.regime))
-        if self.regime == Regime.CONTEXT:
-            raise ConfigError("regime context fine-tunes nothing: its audits run in orchestrator.context_audit")
-        if self.canaries is not None:
-            object.__setattr__(self, "canaries", CanarySettings.from_value(self.canaries))
-            if self.regime != Regime.SINGLE_FIXED:
-                raise ConfigError(f"canaries are inserted into one task's members: regime single_fixed only, "
-                                  f"not {self.regime.value}")
-        if self.dp is not None:
-            object.__setattr__(self, "dp", DPSettings.from_value(self.dp))
-            if self.regime == Regime.MULTI_RANDOM:
-                raise ConfigError("DP-SGD is not offered for regime multi_random: its contexts are drawn from the "
-                                  "member rows, whose influence as context rows per-row clipping does not bound")
-            if self.dp.epochs != self.epochs:
-                raise ConfigError(f"DP noise was calibrated for {self.dp.epochs} epochs, the run trains {self.epochs}")
-        object.__setattr__(self, "checkpoint_epochs", tuple(int(e) for e in self.checkpoint_epochs))
-        if self.lr <= 0 or not math.isfinite(self.lr):
-            raise ConfigError(f"lr must be a positive number, got {self.lr}")
-        if self.epochs < 1:
-            raise ConfigError(f"epochs must be at least 1, got {self.epochs}")
-
-    def schedule(self) -> tuple[int, ...]:
-        """Epochs at which a checkpoint is written: the schedule capped by the run's epochs, plus the last."""
-        if self.every_epoch:
-            return tuple(range(1, self.epochs + 1))
-        kept = sorted({e for e in self.checkpoint_epochs if 1 <= e <= self.epochs} | {self.epochs})
-        return tuple(kept)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["regime"] = self.regime.value
-        out["checkpoint_epochs"] = list(self.checkpoint_epochs)
-        if self.dp is None:
-            del out["dp"]  # a run without DP records the spec it always did
-        else:
-            out["dp"] = self.dp.as_dict()
-        if self.canaries is None:
-            del out["canaries"]  # likewise a run without canaries
-        else:
-            out["canaries"] = self.canaries.as_dict()
-        return out
 
 
 @dataclass(frozen=True)
@@ -476,45 +405,3 @@ def load_checkpoint_model(directory: str | Path) -> ModelAdapter:
     manifest = verify_checkpoint(directory)
     options = {**manifest.get("model_options", {}), "weights": str(directory / MODEL_FILE)}
     return build_model(manifest["model"], **options)
-
-
-def recompute_checkpoint_model(spec: FinetuneSpec, tasks: Sequence[Any], epoch: int,
-                               expected_sha256: str | None = None, torch_threads: int | None = None) -> ModelAdapter:
-    """Re-run a run's fine-tuning from its config up to ``epoch`` (training is a deterministic function
-    of spec, tasks and seed) and return the model, for a checkpoint that was lost or corrupted.
-
-    With ``expected_sha256`` (``weights_sha256`` from the lost checkpoint's manifest, see
-    :func:`weights_digest`) the recomputed weights must hash the same, or :class:`CheckpointError` says
-    the recomputation differs.
-    ``torch_threads`` is the thread count the run trained with (the trainable's default is 1): CPU
-    reductions split over another number of threads may round differently."""
-
-    previous = torch.get_num_threads()
-    if torch_threads is not None:
-        torch.set_num_threads(torch_threads)
-    from trainables.upstream import is_upstream, recompute_upstream_model
-
-    try:
-        if is_upstream(spec):
-            model = recompute_upstream_model(spec, tasks, epoch)
-            _check_recomputed(model, epoch, expected_sha256)
-            return model
-        finetuner = Finetuner(spec, list(tasks))
-        while finetuner.epoch < epoch:
-            result = finetuner.run_epoch()
-            if result.diverged:
-                raise CheckpointError(f"recomputing epoch {epoch}: the run diverged at epoch {result.epoch}")
-    finally:
-        torch.set_num_threads(previous)
-    _check_recomputed(finetuner.model, epoch, expected_sha256)
-    return finetuner.model
-
-
-def _check_recomputed(model: ModelAdapter, epoch: int, expected_sha256: str | None) -> None:
-    if expected_sha256 is not None:
-        actual = weights_digest(model.module.state_dict())
-        if actual != expected_sha256:
-            raise CheckpointError(
-                f"recomputed epoch {epoch} weights hash {actual[:12]}..., not the {expected_sha256[:12]}... "
-                "recorded with the lost checkpoint: fine-tuning is not reproducible here (another thread "
-                "count, other package versions or other hardware?)")

@@ -19,10 +19,10 @@ from typing import Any
 from ray import tune
 
 from iclmem.atomic import write_json_atomic
+from iclmem.clock import device_clock
 from iclmem.errors import CorruptCheckpointError
 from iclmem.runfolder import GROUND_TRUTH_FILE
 from iclmem.vocab import Regime
-from probes.stopwatch import device_clock
 from trainables.data import ground_truth_log
 from trainables.finetune import EpochResult, Finetuner, FinetuneSpec
 from trainables.upstream import UpstreamEnd, UpstreamFinetuner, is_upstream

@@ -60,6 +60,7 @@ from trainables.finetune import (
     EpochResult,
     FinetuneSpec,
     file_record,
+    fixed_batch,
     icl_utility,
     verify_checkpoint,
 )
@@ -491,6 +492,29 @@ def deployed_utility(model: ModelAdapter, task: Any) -> dict[str, float]:
     """``member_icl_accuracy`` ... ``nonmember_icl_loss`` of ``model`` with C' as the context, scored as its
     package deploys it (``deployed_log_probs``): what a model owner's users would get."""
     return icl_utility(_Deployed(model), task)  # type: ignore[arg-type]
+
+
+def deployed_losses(model: ModelAdapter, task: Any) -> np.ndarray:
+    """float64 [n_members + n_nonmembers]: each audited row's loss (NLL of the label the run trained on) with C'
+    as the context, scored as the package deploys the weights (``deployed_log_probs``: its preprocessing and
+    ensemble), members first: the known-context attack on what the package fine-tuned. The package trained the
+    weights on its own preprocessed features, so a memorized row may show here and not through the raw network
+    on iclmem's encoding (benchmarks/RESULTS.md, "Planted runs through the packages' own fine-tuners")."""
+    deployed = _Deployed(model)
+    losses = []
+    was_training = model.module.training
+    model.module.eval()
+    try:
+        with torch.no_grad():
+            for rows in (task.member_idx, task.nonmember_idx):
+                batch = fixed_batch(task, rows).to(model.device)
+                lp = deployed.log_probs(batch.context_x, batch.context_y, batch.query_x, batch.n_classes)
+                lp = lp.reshape(-1, batch.n_classes)
+                labels = batch.query_y.reshape(-1)
+                losses.append((-lp[torch.arange(len(labels)), labels]).double().cpu().numpy())
+    finally:
+        model.module.train(was_training)
+    return np.concatenate(losses)
 
 
 def recompute_upstream_model(spec: FinetuneSpec, tasks: Sequence[Any], epoch: int) -> ModelAdapter:

@@ -23,6 +23,7 @@ import pandas as pd
 from iclmem.atomic import write_text_atomic
 from iclmem.runfolder import CONTEXT_AUDITS_DIR, CONTEXT_AUDITS_FILE, REPORT_FILE, VERDICT_FILE
 from iclmem.vocab import ContextTarget
+from orchestrator.report.page import page
 from orchestrator.report.parts import html_table, paragraph, section_html
 
 __all__ = ["context_audits_section_html", "context_audits_table", "write_context_report"]
@@ -99,8 +100,6 @@ def context_audits_section_html(run_dir: str | Path) -> str:
 
 def write_context_report(run_dir: str | Path, title: str) -> Path:
     """``report.html`` for a sweep with no fine-tuned checkpoint (regime context only): the audits' section."""
-    from orchestrator.report.html import _page
-
     run_dir = Path(run_dir)
     body = context_audits_section_html(run_dir)
-    return write_text_atomic(run_dir / REPORT_FILE, _page(title, [f'<section id="context-audits">{body}</section>']))
+    return write_text_atomic(run_dir / REPORT_FILE, page(title, [f'<section id="context-audits">{body}</section>']))

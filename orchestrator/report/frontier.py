@@ -6,8 +6,11 @@ TPR at 1% FPR, and the settings no other beats on both (the frontier), so a mode
   context: rows it never trained on, so held-out accuracy; for a model fine-tuned by its package's own
   fine-tuner (recipe upstream) the same as the package deploys it (``deployed_nonmember_icl_accuracy``).
 * Leakage: the highest TPR at 1% FPR over the attacks the sweep ran on that checkpoint: IclMem's own
-  (``tpr_at_1pct``, the deciding score's) and each reference-model attack (``<attack>_tpr_at_1pct`` and
-  ``known_context_<attack>_tpr_at_1pct``, with ``probe.references``).
+  (``tpr_at_1pct``, the deciding score's), the known-context loss attack calibrated by the base model
+  (``known_context_calibrated_tpr_at_1pct``, every checkpoint: the second channel, which on the minis finds
+  what the zero-information probe does not; for recipe upstream also as the package deploys the weights,
+  ``deployed_known_context_calibrated_tpr_at_1pct``) and each reference-model attack (``<attack>_tpr_at_1pct``
+  and ``known_context_<attack>_tpr_at_1pct``, with ``probe.references``).
 * Only runs with true labels (label mode ``normal``): under shuffled labels the non-members' accuracy is not
   held-out accuracy on the task. The base model's sanity-check rows are left out, and so are collapsed
   checkpoints (outcome ``collapse``: the model's predictions broke down, so it is no setting to pick, however
@@ -45,6 +48,9 @@ FRONTIER_REPORT_COLUMNS: tuple[str, ...] = (*CHECKPOINT_KEY, "sanity_check", "ou
 UTILITY = "nonmember_icl_accuracy"
 DEPLOYED_UTILITY = "deployed_nonmember_icl_accuracy"  # recipe upstream: held-out accuracy as the package deploys
 ICLMEM_ATTACK = "iclmem"  # the strongest attack's name when IclMem's own score is it
+# the known-context loss attack, base-calibrated: on the network, and as the package deploys it (recipe upstream)
+KNOWN_CONTEXT_ATTACKS = {"known_context_calibrated_tpr_at_1pct": "known_context",
+                         "deployed_known_context_calibrated_tpr_at_1pct": "known_context_deployed"}
 _ATTACK_TPR = re.compile(rf"^((?:known_context_)?(?:{'|'.join(values(Attack))}))_tpr_at_1pct$")
 # the settings a frontier point stands for, and how the table is grouped
 GROUP = ("task", "model", "recipe", "regime")
@@ -63,9 +69,10 @@ def _recipe(options: object) -> str:
 
 
 def leakage_columns(results: pd.DataFrame) -> dict[str, str]:
-    """{column: attack name} of every TPR-at-1%-FPR column ``results`` holds: IclMem's ``tpr_at_1pct`` and
-    each reference-model attack's."""
+    """{column: attack name} of every TPR-at-1%-FPR column ``results`` holds: IclMem's ``tpr_at_1pct``, the
+    known-context attack's (on the network and as deployed) and each reference-model attack's."""
     out = {"tpr_at_1pct": ICLMEM_ATTACK} if "tpr_at_1pct" in results.columns else {}
+    out.update({c: name for c, name in KNOWN_CONTEXT_ATTACKS.items() if c in results.columns})
     for column in results.columns:
         match = _ATTACK_TPR.match(str(column))
         if match:

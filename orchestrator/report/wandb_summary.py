@@ -497,7 +497,7 @@ def alert_for(row: Mapping[str, Any]) -> tuple[str, str] | None:
                                      ("one_run_consistent", "one_run_epsilon_lb", "dp_epsilon", "one-run ε lower bound")):
         consistent = row.get(flag)
         if consistent is not None and consistent == consistent and not bool(consistent):
-            # the check reads the bound at its share of the run's level (orchestrator.aggregate), which the
+            # the check reads the bound at its share of the run's level (orchestrator.epsilon_columns), which the
             # message states: an excess at a level is evidence against the accountant's figure, not proof of a bug
             return (f"{name} above the accountant's: {run_id}",
                     f"run {run_id}, epoch {epoch}: {name} {row.get(bound)} ({NEIGHBOURS[bound]}) exceeds DP-SGD's "

@@ -377,10 +377,3 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
 
 ModelFactory = Callable[..., ModelAdapter]
 MODELS: Registry[ModelFactory] = Registry("model")
-
-
-def build_model(name: str, /, **options: Any) -> ModelAdapter:
-    """Build a registered model. Unknown names are answered with the registered ones."""
-    import trainables.models  # noqa: F401  (registers the built-in adapters)
-
-    return MODELS.get(name)(**options)

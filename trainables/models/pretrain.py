@@ -73,11 +73,10 @@ import argparse
 import hashlib
 import json
 import os
-import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,237 +87,28 @@ import torch.nn.functional as F
 
 from iclmem.atomic import atomic_write, write_text_atomic
 from iclmem.errors import ConfigError, UnknownNameError
-from iclmem.registry import Registry
 from trainables.models.base import ModelAdapter
-from trainables.models.checkpoints import MINI_CHECKPOINTS, WEIGHTS_DIR
+from trainables.models.checkpoints import WEIGHTS_DIR
+from trainables.models.pretrain_eval import evaluate, evaluate_classifier
+from trainables.models.pretrain_models import PRETRAINABLE, LogitsOf, Pretrainable, build, logits_of
+from trainables.models.pretrain_prior import (
+    AUGMENTATION_TEXT,
+    DRAW_WIDTH,
+    POOL_TABLES,
+    PRIOR_SETTINGS,
+    PRIOR_TEXT,
+    generate_pool,
+    gmm_batch,
+    pool_batch,
+    trim_dead_columns,
+)
 
-EVAL_FEATURES = 16
-# Tables per pool batch file: the generator's batch, whatever a model's step takes (pfn-mini's pool).
-POOL_TABLES = 32
-# The batches are drawn this wide (pfn-mini's fixed input); models that read any width get the columns up to
-# the widest live one (``trim_dead_columns``).
-DRAW_WIDTH = 20
-PRIOR_SETTINGS: Mapping[str, Any] = {
-    "batch_size_per_gp": 4, "min_features": 2, "max_features": 18, "max_classes": 10, "min_seq_len": 48,
-    "max_seq_len": 320, "n_jobs": 1, "num_threads_per_generate": 1,
-}
-PRIOR_TEXT = "tabicl.prior.PriorDataset mlp_scm/tree_scm (2:1) pool + Gaussian-cluster share {gmm_share}"
-AUGMENTATION_TEXT = ("per table: live feature columns and class ids permuted; per step: rows shuffled and a fresh "
-                     "context/query split, the context 30-85 % of the rows; features standardised over all rows of "
-                     "each table, clipped to +-6; logits of classes a table lacks masked")
 FINAL_SEEDS = (0, 1, 2, 3, 4)
 # What ``--role measure`` times: the prior's mean table length and its widest tables.
 MEASURE_ROWS, MEASURE_FEATURES = 184, 18
 
-LogitsOf = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-
-# ----------------------------------------------------------------------------------------- the models
-@dataclass(frozen=True)
-class TrainingDefaults:
-    """A model's training settings when the command line gives none."""
-
-    steps: int  # optimizer steps of the run (about one CPU hour; the cosine schedule spans them)
-    batch_size: int  # tables per optimizer step (at most a pool batch's POOL_TABLES from the pool)
-    # tables per forward/backward pass, the step's gradients accumulating over its passes; None: one pass
-    micro_batch: int | None = None
-    lr: float = 1e-3
-
-
-@dataclass(frozen=True)
-class Pretrainable:
-    """One model the loop trains: how to build it, feed it, export it and record it."""
-
-    name: str
-    adapter: str  # the registered adapter (``build_model`` name) that builds, runs and exports the module
-    config: Mapping[str, Any]  # constructor options of the model's own class
-    defaults: TrainingDefaults
-    weights_file: str  # the export's file name (the JSON record takes its stem)
-    write_weights: Callable[[ModelAdapter, Path], Path]
-    versions: tuple[str, ...]  # the packages whose versions the record names
-    # pfn-mini reads exactly this many feature columns (zero padded); None: the model reads any width, and
-    # batches are cut to their widest live column (padding is compute spent on nothing)
-    fixed_width: int | None = None
-    # the package's own scikit-learn classifier on an exported file, or None (pfn-mini has none)
-    package_classifier: Callable[[Path], Any] | None = None
-    export_format: str = ""
-
-
-def _write_pfn_mini(adapter: ModelAdapter, path: Path) -> Path:
-    from safetensors.torch import save_file
-
-    module = adapter.module
-    tensors = {k: v.detach().contiguous().clone() for k, v in module.state_dict().items()}
-    metadata = {"config": json.dumps(module.config.to_dict())}
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), to_path=True)
-    return path
-
-
-def _write_package_checkpoint(adapter: ModelAdapter, path: Path) -> Path:
-    # The adapters' own writer: the package's {"config", "state_dict"} file its loaders and fine-tuners read.
-    write = getattr(adapter, "package_checkpoint", None)
-    if write is None:
-        raise ConfigError(f"the {adapter.name!r} adapter writes no package checkpoint")
-    return Path(write(path))
-
-
-def _tabicl_classifier(path: Path) -> Any:
-    from tabicl import TabICLClassifier
-
-    return TabICLClassifier(model_path=str(path), allow_auto_download=False, device="cpu")
-
-
-def _tabpfn_classifier(path: Path) -> Any:
-    from tabpfn import TabPFNClassifier
-
-    return TabPFNClassifier(model_path=str(path), device="cpu")
-
-
-PRETRAINABLE: Registry[Pretrainable] = Registry("pretrainable model")
-
-PRETRAINABLE.register("pfn-mini", Pretrainable(
-    name="pfn-mini", adapter="pfn-mini", config={}, fixed_width=DRAW_WIDTH,
-    defaults=TrainingDefaults(steps=6000, batch_size=POOL_TABLES),
-    weights_file="pfn_mini.safetensors", write_weights=_write_pfn_mini,
-    versions=("torch", "numpy", "tabicl", "scikit-learn", "xgboost-cpu"),
-    export_format="safetensors, config in the metadata (build_model('pfn-mini', weights=FILE))",
-))
-
-PRETRAINABLE.register("tabicl-mini", Pretrainable(
-    name="tabicl-mini", adapter="tabicl",
-    # TabICL v2's layout (the constructor's defaults: col_feature_group "same", target-aware columns,
-    # qassmax-mlp-elementwise scalable softmax), with v2's two switches that differ from those defaults
-    # (split-half RoPE, standard init); small: embeddings 16 wide, one column and one row block, 4 CLS tokens,
-    # so the ICL transformer (4 blocks, 4 heads) is 64 wide.
-    config={"max_classes": 10, "embed_dim": 16, "col_num_blocks": 1, "col_nhead": 2, "col_num_inds": 16,
-            "row_num_blocks": 1, "row_nhead": 2, "row_num_cls": 4, "icl_num_blocks": 4, "icl_nhead": 4,
-            "ff_factor": 2, "row_rope_interleaved": False, "zero_init": False},
-    # 4 micro-batches of 8 tables: 0.74 s per step against 0.95 s in one pass of 32 on this CPU
-    defaults=TrainingDefaults(steps=4400, batch_size=POOL_TABLES, micro_batch=8),
-    weights_file=MINI_CHECKPOINTS["tabicl"], write_weights=_write_package_checkpoint,
-    versions=("torch", "numpy", "tabicl", "scikit-learn", "xgboost-cpu"),
-    package_classifier=_tabicl_classifier,
-    export_format="tabicl's checkpoint: {'config', 'state_dict'} saved by torch (TabICLClassifier(model_path=FILE))",
-))
-
-PRETRAINABLE.register("tabpfn-mini", Pretrainable(
-    name="tabpfn-mini", adapter="tabpfn-v2",
-    # TabPFN v2's architecture (features in groups of 2, attention between features and between rows in every
-    # layer), small: 32 wide, 4 layers of 2 heads.
-    config={"max_num_classes": 10, "emsize": 32, "nlayers": 4, "nhead": 2, "features_per_group": 2},
-    # every layer runs on every cell, so a step takes 16 tables to stay near a second
-    defaults=TrainingDefaults(steps=3500, batch_size=16, lr=3e-3),
-    weights_file=MINI_CHECKPOINTS["tabpfn-v2"], write_weights=_write_package_checkpoint,
-    versions=("torch", "numpy", "tabicl", "tabpfn", "scikit-learn", "xgboost-cpu"),
-    package_classifier=_tabpfn_classifier,
-    export_format="tabpfn's v2 checkpoint: {'config', 'state_dict'} saved by torch (TabPFNClassifier(model_path=FILE))",
-))
-
-
-def build(spec: Pretrainable, seed: int) -> ModelAdapter:
-    """The model at its seeded random init, in training mode."""
-    from trainables.models import build_model
-
-    adapter = build_model(spec.adapter, weights="random", seed=seed, **spec.config)
-    adapter.module.train()
-    return adapter
-
-
-def logits_of(adapter: ModelAdapter) -> LogitsOf:
-    """(context_x [B, N, F], context_y [B, N], query_x [B, M, F]) -> unnormalised scores [B, M, max_classes].
-
-    The adapter's own forward, unnormalised: the loss masks each table's absent classes itself, and pfn-mini's
-    recorded run computed its loss from exactly these scores."""
-    return adapter._logits
-
-
-# ----------------------------------------------------------------------------------------- generator
-def generate_pool(pool: Path, seed: int, batch_size: int, max_batches: int) -> None:
-    torch.set_num_threads(1)
-    from tabicl.prior import PriorDataset
-
-    pool.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    np.random.seed(seed)  # noqa: NPY002 - tabicl's prior draws from numpy's global generator: this seeds it
-    random.seed(seed)
-    priors = {kind: PriorDataset(batch_size=batch_size, prior_type=kind, **PRIOR_SETTINGS)
-              for kind in ("mlp_scm", "tree_scm")}
-    index = len(list(pool.glob("batch_*.pt")))
-    while index < max_batches:
-        kind = "mlp_scm" if index % 3 else "tree_scm"
-        x, y, d, seq_lens, _ = priors[kind].get_batch()
-        batch = {"x": x.float(), "y": y.long(), "d": d.long(), "seq_len": seq_lens.long()}
-        atomic_write(pool / f"batch_{index:06d}.pt", lambda tmp, batch=batch: torch.save(batch, tmp), to_path=True)
-        index += 1
-
-
-# ----------------------------------------------------------------------------------------- batches
-def standardize(x: torch.Tensor, n_features: torch.Tensor) -> torch.Tensor:
-    # x: [B, L, F]; statistics over all rows of each table, as iclmem's preprocessing does per task.
-    mean = x.mean(dim=1, keepdim=True)
-    std = x.std(dim=1, keepdim=True).clamp_min(1e-6)
-    out = ((x - mean) / std).clamp(-6, 6)
-    live = torch.arange(x.shape[-1])[None, None, :] < n_features[:, None, None]
-    return torch.where(live, out, torch.zeros_like(out))
-
-
-def pool_batch(pool_files: list[Path], gen: torch.Generator, max_features: int,
-               tables: int | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """One pool batch, augmented: x [B, L, max_features] standardised, y [B, L], L. ``tables`` below the
-    pool batch's size takes a random subset of its tables (drawn from ``gen``; none drawn otherwise)."""
-    path = pool_files[int(torch.randint(len(pool_files), (1,), generator=gen))]
-    data = torch.load(path, weights_only=True)
-    x, y, d, seq_len = data["x"], data["y"], data["d"], data["seq_len"]
-    if tables is not None and tables < x.shape[0]:
-        keep = torch.randperm(x.shape[0], generator=gen)[:tables]
-        x, y, d, seq_len = x[keep], y[keep], d[keep], seq_len[keep]
-    length = int(seq_len.min())
-    x, y = x[:, :length], y[:, :length]
-    batch, _, width = x.shape
-    # Augment: permute live feature columns and class ids per table, so pool batches can be reused.
-    for b in range(batch):
-        n = int(d[b])
-        perm = torch.randperm(n, generator=gen)
-        x[b, :, :n] = x[b, :, perm]
-        n_cls = int(y[b].max()) + 1
-        y[b] = torch.randperm(n_cls, generator=gen)[y[b]]
-    if width < max_features:
-        x = F.pad(x, (0, max_features - width))
-    return standardize(x[..., :max_features], d), y, length
-
-
-def gmm_batch(gen: torch.Generator, batch: int, max_features: int,
-              max_classes: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Gaussian class clusters with a random share of irrelevant features and random scales."""
-    length = int(torch.randint(48, 320, (1,), generator=gen))
-    n_feat = torch.randint(1, max_features - 1, (batch,), generator=gen)
-    n_cls = torch.randint(2, max_classes + 1, (batch,), generator=gen)
-    x = torch.zeros(batch, length, max_features)
-    y = torch.zeros(batch, length, dtype=torch.long)
-    for b in range(batch):
-        f, c = int(n_feat[b]), int(n_cls[b])
-        spread = float(torch.empty(1).uniform_(0.3, 2.5, generator=gen))
-        means = torch.randn(c, f, generator=gen) * spread
-        relevant = torch.rand(f, generator=gen) < 0.7
-        means[:, ~relevant] = 0
-        scales = torch.empty(c, f).uniform_(0.5, 1.5, generator=gen)
-        # The class weights come from torch's global generator (Dirichlet takes no generator): the resumable
-        # state saves that generator too.
-        weights = torch.distributions.Dirichlet(torch.full((c,), 2.0)).sample()
-        labels = torch.multinomial(weights, length, replacement=True, generator=gen)
-        x[b, :, :f] = means[labels] + torch.randn(length, f, generator=gen) * scales[labels]
-        y[b] = labels
-    return standardize(x, n_feat), y, length
-
-
-def trim_dead_columns(x: torch.Tensor) -> torch.Tensor:
-    """x [B, L, F] cut after its last column that is non-zero somewhere (at least one column kept): the
-    columns after it are padding (or constant, standardised to zero) in every table."""
-    live = (x != 0).flatten(0, 1).any(dim=0).nonzero()
-    width = int(live.max()) + 1 if len(live) else 1
-    return x[..., :width]
-
-
+# ----------------------------------------------------------------------------------------- the step's loss
 def split_loss_backward(logits_fn: LogitsOf, x: torch.Tensor, y: torch.Tensor, length: int,
                         gen: torch.Generator, micro_batch: int | None = None) -> float:
     """One context/query split of the batch (x [B, L, F], y [B, L]); backpropagates the queries' mean
@@ -348,75 +138,6 @@ def _query_loss(logits_fn: LogitsOf, x: torch.Tensor, y: torch.Tensor, n_context
     absent = torch.arange(logits.shape[-1])[None, None, :] >= n_cls[:, None, None]
     logits = logits.masked_fill(absent, float("-inf"))
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[:, n_context:].reshape(-1))
-
-
-# ----------------------------------------------------------------------------------------- evaluation
-def eval_tables() -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    from sklearn.datasets import load_breast_cancer, load_iris, load_wine
-
-    return {name: loader(return_X_y=True) for name, loader in
-            (("breast_cancer", load_breast_cancer), ("wine", load_wine), ("iris", load_iris))}
-
-
-def prepare_eval_features(x: np.ndarray, max_features: int = EVAL_FEATURES) -> np.ndarray:
-    """Standardise once over the whole table and, past max_features, keep the leading PCA components."""
-    from sklearn.decomposition import PCA
-    from sklearn.preprocessing import StandardScaler
-
-    x = StandardScaler().fit_transform(x)
-    if x.shape[1] > max_features:
-        x = StandardScaler().fit_transform(PCA(n_components=max_features, random_state=0).fit_transform(x))
-    return np.clip(x, -6, 6).astype(np.float32)
-
-
-@torch.no_grad()
-def icl_predict(model: LogitsOf, x_ctx: np.ndarray, y_ctx: np.ndarray, x_query: np.ndarray,
-                n_classes: int) -> np.ndarray:
-    """Labels [M] predicted by ``model`` (a pfn-mini module, or ``logits_of(adapter)``) for the queries."""
-    logits = model(torch.from_numpy(x_ctx)[None], torch.from_numpy(y_ctx).long()[None], torch.from_numpy(x_query)[None])
-    return logits[0, :, :n_classes].argmax(-1).numpy()
-
-
-def eval_splits(seeds: Sequence[int]) -> list[tuple[str, int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """(table, seed, classes, context x, context y, query x, query y) for every table and seed: 50/50
-    stratified splits of the prepared features."""
-    from sklearn.model_selection import train_test_split
-
-    splits = []
-    for name, (x, y) in eval_tables().items():
-        x = prepare_eval_features(x)
-        for seed in seeds:
-            xa, xb, ya, yb = train_test_split(x, y, test_size=0.5, stratify=y, random_state=seed)
-            splits.append((name, seed, int(y.max()) + 1, xa, ya, xb, yb))
-    return splits
-
-
-def _mean_by_table(scores: list[tuple[str, float]]) -> dict[str, float]:
-    tables = dict.fromkeys(name for name, _ in scores)
-    return {name: float(np.mean([s for n, s in scores if n == name])) for name in tables}
-
-
-def evaluate(adapter: ModelAdapter, seeds: Sequence[int] = (0,)) -> dict[str, float]:
-    """In-context accuracy of the raw module (as iclmem drives it) per table, averaged over ``seeds``."""
-    adapter.module.eval()
-    try:
-        scores = [(name, float((icl_predict(logits_of(adapter), xa, ya, xb, n) == yb).mean()))
-                  for name, _, n, xa, ya, xb, yb in eval_splits(seeds)]
-    finally:
-        adapter.module.train()
-    return _mean_by_table(scores)
-
-
-def evaluate_classifier(make: Callable[[], Any], seeds: Sequence[int]) -> dict[str, float]:
-    """Accuracy of a scikit-learn classifier fitted on each context split and scored on its queries."""
-    import warnings
-
-    scores = []
-    for name, _, _, xa, ya, xb, yb in eval_splits(seeds):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # convergence and package notices on these small tables
-            scores.append((name, float((make().fit(xa, ya).predict(xb) == yb).mean())))
-    return _mean_by_table(scores)
 
 
 # ----------------------------------------------------------------------------------------- training

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 # The evaluation helpers, under the names benchmarks/embedded_model.py imports from here.
-from trainables.models.pretrain import eval_tables, icl_predict, prepare_eval_features
+from trainables.models.pretrain_eval import eval_tables, icl_predict, prepare_eval_features
 
 PROGRAM = "python -m trainables.models.pretrain_pfn_mini"
 

@@ -11,7 +11,9 @@ Orientation: members are the positive class and a *higher* blind loss counts as 
 of the members are the harder ones to predict from C' when only they were permuted), so the paper's
 unmatched design reads well above 0.5. Either direction away from 0.5 means the groups are separable
 without the model; :attr:`BlindBaseline.separable` is the two-sided test (the 95% stratified-bootstrap
-interval excludes 0.5). Pure numpy / scikit-learn; no Ray, no torch.
+interval excludes 0.5). Stage I measures it on every draw of a split and redraws a separable one
+(:mod:`trainables.data.split`); every probe row reports it (``probes.probe.blind_columns``). Pure numpy /
+scikit-learn (imported on use); no Ray, no torch.
 
 Shapes: context features float32 [n_context, F] with labels int64 [n_context]; query features float32
 [n, F] with labels int64 [n] and member flags bool [n].
@@ -27,13 +29,18 @@ from typing import Any
 import numpy as np
 
 from iclmem.errors import ProbeError
+from iclmem.stats import DEFAULT_RESAMPLES, auc, bootstrap_intervals
+from iclmem.vocab import LabelDesign
+
+__all__ = ["BlindBaseline", "exchangeable", "blind_losses", "blind_baseline", "blind_fit_rows", "task_blind_baseline",
+           "compute_task_blind_baseline", "BLIND_RESAMPLES", "BLIND_SEED"]
 
 # The blind losses are rounded to this many decimals before ranking, so that the last bits of the
 # logistic regression's fit (which differ between CPUs' vector units) cannot reorder two queries and move
 # the AUC, and with it Stage I's redraw decision, from one machine to another.
 _LOSS_DECIMALS = 6
 _P_FLOOR = 1e-12
-BLIND_RESAMPLES = 1000  # stratified bootstrap resamples of the blind AUC's interval
+BLIND_RESAMPLES = DEFAULT_RESAMPLES  # stratified bootstrap resamples of the blind AUC's interval
 BLIND_SEED = 0
 
 
@@ -71,8 +78,6 @@ def exchangeable(label_design: str, blind: BlindBaseline | None) -> bool:
     label design that treats both groups alike (not the paper's unmatched ``shuffled_members``) and, where
     the blind baseline was measured, an interval that contains 0.5. No membership claim and no ε lower
     bound rests on a split for which this is False. ``label_design`` is a ``LabelDesign`` value."""
-    from iclmem.vocab import LabelDesign
-
     return LabelDesign(label_design) != LabelDesign.UNMATCHED and not (blind is not None and blind.separable)
 
 
@@ -106,8 +111,6 @@ def blind_baseline(context_x: np.ndarray, context_y: np.ndarray, query_x: np.nda
                    member: np.ndarray, n_classes: int, n_resamples: int = BLIND_RESAMPLES,
                    seed: int = BLIND_SEED) -> BlindBaseline:
     """The blind AUC (members positive, higher blind loss = member-like) and its bootstrap interval."""
-    from probes.metrics import auc, bootstrap_intervals
-
     member = np.asarray(member, dtype=bool)
     if member.all() or not member.any():
         raise ProbeError("blind baseline: needs at least one member and one non-member")
@@ -132,6 +135,11 @@ def blind_fit_rows(n_rows: int, member_idx: np.ndarray, nonmember_idx: np.ndarra
     return free if len(free) else context
 
 
+# a split's baseline, remembered per (task fingerprint, members, non-members) in this process
+_CACHE: dict[tuple[str, bytes, bytes], BlindBaseline] = {}
+_CACHE_MAX = 512
+
+
 def task_blind_baseline(task: Any, member_idx: np.ndarray | None = None,
                         nonmember_idx: np.ndarray | None = None) -> BlindBaseline:
     """The blind baseline of a prepared task's split (or of the given member / non-member positions, e.g.
@@ -145,15 +153,14 @@ def task_blind_baseline(task: Any, member_idx: np.ndarray | None = None,
         return _CACHE[key]
     if len(_CACHE) >= _CACHE_MAX:
         _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[key] = _task_blind_baseline(task, m, n)
+    _CACHE[key] = compute_task_blind_baseline(task, m, n)
     return _CACHE[key]
 
 
-_CACHE: dict[tuple[str, bytes, bytes], BlindBaseline] = {}
-_CACHE_MAX = 512
-
-
-def _task_blind_baseline(task: Any, m: np.ndarray, n: np.ndarray) -> BlindBaseline:
+def compute_task_blind_baseline(task: Any, m: np.ndarray, n: np.ndarray) -> BlindBaseline:
+    """The blind baseline of a prepared task's members ``m`` and non-members ``n`` (positions into its arrays),
+    computed afresh (:func:`task_blind_baseline` remembers it): the scorer is fitted on the rows
+    :func:`blind_fit_rows` names for the task's own split."""
     rows = np.concatenate([m, n])
     features, labels = np.asarray(task.features), np.asarray(task.labels)
     fit = blind_fit_rows(len(labels), np.asarray(task.member_idx), np.asarray(task.nonmember_idx),
@@ -161,5 +168,3 @@ def _task_blind_baseline(task: Any, m: np.ndarray, n: np.ndarray) -> BlindBaseli
     flags = np.concatenate([np.ones(len(m), dtype=bool), np.zeros(len(n), dtype=bool)])
     return blind_baseline(features[fit], labels[fit], features[rows], labels[rows], flags, task.n_classes)
 
-
-__all__ = ["BlindBaseline", "blind_losses", "blind_baseline", "blind_fit_rows", "task_blind_baseline", "BLIND_RESAMPLES"]

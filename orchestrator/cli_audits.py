@@ -1,0 +1,64 @@
+"""``iclmem models``, ``probe`` and ``audit-context``: the commands that audit one model outside a sweep (a
+fine-tuned checkpoint or a deployed classifier against its base, a fitted estimator's context), and the
+registered models they can audit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from iclmem.errors import ConfigError
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from trainables.models import MODELS
+    from trainables.models.base import extra_status
+    from trainables.models.checkpoints import DEFAULT_WEIGHTS, is_available
+
+    for name in MODELS.names():
+        default = DEFAULT_WEIGHTS.get(name)
+        here = "on this machine" if is_available(name) else "NOT on this machine (see README, 'Real models')"
+        print(f"{name}\n  package:  {extra_status(name)}\n  default:  weights: {default.weights} -> {default.source}"
+              f"\n  weights:  {here}\n  licence:  {default.licence}")
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from orchestrator.audit import audit_checkpoint, audit_estimator
+
+    if args.estimator is not None:
+        clashes = [flag for flag, value in (("CHECKPOINT", args.checkpoint), ("--base-model", args.base_model),
+                                            ("--base-weights", args.base_weights), ("--q", args.q)) if value is not None]
+        missing = [flag for flag, value in (("--base-estimator", args.base_estimator), ("--task", args.task),
+                                            ("--members", args.members)) if value is None]
+        if clashes or missing:
+            raise ConfigError("--estimator audits a deployed classifier: it needs --base-estimator, --task and "
+                              "--members (the rows its weights were fine-tuned on)"
+                              + (f"; missing: {', '.join(missing)}" if missing else "")
+                              + (f"; it takes no {', '.join(clashes)}" if clashes else ""))
+        row = audit_estimator(args.estimator, args.base_estimator, args.task, members=args.members, out=args.out,
+                              label_mode=args.label_mode, seed=args.seed, bootstrap=args.bootstrap,
+                              context_size=args.context_size)
+    elif args.checkpoint is None or args.base_estimator is not None:
+        raise ConfigError("give a CHECKPOINT (an iclmem checkpoint folder or a weights file), or --estimator with "
+                          "--base-estimator for a deployed classifier")
+    else:
+        row = audit_checkpoint(args.checkpoint, args.task, base_model=args.base_model, base_weights=args.base_weights,
+                               out=args.out, q=args.q, label_mode=args.label_mode, seed=args.seed,
+                               bootstrap=args.bootstrap, members=args.members, context_size=args.context_size)
+    keys = ["outcome", "score_kind", "auc", "auc_low", "auc_high", "tpr_at_1pct", "tpr_at_10pct", "loss_ratio",
+            "blind_auc", "blind_auc_low", "blind_auc_high", "exchangeable"]
+    print(json.dumps({k: row.get(k) for k in keys}, indent=1, default=str))
+    return 0
+
+
+def cmd_audit_context(args: argparse.Namespace) -> int:
+    from orchestrator.context_audit import audit_context, summary_lines
+
+    result = audit_context(args.task, out=args.out, model=args.model, estimator=args.estimator,
+                           context_size=args.context_size, references=args.references, seed=args.seed,
+                           bootstrap=args.bootstrap, null_splits=args.null_splits, wandb=args.wandb,
+                           project=args.wandb_project)
+    print("\n".join(summary_lines(result)))
+    print(f"written to {args.out}")
+    return 0

@@ -1,0 +1,37 @@
+"""How a checkpoint is probed, as the probe reads it: :class:`ProbeSettings` (bootstrap resamples, the verdict's
+thresholds, null splits, the selection-aware family's size, the canaries' audit level), and the one place
+their defaults are declared (the sweep schema's ``probe:`` block reads them from here). Pure: no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from iclmem.errors import ConfigError
+from iclmem.stats import DEFAULT_RESAMPLES
+from probes.outcomes import OutcomeThresholds
+
+__all__ = ["ProbeSettings"]
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    n_resamples: int = DEFAULT_RESAMPLES
+    thresholds: OutcomeThresholds = field(default_factory=OutcomeThresholds)
+    bootstrap_seed: int = 0
+    # null splits probed on every fine-tuned checkpoint (their memorization verdicts are false positives)
+    null_splits: int = 1
+    # checkpoints a run's headline selects from (the selection-aware rule's family is this x score kinds)
+    n_checkpoints: int = 1
+    # the canaries' audit (sweep block canaries): the error probability of the one-run bound and the rank
+    # tests' level, and the one-run claim's δ (None: thresholds.epsilon_delta)
+    canary_beta: float = 0.05
+    canary_delta: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("null_splits", "n_checkpoints", "n_resamples"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (1 if name == "n_checkpoints" else 0):
+                raise ConfigError(f"probe setting {name!r} must be an integer >= "
+                                  f"{1 if name == 'n_checkpoints' else 0}, got {v!r}")

@@ -1,0 +1,65 @@
+"""Every default declared once: the sweep schema (orchestrator/config.py) reads its defaults from the settings
+classes of the layers below (FinetuneSpec, PrepSettings, ProbeSettings, CanarySettings), and builds those
+settings in one place each. A default sweep must build each settings class at exactly its own defaults, and
+every setting the schema carries into one must reach it (a value the schema accepted and the builder dropped
+would run at the default: accepted and ignored)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from orchestrator.config import parse_sweep, settings_default
+from probes.outcomes import OutcomeThresholds
+from probes.settings import ProbeSettings
+from trainables.canaries import CanarySettings
+from trainables.data.task import PrepSettings
+from trainables.spec import FinetuneSpec
+
+MINIMAL = {"name": "defaults", "tasks": [{"name": "iris"}]}
+
+
+def _sweep(**blocks):
+    return parse_sweep({**MINIMAL, **blocks}, "<test>")
+
+
+def test_a_default_sweep_builds_stage_i_probe_and_schedule_settings_at_their_own_defaults():
+    sweep = _sweep()
+    assert sweep.data.prep_settings() == PrepSettings()
+    assert sweep.probe_settings(n_checkpoints=1) == ProbeSettings()
+    assert sweep.probe_settings().n_checkpoints == len(FinetuneSpec().schedule())
+    assert sweep.training.schedule() == FinetuneSpec().schedule()
+    spec_defaults = {f.name: getattr(FinetuneSpec(), f.name) for f in dataclasses.fields(FinetuneSpec)}
+    training = sweep.training
+    for name in ("epochs", "every_epoch", "grad_clip", "weight_decay"):
+        assert getattr(training, name) == spec_defaults[name], name
+    assert tuple(training.checkpoint_epochs) == spec_defaults["checkpoint_epochs"]
+    canaries = _sweep(canaries={"kinds": ["outlier"]}).canaries
+    assert CanarySettings.from_value(canaries.settings()) == CanarySettings(kinds=tuple(canaries.kinds))
+    assert sweep.canaries.beta == ProbeSettings().canary_beta
+
+
+@pytest.mark.parametrize(("block", "key", "value", "read"), [
+    ("data", "context_size", 64, lambda s: s.data.prep_settings().context_size),
+    ("data", "regression_bins", 7, lambda s: s.data.prep_settings().regression_bins),
+    ("data", "max_features", 9, lambda s: s.data.prep_settings().max_features),
+    ("data", "label_design", "unmatched", lambda s: s.data.prep_settings().label_design.value),
+    ("probe", "bootstrap", 321, lambda s: s.probe_settings().n_resamples),
+    ("probe", "null_splits", 3, lambda s: s.probe_settings().null_splits),
+    ("canaries", "beta", 0.1, lambda s: s.probe_settings().canary_beta),
+    ("training", "epochs", 7, lambda s: s.training.schedule()[-1]),
+    ("training", "every_epoch", True, lambda s: len(s.training.schedule()) == s.training.epochs),
+    ("outcome", "memorization_auc", 0.61, lambda s: s.probe_settings().thresholds.memorization_auc),
+])
+def test_each_setting_the_schema_carries_into_a_settings_class_reaches_it(block, key, value, read):
+    sweep = _sweep(**{block: {key: value}})
+    assert read(sweep) == (True if key == "every_epoch" else value)
+    assert read(_sweep()) != read(sweep)  # the default differs, so the check could fail
+
+
+def test_settings_default_reads_plain_and_factory_defaults_and_the_schema_uses_it():
+    assert settings_default(PrepSettings, "context_size") == PrepSettings().context_size
+    assert settings_default(ProbeSettings, "thresholds") == OutcomeThresholds()
+    with pytest.raises(KeyError):
+        settings_default(PrepSettings, "no_such_setting")
