@@ -117,8 +117,9 @@ def sparse_report_trainable(config: dict, prepared: dict | None = None) -> None:
     from ray import tune
 
     from trainables.finetune import Finetuner, FinetuneSpec
+    from trainables.spec import TUNE_AXIS
 
-    config = config.get("__trial__", config)
+    config = config.get(TUNE_AXIS, config)
     torch.set_num_threads(int(config.get("torch_threads", 1)))
     spec = FinetuneSpec(**config["finetune"])
     finetuner = Finetuner(spec, [prepared[key] for key in config["task_keys"]])
@@ -136,6 +137,7 @@ def sparse_report_trainable(config: dict, prepared: dict | None = None) -> None:
 def run_tune(task, fin: dict, storage: Path, name: str, threads: int, trainable=None) -> dict:
     from ray import tune
 
+    from trainables.spec import TUNE_AXIS
     from trainables.trainable import finetune_trainable
 
     trainable = trainable or finetune_trainable
@@ -143,7 +145,7 @@ def run_tune(task, fin: dict, storage: Path, name: str, threads: int, trainable=
               "torch_threads": threads}
     tuner = tune.Tuner(
         tune.with_parameters(trainable, prepared={task.fingerprint: task}),
-        param_space={"__trial__": config},
+        param_space={TUNE_AXIS: config},
         run_config=tune.RunConfig(name=name, storage_path=str(storage), verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0),
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=None)),

@@ -84,10 +84,28 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-def write_parquet_atomic(frame: Any, path: str | os.PathLike[str]) -> Path:
+def write_parquet_atomic(frame: Any, path: str | os.PathLike[str], metadata: dict[str, str] | None = None) -> Path:
     """A DataFrame as Parquet with a CRC32 on every data page (verified on read by
-    ``probes.calibration.read_parquet_checked``: without it a flipped byte reads back as a wrong number)."""
-    return atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False, write_page_checksum=True), to_path=True)
+    ``probes.calibration.read_parquet_checked``: without it a flipped byte reads back as a wrong number);
+    ``metadata``: key-value pairs added to the file's schema metadata (pandas' own are kept)."""
+    if not metadata:
+        return atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False, write_page_checksum=True),
+                            to_path=True)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                           **{k.encode(): v.encode() for k, v in metadata.items()}})
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp, write_page_checksum=True), to_path=True)
+
+
+def parquet_metadata(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The key-value schema metadata of a Parquet file (pandas' own ``pandas`` entry left out)."""
+    import pyarrow.parquet as pq
+
+    raw = pq.read_schema(path).metadata or {}
+    return {k.decode(): v.decode() for k, v in raw.items() if k != b"pandas"}
 
 
 def read_parquet_checked(path: str | os.PathLike[str], columns: list[str] | None = None) -> Any:

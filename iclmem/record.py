@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from iclmem.errors import ResultSchemaError
 from iclmem.vocab import Attack, CanaryKind, Neighbours, ScoreKind, VerdictRule, values
 
-__all__ = ["ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "CHECKPOINT_KEY", "COLUMNS", "FAMILIES", "GRID_AXES", "IDENTITY_COLUMNS", "NEIGHBOURS", "VOLATILE_COLUMNS", "Column", "ColumnFamily",
+__all__ = ["ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "CHECKPOINT_KEY", "COLUMNS", "FAMILIES", "GRID_AXES", "IDENTITY_COLUMNS", "NEIGHBOURS", "RESULTS_SCHEMA_KEY", "RESULTS_SCHEMA_VERSION", "VOLATILE_COLUMNS", "Column", "ColumnFamily",
            "RunIdentity", "check_columns", "check_row", "column_meaning", "is_public", "is_result_column", "public_columns"]
 
 
@@ -53,6 +53,12 @@ class RunIdentity:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+
+# The results table's schema: recorded in results.parquet's metadata by the aggregator, checked by the run-folder
+# reader (orchestrator.run_folder). Raise it when a column changes meaning or a required one is added; a table
+# from before versions were recorded reads as version 1.
+RESULTS_SCHEMA_VERSION = 2
+RESULTS_SCHEMA_KEY = "iclmem_results_schema"
 
 IDENTITY_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(RunIdentity))
 CHECKPOINT_KEY: tuple[str, ...] = (*IDENTITY_COLUMNS, "epoch")

@@ -1,0 +1,1 @@
+"""The orchestration layer: sweep files, Stage I for a grid, the tabular and LM sweep drivers on Ray Tune, aggregation, reports, W&B, the command line and the cluster checks. Imports every layer below."""

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.atomic import write_parquet_atomic
-from iclmem.record import CHECKPOINT_KEY, check_columns
+from iclmem.record import CHECKPOINT_KEY, RESULTS_SCHEMA_KEY, RESULTS_SCHEMA_VERSION, check_columns
 from iclmem.runfolder import (
     FIGURES_DIR,
     MANIPULATION_AUC_FILE,
@@ -118,7 +118,7 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
     results = attack_columns(results, references, run_dir, log, queries=queries)
     results = epsilon_columns(results, log)
     check_columns(results.columns, str(run_dir / RESULTS_FILE))
-    write_parquet_atomic(results, run_dir / RESULTS_FILE)
+    write_parquet_atomic(results, run_dir / RESULTS_FILE, metadata={RESULTS_SCHEMA_KEY: str(RESULTS_SCHEMA_VERSION)})
     write_parquet_atomic(manipulation_auc, run_dir / MANIPULATION_AUC_FILE)
     for (run_id, epoch), roc in rocs.items():
         write_parquet_atomic(roc, roc_path(run_dir, run_id, epoch))

@@ -249,7 +249,8 @@ def training_seed(trial: TrialSpec) -> int:
 
 
 def trial_config(trial: TrialSpec, prepared: PreparedSweep) -> dict[str, Any]:
-    """One trial's whole config: what the trainable rebuilds the run from. A DP-SGD trial (finite
+    """One trial's whole config, as Tune holds it (``trainables.spec.TrialConfig.to_tune``; the trainable and
+    the driver's callbacks rebuild the typed trial with ``TrialConfig.from_tune``). A DP-SGD trial (finite
     ``trial.dp``) also carries its calibrated DP settings in ``finetune`` (so a lost checkpoint is
     recomputed with the same noise) and its static DP statement in ``identity`` (so every results row
     names it; the ε spent at each checkpoint is added by the aggregator)."""
@@ -275,11 +276,9 @@ def trial_config(trial: TrialSpec, prepared: PreparedSweep) -> dict[str, Any]:
         # from the run seed and the task, which the reference shares), so its "in" and "out" distributions
         # are those of the recipe the target ran; the probe does not audit a reference's canaries
         finetune["canaries"] = sweep.canaries.settings()
-    return {
-        "run_id": trial.run_id,
-        "task_keys": list(prepared.trial_tasks[trial.run_id]),
-        "identity": identity,
-        "torch_threads": sweep.resources.torch_threads_per_trial,
-        "null_splits": sweep.probe.null_splits,  # recorded in each checkpoint's ground-truth log
-        "finetune": finetune,
-    }
+    from trainables.spec import FinetuneSpec, TrialConfig
+
+    return TrialConfig(run_id=trial.run_id, task_keys=tuple(prepared.trial_tasks[trial.run_id]), identity=identity,
+                       finetune=FinetuneSpec(**finetune), torch_threads=sweep.resources.torch_threads_per_trial,
+                       null_splits=sweep.probe.null_splits,  # recorded in each checkpoint's ground-truth log
+                       ).to_tune()

@@ -148,21 +148,23 @@ def start_probe_pools(prepared: PreparedSweep, run_dir: Path) -> ProbePools:
 
 
 def jobs_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Path) -> list:
-    """One probe job per task of the run: a multi-task run (multi_fixed, multi_random) is probed on every
-    one of its tasks, one results row per task (``task`` = that task's name; stems ``eNNNN-tI``)."""
+    """One probe job per task of the run (``config``: the trial's config as Tune holds it): a multi-task run
+    (multi_fixed, multi_random) is probed on every one of its tasks, one results row per task (``task`` = that
+    task's name; stems ``eNNNN-tI``)."""
     from probes.actors import ProbeJob
+    from trainables.spec import TrialConfig
 
-    keys = list(config["task_keys"])
-    names = str(config["identity"]["task"]).split("+")
+    trial = TrialConfig.from_tune(config)
+    keys = list(trial.task_keys)
+    names = str(trial.identity["task"]).split("+")
+    recipe = {"finetune": trial.finetune.to_dict(), "task_keys": keys, "torch_threads": trial.torch_threads}
     jobs = []
     for i, key in enumerate(keys):
-        identity = dict(config["identity"])
+        identity = dict(trial.identity)
         stem = probe_stem(epoch)
         if len(keys) > 1:
             identity["task"] = names[i] if len(names) == len(keys) else f"{identity['task']}[{i}]"
             stem = f"{stem}-t{i}"
         jobs.append(ProbeJob(identity=identity, epoch=epoch, checkpoint=checkpoint, task_key=key,
-                             out_dir=str(probes_dir / identity["run_id"]), stem=stem,
-                             recipe={"finetune": config["finetune"], "task_keys": keys,
-                                     "torch_threads": int(config.get("torch_threads", 1))}))
+                             out_dir=str(probes_dir / trial.run_id), stem=stem, recipe=recipe))
     return jobs

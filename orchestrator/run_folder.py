@@ -19,10 +19,10 @@ from typing import Any
 
 import pandas as pd
 
-from iclmem.atomic import read_parquet_verified
+from iclmem.atomic import parquet_metadata, read_parquet_verified
 from iclmem.errors import DataError, ResultSchemaError
 from iclmem.provenance import Provenance
-from iclmem.record import public_columns
+from iclmem.record import RESULTS_SCHEMA_KEY, RESULTS_SCHEMA_VERSION, public_columns
 from iclmem.runfolder import (
     MANIPULATION_AUC_FILE,
     PROBES_DIR,
@@ -145,11 +145,27 @@ class RunFolder:
         if not path.is_file():
             raise DataError(f"{path}: results table not found (the sweep writes it after probing)")
         table = read_parquet_verified(path, "results table", _REBUILD)
+        version = self.results_schema_version()
+        if version > RESULTS_SCHEMA_VERSION:
+            raise ResultSchemaError(f"{path}: results schema {version}, written by {self.written_by()}; this iclmem "
+                                    f"reads schema {RESULTS_SCHEMA_VERSION} and older: read it with that iclmem or "
+                                    "a newer one")
         missing = [c for c in REQUIRED_RESULT_COLUMNS if c not in table.columns]
         if missing:
             raise ResultSchemaError(f"{path}: missing required column(s) {missing}: a table written by "
                                     f"{self.written_by()} in a shape this iclmem no longer reads; {_REBUILD}")
         return public_results(table) if public else table
+
+    def results_schema_version(self) -> int:
+        """The schema version ``results.parquet`` records (``iclmem.record.RESULTS_SCHEMA_VERSION`` when written);
+        1 for a table from before versions were recorded. ResultSchemaError when the recorded one is not a
+        number."""
+        value = parquet_metadata(self.path / RESULTS_FILE).get(RESULTS_SCHEMA_KEY, "1")
+        try:
+            return int(value)
+        except ValueError:
+            raise ResultSchemaError(f"{self.path / RESULTS_FILE}: results schema {value!r} is not a version "
+                                    f"number; {_REBUILD}") from None
 
     def stored_result_rows(self) -> int:
         """Rows of the stored results table (0 when there is none or it cannot be read): what a rebuild

@@ -81,6 +81,7 @@ from orchestrator.tune_callbacks import (
     unwrap,
 )
 from orchestrator.wandb_logger import WANDB_FINISH_TIMEOUT_S
+from trainables.spec import TUNE_AXIS
 
 
 # ------------------------------------------------------------------------------------------- the run folder
@@ -482,7 +483,7 @@ def _flat_space(configs: list[dict[str, Any]]) -> dict[str, Any]:
     # ``orchestrator.tune_callbacks.unwrap`` reads a trial's config back.
     from ray import tune
 
-    return {"__trial__": tune.grid_search(configs)}
+    return {TUNE_AXIS: tune.grid_search(configs)}
 
 
 def trial_logger_for(sweep: SweepConfig, run_dir: Path):

@@ -12,11 +12,14 @@ from typing import Any
 from iclmem.runfolder import record_diverged_run
 from orchestrator.probe_pools import jobs_for
 from orchestrator.progress import Progress, stall_reason
+from trainables.spec import TUNE_AXIS
 
 
 def unwrap(config: dict[str, Any]) -> dict[str, Any]:
-    """A trial's own config: the value of the one grid axis (``__trial__``) the driver gives Tune."""
-    return config.get("__trial__", config)
+    """A trial's own config as Tune holds it: the value of the one grid axis (``trainables.spec.TUNE_AXIS``) the
+    driver gives Tune (``TrialConfig.from_tune`` rebuilds the typed trial from it); empty for a trial Tune has no
+    config of."""
+    return dict(config.get(TUNE_AXIS, config))
 
 
 def checkpoint_uri(checkpoint: Any) -> str:

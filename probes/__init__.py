@@ -1,0 +1,1 @@
+"""The probing layer: the zero-information probe (manipulations, scoring, calibration), metrics, verdicts, attacks, the known-context channel, the probe actors, and the LM probes (probes.lm). Imports iclmem and trainables."""

@@ -385,3 +385,32 @@ def test_a_bootstrap_that_no_probe_could_hold_is_refused_at_validation():
     assert parse_sweep({**base, "probe": {"bootstrap": MAX_BOOTSTRAP}}).probe.bootstrap == MAX_BOOTSTRAP
     with pytest.raises(ConfigError, match=rf"probe.bootstrap: Input should be less than or equal to {MAX_BOOTSTRAP}"):
         parse_sweep({**base, "probe": {"bootstrap": 10**12}})
+
+
+def test_a_trial_crosses_ray_as_a_plain_dict_and_comes_back_as_the_same_typed_trial(tmp_path):
+    """trainables.spec.TrialConfig: the driver hands Tune a plain dict (one grid axis); the trainable and the
+    driver's callbacks rebuild the same frozen, typed trial from it, wrapped in the axis or not."""
+    import pickle
+
+    from iclmem.errors import ConfigError
+    from orchestrator.config import parse_sweep
+    from orchestrator.prepare import prepare_sweep, trial_config
+    from trainables.spec import TUNE_AXIS, TrialConfig
+
+    sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"q": [20], "dp": [1.0]},
+                         "data": {"context_size": 30}, "training": {"epochs": 3}})
+    prepared = prepare_sweep(sweep, tmp_path / "prepared", log=lambda _m: None)
+    config = trial_config(prepared.trials[0], prepared)
+    assert all(isinstance(v, (str, int, float, bool, list, dict, type(None))) for v in config.values())
+    trial = TrialConfig.from_tune({TUNE_AXIS: config})
+    assert trial == TrialConfig.from_tune(config) == pickle.loads(pickle.dumps(trial))
+    assert trial.to_tune() == config
+    assert trial.run_identity.run_id == trial.run_id == prepared.trials[0].run_id
+    assert trial.run_identity.q == 20
+    assert trial.finetune.dp is not None
+    assert trial.finetune.dp.target_epsilon == 1.0
+    assert trial.finetune.epochs == 3
+    with pytest.raises(TypeError):
+        trial.identity["run_id"] = "other"  # frozen all the way down
+    with pytest.raises(ConfigError, match="identity names run"):
+        TrialConfig.from_tune({**config, "run_id": "another-run"})

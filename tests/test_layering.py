@@ -47,3 +47,10 @@ def test_the_layering_check_names_an_upward_import_a_circle_and_a_private_name_e
     assert "trainables/a.py:1 (trainables.a -> trainables.b)" in lines[2]
     # probes -> iclmem and -> trainables, orchestrator -> probes, a package -> its own submodule: all allowed
     assert not any("probes/score.py" in line or "orchestrator/" in line for line in lines)
+
+
+def test_the_layer_graph_in_the_interfaces_doc_is_the_one_the_tree_has():
+    from layering import mermaid
+
+    doc = (REPO / "docs" / "INTERFACES.md").read_text()
+    assert f"```mermaid\n{mermaid(REPO)}\n```" in doc

@@ -141,11 +141,13 @@ def test_the_report_draws_the_leakage_utility_frontier_of_the_true_label_runs(sw
     """The real sweep's two true-label runs (lr 1e-1 collapses, lr 1e-3 does not) give the frontier: each
     checkpoint that did not collapse placed by held-out accuracy and its strongest attack; no frontier point
     beaten by another; a collapsed checkpoint is no setting to pick and is left out."""
+    from iclmem.record import RESULTS_SCHEMA_VERSION
     from orchestrator.report.frontier import FRONTIER_FIGURE, frontier_table
     from orchestrator.run_folder import RunFolder
 
     run_dir, _, _ = sweep_run
     results = RunFolder(run_dir).results()
+    assert RunFolder(run_dir).results_schema_version() == RESULTS_SCHEMA_VERSION  # the aggregator records it
     table = frontier_table(results)
     true_labels = results[(results["label_mode"] == "normal") & ~results["sanity_check"].astype(bool)]
     collapsed = true_labels["outcome"] == "collapse"
@@ -156,6 +158,8 @@ def test_the_report_draws_the_leakage_utility_frontier_of_the_true_label_runs(sw
     merged = table.merge(kept, on=["run_id", "epoch"])
     assert (merged["heldout_accuracy"] == merged["nonmember_icl_accuracy"]).all()
     assert (merged["leakage_tpr_at_1pct"] >= merged["tpr_at_1pct"]).all()
+    # the known-context attack is one of the attacks the frontier's leakage is the strongest of
+    assert (merged["leakage_tpr_at_1pct"] >= merged["known_context_calibrated_tpr_at_1pct"]).all()
     front = table[table["on_frontier"]]
     assert not front.empty
     for row in table.itertuples():

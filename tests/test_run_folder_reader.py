@@ -108,3 +108,21 @@ def test_roc_curves_are_listed_and_read_by_run_and_epoch(tmp_path):
     assert files[["run_id", "epoch"]].to_dict("records") == [{"run_id": "r0", "epoch": 6}]
     pd.testing.assert_frame_equal(folder.roc("r0", 6), curve)
     assert folder.roc("r0", 3) is None
+
+
+def test_the_results_schema_version_is_recorded_and_a_newer_one_is_refused_naming_both(tmp_path):
+    from iclmem.record import RESULTS_SCHEMA_KEY, RESULTS_SCHEMA_VERSION
+
+    folder, _, table = _folder(tmp_path)
+    assert folder.results_schema_version() == 1  # written without a version: from before versions existed
+    path = tmp_path / RESULTS_FILE
+    write_parquet_atomic(table, path, metadata={RESULTS_SCHEMA_KEY: str(RESULTS_SCHEMA_VERSION)})
+    assert folder.results_schema_version() == RESULTS_SCHEMA_VERSION
+    pd.testing.assert_frame_equal(folder.results(public=False), table)  # the metadata changes no value
+    write_parquet_atomic(table, path, metadata={RESULTS_SCHEMA_KEY: str(RESULTS_SCHEMA_VERSION + 1)})
+    with pytest.raises(ResultSchemaError, match=rf"results schema {RESULTS_SCHEMA_VERSION + 1}.*reads schema "
+                                                rf"{RESULTS_SCHEMA_VERSION} and older"):
+        folder.results()
+    write_parquet_atomic(table, path, metadata={RESULTS_SCHEMA_KEY: "two"})
+    with pytest.raises(ResultSchemaError, match="'two' is not a version number"):
+        folder.results()

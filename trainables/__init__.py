@@ -1,0 +1,1 @@
+"""The fine-tuning layer: Stage I (trainables.data), the models and their adapters (trainables.models), fine-tuning through iclmem's loop or a package's own, DP-SGD, canaries, and the Tune trainable. Imports only iclmem."""

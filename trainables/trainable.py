@@ -25,6 +25,7 @@ from iclmem.runfolder import GROUND_TRUTH_FILE
 from iclmem.vocab import Regime
 from trainables.data import ground_truth_log
 from trainables.finetune import EpochResult, Finetuner, FinetuneSpec
+from trainables.spec import TrialConfig
 from trainables.upstream import UpstreamEnd, UpstreamFinetuner, is_upstream
 
 # The metric a trial reports (with its first result after a resume) when the checkpoint it was to resume
@@ -89,11 +90,11 @@ def dp_metrics(finetuner: Finetuner) -> dict[str, Any]:
     return {f"dp_{k}": record[k] for k in keys}
 
 
-def ground_truth_record(config: dict[str, Any], spec: FinetuneSpec, tasks: list[Any]) -> dict[str, Any]:
+def ground_truth_record(trial: TrialConfig, tasks: list[Any]) -> dict[str, Any]:
     """What goes next to every checkpoint: which rows were members, non-members, C' and null splits, and the
     labels the run trained on (the spec's ground-truth log)."""
-    return {"run_id": config["run_id"], "regime": spec.regime.value,
-            "tasks": [ground_truth_log(t, int(config.get("null_splits", 0))) for t in tasks]}
+    return {"run_id": trial.run_id, "regime": trial.finetune.regime.value,
+            "tasks": [ground_truth_log(t, trial.null_splits) for t in tasks]}
 
 
 def report_checkpoint(metrics: dict[str, Any], ground_truth: dict[str, Any], save: Any) -> None:
@@ -115,22 +116,22 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
     tasks travel through the object store to any node, with no shared file system needed for them."""
     import torch
 
-    config = config.get("__trial__", config)  # the sweep driver passes each whole trial config as one grid value
-    torch.set_num_threads(int(config.get("torch_threads", 1)))
-    spec = FinetuneSpec(**config["finetune"])
+    trial = TrialConfig.from_tune(config)  # the sweep driver passes each whole trial config as one grid value
+    torch.set_num_threads(trial.torch_threads)
+    spec = trial.finetune
     if is_upstream(spec):
-        upstream_trainable(config, spec, [prepared[key] for key in config["task_keys"]])
+        upstream_trainable(trial, [prepared[key] for key in trial.task_keys])
         return
     # the device is auto: CUDA exactly when Ray gave this trial GPUs (resources.gpus_per_trial), else the CPU
-    finetuner = Finetuner(spec, [prepared[key] for key in config["task_keys"]])
+    finetuner = Finetuner(spec, [prepared[key] for key in trial.task_keys])
     checkpoint = tune.get_checkpoint()
     damaged: list[str] = []
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            resume_or_recompute(finetuner, directory, config["run_id"], damaged)
+            resume_or_recompute(finetuner, directory, trial.run_id, damaged)
     schedule = set(spec.schedule())
-    identity = {"run_id": config["run_id"]}
-    ground_truth = ground_truth_record(config, spec, finetuner.tasks)
+    identity = {"run_id": trial.run_id}
+    ground_truth = ground_truth_record(trial, finetuner.tasks)
     if finetuner.canaries is not None:  # the canaries inserted into the members (ids, kinds, copies, labels)
         ground_truth["canaries"] = finetuner.canaries.log()
 
@@ -154,22 +155,23 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
             tune.report(metrics)
 
 
-def upstream_trainable(config: dict[str, Any], spec: FinetuneSpec, tasks: list[Any]) -> None:
+def upstream_trainable(trial: TrialConfig, tasks: list[Any]) -> None:
     """The same trial through the package's own fine-tuner (``trainables.upstream``): resumed from Tune's
     checkpoint (the package continues from its own saved state), one ``tune.report`` per epoch from the
     package's logger hook, a checkpoint at every scheduled epoch and at the epoch the package's early
     stopping ends the run on (``stopped_early`` 1, ``upstream_best_epoch``: the epoch it deploys)."""
+    spec = trial.finetune
     finetuner = UpstreamFinetuner(spec, tasks)
     checkpoint = tune.get_checkpoint()
     damaged: list[str] = []
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            resume_or_recompute(finetuner, directory, config["run_id"], damaged)
+            resume_or_recompute(finetuner, directory, trial.run_id, damaged)
     if finetuner.epoch >= spec.epochs:
         return
     schedule = set(spec.schedule())
-    identity = {"run_id": config["run_id"]}
-    ground_truth = ground_truth_record(config, spec, finetuner.tasks)
+    identity = {"run_id": trial.run_id}
+    ground_truth = ground_truth_record(trial, finetuner.tasks)
 
     clock = device_clock(finetuner.device)
     last = [clock(), time.perf_counter()]  # the package runs its epochs: an epoch is the time between two hook calls
