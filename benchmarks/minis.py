@@ -177,12 +177,18 @@ def control_table(family: str, seeds: list[int]) -> str:
 UPSTREAM_SECTION = "Planted runs through the packages' own fine-tuners on the minis"
 # (label, the fine-tuner's keywords beside iclmem's, lr): the package's defaults (early stopping on C', patience
 # 8), then every epoch trained at two learning rates
-UPSTREAM_RECIPES = (("package defaults (early stopping)", {}, 1e-4),
-                    ("early stopping off", {"early_stopping": False}, 1e-3),
-                    ("early stopping off", {"early_stopping": False}, 3e-3))
+UPSTREAM_RECIPES = (("package defaults (early stopping)", {}, 1e-4, 200),
+                    ("early stopping off", {"early_stopping": False}, 1e-3, 200),
+                    ("early stopping off", {"early_stopping": False}, 3e-3, 200),
+                    # the package's most aggressive setting short of divergence (lr 1e-2 collapses tabpfn-mini):
+                    # constant lr, half of the rows as queries each epoch, 300 epochs
+                    ("no schedule, query ratio 0.5", {"early_stopping": False, "use_lr_scheduler": False,
+                                                      "QUERY_RATIO": 0.5}, 3e-3, 300))
+# each package's name for the share of the training rows it holds out as queries each epoch
+QUERY_RATIO = {"tabicl-mini": "finetune_ctx_query_ratio", "tabpfn-mini": "finetune_ctx_query_split_ratio"}
 
 
-def upstream_table(families: list[str], seeds: list[int], epochs: int = 200) -> str:
+def upstream_table(families: list[str], seeds: list[int]) -> str:
     """Label-shuffled members (iris, Q 30, |C'| 60) fine-tuned by each package's own fine-tuner (``recipe:
     upstream``) from the shipped mini, probed at the last epoch it trained: the zero-information verdict, the
     known-context channel, and the utility as the package deploys the weights (C' as its context)."""
@@ -193,25 +199,32 @@ def upstream_table(families: list[str], seeds: list[int], epochs: int = 200) -> 
         model, options = FAMILIES[family]
         if model == "pfn-mini":
             continue
-        for label, finetuner, lr in UPSTREAM_RECIPES:
+        for label, settings, lr, recipe_epochs in UPSTREAM_RECIPES:
+            finetuner = {QUERY_RATIO[family] if k == "QUERY_RATIO" else k: v for k, v in settings.items()}
             for seed in seeds:
                 start = time.perf_counter()
                 row = planted_check(model, {**options, "recipe": "upstream", "finetuner": finetuner}, seed=seed,
                                     task=PLANTED["task"], q=PLANTED["q"], context_size=PLANTED["context_size"],
-                                    lr=lr, epochs=epochs)
+                                    lr=lr, epochs=recipe_epochs)
                 rows.append([family, label, f"{lr:g}", seed, row["epoch"], row["outcome"], fmt(row["auc"]),
                              "yes" if row["known_context_memorization_flag"] else "no",
-                             fmt(row["known_context_calibrated_auc"]), fmt(row["known_context_calibrated_auc_low"]),
+                             fmt(row["known_context_calibrated_auc"]),
+                             "yes" if row.get("deployed_known_context_memorization_flag") else "no",
+                             fmt(row.get("deployed_known_context_calibrated_auc", float("nan"))),
+                             fmt(row.get("deployed_known_context_calibrated_auc_low", float("nan"))),
                              fmt(row["deployed_member_icl_accuracy"]), fmt(row["deployed_nonmember_icl_accuracy"]),
                              f"{time.perf_counter() - start:.0f}"])
                 print(f"upstream {rows[-1]}", flush=True)
-    return (f"Label-shuffled members, iris, Q {PLANTED['q']}, |C'| {PLANTED['context_size']}, up to {epochs} epochs "
+    return (f"Label-shuffled members, iris, Q {PLANTED['q']}, |C'| {PLANTED['context_size']}, up to 200 epochs (300 in the last recipe) "
             "through `FinetunedTabICLClassifier` / `FinetunedTabPFNClassifier` from the shipped mini (`recipe: "
             "upstream`), probed at the last epoch trained with the planted check's four manipulations. "
+            "\"deployed known-context\": the known-context channel scored as the package deploys the weights "
+            "(its preprocessing and ensemble, C' as the context), calibrated by the base weights deployed alike. "
             "\"deployed member / non-member accuracy\": the package's classifier on the fine-tuned weights with "
             "C' as its context (a member's trained label is a shuffled one: 1/3 is chance).\n\n"
             + md_table(["family", "fine-tuner", "lr", "seed", "last epoch", "outcome", "calibrated AUC",
-                        "known-context flag", "known-context calibrated AUC", "its interval low",
+                        "known-context flag", "known-context calibrated AUC", "deployed known-context flag",
+                        "deployed known-context calibrated AUC", "its interval low",
                         "deployed member accuracy", "deployed non-member accuracy", "seconds"], rows))
 
 

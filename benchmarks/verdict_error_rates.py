@@ -111,6 +111,35 @@ def real_headlines(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def known_context_null_lines(results: pd.DataFrame) -> list[str]:
+    """The known-context channel's own false-positive rate on the same null splits (``known_context_flag`` of
+    each null record): per checkpoint, and per run (a null split index counts once when any checkpoint of the
+    run flagged it: the flag's family spans the run's checkpoints)."""
+    import json
+
+    from iclmem.stats import clopper_pearson
+
+    ft = results[results["epoch"] > 0]
+    if "null_known_context_flags" not in ft.columns:
+        return []
+    records = [json.loads(v) for v in ft["null_evidence"]]
+    checkpoint_trials = sum(len(r) for r in records)
+    checkpoint_flags = int(ft["null_known_context_flags"].sum())
+    runs = {}
+    for run_id, recs in zip(ft["run_id"], records):
+        for rec in recs:
+            runs.setdefault((run_id, rec["index"]), []).append(bool(rec["known_context_flag"]))
+    run_flags = sum(any(v) for v in runs.values())
+    real = int(ft.groupby("run_id")["known_context_memorization_flag"].any().sum())
+    rows = []
+    for level, k, n in (("checkpoint", checkpoint_flags, checkpoint_trials), ("run", run_flags, len(runs))):
+        iv = clopper_pearson(k, n)
+        rows.append([level, n, k, fmt(k / n if n else float("nan")), f"{fmt(iv.low)}–{fmt(iv.high)}"])
+    return ["Known-context flag (`known_context_memorization_flag`, the second channel) on the same null splits: "
+            f"the real split flagged {real} of {ft['run_id'].nunique()} runs.", "",
+            md_table(["level", "null trials", "flagged", "FPR", "95% interval"], rows), ""]
+
+
 def markdown(per_task: dict[str, pd.DataFrame], args, seconds: float) -> str:
     from iclmem.vocab import VerdictRule
     from orchestrator import report as R
@@ -147,6 +176,7 @@ def markdown(per_task: dict[str, pd.DataFrame], args, seconds: float) -> str:
                      f"({fmt(head.fpr)}; interval {fmt(head.fpr_low)}–{fmt(head.fpr_high)}) — target ≤ "
                      f"{TARGET:.0%}: {verdict(head.fpr <= TARGET)}")
         lines.append("")
+        lines += known_context_null_lines(results)
         ft = results[results["epoch"] > 0].drop_duplicates("run_id")
         if "blind_auc" in ft.columns:
             for mode, d in ft.groupby("label_mode", sort=True):

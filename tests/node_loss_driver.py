@@ -29,6 +29,8 @@ import time
 import traceback
 from pathlib import Path
 
+from iclmem.runfolder import RESULTS_FILE
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the driver is run as a script: make the project importable from any install state
     sys.path.insert(0, str(REPO))
@@ -199,7 +201,7 @@ def _run(run_sweep, sweep, run_dir: Path, **kwargs):
     except Exception:
         error = traceback.format_exc()
         _log(f"the sweep into {run_dir} failed:\n{error}")
-        stored = run_dir / "results.parquet"
+        stored = run_dir / RESULTS_FILE
         return (pd.read_parquet(stored) if stored.is_file() else None), error[-4000:], time.monotonic() - t0
 
 
@@ -259,8 +261,8 @@ def main(sweep_json: str, run_dir: str, reference_dir: str) -> int:
             "before": fault.get("before", {}),
             "after": after,
             "final_files": finished_probe_files(run_path / "probes"),
-            "results_file": str(run_path / "results.parquet"),
-            "reference_file": str(reference_path / "results.parquet"),
+            "results_file": str(run_path / RESULTS_FILE),
+            "reference_file": str(reference_path / RESULTS_FILE),
             "results": _rows(results),
             "reference": _rows(reference),
             "seconds": {"cluster_up": round(cluster_up, 1), "sweep": round(sweep_s, 1),

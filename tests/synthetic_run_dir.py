@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.provenance import Provenance
+from iclmem.runfolder import RESULTS_FILE
 
 CANARY = "CANARY-raw-row-7f3a9c-DO-NOT-LEAK"
 EPOCHS = (0, 1, 2, 5, 10)
@@ -226,7 +227,7 @@ def make_synthetic_run_dir(
     for rid, epochs in drop_epochs.items():
         stored &= ~((results["run_id"] == rid) & results["epoch"].isin(epochs))
     results = results[stored].reset_index(drop=True)
-    write_parquet_atomic(results, run_dir / "results.parquet")
+    write_parquet_atomic(results, run_dir / RESULTS_FILE)
     if not with_optional:
         return run_dir
     record_sweep(run_dir, sweep_config(label_modes, outcome_block))  # sweep.json (+ provenance, replaced below)

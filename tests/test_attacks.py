@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from iclmem.errors import ConfigError, ProbeError
+from iclmem.runfolder import REFERENCE_RESULTS_FILE, RESULTS_FILE
 from iclmem.vocab import Attack, LabelMode, TrialRole
 from probes.attacks import (
     AttackInputs,
@@ -539,7 +540,7 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
     audited = results[~results["sanity_check"].astype(bool)]
     assert sorted(audited["epoch"]) == [2, 4]
     assert audited["run_id"].nunique() == 1
-    refs = pd.read_parquet(run_dir / "reference_results.parquet")
+    refs = pd.read_parquet(run_dir / REFERENCE_RESULTS_FILE)
     assert sorted(refs["run_id"].unique()) == [f"{audited['run_id'].iloc[0]}-ref{k}" for k in range(2)]
     assert set(refs["reference_of"]) == {audited["run_id"].iloc[0]}
     assert sorted(refs["epoch"]) == [2, 2, 4, 4]
@@ -555,7 +556,7 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
 
     timings = read_timings(run_dir)
     assert timings.checkpoints == len(results) + len(refs)
-    stored = pd.read_parquet(run_dir / "results.parquet")
+    stored = pd.read_parquet(run_dir / RESULTS_FILE)
     assert timings.work[Phase.SCORING.value] == pytest.approx(stored["probe_score_seconds"].sum()
                                                               + refs["probe_score_seconds"].sum())
     for a in Attack:
@@ -577,7 +578,7 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
             assert (audited[f"{c}run_null_splits"] == 1).all(), c
             assert np.allclose(audited[f"{c}p_value_threshold"].astype(float), 0.05 / 2), c
     # every attack column reaches the report and W&B (the allow-list), and the report has the section
-    public = public_results(pd.read_parquet(run_dir / "results.parquet"))
+    public = public_results(pd.read_parquet(run_dir / RESULTS_FILE))
     assert {"lira_online_auc", "rmia_tpr_at_0_1pct", "lira_offline_null_evidence", "attack_roc"} <= set(public.columns)
     assert "lira_online_auc" in RunFolder(run_dir).results().columns
     # probe.null_splits 0 means no attack null split either (it used to be raised to one)

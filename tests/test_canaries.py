@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from iclmem.errors import ConfigError
+from iclmem.runfolder import RESULTS_FILE
 from iclmem.vocab import CanaryKind, ColumnKind
 from probes.canaries import canary_records, exposure_bits, label_ranks, summary_columns
 from trainables.canaries import OUTLIER_SIGMAS, CanarySettings, make_canaries, rarest_member_label
@@ -305,7 +306,7 @@ def test_a_sweep_with_canaries_logs_them_probes_their_exposure_and_reports_it(ra
                                log=lambda _line: None)
     assert len(json.loads(verdict["canary_records"])) == 8
     assert 0 <= verdict["canary_exposure_c8"] <= math.log2(9)
-    public = public_results(pd.read_parquet(run_dir / "results.parquet"))
+    public = public_results(pd.read_parquet(run_dir / RESULTS_FILE))
     assert {"canary_exposure_c8", "canary_rare_label_exposure_c1", "canary_label_rank_c8"} <= set(public.columns)
     assert "canary_records" not in public.columns
     page = (run_dir / "report.html").read_text()

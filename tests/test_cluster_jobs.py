@@ -31,6 +31,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from iclmem.runfolder import RESULTS_FILE
+
 pytestmark = pytest.mark.slow  # end to end: real Ray Tune sweeps (`make test-fast` leaves them out)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -176,7 +178,7 @@ def test_quickstart_submitted_with_ray_job_submit_finishes_and_writes_results(is
     assert status == "SUCCEEDED", f"job {submission_id} ended {status} after {time.monotonic() - started:.0f}s:\n{job_log}"
 
     assert "[iclmem] done:" in job_log, job_log
-    results = pd.read_parquet(run_dir / "results.parquet")
+    results = pd.read_parquet(run_dir / RESULTS_FILE)
     _check_results(results, [1, 4])
     assert (run_dir / "report.html").is_file()
     assert (run_dir / "provenance.json").is_file()

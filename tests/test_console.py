@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from iclmem.errors import DataError, ProbeError, SweepInterrupted
-from iclmem.runfolder import CONSOLE_LOG_FILE
+from iclmem.runfolder import CONSOLE_LOG_FILE, RESULTS_FILE
 from iclmem.vocab import LabelMode, WandbMode, values
 from orchestrator import cli
 
@@ -156,7 +156,7 @@ def bad_inputs(tmp_path):
     bad_lm.write_text(yaml.safe_dump({"name": "bad", "probes": ["nonsense"], "nonsense_key": 1}))
     foreign = tmp_path / "foreign"
     foreign.mkdir()
-    (foreign / "results.parquet").write_bytes(b"someone's table")
+    (foreign / RESULTS_FILE).write_bytes(b"someone's table")
     return {"run": [["run", str(bad_sweep), "--out", str(tmp_path / "r")], ["run", str(bad_sweep), "--bogus"]],
             "probe": [["probe", str(tmp_path / "missing-ckpt"), "--task", "iris"],
                       ["probe", str(tmp_path / "missing-ckpt"), "--q", "many"]],

@@ -21,6 +21,8 @@ import pytest
 import yaml
 from test_run_folder_lock import _digests, _main  # the same helpers: a folder's digests, the CLI in-process
 
+from iclmem.runfolder import RESULTS_FILE
+
 REPO = Path(__file__).resolve().parents[1]
 SWEEP = {"name": "dead-ends", "tasks": [{"name": "iris"}], "grid": {"q": [20]}, "data": {"context_size": 30},
          "training": {"epochs": 1, "checkpoint_epochs": [1]}, "wandb": {"mode": "disabled"}}
@@ -333,7 +335,7 @@ def test_report_of_a_live_sweep_is_refused_and_of_a_stopped_one_without_results_
     code, err = _main(capsys, "report", str(out), "--wandb", "disabled")
     _refused(code, err, f"{out} holds no probe result", "killed?", f"iclmem resume {out}", "nothing was written")
     assert _digests(out) == before, "a report without results wrote something (an empty table?)"
-    assert not (out / "results.parquet").exists()
+    assert not (out / RESULTS_FILE).exists()
 
 
 def test_a_damaged_reference_table_is_recomputed_with_a_warning_naming_it(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from iclmem.errors import ConfigError
+from iclmem.runfolder import RESULTS_FILE
 from iclmem.vocab import LabelMode
 from trainables import dp as dpmod
 from trainables.dp import DPSettings, PerRowMode, clipped_gradient_sum, epsilon_spent, per_row_gradients
@@ -379,7 +380,7 @@ def test_a_real_sweep_with_a_dp_axis_records_each_guarantee_and_reports_privacy(
         "wandb": {"mode": "offline", "project": "iclmem-test"},
     })
     results = run_sweep(None, tmp_path / "run", sweep=sweep, log=lambda _m: None)
-    stored = pd.read_parquet(tmp_path / "run" / "results.parquet")
+    stored = pd.read_parquet(tmp_path / "run" / RESULTS_FILE)
     fine_tuned = stored[stored["regime"] != "base"]
     private = fine_tuned[fine_tuned["dp_target_epsilon"] == 1.0]
     plain = fine_tuned[fine_tuned["dp_target_epsilon"].isna() | np.isinf(fine_tuned["dp_target_epsilon"].astype(float))]

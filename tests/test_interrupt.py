@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from iclmem.record import VOLATILE_COLUMNS
-from iclmem.runfolder import RUN_STATE_FILE, RunStatus, read_run_state
+from iclmem.runfolder import RESULTS_FILE, RUN_STATE_FILE, RunStatus, read_run_state
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0", "WANDB_MODE": "offline",
@@ -44,7 +44,7 @@ def _cli(*args: str) -> subprocess.Popen:
 
 def _table(run_dir: Path) -> pd.DataFrame:
     volatile = list(VOLATILE_COLUMNS)
-    results = pd.read_parquet(run_dir / "results.parquet").drop(columns=volatile)
+    results = pd.read_parquet(run_dir / RESULTS_FILE).drop(columns=volatile)
     return results.sort_values(["run_id", "epoch"]).reset_index(drop=True)
 
 

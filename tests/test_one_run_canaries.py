@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from iclmem.errors import ConfigError
+from iclmem.runfolder import RESULTS_FILE
 from iclmem.vocab import CanaryDesign, CanaryKind
 from probes.canaries import canary_tests
 from trainables.canaries import CanarySettings, make_canaries
@@ -135,7 +136,7 @@ def test_a_sweep_of_one_run_canaries_bounds_epsilon_from_one_run_below_the_accou
     }, "test")
     run_dir = tmp_path / "run"
     run_sweep(None, run_dir, sweep=sweep, progress=False, log=lambda _m: None)
-    stored = pd.read_parquet(run_dir / "results.parquet")
+    stored = pd.read_parquet(run_dir / RESULTS_FILE)
     tuned = stored[~stored["sanity_check"].astype(bool)]
     last = tuned[tuned["epoch"] == 10]
     plain = last[last["dp_target_epsilon"].isna()].iloc[0]  # a run without DP has no target ε

@@ -26,6 +26,7 @@ from synthetic_run_dir import (
 )
 
 from iclmem.errors import DataError
+from iclmem.runfolder import RESULTS_FILE
 from orchestrator import report as R
 from orchestrator.report import figures as F
 from orchestrator.run_folder import RunFolder
@@ -79,7 +80,7 @@ def variant_report(variant_dir) -> Path:
 
 
 def test_readers_keep_only_public_columns(run_dir, results):
-    assert "raw_record" in pd.read_parquet(run_dir / "results.parquet").columns
+    assert "raw_record" in pd.read_parquet(run_dir / RESULTS_FILE).columns
     assert "raw_record" not in results.columns
     assert {"auc_loss", "auc_entropy", "auc_confidence", "outcome", "raw_outcome"} <= set(results.columns)
     assert "raw_record" not in RunFolder(run_dir).split_report().columns

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from iclmem.errors import ConfigError
+from iclmem.runfolder import RESULTS_FILE
 from orchestrator.config import parse_sweep
 from orchestrator.folder_claims import record_sweep
 from orchestrator.sweep import run_sweep
@@ -76,7 +77,7 @@ def test_report_refuses_a_folder_that_is_not_a_sweep_and_creates_or_overwrites_n
     folder = tmp_path / "somewhere"
     if kind == "foreign":
         folder.mkdir()
-        (folder / "results.parquet").write_bytes(b"the user's own table")
+        (folder / RESULTS_FILE).write_bytes(b"the user's own table")
         before = _digests(folder)
     out = _cli("report", str(folder))
     assert out.returncode == 2
@@ -157,7 +158,7 @@ def test_run_given_a_finished_folder_of_the_same_config_continues_it_without_ret
     import pandas as pd
 
     run_dir = _copy(finished, tmp_path / "again")
-    before = pd.read_parquet(run_dir / "results.parquet")
+    before = pd.read_parquet(run_dir / RESULTS_FILE)
     trained = _trial_files(run_dir)
     lines: list[str] = []
     after = run_sweep(None, run_dir, sweep=parse_sweep(SWEEP), progress=False, log=lines.append)
@@ -202,7 +203,7 @@ def test_report_refuses_to_replace_the_results_by_an_emptier_table_unless_forced
     assert _digests(run_dir) == before, "a refused report changed the folder"
     code, err = _main(capsys, "report", str(run_dir), "--force")
     assert code == 0, err
-    assert len(pd.read_parquet(run_dir / "results.parquet")) == 0
+    assert len(pd.read_parquet(run_dir / RESULTS_FILE)) == 0
 
 
 @pytest.mark.slow  # reads the finished sweep

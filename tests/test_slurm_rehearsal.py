@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from iclmem.record import VOLATILE_COLUMNS
+from iclmem.runfolder import RESULTS_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -199,7 +200,7 @@ def test_the_sbatch_script_runs_a_sweep_across_its_nodes_and_survives_losing_one
     assert "[iclmem] 2 node(s), head n1 (127.0.0.1:" in out
     assert "[iclmem] done:" in out, out[-6000:]
 
-    results = pd.read_parquet(out_dir / "results.parquet")
+    results = pd.read_parquet(out_dir / RESULTS_FILE)
     trained = results[results["regime"] != "base"]
     assert trained["run_id"].nunique() == 3
     for run_id, group in trained.groupby("run_id"):

@@ -12,6 +12,7 @@ import pytest
 
 import orchestrator.estimate as estimate_mod
 from iclmem.errors import DataError
+from iclmem.runfolder import RESULTS_FILE
 from orchestrator.cli import main
 from orchestrator.config import parse_sweep
 from orchestrator.estimate_measure import Overheads, UnitCosts
@@ -144,7 +145,7 @@ def test_the_estimate_measures_dp_epochs_where_the_grid_has_dp_runs(tmp_path, mo
 def test_a_finished_run_records_its_phase_times_as_tune_and_the_probe_actors_report_them(real_sweep):
     run_dir, _results, _log = real_sweep
     timings = read_timings(run_dir)
-    stored = pd.read_parquet(run_dir / "results.parquet")
+    stored = pd.read_parquet(run_dir / RESULTS_FILE)
     sweep = load_sweep(run_dir / "sweep.json")
     from orchestrator.trials import expand_grid
 

@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from iclmem.record import VOLATILE_COLUMNS
+from iclmem.runfolder import REFERENCE_RESULTS_FILE, RESULTS_FILE
 from trainables.data import TaskSource, prepare_task
 from trainables.models import read_weights
 
@@ -159,7 +160,7 @@ def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, 
     assert epochs == list(range(1, 9))  # not one epoch re-run
     import pandas as pd
 
-    results = pd.read_parquet(run_dir / "results.parquet")
+    results = pd.read_parquet(run_dir / RESULTS_FILE)
     assert results["run_id"].nunique() == 3
     assert sorted(results.groupby("run_id")["epoch"].apply(list).map(sorted).map(tuple).unique()) == [(2, 8)]
 
@@ -200,8 +201,8 @@ def test_a_killed_driver_resumes_reference_trials_like_any_other(ray_session, tm
     assert epochs == list(range(1, 7))  # the finished reference trial was not re-run
     import pandas as pd
 
-    results = pd.read_parquet(run_dir / "results.parquet")
-    references = pd.read_parquet(run_dir / "reference_results.parquet")
+    results = pd.read_parquet(run_dir / RESULTS_FILE)
+    references = pd.read_parquet(run_dir / REFERENCE_RESULTS_FILE)
     assert results["run_id"].nunique() == 1
     assert references["run_id"].nunique() == 2
     assert sorted(references["epoch"]) == [3, 3, 6, 6]
@@ -309,7 +310,7 @@ def test_a_sweep_whose_trials_fail_ends_failed_naming_each_cause_and_keeps_the_o
     assert state["incomplete_runs"] == failed
     import pandas as pd
 
-    results = pd.read_parquet(tmp_path / "run" / "results.parquet")
+    results = pd.read_parquet(tmp_path / "run" / RESULTS_FILE)
     trained = results[results["regime"] == "single_fixed"]
     assert sorted(trained["epoch"]) == [1, 2]
     assert set(trained["lr"]) == {1e-3}

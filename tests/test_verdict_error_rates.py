@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from iclmem.errors import ProbeError
+from iclmem.runfolder import RESULTS_FILE
 from iclmem.vocab import Outcome, VerdictRule
 from orchestrator import report as R
 from probes.calibration import reference_key
@@ -202,7 +203,7 @@ def test_run_headline_error_rate_takes_the_null_splits_peak_checkpoint():
 
 def test_report_top_states_the_rule_its_thresholds_and_its_measured_rate(tmp_path, shuffled_run):
     results = shuffled_run.copy()
-    results.to_parquet(tmp_path / "results.parquet", index=False)
+    results.to_parquet(tmp_path / RESULTS_FILE, index=False)
     R.write_html_report(tmp_path, make_figures=False)
     text = (tmp_path / "report.html").read_text()
     top = text[: text.index('id="provenance"')]
@@ -558,7 +559,7 @@ def test_every_probe_row_carries_its_blind_baseline_and_the_collapse_indicators_
 def test_the_report_prints_the_blind_baseline_and_warns_when_the_groups_are_separable(tmp_path, shuffled_run):
     matched = tmp_path / "matched"
     matched.mkdir()
-    shuffled_run.to_parquet(matched / "results.parquet", index=False)
+    shuffled_run.to_parquet(matched / RESULTS_FILE, index=False)
     R.write_html_report(matched, make_figures=False)
     top = (matched / "report.html").read_text()
     top = top[: top.index('id="provenance"')]
@@ -568,7 +569,7 @@ def test_the_report_prints_the_blind_baseline_and_warns_when_the_groups_are_sepa
     unmatched.mkdir()
     paper = shuffled_run.assign(label_design="unmatched", exchangeable=False, blind_auc=0.79, blind_auc_low=0.7,
                                 blind_auc_high=0.87, blind_separable=True)
-    paper.to_parquet(unmatched / "results.parquet", index=False)
+    paper.to_parquet(unmatched / RESULTS_FILE, index=False)
     R.write_html_report(unmatched, make_figures=False)
     top = (unmatched / "report.html").read_text()
     top = top[: top.index('id="provenance"')]
@@ -723,7 +724,7 @@ def test_iclmem_or_any_attack_is_a_false_positive_more_often_than_either_alone(c
 def test_the_report_top_labels_the_uncovered_claims_with_their_measured_rates(tmp_path, claims_results):
     from iclmem.atomic import write_parquet_atomic
 
-    write_parquet_atomic(claims_results, tmp_path / "results.parquet")
+    write_parquet_atomic(claims_results, tmp_path / RESULTS_FILE)
     text = R.write_html_report(tmp_path, make_figures=False).read_text()
     top = text[: text.index('id="provenance"')]
     summary = top[top.index('id="summary"'): top.index('id="verdict-rule"')]

@@ -21,6 +21,7 @@ from synthetic_run_dir import (
 )
 
 from iclmem.errors import ConfigError
+from iclmem.runfolder import RESULTS_FILE
 from iclmem.vocab import LabelMode, Outcome, Regime, ScoreKind
 from orchestrator import report as R
 from orchestrator import wandb_logger as W
@@ -80,7 +81,7 @@ def logged(tmp_path_factory):
     """Log the synthetic sweep offline once; return (run_dir, offline run dir, records, logger)."""
     root = tmp_path_factory.mktemp("wb")
     run_dir = make_synthetic_run_dir(root / "sweep")
-    raw = pd.read_parquet(run_dir / "results.parquet")  # has the raw_record canary column
+    raw = pd.read_parquet(run_dir / RESULTS_FILE)  # has the raw_record canary column
     assert CANARY in set(raw["raw_record"].str.slice(0, len(CANARY)))
     from orchestrator.report import figures as F
 
@@ -285,7 +286,7 @@ def trial_runs(tmp_path_factory):
     epoch order), the second is ``iclmem resume`` after a restart: Tune re-reports an epoch the first
     already logged, then the rest; the catch-up pass brings every stored probe row again."""
     root = tmp_path_factory.mktemp("trials")
-    results = pd.read_parquet(make_synthetic_run_dir(root / "synthetic", with_optional=False) / "results.parquet")
+    results = pd.read_parquet(make_synthetic_run_dir(root / "synthetic", with_optional=False) / RESULTS_FILE)
     run_dir = root / "sweep"
     identities = {r: _as_vocab({k: results[results["run_id"] == r].iloc[0][k] for k in
                                 ("run_id", "task", "model", "regime", "lr", "q", "label_mode", "seed",

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from iclmem.runfolder import RESULTS_FILE
 from orchestrator.cli import main
 
 BASE = """name: weak
@@ -253,7 +254,7 @@ def test_run_and_resume_end_by_naming_the_runs_that_leaked(capsys, here, monkeyp
     from orchestrator.report.leaked import leaked_lines
 
     run = _run_folder(here)
-    results = pd.read_parquet(run / "results.parquet")
+    results = pd.read_parquet(run / RESULTS_FILE)
     monkeypatch.setattr("orchestrator.sweep.run_sweep", lambda *_a, **_k: results)
     argv = ["resume", str(run)] if command == "resume" else ["run", str(_sweep(here, BASE)), "--out", str(run)]
     assert main(argv) == 0
