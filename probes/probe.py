@@ -7,6 +7,7 @@ AUCs and the ROC curve of the deciding score — metrics, ids and curves only, n
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -43,7 +44,7 @@ from probes.metrics import (
 from probes.outcomes import CheckpointOutcome, OutcomeThresholds, build_evidence, classify, memorization_holds
 from probes.scoring import ProbePlan, ProbeQueries, distribution_scores, icl_log_probs, icl_predictions, score
 from probes.settings import ProbeSettings
-from trainables.data import null_split, null_split_task
+from trainables.data import null_split
 from trainables.data.blind import exchangeable, task_blind_baseline
 
 
@@ -489,22 +490,28 @@ def known_context_columns(loss_ft: np.ndarray, loss_base: np.ndarray, member: np
     be read with, because a model whose in-context read-out finds a memorized label only among rows like C'
     (TabICL's architecture, docs/METHOD.md "Where the zero-information probe is blind") shows nothing in a
     context of copies of the query."""
-    th = settings.thresholds
     member = np.asarray(member, dtype=bool)
-    alphas = tuple(dict.fromkeys((0.01, 0.10, float(th.memorization_alpha))))
-    kw = dict(alphas=alphas, n_resamples=settings.n_resamples, seed=settings.bootstrap_seed)
-    out: dict[str, Any] = {}
-    calibrated = None
-    for prefix, loss in (("known_context_", np.asarray(loss_ft, dtype=np.float64)),
-                         ("known_context_calibrated_", np.asarray(loss_ft, np.float64) - np.asarray(loss_base, np.float64))):
-        s = membership_score(ScoreKind.LOSS, loss)
-        cal = Calibration.CALIBRATED if "calibrated" in prefix else Calibration.UNCALIBRATED
-        metrics = membership_metrics(s[member], s[~member], ScoreKind.LOSS, cal, **kw)
-        calibrated = metrics if cal is Calibration.CALIBRATED else calibrated
-        out.update(_metrics_columns(metrics, prefix))
-    out["known_context_memorization_flag"] = bool(
-        not collapsed and memorization_holds(calibrated, th, settings.n_checkpoints, n_competing=1))
-    return out
+    raw = _known_context_metrics(np.asarray(loss_ft, np.float64), member, Calibration.UNCALIBRATED, settings)
+    calibrated = _known_context_metrics(np.asarray(loss_ft, np.float64) - np.asarray(loss_base, np.float64), member,
+                                        Calibration.CALIBRATED, settings)
+    return {**_metrics_columns(raw, "known_context_"), **_metrics_columns(calibrated, "known_context_calibrated_"),
+            "known_context_memorization_flag": _known_context_flag(calibrated, settings, collapsed)}
+
+
+def _known_context_metrics(loss: np.ndarray, member: np.ndarray, calibration: Calibration,
+                           settings: ProbeSettings) -> Any:
+    """The loss attack's metrics on one known-context loss (lower = member), at the rule's alphas."""
+    alphas = tuple(dict.fromkeys((0.01, 0.10, float(settings.thresholds.memorization_alpha))))
+    s = membership_score(ScoreKind.LOSS, loss)
+    return membership_metrics(s[member], s[~member], ScoreKind.LOSS, calibration, alphas=alphas,
+                              n_resamples=settings.n_resamples, seed=settings.bootstrap_seed)
+
+
+def _known_context_flag(calibrated: Any, settings: ProbeSettings, collapsed: bool) -> bool:
+    """The memorization rule on the calibrated known-context metrics, its own family (one score per checkpoint),
+    never on a collapsed checkpoint."""
+    return bool(not collapsed and memorization_holds(calibrated, settings.thresholds, settings.n_checkpoints,
+                                                     n_competing=1))
 
 
 DEPLOYED_PREFIX = "deployed_"
@@ -537,22 +544,23 @@ def deployed_known_context_columns(model: Any, task: Any, cache_dir: str | Path,
     return {DEPLOYED_PREFIX + name: value for name, value in columns.items()}
 
 
-def _null_known_context_flag(model: Any, task: Any, index: int, cache_dir: str | Path, base_digest: str,
-                             base_model: Any, settings: ProbeSettings, collapsed: bool) -> bool:
-    """The known-context flag on null split ``index``: its fake members and non-members (rows the run never
-    saw) predicted with C' as the context by the checkpoint and by the base model (cached per split), the flag's
-    own rule on the calibrated loss. Set, it is a false positive of the known-context channel."""
-    null_task = null_split_task(task, index)
+def _null_known_context_flag(model: Any, task: Any, index: int, split: tuple[np.ndarray, np.ndarray],
+                             cache_dir: str | Path, base_digest: str, base_model: Any, settings: ProbeSettings,
+                             collapsed: bool) -> bool:
+    """The known-context flag on null split ``index`` (``split``: its fake members and non-members, rows the run
+    never saw), predicted with C' as the context by the checkpoint and by the base model (cached per split), the
+    flag's own rule on the calibrated loss. Set, it is a false positive of the known-context channel."""
+    null_task = dataclasses.replace(task, member_idx=split[0], nonmember_idx=split[1])
 
     def compute() -> pd.DataFrame:
         return pd.DataFrame({"loss": icl_predictions(resolve_model(base_model), null_task).loss})
 
     name = f"base_icl_null{index}_{task.fingerprint[:16]}_{base_digest}"
     loss_base = _cached_frame(Path(cache_dir) / f"{name}.parquet", compute)["loss"].to_numpy()
-    member = np.arange(len(null_task.member_idx) + len(null_task.nonmember_idx)) < len(null_task.member_idx)
-    columns = known_context_columns(icl_predictions(model, null_task).loss, loss_base, member, settings,
-                                    collapsed=collapsed)
-    return bool(columns["known_context_memorization_flag"])
+    member = np.arange(len(split[0]) + len(split[1])) < len(split[0])
+    loss = np.asarray(icl_predictions(model, null_task).loss, np.float64) - np.asarray(loss_base, np.float64)
+    return _known_context_flag(_known_context_metrics(loss, member, Calibration.CALIBRATED, settings), settings,
+                               collapsed)
 
 
 def _null_columns(model: Any, task: Any, plan: ProbePlan, cache_dir: str | Path, base_digest: str,
@@ -579,8 +587,8 @@ def _null_columns(model: Any, task: Any, plan: ProbePlan, cache_dir: str | Path,
             verdicts = verdicts_by_rule(evidence, th, settings.n_checkpoints)
             blind = task_blind_baseline(task, members, nonmembers)
             record = _null_record(j, evidence, verdicts, len(members), len(nonmembers), blind.auc)
-            record["known_context_flag"] = _null_known_context_flag(model, task, j, cache_dir, base_digest,
-                                                                    base_model, settings, collapsed)
+            record["known_context_flag"] = _null_known_context_flag(model, task, j, (members, nonmembers), cache_dir,
+                                                                    base_digest, base_model, settings, collapsed)
             records.append(record)
     out: dict[str, Any] = {"null_splits": n}
     for r in VerdictRule:
