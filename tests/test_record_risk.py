@@ -1,0 +1,117 @@
+"""Per-record and per-slice risk (probes/record_risk.py): planted signal found, no signal not, on 5 seeds each."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from iclmem.errors import ProbeError
+from probes.record_risk import (
+    at_prior,
+    holm,
+    membership_posterior,
+    precision_at_k,
+    rank_stability,
+    slice_leakage,
+)
+
+SEEDS = range(5)
+
+
+def _audit(seed: int, shift: float, n: int = 60) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    member = np.r_[np.ones(n, bool), np.zeros(n, bool)]
+    return rng.normal(size=2 * n) + shift * member, member
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_planted_signal_gives_members_a_higher_risk_and_no_signal_gives_everyone_the_prior(seed):
+    scores, member = _audit(seed, shift=2.0)
+    risk = membership_posterior(scores, member, seed=seed)
+    # measured over seeds 0-4: 0.52-0.72 with the shift, -0.02-0.03 without it
+    assert risk[member].mean() - risk[~member].mean() > 0.35
+    assert ((risk > 0) & (risk < 1)).all()
+    null_scores, _ = _audit(seed + 100, shift=0.0)
+    null_risk = membership_posterior(null_scores, member, seed=seed)
+    assert abs(null_risk[member].mean() - null_risk[~member].mean()) < 0.1
+    assert abs(null_risk.mean() - 0.5) < 0.05
+    # fitted in-sample (a row's own flag in its own map) the same noise would look like signal: cross-fitting
+    # is what keeps the line above near zero
+
+
+def test_the_risk_moves_to_another_prior_keeping_the_likelihood_ratio():
+    p = np.array([0.5, 0.8, 0.2])
+    moved = at_prior(p, base_rate=0.5, prior=0.1)
+    np.testing.assert_allclose(moved[0], 0.1)
+    np.testing.assert_allclose(moved[1] / (1 - moved[1]), 4.0 / 9.0)
+    scores, member = _audit(1, shift=2.0)
+    np.testing.assert_allclose(membership_posterior(scores, member, prior=0.01, seed=1),
+                               at_prior(membership_posterior(scores, member, seed=1), 0.5, 0.01))
+
+
+def test_a_posterior_needs_both_sides_and_enough_rows_per_fold():
+    with pytest.raises(ProbeError, match="members and non-members"):
+        membership_posterior([1.0, 2.0, 3.0], [True, True, True])
+    with pytest.raises(ProbeError, match="folds"):
+        membership_posterior([1.0, 2.0, 3.0, 4.0], [True, False, True, False], folds=5)
+    with pytest.raises(ProbeError, match="not finite"):
+        membership_posterior([1.0, np.nan, 3.0, 4.0], [True, False, True, False], folds=2)
+
+
+def test_precision_at_k_counts_the_planted_rows_among_the_riskiest_and_averages_ties():
+    assert precision_at_k([5, 4, 3, 2, 1], [1, 1, 0, 0, 0], 2) == 1.0
+    assert precision_at_k([5, 4, 3, 2, 1], [0, 0, 0, 1, 1], 2) == 0.0
+    # every score tied: the expected share, the positives' base rate
+    assert precision_at_k([1, 1, 1, 1], [1, 0, 0, 0], 2) == pytest.approx(0.25)
+    with pytest.raises(ProbeError, match="k must lie"):
+        precision_at_k([1, 2], [True, False], 3)
+
+
+def test_rank_stability_is_one_for_the_same_ranking_and_near_zero_for_unrelated_ones():
+    ids = np.arange(200)
+    risk = np.random.default_rng(0).random(200)
+    same = rank_stability(ids, risk, ids[::-1], risk[::-1], top_k=20)
+    assert same.spearman == pytest.approx(1.0) and same.top_k_overlap == 1.0 and same.n_common == 200
+    rhos = [rank_stability(ids, risk, ids, np.random.default_rng(s + 1).random(200), top_k=20).spearman for s in SEEDS]
+    assert max(abs(r) for r in rhos) < 0.25
+    partial = rank_stability(ids[:50], risk[:50], ids[25:], risk[25:], top_k=10)
+    assert partial.n_common == 25
+
+
+def test_holm_adjusts_step_down_and_keeps_nan_out_of_the_family():
+    np.testing.assert_allclose(holm([0.01, 0.04, 0.03]), [0.03, 0.06, 0.06])
+    out = holm([0.01, np.nan, 0.04])
+    assert np.isnan(out[1])
+    np.testing.assert_allclose(out[[0, 2]], [0.02, 0.04])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_slice_that_was_made_to_leak_leaks_more_than_the_rest_and_the_others_do_not(seed):
+    scores, member = _audit(seed, shift=0.0)
+    planted = np.zeros(member.size, bool)
+    planted[:20] = True
+    planted[60:80] = True
+    scores[:20] += 2.0  # the slice's members alone are exposed
+    unrelated = np.random.default_rng(seed + 7).random(member.size) < 0.5
+    out = {r.slice: r for r in slice_leakage(scores, member, {"planted": planted, "rest": ~planted,
+                                                              "unrelated": unrelated}, seed=seed)}
+    assert out["planted"].leaks_more and out["planted"].exposed
+    assert out["planted"].auc_low > 0.6
+    assert not out["rest"].leaks_more and not out["unrelated"].leaks_more
+    # the null splits of the slice's own non-members: the test stays near its level
+    assert out["planted"].null_fpr <= 0.25 and out["unrelated"].null_fpr <= 0.25
+
+
+def test_a_slice_too_small_keeps_its_counts_and_no_metric_and_epsilon_only_when_exchangeable():
+    scores, member = _audit(0, shift=2.0)
+    tiny = np.zeros(member.size, bool)
+    tiny[[0, 1, 60]] = True
+    rows = slice_leakage(scores, member, {"tiny": tiny, "all": np.ones(member.size, bool)}, seed=0,
+                         permutations=50, null_splits=5)
+    assert rows[0].n_members == 2 and rows[0].n_nonmembers == 1 and np.isnan(rows[0].auc)
+    assert np.isnan(rows[1].epsilon_lb) and np.isnan(rows[1].p_more)  # the rest is empty: nothing to compare
+    bounded = slice_leakage(scores, member, {"all": np.ones(member.size, bool)}, exchangeable=True,
+                            permutations=10, null_splits=2)
+    assert bounded[0].epsilon_lb > 0
+    with pytest.raises(ProbeError, match="slice 'bad'"):
+        slice_leakage(scores, member, {"bad": np.ones(3, bool)})
