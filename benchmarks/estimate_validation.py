@@ -25,6 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, md_table, publish  # noqa: E402
 
+from iclmem.runfolder import TIMINGS_FILE  # noqa: E402
+
 SECTION = "Estimate validation: sweeps the estimate was not built against"
 DEFAULT_CONFIGS = [*sorted(str(p.relative_to(REPO)) for p in (REPO / "benchmarks" / "estimate_sweeps").glob("*.yaml")),
                    "configs/dp_audit.yaml"]
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             estimate_s = time.perf_counter() - started
             out = Path(tmp) / path.stem
             load_before = os.getloadavg()[0]
-            if not (args.reuse_runs and (out / "timings.json").is_file()):
+            if not (args.reuse_runs and (out / TIMINGS_FILE).is_file()):
                 if out.exists():
                     import shutil
 

@@ -1,7 +1,14 @@
 """The run-folder layout: every file and folder a run writes under ``RUN_DIR``, named once.
 
-The README's table "What a run writes" lists the same names; ``tests/test_atomic_writes.py`` checks that
-each file here is written atomically."""
+Every kind of folder :func:`folder_kind` tells apart is laid out here: a tabular sweep (``iclmem run``), its
+W&B folder, stored probe results and regime-``context`` audits; an LM run (``iclmem lm run``); a checkpoint's
+audit (``iclmem probe``) and a deployed-context audit (``iclmem audit-context``). Code and tests build paths
+from these names, never from spelled-out strings; a sweep's files are read back through
+``orchestrator.run_folder.RunFolder``, a method per file.
+
+docs/RUN_FOLDER.md and the README's table "What a run writes" list the same names (``tests/test_docs.py``
+checks that every ``*_FILE`` / ``*_DIR`` here is documented); ``tests/test_atomic_writes.py`` checks that each
+file here is written atomically."""
 
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ PREPARED_DIR = "prepared"  # Stage I cache
 GROUND_TRUTH_FILE = "ground_truth.json"  # in every checkpoint folder: the rows each part used, trained labels
 TUNE_DIR = "tune"  # Tune storage when no shared storage is configured
 WANDB_DIR = "wandb"
+TRIAL_RUNS_FILE = "trial_runs.json"  # under WANDB_DIR: the W&B run id of every trial and what each run holds
+WANDB_EXPORT_DIR = "export"  # under WANDB_DIR: the exported results artifact, referenced in place
 # What Ray, Tune, wandb and Python warnings print while ``iclmem run | resume`` drives a sweep (Ray's
 # token-auth and "performance bottleneck" warnings, TensorBoard hints, warnings with their source paths):
 # kept here instead of on the console unless ``--verbose``. Append-only, as a log is.
@@ -51,16 +60,20 @@ _WRITE_CHECK_PREFIX = ".iclmem-write-check-"
 # Stage I's cache, as ``trainables.data.save_prepared`` names it: ``<fingerprint>.npz`` and ``.json``
 _PREPARED_ENTRY = re.compile(r"^[0-9a-f]{16,64}\.(npz|json)$")
 DIVERGED_RUNS_FILE = "diverged_runs.json"  # the run ids whose training stopped on a NaN / inf loss (the driver)
+TIMINGS_FILE = "timings.json"  # what a complete sweep spent, phase by phase (``orchestrator.timing``)
 # ``iclmem lm run | lm resume`` (``orchestrator.lm_sweep``) write RUN_STATE_FILE and CONSOLE_LOG_FILE too.
 
-# An LM probe run folder (``iclmem lm run``; its provenance has ``kind = "lm"``)
-# ``iclmem audit-context``: the deployed-context audit's folder
+# ``iclmem audit-context``: the deployed-context audit's folder (with PROVENANCE_FILE and VERDICT_FILE, as
+# ``iclmem probe``'s folder has them beside PREPARED_DIR, REFERENCE_DIR and PROBES_DIR)
 CONTEXT_AUDIT_FILE = "context_audit.parquet"  # one row per (target context, attack)
 CONTEXT_ROC_FILE = "context_roc.parquet"  # (target, attack, fpr, tpr): each attack's ROC curve
 CONTEXT_SCORES_FILE = "context_scores.parquet"  # one row per audited row: its id, member flag, each attack's score
 CONTEXT_ROC_FIGURE = "context_roc.png"
-CONTEXT_AUDITS_DIR = "context_audits"  # a sweep's regime context: one audit-context folder per audit (its run id)
-CONTEXT_AUDITS_FILE = "context_audits.parquet"  # ... and every audit's rows, with its run id, task, model, Q, seed
+# A sweep's regime ``context``: the audit-context folders and their rows in one table
+CONTEXT_AUDITS_DIR = "context_audits"  # one audit-context folder per audit (its run id)
+CONTEXT_AUDITS_FILE = "context_audits.parquet"  # every audit's rows, with its run id, task, model, Q, seed in front
+
+# An LM probe run folder (``iclmem lm run``; its provenance has ``kind = "lm"``)
 LM_SWEEP_FILE = "lm_sweep.json"  # the validated LM sweep config, as resumed by ``iclmem lm resume``
 LM_RESULTS_FILE = "lm_results.parquet"  # one row per model x dataset x probe x type x seed x variant x criterion
 LM_REPORT_FILE = "lm_report.html"
@@ -75,13 +88,17 @@ __all__ = [
     "is_leftover", "content", "undo_if_refused", "remove_temp_leftovers", "CONSOLE_LOG_FILE", "RUN_STATE_FILE", "RunStatus",
     "read_run_state", "write_run_state", "never_started", "QUERIES_SUFFIX", "probe_stem",
     "LM_ASSETS_DIR", "LM_EXPOSURE_DIR", "LM_REPORT_FILE", "LM_RESULTS_FILE", "LM_SWEEP_FILE", "LM_UNITS_DIR",
+    "DIVERGED_RUNS_FILE", "TIMINGS_FILE", "TRIAL_RUNS_FILE", "WANDB_EXPORT_DIR", "CONTEXT_AUDIT_FILE", "CONTEXT_ROC_FILE",
+    "CONTEXT_SCORES_FILE", "CONTEXT_ROC_FIGURE", "CONTEXT_AUDITS_DIR", "CONTEXT_AUDITS_FILE", "ROW_SUFFIX",
+    "MANIPULATION_SUFFIX", "ROC_SUFFIX", "LOCK_NAMES", "record_diverged_run", "read_diverged_runs",
 ]
 
 
 def _top_level_files() -> frozenset[str]:
-    """Every file name iclmem writes at the top of a run or audit folder (the constants of this module)."""
+    """Every file name iclmem writes at the top of a run or audit folder (the constants of this module; the
+    W&B ledger TRIAL_RUNS_FILE is written under WANDB_DIR, never at the top)."""
     return frozenset({value for name, value in globals().items() if name.isupper() and isinstance(value, str)
-                      and name.endswith("_FILE")} | {"timings.json", CONTEXT_ROC_FIGURE})
+                      and name.endswith("_FILE") and value != TRIAL_RUNS_FILE} | {CONTEXT_ROC_FIGURE})
 
 
 def _is_temp_leftover(entry: Path, names: frozenset[str] | None = None) -> bool:
@@ -257,7 +274,10 @@ def roc_path(run_dir: str | Path, run_id: str, epoch: int) -> Path:
 
 # One probe result under PROBES_DIR/<run_id>/: <stem>.json (the checksummed row), <stem>.manip.parquet,
 # <stem>.roc.parquet and <stem>.queries.parquet; the sweep writes them, the aggregator reads them.
-QUERIES_SUFFIX = ".queries.parquet"
+ROW_SUFFIX = ".json"  # the checksummed results row; written last, it marks the result complete
+MANIPULATION_SUFFIX = ".manip.parquet"  # per-manipulation AUC
+ROC_SUFFIX = ".roc.parquet"  # the deciding score's ROC points
+QUERIES_SUFFIX = ".queries.parquet"  # per query: what the reference-model attacks read
 
 
 def probe_stem(epoch: int) -> str:
@@ -303,7 +323,7 @@ def write_run_state(run_dir: str | Path, status: RunStatus, incomplete_runs: Ite
 
 # what a sweep that ever started work leaves in its folder (with its trials' storage, which may be elsewhere)
 _STARTED_MARKERS = (RESULTS_FILE, REFERENCE_RESULTS_FILE, PROBES_DIR, REFERENCE_DIR, TUNE_DIR, WANDB_DIR, ROC_DIR,
-                    CONTEXT_AUDITS_DIR, CONTEXT_AUDITS_FILE, DIVERGED_RUNS_FILE, "timings.json", REPORT_FILE)
+                    CONTEXT_AUDITS_DIR, CONTEXT_AUDITS_FILE, DIVERGED_RUNS_FILE, TIMINGS_FILE, REPORT_FILE)
 
 
 def never_started(run_dir: str | Path) -> str | None:

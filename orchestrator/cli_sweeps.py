@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from iclmem.errors import ConfigError, IclmemError
+from iclmem.runfolder import REPORT_FILE
 from iclmem.vocab import WandbMode
 from orchestrator.cli_folders import check_outputs
 
@@ -50,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"[iclmem] sweep {sweep.name!r} ({sweep.config_hash()}) -> {run_dir}", flush=True)
     results = run_sweep(args.config, run_dir, sweep=sweep, address=args.address, progress=not args.quiet,
                         num_cpus=args.num_cpus, verbose=args.verbose, started_at=_process_started())
-    print(f"[iclmem] done: {len(results)} checkpoint results; report at {run_dir / 'report.html'}")
+    print(f"[iclmem] done: {len(results)} checkpoint results; report at {run_dir / REPORT_FILE}")
     _print_leaked(results)
     return 0
 
@@ -75,7 +76,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     _check_trial_runs(Path(args.run_dir))
     results = run_sweep(None, args.run_dir, address=args.address, resume=True, progress=not args.quiet,
                         num_cpus=args.num_cpus, verbose=args.verbose, started_at=_process_started())
-    print(f"[iclmem] resumed: {len(results)} checkpoint results; report at {Path(args.run_dir) / 'report.html'}")
+    print(f"[iclmem] resumed: {len(results)} checkpoint results; report at {Path(args.run_dir) / REPORT_FILE}")
     _print_leaked(results)
     return 0
 
@@ -170,11 +171,10 @@ def check_address(address: str | None) -> None:
 
 def _check_trial_runs(run_dir: Path) -> None:
     """``RUN_DIR/wandb/trial_runs.json`` (the W&B run of every trial, read when a resumed sweep logs to W&B):
-    a damaged one is named before any work, by the reader the W&B logger uses."""
-    from iclmem.runfolder import WANDB_DIR
-    from orchestrator.wandb_logger import TRIAL_RUNS_FILE, TrialRunsLedger
+    a damaged one is named before any work, by the reader the W&B logger uses (``RunFolder.trial_runs``)."""
+    from orchestrator.run_folder import RunFolder
 
-    TrialRunsLedger.read(run_dir / WANDB_DIR / TRIAL_RUNS_FILE)
+    RunFolder(run_dir).trial_runs()
 
 
 def _check_lm_device(cfg: Any, where: str, address: str | None, *, validating: bool) -> None:

@@ -120,7 +120,7 @@ def prepare_context_audit(source: Any, task: str, context_size: int, seed: int, 
 
     if (adapter is None) == (factory is None):
         raise ConfigError("a context audit scores one estimator: a model's adapter or an estimator factory")
-    settings = PrepSettings(context_size=BLIND_CONTEXT_ROWS, label_design=LabelDesign.MATCHED.value)
+    settings = PrepSettings(context_size=BLIND_CONTEXT_ROWS, label_design=LabelDesign.MATCHED)
     if adapter is not None:
         settings = adapter.prep_settings(settings)
     try:
@@ -157,6 +157,7 @@ def prepare_context_audit(source: Any, task: str, context_size: int, seed: int, 
     elif adapter is not None:
         scorer = AdapterScorer(adapter, prepared.n_classes, prepared.columns)
     else:
+        assert factory is not None  # one of adapter and factory, checked above
         scorer = EstimatorScorer(factory, prepared.n_classes, str(estimator))
     return PreparedContextAudit(inputs, scorer, prepared, population)
 
@@ -405,9 +406,10 @@ def sweep_audit_done(run_dir: Path, spec: Any, sweep: Any) -> bool:
     if not path.is_file():
         return False
     try:
-        return json.loads(path.read_text()).get("config_hash") == settings_hash(sweep_audit_config(spec, sweep))
+        stored = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
+    return isinstance(stored, dict) and stored.get("config_hash") == settings_hash(sweep_audit_config(spec, sweep))
 
 
 def run_sweep_audit(spec: Any, sweep: Any, run_dir: str) -> dict[str, Any]:

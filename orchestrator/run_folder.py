@@ -1,12 +1,14 @@
 """One reader of a sweep's run folder: every file the sweep writes there, read in one class.
 
-The writers are elsewhere (``orchestrator.folder_claims.record_sweep``, ``iclmem.runfolder.write_run_state``,
-``iclmem.provenance.Provenance.write``, ``orchestrator.aggregate`` through ``iclmem.atomic``); the report, the
-W&B summary, aggregation and the CLI read a folder only through :class:`RunFolder`. Reads are checked the
-way the writes are made: the sweep is validated into a :class:`~orchestrator.config.SweepConfig`, the run
-state and the provenance by their record types, and every table with its page checksums verified
-(``iclmem.atomic``). A damaged required file is a :class:`~iclmem.errors.DataError` naming it; an optional
-table that is absent reads as None.
+The names are ``iclmem.runfolder``'s. The writers are elsewhere (``orchestrator.folder_claims.record_sweep``,
+``iclmem.runfolder.write_run_state``, ``iclmem.provenance.Provenance.write``, ``orchestrator.aggregate`` through
+``iclmem.atomic``, ``orchestrator.context_audit.collect_sweep_audits``, ``orchestrator.timing.write_timings``,
+``orchestrator.wandb_logger.TrialRunsLedger.save``); the report, the W&B summary, aggregation and the CLI read a
+folder only through :class:`RunFolder`. Reads are checked the way the writes are made: the sweep is validated
+into a :class:`~orchestrator.config.SweepConfig`, the run state, the provenance and the timings by their record
+types, and every table with its page checksums verified (``iclmem.atomic``); the results and the reference
+results also by their schema version and required columns. A damaged file is a
+:class:`~iclmem.errors.DataError` naming it; an optional file that is absent reads as None.
 """
 
 from __future__ import annotations
@@ -19,27 +21,36 @@ from typing import Any
 
 import pandas as pd
 
-from iclmem.atomic import parquet_metadata, read_parquet_verified
+from iclmem.atomic import parquet_metadata, read_json_object, read_parquet_verified
 from iclmem.errors import DataError, ResultSchemaError
 from iclmem.provenance import Provenance
 from iclmem.record import RESULTS_SCHEMA_KEY, RESULTS_SCHEMA_VERSION, public_columns
 from iclmem.runfolder import (
+    CONTEXT_AUDITS_DIR,
+    CONTEXT_AUDITS_FILE,
     MANIPULATION_AUC_FILE,
     PROBES_DIR,
     REFERENCE_RESULTS_FILE,
     RESULTS_FILE,
     ROC_DIR,
+    ROW_SUFFIX,
     SPLIT_REPORT_FILE,
     SWEEP_FILE,
+    TIMINGS_FILE,
+    TRIAL_RUNS_FILE,
+    VERDICT_FILE,
+    WANDB_DIR,
     RunStatus,
     read_diverged_runs,
     read_run_state,
     roc_path,
 )
 from orchestrator.config import SweepConfig, read_stored_sweep
+from orchestrator.timing import RunTimings, read_timings
 
 __all__ = ["RunFolder", "REQUIRED_RESULT_COLUMNS", "SPLIT_COLUMNS", "MANIPULATION_COLUMNS", "ROC_COLUMNS",
-           "public_results", "public_split_report", "public_manipulation_auc"]
+           "CONTEXT_AUDITS_COLUMNS", "TRIAL_RUNS_REMEDY", "public_results", "public_split_report",
+           "public_manipulation_auc", "read_trial_runs"]
 
 # what every results table this iclmem writes has; a table without them is of an older shape
 REQUIRED_RESULT_COLUMNS: tuple[str, ...] = ("run_id", "task", "epoch", "outcome", "rule", "raw_memorization_flag",
@@ -53,8 +64,32 @@ SPLIT_COLUMNS: tuple[str, ...] = (
 )
 MANIPULATION_COLUMNS: tuple[str, ...] = ("run_id", "task", "epoch", "manipulation", "category", "auc")
 ROC_COLUMNS: tuple[str, ...] = ("fpr", "tpr")
+# what every row of a sweep's context-audit table has: the audit's identity (orchestrator.context_audit.
+# collect_sweep_audits puts it in front) and the row's target context and attack
+CONTEXT_AUDITS_COLUMNS: tuple[str, ...] = ("run_id", "task", "model", "q", "seed", "target", "attack")
 _ROC_NAME = re.compile(r"^roc_(?P<run_id>.+)_e(?P<epoch>\d+)\.parquet$")  # the names roc_path gives
 _REBUILD = "`iclmem report RUN_DIR --force` rebuilds it from the stored probe results"
+_RECOLLECT = f"`iclmem resume RUN_DIR` collects it again from the audits' folders under {CONTEXT_AUDITS_DIR}/"
+_REAUDIT = "`iclmem resume RUN_DIR` runs that audit again"
+TRIAL_RUNS_REMEDY = "delete it to start the trials' W&B runs afresh (the results are not in it)"
+
+
+def read_trial_runs(path: str | Path) -> dict[str, Any] | None:
+    """The W&B trial-run ledger at ``path`` (``wandb/trial_runs.json``: ``{"token", "runs": {run_id: {...}}}``,
+    written by ``orchestrator.wandb_logger.TrialRunsLedger.save``), or None when there is none yet. A damaged
+    one, or a folder in its place, is a one-line :class:`~iclmem.errors.DataError` naming the file."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    if not path.is_file():
+        raise DataError(f"{path} is a folder, not the W&B trial-run ledger; {TRIAL_RUNS_REMEDY}")
+    data = read_json_object(path, "W&B trial-run ledger", TRIAL_RUNS_REMEDY)
+    runs, token = data.get("runs", {}), data.get("token", "")
+    if (not isinstance(runs, dict) or not all(isinstance(v, dict) for v in runs.values())
+            or not isinstance(token, (str, type(None)))):
+        raise DataError(f"{path}: damaged, not the W&B trial-run ledger iclmem wrote (no mapping of runs); "
+                        f"{TRIAL_RUNS_REMEDY}")
+    return data
 
 
 def public_results(results: pd.DataFrame) -> pd.DataFrame:
@@ -140,12 +175,32 @@ class RunFolder:
     def results(self, *, public: bool = True) -> pd.DataFrame:
         """``results.parquet`` (checksums verified), reduced to its public columns unless ``public=False``.
         DataError when it is missing or damaged; ResultSchemaError, naming the iclmem that wrote it, when it
-        lacks a column every table of this iclmem has."""
+        records a newer schema or lacks a column every table of this iclmem has."""
         path = self.path / RESULTS_FILE
         if not path.is_file():
             raise DataError(f"{path}: results table not found (the sweep writes it after probing)")
-        table = read_parquet_verified(path, "results table", _REBUILD)
-        version = self.results_schema_version()
+        table = self._results_table(path, "results table")
+        return public_results(table) if public else table
+
+    def results_schema_version(self) -> int:
+        """The schema version ``results.parquet`` records (``iclmem.record.RESULTS_SCHEMA_VERSION`` when written);
+        1 for a table from before versions were recorded. ResultSchemaError when the recorded one is not a
+        number."""
+        return self._schema_version(self.path / RESULTS_FILE)
+
+    def _schema_version(self, path: Path) -> int:
+        value = parquet_metadata(path).get(RESULTS_SCHEMA_KEY, "1")
+        try:
+            return int(value)
+        except ValueError:
+            raise ResultSchemaError(f"{path}: results schema {value!r} is not a version number; {_REBUILD}") from None
+
+    def _results_table(self, path: Path, what: str) -> pd.DataFrame:
+        """A table of results rows at ``path``, checked as the aggregator writes it: every page checksum
+        (DataError naming the file), then the schema version it records and the required columns
+        (ResultSchemaError naming the iclmem that wrote it)."""
+        table: pd.DataFrame = read_parquet_verified(path, what, _REBUILD)
+        version = self._schema_version(path)
         if version > RESULTS_SCHEMA_VERSION:
             raise ResultSchemaError(f"{path}: results schema {version}, written by {self.written_by()}; this iclmem "
                                     f"reads schema {RESULTS_SCHEMA_VERSION} and older: read it with that iclmem or "
@@ -154,18 +209,7 @@ class RunFolder:
         if missing:
             raise ResultSchemaError(f"{path}: missing required column(s) {missing}: a table written by "
                                     f"{self.written_by()} in a shape this iclmem no longer reads; {_REBUILD}")
-        return public_results(table) if public else table
-
-    def results_schema_version(self) -> int:
-        """The schema version ``results.parquet`` records (``iclmem.record.RESULTS_SCHEMA_VERSION`` when written);
-        1 for a table from before versions were recorded. ResultSchemaError when the recorded one is not a
-        number."""
-        value = parquet_metadata(self.path / RESULTS_FILE).get(RESULTS_SCHEMA_KEY, "1")
-        try:
-            return int(value)
-        except ValueError:
-            raise ResultSchemaError(f"{self.path / RESULTS_FILE}: results schema {value!r} is not a version "
-                                    f"number; {_REBUILD}") from None
+        return table
 
     def stored_result_rows(self) -> int:
         """Rows of the stored results table (0 when there is none or it cannot be read): what a rebuild
@@ -181,8 +225,13 @@ class RunFolder:
             return 0
 
     def reference_results(self) -> pd.DataFrame | None:
+        """``reference_results.parquet`` (``probe.references``: the reference trials' own rows, every column as
+        written: they are not audited runs and no report shows them), checked as :meth:`results` checks its
+        table: checksums verified, the schema version and the required columns. None for a sweep without
+        reference trials (no such file); DataError naming the file when it is damaged, ResultSchemaError when
+        it is of a shape this iclmem does not read."""
         path = self.path / REFERENCE_RESULTS_FILE
-        return read_parquet_verified(path, "reference results table", _REBUILD) if path.is_file() else None
+        return self._results_table(path, "reference results table") if path.is_file() else None
 
     def split_report(self) -> pd.DataFrame | None:
         """The split validation table's public columns, or None."""
@@ -215,12 +264,50 @@ class RunFolder:
             return None
         return read_parquet_verified(path, "ROC curve", _REBUILD, columns=list(ROC_COLUMNS))
 
+    def context_audits(self) -> pd.DataFrame | None:
+        """``context_audits.parquet`` (a sweep's regime ``context``: every finished audit's rows, its run id,
+        task, model, Q and seed in front; ``orchestrator.context_audit.collect_sweep_audits``), checksums
+        verified. None without it (a sweep without regime context, or before an audit finished); DataError
+        naming the file when it is damaged or lacks :data:`CONTEXT_AUDITS_COLUMNS`."""
+        path = self.path / CONTEXT_AUDITS_FILE
+        if not path.is_file():
+            return None
+        table: pd.DataFrame = read_parquet_verified(path, "table of context audits", _RECOLLECT)
+        missing = [c for c in CONTEXT_AUDITS_COLUMNS if c not in table.columns]
+        if missing:
+            raise DataError(f"{path}: not the table of context audits this iclmem writes (no column(s) {missing}); "
+                            f"{_RECOLLECT}")
+        return table
+
+    def context_audit_verdict(self, run_id: str) -> dict[str, Any] | None:
+        """The verdict of the sweep's context audit ``run_id`` (``context_audits/<run_id>/verdict.json``, as
+        ``orchestrator.context_audit.write_audit_folder`` wrote it, last: its presence marks the audit done),
+        or None when that audit has none. DataError naming the file when it is not the JSON object written."""
+        path = self.path / CONTEXT_AUDITS_DIR / str(run_id) / VERDICT_FILE
+        if not path.is_file():
+            return None
+        return read_json_object(path, "context audit verdict", _REAUDIT)
+
+    def timings(self) -> RunTimings | None:
+        """What the sweep spent, phase by phase (``timings.json``, read by ``orchestrator.timing.read_timings``
+        into its record type), or None when there is none (a sweep that has not completed, or one from before
+        the record). DataError naming the file when it is not such a record."""
+        if not (self.path / TIMINGS_FILE).is_file():
+            return None
+        return read_timings(self.path)
+
+    def trial_runs(self) -> dict[str, Any] | None:
+        """The W&B trial-run ledger (``wandb/trial_runs.json``: the W&B run id of every trial and what each run
+        already holds; :func:`read_trial_runs`), or None before the trials logged to W&B. DataError naming the
+        file when it is damaged."""
+        return read_trial_runs(self.path / WANDB_DIR / TRIAL_RUNS_FILE)
+
     def probe_results(self) -> Iterator[tuple[str, str, Any]]:
         """(run folder name, stem, ``probes.probe.ProbeResult``) of every stored probe result that loads
         (checksums verified; a damaged one is named and skipped, to be recomputed)."""
         from probes.probe import ProbeResult
 
-        for stored in sorted((self.path / PROBES_DIR).glob("*/e*.json")):
+        for stored in sorted((self.path / PROBES_DIR).glob(f"*/e*{ROW_SUFFIX}")):
             result = ProbeResult.load(stored.parent, stored.stem)
             if result is not None:
                 yield stored.parent.name, stored.stem, result

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from iclmem.runfolder import TIMINGS_FILE
+
 if TYPE_CHECKING:
     from orchestrator.prepare import PreparedSweep
 
@@ -35,6 +37,9 @@ class TimeTrials:
     timings (``orchestrator.timing``). Left out of Tune's pickled state: a resumed driver times its own part."""
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self.started: dict[str, float] = {}
         self.trial_s = self.epoch_s = self.save_s = self.work_wall_s = 0.0
         self.first_start: float | None = None
@@ -44,14 +49,15 @@ class TimeTrials:
         return {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()
+        self._reset()
 
-    def on_trial_start(self, iteration, trials, trial, **info):
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         now = time.perf_counter()
         self.started[str(trial.trial_id)] = now
         self.first_start = now if self.first_start is None else self.first_start
 
-    def on_trial_result(self, iteration, trials, trial, result, **info):
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any],
+                        **info: Any) -> None:
         from trainables.trainable import EPOCH_SECONDS, EPOCH_WALL_SECONDS, SAVE_SECONDS, SAVE_WALL_SECONDS
 
         self.epoch_s += float(result.get(EPOCH_SECONDS) or 0.0)
@@ -65,10 +71,10 @@ class TimeTrials:
             self.trial_s += now - start
         self.last_end = now
 
-    def on_trial_complete(self, iteration, trials, trial, **info):
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._ended(trial)
 
-    def on_trial_error(self, iteration, trials, trial, **info):
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._ended(trial)
 
     @property
@@ -79,7 +85,7 @@ class TimeTrials:
         return max(self.last_end - self.first_start, 0.0)
 
 
-def trial_timer():
+def trial_timer() -> TimeTrials:
     """A :class:`TimeTrials` that is also a Tune ``Callback`` (Tune imported only here)."""
     from ray.tune import Callback
 
@@ -96,13 +102,13 @@ def record_timings(run_dir: Path, prepared: PreparedSweep, spent: Spent, timer: 
     from orchestrator.timing import Phase, RunTimings, comparison_lines, human, load_prediction, write_timings
 
     try:
-        from iclmem.runfolder import REFERENCE_RESULTS_FILE
+        from orchestrator.run_folder import RunFolder
 
-        results = spent.results
+        results = spent.results if spent.results is not None else pd.DataFrame()
         # the reference trials' checkpoints (probe.references) are probed like any other, their rows kept apart
-        references = run_dir / REFERENCE_RESULTS_FILE
-        if references.is_file():
-            results = pd.concat([results, pd.read_parquet(references)], ignore_index=True)
+        references = RunFolder(run_dir).reference_results()
+        if references is not None:
+            results = pd.concat([results, references], ignore_index=True)
 
         def total(column: str) -> float:
             return float(pd.to_numeric(results[column], errors="coerce").fillna(0).sum()) if column in results else 0.0
@@ -126,7 +132,7 @@ def record_timings(run_dir: Path, prepared: PreparedSweep, spent: Spent, timer: 
         write_timings(run_dir, timings)
         biggest = sorted(((v, k) for k, v in {**timings.serial, **timings.work}.items()), reverse=True)[:3]
         log(f"[iclmem] wall time {human(timings.wall_s)}; most of it: "
-            + ", ".join(f"{k} {human(v)}" for v, k in biggest) + f" (per phase: {run_dir / 'timings.json'})")
+            + ", ".join(f"{k} {human(v)}" for v, k in biggest) + f" (per phase: {run_dir / TIMINGS_FILE})")
         prediction = load_prediction(prepared.sweep.config_hash())
         if prediction is None:
             log(f"[iclmem] `iclmem estimate --compare {run_dir}` sets a prediction beside these times")

@@ -27,12 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from iclmem.errors import DataError
+from iclmem.runfolder import TIMINGS_FILE  # the layout's name; kept importable from here
 from iclmem.vocab import Vocab
 
 __all__ = ["Phase", "SERIAL_PHASES", "WORK_PHASES", "PROBE_ACTOR_PHASES", "RunTimings", "TIMINGS_FILE",
            "PhaseClock", "write_timings", "read_timings", "compare", "PhaseComparison"]
-
-TIMINGS_FILE = "timings.json"
 
 
 class Phase(Vocab):
@@ -102,14 +101,15 @@ def write_timings(run_dir: str | Path, timings: RunTimings) -> Path:
 
 
 def read_timings(run_dir: str | Path) -> RunTimings:
-    """The one reader: a clear error naming the file when it is missing or not a record of this kind."""
+    """The one reader: a clear error naming the file when it is missing or not a record of this kind
+    (``orchestrator.run_folder.RunFolder.timings`` reads it through here, None when it is missing)."""
     path = Path(run_dir) / TIMINGS_FILE
     if not path.is_file():
         raise DataError(f"{path}: no timings: the run did not finish under an iclmem that records them (`iclmem run` "
                         "writes it at the end of a complete sweep)")
     try:
         return RunTimings.from_dict(json.loads(path.read_text()))
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, DataError) as exc:  # DataError: a phase this iclmem does not know
         raise DataError(f"{path}: not an iclmem timings record ({exc})") from None
 
 

@@ -32,13 +32,13 @@ import os
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import pandas as pd
 
 from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError
-from iclmem.runfolder import PREPARED_DIR, WANDB_DIR
+from iclmem.runfolder import PREPARED_DIR, TRIAL_RUNS_FILE, WANDB_DIR, WANDB_EXPORT_DIR
 from orchestrator.report import tables as R
 from orchestrator.report.wandb_summary import (
     CHECKPOINT_ARTIFACT_TYPE,
@@ -77,11 +77,13 @@ from orchestrator.report.wandb_summary import (
     training_metrics,
     trial_run_config,
 )
-from orchestrator.run_folder import RunFolder
+from orchestrator.run_folder import TRIAL_RUNS_REMEDY, RunFolder, read_trial_runs
 
 log = logging.getLogger(__name__)
 
-TRIAL_RUNS_FILE = "trial_runs.json"  # under RUN_DIR/wandb/: W&B run ids and what each run already holds
+__all__ = ["NullResultsLogger", "NullTrialLogger", "ResultsLogger", "TRIAL_RUNS_FILE", "TrialLogger", "TrialRunsLedger",
+           "WandbResultsLogger", "WandbTrialLogger", "close_within", "make_results_logger", "make_trial_logger",
+           "resolve_wandb_mode", "WANDB_FINISH_TIMEOUT_S"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -94,7 +96,7 @@ class ResultsLogger(Protocol):
     def log_summary(self, run_dir: str | Path, results_df: pd.DataFrame,
                     figures: Mapping[str, str | Path | None] | None = None) -> None: ...
 
-    def finish(self) -> None: ...
+    def finish(self, timeout: float | None = None) -> bool: ...
 
 
 class NullResultsLogger:
@@ -104,8 +106,8 @@ class NullResultsLogger:
                     figures: Mapping[str, str | Path | None] | None = None) -> None:
         return None
 
-    def finish(self) -> None:
-        return None
+    def finish(self, timeout: float | None = None) -> bool:
+        return True
 
 
 _SAID: set[str] = set()  # the mode overrides this process has already named (each is said once)
@@ -120,7 +122,11 @@ def _say_once(line: str) -> None:
         print(f"iclmem: warning: {line}", file=sys.stderr, flush=True)
 
 
-def resolve_wandb_mode(requested: str | None = "offline", environ: Mapping[str, str] | None = None) -> str:
+WandbRunMode = Literal["online", "offline", "disabled"]  # what a run is opened with (wandb.init's mode)
+
+
+def resolve_wandb_mode(requested: str | None = "offline",
+                       environ: Mapping[str, str] | None = None) -> WandbRunMode:
     """``online`` only when asked for and ``WANDB_API_KEY`` is present; ``disabled`` if asked; else offline.
 
     An environment ``WANDB_MODE`` of offline/disabled also wins over a request for online, and says so in one
@@ -179,15 +185,15 @@ class WandbResultsLogger:
         self.tags = tuple(str(t) for t in tags)
         self.max_roc_curves = int(max_roc_curves)
         self.teardown_on_finish = bool(teardown_on_finish)
-        self._run = None
+        self._run: Any = None  # the open wandb Run
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
     @property
-    def run(self):
+    def run(self) -> Any:
         return self._run
 
-    def _start(self, run_dir: Path, config: Mapping[str, Any]):
+    def _start(self, run_dir: Path, config: Mapping[str, Any]) -> Any:
         import wandb  # lazy: only a sweep that logs to W&B loads it
 
         self._run = wandb.init(project=self.project, entity=self.entity, group=self.group, name=self.name,
@@ -214,7 +220,7 @@ class WandbResultsLogger:
                 wandb.teardown()
 
         return close_within(close, timeout, "the summary run", Path(run.dir) if getattr(run, "dir", None) else
-                            Path("wandb"))
+                            Path(WANDB_DIR))
 
     def __enter__(self) -> WandbResultsLogger:
         return self
@@ -270,10 +276,10 @@ class WandbResultsLogger:
                     log.warning("W&B lineage: %s not found (%s)", ref, exc)
         run.log_artifact(self._artifact(run_dir, public, tables))
 
-    def _artifact(self, run_dir: Path, public: pd.DataFrame, tables: Mapping[str, pd.DataFrame]):
+    def _artifact(self, run_dir: Path, public: pd.DataFrame, tables: Mapping[str, pd.DataFrame]) -> Any:
         import wandb
 
-        export = run_dir / "wandb" / "export"
+        export = run_dir / WANDB_DIR / WANDB_EXPORT_DIR
         export.mkdir(parents=True, exist_ok=True)
         name = safe_key(f"iclmem-results-{self.group or run_dir.name}").replace("=", "-")
         art = wandb.Artifact(name=name, type="iclmem-results",
@@ -365,7 +371,7 @@ class TrialRunsLedger:
     would otherwise be merged into the same W&B runs by ``wandb sync`` or online resume.
     """
 
-    REMEDY = "delete it to start the trials' W&B runs afresh (the results are not in it)"
+    REMEDY = TRIAL_RUNS_REMEDY
 
     def __init__(self, path: Path, config_hash: str) -> None:
         self.path = path
@@ -376,21 +382,9 @@ class TrialRunsLedger:
     @classmethod
     def read(cls, path: Path) -> dict[str, Any]:
         """The ledger's JSON (``{}`` when there is none yet); a damaged one is a one-line
-        :class:`~iclmem.errors.DataError` naming the file (``iclmem resume`` checks it before any work)."""
-        from iclmem.atomic import read_json_object
-        from iclmem.errors import DataError
-
-        if not path.exists():
-            return {}
-        if not path.is_file():
-            raise DataError(f"{path} is a folder, not the W&B trial-run ledger; {cls.REMEDY}")
-        data = read_json_object(path, "W&B trial-run ledger", cls.REMEDY)
-        runs, token = data.get("runs", {}), data.get("token", "")
-        if (not isinstance(runs, dict) or not all(isinstance(v, dict) for v in runs.values())
-                or not isinstance(token, (str, type(None)))):
-            raise DataError(f"{path}: damaged, not the W&B trial-run ledger iclmem wrote (no mapping of runs); "
-                            f"{cls.REMEDY}")
-        return data
+        :class:`~iclmem.errors.DataError` naming the file (``iclmem resume`` checks it before any work, through
+        ``RunFolder.trial_runs``). The run folder's reader reads it: ``orchestrator.run_folder.read_trial_runs``."""
+        return read_trial_runs(path) or {}
 
     def entry(self, run_id: str) -> dict[str, Any]:
         if run_id not in self.runs:
@@ -511,9 +505,7 @@ class WandbTrialLogger:
         run.summary.update(run_headline(self._rows[run_id].values()))
         alert = alert_for(public)
         if alert is not None and alert[0] not in entry.setdefault("alerted", []):
-            import wandb
-
-            run.alert(title=alert[0], text=alert[1], level=wandb.AlertLevel.WARN)  # once per run and kind
+            run.alert(title=alert[0], text=alert[1], level="WARN")  # once per run and kind (wandb.AlertLevel.WARN)
             entry["alerted"] = [*entry["alerted"], alert[0]]
             self.ledger.save()
 
@@ -576,11 +568,11 @@ class WandbTrialLogger:
         try:
             from trainables.models.checkpoints import locate_weights
 
-            path = locate_weights(model, options)
+            weights = locate_weights(model, options)
         except Exception:  # weights the driver cannot locate: the artifact names the model's options only
-            path = None
-        if path is not None:
-            base.add_reference(f"file://{Path(path).resolve()}", checksum=True)
+            weights = None
+        if weights is not None:
+            base.add_reference(f"file://{Path(weights).resolve()}", checksum=True)
         else:
             base.add_reference(f"iclmem://{model}/{options.get('weights', 'default')}", checksum=False)
         inputs.append(base)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from iclmem.errors import ConfigError, ProbeError
-from iclmem.runfolder import REFERENCE_RESULTS_FILE, RESULTS_FILE
+from iclmem.runfolder import RESULTS_FILE
 from iclmem.vocab import Attack, LabelMode, TrialRole
 from probes.attacks import (
     AttackInputs,
@@ -540,7 +540,7 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
     audited = results[~results["sanity_check"].astype(bool)]
     assert sorted(audited["epoch"]) == [2, 4]
     assert audited["run_id"].nunique() == 1
-    refs = pd.read_parquet(run_dir / REFERENCE_RESULTS_FILE)
+    refs = RunFolder(run_dir).reference_results()
     assert sorted(refs["run_id"].unique()) == [f"{audited['run_id'].iloc[0]}-ref{k}" for k in range(2)]
     assert set(refs["reference_of"]) == {audited["run_id"].iloc[0]}
     assert sorted(refs["epoch"]) == [2, 2, 4, 4]

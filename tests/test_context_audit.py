@@ -12,6 +12,15 @@ import pandas as pd
 import pytest
 
 from iclmem.errors import ConfigError, ProbeError
+from iclmem.runfolder import (
+    CONTEXT_AUDIT_FILE,
+    CONTEXT_ROC_FIGURE,
+    CONTEXT_ROC_FILE,
+    CONTEXT_SCORES_FILE,
+    PROVENANCE_FILE,
+    VERDICT_FILE,
+    WANDB_DIR,
+)
 from iclmem.vocab import ContextAttack, ContextTarget, Outcome
 from probes.context_audit import ContextAuditInputs, audit_verdict, evaluate_context_audit, reference_contexts
 
@@ -140,10 +149,10 @@ def pfn_mini_audit(tmp_path_factory):
 
 def test_pfn_mini_keeps_its_context_rows_findable_and_the_folder_holds_what_the_verdict_rests_on(pfn_mini_audit):
     out = pfn_mini_audit
-    verdict = json.loads((out / "verdict.json").read_text())
+    verdict = json.loads((out / VERDICT_FILE).read_text())
     assert verdict["outcome"] == "memorization"
     assert verdict["trusted"] is True
-    table = pd.read_parquet(out / "context_audit.parquet")
+    table = pd.read_parquet(out / CONTEXT_AUDIT_FILE)
     lira = table[(table["target"] == "deployed") & (table["attack"] == "lira_online")].iloc[0]
     assert verdict["attacks"]["lira_online"]["epsilon_lb"] == pytest.approx(lira["epsilon_lb"])
     assert lira["epsilon_lb"] > 0  # a TPR far above the FPR proves some privacy loss
@@ -160,7 +169,7 @@ def test_pfn_mini_keeps_its_context_rows_findable_and_the_folder_holds_what_the_
     assert (table["n_members"] == 128).all()
     assert (table["n_nonmembers"] == 128).all()
     assert table["heldout_accuracy"].iloc[0] > 0.5  # digits under pfn-mini: a useful classifier
-    scores = pd.read_parquet(out / "context_scores.parquet")
+    scores = pd.read_parquet(out / CONTEXT_SCORES_FILE)
     assert len(scores) == 256
     assert scores["member"].sum() == 128
     assert scores["row_id"].is_unique
@@ -171,22 +180,22 @@ def test_pfn_mini_keeps_its_context_rows_findable_and_the_folder_holds_what_the_
     m = scores["member"].to_numpy()
     s = scores["deployed__lira_online"].to_numpy()
     assert auc(s[m], s[~m]) == pytest.approx(deployed.loc["lira_online", "auc"])
-    roc = pd.read_parquet(out / "context_roc.parquet")
+    roc = pd.read_parquet(out / CONTEXT_ROC_FILE)
     assert set(roc["attack"]) == {a.value for a in ContextAttack}
-    assert (out / "context_roc.png").stat().st_size > 10_000
-    prov = json.loads((out / "provenance.json").read_text())
+    assert (out / CONTEXT_ROC_FIGURE).stat().st_size > 10_000
+    prov = json.loads((out / PROVENANCE_FILE).read_text())
     assert prov["kind"] == "audit"
     assert prov["config"]["references"] == 16
     assert prov["config_hash"] == table["config_hash"].iloc[0]
 
 
 def test_the_same_audit_can_run_again_into_its_folder_and_another_is_refused(pfn_mini_audit, capsys):
-    before = (pfn_mini_audit / "provenance.json").read_text()
+    before = (pfn_mini_audit / PROVENANCE_FILE).read_text()
     code = _cli("digits", "--model", "pfn-mini", "--context-size", "128", "--references", "18", "--bootstrap", "200",
                 "--null-splits", "3", "--out", str(pfn_mini_audit))
     assert code == 2
     assert "holds the audit of another set of settings" in capsys.readouterr().err
-    assert (pfn_mini_audit / "provenance.json").read_text() == before
+    assert (pfn_mini_audit / PROVENANCE_FILE).read_text() == before
 
 
 def test_a_forest_estimator_is_audited_as_deployed_and_a_class_prior_gives_no_signal(tmp_path):
@@ -194,13 +203,13 @@ def test_a_forest_estimator_is_audited_as_deployed_and_a_class_prior_gives_no_si
     common = ["--context-size", "96", "--references", "8", "--bootstrap", "200", "--null-splits", "2"]
     assert _cli("digits", "--estimator", "audit_estimators:forest", *common, "--out", str(forest)) == 0
     assert _cli("digits", "--estimator", "audit_estimators:class_prior", *common, "--out", str(prior)) == 0
-    t = pd.read_parquet(forest / "context_audit.parquet").set_index(["target", "attack"])
+    t = pd.read_parquet(forest / CONTEXT_AUDIT_FILE).set_index(["target", "attack"])
     assert t.loc[("deployed", "rmia"), "auc_low"] > 0.8  # measured 0.99 at N = 128
     assert t.loc[("deployed", "rmia"), "outcome"] == "memorization"
     assert (t.xs("never_in_context")["outcome"] == "no_signal").all()
-    p = pd.read_parquet(prior / "context_audit.parquet")
+    p = pd.read_parquet(prior / CONTEXT_AUDIT_FILE)
     assert (p["outcome"] == "no_signal").all()
-    assert json.loads((prior / "verdict.json").read_text())["outcome"] == "no_signal"
+    assert json.loads((prior / VERDICT_FILE).read_text())["outcome"] == "no_signal"
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -243,10 +252,10 @@ def test_a_table_too_small_for_a_control_still_audits_but_withholds_trust(tmp_pa
     out = tmp_path / "iris"
     assert _cli("iris", "--model", "pfn-mini", "--context-size", "40", "--references", "4", "--bootstrap", "200",
                 "--null-splits", "0", "--out", str(out)) == 0
-    verdict = json.loads((out / "verdict.json").read_text())
+    verdict = json.loads((out / VERDICT_FILE).read_text())
     assert verdict["trusted"] is False
     assert "no never-in-context control" in verdict["reason"]
-    assert set(pd.read_parquet(out / "context_audit.parquet")["target"]) == {"deployed"}
+    assert set(pd.read_parquet(out / CONTEXT_AUDIT_FILE)["target"]) == {"deployed"}
 
 
 def _audit_package_classifier(tmp_path, monkeypatch, attribute: str, checkpoint, factory: str):
@@ -258,7 +267,7 @@ def _audit_package_classifier(tmp_path, monkeypatch, attribute: str, checkpoint,
     out = tmp_path / factory
     assert _cli("digits", "--estimator", f"audit_estimators:{factory}", "--context-size", "64", "--references", "4",
                 "--bootstrap", "200", "--null-splits", "1", "--out", str(out)) == 0
-    table = pd.read_parquet(out / "context_audit.parquet")
+    table = pd.read_parquet(out / CONTEXT_AUDIT_FILE)
     assert set(table["target"]) == {"deployed", "never_in_context"}
     return out, table
 
@@ -277,10 +286,10 @@ def test_tabpfns_own_fitted_classifier_is_audited_as_deployed_through_the_estima
     save_as_safetensors({"config": model.options["config"], "state_dict": dict(model.module.state_dict())}, path)
     out, table = _audit_package_classifier(tmp_path, monkeypatch, "TABPFN_CHECKPOINT", path, "tabpfn_classifier")
     assert (table["outcome"] == "no_signal").all()
-    verdict = json.loads((out / "verdict.json").read_text())
+    verdict = json.loads((out / VERDICT_FILE).read_text())
     assert verdict["outcome"] == "no_signal"
     assert verdict["trusted"] is True
-    assert json.loads((out / "provenance.json").read_text())["config"]["estimator"] == \
+    assert json.loads((out / PROVENANCE_FILE).read_text())["config"]["estimator"] == \
         "audit_estimators:tabpfn_classifier"
 
 
@@ -301,11 +310,11 @@ def test_a_real_carte_table_with_text_columns_is_audited_and_its_control_says_no
     out = tmp_path / "spotify"
     assert _cli(f"{CARTE_DIR}:spotify", "--model", "pfn-mini", "--references", "32", "--bootstrap", "200",
                 "--null-splits", "2", "--out", str(out)) == 0
-    table = pd.read_parquet(out / "context_audit.parquet").set_index(["target", "attack"])
+    table = pd.read_parquet(out / CONTEXT_AUDIT_FILE).set_index(["target", "attack"])
     # measured here: LiRA and RMIA AUC 0.75-0.79 on the deployed context, the control 0.44-0.54
     assert (table.xs("deployed").loc[["lira_online", "lira_offline", "rmia"], "auc_low"] > 0.6).all()
     assert (table.xs("never_in_context")["outcome"] == "no_signal").all()
-    assert json.loads((out / "verdict.json").read_text())["trusted"] is True
+    assert json.loads((out / VERDICT_FILE).read_text())["trusted"] is True
 
 
 def test_the_audit_logged_to_wandb_offline_holds_its_verdict_and_metrics_and_no_row_of_the_table(tmp_path,
@@ -318,12 +327,12 @@ def test_the_audit_logged_to_wandb_offline_holds_its_verdict_and_metrics_and_no_
     out = tmp_path / "audit"
     assert _cli(f"{table_file}:target", "--model", "pfn-mini", "--context-size", "96", "--references", "4",
                 "--bootstrap", "200", "--null-splits", "1", "--out", str(out), "--wandb", "offline") == 0
-    logs = sorted((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    logs = sorted((out / WANDB_DIR).glob("offline-run-*/run-*.wandb"))
     assert len(logs) == 1
     records = read_wandb_records(logs[0])
     summary, config = wandb_summary(records), wandb_config(records)
-    verdict = json.loads((out / "verdict.json").read_text())
-    table = pd.read_parquet(out / "context_audit.parquet")
+    verdict = json.loads((out / VERDICT_FILE).read_text())
+    table = pd.read_parquet(out / CONTEXT_AUDIT_FILE)
     assert summary["verdict/outcome"] == verdict["outcome"]
     assert summary["verdict/trusted"] == verdict["trusted"]
     for row in table.itertuples():
@@ -334,7 +343,7 @@ def test_the_audit_logged_to_wandb_offline_holds_its_verdict_and_metrics_and_no_
     assert "task" not in config  # the file's path stays in the folder; the audit is named by the task's name
     assert config["audit_name"] == "context-patients"
     assert config["audit"] == "context"
-    for path in (out / "wandb").rglob("*"):
+    for path in (out / WANDB_DIR).rglob("*"):
         if path.is_file():
             assert CANARY.encode() not in path.read_bytes(), path
             assert str(table_file).encode() not in path.read_bytes(), path

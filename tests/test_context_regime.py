@@ -77,6 +77,7 @@ def test_a_table_too_small_for_its_q_is_refused_before_any_folder_or_cluster_wor
 
 @pytest.mark.slow
 def test_a_sweep_with_regime_context_audits_the_deployed_context_beside_its_trials_and_resumes(ray_session, tmp_path):
+    from orchestrator.run_folder import RunFolder
     from orchestrator.sweep import run_sweep
 
     sweep = parse_sweep(_sweep(grid={"regime": ["single_fixed", "context"], "q": [64], "lr": [1e-3]},
@@ -92,7 +93,7 @@ def test_a_sweep_with_regime_context_audits_the_deployed_context_beside_its_tria
     # planted by construction: the 64 rows in the deployed context are found against 64 label-matched others...
     assert verdict["outcome"] == "memorization"
     assert verdict["trusted"]
-    table = pd.read_parquet(run / "context_audits.parquet")
+    table = RunFolder(run).context_audits()
     assert set(table["run_id"]) == {spec.run_id}
     deployed = table[table["target"] == "deployed"]
     assert deployed["p_value"].min() < 1e-6

@@ -5,7 +5,6 @@ found without DP and not under DP-SGD at ε = 1, whose ε lower bound stays belo
 
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 import warnings
@@ -402,8 +401,10 @@ def test_a_real_sweep_with_a_dp_axis_records_each_guarantee_and_reports_privacy(
     assert "accountant ε" in page
     from synthetic_run_dir import read_wandb_records, wandb_config
 
+    from orchestrator.run_folder import RunFolder
+
     run_dir = tmp_path / "run"
-    ids = {r: e["wandb_id"] for r, e in json.loads((run_dir / "wandb" / "trial_runs.json").read_text())["runs"].items()}
+    ids = {r: e["wandb_id"] for r, e in RunFolder(run_dir).trial_runs()["runs"].items()}
     for run_id, want in ((private["run_id"].iloc[0], 1.0), (plain["run_id"].iloc[0], None)):
         (path,) = run_dir.glob(f"wandb/offline-run-*-{ids[run_id]}/run-{ids[run_id]}.wandb")
         config = wandb_config(read_wandb_records(path))

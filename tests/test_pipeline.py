@@ -245,13 +245,14 @@ def test_each_run_logged_its_config_training_and_probe_metrics_to_its_own_wandb_
     from synthetic_run_dir import read_wandb_records, wandb_config, wandb_history, wandb_summary
 
     from orchestrator import report as R
+    from orchestrator.run_folder import RunFolder
 
     run_dir, results, _ = sweep_run
     trained = {}  # run_id -> [(epoch, train_loss)] as Tune recorded them
     for path in (run_dir / "tune").rglob("result.json"):
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         trained[lines[0]["run_id"]] = [(r["epoch"], r["train_loss"]) for r in lines]
-    ids = {r: e["wandb_id"] for r, e in json.loads((run_dir / "wandb" / "trial_runs.json").read_text())["runs"].items()}
+    ids = {r: e["wandb_id"] for r, e in RunFolder(run_dir).trial_runs()["runs"].items()}
     assert set(ids) == set(results["run_id"])
     assert len(set(ids.values())) == len(ids)
     peaks = R.peak_checkpoints(R.public_results(results), regime=None).set_index("run_id")

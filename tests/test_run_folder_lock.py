@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from iclmem.errors import RunFolderInUse
-from iclmem.runfolder import DRIVER_FILE, LOCK_FILE
+from iclmem.runfolder import DRIVER_FILE, LOCK_FILE, SWEEP_FILE
 from iclmem.runlock import hold_run_folder, read_holder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def held(small_run, tmp_path):
 def _sweep_file(run_dir: Path, tmp_path: Path) -> Path:
     """The folder's own sweep as a sweep file: `iclmem run` of it would continue the folder."""
     path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump(json.loads((run_dir / "sweep.json").read_text())))
+    path.write_text(yaml.safe_dump(json.loads((run_dir / SWEEP_FILE).read_text())))
     return path
 
 

@@ -14,7 +14,7 @@ from iclmem.atomic import write_parquet_atomic
 from iclmem.errors import DataError, ResultSchemaError
 from iclmem.provenance import Provenance
 from iclmem.record import RunIdentity
-from iclmem.runfolder import RESULTS_FILE, SWEEP_FILE, RunStatus, write_run_state
+from iclmem.runfolder import RESULTS_FILE, RUN_STATE_FILE, SWEEP_FILE, RunStatus, write_run_state
 from orchestrator.config import parse_sweep
 from orchestrator.folder_claims import record_sweep
 from orchestrator.run_folder import RunFolder
@@ -92,7 +92,7 @@ def test_the_run_state_says_interrupted_and_a_damaged_state_reads_as_none(tmp_pa
     assert folder.run_state["incomplete_runs"] == ["r0"]
     write_run_state(tmp_path, RunStatus.COMPLETE)
     assert not folder.interrupted
-    (tmp_path / "run_state.json").write_text("{not json")
+    (tmp_path / RUN_STATE_FILE).write_text("{not json")
     assert not folder.interrupted
     with pytest.raises(DataError, match="run_state.json"):
         folder.run_state  # noqa: B018

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from iclmem.errors import ConfigError
-from iclmem.runfolder import RESULTS_FILE
+from iclmem.runfolder import FIGURES_DIR, PROBES_DIR, PROVENANCE_FILE, REPORT_FILE, RESULTS_FILE, SWEEP_FILE, TUNE_DIR
 from orchestrator.config import parse_sweep
 from orchestrator.folder_claims import record_sweep
 from orchestrator.sweep import run_sweep
@@ -29,10 +29,10 @@ def _digests(folder: Path) -> dict[str, str]:
 
 
 def _users_folder(folder: Path) -> Path:
-    (folder / "figures").mkdir(parents=True)
-    (folder / "report.html").write_text("<html>my own report</html>")
-    (folder / "provenance.json").write_text('{"mine": true}')
-    (folder / "figures" / "plot.png").write_bytes(b"\x89PNG not really")
+    (folder / FIGURES_DIR).mkdir(parents=True)
+    (folder / REPORT_FILE).write_text("<html>my own report</html>")
+    (folder / PROVENANCE_FILE).write_text('{"mine": true}')
+    (folder / FIGURES_DIR / "plot.png").write_bytes(b"\x89PNG not really")
     return folder
 
 
@@ -150,7 +150,7 @@ def _copy(run_dir: Path, target: Path) -> Path:
 
 
 def _trial_files(run_dir: Path) -> dict[str, str]:
-    return {k: v for k, v in _digests(run_dir / "tune").items() if "checkpoint_" in k or k.endswith("result.json")}
+    return {k: v for k, v in _digests(run_dir / TUNE_DIR).items() if "checkpoint_" in k or k.endswith("result.json")}
 
 
 @pytest.mark.slow  # a real sweep, run twice into one folder
@@ -173,9 +173,9 @@ def test_resume_refuses_a_sweep_json_edited_after_the_results_naming_both_hashes
     import json
 
     run_dir = _copy(finished, tmp_path / "edited")
-    stored = json.loads((run_dir / "sweep.json").read_text())
+    stored = json.loads((run_dir / SWEEP_FILE).read_text())
     stored["grid"]["lr"] = [2e-3]
-    (run_dir / "sweep.json").write_text(json.dumps(stored))
+    (run_dir / SWEEP_FILE).write_text(json.dumps(stored))
     before = _digests(run_dir)
     code, err = _main(capsys, "resume", str(run_dir))
     assert code == 2, err
@@ -193,7 +193,7 @@ def test_report_refuses_to_replace_the_results_by_an_emptier_table_unless_forced
     import pandas as pd
 
     run_dir = _copy(finished, tmp_path / "pruned")
-    shutil.rmtree(run_dir / "probes")
+    shutil.rmtree(run_dir / PROBES_DIR)
     before = _digests(run_dir)
     code, err = _main(capsys, "report", str(run_dir))
     assert code == 2, err
@@ -210,7 +210,7 @@ def test_report_refuses_to_replace_the_results_by_an_emptier_table_unless_forced
 @pytest.mark.parametrize("command", ["report", "resume"])
 def test_a_damaged_sweep_json_is_one_line_naming_it_with_exit_2(finished, tmp_path, capsys, command):
     run_dir = _copy(finished, tmp_path / "damaged")
-    (run_dir / "sweep.json").write_text("{garbage")
+    (run_dir / SWEEP_FILE).write_text("{garbage")
     before = _digests(run_dir)
     code, err = _main(capsys, command, str(run_dir))
     assert code == 2, err
@@ -294,10 +294,10 @@ def _edit_outcome(run_dir: Path) -> tuple[str, str]:
     """sweep.json's outcome block edited by hand; (the recorded hash, the edited one)."""
     import json
 
-    stored = json.loads((run_dir / "sweep.json").read_text())
+    stored = json.loads((run_dir / SWEEP_FILE).read_text())
     recorded = parse_sweep(stored).config_hash()
     stored["outcome"] = {**stored["outcome"], "rule": "paper", "memorization_auc": 0.6}
-    (run_dir / "sweep.json").write_text(json.dumps(stored))
+    (run_dir / SWEEP_FILE).write_text(json.dumps(stored))
     return recorded, parse_sweep(stored).config_hash()
 
 
@@ -307,8 +307,8 @@ def test_report_refuses_a_sweep_json_whose_outcome_was_edited_naming_both_hashes
     before = _digests(run_dir)
     code, err = _main(capsys, "report", str(run_dir), "--wandb", "disabled")
     assert code == 2, err
-    assert f"{run_dir / 'sweep.json'} (config hash {edited}) no longer matches" in err
-    assert f"{run_dir / 'provenance.json'}: hash {recorded}" in err
+    assert f"{run_dir / SWEEP_FILE} (config hash {edited}) no longer matches" in err
+    assert f"{run_dir / PROVENANCE_FILE}: hash {recorded}" in err
     assert "iclmem report --force" in err
     assert "Traceback" not in err
     assert _digests(run_dir) == before, "a refused report changed the folder"
@@ -320,7 +320,7 @@ def test_report_force_reports_an_edited_sweep_json_anyway_marked_as_forced(small
     code, err = _main(capsys, "report", str(run_dir), "--wandb", "disabled", "--force")
     assert code == 0, err
     assert "reporting anyway (--force)" in err
-    page = (run_dir / "report.html").read_text()
+    page = (run_dir / REPORT_FILE).read_text()
     assert "(forced)</title>" in page
     assert '<section id="forced">' in page
     assert f"config hash {edited}" in page
@@ -331,26 +331,26 @@ def test_report_of_an_unedited_folder_is_not_marked_as_forced(small_run, tmp_pat
     run_dir = _copy(small_run, tmp_path / "plain")
     code, err = _main(capsys, "report", str(run_dir), "--wandb", "disabled")
     assert code == 0, err
-    assert "forced" not in (run_dir / "report.html").read_text().lower()
+    assert "forced" not in (run_dir / REPORT_FILE).read_text().lower()
 
 
 @pytest.mark.parametrize("command", ["resume", "report"])
 def test_a_folder_with_results_but_no_provenance_is_refused_saying_what_is_missing(small_run, tmp_path, capsys,
                                                                                       command):
     run_dir = _copy(small_run, tmp_path / "no-provenance")
-    (run_dir / "provenance.json").unlink()
+    (run_dir / PROVENANCE_FILE).unlink()
     before = _digests(run_dir)
     code, err = _main(capsys, command, str(run_dir))
     assert code == 2, err
     assert f"{run_dir} holds results (results.parquet and probes/) but no provenance.json" in err
     assert "Traceback" not in err
     assert _digests(run_dir) == before
-    assert not (run_dir / "provenance.json").exists(), "provenance.json was written again over the old rows"
+    assert not (run_dir / PROVENANCE_FILE).exists(), "provenance.json was written again over the old rows"
 
 
 def test_report_force_reports_a_folder_without_provenance_marked_as_forced(small_run, tmp_path, capsys):
     run_dir = _copy(small_run, tmp_path / "no-provenance-forced")
-    (run_dir / "provenance.json").unlink()
+    (run_dir / PROVENANCE_FILE).unlink()
     code, err = _main(capsys, "report", str(run_dir), "--wandb", "disabled", "--force")
     assert code == 0, err
-    assert "but no provenance.json" in (run_dir / "report.html").read_text()
+    assert "but no provenance.json" in (run_dir / REPORT_FILE).read_text()

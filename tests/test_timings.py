@@ -12,7 +12,7 @@ import pytest
 
 import orchestrator.estimate as estimate_mod
 from iclmem.errors import DataError
-from iclmem.runfolder import RESULTS_FILE
+from iclmem.runfolder import RESULTS_FILE, SWEEP_FILE, TIMINGS_FILE, TUNE_DIR
 from orchestrator.cli import main
 from orchestrator.config import parse_sweep
 from orchestrator.estimate_measure import Overheads, UnitCosts
@@ -64,7 +64,7 @@ def test_the_timings_record_refuses_unknown_phases_and_its_reader_names_a_missin
     with pytest.raises(DataError, match="unknown phase"):
         RunTimings(wall_s=1, parallel_s=1, serial={"coffee": 1.0}, work={}, workers=1, probe_actors=1, trials=1,
                    checkpoints=1)
-    with pytest.raises(DataError, match=str(tmp_path / "timings.json")):
+    with pytest.raises(DataError, match=str(tmp_path / TIMINGS_FILE)):
         read_timings(tmp_path)
     clock = PhaseClock()
     with clock(Phase.STAGE_I):
@@ -146,7 +146,7 @@ def test_a_finished_run_records_its_phase_times_as_tune_and_the_probe_actors_rep
     run_dir, _results, _log = real_sweep
     timings = read_timings(run_dir)
     stored = pd.read_parquet(run_dir / RESULTS_FILE)
-    sweep = load_sweep(run_dir / "sweep.json")
+    sweep = load_sweep(run_dir / SWEEP_FILE)
     from orchestrator.trials import expand_grid
 
     assert timings.trials == len(expand_grid(sweep))
@@ -161,7 +161,7 @@ def test_a_finished_run_records_its_phase_times_as_tune_and_the_probe_actors_rep
                                                        "probe_plan_seconds"]].sum().sum(), abs=1e-6)
     # fine-tuning is the sum of what the trials reported, epoch by epoch (Tune's own result files)
     reported = 0.0
-    for result_file in (run_dir / "tune").rglob("result.json"):
+    for result_file in (run_dir / TUNE_DIR).rglob("result.json"):
         for line in result_file.read_text().splitlines():
             row = json.loads(line)
             reported += row.get("epoch_seconds", 0.0) + row.get("save_seconds", 0.0)

@@ -21,7 +21,7 @@ from synthetic_run_dir import (
 )
 
 from iclmem.errors import ConfigError
-from iclmem.runfolder import RESULTS_FILE
+from iclmem.runfolder import PREPARED_DIR, RESULTS_FILE, TUNE_DIR, WANDB_DIR
 from iclmem.vocab import LabelMode, Outcome, Regime, ScoreKind
 from orchestrator import report as R
 from orchestrator import wandb_logger as W
@@ -96,15 +96,15 @@ def logged(tmp_path_factory):
         logger = W.WandbResultsLogger(project="iclmem-test", group=GROUP, mode="offline", max_roc_curves=5)
         logger.log_summary(run_dir, raw, figs)
         logger.finish()
-    offline = sorted((run_dir / "wandb").glob("offline-run-*"))
-    assert len(offline) == 1, list((run_dir / "wandb").iterdir())
+    offline = sorted((run_dir / WANDB_DIR).glob("offline-run-*"))
+    assert len(offline) == 1, list((run_dir / WANDB_DIR).iterdir())
     records = read_wandb_records(next(offline[0].glob("run-*.wandb")))
     return run_dir, offline[0], records, logger, root
 
 
 def test_offline_run_lives_under_run_dir(logged):
     run_dir, offline, records, logger, _ = logged
-    assert offline.parent == run_dir / "wandb"
+    assert offline.parent == run_dir / WANDB_DIR
     assert logger.mode == "offline"
     assert logger.run is None
     kinds = {r.WhichOneof("record_type") for r in records}
@@ -164,7 +164,7 @@ def test_results_artifact_is_recorded_with_public_files(logged):
                             "manipulation_auc.parquet"}
     for path in entries.values():
         assert path.is_file()
-        assert run_dir / "wandb" in path.parents
+        assert run_dir / WANDB_DIR in path.parents
     exported = pd.read_parquet(entries["results.parquet"])
     assert len(exported) == 160
     assert "raw_record" not in exported.columns
@@ -173,7 +173,7 @@ def test_results_artifact_is_recorded_with_public_files(logged):
 def _assert_no_canary_or_key(run_dir: Path, root: Path) -> None:
     """Every file W&B wrote (the run folder's and W&B's home) is free of the raw record and the key."""
     scanned = 0
-    for base in (run_dir / "wandb", root / "wandb-home"):
+    for base in (run_dir / WANDB_DIR, root / "wandb-home"):
         for p in base.rglob("*"):
             if p.is_file():
                 data = p.read_bytes()
@@ -323,7 +323,7 @@ def trial_runs(tmp_path_factory):
 
 def _offline_files(run_dir: Path, wandb_id: str) -> list[Path]:
     """The run's transaction logs, oldest driver first (folders are named by start time)."""
-    return sorted((run_dir / "wandb").glob(f"offline-run-*-{wandb_id}/run-{wandb_id}.wandb"))
+    return sorted((run_dir / WANDB_DIR).glob(f"offline-run-*-{wandb_id}/run-{wandb_id}.wandb"))
 
 
 def test_a_restarted_driver_continues_each_trial_run_under_the_same_id(trial_runs):
@@ -332,7 +332,7 @@ def test_a_restarted_driver_continues_each_trial_run_under_the_same_id(trial_run
     assert set(first_ids) == {TRIAL_A, TRIAL_B}
     assert len(set(first_ids.values())) == 2
     assert all(i.startswith(CONFIG_HASH) for i in first_ids.values())
-    ledger = json.loads((run_dir / "wandb" / W.TRIAL_RUNS_FILE).read_text())
+    ledger = json.loads((run_dir / WANDB_DIR / W.TRIAL_RUNS_FILE).read_text())
     assert {r: e["wandb_id"] for r, e in ledger["runs"].items()} == first_ids
     for wandb_id in first_ids.values():
         files = _offline_files(run_dir, wandb_id)
@@ -346,7 +346,7 @@ def test_a_restarted_driver_continues_each_trial_run_under_the_same_id(trial_run
 
 def test_another_run_folder_of_the_same_sweep_gets_other_run_ids(trial_runs, tmp_path):
     run_dir, _, first_ids, _, _ = trial_runs
-    same = W.TrialRunsLedger(run_dir / "wandb" / W.TRIAL_RUNS_FILE, CONFIG_HASH)
+    same = W.TrialRunsLedger(run_dir / WANDB_DIR / W.TRIAL_RUNS_FILE, CONFIG_HASH)
     other = W.TrialRunsLedger(tmp_path / W.TRIAL_RUNS_FILE, CONFIG_HASH)
     assert same.entry(TRIAL_A)["wandb_id"] == first_ids[TRIAL_A]
     assert other.entry(TRIAL_A)["wandb_id"] != first_ids[TRIAL_A]
@@ -635,7 +635,7 @@ def test_iclmem_resume_continues_each_trial_run_under_its_id_and_logs_each_epoch
     monkeypatch.setattr(S, "trial_logger_for", lambda sw, rd: _DiesAtEpoch(real(sw, rd), 5))
     with pytest.raises(Exception, match="driver died at epoch 5|Tune run failed"):
         S.run_sweep(None, run_dir, sweep=sweep, progress=False)
-    runs = json.loads((run_dir / "wandb" / W.TRIAL_RUNS_FILE).read_text())["runs"]
+    runs = json.loads((run_dir / WANDB_DIR / W.TRIAL_RUNS_FILE).read_text())["runs"]
     assert len(runs) == 1
     assert next(iter(runs.values()))["trained_to"] == 4
     monkeypatch.setattr(S, "trial_logger_for", real)
@@ -643,7 +643,7 @@ def test_iclmem_resume_continues_each_trial_run_under_its_id_and_logs_each_epoch
 
     assert set(results["run_id"]) == set(runs)
     assert sorted(results["epoch"]) == [2, 4, 6]
-    (run, entry), = json.loads((run_dir / "wandb" / W.TRIAL_RUNS_FILE).read_text())["runs"].items()
+    (run, entry), = json.loads((run_dir / WANDB_DIR / W.TRIAL_RUNS_FILE).read_text())["runs"].items()
     assert entry["wandb_id"] == runs[run]["wandb_id"]
     assert (entry["trained_to"], entry["probed"]) == (6, [2, 4, 6])
     files = _offline_files(run_dir, entry["wandb_id"])
@@ -675,12 +675,12 @@ def test_a_checkpoint_is_logged_as_a_reference_artifact_with_its_inputs_and_a_me
 
     run_dir = tmp_path / "run"
     task = prepare_task(TaskSource("iris", "builtin"), seed=0, q=20, context_size=30)
-    save_prepared(task, run_dir / "prepared")
+    save_prepared(task, run_dir / PREPARED_DIR)
     finetune = {"model": "pfn-mini", "model_options": {"weights": "shipped"}, "regime": "single_fixed",
                 "lr": 1e-3, "epochs": 1, "seed": 0}
     finetuner = Finetuner(FinetuneSpec(**finetune), [task])
     finetuner.run_epoch()
-    checkpoint = finetuner.save(tmp_path / "tune" / "trial" / "checkpoint_000000")
+    checkpoint = finetuner.save(tmp_path / TUNE_DIR / "trial" / "checkpoint_000000")
     manifest = json.loads((checkpoint / "checkpoint.json").read_text())
     identity = {"run_id": "iris-single_fixed-lr0.001-q20", "task": "iris", "model": "pfn-mini",
                 "regime": "single_fixed", "lr": 1e-3, "q": 20, "label_mode": "normal", "seed": 0}
@@ -693,7 +693,7 @@ def test_a_checkpoint_is_logged_as_a_reference_artifact_with_its_inputs_and_a_me
         logger.log_probe({**identity, "epoch": 1, "outcome": outcome, "auc": 0.91, "tpr_at_1pct": 0.4})
     wandb_id = logger.runs[identity["run_id"]].id
     logger.finish()
-    records = [r for path in sorted((run_dir / "wandb").glob(f"offline-run-*-{wandb_id}/run-{wandb_id}.wandb"))
+    records = [r for path in sorted((run_dir / WANDB_DIR).glob(f"offline-run-*-{wandb_id}/run-{wandb_id}.wandb"))
                for r in read_wandb_records(path)]
     artifacts = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact"]
     assert len(artifacts) == 1
@@ -805,7 +805,7 @@ def test_a_damaged_trial_run_ledger_is_one_line_naming_the_file_and_is_left_alon
     2 at the command line), never a JSONDecodeError or an AttributeError from inside the logger."""
     from iclmem.errors import DataError
 
-    path = tmp_path / "wandb" / W.TRIAL_RUNS_FILE
+    path = tmp_path / WANDB_DIR / W.TRIAL_RUNS_FILE
     path.parent.mkdir()
     path.write_bytes(text.encode("utf-8", "surrogateescape"))
     before = path.read_bytes()

@@ -5,7 +5,8 @@ chooses it), the attack with the highest AUC beside it, and the highest TPR at 1
 never-in-context control.
 
 Reads ``RUN_DIR/context_audits.parquet`` (``orchestrator.context_audit.collect_sweep_audits``: public columns,
-ids and metrics) and each audit's ``verdict.json``; no row value is read.
+ids and metrics) and each audit's ``verdict.json``, both through the run folder's reader
+(``orchestrator.run_folder.RunFolder.context_audits`` and ``context_audit_verdict``); no row value is read.
 
 * :func:`context_audits_table` -- that table (pure, from the two);
 * :func:`context_audits_section_html` -- the section (empty string without audits);
@@ -14,17 +15,17 @@ ids and metrics) and each audit's ``verdict.json``; no row value is read.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from iclmem.atomic import write_text_atomic
-from iclmem.runfolder import CONTEXT_AUDITS_DIR, CONTEXT_AUDITS_FILE, REPORT_FILE, VERDICT_FILE
+from iclmem.runfolder import REPORT_FILE
 from iclmem.vocab import ContextTarget
 from orchestrator.report.page import page
 from orchestrator.report.parts import html_table, paragraph, section_html
+from orchestrator.run_folder import RunFolder
 
 __all__ = ["context_audits_section_html", "context_audits_table", "write_context_report"]
 
@@ -61,15 +62,17 @@ def context_audits_table(rows: pd.DataFrame, verdicts: dict[str, dict[str, Any]]
 
 
 def _read(run_dir: Path) -> pd.DataFrame:
-    path = run_dir / CONTEXT_AUDITS_FILE
-    if not path.is_file():
+    """The table of :func:`context_audits_table` from the run folder (empty without context audits); a damaged
+    table or verdict is a DataError naming the file."""
+    folder = RunFolder(run_dir)
+    rows = folder.context_audits()
+    if rows is None:
         return pd.DataFrame()
-    rows = pd.read_parquet(path)
     verdicts = {}
     for run_id in rows["run_id"].astype(str).unique():
-        verdict = run_dir / CONTEXT_AUDITS_DIR / run_id / VERDICT_FILE
-        if verdict.is_file():
-            verdicts[run_id] = json.loads(verdict.read_text())
+        verdict = folder.context_audit_verdict(run_id)
+        if verdict is not None:
+            verdicts[run_id] = verdict
     return context_audits_table(rows, verdicts)
 
 
