@@ -21,7 +21,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -43,7 +43,7 @@ from iclmem.runfolder import (
     undo_if_refused,
 )
 from iclmem.runlock import hold_run_folder
-from iclmem.vocab import LabelDesign, LabelMode
+from iclmem.vocab import LabelDesign, LabelMode, SourceKind
 from trainables.data.task import PrepSettings
 
 # Draws of non-members for external members before the audit gives up on finding exchangeable ones: Stage I's
@@ -88,16 +88,16 @@ def parse_task(spec: str) -> Any:
         if spec.endswith((".csv", ".parquet")):
             raise ConfigError(f"--task {spec}: a table needs its target column after a colon: --task {spec}:TARGET "
                               "(a CARTE folder is DIR:NAME)")
-        return TaskSource(spec, "builtin")
+        return TaskSource(spec, SourceKind.BUILTIN)
     # a table's target is everything after the first ``.csv:`` / ``.parquet:``, so a column may hold colons
     # (``data.csv:a:b`` is column ``a:b`` of data.csv, not the CARTE folder ``data.csv:a``)
     table = re.match(r"(?P<file>.+?\.(?:csv|parquet)):(?P<target>.+)\Z", spec, flags=re.S)
     if table is not None:
-        return TaskSource(Path(table["file"]).stem, "table", table["file"], table["target"])
+        return TaskSource(Path(table["file"]).stem, SourceKind.TABLE, table["file"], table["target"])
     left, right = spec.rsplit(":", 1)
     if not left or not right:
         raise ConfigError(f"--task {spec}: give a built-in task name, CARTE_DIR:NAME or FILE.csv:TARGET")
-    return TaskSource(right, "carte", left)
+    return TaskSource(right, SourceKind.CARTE, left)
 
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -327,7 +327,8 @@ def with_recorded_split(task: Any, truth: dict[str, Any], source: str) -> Any:
         rows = _positions(task, truth[f"{part}_row_ids"], part, source)
         labels[rows] = np.asarray(truth[f"{part}_labels"], dtype=np.int64)
         parts.append(rows)
-    return _resplit(task, *parts, labels=labels)
+    members, nonmembers, context = parts
+    return _resplit(task, members, nonmembers, context, labels=labels)
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -351,7 +352,7 @@ def _build_weights(name: str, options: dict[str, Any], weights: Path, role: str)
 
 
 def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: str | None = None,
-                     base_options: dict | None = None, base_weights: str | None = None, out: str | None = None,
+                     base_options: dict[str, Any] | None = None, base_weights: str | None = None, out: str | None = None,
                      q: int | None = None, label_mode: str | None = None, seed: int | None = None,
                      bootstrap: int = DEFAULT_BOOTSTRAP, members: str | None = None,
                      context_size: int | None = None, log: Any = None) -> dict[str, Any]:
@@ -436,7 +437,8 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
               if record is not None and record.truth is not None else LabelDesign.MATCHED.value)
     # in memory (or read from an earlier audit's cache), and every check of it made, before anything is written:
     # a task, members file or canary record refused leaves no folder (and no prepared rows) behind
-    prep_settings = base.prep_settings(PrepSettings(context_size=context_size, label_design=design))
+    # the design as the log records it, a string: PrepSettings makes it a LabelDesign and names an unknown one
+    prep_settings = base.prep_settings(PrepSettings(context_size=context_size, label_design=cast(LabelDesign, design)))
     fingerprint = task_fingerprint(source, prep_settings, label_mode, seed, q, None)
     cache_dir = out_dir / PREPARED_DIR
     stage_one = (load_prepared(fingerprint, cache_dir) if cache_dir.is_dir() else None) or \
@@ -451,6 +453,7 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
             prepared = with_recorded_split(prepared, record.truth, truth_file)
         else:
             assert member_file is not None
+            assert members is not None  # member_file was read from it
             prepared = with_members(prepared, ids, seed, source=members, member_labels=member_file.labels)
     elif record is not None and record.truth is not None:
         prepared = with_recorded_split(prepared, record.truth, truth_file)
@@ -520,7 +523,7 @@ def audit_estimator(estimator: str, base_estimator: str, task: str, *, members: 
     claim_audit_folder(out_dir, identity_hash, "--out" if out else "the default audit folder", "estimator", note=note)
     # Stage I in memory, before the folder is made: a table or members file that cannot be audited leaves none
     n_members = len(member_file.row_ids)
-    prepared = load_or_prepare(source, PrepSettings(context_size=context_size, label_design=LabelDesign.MATCHED.value),
+    prepared = load_or_prepare(source, PrepSettings(context_size=context_size, label_design=LabelDesign.MATCHED),
                                label_mode, seed, q=n_members)
     prepared = with_members(prepared, member_file.row_ids, seed, source=members, member_labels=member_file.labels)
     # one checked fit of each estimator on the members, scored on a few non-members: one that fails or answers

@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     wandb_modes = values(WandbMode)
 
-    def parser(parent: argparse._SubParsersAction, name: str, **kwargs: str) -> argparse.ArgumentParser:
+    def parser(parent: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+               **kwargs: Any) -> argparse.ArgumentParser:
         return parent.add_parser(name, formatter_class=formatter, **kwargs)
 
     def ray_args(sp: argparse.ArgumentParser, console_log: bool = True) -> None:

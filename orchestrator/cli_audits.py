@@ -12,8 +12,8 @@ from iclmem.errors import ConfigError
 
 def cmd_models(args: argparse.Namespace) -> int:
     from trainables.models import MODELS
-    from trainables.models.base import extra_status
     from trainables.models.checkpoints import DEFAULT_WEIGHTS, is_available
+    from trainables.models.extras import extra_status
 
     for name in MODELS.names():
         default = DEFAULT_WEIGHTS.get(name)

@@ -10,10 +10,13 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from iclmem.errors import ConfigError
 from orchestrator.cli_folders import check_outputs
+
+if TYPE_CHECKING:
+    from orchestrator.config import SweepConfig
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -35,7 +38,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         return _report(args, run_dir, sweep)
 
 
-def _report(args: argparse.Namespace, run_dir: Path, sweep: Any) -> int:
+def _report(args: argparse.Namespace, run_dir: Path, sweep: SweepConfig) -> int:
     from orchestrator.aggregate import aggregate
     from orchestrator.folder_claims import results_config_mismatch
 
@@ -64,7 +67,7 @@ def _report(args: argparse.Namespace, run_dir: Path, sweep: Any) -> int:
     if args.wandb_report:
         from orchestrator.report.wandb_summary import build_wandb_report
 
-        report = build_wandb_report(entity, sweep.wandb.project, sweep.name, results, run_dir=run_dir,
+        report = build_wandb_report(str(entity), sweep.wandb.project, sweep.name, results, run_dir=run_dir,
                                     publish=True)
         print(f"[iclmem] W&B report: {getattr(report, 'url', '')}")
     if args.wandb_workspace:

@@ -22,7 +22,7 @@ ConfigT = TypeVar("ConfigT", bound=BaseModel)
 _YAML_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
+class UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no type hints here (no types-PyYAML)
     """yaml.safe_load that refuses a key given twice in one mapping (YAML would keep the last silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -37,7 +37,8 @@ class UniqueKeyLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark)
             seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:

@@ -136,7 +136,7 @@ def gaussian_mechanism_or_why_not(row: Mapping[str, Any]) -> str | None:
         return ("not a DP-SGD run: a μ lower bound implies an ε lower bound only for a mechanism whose trade-off "
                 "curve is Gaussian (full-batch DP-SGD), and nothing says this training's is")
     rate = row.get("dp_sample_rate")
-    if pd.notna(rate) and float(rate) != 1.0:
+    if rate is not None and pd.notna(rate) and float(rate) != 1.0:
         return (f"DP-SGD with sampled batches (sample rate {float(rate):g}): its trade-off curve is not Gaussian, "
                 "so a μ lower bound implies no ε lower bound")
     return None

@@ -137,8 +137,9 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
     from probes.calibration import model_digest
     from probes.scoring import ProbePlan, ProbeQueries, score
     from trainables.data import prepare_task
-    from trainables.finetune import Finetuner, FinetuneSpec, load_checkpoint_model
+    from trainables.finetune import Finetuner, load_checkpoint_model
     from trainables.models import build_model
+    from trainables.spec import FinetuneSpec
 
     settings = build_model(model_name, **{**model_options, "weights": "random"}).prep_settings(
         sweep.data.prep_settings())  # the model's own input width, as the sweep prepares it
@@ -233,8 +234,12 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
         return stub(p, "reference")
 
     probe_settings = sweep.probe_settings(n_checkpoints=len(spec.schedule()))
-    saved = probe_mod.score, probe_mod.reference_scores
-    probe_mod.score, probe_mod.reference_scores = fake_score, fake_reference
+    # probe_checkpoint calls the scorers by its module's names (probes.scoring's, imported there): stubbed there,
+    # by name, for the measurement
+    fakes = {"score": fake_score, "reference_scores": fake_reference}
+    saved = {name: getattr(probe_mod, name) for name in fakes}
+    for name, fake in fakes.items():
+        setattr(probe_mod, name, fake)
     try:
         with tempfile.TemporaryDirectory(prefix="iclmem-estimate-") as cache, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # coarse-TPR notes on small Q are expected here
@@ -256,7 +261,8 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
             writes = iter(range(10))
             rest_s += load_s + median_time(lambda: result["r"].save(cache, f"job{next(writes)}"), 2, budget)
     finally:
-        probe_mod.score, probe_mod.reference_scores = saved
+        for name, original in saved.items():
+            setattr(probe_mod, name, original)
     return UnitCosts(model=model_name, q=q, device=str(finetuner_device), task=task_config.name, prepare_s=prepare_s,
                      epoch_s=epoch_s, save_s=save_s, plan_s=plan_s, contexts=len(plan.planned),
                      forwards_saved=plan.forwards_saved(base.invariances),

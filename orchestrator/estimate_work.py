@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -102,7 +103,10 @@ def count_work(sweep: Any) -> Work:
     references = Counter(CostKey(key[1], key[2], key[0]) for key in refs)
     controls = references if sweep.probe.base_as_checkpoint else Counter()
     steps = sum(t.epochs * len(keys_of[tr.run_id]) for tr in trials)
-    contexts = lambda counter, per: {k: n * per * 2 * k.q * suite for k, n in counter.items()}  # noqa: E731
+
+    def contexts(counter: Mapping[CostKey, int], per: int) -> dict[CostKey, int]:
+        return {k: n * per * 2 * k.q * suite for k, n in counter.items()}
+
     prepared = {(task, tr.q, tr.label_mode, tr.seed) for tr in trials for task in tr.task.split("+")}
     probe_contexts = contexts(runs_by, len(schedule))
     canaries = canary_settings(sweep)

@@ -59,7 +59,7 @@ def refuse_what_the_local_ray_lacks(prepared: PreparedSweep) -> None:
     import ray
 
     sweep = prepared.sweep
-    problems = unsatisfiable_resources(sweep.resources, ray.cluster_resources(),
+    problems = unsatisfiable_resources(sweep.resources, ray.cluster_resources(),  # type: ignore[no-untyped-call]  # ray's state API has no annotations
                                        pools=probe_pool_count(sweep) if prepared.trials else 0)
     if problems:
         raise RefusedBeforeStart("the local Ray cannot run this sweep (nothing was started; Stage I's results "

@@ -137,7 +137,7 @@ def check_dockerfile(path: str | Path, pyproject: str | Path | None = None) -> C
     parsed = _parse(text)
     result.problems += comment_secret_problems(text, where, whole_line_only=True)
     given = pyproject is not None
-    pyproject = Path(pyproject) if given else _nearest_pyproject(path)
+    pyproject = Path(pyproject) if pyproject is not None else _nearest_pyproject(path)
     extras = {e.strip() for ins in parsed.instructions if ins.keyword == "RUN" and "pip install" in ins.text
               for group in re.findall(r"\.\[([^\]]+)\]", ins.text) for e in group.split(",")}
     every = pyproject_pins(pyproject) if pyproject is not None and pyproject.is_file() else {}

@@ -240,7 +240,7 @@ def check_manifest(path: str | Path, sweeps: Sequence[str | Path] = ()) -> Clust
         if len(images) > 1:
             result.problems.append(f"{at}: {prefix}: the groups run different images {sorted(images)}: one image, "
                                    "so every node has the same iclmem, torch and Ray")
-        nodes = {"head": {"resources": _resources(cluster["headGroupSpec"]), "max_workers": 0}}
+        nodes: dict[str, dict[str, Any]] = {"head": {"resources": _resources(cluster["headGroupSpec"]), "max_workers": 0}}
         for _field, name, group in _groups(cluster)[1:]:
             most = int(group.get("maxReplicas", group.get("replicas", 0)) or 0)
             nodes[name] = {"resources": _resources(group), "max_workers": most}

@@ -95,13 +95,14 @@ def resolve_inputs(cfg: LMSweepConfig, run_dir: Path) -> LMInputs:
         models[m.label] = path
     datasets: dict[str, LMDataset] = {}
     for d in cfg.datasets:
-        path = synth_data if d.builtin else d.path
+        data_path = synth_data if d.builtin else d.path
+        assert data_path is not None  # the schema gives a dataset a path or builtin (built above)
         types = [canonical_type(t) for t in d.entity_types] if d.entity_types else None
-        ds = load_dataset(path, d.data_format, d.name, types)
+        ds = load_dataset(data_path, d.data_format, d.name, types)
         if cfg.runs(LMProbe.NER) and not ds.supports_ner and not DATASET_FORMATS.get(d.data_format).is_entity_list:
-            raise DataError(f"dataset {d.name!r}: NER needs a train and a test split file in {path}")
+            raise DataError(f"dataset {d.name!r}: NER needs a train and a test split file in {data_path}")
         if ds.entities().empty:
-            raise DataError(f"dataset {d.name!r}: no entity found in {path}")
+            raise DataError(f"dataset {d.name!r}: no entity found in {data_path}")
         datasets[d.name] = ds
     return LMInputs(models, datasets, {d.name: d.data_format for d in cfg.datasets},
                     {name: _dataset_digest(ds) for name, ds in datasets.items()},
@@ -381,8 +382,11 @@ def _run_lm_sweep(config_path: str | Path | None, run_dir: str | Path, *, config
     refuse_if_held(run_dir)  # a folder another driver works in is refused as such, before anything is read
     if resume:
         cfg = _stored_config(run_dir)
+    elif config is not None:
+        cfg = config
     else:
-        cfg = config or load_lm_sweep(config_path)
+        assert config_path is not None, "a new run is given its config or the config file"
+        cfg = load_lm_sweep(config_path)
     require_writable(run_dir, resume)
     if not resume:
         claim_run_folder(run_dir, kind="lm", config_hash=cfg.config_hash())  # before anything is written

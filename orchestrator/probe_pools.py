@@ -15,6 +15,7 @@ from orchestrator.progress import Watchdog
 
 if TYPE_CHECKING:
     from orchestrator.prepare import PreparedSweep
+    from probes.actors import PoolJob, ProbeJob, ProbePool
 
 
 def probe_pool_key(model_cfg: Any) -> tuple[str, str]:
@@ -67,7 +68,7 @@ class ProbePools:
     """One probe pool per model of the sweep, each holding that model's own base as the reference;
     jobs are routed by the (model, options) of the run they come from."""
 
-    def __init__(self, pools: dict[tuple[str, str], Any]) -> None:
+    def __init__(self, pools: dict[tuple[str, str], ProbePool]) -> None:
         self.pools = pools
 
     def submit(self, job: Any) -> None:
@@ -94,7 +95,7 @@ class ProbePools:
         return sum(len(pool.pending) for pool in self.pools.values())
 
     @property
-    def failed(self) -> list:
+    def failed(self) -> list[tuple[PoolJob, str]]:
         return [f for pool in self.pools.values() for f in pool.failed]
 
     @property
@@ -147,7 +148,7 @@ def start_probe_pools(prepared: PreparedSweep, run_dir: Path) -> ProbePools:
     return ProbePools(pools)
 
 
-def jobs_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Path) -> list:
+def jobs_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Path) -> list[ProbeJob]:
     """One probe job per task of the run (``config``: the trial's config as Tune holds it): a multi-task run
     (multi_fixed, multi_random) is probed on every one of its tasks, one results row per task (``task`` = that
     task's name; stems ``eNNNN-tI``)."""

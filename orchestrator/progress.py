@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ray.tune.experiment import Trial
+
     from orchestrator.prepare import PreparedSweep
 
 
@@ -66,7 +68,7 @@ def _resources_text(resources: dict[str, float]) -> str:
                      "object_store_memory", "accelerator_type"))) or "nothing"
 
 
-def stall_reason(trials: list, idle_s: float, console_log: Path | None) -> str:
+def stall_reason(trials: Sequence[Trial], idle_s: float, console_log: Path | None) -> str:
     """One paragraph: how long nothing moved, what waits and what it asks, what the cluster has, and Ray's own
     explanation from the console log when it gave one."""
     import ray
@@ -74,14 +76,18 @@ def stall_reason(trials: list, idle_s: float, console_log: Path | None) -> str:
     pending = [t for t in trials if str(t.status) == "PENDING"]
     parts = [f"no progress for {idle_s / 60:.1f} min"]
     if pending:
+        asks: dict[str, float] = {}
         try:
-            asks = dict(pending[0].placement_group_factory.required_resources)
+            factory = pending[0].placement_group_factory
+            if factory is not None:
+                asks = dict(factory.required_resources)
         except Exception:  # noqa: BLE001 - the explanation must not fail on an internal attribute
             asks = {}
         parts.append(f"{len(pending)} trial(s) waiting to start, each asking {_resources_text(asks)}")
     try:
-        parts.append(f"the cluster holds {_resources_text(ray.cluster_resources())} ("
-                     f"{_resources_text(ray.available_resources())} free)")
+        # ray's state API has no annotations
+        total, free = ray.cluster_resources(), ray.available_resources()  # type: ignore[no-untyped-call]
+        parts.append(f"the cluster holds {_resources_text(total)} ({_resources_text(free)} free)")
     except Exception:  # noqa: BLE001
         pass
     quote = ray_wait_reason(console_log)

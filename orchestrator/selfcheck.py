@@ -23,7 +23,7 @@ from typing import Any
 
 from iclmem.errors import ConfigError
 from iclmem.record import RunIdentity
-from iclmem.vocab import LabelDesign, LabelMode, Regime, Vocab
+from iclmem.vocab import LabelDesign, LabelMode, Regime, SourceKind, Vocab
 
 PLANTED_SUITE = ("base", "skew_true_x2", "position_first", "combo2_random_distractors_1")
 
@@ -65,15 +65,17 @@ def _planted_check(model: str, options: Mapping[str, Any], *, lr: float, epochs:
     from probes.probe import ProbeSettings, probe_checkpoint
     from probes.scoring import ProbePlan, ProbeQueries
     from trainables.data import PrepSettings, TaskSource, prepare_task
-    from trainables.finetune import Finetuner, FinetuneSpec
+    from trainables.finetune import Finetuner
     from trainables.models import build_model
+    from trainables.spec import FinetuneSpec
     from trainables.upstream import UpstreamFinetuner, upstream_options
 
     # Stage I under the model's own input contract (ConTextTab reads the real columns, TabICL/TabPFN
     # unreduced features), as a sweep prepares it for that model.
     prep = build_model(model, **options).prep_settings(PrepSettings(context_size=context_size))
-    prepared = prepare_task(TaskSource(task, "builtin"), prep, LabelMode.SHUFFLED_MEMBERS, seed=seed, q=q)
+    prepared = prepare_task(TaskSource(task, SourceKind.BUILTIN), prep, LabelMode.SHUFFLED_MEMBERS, seed=seed, q=q)
     spec = FinetuneSpec(model=model, model_options=dict(options), lr=lr, epochs=epochs, seed=seed)
+    finetuner: Finetuner | UpstreamFinetuner
     if upstream_options(options):  # the package's own fine-tuner, its early stopping included
         finetuner = UpstreamFinetuner(spec, [prepared])
         finetuner.run(lambda _result, _path, _end: None)
@@ -118,8 +120,9 @@ def no_membership_check(control: NoMembershipControl | str, label_mode: LabelMod
     from probes.probe import ProbeSettings, probe_checkpoint
     from probes.scoring import ProbePlan, ProbeQueries
     from trainables.data import PrepSettings, TaskSource, prepare_task
-    from trainables.finetune import Finetuner, FinetuneSpec
+    from trainables.finetune import Finetuner
     from trainables.models import build_model
+    from trainables.spec import FinetuneSpec
 
     control = NoMembershipControl(control)
     options = {"weights": "shipped"} if options is None and model == "pfn-mini" else dict(options or {})
@@ -128,8 +131,9 @@ def no_membership_check(control: NoMembershipControl | str, label_mode: LabelMod
     try:
         base = build_model(model, **options)
         if prepared is None:
-            prepared = prepare_task(TaskSource(task, "builtin"),
-                                    base.prep_settings(PrepSettings(context_size=context_size, label_design=label_design)),
+            prepared = prepare_task(TaskSource(task, SourceKind.BUILTIN),
+                                    base.prep_settings(PrepSettings(context_size=context_size,
+                                                                label_design=LabelDesign(label_design))),
                                     label_mode, seed=seed, q=q)
         if control is NoMembershipControl.NOISED:
             audited = build_model(model, **options)

@@ -32,7 +32,7 @@ def check_storage(storage_path: str) -> None:
 
     if "://" in storage_path:
         return
-    hosts = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+    hosts = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}  # type: ignore[no-untyped-call]  # ray's state API has no annotations
     declared_shared = os.environ.get("ICLMEM_SHARED_STORAGE") or (
         os.environ.get("ICLMEM_STORAGE") and storage_path.startswith(os.environ["ICLMEM_STORAGE"].rstrip("/")))
     if len(hosts) > 1 and not declared_shared:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -80,8 +80,11 @@ from orchestrator.tune_callbacks import (
     tune_callback,
     unwrap,
 )
-from orchestrator.wandb_logger import WANDB_FINISH_TIMEOUT_S
+from orchestrator.wandb_logger import WANDB_FINISH_TIMEOUT_S, TrialLogger
 from trainables.spec import TUNE_AXIS
+
+if TYPE_CHECKING:  # Tune is imported where the tuner is built
+    from ray.tune import Tuner
 
 
 # ------------------------------------------------------------------------------------------- the run folder
@@ -128,6 +131,7 @@ def _run_sweep(config_path: str | Path | None, run_dir: str | Path, *, sweep: Sw
         sweep = RunFolder(run_dir).sweep
         check_results_match(run_dir, sweep)
     elif sweep is None:
+        assert config_path is not None, "a new run is given its sweep or the sweep file"
         sweep = load_sweep(config_path)
     if not resume:
         claim_run_folder(run_dir, sweep)  # someone else's folder is refused before anything touches it
@@ -299,7 +303,7 @@ def _start_ray(run: _Drive, address: str | None, num_cpus: int | None) -> None:
 
     with run.clock(Phase.RAY):
         run.ray_started = ensure_ray(address, num_cpus=num_cpus)
-    available = ray.cluster_resources()
+    available = ray.cluster_resources()  # type: ignore[no-untyped-call]  # ray's state API has no annotations
     gpus_per_trial = run.prepared.sweep.resources.gpus_per_trial
     run.spent.workers = int(available.get("GPU", 0) if gpus_per_trial > 0 else available.get("CPU", 0))
 
@@ -434,8 +438,10 @@ def damaged_tune_state(experiment: str) -> str | None:
     return None
 
 
-def _tuner(prepared: PreparedSweep, run_dir: Path, callbacks: list, restore: bool,
-           log: Callable[[str], None] = print):
+def _tuner(prepared: PreparedSweep, run_dir: Path, callbacks: list[Any], restore: bool,
+           log: Callable[[str], None] = print) -> Tuner:
+    # ``callbacks``: Tune Callbacks, each built as a subclass of one of ours and of Tune's Callback (Tune imported
+    # only there), which the factories' return types cannot say: Any
     from ray import tune
 
     from trainables.trainable import finetune_trainable
@@ -486,7 +492,7 @@ def _flat_space(configs: list[dict[str, Any]]) -> dict[str, Any]:
     return {TUNE_AXIS: tune.grid_search(configs)}
 
 
-def trial_logger_for(sweep: SweepConfig, run_dir: Path):
+def trial_logger_for(sweep: SweepConfig, run_dir: Path) -> TrialLogger:
     """The sweep's per-trial logger: W&B runs opened by this driver (offline unless the sweep asks for
     online and ``WANDB_API_KEY`` is set), or a no-op when W&B is disabled. wandb reads the key from this
     process's environment; nothing passes it to Ray."""

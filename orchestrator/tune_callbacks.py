@@ -7,12 +7,16 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from iclmem.runfolder import record_diverged_run
 from orchestrator.probe_pools import jobs_for
 from orchestrator.progress import Progress, stall_reason
 from trainables.spec import TUNE_AXIS
+
+if TYPE_CHECKING:  # Tune is imported only where a callback is built
+    from ray.tune import Checkpoint
+    from ray.tune.experiment import Trial
 
 
 def unwrap(config: dict[str, Any]) -> dict[str, Any]:
@@ -44,7 +48,8 @@ class ProbeOnCheckpoint:
 
     def attach(self, pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any) -> None:
         """``trial_logger`` (a :class:`orchestrator.wandb_logger.TrialLogger`) gets every probe row polled."""
-        self.pool, self.probes_dir, self.progress, self.trial_logger = pool, probes_dir, progress, trial_logger
+        self.pool, self.probes_dir, self.trial_logger = pool, probes_dir, trial_logger
+        self.progress: Progress | None = progress  # None in a restored callback until reattached
         self.submitted: set[tuple[str, str]] = set()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -55,7 +60,8 @@ class ProbeOnCheckpoint:
         self.trial_logger = None
 
     # Tune's Callback interface (duck-typed so this class stays importable without a Tune subclass).
-    def on_trial_result(self, iteration, trials, trial, result, **info):
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any],
+                        **info: Any) -> None:
         from trainables.trainable import DAMAGED_CHECKPOINT_METRIC
 
         damaged = (result or {}).get(DAMAGED_CHECKPOINT_METRIC)
@@ -68,7 +74,8 @@ class ProbeOnCheckpoint:
                 self.progress.log(f"[iclmem] run {result['run_id']} diverged at epoch {result.get('epoch')} (NaN or "
                                   "infinite loss): stopped there; its earlier checkpoints stand")
 
-    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+    def on_checkpoint(self, iteration: int, trials: list[Trial], trial: Trial, checkpoint: Checkpoint,
+                      **info: Any) -> None:
         if self.pool is None:
             return
         epoch = int((trial.last_result or {}).get("epoch", -1))
@@ -79,8 +86,8 @@ class ProbeOnCheckpoint:
                 self.submitted.add((job.out_dir, job.stem))
                 self.pool.submit(job)
 
-    def on_step_end(self, iteration, trials, **info):
-        if self.pool is None:
+    def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        if self.pool is None or self.progress is None:  # attached together (a restored callback has neither)
             return
         for row in self.pool.poll():
             self.progress.outcome(row)
@@ -102,7 +109,7 @@ class ProbeOnCheckpoint:
                 os.kill(os.getpid(), signal.SIGUSR1)  # Tune's own graceful stop: state saved, trials stopped
 
 
-def tune_callback(pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any):
+def tune_callback(pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any) -> ProbeOnCheckpoint:
     """A :class:`ProbeOnCheckpoint` that is also a Tune ``Callback`` (Tune imported only here)."""
     from ray.tune import Callback
 
@@ -126,12 +133,13 @@ class LogTrialResults:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.trial_logger = None
 
-    def on_trial_result(self, iteration, trials, trial, result, **info):
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any],
+                        **info: Any) -> None:
         if self.trial_logger is not None:
             self.trial_logger.log_training(unwrap(trial.config)["identity"], result)
 
 
-def trial_results_callback(trial_logger: Any):
+def trial_results_callback(trial_logger: Any) -> LogTrialResults:
     """A :class:`LogTrialResults` that is also a Tune ``Callback``."""
     from ray.tune import Callback
 

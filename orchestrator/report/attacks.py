@@ -74,7 +74,7 @@ def _interval(row: pd.Series, prefix: str) -> str:
     return f"{float(auc):.3f} [{float(low):.2f}, {float(high):.2f}]"
 
 
-def _num(value: object) -> str:
+def _num(value: float | None) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{float(value):.3f}"
 
 
@@ -97,7 +97,7 @@ def attack_table(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _count(value: object) -> int | None:
+def _count(value: float | None) -> int | None:
     return None if value is None or pd.isna(value) else int(float(value))
 
 

@@ -13,12 +13,13 @@ returns the :class:`~matplotlib.figure.Figure`, so tests can read panels, legend
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
@@ -92,7 +93,7 @@ def _distinct_colors(n: int) -> list[Any]:
     return [colormaps["hsv"](i / n) for i in range(n)]
 
 
-def _chance_line(ax, xs, ys) -> None:
+def _chance_line(ax: Axes, xs: Sequence[float], ys: Sequence[float]) -> None:
     """The chance reference, drawn last and above every curve, and named in the legend."""
     ax.plot(xs, ys, color="black", ls="--", lw=1.2, zorder=_CHANCE_ZORDER, label=CHANCE_LABEL)
 
@@ -109,7 +110,7 @@ def _save(fig: Figure, run_dir: str | Path, name: str) -> Path:
     return atomic_write(path, lambda handle: fig.savefig(handle, dpi=_DPI, bbox_inches="tight", format="png"))
 
 
-def _lr_colors(lrs) -> dict[float, Any]:
+def _lr_colors(lrs: Iterable[float]) -> dict[float, Any]:
     from matplotlib import colormaps
 
     lrs = sorted({float(x) for x in lrs})
@@ -120,7 +121,7 @@ def _lr_colors(lrs) -> dict[float, Any]:
 _Q_STYLES = ("-", "--", ":", "-.")
 
 
-def _epoch_axis(ax, epochs) -> None:
+def _epoch_axis(ax: Axes, epochs: Iterable[int]) -> None:
     from matplotlib.ticker import FixedLocator, NullLocator
 
     ax.set_xscale("symlog", linthresh=1.0)  # epoch 0 (base model) stays on the axis
@@ -467,7 +468,8 @@ def make_all_figures(
         results = RunFolder(run_dir).results()
     if manipulation_auc is None:
         manipulation_auc = RunFolder(run_dir).manipulation_auc()
-    jobs: Mapping[str, tuple] = {
+    # name -> (the plot, its positional and keyword arguments)
+    jobs: Mapping[str, tuple[Callable[..., Path | None], tuple[Any, ...], dict[str, Any]]] = {
         "roc_curves": (plot_roc_curves, (run_dir, results), {}),
         "auc_over_epochs": (plot_auc_over_epochs, (run_dir, results), {"regime": regime}),
         "outcome_heatmap": (plot_outcome_heatmap, (run_dir, results), {"regime": regime}),

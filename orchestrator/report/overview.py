@@ -41,7 +41,7 @@ def checkpoint_schedule(sweep: SweepConfig | None) -> tuple[int, ...] | None:
     ``checkpoint_epochs``, ``every_epoch``), or None without a sweep record."""
     if sweep is None:
         return None
-    from trainables.finetune import FinetuneSpec  # the schedule's one definition (the trainable's own)
+    from trainables.spec import FinetuneSpec  # the schedule's one definition (the trainable's own)
 
     t = sweep.training
     kw: dict[str, Any] = {"epochs": t.epochs, "every_epoch": t.every_epoch}

@@ -232,7 +232,7 @@ def calibration_impact(
         raise ValueError(f"level must be 'checkpoint' or 'run', not {level!r}")
 
     def summarise(d: pd.DataFrame) -> dict[str, Any]:
-        row = {"n": len(d), "calibrated_flags": int(d["_cal"].sum()), "raw_flags": int(d["_raw"].sum()),
+        row: dict[str, float] = {"n": len(d), "calibrated_flags": int(d["_cal"].sum()), "raw_flags": int(d["_raw"].sum()),
                "both": int((d["_cal"] & d["_raw"]).sum()), "calibrated_only": int((d["_cal"] & ~d["_raw"]).sum()),
                "raw_only": int((~d["_cal"] & d["_raw"]).sum())}
         for c in ("auc", "raw_auc", "ref_auc"):

@@ -140,7 +140,7 @@ def verdict_rule_html(results: pd.DataFrame, settings: Mapping[str, str] | None 
     """The rule in use, its thresholds (with what each means), its measured false-positive rate, and that of
     the claims beyond one run's headline (``claims``: :func:`claim_error_rates`, computed when not given)."""
     if settings is None:
-        settings, source, disagree = thresholds_in_force(results, {})
+        settings, source, disagree = thresholds_in_force(results, None)
     rule = rule or rule_in_force(results, settings)
     summary = verdict_rule_summary(results)
     p_thr = None

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable, Mapping
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -29,6 +29,10 @@ from iclmem.record import IDENTITY_COLUMNS, NEIGHBOURS
 from iclmem.runfolder import MANIPULATION_AUC_FILE, RESULTS_FILE, SPLIT_REPORT_FILE
 from orchestrator.report import tables as R
 from orchestrator.run_folder import RunFolder
+
+if TYPE_CHECKING:  # wandb_workspaces is imported only by the builders below
+    from wandb_workspaces.reports.v2 import Report
+    from wandb_workspaces.reports.v2.interface import PanelTypes
 
 # --------------------------------------------------------------------------------------------------
 # Keys shared by the loggers and the report builder
@@ -325,7 +329,7 @@ def build_wandb_report(
     run_dir: str | Path | None = None, roc_keys: Iterable[str] | None = None, tasks: Iterable[str] | None = None,
     title: str = "IclMem memorization audit", description: str = "", max_roc_panels: int = 8,
     publish: bool = False,
-):
+) -> Report:
     """Construct a W&B Report (``wandb_workspaces.reports.v2``) over the W&B runs of sweep ``group``.
 
     Blocks: an outcome section (peak-checkpoint table panel, outcome-count bar plot) and a ROC section
@@ -378,7 +382,7 @@ def build_wandb_report(
         outcome_panels.append(wr.LinePlot(title="Detectable share by epoch", x=EPOCH_KEY,
                                           y=[share_key(q) for q in qs], title_x="epoch", title_y="share",
                                           log_x=False, layout=wr.Layout(x=12, y=12, w=12, h=8)))
-    roc_panels = [
+    roc_panels: list[PanelTypes] = [
         wr.CustomChart(query={"summaryTable": {"tableKey": f"{k}_table"}}, chart_name="wandb/line/v0",
                        chart_fields={"x": "fpr", "y": "tpr"}, chart_strings={"title": k},
                        layout=wr.Layout(x=(i % 2) * 12, y=(i // 2) * 8, w=12, h=8))
@@ -437,7 +441,7 @@ def build_wandb_workspace(entity: str, project: str, group: str, *, publish: boo
     workspace = ws.Workspace(entity=entity, project=project, name=f"iclmem {group}"[:128], sections=sections,
                              runset_settings=settings)
     if publish:
-        workspace.save()
+        workspace.save()  # type: ignore[no-untyped-call]  # wandb_workspaces leaves save() unannotated
     return workspace
 
 
