@@ -199,6 +199,8 @@ COLUMNS: dict[str, Column] = _columns(
     Column("attack_roc", "each attack's ROC curve (JSON fpr / tpr)"),
     # ---- canaries (probes.canaries.summary_columns)
     Column("canary_records", "every canary's exposure and rank (JSON; ids, no row values)", False),
+    Column("canary_scores", "every canary's membership statistics, inserted and held out (JSON: id, kind, copies, "
+           "probe_stat, known_context_stat; the risk report ranks them beside the rows)", False),
     Column("canary_holdout", "held-out canaries each exposure is ranked against"),
     Column("canary_exposure_max", "the largest measurable exposure, log2(holdout + 1)"),
     Column("canary_p_value", "one-sided rank test of inserted against held-out canaries (probe statistic)"),

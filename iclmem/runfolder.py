@@ -72,6 +72,15 @@ CONTEXT_ROC_FIGURE = "context_roc.png"
 # A sweep's regime ``context``: the audit-context folders and their rows in one table
 CONTEXT_AUDITS_DIR = "context_audits"  # one audit-context folder per audit (its run id)
 CONTEXT_AUDITS_FILE = "context_audits.parquet"  # every audit's rows, with its run id, task, model, Q, seed in front
+# The data owner's risk report (orchestrator.record_risk), beside results.parquet: row ids, never row values
+RECORD_RISK_FILE = "record_risk.parquet"  # per audit x attack x row: member, score, risk, rank among the members
+RECORD_SLICES_FILE = "record_slices.parquet"  # per task x row: the slices it belongs to
+SLICE_RISK_FILE = "slice_risk.parquet"  # per run (headline checkpoint) x attack x slice: the slice's leakage
+RECORD_STABILITY_FILE = "record_stability.parquet"  # per pair of runs differing in seed x attack: rank agreement
+RISKIEST_RECORDS_FILE = "riskiest_records.parquet"  # per task: the top-k member rows by risk
+CANARY_RANKING_FILE = "canary_ranking.parquet"  # per run x attack: precision@k of the ranking on the canaries
+RISK_TABLE_FILES = (RECORD_RISK_FILE, RECORD_SLICES_FILE, SLICE_RISK_FILE, RECORD_STABILITY_FILE,
+                    RISKIEST_RECORDS_FILE, CANARY_RANKING_FILE)
 
 # An LM probe run folder (``iclmem lm run``; its provenance has ``kind = "lm"``)
 LM_SWEEP_FILE = "lm_sweep.json"  # the validated LM sweep config, as resumed by ``iclmem lm resume``
@@ -91,6 +100,8 @@ __all__ = [
     "DIVERGED_RUNS_FILE", "TIMINGS_FILE", "TRIAL_RUNS_FILE", "WANDB_EXPORT_DIR", "CONTEXT_AUDIT_FILE", "CONTEXT_ROC_FILE",
     "CONTEXT_SCORES_FILE", "CONTEXT_ROC_FIGURE", "CONTEXT_AUDITS_DIR", "CONTEXT_AUDITS_FILE", "ROW_SUFFIX",
     "MANIPULATION_SUFFIX", "ROC_SUFFIX", "LOCK_NAMES", "record_diverged_run", "read_diverged_runs",
+    "RECORD_RISK_FILE", "RECORD_SLICES_FILE", "SLICE_RISK_FILE", "RECORD_STABILITY_FILE", "RISKIEST_RECORDS_FILE",
+    "CANARY_RANKING_FILE", "RISK_TABLE_FILES",
 ]
 
 

@@ -268,6 +268,25 @@ class Neighbours(Vocab):
     REPLACE_ONE = "replace-one"
 
 
+class Channel(Vocab):
+    """Through which channel a row's membership leaks (the data owner's risk report, orchestrator/record_risk.py):
+    the weights fine-tuned on it (the probe, the known-context prediction, LiRA / RMIA on either), or the
+    context of a deployed in-context learner it was placed in (``regime: context``'s audits)."""
+
+    FINE_TUNED_WEIGHTS = "fine_tuned_weights"
+    DEPLOYED_CONTEXT = "deployed_context"
+
+
+class SliceFamily(Vocab):
+    """How the risk report groups a task's rows (``report.slices.by``; orchestrator/slices.py)."""
+
+    CLASS = "class"  # the row's true label (a regression target's bin)
+    OUTLIER = "outlier"  # quantile bin of the mean distance to the row's nearest rows in the encoded space
+    NEAR_DUPLICATES = "near_duplicates"  # whether another row lies within a small radius of it
+    RARE_CATEGORIES = "rare_categories"  # per categorical column: the row holds a level few rows share
+    COLUMN = "column"  # a column the user names (``report.slices.columns``): its levels or quartiles
+
+
 class WandbMode(Vocab):
     OFFLINE = "offline"
     ONLINE = "online"

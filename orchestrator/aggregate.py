@@ -43,7 +43,9 @@ def collect(run_dir: Path, keep_queries: bool = True) -> tuple[pd.DataFrame, pd.
     """(results rows, manipulation AUCs, one ROC per (run, epoch), query tables by (run folder, stem)) of
     every stored probe result that loads (checksums verified); the query tables only with ``keep_queries``
     (the reference-model attacks read them; without references they are not held in memory)."""
-    rows, manips, rocs = [], [], {}
+    rows: list[dict[str, Any]] = []
+    manips: list[pd.DataFrame] = []
+    rocs: dict[tuple[str, int], pd.DataFrame] = {}
     queries: dict[tuple[str, str], pd.DataFrame] = {}
     for folder, stem, result in RunFolder(run_dir).probe_results():
         rows.append(result.row)
@@ -124,11 +126,28 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
         write_parquet_atomic(roc, roc_path(run_dir, run_id, epoch))
     if prepared is not None:
         write_parquet_atomic(split_report_table(prepared), run_dir / SPLIT_REPORT_FILE)
+    write_risk_report_or_say_why(run_dir, results, references, queries, log)
     report = write_reports(run_dir, results, wandb_mode=wandb_mode, log=log, forced=forced)
     log(f"[iclmem] {len(results)} checkpoint results -> {run_dir / RESULTS_FILE}")
     if report is not None:
         log(f"[iclmem] report: {report}")
     return results
+
+
+def write_risk_report_or_say_why(run_dir: Path, results: pd.DataFrame, references: pd.DataFrame,
+                                 queries: QueryTables | None,
+                                 log: Callable[[str], None]) -> None:
+    """The data owner's risk report's tables (``orchestrator.record_risk``). The results are written by now: a
+    source table that can no longer be read (moved, changed) costs the slices and is said, never the results."""
+    from iclmem.errors import ConfigError, DataError
+    from orchestrator.record_risk import write_risk_report
+
+    try:
+        write_risk_report(run_dir, results, lambda run_id, epoch: _query_table(run_dir, run_id, epoch, queries or None),
+                          log, attack_scores=record_attack_scores(run_dir, references, queries or None))
+    except (ConfigError, DataError, OSError) as exc:
+        log(f"[iclmem] WARNING: the risk report's tables were not built ({exc}); the results above are complete, "
+            "and `iclmem report RUN_DIR` builds them once the task's table can be read again")
 
 
 def nothing_to_report(folder: RunFolder) -> Exception:
@@ -257,6 +276,52 @@ def _query_table(run_dir: Path, run_id: str, epoch: int, queries: QueryTables | 
     return read_parquet_checked(run_dir / PROBES_DIR / run_id / f"{probe_stem(epoch)}{QUERIES_SUFFIX}")
 
 
+def checkpoint_attack_inputs(target: pd.DataFrame, references: list[pd.DataFrame]) -> dict[str, Any] | None:
+    """Per statistic prefix (:data:`ATTACK_STATISTICS`), the attacks' inputs (``probes.attacks.AttackInputs``) of
+    one target checkpoint and its references' query tables, aligned by query id in ascending order; None when
+    a reference scored other queries."""
+    from probes.attacks import AttackInputs, ReferenceStatistics
+
+    target = target.set_index("query_id").sort_index()
+    aligned = [t.set_index("query_id").reindex(target.index) for t in references]
+    if any(t["member"].isna().any() for t in aligned):
+        return None
+    member = target["member"].to_numpy(bool)
+    in_ref = np.stack([t["member"].to_numpy(bool) for t in aligned])
+    out: dict[str, Any] = {}
+    for prefix, (_, log_p) in ATTACK_STATISTICS.items():
+        stats = ReferenceStatistics(*_lira_statistics(prefix, target, aligned), in_ref)
+        out[prefix] = AttackInputs(member=member, stats=stats, target_log_p=log_p(target).to_numpy(np.float64),
+                                   reference_log_p=np.stack([log_p(t).to_numpy(np.float64) for t in aligned]))
+    return out
+
+
+def record_attack_scores(run_dir: Path, references: pd.DataFrame, queries: QueryTables | None
+                         ) -> Callable[[str, int], dict[str, pd.Series]]:
+    """For the risk report: ``(run_id, epoch) ->`` each reference-model attack's per-record score (``<prefix><attack>``,
+    a Series by query id), or nothing for a checkpoint without all its references' tables."""
+    from iclmem.vocab import Attack
+    from probes.attacks import attack_scores
+
+    def scores(run_id: str, epoch: int) -> dict[str, pd.Series]:
+        if references.empty or "reference_of" not in references.columns:
+            return {}
+        refs = references[(references["reference_of"] == run_id) & (references["epoch"] == epoch)]
+        target = _query_table(run_dir, run_id, epoch, queries)
+        tables = [_query_table(run_dir, str(r), epoch, queries) for r in refs.sort_values("reference_index")["run_id"]]
+        if target is None or not tables or any(t is None for t in tables):
+            return {}
+        built = checkpoint_attack_inputs(target, [t for t in tables if t is not None])
+        if built is None:
+            return {}
+        ids = np.sort(target["query_id"].to_numpy(np.int64))
+        return {f"{prefix}{attack.value}": pd.Series(attack_scores(attack, inputs.stats, inputs.target_log_p,
+                                                                   inputs.reference_log_p), index=ids)
+                for prefix, inputs in built.items() for attack in Attack}
+
+    return scores
+
+
 def attacks_for_checkpoint(target: pd.DataFrame, references: list[pd.DataFrame], *, n_resamples: int,
                            null_splits: int, seed: int, epsilon_delta: float | None = None,
                            thresholds: Any = None, n_checkpoints: int = 1,
@@ -265,23 +330,17 @@ def attacks_for_checkpoint(target: pd.DataFrame, references: list[pd.DataFrame],
     (``probes.probe.query_table``), aligned by query id; None when a reference scored other queries.
     ``thresholds`` (``probes.outcomes.OutcomeThresholds``, default the defaults) and ``n_checkpoints`` (of
     the run's headline family) decide each attack's verdict (``probes.attacks.attack_verdict``)."""
-    import numpy as np
-
-    from probes.attacks import AttackInputs, ReferenceStatistics, evaluate_attacks
+    from probes.attacks import evaluate_attacks
     from probes.metrics import roc_curve
 
-    target = target.set_index("query_id").sort_index()
-    aligned = [t.set_index("query_id").reindex(target.index) for t in references]
-    if any(t["member"].isna().any() for t in aligned):
+    built = checkpoint_attack_inputs(target, references)
+    if built is None:
         return None
+    target = target.set_index("query_id").sort_index()
     member = target["member"].to_numpy(bool)
-    in_ref = np.stack([t["member"].to_numpy(bool) for t in aligned])
     columns: dict[str, Any] = {}
     curves: dict[str, Any] = {}
-    for prefix, (_, log_p) in ATTACK_STATISTICS.items():
-        stats = ReferenceStatistics(*_lira_statistics(prefix, target, aligned), in_ref)
-        inputs = AttackInputs(member=member, stats=stats, target_log_p=log_p(target).to_numpy(np.float64),
-                              reference_log_p=np.stack([log_p(t).to_numpy(np.float64) for t in aligned]))
+    for prefix, inputs in built.items():
         delta = {} if epsilon_delta is None else {"epsilon_delta": epsilon_delta}
         cols, roc = evaluate_attacks(inputs, prefix=prefix, n_resamples=n_resamples, null_splits=null_splits,
                                      seed=seed, thresholds=thresholds, n_checkpoints=n_checkpoints, **delta)

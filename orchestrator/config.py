@@ -32,8 +32,19 @@ from pydantic import (
 )
 
 from iclmem.errors import ConfigError, DataError
-from iclmem.vocab import CanaryDesign, CanaryKind, LabelDesign, LabelMode, Recipe, Regime, TaskKind, WandbMode
+from iclmem.vocab import (
+    CanaryDesign,
+    CanaryKind,
+    LabelDesign,
+    LabelMode,
+    Recipe,
+    Regime,
+    SliceFamily,
+    TaskKind,
+    WandbMode,
+)
 from orchestrator.config_reading import resolve_path, validate_config
+from orchestrator.slices import SliceSettings
 from probes.settings import ProbeSettings
 from trainables.canaries import CanarySettings
 from trainables.data.task import PrepSettings
@@ -131,7 +142,7 @@ HASH_NEUTRAL_FIELDS: tuple[tuple[str, str], ...] = (
     ("canaries", "delta"),
 )
 # Blocks added after run folders existed: left out of the hash while they hold their defaults.
-HASH_NEUTRAL_BLOCKS: tuple[str, ...] = ("canaries",)
+HASH_NEUTRAL_BLOCKS: tuple[str, ...] = ("canaries", "report")
 # Keys of list entries added after run folders existed, by (list, key): likewise.
 HASH_NEUTRAL_ITEM_FIELDS: tuple[tuple[str, str], ...] = (("models", "recipe"),)
 
@@ -496,12 +507,23 @@ def _outcome_config() -> type[BaseModel]:
             raise ValueError(str(exc)) from None
         return self
 
+    # pydantic annotates __validators__ as plain callables, but a decorated validator is a descriptor proxy: what
+    # pydantic's docs pass there (its replacement, __namespace__, needs pydantic 2.14)
+    validators = {"_thresholds_valid": model_validator(mode="after")(_thresholds_valid)}
     return create_model("OutcomeConfig", __base__=StrictConfig,
-                        __validators__={"_thresholds_valid": model_validator(mode="after")(_thresholds_valid)},
+                        __validators__=validators,  # type: ignore[arg-type]
                         **fields)
 
 
-OutcomeConfig = _outcome_config()
+if typing.TYPE_CHECKING:
+    from probes.outcomes import OutcomeThresholds
+
+    class OutcomeConfig(StrictConfig, OutcomeThresholds):
+        """What the type checker sees of the block ``_outcome_config`` builds at run time (mypy cannot follow
+        ``create_model``): a StrictConfig whose fields are OutcomeThresholds' fields, names, types and defaults.
+        Not an OutcomeThresholds at run time."""
+else:
+    OutcomeConfig = _outcome_config()
 
 
 # A custom resource amount a trial or a probe actor asks Ray for (finite: StrictConfig refuses inf and NaN)
@@ -544,6 +566,59 @@ _WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
 _WANDB_PROJECT_MAX = 128
 
 
+class SlicesConfig(StrictConfig):
+    """``report.slices``: how the risk report groups a task's rows (orchestrator/slices.py; docs/METHOD.md,
+    "Per-record risk"). Defaults from :class:`orchestrator.slices.SliceSettings`."""
+
+    by: list[SliceFamily] = Field(default_factory=lambda: list(settings_default(SliceSettings, "by")))
+    columns: list[str] = Field(default_factory=lambda: list(settings_default(SliceSettings, "columns")))
+    outlier_quantiles: list[float] = Field(
+        default_factory=lambda: list(settings_default(SliceSettings, "outlier_quantiles")))
+    neighbours: int = Field(settings_default(SliceSettings, "neighbours"), ge=1)
+    near_duplicate_radius: float = Field(settings_default(SliceSettings, "near_duplicate_radius"), ge=0.0)
+    rare_level_rows: int = Field(settings_default(SliceSettings, "rare_level_rows"), ge=2)
+    min_group_rows: int = Field(settings_default(SliceSettings, "min_group_rows"), ge=2)
+    top_k: int = Field(settings_default(SliceSettings, "top_k"), ge=1)
+    permutations: int = Field(settings_default(SliceSettings, "permutations"), ge=19, le=100_000)
+
+    @field_validator("outlier_quantiles")
+    @classmethod
+    def _quantiles_inside(cls, value: list[float]) -> list[float]:
+        if any(not 0.0 < q < 1.0 for q in value) or value != sorted(set(value)):
+            raise ValueError(f"outlier_quantiles must rise strictly inside (0, 1), e.g. [0.5, 0.9]; got {value}")
+        return value
+
+    @field_validator("by", "columns")
+    @classmethod
+    def _distinct(cls, value: list[Any]) -> list[Any]:
+        repeated = sorted({str(v) for v in value if value.count(v) > 1})
+        if repeated:
+            raise ValueError(f"{repeated} named more than once")
+        return value
+
+    @model_validator(mode="after")
+    def _columns_need_their_family(self) -> SlicesConfig:
+        if SliceFamily.COLUMN in self.by and not self.columns:
+            raise ValueError("by names 'column' but columns is empty: name the source-table columns to slice by")
+        return self
+
+
+class ReportConfig(StrictConfig):
+    """``report:``: what the aggregator builds beside the results (the data owner's risk report)."""
+
+    slices: SlicesConfig = SlicesConfig()
+
+    def slice_settings(self) -> SliceSettings:
+        """The risk report's slicing from this block (the one place it becomes :class:`SliceSettings`)."""
+        s = self.slices
+        # naming columns is asking for their slices, whether or not ``by`` lists the family
+        by = (*s.by, SliceFamily.COLUMN) if s.columns and SliceFamily.COLUMN not in s.by else tuple(s.by)
+        return SliceSettings(by=by, columns=tuple(s.columns), outlier_quantiles=tuple(s.outlier_quantiles),
+                             neighbours=s.neighbours, near_duplicate_radius=s.near_duplicate_radius,
+                             rare_level_rows=s.rare_level_rows, min_group_rows=s.min_group_rows, top_k=s.top_k,
+                             permutations=s.permutations)
+
+
 class WandbConfig(StrictConfig):
     mode: WandbMode = WandbMode.OFFLINE
     project: str = "iclmem"
@@ -583,6 +658,7 @@ class SweepConfig(StrictConfig):
     outcome: OutcomeConfig = OutcomeConfig()
     resources: ResourcesConfig = ResourcesConfig()
     wandb: WandbConfig = WandbConfig()
+    report: ReportConfig = ReportConfig()
     storage_path: str | None = None
     max_failures: int = Field(2, ge=0)
 

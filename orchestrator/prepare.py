@@ -19,10 +19,18 @@ from typing import Any
 
 from iclmem.errors import ConfigError, IclmemError
 from iclmem.provenance import Provenance, git_commit
-from iclmem.vocab import BASE_MODEL_ROW, InputContract, Regime, TrialRole
+from iclmem.vocab import BASE_MODEL_ROW, InputContract, Regime, SourceKind, TrialRole
 from orchestrator.config import SweepConfig, TaskConfig
 from orchestrator.trials import TrialSpec, expand_grid
-from trainables.data import DISTRACTOR_COLUMNS, LabelMode, PreparedTask, TaskSource, load_or_prepare, reference_task
+from trainables.data import (
+    DISTRACTOR_COLUMNS,
+    LabelMode,
+    PreparedTask,
+    PrepSettings,
+    TaskSource,
+    load_or_prepare,
+    reference_task,
+)
 
 EXPERIMENT_NAME = "tune"
 
@@ -39,10 +47,29 @@ def provenance(sweep: SweepConfig) -> Provenance:
 # ------------------------------------------------------------------------------------------- Stage I
 def task_source(task: TaskConfig) -> TaskSource:
     if task.carte:
-        return TaskSource(task.name, "carte", task.carte, task.target, task.task)
+        return TaskSource(task.name, SourceKind.CARTE, task.carte, task.target, task.task)
     if task.path:
-        return TaskSource(task.name, "table", task.path, task.target, task.task)
-    return TaskSource(task.builtin or task.name, "builtin", None, task.target, task.task)
+        return TaskSource(task.name, SourceKind.TABLE, task.path, task.target, task.task)
+    return TaskSource(task.builtin or task.name, SourceKind.BUILTIN, None, task.target, task.task)
+
+
+def check_slice_columns(sweep: Any, source: str = "sweep") -> None:
+    """Refuse, before any work, a ``report.slices.columns`` entry that a task's source table lacks (or that is
+    its target): a :class:`ConfigError` naming the setting, the task, its file and the columns it has."""
+    from iclmem.errors import ConfigError
+    from trainables.data.sources import read_frame, resolve_source
+
+    for task in sweep.tasks:
+        resolved = resolve_source(task_source(task))
+        columns = [str(c) for c in read_frame(resolved).columns]
+        where = f"{resolved.files[0]}" if resolved.files else f"built-in table {task.name!r}"
+        missing = [c for c in sweep.report.slices.columns if c not in columns]
+        if missing:
+            raise ConfigError(f"{source}: report.slices.columns names {missing}, which task {task.name!r} "
+                              f"({where}) does not have; its columns are {columns}")
+        if resolved.target in sweep.report.slices.columns:
+            raise ConfigError(f"{source}: report.slices.columns names {resolved.target!r}, task {task.name!r}'s "
+                              "target; slice by it with report.slices.by: [class]")
 
 
 @dataclass(frozen=True)
@@ -117,6 +144,8 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
     from trainables.models import build_model
 
     check_models(sweep, source)
+    if sweep.report.slices.columns:  # the risk report reads them after the sweep: refuse a missing one now
+        check_slice_columns(sweep, source)
 
     settings = sweep.data.prep_settings()
     trials = expand_grid(sweep)
@@ -130,7 +159,7 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
     by_name = {t.name: t for t in sweep.tasks}
     index_of = {t.name: i for i, t in enumerate(sweep.tasks)}
     tasks: dict[str, PreparedTask] = {}
-    memo: dict[tuple, str] = {}
+    memo: dict[tuple[str, int, str, int, PrepSettings], str] = {}
     trial_tasks: dict[str, tuple[str, ...]] = {}
     reference_tasks: dict[str, str] = {}
     errors: list[str] = []
@@ -207,10 +236,10 @@ def prepare_sweep(sweep: SweepConfig, cache_dir: Path, log: Callable[[str], None
                 continue
             # multi_random's tasks are prepared with a member pool: one sanity check per task of the run
             for name, task_key in zip(trial.task.split("+"), trial_tasks[trial.run_id]):
-                key = (name, trial.model, trial.q, trial.label_mode, trial.seed, trial.regime == Regime.MULTI_RANDOM)
-                if key in seen:
+                control = (name, trial.model, trial.q, trial.label_mode, trial.seed, trial.regime == Regime.MULTI_RANDOM)
+                if control in seen:
                     continue
-                seen.add(key)
+                seen.add(control)
                 pool = "-pool" if trial.regime == Regime.MULTI_RANDOM else ""
                 model_key = hashlib.sha1(json.dumps([trial.model, dict(trial.model_options)], sort_keys=True,
                                                     default=str).encode()).hexdigest()[:6]
@@ -259,7 +288,7 @@ def trial_config(trial: TrialSpec, prepared: PreparedSweep) -> dict[str, Any]:
     sweep = prepared.sweep
     t = sweep.training
     identity = _identity(trial, sweep)
-    finetune = {"model": trial.model, "model_options": dict(trial.model_options), "regime": trial.regime,
+    finetune: dict[str, Any] = {"model": trial.model, "model_options": dict(trial.model_options), "regime": trial.regime,
                 "lr": trial.lr, "epochs": t.epochs, "checkpoint_epochs": list(t.checkpoint_epochs),
                 "every_epoch": t.every_epoch, "grad_clip": t.grad_clip, "weight_decay": t.weight_decay,
                 "seed": training_seed(trial), "queries_per_step": trial.q if trial.regime == Regime.MULTI_RANDOM else None}

@@ -26,14 +26,21 @@ from iclmem.errors import DataError, ResultSchemaError
 from iclmem.provenance import Provenance
 from iclmem.record import RESULTS_SCHEMA_KEY, RESULTS_SCHEMA_VERSION, public_columns
 from iclmem.runfolder import (
+    CANARY_RANKING_FILE,
     CONTEXT_AUDITS_DIR,
     CONTEXT_AUDITS_FILE,
+    CONTEXT_SCORES_FILE,
     MANIPULATION_AUC_FILE,
     PROBES_DIR,
+    RECORD_RISK_FILE,
+    RECORD_SLICES_FILE,
+    RECORD_STABILITY_FILE,
     REFERENCE_RESULTS_FILE,
     RESULTS_FILE,
+    RISKIEST_RECORDS_FILE,
     ROC_DIR,
     ROW_SUFFIX,
+    SLICE_RISK_FILE,
     SPLIT_REPORT_FILE,
     SWEEP_FILE,
     TIMINGS_FILE,
@@ -246,6 +253,27 @@ class RunFolder:
         if not path.is_file():
             return None
         return public_manipulation_auc(read_parquet_verified(path, "manipulation AUC table", _REBUILD))
+
+    def context_audit_scores(self, run_id: str) -> pd.DataFrame | None:
+        """The per-row scores of the sweep's context audit ``run_id`` (``context_audits/<run_id>/context_scores.parquet``:
+        row id, member flag, one column ``<target>__<attack>`` per score), checksums verified; None without it."""
+        path = self.path / CONTEXT_AUDITS_DIR / str(run_id) / CONTEXT_SCORES_FILE
+        if not path.is_file():
+            return None
+        table: pd.DataFrame = read_parquet_verified(path, "context audit's per-row scores", _REAUDIT)
+        return table
+
+    def risk_tables(self) -> dict[str, pd.DataFrame | None]:
+        """The risk report's tables (``orchestrator.record_risk``), checksums verified, by short name: ``records``,
+        ``slices``, ``slice_risk``, ``stability``, ``riskiest``, ``canaries``; None for a table not written (a
+        folder from before they existed, or a sweep with nothing they apply to). Row ids, never row values."""
+        names = {"records": RECORD_RISK_FILE, "slices": RECORD_SLICES_FILE, "slice_risk": SLICE_RISK_FILE,
+                 "stability": RECORD_STABILITY_FILE, "riskiest": RISKIEST_RECORDS_FILE, "canaries": CANARY_RANKING_FILE}
+        out: dict[str, pd.DataFrame | None] = {}
+        for key, name in names.items():
+            path = self.path / name
+            out[key] = read_parquet_verified(path, f"risk report table {name}", _REBUILD) if path.is_file() else None
+        return out
 
     def roc_files(self) -> pd.DataFrame:
         """Columns run_id, epoch, path for every ``roc/roc_<run_id>_e<epoch>.parquet`` present."""

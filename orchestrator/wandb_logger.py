@@ -51,7 +51,9 @@ from orchestrator.report.wandb_summary import (
     PEAK_TABLE_FILE,
     PEAK_TABLE_KEY,
     RESULTS_TABLE_KEY,
+    RISKIEST_TABLE_KEY,
     SHARE_PREFIX,
+    SLICE_RISK_TABLE_KEY,
     TASK_ARTIFACT_TYPE,
     TRIAL_JOB_TYPE,
     alert_for,
@@ -97,6 +99,23 @@ class ResultsLogger(Protocol):
                     figures: Mapping[str, str | Path | None] | None = None) -> None: ...
 
     def finish(self, timeout: float | None = None) -> bool: ...
+
+
+def risk_tables_payload(folder: RunFolder) -> dict[str, Any]:
+    """The risk report's tables as W&B tables: the riskiest rows of each task and every slice result (up to
+    :data:`MAX_TABLE_ROWS`, the slices that leak more first); empty for a folder without them."""
+    import wandb
+
+    risk = folder.risk_tables()
+    out: dict[str, Any] = {}
+    riskiest = risk.get("riskiest")
+    if riskiest is not None and not riskiest.empty:
+        out[RISKIEST_TABLE_KEY] = wandb.Table(dataframe=table_frame(riskiest))
+    slices = risk.get("slice_risk")
+    if slices is not None and not slices.empty:
+        ordered = slices.sort_values(["leaks_more", "exposed", "auc"], ascending=False, kind="mergesort")
+        out[SLICE_RISK_TABLE_KEY] = wandb.Table(dataframe=table_frame(ordered.head(MAX_TABLE_ROWS)))
+    return out
 
 
 class NullResultsLogger:
@@ -258,6 +277,7 @@ class WandbResultsLogger:
             if path is not None and Path(path).is_file():
                 payload[f"{FIGURE_PREFIX}/{safe_key(fname)}"] = wandb.Image(str(path), caption=str(fname))
         folder = RunFolder(run_dir)
+        payload.update(risk_tables_payload(folder))
         for r in roc_selection(run_dir, public, self.max_roc_curves).itertuples(index=False):
             roc = folder.roc(r.run_id, int(r.epoch))
             if roc is None or roc.empty:

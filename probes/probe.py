@@ -22,8 +22,8 @@ import torch
 from iclmem.atomic import read_parquet_checked, write_json_atomic, write_parquet_atomic
 from iclmem.errors import ProbeError
 from iclmem.record import check_row
-from iclmem.runfolder import QUERIES_SUFFIX
-from iclmem.vocab import SCORE_KINDS, CanaryDesign, LabelDesign, Outcome, VerdictRule
+from iclmem.runfolder import MANIPULATION_SUFFIX, QUERIES_SUFFIX, ROC_SUFFIX, ROW_SUFFIX
+from iclmem.vocab import SCORE_KINDS, CanaryDesign, CanaryKind, LabelDesign, Outcome, VerdictRule
 from probes.attacks import LOGIT_PREFIX, logit_of_loss
 from probes.calibration import model_digest, reference_scores, resolve_model
 from probes.canaries import canary_records, canary_tests, label_ranks, one_run_columns
@@ -65,13 +65,13 @@ class ProbeResult:
         directory = Path(directory)
         check_row(self.row, f"probe result {directory / stem}")
         directory.mkdir(parents=True, exist_ok=True)
-        write_parquet_atomic(self.manipulation_auc, directory / f"{stem}.manip.parquet")
-        write_parquet_atomic(self.roc, directory / f"{stem}.roc.parquet")
+        write_parquet_atomic(self.manipulation_auc, directory / f"{stem}{MANIPULATION_SUFFIX}")
+        write_parquet_atomic(self.roc, directory / f"{stem}{ROC_SUFFIX}")
         if self.queries is not None:  # before the checksummed row, which marks the result complete
             write_parquet_atomic(self.queries, directory / f"{stem}{QUERIES_SUFFIX}")
         payload = json.dumps(self.row, sort_keys=True, default=_jsonable)
         digest = hashlib.sha256(payload.encode()).hexdigest()
-        return write_json_atomic(directory / f"{stem}.json", {"row": json.loads(payload), "sha256": digest},
+        return write_json_atomic(directory / f"{stem}{ROW_SUFFIX}", {"row": json.loads(payload), "sha256": digest},
                                  indent=None, allow_nan=True)
 
     @classmethod
@@ -80,7 +80,7 @@ class ProbeResult:
         import warnings
 
         directory = Path(directory)
-        main = directory / f"{stem}.json"
+        main = directory / f"{stem}{ROW_SUFFIX}"
         if not main.exists():
             return None  # not computed yet
 
@@ -97,14 +97,14 @@ class ProbeResult:
             damaged(main, "fails its checksum")
             return None
         parts = {}
-        for suffix in (".manip.parquet", ".roc.parquet", QUERIES_SUFFIX):
+        for suffix in (MANIPULATION_SUFFIX, ROC_SUFFIX, QUERIES_SUFFIX):
             path = directory / f"{stem}{suffix}"
             parts[suffix] = read_parquet_checked(path)
             if parts[suffix] is None and (path.exists() or suffix != QUERIES_SUFFIX):
                 if not path.exists():  # a damaged one was named by read_parquet_checked already
                     damaged(path, "is missing")
                 return None
-        return cls(stored["row"], parts[".manip.parquet"], parts[".roc.parquet"], queries=parts[QUERIES_SUFFIX])
+        return cls(stored["row"], parts[MANIPULATION_SUFFIX], parts[ROC_SUFFIX], queries=parts[QUERIES_SUFFIX])
 
 
 def _jsonable(value: Any) -> Any:
@@ -405,6 +405,11 @@ def canary_columns(model: Any, task: Any, plan: ProbePlan, canaries: Any, cache_
     records = canary_records(ids, canaries.kinds, canaries.copies, probe_stat, known_stat,
                              label_ranks(lp_ft.numpy(), canaries.labels), int(task.n_classes))
     out = canary_summary_columns(records)
+    # every canary, held-out ones too, for the risk report's ranking (orchestrator/record_risk.py)
+    out["canary_scores"] = json.dumps([{"id": int(i), "kind": CanaryKind(k).value, "copies": int(c),
+                                        "probe_stat": float(p), "known_context_stat": float(s)}
+                                       for i, k, c, p, s in zip(ids, canaries.kinds, canaries.copies, probe_stat,
+                                                                known_stat, strict=True)], sort_keys=True)
     out.update(canary_tests(canaries.kinds, canaries.copies, probe_stat, known_stat, settings.canary_beta))
     if canaries.settings.design is CanaryDesign.ONE_RUN:
         delta = settings.thresholds.epsilon_delta if settings.canary_delta is None else settings.canary_delta

@@ -36,7 +36,7 @@ import numpy as np
 from iclmem.errors import ProbeError
 from iclmem.stats import LowResolutionWarning, auc, bootstrap_intervals, mann_whitney_p, tpr_at_fpr
 
-__all__ = ["DEFAULT_FOLDS", "SliceLeakage", "Stability", "at_prior", "holm", "membership_posterior",
+__all__ = ["DEFAULT_FOLDS", "PosteriorMap", "SliceLeakage", "Stability", "at_prior", "holm", "membership_posterior", "posterior_map",
            "precision_at_k", "rank_stability", "slice_leakage"]
 
 DEFAULT_FOLDS = 5
@@ -133,6 +133,32 @@ def membership_posterior(scores: Any, member: Any, *, prior: float | None = None
 
 
 @dataclass(frozen=True)
+class PosteriorMap:
+    """P(member | score) fitted on all of an audit's rows, for records that were not among them (canaries
+    scored with the same statistic): the isotonic map, kept inside [1 / (2 n), 1 - 1 / (2 n)]."""
+
+    distinct: np.ndarray
+    fitted: np.ndarray
+    n_rows: int
+
+    def __call__(self, scores: Any) -> np.ndarray:
+        floor = 1.0 / (2.0 * self.n_rows)
+        out: np.ndarray = np.clip(_isotonic_predict(self.distinct, self.fitted, np.asarray(scores, np.float64)),
+                                  floor, 1.0 - floor)
+        return out
+
+
+def posterior_map(scores: Any, member: Any) -> PosteriorMap:
+    """The map of :func:`membership_posterior` fitted on every row (no row of the fit may be scored by it: that
+    is what the cross-fitting is for), at the rows' own share of members."""
+    s, m = _scores_and_members(scores, member)
+    if not m.any() or m.all():
+        raise ProbeError(f"a membership posterior needs members and non-members ({int(m.sum())} of {m.size} rows are members)")
+    distinct, fitted = _isotonic_fit(s, m.astype(np.float64))
+    return PosteriorMap(distinct, fitted, int(m.size))
+
+
+@dataclass(frozen=True)
 class Stability:
     """How far two audits agree on which records are most at risk (over the records both scored)."""
 
@@ -215,6 +241,8 @@ class SliceLeakage:
     exposed: bool  # p_holm below the level
     null_splits: int
     null_fpr: float  # share of the slice's null splits on which the unadjusted test fires
+    null_auc_low: float  # 2.5% and 97.5% quantiles of the AUC on those null splits: the band of no membership
+    null_auc_high: float
     auc_rest: float  # the attack's AUC on every other row
     p_more: float  # permutation p-value of AUC(slice) > AUC(rest)
     p_more_holm: float
@@ -252,19 +280,24 @@ def _more_than_rest(s: np.ndarray, m: np.ndarray, inside: np.ndarray, permutatio
     return (1 + hits) / (1 + permutations)
 
 
-def _null_fpr(s: np.ndarray, nonmember_inside: np.ndarray, splits: int, alpha: float,
-              rng: np.random.Generator) -> float:
-    """Share of ``splits`` random halvings of the slice's non-members on which the slice's test (one-sided
-    Mann-Whitney at ``alpha``) calls one half members of the model: each call is a false positive."""
+def _null_splits(s: np.ndarray, nonmember_inside: np.ndarray, splits: int, alpha: float,
+                 rng: np.random.Generator) -> tuple[float, float, float]:
+    """(share of ``splits`` random halvings of the slice's non-members on which the slice's test, one-sided
+    Mann-Whitney at ``alpha``, calls one half members: each call is a false positive; the 2.5% and 97.5%
+    quantiles of their AUCs), nan when the slice has too few non-members to halve."""
     rows = np.flatnonzero(nonmember_inside)
+    nan = float("nan")
     if rows.size < 2 * MIN_SLICE_SIDE or splits == 0:
-        return float("nan")
+        return nan, nan, nan
     fired = 0
+    aucs = []
     for _ in range(splits):
         perm = rng.permutation(rows)
         half = rows.size // 2
         fired += mann_whitney_p(s[perm[:half]], s[perm[half:]]) < alpha
-    return fired / splits
+        aucs.append(auc(s[perm[:half]], s[perm[half:]]))
+    low, high = np.quantile(aucs, [0.025, 0.975])
+    return fired / splits, float(low), float(high)
 
 
 def slice_leakage(scores: Any, member: Any, slices: Mapping[str, Any], *, alpha: float = 0.05,
@@ -289,7 +322,8 @@ def slice_leakage(scores: Any, member: Any, slices: Mapping[str, Any], *, alpha:
         rest_ok = int((~inside & m).sum()) >= MIN_SLICE_SIDE and int((~inside & ~m).sum()) >= MIN_SLICE_SIDE
         if n_m < MIN_SLICE_SIDE or n_n < MIN_SLICE_SIDE:
             row.update(auc=nan, auc_low=nan, auc_high=nan, tpr_at_1pct=nan, tpr_at_1pct_low_resolution=True,
-                       epsilon_lb=nan, p_value=nan, null_fpr=nan, auc_rest=nan, p_more=nan)
+                       epsilon_lb=nan, p_value=nan, null_fpr=nan, null_auc_low=nan, null_auc_high=nan,
+                       auc_rest=nan, p_more=nan)
             rows.append(row)
             continue
         sm, sn = s[inside & m], s[inside & ~m]
@@ -301,7 +335,8 @@ def slice_leakage(scores: Any, member: Any, slices: Mapping[str, Any], *, alpha:
                    auc_high=interval.auc.high if interval else nan, tpr_at_1pct=tpr.tpr,
                    tpr_at_1pct_low_resolution=bool(TPR_ALPHA * n_n < 10),
                    epsilon_lb=epsilon_lower_bound(sm, sn, epsilon_delta).epsilon if exchangeable else nan,
-                   p_value=mann_whitney_p(sm, sn), null_fpr=_null_fpr(s, inside & ~m, null_splits, alpha, rng))
+                   p_value=mann_whitney_p(sm, sn))
+        row["null_fpr"], row["null_auc_low"], row["null_auc_high"] = _null_splits(s, inside & ~m, null_splits, alpha, rng)
         if rest_ok:
             row["auc_rest"] = _slice_aucs(s, m, inside)[1]
             row["p_more"] = _more_than_rest(s, m, inside, permutations, rng)

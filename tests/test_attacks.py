@@ -568,6 +568,26 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
     assert (audited["attack_references"] == 2).all()
     for a in Attack:  # the ε lower bound each attack proves, beside IclMem's own
         assert (audited[f"{a.value}_epsilon_lb"] >= 0).all(), a
+    # the risk report scores each record by every attack: an attack's AUC over its records is the results' AUC
+    from iclmem.stats import auc
+
+    risk = RunFolder(run_dir).risk_tables()
+    records = risk["records"]
+    for _, row in audited.iterrows():
+        at = records[(records["run_id"] == row["run_id"]) & (records["epoch"] == row["epoch"])
+                     & records["canary_copies"].isna()]
+        for prefix in ("", "known_context_"):
+            for a in Attack:
+                mine = at[at["attack"] == f"{prefix}{a.value}"]
+                assert len(mine) == 60
+                assert auc(mine.loc[mine["member"], "score"], mine.loc[~mine["member"], "score"]) == pytest.approx(
+                    row[f"{prefix}{a.value}_auc"]), (prefix, a)
+    # the canaries ranked among the rows at the run's headline checkpoint: 2 inserted (1 and 2 copies), 4 held out
+    canaries = risk["canaries"]
+    assert sorted(canaries["attack"]) == ["known_context", "probe"]
+    assert (canaries["inserted"] == 2).all()
+    assert (canaries["held_out"] == 4).all()
+    assert canaries["precision_at_k"].between(0, 1).all()
     for prefix in ("", "known_context_"):  # every attack's verdict, its null false positives, its run headline
         for a in Attack:
             c = f"{prefix}{a.value}_"

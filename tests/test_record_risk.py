@@ -6,14 +6,7 @@ import numpy as np
 import pytest
 
 from iclmem.errors import ProbeError
-from probes.record_risk import (
-    at_prior,
-    holm,
-    membership_posterior,
-    precision_at_k,
-    rank_stability,
-    slice_leakage,
-)
+from probes.record_risk import at_prior, holm, membership_posterior, precision_at_k, rank_stability, slice_leakage
 
 SEEDS = range(5)
 
@@ -71,7 +64,9 @@ def test_rank_stability_is_one_for_the_same_ranking_and_near_zero_for_unrelated_
     ids = np.arange(200)
     risk = np.random.default_rng(0).random(200)
     same = rank_stability(ids, risk, ids[::-1], risk[::-1], top_k=20)
-    assert same.spearman == pytest.approx(1.0) and same.top_k_overlap == 1.0 and same.n_common == 200
+    assert same.spearman == pytest.approx(1.0)
+    assert same.top_k_overlap == 1.0
+    assert same.n_common == 200
     rhos = [rank_stability(ids, risk, ids, np.random.default_rng(s + 1).random(200), top_k=20).spearman for s in SEEDS]
     assert max(abs(r) for r in rhos) < 0.25
     partial = rank_stability(ids[:50], risk[:50], ids[25:], risk[25:], top_k=10)
@@ -95,11 +90,14 @@ def test_the_slice_that_was_made_to_leak_leaks_more_than_the_rest_and_the_others
     unrelated = np.random.default_rng(seed + 7).random(member.size) < 0.5
     out = {r.slice: r for r in slice_leakage(scores, member, {"planted": planted, "rest": ~planted,
                                                               "unrelated": unrelated}, seed=seed)}
-    assert out["planted"].leaks_more and out["planted"].exposed
+    assert out["planted"].leaks_more
+    assert out["planted"].exposed
     assert out["planted"].auc_low > 0.6
-    assert not out["rest"].leaks_more and not out["unrelated"].leaks_more
+    assert not out["rest"].leaks_more
+    assert not out["unrelated"].leaks_more
     # the null splits of the slice's own non-members: the test stays near its level
-    assert out["planted"].null_fpr <= 0.25 and out["unrelated"].null_fpr <= 0.25
+    assert out["planted"].null_fpr <= 0.25
+    assert out["unrelated"].null_fpr <= 0.25
 
 
 def test_a_slice_too_small_keeps_its_counts_and_no_metric_and_epsilon_only_when_exchangeable():
@@ -108,8 +106,11 @@ def test_a_slice_too_small_keeps_its_counts_and_no_metric_and_epsilon_only_when_
     tiny[[0, 1, 60]] = True
     rows = slice_leakage(scores, member, {"tiny": tiny, "all": np.ones(member.size, bool)}, seed=0,
                          permutations=50, null_splits=5)
-    assert rows[0].n_members == 2 and rows[0].n_nonmembers == 1 and np.isnan(rows[0].auc)
-    assert np.isnan(rows[1].epsilon_lb) and np.isnan(rows[1].p_more)  # the rest is empty: nothing to compare
+    assert rows[0].n_members == 2
+    assert rows[0].n_nonmembers == 1
+    assert np.isnan(rows[0].auc)
+    assert np.isnan(rows[1].epsilon_lb)
+    assert np.isnan(rows[1].p_more)
     bounded = slice_leakage(scores, member, {"all": np.ones(member.size, bool)}, exchangeable=True,
                             permutations=10, null_splits=2)
     assert bounded[0].epsilon_lb > 0

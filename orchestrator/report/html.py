@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ from orchestrator.report.paper_tables import (
     task_characteristics,
     task_lr_q_table,
 )
+from orchestrator.report.risk import risk_section_html
 from orchestrator.report.selection import BASE_MANIPULATION, FACET_AXES, MAIN_REGIME, RUN_KEY, filter_regime
 from orchestrator.report.summary import definitions_html, status_cell, summary_html
 from orchestrator.report.thresholds import rule_in_force, thresholds_in_force
@@ -179,7 +180,7 @@ def write_html_report(
             return ""
         return note_html(f"Figure '{name}' not drawn: {fig_notes.get(name, 'no data')}.")
 
-    def optional(fn, *args, **kwargs) -> tuple[pd.DataFrame | None, str | None]:
+    def optional(fn: Callable[..., pd.DataFrame], *args: Any, **kwargs: Any) -> tuple[pd.DataFrame | None, str | None]:
         try:
             return fn(*args, **kwargs), None
         except (KeyError, ValueError, TypeError, DataError) as exc:  # malformed optional input
@@ -203,7 +204,10 @@ def write_html_report(
                      f"{html.escape(forced)} The rule, thresholds and schedule below are read from "
                      f"{html.escape(SWEEP_FILE)}; the stored verdicts were made with the config the results were "
                      "run with, which may differ.</p></section>")
-    parts.append(leaked_html(results))  # first: which runs leaked, before the counts and the rule
+    owner = risk_section_html(folder.risk_tables(), run_dir / FIGURES_DIR, draw=make_figures)
+    if owner:  # first: whose rows leak, for the data owner
+        parts.append(f'<section id="risk">{owner}</section>')
+    parts.append(leaked_html(results))  # then which runs leaked, before the counts and the rule
     parts.append(summary_html(results, sweep, comp, schedule, interrupted, noops, settings, rule, source, diverged,
                               claims))
     parts.append(verdict_rule_html(results, settings, source, disagree, rule, claims))

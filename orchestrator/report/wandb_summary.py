@@ -42,6 +42,9 @@ RESULTS_TABLE_KEY = "results_table"
 LM_RESULTS_TABLE_KEY = "lm_results"  # the LM probe sweep's summary run
 LM_F1_PREFIX = "mean_f1"
 PEAK_TABLE_KEY = "peak_table"
+# the data owner's risk report (orchestrator.record_risk): row ids and slice names, never row values
+RISKIEST_TABLE_KEY = "risk/riskiest_records"
+SLICE_RISK_TABLE_KEY = "risk/slice_risk"
 ROC_PREFIX = "roc"
 SHARE_PREFIX = "detectable_share"
 FIGURE_PREFIX = "figures"

@@ -1,0 +1,389 @@
+"""The data owner's risk report, as tables: whose rows leak, which groups leak more, through which channel.
+
+Built by the aggregator from what a sweep already stores (every checkpoint's per-query table, every context
+audit's per-row scores), written beside ``results.parquet`` and read by the report's first screen
+(:mod:`orchestrator.report.risk`). Row ids only: a row id names a row of the source table; no value of a row is
+copied into any of these files (slice names follow :mod:`orchestrator.slices`' rule).
+
+* ``record_risk.parquet``: per audited checkpoint (and per context audit), per attack, per row: member flag,
+  membership score (higher = more member-like), risk (:func:`probes.record_risk.membership_posterior`: P(member |
+  score) at the audit's share of members) and the row's rank by risk among the checkpoint's members.
+* ``record_slices.parquet``: per task, which slices each row belongs to (:func:`orchestrator.slices.task_slices`).
+* ``slice_risk.parquet``: per run at its headline checkpoint (the report's peak), per attack and slice:
+  :class:`probes.record_risk.SliceLeakage`.
+* ``record_stability.parquet``: for runs that differ only in their seed, per pair and attack, how far their
+  rankings of the rows both trained on agree (:func:`probes.record_risk.rank_stability`).
+* ``riskiest_records.parquet``: per task, the ``top_k`` member rows with the highest risk over every run and
+  attack, with the run, attack, channel and slices that put them there.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from iclmem.vocab import Channel
+
+__all__ = ["HIGH_RISK", "RECORD_ATTACKS", "RiskTables", "audited_rows", "canary_ranking", "canary_rows", "record_rows",
+           "risk_tables", "sweep_slices", "write_risk_report"]
+
+# the per-query statistics of a checkpoint's query table (probes.probe.query_table) a record is scored by, each
+# oriented higher = more member-like: IclMem's calibrated probe loss and the calibrated known-context loss
+RECORD_ATTACKS: dict[str, Callable[[pd.DataFrame], Any]] = {
+    "probe": lambda t: t["s_ref_loss"] - t["s_loss"],
+    "known_context": lambda t: t["known_context_loss_base"] - t["known_context_loss"],
+}
+HIGH_RISK = 0.9  # a member row at or above this risk counts as at risk (P(member | score) at an even prior)
+# the grid columns two runs must share to count as the same configuration drawn with another seed
+_SAME_CONFIGURATION = ("task", "model", "regime", "recipe", "lr", "q", "label_mode", "dp_target_epsilon")
+
+
+def _folds(member: np.ndarray) -> int:
+    return int(min(5, member.sum(), (~member).sum()))
+
+
+def record_rows(row_ids: Any, member: Any, scores: Mapping[str, Any], identity: Mapping[str, Any],
+                channel: Channel, seed: int = 0) -> pd.DataFrame:
+    """One audit's per-record rows: per attack in ``scores`` (name -> score per row, higher = member), each
+    row's score, risk and rank among the members (1 = riskiest); ``identity``'s columns lead each row. An audit
+    with fewer than two members or non-members has no risk to fit and gets no rows."""
+    from probes.record_risk import membership_posterior
+
+    member = np.asarray(member, dtype=bool)
+    if _folds(member) < 2:
+        return pd.DataFrame()
+    frames = []
+    for attack, values in scores.items():
+        score = np.asarray(values, dtype=np.float64)
+        finite = np.isfinite(score)
+        if _folds(member[finite]) < 2:
+            continue
+        risk = np.full(score.shape, np.nan)
+        risk[finite] = membership_posterior(score[finite], member[finite], folds=_folds(member[finite]), seed=seed)
+        frame = pd.DataFrame({"row_id": np.asarray(row_ids, dtype=np.int64), "member": member, "score": score,
+                              "risk": risk})
+        order = frame.loc[member & finite].sort_values(["risk", "score"], ascending=False, kind="mergesort").index
+        frame["risk_rank"] = pd.Series(np.arange(1, order.size + 1), index=order).reindex(frame.index).astype("Int64")
+        frame.insert(0, "attack", attack)
+        frame.insert(0, "channel", channel.value)
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame()
+    out = pd.concat(frames, ignore_index=True)
+    for i, (column, value) in enumerate(identity.items()):
+        out.insert(i, column, value)
+    return out
+
+
+def sweep_slices(sweep: Any, settings: Any) -> pd.DataFrame:
+    """Every task's slices (:func:`orchestrator.slices.task_slices`), the rows cleaned and encoded as Stage I
+    does with the sweep's ``data:`` settings; the source tables are read again (where the audit runs: nothing
+    leaves it)."""
+    from orchestrator.prepare import task_source
+    from orchestrator.slices import task_slices
+    from trainables.data.sources import read_frame, resolve_source
+    from trainables.data.table import build_table
+
+    frames = []
+    for task in sweep.tasks:
+        resolved = resolve_source(task_source(task))
+        with warnings.catch_warnings():  # Stage I said them already (dropped columns, PCA)
+            warnings.simplefilter("ignore")
+            table = build_table(resolved, sweep.data.prep_settings())
+        frames.append(task_slices(task.name, table.features, table.labels, table.class_names, table.row_ids,
+                                  read_frame(resolved), resolved.target, settings))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+@dataclass(frozen=True)
+class RiskTables:
+    """The risk report's tables (see the module's docstring); empty frames where nothing applied."""
+
+    records: pd.DataFrame
+    slices: pd.DataFrame
+    slice_risk: pd.DataFrame
+    stability: pd.DataFrame
+    riskiest: pd.DataFrame
+    canaries: pd.DataFrame  # :func:`canary_ranking`
+
+
+# a canary's statistics (the results row's ``canary_scores``, probes/probe.py) under each record attack's name
+_CANARY_STATISTICS = {"probe": "probe_stat", "known_context": "known_context_stat"}
+
+
+def canary_rows(canary_scores: str, row_scores: Mapping[str, Any], member: Any,
+                identity: Mapping[str, Any]) -> pd.DataFrame:
+    """A checkpoint's canaries as records: each attack's statistic and the risk the map fitted on the
+    checkpoint's rows gives it (:func:`probes.record_risk.posterior_map`; the canaries are not in that fit).
+    ``member``: inserted (copies > 0); ``canary_copies``: how often it was trained on (0: held out)."""
+    import json
+
+    from probes.record_risk import posterior_map
+
+    canaries = pd.DataFrame(json.loads(canary_scores))
+    if canaries.empty:
+        return pd.DataFrame()
+    frames = []
+    for attack, statistic in _CANARY_STATISTICS.items():
+        if attack not in row_scores or statistic not in canaries.columns:
+            continue
+        scores = np.asarray(row_scores[attack], dtype=np.float64)
+        finite = np.isfinite(scores)
+        fit = posterior_map(scores[finite], np.asarray(member, dtype=bool)[finite])
+        values = canaries[statistic].to_numpy(np.float64)
+        frames.append(pd.DataFrame({"channel": Channel.FINE_TUNED_WEIGHTS.value, "attack": attack,
+                                    "row_id": canaries["id"].to_numpy(np.int64),
+                                    "member": canaries["copies"].to_numpy(np.int64) > 0, "score": values,
+                                    "risk": fit(values), "canary_copies": canaries["copies"].to_numpy(np.int64)}))
+    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    for i, (column, value) in enumerate(identity.items()):
+        out.insert(i, column, value)
+    return out
+
+
+AttackScores = Callable[[str, int], Mapping[str, pd.Series]]  # (run_id, epoch) -> attack -> score by query id
+
+
+def _checkpoint_records(results: pd.DataFrame, query_table: Callable[[str, int], pd.DataFrame | None],
+                        attack_scores: AttackScores | None = None) -> pd.DataFrame:
+    frames = []
+    for _, row in results.iterrows():
+        if bool(row.get("sanity_check", False)):
+            continue
+        table = query_table(str(row["run_id"]), int(row["epoch"]))
+        if table is None or "s_loss" not in table.columns:
+            continue
+        scores = {name: f(table) for name, f in RECORD_ATTACKS.items()
+                  if name != "known_context" or "known_context_loss" in table.columns}
+        identity = {"run_id": str(row["run_id"]), "task": str(row["task"]), "epoch": int(row["epoch"])}
+        ids = table["query_id"].to_numpy(np.int64)
+        reference_attacks = attack_scores(str(row["run_id"]), int(row["epoch"])) if attack_scores else {}
+        row_scores = {**scores, **{name: s.reindex(ids).to_numpy(np.float64) for name, s in reference_attacks.items()}}
+        frames.append(record_rows(table["query_id"], table["member"], row_scores, identity,
+                                  Channel.FINE_TUNED_WEIGHTS, seed=int(row.get("seed", 0))))
+        canaries = row.get("canary_scores")
+        if isinstance(canaries, str) and canaries and _folds(table["member"].to_numpy(bool)) >= 2:
+            frames.append(canary_rows(canaries, scores, table["member"], identity))
+    kept = [f for f in frames if not f.empty]
+    return pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()
+
+
+def canary_ranking(records: pd.DataFrame, headline: Mapping[str, int]) -> pd.DataFrame:
+    """Ground truth for the ranking, per run (at its headline checkpoint) and attack: precision@k of the member
+    records ranked by score (the risk is a monotone map of it, so the score only breaks the risk's ties) against
+    the inserted canaries, k = their number (chance: their share of the ranked records); and the AUC of inserted
+    against held-out canaries (0.5: the ranking cannot tell a trained canary from an untrained one)."""
+    from iclmem.stats import auc
+    from probes.record_risk import precision_at_k
+
+    if records.empty or "canary_copies" not in records.columns:
+        return pd.DataFrame()
+    rows = []
+    at_headline = records[[headline.get(str(r)) == e for r, e in zip(records["run_id"], records["epoch"], strict=True)]]
+    for (run_id, task, epoch, attack), group in at_headline.groupby(["run_id", "task", "epoch", "attack"], sort=True):
+        canary = group["canary_copies"].notna()
+        if not canary.any():
+            continue
+        inserted = canary & group["member"]
+        held = canary & ~group["member"]
+        ranked = group[(~canary & group["member"]) | inserted]
+        k = int(inserted.sum())
+        if k == 0 or ranked.empty:
+            continue
+        score = ranked["score"].to_numpy(np.float64)
+        positive = ranked["canary_copies"].notna().to_numpy(bool)
+        rows.append({"run_id": run_id, "task": task, "epoch": int(epoch), "attack": attack, "inserted": k,
+                     "held_out": int(held.sum()), "member_rows": int((~positive).sum()),
+                     "precision_at_k": precision_at_k(score, positive, k), "chance": k / len(ranked),
+                     "inserted_vs_held_out_auc": auc(group.loc[inserted, "score"].to_numpy(np.float64),
+                                                     group.loc[held, "score"].to_numpy(np.float64))
+                     if held.any() else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def _context_records(context_audits: pd.DataFrame | None, scores_of: Callable[[str], pd.DataFrame | None]) -> pd.DataFrame:
+    """The deployed-context audits' rows (``regime: context``): each audit's every target x attack score."""
+    if context_audits is None or context_audits.empty:
+        return pd.DataFrame()
+    frames = []
+    for run_id, audit in context_audits.groupby("run_id", sort=True):
+        table = scores_of(str(run_id))
+        if table is None:
+            continue
+        scores = {c: table[c] for c in table.columns if "__" in c}
+        identity = {"run_id": str(run_id), "task": str(audit["task"].iloc[0]), "epoch": 0}
+        frames.append(record_rows(table["row_id"], table["member"], scores, identity, Channel.DEPLOYED_CONTEXT,
+                                  seed=int(audit["seed"].iloc[0]) if "seed" in audit.columns else 0))
+    kept = [f for f in frames if not f.empty]
+    return pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()
+
+
+def audited_rows(records: pd.DataFrame) -> pd.DataFrame:
+    """The records of the audit's own rows (the canaries, scored beside them, left out)."""
+    if records.empty or "canary_copies" not in records.columns:
+        return records
+    return records[records["canary_copies"].isna()]
+
+
+def _headline_epochs(results: pd.DataFrame) -> dict[str, int]:
+    from orchestrator.report.selection import peak_checkpoints
+
+    audited = results[~results.get("sanity_check", pd.Series(False, index=results.index)).astype(bool)]
+    peaks = peak_checkpoints(audited)
+    return {str(r): int(e) for r, e in zip(peaks["run_id"], peaks["epoch"], strict=True)} if not peaks.empty else {}
+
+
+def _slice_risk(records: pd.DataFrame, slices: pd.DataFrame, headline: Mapping[str, int], results: pd.DataFrame,
+                settings: Any, n_resamples: int, null_splits: int) -> pd.DataFrame:
+    from orchestrator.slices import slice_masks
+    from probes.record_risk import slice_leakage
+
+    if records.empty or slices.empty:
+        return pd.DataFrame()
+    exchangeable = (dict(zip(results["run_id"].astype(str), results["exchangeable"].fillna(False).astype(bool),
+                             strict=True)) if "exchangeable" in results.columns else {})
+    records = audited_rows(records)
+    rows = []
+    at_headline = records[[headline.get(str(r), e) == e if c == Channel.FINE_TUNED_WEIGHTS.value else True
+                           for r, e, c in zip(records["run_id"], records["epoch"], records["channel"], strict=True)]]
+    by_task = {str(t): g for t, g in slices.groupby("task", sort=False)}
+    for (run_id, task, epoch, channel, attack), group in at_headline.groupby(
+            ["run_id", "task", "epoch", "channel", "attack"], sort=True):
+        task_slices = by_task.get(str(task))
+        if task_slices is None:
+            continue
+        group = group[np.isfinite(group["score"].to_numpy(np.float64))]
+        masks = slice_masks(task_slices, group["row_id"])
+        if not masks:
+            continue
+        names = {name: mask for (_, name), mask in masks.items()}
+        family_of = {name: family for (family, name) in masks}
+        leakage = slice_leakage(group["score"], group["member"], names, n_resamples=n_resamples,
+                                permutations=settings.permutations, null_splits=null_splits,
+                                seed=0,
+                                exchangeable=bool(exchangeable.get(str(run_id), False)))
+        for item in leakage:
+            rows.append({"run_id": run_id, "task": task, "epoch": int(epoch), "channel": channel, "attack": attack,
+                         "family": family_of[item.slice], **item.as_dict()})
+    return pd.DataFrame(rows)
+
+
+def _stability(records: pd.DataFrame, headline: Mapping[str, int], results: pd.DataFrame, top_k: int) -> pd.DataFrame:
+    """Pairs of runs of one configuration drawn with other seeds: agreement on the rows both trained on."""
+    from probes.record_risk import rank_stability
+
+    if records.empty:
+        return pd.DataFrame()
+    keys = [c for c in _SAME_CONFIGURATION if c in results.columns]
+    runs = results.drop_duplicates("run_id")
+    records = audited_rows(records)
+    weights = records[(records["channel"] == Channel.FINE_TUNED_WEIGHTS.value) & records["member"]]
+    weights = weights[[headline.get(str(r)) == e for r, e in zip(weights["run_id"], weights["epoch"], strict=True)]]
+    rows = []
+    for config, group in runs.groupby(keys, sort=True, dropna=False):
+        ids = sorted(str(r) for r in group["run_id"] if str(r) in headline)
+        for i, a in enumerate(ids):
+            for b in ids[i + 1:]:
+                for attack, scored in weights[weights["run_id"].isin([a, b])].groupby("attack", sort=True):
+                    ra, rb = scored[scored["run_id"] == a], scored[scored["run_id"] == b]
+                    if ra.empty or rb.empty:
+                        continue
+                    st = rank_stability(ra["row_id"], ra["risk"], rb["row_id"], rb["risk"], top_k)
+                    rows.append({**dict(zip(keys, config if isinstance(config, tuple) else (config,), strict=True)),
+                                 "run_a": a, "run_b": b, "attack": attack, **st.as_dict()})
+    return pd.DataFrame(rows)
+
+
+def _riskiest(records: pd.DataFrame, slices: pd.DataFrame, headline: Mapping[str, int], top_k: int) -> pd.DataFrame:
+    """Per task, the ``top_k`` member rows at their highest risk over runs (at each run's headline) and attacks."""
+    if records.empty:
+        return pd.DataFrame()
+    records = audited_rows(records)
+    members = records[records["member"] & np.isfinite(records["risk"].to_numpy(np.float64))]
+    members = members[[c != Channel.FINE_TUNED_WEIGHTS.value or headline.get(str(r)) == e
+                       for r, e, c in zip(members["run_id"], members["epoch"], members["channel"], strict=True)]]
+    if members.empty:
+        return pd.DataFrame()
+    # the cross-fitted risk is capped at 1 - 1/(2n), so the riskiest rows often tie: among them, a row at risk in
+    # more audits (runs x attacks) comes first, then one that was a member in fewer runs (its risk recurs)
+    at_risk = (members.assign(high=members["risk"] >= HIGH_RISK)
+               .groupby(["task", "row_id"]).agg(audits_at_risk=("high", "sum"), runs_as_member=("run_id", "nunique"))
+               .reset_index())
+    worst = (members.sort_values(["risk", "score"], ascending=False, kind="mergesort")
+             .drop_duplicates(["task", "row_id"], keep="first").merge(at_risk, on=["task", "row_id"], how="left")
+             .sort_values(["task", "risk", "audits_at_risk", "runs_as_member"], ascending=[True, False, False, True],
+                          kind="mergesort"))
+    top = worst.groupby("task", sort=True, group_keys=False).head(top_k).copy()
+    top["rank"] = top.groupby("task", sort=False).cumcount() + 1
+    if not slices.empty:
+        named = (slices.groupby(["task", "row_id"])["slice"].agg(lambda s: "; ".join(sorted(s))).rename("slices")
+                 .reset_index())
+        top = top.merge(named, on=["task", "row_id"], how="left")
+    columns = ["task", "rank", "row_id", "risk", "audits_at_risk", "runs_as_member", "attack", "channel", "run_id",
+               "epoch", "score", "slices"]
+    return top[[c for c in columns if c in top.columns]].reset_index(drop=True)
+
+
+def risk_tables(results: pd.DataFrame, query_table: Callable[[str, int], pd.DataFrame | None],
+                slices: pd.DataFrame, settings: Any, *, n_resamples: int, null_splits: int,
+                context_audits: pd.DataFrame | None = None,
+                context_scores: Callable[[str], pd.DataFrame | None] | None = None,
+                attack_scores: AttackScores | None = None) -> RiskTables:
+    """The risk report's tables of an audited results table (reference trials' rows excluded by the caller);
+    ``query_table(run_id, epoch)`` reads a checkpoint's per-query table, ``context_scores(run_id)`` a context
+    audit's per-row scores, ``attack_scores(run_id, epoch)`` the reference-model attacks' per-record scores (with
+    ``probe.references``); ``settings``: :class:`orchestrator.slices.SliceSettings`."""
+    records = _checkpoint_records(results, query_table, attack_scores)
+    context = _context_records(context_audits, context_scores or (lambda _: None))
+    records = pd.concat([f for f in (records, context) if not f.empty], ignore_index=True) if not (
+        records.empty and context.empty) else pd.DataFrame()
+    headline = _headline_epochs(results) if not results.empty else {}
+    return RiskTables(records=records, slices=slices,
+                      slice_risk=_slice_risk(records, slices, headline, results, settings, n_resamples, null_splits),
+                      stability=_stability(records, headline, results, settings.top_k),
+                      riskiest=_riskiest(records, slices, headline, settings.top_k),
+                      canaries=canary_ranking(records, headline))
+
+
+def write_risk_report(run_dir: Path, results: pd.DataFrame, query_table: Callable[[str, int], pd.DataFrame | None],
+                      log: Callable[[str], None] = print, *, attack_scores: AttackScores | None = None
+                      ) -> RiskTables | None:
+    """Build the risk report's tables of a sweep folder (its audited ``results``, reference trials excluded) and
+    write them beside ``results.parquet`` (atomic; every table, empty ones too, so none is left from an earlier
+    build). None, writing nothing, for a folder without ``sweep.json`` (the slices need its tasks)."""
+    from iclmem.atomic import write_parquet_atomic
+    from iclmem.runfolder import (
+        CANARY_RANKING_FILE,
+        RECORD_RISK_FILE,
+        RECORD_SLICES_FILE,
+        RECORD_STABILITY_FILE,
+        RISKIEST_RECORDS_FILE,
+        SLICE_RISK_FILE,
+    )
+    from orchestrator.run_folder import RunFolder
+
+    folder = RunFolder(run_dir)
+    sweep = folder.sweep_or_none
+    if sweep is None or results.empty:
+        return None
+    settings = sweep.report.slice_settings()
+    audits = folder.context_audits()
+    tables = risk_tables(results, query_table, sweep_slices(sweep, settings), settings,
+                         n_resamples=sweep.probe.bootstrap, null_splits=max(sweep.probe.null_splits, 20),
+                         context_audits=audits, context_scores=folder.context_audit_scores, attack_scores=attack_scores)
+    for name, table in ((RECORD_RISK_FILE, tables.records), (RECORD_SLICES_FILE, tables.slices),
+                        (SLICE_RISK_FILE, tables.slice_risk), (RECORD_STABILITY_FILE, tables.stability),
+                        (RISKIEST_RECORDS_FILE, tables.riskiest), (CANARY_RANKING_FILE, tables.canaries)):
+        write_parquet_atomic(table, Path(run_dir) / name)
+    at_risk = 0 if tables.riskiest.empty else int((tables.riskiest["risk"] >= HIGH_RISK).sum())
+    leaking = 0 if tables.slice_risk.empty else int(tables.slice_risk["leaks_more"].astype(bool).sum())
+    log(f"[iclmem] risk report: {tables.records['row_id'].nunique() if not tables.records.empty else 0} rows scored, "
+        f"{at_risk} of the riskiest at risk >= {HIGH_RISK:g}, {leaking} slice result(s) leaking more than the rest "
+        f"-> {Path(run_dir) / RECORD_RISK_FILE}")
+    return tables
