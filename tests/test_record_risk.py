@@ -116,3 +116,51 @@ def test_a_slice_too_small_keeps_its_counts_and_no_metric_and_epsilon_only_when_
     assert bounded[0].epsilon_lb > 0
     with pytest.raises(ProbeError, match="slice 'bad'"):
         slice_leakage(scores, member, {"bad": np.ones(3, bool)})
+
+
+# ------------------------------------------------------------------------------------------- slices
+def _table(n: int = 120):
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"age": rng.integers(18, 90, n), "city": rng.choice(["Lyon", "Oslo", "Rome"], n),
+                          "note": [f"unique-token-{i:04d}" for i in range(n)], "y": rng.integers(0, 2, n)})
+    frame.loc[:2, "city"] = "Tiny"  # a level of 3 rows: rare, and never named
+    features = rng.normal(size=(n, 4))
+    features[5] = 40.0  # the one far outlier
+    return frame, features
+
+
+def test_slices_name_groups_never_a_value_fewer_than_min_group_rows_share():
+    from iclmem.vocab import SliceFamily
+    from orchestrator.slices import SliceSettings, slice_masks, task_slices
+
+    frame, features = _table()
+    settings = SliceSettings(by=(*SliceSettings().by, SliceFamily.COLUMN), columns=("city", "age"))
+    slices = task_slices("t", features, frame["y"].to_numpy(), ("no", "yes"), np.arange(len(frame)), frame, "y",
+                         settings)
+    names = set(slices["slice"])
+    assert {"class no", "class yes", "city = Lyon", "city = Oslo", "city = Rome",
+            "city: levels of fewer than 10 rows", "age: quartile 1 of 4", "age: quartile 4 of 4"} <= names
+    assert "note: rare level (fewer than 10 rows)" in names  # every note is unique: all rare, none named
+    assert "city: rare level (fewer than 10 rows)" in names
+    assert not any("unique-token" in s or "Tiny" in s for s in names)
+    top = slices[(slices["family"] == "outlier") & (slices["slice"] == "outlier score 90-100%")]["row_id"]
+    assert 5 in set(top)  # the planted outlier is in the top bin
+    masks = slice_masks(slices[slices["family"] == "class"], np.arange(10))
+    assert sum(m.sum() for m in masks.values()) == 10
+
+
+def test_a_slice_column_the_table_lacks_is_refused_before_any_work_naming_it():
+    from iclmem.errors import ConfigError
+    from orchestrator.config import parse_sweep
+    from orchestrator.prepare import check_slice_columns
+
+    sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "report": {"slices": {"columns": ["petal"]}}})
+    with pytest.raises(ConfigError, match=r"report.slices.columns names \['petal'\].*'iris'"):
+        check_slice_columns(sweep)
+    target = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "report": {"slices": {"columns": ["target"]}}})
+    with pytest.raises(ConfigError, match="target"):
+        check_slice_columns(target)
+    with pytest.raises(ConfigError, match="columns is empty"):
+        parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "report": {"slices": {"by": ["column"]}}})
