@@ -120,7 +120,8 @@ def test_a_minis_planted_memorization_is_found_by_the_known_context_channel(mode
     each mini: the base-calibrated known-context loss tells members from label-matched non-members, its 95%
     interval above chance. Seeds 0-4 (benchmarks/minis.py, RESULTS.md) read interval lows 0.619-0.752 for
     tabicl-mini and 0.676-0.805 for tabpfn-mini, the flag set on 5 and 4 of 5; with forced AVX2 kernels
-    (ATen, MKL, OpenBLAS, numba) 0.619-0.714 and 0.630-0.751, flags 5 and 4 of 5. The bar is 0.55."""
+    (ATen, MKL, OpenBLAS, numba) 0.619-0.714 and 0.630-0.751, flags 5 and 4 of 5; forced AVX2 on 2 torch threads
+    (``torch_threads=2``, seeds 0-2) 0.709-0.819 and 0.630-0.751, every flag set. The bar is 0.55."""
     from orchestrator.selfcheck import planted_check
 
     row = planted_check(model, {"weights": "mini"}, seed=0, task="iris", q=30, context_size=60, lr=3e-3, epochs=200)
