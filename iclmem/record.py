@@ -4,7 +4,9 @@ This is the one declaration of the row that crosses the three layers. The probe 
 here (:func:`check_row`: an unknown column, or a missing identity column, is an error at the writer, not a
 silent NaN at a reader); aggregation orders the table by :data:`CHECKPOINT_KEY`; the report, the figures and
 the W&B logger read only :func:`is_public` columns and group runs by :data:`IDENTITY_COLUMNS` /
-:data:`GRID_AXES`. Nothing else lists identity columns.
+:data:`GRID_AXES` and by the named groupings below them (:data:`RUN_KEY`, :data:`CONFIGURATION_KEY`,
+:data:`FACET_AXES`, each table's order, ...). Nothing else lists identity columns (tests/test_grouping.py
+refuses a literal of two or more of them in orchestrator/ or probes/).
 
 A column is either named (:data:`COLUMNS`) or one of a family of names built from a closed vocabulary
 (:data:`FAMILIES`, e.g. ``auc_<score kind>`` or ``<attack>_tpr_at_1pct``). ``public`` marks the columns that
@@ -23,8 +25,14 @@ from typing import Any, NamedTuple
 from iclmem.errors import ResultSchemaError
 from iclmem.vocab import Attack, CanaryKind, Neighbours, ScoreKind, VerdictRule, values
 
-__all__ = ["ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "CHECKPOINT_KEY", "COLUMNS", "FAMILIES", "GRID_AXES", "IDENTITY_COLUMNS", "NEIGHBOURS", "RESULTS_SCHEMA_KEY", "RESULTS_SCHEMA_VERSION", "VOLATILE_COLUMNS", "Column", "ColumnFamily",
-           "RunIdentity", "check_columns", "check_row", "column_meaning", "is_public", "is_result_column", "public_columns"]
+__all__ = ["ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "CANARY_TABLE_ORDER", "CHECKPOINT_ID",
+           "CHECKPOINT_KEY", "COLUMNS", "CONFIGURATION_KEY", "EPOCH_CURVE_LINE", "EPSILON_TABLE_ORDER", "FACET_AXES",
+           "FAMILIES", "FRONTIER_GROUP", "FRONTIER_LINE", "FRONTIER_SETTING", "GRID_AXES", "IDENTITY_COLUMNS",
+           "INTEGER_COLUMNS", "NEIGHBOURS", "OUTCOME_GRID_CELL", "PAPER_RUN_ORDER", "RESULTS_SCHEMA_KEY",
+           "RESULTS_SCHEMA_VERSION", "ROW_KEY", "RUN_KEY", "SLICE_AUDIT_KEY", "SPLIT_REPORT_ORDER",
+           "VOLATILE_COLUMNS", "WANDB_LINE_GROUP", "WANDB_WORKSPACE_GROUPBY", "Column", "ColumnFamily",
+           "RunIdentity", "check_columns", "check_row", "column_meaning", "is_public", "is_result_column",
+           "public_columns"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,49 @@ CHECKPOINT_KEY: tuple[str, ...] = (*IDENTITY_COLUMNS, "epoch")
 # the grid's axes: what makes two runs different experiments rather than one run (the DP-SGD target ε is an
 # axis of the grid too, though not of a run's identity: a non-DP run has none)
 GRID_AXES: tuple[str, ...] = (*(c for c in IDENTITY_COLUMNS if c != "run_id"), "dp_target_epsilon")
+# columns that hold integers: check_row refuses a row in which they do not; the report prints them without decimals
+INTEGER_COLUMNS: tuple[str, ...] = ("q", "seed", "epoch")
+
+# ---- how readers group and order results rows, each grouping named once, here
+# a run on one of its tasks (a multi-task run has rows per task): what a run's headline, its ε over its
+# checkpoints, its attacks' run verdicts and its row of a per-run table are computed per
+RUN_KEY: tuple[str, ...] = ("run_id", "task")
+# one results row: a run's checkpoint on one of its tasks (per-record tables split it further by channel
+# and attack)
+ROW_KEY: tuple[str, ...] = (*RUN_KEY, "epoch")
+# one checkpoint of a run's weights, all its tasks together: what ROC files, manipulation AUC rows and peak
+# checkpoints are matched on
+CHECKPOINT_ID: tuple[str, ...] = ("run_id", "epoch")
+# a run's grid configuration without its seed: runs sharing it are one experiment drawn with other seeds, whose
+# record rankings the risk report compares (``recipe``: the model's training recipe, where a table has it)
+CONFIGURATION_KEY: tuple[str, ...] = ("task", "model", "regime", "recipe", "lr", "q", "label_mode",
+                                      "dp_target_epsilon")
+# grid axes that change what a run is (not just its noise): figures and by-epoch tables split by every one of
+# them that varies rather than pooling, e.g. normal against shuffled member labels. Seeds are replicates and
+# may be averaged, which the page then says.
+FACET_AXES: tuple[str, ...] = ("model", "regime", "label_mode", "dp_target_epsilon")
+# the leakage-utility frontier (orchestrator.report.frontier): one panel per task, one frontier (a line) per
+# model, recipe and regime in it; a point is one setting of the grid at one checkpoint
+FRONTIER_LINE: tuple[str, ...] = ("model", "recipe", "regime")
+FRONTIER_GROUP: tuple[str, ...] = ("task", *FRONTIER_LINE)
+FRONTIER_SETTING: tuple[str, ...] = ("lr", "q", "epoch", "dp_target_epsilon")
+# W&B summary run: the configuration one line of AUC over epochs stands for (runs differing only in seed are
+# averaged)
+WANDB_LINE_GROUP: tuple[str, ...] = ("model", "regime", "label_mode", "lr", "q")
+# W&B saved workspace: the trial runs' grouping, one line per setting (mean over seeds)
+WANDB_WORKSPACE_GROUPBY: tuple[str, ...] = ("task", "lr", "q", "label_mode")
+# figure of AUC over epochs: in a task's panel, one line per learning rate and Q (seeds averaged)
+EPOCH_CURVE_LINE: tuple[str, ...] = ("lr", "q")
+# figure of outcomes: in a Q's panel, one cell per task (row) and learning rate (column)
+OUTCOME_GRID_CELL: tuple[str, ...] = ("task", "lr")
+# record-level risk by slice (orchestrator.report.risk.worst_runs): one audit, a run's attack on one task and
+# channel, whose slice families' pooled AUCs are compared; task and channel lead, as the worst-run table reads
+SLICE_AUDIT_KEY: tuple[str, ...] = ("task", "channel", "run_id", "attack")
+# the order of the report's per-run tables
+PAPER_RUN_ORDER: tuple[str, ...] = ("task", "q", "lr", "model", "label_mode", "seed", "run_id")  # Tabs. 10-11
+SPLIT_REPORT_ORDER: tuple[str, ...] = ("task", "label_mode", "seed", "q")  # the split validation (Tab. 6)
+EPSILON_TABLE_ORDER: tuple[str, ...] = ("task", "label_mode", "dp_target_epsilon", "run_id")  # ε lower bounds
+CANARY_TABLE_ORDER: tuple[str, ...] = ("task", "run_id", "epoch")  # canary exposure, per checkpoint
 
 
 class Column(NamedTuple):
@@ -322,7 +373,7 @@ def check_row(row: Mapping[str, Any], where: str) -> None:
     missing = [c for c in CHECKPOINT_KEY if c not in row]
     if missing:
         raise ResultSchemaError(f"{where}: the row lacks {missing} (every row carries {list(CHECKPOINT_KEY)})")
-    bad = [c for c in ("q", "seed", "epoch") if not _is_int(row[c])]
+    bad = [c for c in INTEGER_COLUMNS if not _is_int(row[c])]
     if bad:
         raise ResultSchemaError(f"{where}: {bad} must be integers, got {[row[c] for c in bad]}")
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.atomic import write_parquet_atomic
-from iclmem.record import CHECKPOINT_KEY, RESULTS_SCHEMA_KEY, RESULTS_SCHEMA_VERSION, check_columns
+from iclmem.record import CHECKPOINT_KEY, RESULTS_SCHEMA_KEY, RESULTS_SCHEMA_VERSION, RUN_KEY, check_columns
 from iclmem.runfolder import (
     FIGURES_DIR,
     MANIPULATION_AUC_FILE,
@@ -442,7 +442,7 @@ def attack_headline_columns(results: pd.DataFrame) -> pd.DataFrame:
     from iclmem.vocab import Attack
     from probes.attacks import attack_run_headline
 
-    keys = [c for c in ("run_id", "task") if c in results.columns]
+    keys = [c for c in RUN_KEY if c in results.columns]
     new: dict[str, list[Any]] = {}
     for prefix in ATTACK_STATISTICS:
         for attack in Attack:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from iclmem.record import RUN_KEY
+
 if TYPE_CHECKING:  # imported where used: the privacy math is not needed to read a results table
     from probes.gdp import GridCounts
     from trainables.dp import DPSettings
@@ -255,7 +257,7 @@ def epsilon_columns(results: pd.DataFrame, log: Callable[[str], None] = print) -
             log(f"[iclmem] note: gdp_mu_lb is not set for {without_counts} checkpoint(s) whose probe results have "
                 "no GDP grid counts (probed before they were recorded); probe them again for a GDP headline")
         _gdp_epsilon(out)
-    keys = [c for c in ("run_id", "task") if c in out.columns]
+    keys = [c for c in RUN_KEY if c in out.columns]
     # the epoch as a float (NaN when no checkpoint has a bound): one dtype in memory and read back from parquet
     out["run_epsilon_lb"], out["run_epsilon_lb_epoch"], out["run_epsilon_lb_kind"] = math.nan, math.nan, None
     for _, group in out.groupby(keys, sort=False, dropna=False):

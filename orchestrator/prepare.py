@@ -255,10 +255,14 @@ def _model_key(name: str, options: dict[str, Any]) -> str:
 
 
 def _identity(trial: TrialSpec, sweep: SweepConfig) -> dict[str, Any]:
-    return {"run_id": trial.run_id, "task": trial.task, "model": trial.model,
-            "model_options": json.dumps(dict(trial.model_options), sort_keys=True), "regime": trial.regime,
-            "lr": trial.lr, "q": trial.q, "label_mode": trial.label_mode, "seed": trial.seed,
-            "config_hash": sweep.config_hash(), "git_commit": git_commit(),
+    """The columns every results row of the trial carries: its identity (``RunIdentity``) and the run columns
+    beside it, the model's options (as JSON) next to the model, where results rows have always carried them."""
+    identity: dict[str, Any] = {}
+    for column, value in trial.identity.as_dict().items():
+        identity[column] = value
+        if column == "model":
+            identity["model_options"] = json.dumps(dict(trial.model_options), sort_keys=True)
+    return {**identity, "config_hash": sweep.config_hash(), "git_commit": git_commit(),
             # only on reference trials, so a target's results row keeps exactly the columns it had before
             **({"reference_of": trial.reference_of, "reference_index": trial.reference_index,
                 "reference_training_seed": training_seed(trial)}

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from iclmem.record import CONFIGURATION_KEY, ROW_KEY
 from iclmem.vocab import Channel
 
 __all__ = ["HIGH_RISK", "RECORD_ATTACKS", "RiskTables", "audited_rows", "canary_ranking", "canary_rows", "record_rows",
@@ -40,8 +41,6 @@ RECORD_ATTACKS: dict[str, Callable[[pd.DataFrame], Any]] = {
     "known_context": lambda t: t["known_context_loss_base"] - t["known_context_loss"],
 }
 HIGH_RISK = 0.9  # a member row at or above this risk counts as at risk (P(member | score) at an even prior)
-# the grid columns two runs must share to count as the same configuration drawn with another seed
-_SAME_CONFIGURATION = ("task", "model", "regime", "recipe", "lr", "q", "label_mode", "dp_target_epsilon")
 
 
 def _folds(member: np.ndarray) -> int:
@@ -186,7 +185,7 @@ def canary_ranking(records: pd.DataFrame, headline: Mapping[str, int]) -> pd.Dat
         return pd.DataFrame()
     rows = []
     at_headline = records[[headline.get(str(r)) == e for r, e in zip(records["run_id"], records["epoch"], strict=True)]]
-    for (run_id, task, epoch, attack), group in at_headline.groupby(["run_id", "task", "epoch", "attack"], sort=True):
+    for (run_id, task, epoch, attack), group in at_headline.groupby([*ROW_KEY, "attack"], sort=True):
         canary = group["canary_copies"].notna()
         if not canary.any():
             continue
@@ -254,7 +253,7 @@ def _slice_risk(records: pd.DataFrame, slices: pd.DataFrame, headline: Mapping[s
                            for r, e, c in zip(records["run_id"], records["epoch"], records["channel"], strict=True)]]
     by_task = {str(t): g for t, g in slices.groupby("task", sort=False)}
     for (run_id, task, epoch, channel, attack), group in at_headline.groupby(
-            ["run_id", "task", "epoch", "channel", "attack"], sort=True):
+            [*ROW_KEY, "channel", "attack"], sort=True):
         task_slices = by_task.get(str(task))
         if task_slices is None:
             continue
@@ -280,7 +279,7 @@ def _stability(records: pd.DataFrame, headline: Mapping[str, int], results: pd.D
 
     if records.empty:
         return pd.DataFrame()
-    keys = [c for c in _SAME_CONFIGURATION if c in results.columns]
+    keys = [c for c in CONFIGURATION_KEY if c in results.columns]
     runs = results.drop_duplicates("run_id")
     records = audited_rows(records)
     weights = records[(records["channel"] == Channel.FINE_TUNED_WEIGHTS.value) & records["member"]]

@@ -8,9 +8,10 @@ import hashlib
 import itertools
 import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from iclmem.record import RunIdentity
 from iclmem.vocab import LabelMode, Regime, TrialRole
 from orchestrator.config import SweepConfig
 
@@ -19,31 +20,65 @@ __all__ = ["ContextAuditSpec", "TrialSpec", "context_audit_specs", "expand_grid"
 
 @dataclass(frozen=True)
 class TrialSpec:
-    """One fine-tuning run of the grid."""
+    """One fine-tuning run of the grid: its identity (``iclmem.record.RunIdentity``, the identity columns of
+    every results row it writes) and what else it is run with. The identity's fields read as the spec's own
+    (``trial.run_id``, ``trial.q``, ...)."""
 
-    run_id: str
-    task: str
-    model: str
+    identity: RunIdentity
     model_options: tuple[tuple[str, Any], ...]
-    regime: str
-    lr: float
-    q: int
-    label_mode: str
-    seed: int
     dp: float = math.inf  # DP-SGD target epsilon; inf = plain fine-tuning
     role: TrialRole = TrialRole.TARGET
     reference_of: str | None = None  # a reference trial: the run id of the run it is a reference model of
     reference_index: int | None = None  # ... and its index k (0..K-1), which picks its half of the population
 
+    @property
+    def run_id(self) -> str:
+        return self.identity.run_id
+
+    @property
+    def task(self) -> str:
+        return self.identity.task
+
+    @property
+    def model(self) -> str:
+        return self.identity.model
+
+    @property
+    def regime(self) -> str:
+        return self.identity.regime
+
+    @property
+    def lr(self) -> float:
+        return self.identity.lr
+
+    @property
+    def q(self) -> int:
+        return self.identity.q
+
+    @property
+    def label_mode(self) -> str:
+        return self.identity.label_mode
+
+    @property
+    def seed(self) -> int:
+        return self.identity.seed
+
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["model_options"] = dict(self.model_options)
-        return out
+        """The spec as one flat dict: the identity's fields, the model's options beside the model, the rest."""
+        out: dict[str, Any] = {}
+        for name, value in self.identity.as_dict().items():
+            out[name] = value
+            if name == "model":
+                out["model_options"] = dict(self.model_options)
+        rest = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "identity" and f.name not in out}
+        return {**out, **rest}
 
 
 @dataclass(frozen=True)
 class ContextAuditSpec:
-    """One deployed-context audit of regime ``context``: ``model`` with ``q`` rows of ``task`` as its context."""
+    """One deployed-context audit of regime ``context``: ``model`` with ``q`` rows of ``task`` as its context.
+    It holds no ``RunIdentity``: an audit has no learning rate, label mode or fine-tuning regime, and its rows
+    (``context_audits.parquet``) are not results rows."""
 
     run_id: str
     task: str
@@ -99,9 +134,10 @@ def expand_grid(sweep: SweepConfig) -> list[TrialSpec]:
             key = json.dumps(parts, sort_keys=True, default=str)
             run_id = (f"{task[:24]}-{regime}-lr{lr:g}-q{q}-{mode}-s{seed}{tag}-"
                       f"{hashlib.sha1(key.encode()).hexdigest()[:6]}")
-            target = TrialSpec(run_id, task, model.name, tuple(sorted(model.options.items())), regime, lr, q, mode,
-                               seed, dp)
+            target = TrialSpec(RunIdentity(run_id, task, model.name, regime, lr, q, mode, seed),
+                               tuple(sorted(model.options.items())), dp)
             trials.append(target)
-            trials.extend(replace(target, run_id=f"{run_id}-ref{k}", role=TrialRole.REFERENCE, reference_of=run_id,
-                                  reference_index=k) for k in range(sweep.probe.references))
+            trials.extend(replace(target, identity=replace(target.identity, run_id=f"{run_id}-ref{k}"),
+                                  role=TrialRole.REFERENCE, reference_of=run_id, reference_index=k)
+                          for k in range(sweep.probe.references))
     return trials

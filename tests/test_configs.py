@@ -406,6 +406,7 @@ def test_a_trial_crosses_ray_as_a_plain_dict_and_comes_back_as_the_same_typed_tr
     assert trial == TrialConfig.from_tune(config) == pickle.loads(pickle.dumps(trial))
     assert trial.to_tune() == config
     assert trial.run_identity.run_id == trial.run_id == prepared.trials[0].run_id
+    assert trial.run_identity == prepared.trials[0].identity  # the spec's RunIdentity is the rows' identity
     assert trial.run_identity.q == 20
     assert trial.finetune.dp is not None
     assert trial.finetune.dp.target_epsilon == 1.0

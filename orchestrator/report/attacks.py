@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from iclmem.record import ATTACK_VERDICT_SUFFIXES, CHECKPOINT_KEY
+from iclmem.record import ATTACK_VERDICT_SUFFIXES, CHECKPOINT_KEY, RUN_KEY
 from iclmem.vocab import Attack
 from orchestrator.report.parts import html_table, paragraph, save_png, section_html
 
@@ -61,7 +61,7 @@ def _peaks(results: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     df = df[df[key].notna()]
     rows = []
-    for _, group in df.groupby(["run_id", "task"], sort=True):
+    for _, group in df.groupby(list(RUN_KEY), sort=True):
         group = group.sort_values("epoch")
         rows.append(group.loc[group[key].astype(float).idxmax()])
     return pd.DataFrame(rows).reset_index(drop=True)
@@ -118,7 +118,7 @@ def attack_verdict_table(results: pd.DataFrame) -> pd.DataFrame:
     df = _public(results)
     rows = []
     for statistic, a, c in _judged_attacks(df):
-        for (run_id, task), group in df[df[f"{c}run_outcome"].notna()].groupby(["run_id", "task"], sort=True):
+        for (run_id, task), group in df[df[f"{c}run_outcome"].notna()].groupby(list(RUN_KEY), sort=True):
             first = group.iloc[0]
             epoch = first.get(f"{c}run_epoch")
             at = group[group["epoch"].astype(float) == float(epoch)] if pd.notna(epoch) else group.iloc[:0]
@@ -147,7 +147,7 @@ def _verdict_summary(results: pd.DataFrame) -> str:
     df = _public(results)
     parts = []
     for statistic, a, c in _judged_attacks(df):
-        runs = df[df[f"{c}run_outcome"].notna()].drop_duplicates(["run_id", "task"])
+        runs = df[df[f"{c}run_outcome"].notna()].drop_duplicates(list(RUN_KEY))
         if runs.empty:
             continue
         found = int((runs[f"{c}run_outcome"] == "memorization").sum())

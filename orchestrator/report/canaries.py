@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from iclmem.record import CHECKPOINT_KEY, NEIGHBOURS
+from iclmem.record import CANARY_TABLE_ORDER, CHECKPOINT_KEY, NEIGHBOURS, RUN_KEY
 from orchestrator.report.parts import html_table, paragraph, save_png, section_html
 
 __all__ = ["CANARY_REPORT_COLUMNS", "CANARIES_FIGURE", "canary_copies", "canary_table", "canary_figure",
@@ -65,7 +65,7 @@ def canary_table(results: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     copies = canary_copies(results)
     rows = []
-    for _, row in df.sort_values(["task", "run_id", "epoch"]).iterrows():
+    for _, row in df.sort_values(list(CANARY_TABLE_ORDER)).iterrows():
         out = {"task": row["task"], "run_id": row["run_id"], "lr": row.get("lr"), "label_mode": row.get("label_mode"),
                "epoch": int(row["epoch"])}
         for stat, name in (("exposure", "probe exposure"), ("known_context_exposure", "known-context exposure")):
@@ -95,7 +95,7 @@ def canary_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
 
     copies = canary_copies(results)
     holdout = int(df["canary_holdout"].min())
-    runs = list(df.groupby(["run_id", "task"], sort=True))[:MAX_FIGURE_RUNS]  # one row of panels per run
+    runs = list(df.groupby(list(RUN_KEY), sort=True))[:MAX_FIGURE_RUNS]  # one row of panels per run
     fig = Figure(figsize=(9, 3.2 * len(runs)), layout="constrained")
     for r, ((run_id, task), run) in enumerate(runs):
         first = run.iloc[0]

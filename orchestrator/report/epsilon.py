@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from iclmem.record import CHECKPOINT_KEY, NEIGHBOURS
+from iclmem.record import CHECKPOINT_KEY, EPSILON_TABLE_ORDER, NEIGHBOURS, RUN_KEY
 from iclmem.vocab import SCORE_KINDS
 from orchestrator.epsilon_columns import BEYOND_CHANCE_LEVEL, CONSISTENCY_LEVEL
 from orchestrator.report.parts import paragraph, save_png, section_html
@@ -73,7 +73,7 @@ def epsilon_table(results: pd.DataFrame) -> pd.DataFrame:
     if df.empty or "epsilon_lb" not in df.columns:
         return pd.DataFrame()
     rows = []
-    for (run_id, task), group in df.groupby(["run_id", "task"], sort=False):
+    for (run_id, task), group in df.groupby(list(RUN_KEY), sort=False):
         last = group.loc[group["epoch"].astype(int).idxmax()]
         target = last.get("dp_target_epsilon", math.nan)
         flags = pd.concat([group[c].dropna() for c in ("epsilon_consistent", "gdp_consistent", "one_run_consistent")
@@ -100,7 +100,7 @@ def epsilon_table(results: pd.DataFrame) -> pd.DataFrame:
             "canary_p_value": _float(last, "canary_p_value"),
         })
     table = pd.DataFrame(rows)
-    return table.sort_values(["task", "label_mode", "dp_target_epsilon", "run_id"]).reset_index(drop=True)
+    return table.sort_values(list(EPSILON_TABLE_ORDER)).reset_index(drop=True)
 
 
 def epsilon_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
@@ -113,7 +113,7 @@ def epsilon_figure(results: pd.DataFrame, path: str | Path) -> Path | None:
 
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
     ax = fig.add_subplot()
-    for i, ((run_id, task), group) in enumerate(df.groupby(["run_id", "task"], sort=True)):
+    for i, ((run_id, task), group) in enumerate(df.groupby(list(RUN_KEY), sort=True)):
         group = group.sort_values("epoch")
         colour = f"C{i % 10}"
         target = group["dp_target_epsilon"].iloc[0] if "dp_target_epsilon" in group.columns else math.nan

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from iclmem.atomic import atomic_write
-from iclmem.record import GRID_AXES
+from iclmem.record import CHECKPOINT_ID, EPOCH_CURVE_LINE, GRID_AXES, OUTCOME_GRID_CELL
 from iclmem.runfolder import FIGURES_DIR, MANIPULATION_AUC_FILE, ROC_DIR
 from iclmem.vocab import Outcome
 from orchestrator.report import tables as R
@@ -284,7 +284,7 @@ def build_auc_over_epochs(
     qs = sorted(df["q"].unique())
     fig, axes = _grid(len(cells), 5, 3.8)
     for ax, (title, d) in zip(axes, cells):
-        line_keys = ["lr", "q"] if panel == "task" else ["lr"]
+        line_keys = list(EPOCH_CURVE_LINE) if panel == "task" else ["lr"]
         for key, g in d.groupby(line_keys, sort=True):
             key = key if isinstance(key, tuple) else (key,)
             lr = float(key[0])
@@ -344,7 +344,7 @@ def build_outcome_heatmap(results: pd.DataFrame, *, regime: str | None = R.MAIN_
     fig, axes = _grid(len(cells), 1.4 * len(lrs) + 1.6, 0.45 * len(tasks) + 1.6, max_cols=max(len(qs), 1))
     for ax, (title, d) in zip(axes, cells):
         grid = np.full((len(tasks), len(lrs)), np.nan)
-        for (task, lr), g in d.groupby(["task", "lr"]):
+        for (task, lr), g in d.groupby(list(OUTCOME_GRID_CELL)):
             i, j = tasks.index(task), lrs.index(lr)
             grid[i, j] = order.index(_cell_outcome(g["outcome"]))
             txt = f"{g['peak_auc'].max():.2f}" + (f" ({len(g)})" if len(g) > 1 else "")
@@ -448,7 +448,7 @@ def _pooled_axes_note(manipulation_auc: pd.DataFrame, results: pd.DataFrame | No
     """The ranking pools checkpoints across runs; name the grid axes it pools so none is merged silently."""
     if results is None:
         return ""
-    used = results.merge(manipulation_auc[["run_id", "epoch"]].drop_duplicates(), on=["run_id", "epoch"])
+    used = results.merge(manipulation_auc[list(CHECKPOINT_ID)].drop_duplicates(), on=list(CHECKPOINT_ID))
     if "outcome" in used.columns:
         used = used[(used["outcome"] == R.DETECTABLE) & (used["epoch"] > 0)]
     axes = varying_axes(used)

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from iclmem.record import CHECKPOINT_KEY
+from iclmem.record import CHECKPOINT_KEY, FRONTIER_GROUP, FRONTIER_LINE, FRONTIER_SETTING
 from iclmem.vocab import Attack, LabelMode, Outcome, Recipe, values
 from orchestrator.report.parts import html_table, paragraph, save_png, section_html
 
@@ -52,9 +52,9 @@ ICLMEM_ATTACK = "iclmem"  # the strongest attack's name when IclMem's own score 
 KNOWN_CONTEXT_ATTACKS = {"known_context_calibrated_tpr_at_1pct": "known_context",
                          "deployed_known_context_calibrated_tpr_at_1pct": "known_context_deployed"}
 _ATTACK_TPR = re.compile(rf"^((?:known_context_)?(?:{'|'.join(values(Attack))}))_tpr_at_1pct$")
-# the settings a frontier point stands for, and how the table is grouped
-GROUP = ("task", "model", "recipe", "regime")
-SETTING = ("lr", "q", "epoch", "dp_target_epsilon")
+# how the table is grouped, and the settings a frontier point stands for (iclmem.record)
+GROUP = FRONTIER_GROUP
+SETTING = FRONTIER_SETTING
 
 
 def _recipe(options: object) -> str:
@@ -146,7 +146,7 @@ def frontier_figure(table: pd.DataFrame, path: str | Path) -> Path | None:
     axes = fig.subplots(1, len(tasks), squeeze=False)[0]
     for ax, task in zip(axes, tasks, strict=True):
         part = table[table["task"].astype(str) == task]
-        for i, ((model, recipe, regime), group) in enumerate(part.groupby(["model", "recipe", "regime"], sort=True)):
+        for i, ((model, recipe, regime), group) in enumerate(part.groupby(list(FRONTIER_LINE), sort=True)):
             colour = f"C{i % 10}"
             # clip_on False: a setting no attack finds anything in sits at leakage 0, on the axis itself
             ax.scatter(group["leakage_tpr_at_1pct"], group["heldout_accuracy"], s=18, alpha=0.5, color=colour,

@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from iclmem.record import RUN_KEY
 from orchestrator.report.overview import outcome_summary
 from orchestrator.report.page import df_to_html, fmt_value, tpr_1pct_display
 from orchestrator.report.selection import DETECTABLE, fine_tuned_rows, peak_checkpoints
@@ -29,7 +30,7 @@ def leaked_runs(results: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=list(LEAKED_COLUMNS))
     leaked = peaks[peaks["outcome"].astype(str) == DETECTABLE]
     cols = [c for c in LEAKED_COLUMNS if c in leaked.columns]
-    order = [c for c in ("auc", "run_id", "task") if c in leaked.columns]
+    order = [c for c in ("auc", *RUN_KEY) if c in leaked.columns]
     return (leaked.loc[:, cols].sort_values(order, ascending=[c != "auc" for c in order], kind="mergesort")
             .reset_index(drop=True))
 

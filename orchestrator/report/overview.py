@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from iclmem.record import CHECKPOINT_ID
 from iclmem.runfolder import RunStatus
 from iclmem.vocab import Outcome
 from orchestrator.config import SweepConfig
@@ -157,17 +158,17 @@ def noop_manipulations(manipulation_auc: pd.DataFrame, results: pd.DataFrame | N
     df = df[df["epoch"] > 0]
     if results is not None and not results.empty:
         info = fine_tuned_rows(results)
-        info = info[[c for c in ("run_id", "epoch", "model", "outcome") if c in info.columns]]
-        info = info.drop_duplicates(["run_id", "epoch"])
-        df = df.merge(info, on=["run_id", "epoch"], how="inner")
+        info = info[[c for c in (*CHECKPOINT_ID, "model", "outcome") if c in info.columns]]
+        info = info.drop_duplicates(list(CHECKPOINT_ID))
+        df = df.merge(info, on=list(CHECKPOINT_ID), how="inner")
         if "outcome" in df.columns and (df["outcome"] != Outcome.COLLAPSE.value).any():
             df = df[df["outcome"] != Outcome.COLLAPSE.value]
     if "model" not in df.columns:
         df = df.assign(model="")
-    base = df[df["manipulation"] == BASE_MANIPULATION][["run_id", "epoch", "auc"]].rename(columns={"auc": "_base"})
+    base = df[df["manipulation"] == BASE_MANIPULATION][[*CHECKPOINT_ID, "auc"]].rename(columns={"auc": "_base"})
     if base.empty:
         return pd.DataFrame(columns=cols)
-    others = df[df["manipulation"] != BASE_MANIPULATION].merge(base, on=["run_id", "epoch"], how="inner")
+    others = df[df["manipulation"] != BASE_MANIPULATION].merge(base, on=list(CHECKPOINT_ID), how="inner")
     others["_same"] = (others["auc"].astype(float) - others["_base"].astype(float)).abs() <= tol
     if "category" not in others.columns:
         others["category"] = ""

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from iclmem.record import INTEGER_COLUMNS
 from probes.metrics import allowed_false_positives
 
 __all__ = ["page", "fmt_value", "df_to_html", "note_html", "tpr_1pct_display"]
@@ -67,7 +68,7 @@ def fmt_value(col: str, v: Any) -> str:
     if isinstance(v, (float, np.floating)):
         if col == "lr" or col.endswith(("_pvalue", "p_value", "p_value_threshold")):  # 2e-7 must not read 0.000
             return f"{float(v):.3g}"
-        if float(v).is_integer() and col in ("q", "seed", "epoch", "n_rows", "n_classes"):
+        if float(v).is_integer() and col in (*INTEGER_COLUMNS, "n_rows", "n_classes"):
             return str(int(v))
         return f"{float(v):.3f}"
     return str(v)

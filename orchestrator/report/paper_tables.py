@@ -10,6 +10,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
+from iclmem.record import CHECKPOINT_ID, PAPER_RUN_ORDER, SPLIT_REPORT_ORDER
 from iclmem.vocab import Outcome, VerdictRule, values
 from orchestrator.report.claims import task_verdicts
 from orchestrator.report.null_rates import null_peak_auc_per_task
@@ -106,7 +107,7 @@ def task_lr_q_table(results: pd.DataFrame, *, regime: str | None = MAIN_REGIME) 
     AUC, TPR at 1% and 10% FPR and the epoch, from the results rows of the fine-tuned runs."""
     peaks = peak_checkpoints(results, regime=regime)
     cols = [c for c in TASK_TABLE_COLUMNS if c in peaks.columns]
-    order = [c for c in ("task", "q", "lr", "model", "label_mode", "seed", "run_id") if c in peaks.columns]
+    order = [c for c in PAPER_RUN_ORDER if c in peaks.columns]
     return peaks.loc[:, cols].sort_values(order, kind="mergesort").reset_index(drop=True)
 
 
@@ -196,7 +197,7 @@ def split_validation(split_report: pd.DataFrame, *, tvd_max: float = 0.05, ks_ma
     ks = df["ks"].astype(float) if "ks" in df.columns else pd.Series(np.nan, index=df.index)
     df["statistic"] = np.where(tvd.notna(), "tvd", np.where(ks.notna(), "ks", "none"))
     df["passed"] = np.where(tvd.notna(), tvd < tvd_max, np.where(ks.notna(), ks < ks_max, False))
-    order = [c for c in ("task", "label_mode", "seed", "q") if c in df.columns]
+    order = [c for c in SPLIT_REPORT_ORDER if c in df.columns]
     return df.sort_values(order, kind="mergesort").reset_index(drop=True)
 
 
@@ -260,8 +261,8 @@ def perturbation_ranking(
     if at_peak:
         if results is None:
             raise ValueError("at_peak=True needs the results table")
-        peaks = peak_checkpoints(results, regime=None)[["run_id", "epoch"]].drop_duplicates()
-        df = df.merge(peaks, on=["run_id", "epoch"], how="inner")
+        peaks = peak_checkpoints(results, regime=None)[list(CHECKPOINT_ID)].drop_duplicates()
+        df = df.merge(peaks, on=list(CHECKPOINT_ID), how="inner")
     if by == "manipulation":
         keys = ["manipulation"] + (["category"] if "category" in df.columns else [])
     elif by == "category":
@@ -291,15 +292,15 @@ def perturbation_effectiveness(
     if df.empty or results.empty or "auc_loss" not in results.columns:
         return pd.DataFrame(columns=cols)
     flagged = fine_tuned_rows(results)
-    flagged = flagged[flagged["outcome"] == DETECTABLE][["run_id", "epoch", "auc_loss"]].drop_duplicates(["run_id", "epoch"])
-    df = df.merge(flagged, on=["run_id", "epoch"], how="inner")
+    flagged = flagged[flagged["outcome"] == DETECTABLE][[*CHECKPOINT_ID, "auc_loss"]].drop_duplicates(list(CHECKPOINT_ID))
+    df = df.merge(flagged, on=list(CHECKPOINT_ID), how="inner")
     if df.empty:
         return pd.DataFrame(columns=cols)
     if by not in ("manipulation", "category"):
         raise ValueError(f"by must be 'manipulation' or 'category', not {by!r}")
-    base = (df[df["manipulation"] == BASE_MANIPULATION][["run_id", "epoch", "auc"]]
-            .drop_duplicates(["run_id", "epoch"]).rename(columns={"auc": "_base_auc"}))
-    df = df.merge(base, on=["run_id", "epoch"], how="left")
+    base = (df[df["manipulation"] == BASE_MANIPULATION][[*CHECKPOINT_ID, "auc"]]
+            .drop_duplicates(list(CHECKPOINT_ID)).rename(columns={"auc": "_base_auc"}))
+    df = df.merge(base, on=list(CHECKPOINT_ID), how="left")
     df["delta_auc_vs_suite"] = df["auc"] - df["auc_loss"]
     df["delta_auc"] = (df["auc"] - df["_base_auc"]).where(df["_base_auc"].notna(), df["delta_auc_vs_suite"])
     df["_reference"] = np.where(df["_base_auc"].notna(), BASE_MANIPULATION, "overall")

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from iclmem.record import CHECKPOINT_ID, SLICE_AUDIT_KEY
 from iclmem.vocab import Channel
 from orchestrator.record_risk import HIGH_RISK, audited_rows
 from orchestrator.report.page import df_to_html, note_html
@@ -33,9 +34,9 @@ def worst_runs(slice_risk: pd.DataFrame) -> pd.DataFrame:
     if scored.empty:
         return scored
     # each family splits the audit's rows: the size-weighted mean of a family's slice AUCs tracks the audit's
-    family = scored.groupby(["task", "channel", "run_id", "attack", "family"], sort=False).apply(
+    family = scored.groupby([*SLICE_AUDIT_KEY, "family"], sort=False).apply(
         lambda g: float(np.average(g["auc"], weights=g["n_members"] * g["n_nonmembers"])), include_groups=False)
-    overall = family.groupby(level=[0, 1, 2, 3]).max().rename("overall_auc").reset_index()
+    overall = family.groupby(level=list(range(len(SLICE_AUDIT_KEY)))).max().rename("overall_auc").reset_index()
     best = overall.sort_values("overall_auc", ascending=False, kind="mergesort").drop_duplicates(["task", "channel"])
     return best.reset_index(drop=True)
 
@@ -51,7 +52,7 @@ def channel_summary(records: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (task, channel), group in records.groupby(["task", "channel"], sort=True):
         aucs = []
-        for _, audit in group.groupby(["run_id", "epoch", "attack"], sort=False):
+        for _, audit in group.groupby([*CHECKPOINT_ID, "attack"], sort=False):
             finite = audit[np.isfinite(audit["score"].to_numpy(np.float64))]
             m = finite["member"].to_numpy(bool)
             if m.any() and (~m).any():

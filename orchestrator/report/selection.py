@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.errors import DataError
+from iclmem.record import FACET_AXES, RUN_KEY
 from iclmem.vocab import BASE_MODEL_ROW, Outcome, Regime, ScoreKind, values
 from iclmem.vocab import DETECTABLE as _DETECTABLE
 from iclmem.vocab import MAIN_REGIME as _MAIN_REGIME
@@ -39,11 +40,6 @@ REGIMES: tuple[str, ...] = values(Regime)
 SCORE_KINDS: tuple[str, ...] = values(ScoreKind)
 MAIN_REGIME: str = _MAIN_REGIME.value
 DETECTABLE: str = _DETECTABLE.value
-RUN_KEY: tuple[str, ...] = ("run_id", "task")
-# Grid axes that change what a run is (not just its noise): figures and by-epoch tables split by every one
-# of them that varies rather than pooling, e.g. normal against shuffled member labels. Seeds are
-# replicates and may be averaged, which the page then says.
-FACET_AXES: tuple[str, ...] = ("model", "regime", "label_mode", "dp_target_epsilon")
 BASE_MANIPULATION = "base"  # the unmanipulated multiple-choice context every other manipulation varies
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.errors import ConfigError
-from iclmem.record import IDENTITY_COLUMNS, NEIGHBOURS
+from iclmem.record import CHECKPOINT_ID, IDENTITY_COLUMNS, NEIGHBOURS, WANDB_LINE_GROUP, WANDB_WORKSPACE_GROUPBY
 from iclmem.runfolder import MANIPULATION_AUC_FILE, RESULTS_FILE, SPLIT_REPORT_FILE
 from orchestrator.report import tables as R
 from orchestrator.run_folder import RunFolder
@@ -57,7 +57,7 @@ SUMMARY_CONFIG_COLUMNS: tuple[str, ...] = (*IDENTITY_COLUMNS[1:], "config_hash",
 
 TRIAL_JOB_TYPE = "trial"
 # The configuration one line of AUC over epochs stands for (runs differing only in seed are averaged).
-TRIAL_LINE_GROUP: tuple[str, ...] = ("model", "regime", "label_mode", "lr", "q")
+TRIAL_LINE_GROUP: tuple[str, ...] = WANDB_LINE_GROUP
 PROBE_PREFIX = "probe"
 PEAK_PREFIX = "peak"
 CHECKPOINT_AUC_KEY = f"{PROBE_PREFIX}/checkpoint_auc"  # what the HTML report plots over epochs
@@ -122,8 +122,8 @@ def roc_selection(run_dir: str | Path, results: pd.DataFrame, max_curves: int) -
     files = RunFolder(run_dir).roc_files()
     if peaks.empty or files.empty:
         return peaks.iloc[0:0]
-    peaks = peaks.merge(files[["run_id", "epoch"]], on=["run_id", "epoch"], how="inner")
-    peaks = peaks.drop_duplicates(["run_id", "epoch"])
+    peaks = peaks.merge(files[list(CHECKPOINT_ID)], on=list(CHECKPOINT_ID), how="inner")
+    peaks = peaks.drop_duplicates(list(CHECKPOINT_ID))
     return peaks.sort_values(["peak_auc", "run_id"], ascending=[False, True]).head(max_curves)
 
 
@@ -423,7 +423,7 @@ WORKSPACE_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Memorization", (CHECKPOINT_AUC_KEY, "probe/tpr_at_1pct", "probe/loss_ratio")),
     ("Training and utility", ("train_loss", "member_icl_accuracy", "nonmember_icl_accuracy")),
 )
-WORKSPACE_GROUPBY = ("task", "lr", "q", "label_mode")
+WORKSPACE_GROUPBY = WANDB_WORKSPACE_GROUPBY  # one line per setting, mean over seeds
 
 
 def build_wandb_workspace(entity: str, project: str, group: str, *, publish: bool = False) -> Any:
