@@ -73,7 +73,7 @@ def min_bootstrap() -> int:
 
 def check_bootstrap_cap(bootstrap: int) -> None:
     """``--bootstrap`` within the sweep schema's upper bound (``probe.bootstrap``, :data:`MAX_BOOTSTRAP`)."""
-    from orchestrator.config import MAX_BOOTSTRAP
+    from orchestrator.config_base import MAX_BOOTSTRAP
 
     if bootstrap > MAX_BOOTSTRAP:
         raise ConfigError(f"--bootstrap {bootstrap}: at most {MAX_BOOTSTRAP} resamples (a probe holds resamples x rows "

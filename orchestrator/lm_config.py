@@ -11,7 +11,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from iclmem.vocab import ExposureMetric, LMProbe, NerVariant, values
-from orchestrator.config import ProbeActorsConfig, StrictConfig, WandbConfig
+from orchestrator.config import ProbeActorsConfig, WandbConfig, config_hash_of
+from orchestrator.config_base import StrictConfig
 from orchestrator.config_reading import validate_config
 from probes.lm.data import DATASET_FORMATS
 from probes.lm.exposure import ThresholdRule, default_thresholds
@@ -118,6 +119,10 @@ class LMSweepConfig(StrictConfig):
     probes: list[LMProbe] = list(LMProbe)
     seeds: list[int] = [0, 1, 2]  # NER example draws; exposure and NET are deterministic
     ner: NerConfig = NerConfig()
+
+    def config_hash(self) -> str:
+        """Names a validated LM sweep (run folders, provenance): the hash of its JSON form."""
+        return config_hash_of(self.model_dump(mode="json"))
     batch_size: int = Field(32, ge=1)  # sequences per forward pass (exposure, NET)
     leading_space: bool = False  # exposure: True encodes " " + entity (the spec: no added space; probes.lm.exposure)
     device: str = "cpu"

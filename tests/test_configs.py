@@ -379,7 +379,8 @@ def test_a_negative_custom_resource_is_refused_naming_the_setting(setting, where
 
 def test_a_bootstrap_that_no_probe_could_hold_is_refused_at_validation():
     from iclmem.errors import ConfigError
-    from orchestrator.config import MAX_BOOTSTRAP, parse_sweep
+    from orchestrator.config import parse_sweep
+    from orchestrator.config_base import MAX_BOOTSTRAP
 
     base = {"name": "s", "tasks": [{"name": "iris"}]}
     assert parse_sweep({**base, "probe": {"bootstrap": MAX_BOOTSTRAP}}).probe.bootstrap == MAX_BOOTSTRAP

@@ -10,7 +10,8 @@ import dataclasses
 
 import pytest
 
-from orchestrator.config import parse_sweep, settings_default
+from orchestrator.config import parse_sweep
+from orchestrator.config_base import settings_default
 from probes.outcomes import OutcomeThresholds
 from probes.settings import ProbeSettings
 from trainables.canaries import CanarySettings

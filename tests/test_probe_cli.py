@@ -131,7 +131,7 @@ def test_bootstrap_below_the_schema_minimum_is_refused(plain, tmp_path, value):
 
 def test_bootstrap_above_the_schema_maximum_is_refused_before_any_work(tmp_path, capsys):
     from orchestrator.cli import main
-    from orchestrator.config import MAX_BOOTSTRAP
+    from orchestrator.config_base import MAX_BOOTSTRAP
 
     too_many = str(MAX_BOOTSTRAP + 1)
     assert main(["probe", str(tmp_path / "no-such-checkpoint"), "--task", "iris", "--bootstrap", too_many,
