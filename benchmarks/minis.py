@@ -19,7 +19,8 @@ files, Stage I under each model's own input contract, iclmem's fine-tuner and pr
   (``known_context_memorization_flag``: the same rule on the base-calibrated loss with C' as context).
 * **Planted runs through the packages' own fine-tuners** (``--parts upstream``, a section of its own): the same
   planted members fine-tuned by ``FinetunedTabICLClassifier`` / ``FinetunedTabPFNClassifier`` (``recipe:
-  upstream``) at the package's defaults and with early stopping off.
+  upstream``) at the package's defaults, with early stopping off, and with the fine-tuner's ensemble
+  augmentation off (TabPFN's through its ``extra_classifier_kwargs``).
 * **No-membership control.** Models that never saw the audited rows (``no_membership_check``: fine-tuned on
   100 other rows with true or flipped labels, or the shipped weights plus noise), breast_cancer Q 50, |C'| 64,
   in every label mode: the verdicts (none may read memorization), the known-context flags (none may be set)
@@ -183,9 +184,40 @@ UPSTREAM_RECIPES = (("package defaults (early stopping)", {}, 1e-4, 200),
                     # the package's most aggressive setting short of divergence (lr 1e-2 collapses tabpfn-mini):
                     # constant lr, half of the rows as queries each epoch, 300 epochs
                     ("no schedule, query ratio 0.5", {"early_stopping": False, "use_lr_scheduler": False,
-                                                      "QUERY_RATIO": 0.5}, 3e-3, 300))
+                                                      "QUERY_RATIO": 0.5}, 3e-3, 300),
+                    # the fine-tuner's ensemble augmentation off (no class shift, no feature shuffle, one
+                    # normalisation, one estimator), so what it fits is the rows as iclmem's raw network sees them,
+                    # and 80% of the rows as queries each epoch (a short member context, closer to C' at audit)
+                    ("augmentation off, query ratio 0.8", {"early_stopping": False, "NO_AUGMENTATION": True,
+                                                           "QUERY_RATIO": 0.8}, 3e-3, 200))
 # each package's name for the share of the training rows it holds out as queries each epoch
 QUERY_RATIO = {"tabicl-mini": "finetune_ctx_query_ratio", "tabpfn-mini": "finetune_ctx_query_split_ratio"}
+# each package's fine-tuner keywords that switch its ensemble augmentation off (None: the row is skipped): TabICL's
+# are its own keywords; TabPFN's fine-tuner takes them inside extra_classifier_kwargs, its classifier's
+# inference_config (no class or feature shift, no fingerprint feature, one preprocessing that keeps the numbers)
+NO_AUGMENTATION: dict[str, dict[str, Any] | None] = {
+    "tabicl-mini": {"class_shuffle_method": "none", "feat_shuffle_method": "none", "norm_methods": "none",
+                    "n_estimators_finetune": 1},
+    "tabpfn-mini": {"n_estimators_finetune": 1, "extra_classifier_kwargs": {"inference_config": {
+        "CLASS_SHIFT_METHOD": None, "FEATURE_SHIFT_METHOD": None, "FINGERPRINT_FEATURE": False,
+        "PREPROCESS_TRANSFORMS": [{"name": "none", "categorical_name": "numeric"}]}}},
+}
+
+
+def upstream_finetuner(family: str, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """A recipe row's settings as ``family``'s fine-tuner keywords (None: the row cannot be set for it)."""
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key == "QUERY_RATIO":
+            out[QUERY_RATIO[family]] = value
+        elif key == "NO_AUGMENTATION":
+            keywords = NO_AUGMENTATION[family]
+            if keywords is None:
+                return None
+            out.update(keywords)
+        else:
+            out[key] = value
+    return out
 
 
 def upstream_table(families: list[str], seeds: list[int]) -> str:
@@ -200,7 +232,9 @@ def upstream_table(families: list[str], seeds: list[int]) -> str:
         if model == "pfn-mini":
             continue
         for label, settings, lr, recipe_epochs in UPSTREAM_RECIPES:
-            finetuner = {QUERY_RATIO[family] if k == "QUERY_RATIO" else k: v for k, v in settings.items()}
+            finetuner = upstream_finetuner(family, settings)
+            if finetuner is None:
+                continue
             for seed in seeds:
                 start = time.perf_counter()
                 row = planted_check(model, {**options, "recipe": "upstream", "finetuner": finetuner}, seed=seed,
@@ -215,13 +249,19 @@ def upstream_table(families: list[str], seeds: list[int]) -> str:
                              fmt(row["deployed_member_icl_accuracy"]), fmt(row["deployed_nonmember_icl_accuracy"]),
                              f"{time.perf_counter() - start:.0f}"])
                 print(f"upstream {rows[-1]}", flush=True)
-    return (f"Label-shuffled members, iris, Q {PLANTED['q']}, |C'| {PLANTED['context_size']}, up to 200 epochs (300 in the last recipe) "
+    return (f"Label-shuffled members, iris, Q {PLANTED['q']}, |C'| {PLANTED['context_size']}, up to 200 epochs (300 in the \"no schedule\" recipe) "
             "through `FinetunedTabICLClassifier` / `FinetunedTabPFNClassifier` from the shipped mini (`recipe: "
             "upstream`), probed at the last epoch trained with the planted check's four manipulations. "
             "\"deployed known-context\": the known-context channel scored as the package deploys the weights "
             "(its preprocessing and ensemble, C' as the context), calibrated by the base weights deployed alike. "
             "\"deployed member / non-member accuracy\": the package's classifier on the fine-tuned weights with "
-            "C' as its context (a member's trained label is a shuffled one: 1/3 is chance).\n\n"
+            "C' as its context (a member's trained label is a shuffled one: 1/3 is chance); that classifier is "
+            "the one the fine-tuner deploys after fitting (its ensemble size, class and feature shifts, "
+            "preprocessing, the run's seed as `random_state`). \"augmentation off\": tabicl-mini "
+            "`class_shuffle_method`, `feat_shuffle_method`, `norm_methods` `none`; tabpfn-mini "
+            "`extra_classifier_kwargs.inference_config` `CLASS_SHIFT_METHOD`, `FEATURE_SHIFT_METHOD` null, "
+            "`FINGERPRINT_FEATURE` false, `PREPROCESS_TRANSFORMS` `[{name: none, categorical_name: numeric}]`; "
+            "both `n_estimators_finetune` 1.\n\n"
             + md_table(["family", "fine-tuner", "lr", "seed", "last epoch", "outcome", "calibrated AUC",
                         "known-context flag", "known-context calibrated AUC", "deployed known-context flag",
                         "deployed known-context calibrated AUC", "its interval low",

@@ -215,10 +215,126 @@ def _sweep(**over) -> dict:
      r"finetuner.patience is not a keyword of tabpfn.finetuning.FinetunedTabPFNClassifier; it takes: .*"
      r"early_stopping_patience"),
     ({"models": [{"name": "tabpfn-v2", "recipe": "iclmem", "options": {**TINY, "recipe": "upstream"}}]}, "disagree"),
+    # inside TabPFN's extra_classifier_kwargs: iclmem's base weights, and its inference_config's fields and values
+    ({"models": [{"name": "tabpfn-v2", "recipe": "upstream", "options": {
+        **TINY, "finetuner": {"extra_classifier_kwargs": {"model_path": "/elsewhere.ckpt"}}}}]},
+     r"options.finetuner.extra_classifier_kwargs.model_path is set by iclmem"),
+    ({"models": [{"name": "tabpfn-v2", "recipe": "upstream", "options": {
+        **TINY, "finetuner": {"extra_classifier_kwargs": {"inference_config": {"CLASS_SHIFT": None}}}}}]},
+     r"options.finetuner.extra_classifier_kwargs.inference_config.CLASS_SHIFT is not a field of tabpfn's "
+     r"InferenceConfig .*it has: .*CLASS_SHIFT_METHOD"),
+    ({"models": [{"name": "tabpfn-v2", "recipe": "upstream", "options": {
+        **TINY, "finetuner": {"extra_classifier_kwargs": {"inference_config": {"CLASS_SHIFT_METHOD": "sideways"}}}}}]},
+     r"options.finetuner.extra_classifier_kwargs.inference_config.CLASS_SHIFT_METHOD: Input should be 'shuffle' "
+     r"or 'rotate'"),
+    ({"models": [{"name": "tabpfn-v2", "recipe": "upstream", "options": {
+        **TINY, "finetuner": {"extra_classifier_kwargs": {"inference_config": {
+            "PREPROCESS_TRANSFORMS": [{"name": "none", "categorical": "numeric"}]}}}}}]},
+     r"inference_config.PREPROCESS_TRANSFORMS\[0\].categorical is not a field of tabpfn's PreprocessorConfig"),
 ])
 def test_a_sweep_setting_the_package_fine_tuner_cannot_honour_is_refused_naming_it(over, message):
     with pytest.raises(ConfigError, match=message):
         parse_sweep(_sweep(**over))
+
+
+# TabPFN's fine-tuner with its ensemble augmentation off: no class shift, no feature shift, no fingerprint feature,
+# one preprocessing that leaves the numbers as they are, as a sweep file spells them
+NO_AUGMENTATION = {"CLASS_SHIFT_METHOD": None, "FEATURE_SHIFT_METHOD": None, "FINGERPRINT_FEATURE": False,
+                   "PREPROCESS_TRANSFORMS": [{"name": "none", "categorical_name": "numeric"}]}
+
+
+def test_extra_classifier_kwargs_reach_the_tabpfn_fine_tuner_beside_the_base_weights(task, tmp_path):
+    """A user's ``extra_classifier_kwargs`` are merged with the base weights iclmem sets there; a YAML mapping in
+    ``PREPROCESS_TRANSFORMS`` reaches tabpfn as its ``PreprocessorConfig``; the model's options keep the mapping
+    (the checkpoint's manifest records them as the sweep file wrote them)."""
+    from tabpfn.preprocessing import PreprocessorConfig
+
+    from trainables.upstream import UpstreamFinetuner
+
+    finetuner = {"n_estimators_finetune": 1, "early_stopping": False,
+                 "extra_classifier_kwargs": {"inference_config": NO_AUGMENTATION, "softmax_temperature": 0.5}}
+    upstream = UpstreamFinetuner(_spec(model_options={**UPSTREAM, "finetuner": finetuner}), [task])
+    base = upstream._base_file(tmp_path)
+    built = upstream.recipe.build(upstream.finetuner_settings(), base, None)
+    assert built.n_estimators_finetune == 1
+    assert built.early_stopping is False
+    assert built.random_state == 0  # the sweep's settings beside them
+    extra = built.extra_classifier_kwargs
+    assert extra["model_path"] == str(base)
+    assert extra["softmax_temperature"] == 0.5
+    config = extra["inference_config"]
+    assert config["CLASS_SHIFT_METHOD"] is None
+    assert config["FEATURE_SHIFT_METHOD"] is None
+    assert config["FINGERPRINT_FEATURE"] is False
+    assert config["PREPROCESS_TRANSFORMS"] == [PreprocessorConfig("none", categorical_name="numeric")]
+    # the option itself is not converted in place
+    assert upstream.model.options["finetuner"]["extra_classifier_kwargs"]["inference_config"] == NO_AUGMENTATION
+    # a caller that builds the fine-tuner without a sweep file is checked as the sweep is
+    with pytest.raises(ConfigError, match=r"extra_classifier_kwargs.inference_config.FINGERPRINT is not a field"):
+        UpstreamFinetuner(_spec(model_options={**UPSTREAM, "finetuner": {
+            "extra_classifier_kwargs": {"inference_config": {"FINGERPRINT": False}}}}), [task])
+
+
+# each package's fine-tuner with its augmentation off, and the classifier it deploys after fitting
+DEPLOYED = {
+    "tabpfn-v2": {**UPSTREAM, "n_estimators": 3, "finetuner": {
+        "early_stopping": False, "n_estimators_finetune": 1, "n_inference_subsample_samples": 40,
+        "extra_classifier_kwargs": {"inference_config": NO_AUGMENTATION}}},
+    "tabicl": {**RECIPES["tabicl"], "n_estimators": 3, "finetuner": {
+        "early_stopping": False, "class_shuffle_method": "none", "feat_shuffle_method": "none", "norm_methods": "none",
+        "n_estimators_finetune": 1, "softmax_temperature": 0.7}},
+}
+
+
+class _NoLogger:
+    """The packages' experiment-logger hooks, doing nothing."""
+
+    def setup(self, config: dict) -> None: ...
+
+    def log_step(self, metrics: dict, step: int) -> None: ...
+
+    def log_epoch(self, metrics: dict, step: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+@pytest.mark.parametrize("model", sorted(DEPLOYED))
+def test_the_deployed_classifier_is_the_one_the_package_fine_tuner_deploys(model, tmp_path):
+    """The adapter's deployed classifier of an upstream run is the package fine-tuner's own after ``fit``
+    (``finetuned_inference_classifier_`` / ``_final_estimator_``): the same keywords (but the file it loads and
+    the device's spelling) and, on the fine-tuned weights and the same rows, the same probabilities; its
+    ``random_state`` the run's seed (3 here), not the ``seed`` option's 0."""
+    from trainables.upstream import UpstreamFinetuner, deployed_utility
+
+    _require(model)
+    task = prepare_task(TaskSource("breast_cancer", "builtin"), label_mode="shuffled_members", seed=3, q=32,
+                        context_size=64)
+    upstream = UpstreamFinetuner(_spec(model, model_options=DEPLOYED[model], epochs=1, seed=3), [task])
+    x, y, x_val, y_val = upstream.training_rows()
+    base = upstream._base_file(tmp_path)
+    (tmp_path / "out").mkdir()
+    package = upstream.recipe.build(upstream.finetuner_settings(), base, _NoLogger())
+    package.fit(x, y, X_val=x_val, y_val=y_val, output_dir=tmp_path / "out")
+    if model == "tabpfn-v2":
+        theirs, weights = package.finetuned_inference_classifier_, package.finetuned_estimator_.models_[0]
+    else:
+        theirs, weights = package._final_estimator_, package.model_
+    upstream.model.module.load_state_dict(weights.state_dict())  # the fine-tuned weights, as a checkpoint holds them
+    upstream.model.deployed_random_state = 3
+    ours = upstream.model.deployed_estimator()
+    assert ours.random_state == 3
+    expected, actual = theirs.get_params(), ours.get_params()
+    differ = {k for k in set(expected) | set(actual) if expected.get(k) != actual.get(k)}
+    assert differ <= {"model_path", "device"}, {k: (expected.get(k), actual.get(k)) for k in differ}
+    assert str(actual["device"]) == "cpu"
+    x_non = np.asarray(task.features, dtype=np.float32)[task.nonmember_idx]
+    np.testing.assert_allclose(ours.fit(x, y).predict_proba(x_non), package.predict_proba(x_non), rtol=1e-4, atol=1e-6)
+    # the run's utility as deployed reads the same classifier (the run's seed from the spec, the task's by default)
+    upstream.model.deployed_random_state = None
+    assert upstream.model.deployed_estimator().random_state == 0  # outside a scoring call: the seed option
+    utility = deployed_utility(upstream.model, task)
+    assert upstream.model.deployed_random_state is None  # put back
+    assert utility == upstream.evaluate()
 
 
 def test_the_recipe_is_part_of_the_model_identity():

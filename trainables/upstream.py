@@ -14,7 +14,12 @@ validation and early stopping. :class:`UpstreamFinetuner` runs that fine-tuner u
   ``n_estimators_inference``, default 8; the fine-tuning and validation ensembles stay the package's);
   everything else is the package's default, early stopping included, unless the
   model's ``finetuner`` option sets it (``{early_stopping: false}``: any keyword of the package's
-  fine-tuner but those above, checked by :func:`check_finetuner_settings` before any work);
+  fine-tuner but those above, checked by :func:`check_finetuner_settings` before any work). TabPFN's
+  ``extra_classifier_kwargs`` (its ``TabPFNClassifier``'s keywords, ``inference_config`` among them: e.g.
+  ``{CLASS_SHIFT_METHOD: null, FEATURE_SHIFT_METHOD: null, FINGERPRINT_FEATURE: false, PREPROCESS_TRANSFORMS:
+  [{name: none, categorical_name: numeric}]}`` switches its ensemble augmentation off) are merged with the
+  base weights iclmem sets there (``model_path``, refused in them), each field and value checked against tabpfn's
+  own ``InferenceConfig`` before any work;
 * checkpoints by epoch: the package writes its own checkpoint after every epoch (``save_checkpoint_interval
   = 1`` into a working folder) and calls its experiment-logger hook (``experiment_logger``: ``log_step``,
   ``log_epoch``, ``finish``) after each; :class:`_CheckpointHook` hands each new file to the caller from that
@@ -25,8 +30,10 @@ validation and early stopping. :class:`UpstreamFinetuner` runs that fine-tuner u
   checkpoint is the last epoch trained, ``stopped_early`` is 1 in its metrics and ``upstream_best_epoch``
   names the epoch whose weights the package deploys;
 * scored: the run's utility metrics (in-context accuracy and loss with C', members and non-members) as the
-  package deploys the weights (``TabPFNV2Adapter.deployed_log_probs``: one ``TabPFNClassifier`` fit per
-  context, its preprocessing and ensemble); the probe scores the network as for every run, since the
+  package deploys the weights (``TabPFNV2Adapter.deployed_log_probs``: one fit per context of the classifier
+  the package's fine-tuner deploys after fitting -- its ensemble size, class and feature shifts, preprocessing
+  and ``inference_config`` as the ``finetuner`` option sets them, the run's seed its ``random_state``); the
+  probe scores the network as for every run, since the
   package refuses the probe's zero-information contexts (copies of one row: "All features are constant").
 
 Refused at validation (``orchestrator.config``), named: DP-SGD, canaries, regimes other than single_fixed,
@@ -109,6 +116,8 @@ class UpstreamRecipe:
     resume_name: Callable[[int, int], str]
     best_epoch: Callable[[Path, int], int | None]
     progress_module: str = ""  # the module whose ``tqdm`` draws the package's per-epoch bar (none: no bar)
+    # what a setting holds, beyond its name (``check(model, settings)``: a ConfigError naming the setting)
+    check: Callable[[str, dict[str, Any]], None] | None = None
 
     def record(self) -> dict[str, str]:
         from importlib.metadata import version
@@ -125,7 +134,8 @@ UPSTREAM_RECIPES: Registry[UpstreamRecipe] = Registry("upstream fine-tuning reci
 
 def check_finetuner_settings(model: str, settings: dict[str, Any]) -> None:
     """A model's ``finetuner`` option: keywords of its package's fine-tuner, none of them set by iclmem
-    (:class:`ConfigError` naming the key and where the sweep sets it, or the keywords the package takes)."""
+    (:class:`ConfigError` naming the key and where the sweep sets it, or the keywords the package takes), and
+    what the recipe checks inside them (TabPFN's ``extra_classifier_kwargs`` and its ``inference_config``)."""
     import inspect
 
     if not isinstance(settings, dict):
@@ -141,19 +151,114 @@ def check_finetuner_settings(model: str, settings: dict[str, Any]) -> None:
         if key not in taken:
             raise ConfigError(f"model {model}: options.finetuner.{key} is not a keyword of {recipe.finetuner_class}; "
                               f"it takes: {', '.join(sorted(taken - recipe.set_by_iclmem()))}")
+    if recipe.check is not None:
+        recipe.check(model, settings)
 
 
 # ------------------------------------------------------------------------------------------------ TabPFN v2
 def _tabpfn_finetuner(settings: dict[str, Any] | None, base: Path | None, hook: Any) -> Any:
     """FinetunedTabPFNClassifier: the logger is its ``experiment_logger`` keyword, the base weights its
-    classifier's ``model_path``."""
+    classifier's ``model_path`` beside the user's ``extra_classifier_kwargs`` (``PREPROCESS_TRANSFORMS`` of
+    their ``inference_config`` made ``PreprocessorConfig``: :func:`~trainables.models.tabpfn_adapter.classifier_kwargs`)."""
     os.environ.setdefault("TABPFN_DISABLE_TELEMETRY", "1")
     from tabpfn.finetuning import FinetunedTabPFNClassifier
 
+    from trainables.models.tabpfn_adapter import classifier_kwargs
+
     if settings is None:
         return FinetunedTabPFNClassifier
-    return FinetunedTabPFNClassifier(**settings, experiment_logger=hook,
-                                     extra_classifier_kwargs={"model_path": str(base)})
+    given = dict(settings)
+    extra = classifier_kwargs(given.pop("extra_classifier_kwargs", None))
+    return FinetunedTabPFNClassifier(**given, experiment_logger=hook,
+                                     extra_classifier_kwargs={**extra, "model_path": str(base)})
+
+
+# keywords of TabPFNClassifier inside extra_classifier_kwargs that iclmem or the package's fine-tuner sets
+_TABPFN_CLASSIFIER_SET = {
+    "model_path": "by iclmem (the run's base weights, then the package's own checkpoint on resume)",
+    "n_estimators": "by the package's fine-tuner from its n_estimators_finetune, n_estimators_validation and "
+                    "n_estimators_final_inference (the last from the model's n_estimators)",
+    "random_state": f"by the package's fine-tuner from its random_state ({SWEEP_SETTINGS['seed']})",
+    "device": f"by the package's fine-tuner from its device ({SWEEP_SETTINGS['device']})",
+    "ignore_pretraining_limits": "by the package's fine-tuner (True)",
+    "fit_mode": "by the package's fine-tuner",
+    "differentiable_input": "by the package's fine-tuner",
+}
+# fields of its inference_config that the package's fine-tuner sets over the user's
+_TABPFN_INFERENCE_SET = {
+    "ENABLE_GPU_PREPROCESSING": "by the package's fine-tuner (False)",
+    "TRANSFORM_TEXT": "by the package's fine-tuner (False: it trains on numeric arrays)",
+    "TRANSFORM_DATES": "by the package's fine-tuner (False: it trains on numeric arrays)",
+    "N_ESTIMATORS": _TABPFN_CLASSIFIER_SET["n_estimators"],
+}
+
+
+def _check_tabpfn_settings(model: str, settings: dict[str, Any]) -> None:
+    """TabPFN's ``extra_classifier_kwargs``: keywords of ``TabPFNClassifier`` that neither iclmem nor the
+    fine-tuner sets; its ``inference_config``: fields of tabpfn's ``InferenceConfig`` (each of
+    ``PREPROCESS_TRANSFORMS`` a ``PreprocessorConfig``'s fields) with values it takes, checked by tabpfn's own
+    validation on the v2 classifier defaults. A :class:`ConfigError` names the setting by its path."""
+    import dataclasses
+    import inspect
+
+    extra = settings.get("extra_classifier_kwargs")
+    if extra is None:
+        return
+    where = f"model {model}: options.finetuner.extra_classifier_kwargs"
+    if not isinstance(extra, Mapping):
+        raise ConfigError(f"{where} must be a mapping of tabpfn.TabPFNClassifier's keywords")
+    from tabpfn import TabPFNClassifier
+    from tabpfn.constants import ModelVersion
+    from tabpfn.inference_config import InferenceConfig
+    from tabpfn.preprocessing import PreprocessorConfig
+
+    taken = set(inspect.signature(TabPFNClassifier.__init__).parameters) - {"self"}
+    for key in extra:
+        if key in _TABPFN_CLASSIFIER_SET:
+            raise ConfigError(f"{where}.{key} is set {_TABPFN_CLASSIFIER_SET[key]}")
+        if key not in taken:
+            raise ConfigError(f"{where}.{key} is not a keyword of tabpfn.TabPFNClassifier; it takes: "
+                              f"{', '.join(sorted(taken - set(_TABPFN_CLASSIFIER_SET)))}")
+    config = extra.get("inference_config")
+    if config is None:
+        return
+    where += ".inference_config"
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"{where} must be a mapping of fields of tabpfn's InferenceConfig")
+    fields = {f.name for f in dataclasses.fields(InferenceConfig)}
+    for key in config:
+        if key in _TABPFN_INFERENCE_SET:
+            raise ConfigError(f"{where}.{key} is set {_TABPFN_INFERENCE_SET[key]}")
+        if key not in fields:
+            raise ConfigError(f"{where}.{key} is not a field of tabpfn's InferenceConfig "
+                              f"(tabpfn.inference_config.InferenceConfig); it has: "
+                              f"{', '.join(sorted(f for f in fields - set(_TABPFN_INFERENCE_SET) if not f.startswith('_')))}")
+    steps = config.get("PREPROCESS_TRANSFORMS")
+    if steps is not None:
+        if not isinstance(steps, list) or not steps:
+            raise ConfigError(f"{where}.PREPROCESS_TRANSFORMS must be a non-empty list of PreprocessorConfig "
+                              "settings (e.g. [{name: none, categorical_name: numeric}])")
+        known = {f.name for f in dataclasses.fields(PreprocessorConfig)}
+        for i, step in enumerate(steps):
+            if not isinstance(step, Mapping | PreprocessorConfig):
+                raise ConfigError(f"{where}.PREPROCESS_TRANSFORMS[{i}] must be a mapping of PreprocessorConfig's "
+                                  f"fields ({', '.join(sorted(known))})")
+            for key in step if isinstance(step, Mapping) else ():
+                if key not in known:
+                    raise ConfigError(f"{where}.PREPROCESS_TRANSFORMS[{i}].{key} is not a field of tabpfn's "
+                                      f"PreprocessorConfig; it has: {', '.join(sorted(known))}")
+    # the values, as tabpfn validates them (pydantic: a Literal, a type), on the defaults of a v2 classifier
+    try:
+        dataclasses.replace(InferenceConfig.get_default("multiclass", ModelVersion.V2), **dict(config))
+    except Exception as exc:  # pydantic's ValidationError, or TypeError / ValueError
+        errors = getattr(exc, "errors", None)
+        if callable(errors):
+            first = errors()[0]
+            # the field's path; pydantic's names of a union's branches (``literal['no','all']``) left out
+            path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.get("loc", ())
+                           if isinstance(p, int) or str(p).isidentifier())
+            raise ConfigError(f"{where}{path}: {first.get('msg')} (given {first.get('input')!r})") from None
+        raise ConfigError(f"{where}: {type(exc).__name__}: {exc}") from None
 
 
 _TABPFN_FILE = re.compile(r"^checkpoint_.+_(\d+)\.pth$")
@@ -188,9 +293,9 @@ UPSTREAM_RECIPES.register("tabpfn-v2", UpstreamRecipe(
     keywords={"device": "device", "epochs": "epochs", "learning_rate": "lr", "weight_decay": "weight_decay",
               "grad_clip_value": "grad_clip", "random_state": "seed", "save_checkpoint_interval": "interval",
               "n_estimators_final_inference": "n_estimators"},
-    build=_tabpfn_finetuner, reserved=frozenset({"experiment_logger", "extra_classifier_kwargs"}),
+    build=_tabpfn_finetuner, reserved=frozenset({"experiment_logger"}),
     epoch_files=_tabpfn_epoch_files, resumes=True, resume_name=_tabpfn_resume_name, best_epoch=_tabpfn_best_epoch,
-    progress_module="tabpfn.finetuning.finetuned_base"))
+    progress_module="tabpfn.finetuning.finetuned_base", check=_check_tabpfn_settings))
 
 
 # ------------------------------------------------------------------------------------------------ TabICL
@@ -344,6 +449,8 @@ class UpstreamFinetuner:
                               f"{spec.regime.value} with {len(tasks)}")
         if spec.dp is not None or spec.canaries is not None:
             raise ConfigError(f"recipe upstream ({self.recipe.finetuner_class}) has no DP-SGD and no canaries")
+        if spec.model_options.get("finetuner"):  # a sweep checked them as it was read; a direct caller here
+            check_finetuner_settings(spec.model, dict(spec.model_options["finetuner"]))
         self.spec = spec
         self.tasks = list(tasks)
         self.task = self.tasks[0]
@@ -378,8 +485,8 @@ class UpstreamFinetuner:
 
     def evaluate(self) -> dict[str, float]:
         """In-context accuracy and loss with C' as the context, on members and non-members, scored as the
-        package deploys the weights."""
-        return deployed_utility(self.model, self.task)
+        package deploys the weights (its deployed classifier, the run's seed its ``random_state``)."""
+        return deployed_utility(self.model, self.task, seed=self.spec.seed)
 
     # ---------------------------------------------------------------------------------------- running
     def run(self, on_epoch: Callable[[EpochResult, Path, UpstreamEnd | None], bool | None]) -> UpstreamEnd:
@@ -488,24 +595,46 @@ class UpstreamFinetuner:
             self.model.module.load_state_dict(current)
 
 
-def deployed_utility(model: ModelAdapter, task: Any) -> dict[str, float]:
+@contextlib.contextmanager
+def _deployed_seed(model: ModelAdapter, task: Any, seed: int | None) -> Iterator[None]:
+    """The adapter's deployed classifier drawn from the run's seed (``deployed_random_state``), as the package's
+    fine-tuner deploys it (its ``random_state`` is the run's seed): ``seed``, else the task's (Stage I's seed is
+    the run's: recipe upstream has no reference fine-tunes, whose training seed differs). The base model scored
+    on the same task draws the same ensemble, so the deployed known-context channel compares like with like."""
+    seed = getattr(task, "seed", None) if seed is None else seed
+    if seed is None or not hasattr(model, "deployed_random_state"):
+        yield
+        return
+    previous = model.deployed_random_state  # type: ignore[attr-defined]
+    model.deployed_random_state = int(seed)  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        model.deployed_random_state = previous  # type: ignore[attr-defined]
+
+
+def deployed_utility(model: ModelAdapter, task: Any, seed: int | None = None) -> dict[str, float]:
     """``member_icl_accuracy`` ... ``nonmember_icl_loss`` of ``model`` with C' as the context, scored as its
-    package deploys it (``deployed_log_probs``): what a model owner's users would get."""
-    return icl_utility(_Deployed(model), task)  # type: ignore[arg-type]
+    package deploys it (``deployed_log_probs``: the classifier its fine-tuner deploys, ``seed`` -- default the
+    task's, the run's -- its ``random_state``): what a model owner's users would get."""
+    with _deployed_seed(model, task, seed):
+        return icl_utility(_Deployed(model), task)  # type: ignore[arg-type]
 
 
-def deployed_losses(model: ModelAdapter, task: Any) -> np.ndarray:
+def deployed_losses(model: ModelAdapter, task: Any, seed: int | None = None) -> np.ndarray:
     """float64 [n_members + n_nonmembers]: each audited row's loss (NLL of the label the run trained on) with C'
-    as the context, scored as the package deploys the weights (``deployed_log_probs``: its preprocessing and
-    ensemble), members first: the known-context attack on what the package fine-tuned. The package trained the
-    weights on its own preprocessed features, so a memorized row may show here and not through the raw network
-    on iclmem's encoding (benchmarks/RESULTS.md, "Planted runs through the packages' own fine-tuners")."""
+    as the context, scored as the package deploys the weights (``deployed_log_probs``: the classifier its
+    fine-tuner deploys, its preprocessing and ensemble, ``seed`` -- default the task's, the run's -- its
+    ``random_state``), members first: the known-context attack on what the package fine-tuned. The package
+    trained the weights on its own preprocessed features, so a memorized row may show here and not through the
+    raw network on iclmem's encoding (benchmarks/RESULTS.md, "Planted runs through the packages' own
+    fine-tuners")."""
     deployed = _Deployed(model)
     losses = []
     was_training = model.module.training
     model.module.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _deployed_seed(model, task, seed):
             for rows in (task.member_idx, task.nonmember_idx):
                 batch = fixed_batch(task, rows).to(model.device)
                 lp = deployed.log_probs(batch.context_x, batch.context_y, batch.query_x, batch.n_classes)

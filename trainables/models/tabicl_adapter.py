@@ -26,7 +26,7 @@ import torch
 
 from iclmem.atomic import atomic_write
 from iclmem.errors import CheckpointError, ModelError
-from iclmem.vocab import InputContract
+from iclmem.vocab import InputContract, Recipe
 from trainables.models.base import MODELS, Invariance, NativeRegressionAdapter, read_weights
 from trainables.models.checkpoints import DEFAULT_WEIGHTS, DefaultWeights, checkpoint_file, hub_checkpoint
 from trainables.models.estimator import PackageScoring, recipe_options
@@ -91,11 +91,31 @@ class TabICLAdapter(PackageScoring, NativeRegressionAdapter):
                      to_path=True)
         return Path(path)
 
+    # the seed of the deployed classifier's ensemble (its class shifts, feature shuffles, normalisations): set by
+    # trainables.upstream to the run's seed while it scores a run as deployed; None: the ``seed`` option
+    deployed_random_state: int | None = None
+
     def package_estimator(self, model_path: str) -> Any:
-        """An unfitted ``TabICLClassifier`` on ``model_path`` with the recipe's ensemble, no download."""
+        """An unfitted ``TabICLClassifier`` on ``model_path`` with the recipe's ensemble, no download. Under recipe
+        upstream it is the classifier ``FinetunedTabICLClassifier`` deploys after fitting (its ``_final_estimator_``),
+        built by the fine-tuner's own ``_create_inner_estimator`` from the ``finetuner`` option: the model's
+        ``n_estimators`` members (its ``n_estimators_inference``), its ``norm_methods``, ``feat_shuffle_method``,
+        ``class_shuffle_method``, ``outlier_threshold``, ``softmax_temperature``, ``average_logits``,
+        ``support_many_classes`` and ``extra_classifier_kwargs``, and the run's seed as ``random_state``
+        (:attr:`deployed_random_state`, else the ``seed`` option)."""
         from tabicl import TabICLClassifier
 
-        return TabICLClassifier(model_path=model_path, n_estimators=int(self.options.get("n_estimators", 8)),
+        n_estimators = int(self.options.get("n_estimators", 8))
+        if self.options.get("recipe") == Recipe.UPSTREAM.value:
+            from tabicl._finetune import FinetunedTabICLClassifier
+
+            seed = self.deployed_random_state
+            finetuner = FinetunedTabICLClassifier(
+                **dict(self.options.get("finetuner") or {}), model_path=model_path, allow_auto_download=False,
+                verbose=False, n_estimators_inference=n_estimators, device=str(self.device),
+                random_state=int(self.options.get("seed", 0) if seed is None else seed))
+            return finetuner._create_inner_estimator(n_estimators=n_estimators, device=self.device)
+        return TabICLClassifier(model_path=model_path, n_estimators=n_estimators,
                                 allow_auto_download=False, device=str(self.device),
                                 random_state=int(self.options.get("seed", 0)))
 
@@ -169,7 +189,8 @@ def build_tabicl(
     ``task`` defaults to what the checkpoint is (``max_classes == 0`` means regression).
     ``softmax_temperature`` divides the logits (TabICLClassifier uses 0.9; default 1 = raw logits).
     ``recipe="upstream"``: fine-tuned by tabicl's ``FinetunedTabICLClassifier`` (``trainables.upstream``), its
-    utility scored as ``TabICLClassifier`` deploys it with ``n_estimators`` members (default 8, the package's);
+    utility scored as that fine-tuner deploys the weights (``TabICLClassifier`` with ``n_estimators`` members,
+    default 8, the package's, and the ensemble settings of ``finetuner``: ``package_estimator``);
     ``finetuner``: that fine-tuner's settings other than the sweep's.
     """
     if task is not None and task not in TASKS:

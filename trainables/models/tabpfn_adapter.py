@@ -19,9 +19,12 @@
   its information in the labels and the varying (distractor) columns only.
 * ``recipe="upstream"`` (a sweep's ``models: [{name: tabpfn-v2, recipe: upstream}]``, fine-tuned by
   ``tabpfn.finetuning.FinetunedTabPFNClassifier``, see ``trainables.upstream``): ``deployed_log_probs`` scores
-  the weights as the package deploys them -- each context one ``TabPFNClassifier.fit`` on these weights (its
-  preprocessing, ``n_estimators``-member ensemble, class permutations and temperature), its queries one
-  ``predict_proba`` -- for the run's utility (in-context accuracy with C'). The probe's zero-information
+  the weights as the package deploys them -- each context one ``TabPFNClassifier.fit`` on these weights, its
+  queries one ``predict_proba`` -- for the run's utility (in-context accuracy with C'). That classifier is the
+  one the fine-tuner deploys after fitting (``deployed_settings``): its ``n_estimators``-member ensemble
+  (``n_estimators_final_inference``), the ``extra_classifier_kwargs`` and ``inference_config`` of the
+  ``finetuner`` option (class and feature shifts, preprocessing), and the run's seed as ``random_state`` (the
+  seed the fine-tuner drew its fitted ensemble from). The probe's zero-information
   contexts repeat the query row, which the package refuses ("All features are constant"), so the probe
   scores the network as for every run.
 * Regression checkpoints output a bar distribution; ``candidate_log_probs`` scores candidate values
@@ -34,7 +37,7 @@ import contextlib
 import copy
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +68,23 @@ register_extra(NAME, EXTRA, ("tabpfn",), ("tabpfn",))
 def _import_tabpfn() -> None:
     os.environ.setdefault("TABPFN_DISABLE_TELEMETRY", "1")
     require_extra("tabpfn", EXTRA)
+
+
+def classifier_kwargs(extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A fine-tuner's ``extra_classifier_kwargs`` (a sweep file's mapping) as ``TabPFNClassifier`` takes them: a
+    deep copy, each mapping in ``inference_config.PREPROCESS_TRANSFORMS`` made tabpfn's ``PreprocessorConfig``
+    (``tabpfn.preprocessing.PreprocessorConfig``; YAML gives ``{name: none, categorical_name: numeric}``). The
+    settings are checked before any work by ``trainables.upstream.check_finetuner_settings``."""
+    out = copy.deepcopy(dict(extra or {}))
+    config = out.get("inference_config")
+    if isinstance(config, Mapping) and config.get("PREPROCESS_TRANSFORMS") is not None:
+        _import_tabpfn()
+        from tabpfn.preprocessing import PreprocessorConfig
+
+        out["inference_config"] = {**config, "PREPROCESS_TRANSFORMS": [
+            PreprocessorConfig(**step) if isinstance(step, Mapping) else step
+            for step in config["PREPROCESS_TRANSFORMS"]]}
+    return out
 
 
 class TabPFNV2Adapter(PackageScoring, NativeRegressionAdapter):
@@ -103,12 +123,38 @@ class TabPFNV2Adapter(PackageScoring, NativeRegressionAdapter):
                      to_path=True)
         return Path(path)
 
+    # the seed of the deployed classifier's ensemble (its class shifts, feature shuffles, preprocessing): set by
+    # trainables.upstream to the run's seed while it scores a run as deployed; None: the ``seed`` option
+    deployed_random_state: int | None = None
+
     def package_estimator(self, model_path: str) -> Any:
-        """An unfitted ``TabPFNClassifier`` on ``model_path``, configured as the recipe deploys it."""
+        """An unfitted ``TabPFNClassifier`` on ``model_path``, configured as the recipe deploys it: under recipe
+        upstream, the classifier ``FinetunedTabPFNClassifier`` deploys after fitting (:meth:`deployed_settings`)."""
         from tabpfn import TabPFNClassifier
 
+        if self.options.get("recipe") == Recipe.UPSTREAM.value:
+            return TabPFNClassifier(model_path=model_path, **self.deployed_settings())
         return TabPFNClassifier(model_path=model_path, n_estimators=self.n_estimators, device=str(self.device),
                                 random_state=int(self.options.get("seed", 0)), ignore_pretraining_limits=True)
+
+    def deployed_settings(self) -> dict[str, Any]:
+        """The keywords (but ``model_path``) of the ``TabPFNClassifier`` that ``FinetunedTabPFNClassifier``
+        deploys after fitting (``finetuned_inference_classifier_``, tabpfn 9.2 ``finetuned_base._fit``
+        ``final_inference_eval_config``): the user's ``extra_classifier_kwargs`` of the ``finetuner`` option, its
+        ``inference_config`` with the fine-tuner's own settings over it (no GPU preprocessing, no text or date
+        transforms, ``SUBSAMPLE_SAMPLES`` its ``n_inference_subsample_samples``), ``n_estimators`` members (its
+        ``n_estimators_final_inference``), pretraining limits ignored, ``random_state`` the run's seed
+        (:attr:`deployed_random_state`, else the ``seed`` option)."""
+        finetuner = dict(self.options.get("finetuner") or {})
+        extra = classifier_kwargs(finetuner.get("extra_classifier_kwargs"))
+        extra.pop("model_path", None)
+        inference = dict(extra.pop("inference_config", None) or {})
+        inference.update(ENABLE_GPU_PREPROCESSING=False, TRANSFORM_TEXT=False, TRANSFORM_DATES=False,
+                         SUBSAMPLE_SAMPLES=finetuner.get("n_inference_subsample_samples"))
+        seed = self.deployed_random_state
+        return {**extra, "ignore_pretraining_limits": True, "device": str(self.device),
+                "random_state": int(self.options.get("seed", 0) if seed is None else seed),
+                "inference_config": inference, "n_estimators": self.n_estimators}
 
     # -------------------------------------------------------------------------------- forward
     def _forward(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
@@ -340,7 +386,8 @@ def build_tabpfn_v2(
     (TabPFNClassifier uses 0.9; default 1 = raw logits). ``densify_labels=True`` restores TabPFN's
     rank-of-present-labels encoding (breaks the fixed label-to-index mapping when a label is absent).
     ``recipe="upstream"``: fine-tuned by the package's fine-tuner, its utility scored as deployed
-    (``TabPFNClassifier`` with ``n_estimators`` members, default 2 as the package deploys); ``n_estimators``
+    (``TabPFNClassifier`` with ``n_estimators`` members, default 2 as the package deploys, and the settings of
+    ``finetuner``: ``TabPFNV2Adapter.deployed_settings``); ``n_estimators``
     is refused under iclmem's recipe (raw logits only); ``finetuner``: settings of the package's fine-tuner
     other than those the sweep sets (``trainables.upstream.check_finetuner_settings``).
     """
