@@ -25,9 +25,9 @@ _CHANNEL_WORDS = {Channel.FINE_TUNED_WEIGHTS.value: "the fine-tuned weights",
 
 
 def worst_runs(slice_risk: pd.DataFrame) -> pd.DataFrame:
-    """Per task and channel, the (run, attack) whose every-row AUC is highest: the slices the figure shows. The
-    every-row AUC is the AUC over the slices of one family weighted by their sizes' share, read as the largest
-    slice AUC of the family ``class`` when present, else of any family (every family partitions the rows)."""
+    """Per task and channel, the (run, attack) whose overall AUC is highest: the slices the figure shows. Its
+    overall AUC is estimated from the slice table alone: per slice family, the mean of the slice AUCs weighted by
+    their member x non-member pairs, and the largest of those over the families."""
     if slice_risk.empty:
         return slice_risk
     scored = slice_risk.dropna(subset=["auc"])
