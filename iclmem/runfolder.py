@@ -69,6 +69,7 @@ CONTEXT_AUDIT_FILE = "context_audit.parquet"  # one row per (target context, att
 CONTEXT_ROC_FILE = "context_roc.parquet"  # (target, attack, fpr, tpr): each attack's ROC curve
 CONTEXT_SCORES_FILE = "context_scores.parquet"  # one row per audited row: its id, member flag, each attack's score
 CONTEXT_ROC_FIGURE = "context_roc.png"
+INFERENCE_FILE = "inference.parquet"  # audit-context --attack label|attribute: per target x attack x group x statistic
 # A sweep's regime ``context``: the audit-context folders and their rows in one table
 CONTEXT_AUDITS_DIR = "context_audits"  # one audit-context folder per audit (its run id)
 CONTEXT_AUDITS_FILE = "context_audits.parquet"  # every audit's rows, with its run id, task, model, Q, seed in front
@@ -79,8 +80,9 @@ SLICE_RISK_FILE = "slice_risk.parquet"  # per run (headline checkpoint) x attack
 RECORD_STABILITY_FILE = "record_stability.parquet"  # per pair of runs differing in seed x attack: rank agreement
 RISKIEST_RECORDS_FILE = "riskiest_records.parquet"  # per task: the top-k member rows by risk
 CANARY_RANKING_FILE = "canary_ranking.parquet"  # per run x attack: precision@k of the ranking on the canaries
+CHANNEL_CROSSING_FILE = "channel_crossing.parquet"  # per run x channel x attack x stratum of the other channel: AUC
 RISK_TABLE_FILES = (RECORD_RISK_FILE, RECORD_SLICES_FILE, SLICE_RISK_FILE, RECORD_STABILITY_FILE,
-                    RISKIEST_RECORDS_FILE, CANARY_RANKING_FILE)
+                    RISKIEST_RECORDS_FILE, CANARY_RANKING_FILE, CHANNEL_CROSSING_FILE)
 
 # An LM probe run folder (``iclmem lm run``; its provenance has ``kind = "lm"``)
 LM_SWEEP_FILE = "lm_sweep.json"  # the validated LM sweep config, as resumed by ``iclmem lm resume``
@@ -101,7 +103,7 @@ __all__ = [
     "CONTEXT_SCORES_FILE", "CONTEXT_ROC_FIGURE", "CONTEXT_AUDITS_DIR", "CONTEXT_AUDITS_FILE", "ROW_SUFFIX",
     "MANIPULATION_SUFFIX", "ROC_SUFFIX", "LOCK_NAMES", "record_diverged_run", "read_diverged_runs",
     "RECORD_RISK_FILE", "RECORD_SLICES_FILE", "SLICE_RISK_FILE", "RECORD_STABILITY_FILE", "RISKIEST_RECORDS_FILE",
-    "CANARY_RANKING_FILE", "RISK_TABLE_FILES",
+    "CANARY_RANKING_FILE", "RISK_TABLE_FILES", "INFERENCE_FILE", "CHANNEL_CROSSING_FILE",
 ]
 
 

@@ -64,7 +64,7 @@ HASH_NEUTRAL_FIELDS: tuple[tuple[str, str], ...] = (
     ("grid", "dp"), ("training", "dp_delta"), ("training", "dp_max_grad_norm"), ("training", "dp_accountant"),
     ("outcome", "epsilon_delta"), ("probe", "references"), ("resources", "stall_timeout_min"),
     ("probe", "context_references"), ("canaries", "design"), ("canaries", "m"), ("canaries", "beta"),
-    ("canaries", "delta"),
+    ("canaries", "delta"), ("probe", "two_channels"),
 )
 # Blocks added after run folders existed: left out of the hash while they hold their defaults.
 HASH_NEUTRAL_BLOCKS: tuple[str, ...] = ("canaries", "report")
@@ -316,6 +316,10 @@ class ProbeConfig(StrictConfig):
     references: int = Field(0, ge=0, le=64)
     # regime context: K reference contexts of each deployed-context audit (even; every row in half of them)
     context_references: int = Field(64, ge=2, le=256)
+    # two channels, same rows (probes/two_channel.py): every fine-tuned checkpoint is also deployed with a context
+    # of half its member and half its non-member rows, and those rows are audited through that context against
+    # context_references reference contexts on the same weights, beside the probe (the risk report crosses them)
+    two_channels: bool = False
 
     @field_validator("context_references")
     @classmethod
@@ -601,7 +605,9 @@ class SweepConfig(StrictConfig):
                              thresholds=OutcomeThresholds.from_dict(self.outcome.model_dump()),
                              null_splits=self.probe.null_splits,
                              n_checkpoints=len(self.training.schedule()) if n_checkpoints is None else n_checkpoints,
-                             canary_beta=self.canaries.beta, canary_delta=self.canaries.delta)
+                             canary_beta=self.canaries.beta, canary_delta=self.canaries.delta,
+                             context_channel_references=self.probe.context_references if self.probe.two_channels
+                             else 0)
     @field_validator("storage_path")
     @classmethod
     def _storage_is_a_folder(cls, value: str | None) -> str | None:

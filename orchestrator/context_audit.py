@@ -42,6 +42,10 @@ from iclmem.runfolder import (
 )
 from iclmem.vocab import ContextAttack, ContextTarget, LabelDesign, LabelMode
 
+# a registered model's adapter as a scorer lives beside the two-channel audit, which scores fine-tuned checkpoints
+# inside the probe; imported here for the context audit's callers
+from probes.two_channel import AdapterScorer
+
 DEFAULT_CONTEXT_SIZE = 256
 DEFAULT_REFERENCES = 64
 DEFAULT_NULL_SPLITS = 5
@@ -51,32 +55,6 @@ BLIND_CONTEXT_ROWS = 32
 
 
 # ------------------------------------------------------------------------------------------ scorers
-class AdapterScorer:
-    """A registered model's adapter as a :class:`probes.context_audit.ContextScorer`: one forward pass of
-    the queries (in chunks of ``chunk`` rows; a query attends to the context, not to other queries) against
-    the given context."""
-
-    def __init__(self, adapter: Any, n_classes: int, columns: Any = None, chunk: int = 2048) -> None:
-        self.adapter, self.n_classes, self.chunk = adapter, int(n_classes), int(chunk)
-        hook = getattr(adapter, "use_columns", None)
-        if hook is not None:
-            hook(columns)
-        adapter.module.eval()
-
-    def __call__(self, context_x: np.ndarray, context_y: np.ndarray, query_x: np.ndarray) -> np.ndarray:
-        import torch
-
-        device = self.adapter.device
-        cx = torch.from_numpy(np.ascontiguousarray(context_x, dtype=np.float32))[None].to(device)
-        cy = torch.from_numpy(np.ascontiguousarray(context_y, dtype=np.int64))[None].to(device)
-        out = []
-        with torch.no_grad():
-            for start in range(0, len(query_x), self.chunk):
-                q = torch.from_numpy(np.ascontiguousarray(query_x[start:start + self.chunk], dtype=np.float32))
-                out.append(self.adapter.log_probs(cx, cy, q[None].to(device), self.n_classes)[0].cpu().numpy())
-        return np.concatenate(out).astype(np.float64)
-
-
 class EstimatorScorer:
     """A scikit-learn-style classifier as a :class:`probes.context_audit.ContextScorer`: a fresh estimator
     from ``factory()`` fitted on each context, ``predict_proba`` on the queries

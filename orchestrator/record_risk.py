@@ -13,6 +13,10 @@ copied into any of these files (slice names follow :mod:`orchestrator.slices`' r
   :class:`probes.record_risk.SliceLeakage`.
 * ``record_stability.parquet``: for runs that differ only in their seed, per pair and attack, how far their
   rankings of the rows both trained on agree (:func:`probes.record_risk.rank_stability`).
+* ``channel_crossing.parquet``: with ``probe.two_channels``, per run at its headline checkpoint, each channel's
+  attacks measured within each stratum of the other membership (:func:`probes.two_channel.channel_crossing`): the
+  deployed context among rows fine-tuned on and among rows not, the fine-tuned weights among rows in the context
+  and among rows not.
 * ``riskiest_records.parquet``: per task, the ``top_k`` member rows with the highest risk over every run and
   attack, with the run, attack, channel and slices that put them there.
 """
@@ -30,6 +34,7 @@ import pandas as pd
 
 from iclmem.record import CONFIGURATION_KEY, ROW_KEY
 from iclmem.vocab import Channel
+from probes.two_channel import CONTEXT_CHANNEL_PREFIX, IN_CONTEXT_COLUMN
 
 __all__ = ["HIGH_RISK", "RECORD_ATTACKS", "RiskTables", "audited_rows", "canary_ranking", "canary_rows", "record_rows",
            "risk_tables", "sweep_slices", "write_risk_report"]
@@ -110,6 +115,7 @@ class RiskTables:
     stability: pd.DataFrame
     riskiest: pd.DataFrame
     canaries: pd.DataFrame  # :func:`canary_ranking`
+    crossing: pd.DataFrame  # :func:`_channel_crossing` (probe.two_channels)
 
 
 # a canary's statistics (the results row's ``canary_scores``, probes/probe.py) under each record attack's name
@@ -164,8 +170,20 @@ def _checkpoint_records(results: pd.DataFrame, query_table: Callable[[str, int],
         ids = table["query_id"].to_numpy(np.int64)
         reference_attacks = attack_scores(str(row["run_id"]), int(row["epoch"])) if attack_scores else {}
         row_scores = {**scores, **{name: s.reindex(ids).to_numpy(np.float64) for name, s in reference_attacks.items()}}
-        frames.append(record_rows(table["query_id"], table["member"], row_scores, identity,
-                                  Channel.FINE_TUNED_WEIGHTS, seed=int(row.get("seed", 0))))
+        weights = record_rows(table["query_id"], table["member"], row_scores, identity, Channel.FINE_TUNED_WEIGHTS,
+                              seed=int(row.get("seed", 0)))
+        if IN_CONTEXT_COLUMN in table.columns:  # probe.two_channels: the context channel of the same rows
+            in_context = table[IN_CONTEXT_COLUMN].to_numpy(bool)
+            context = record_rows(table["query_id"], in_context,
+                                  {c[len(CONTEXT_CHANNEL_PREFIX):]: table[c] for c in table.columns
+                                   if c.startswith(CONTEXT_CHANNEL_PREFIX)},
+                                  identity, Channel.DEPLOYED_CONTEXT, seed=int(row.get("seed", 0)))
+            flags = pd.DataFrame({"row_id": table["query_id"].to_numpy(np.int64),
+                                  "fine_tuned": table["member"].to_numpy(bool), "in_context": in_context})
+            weights, context = (f.merge(flags, on="row_id", how="left") if not f.empty else f
+                                for f in (weights, context))
+            frames.append(context)
+        frames.append(weights)
         canaries = row.get("canary_scores")
         if isinstance(canaries, str) and canaries and _folds(table["member"].to_numpy(bool)) >= 2:
             frames.append(canary_rows(canaries, scores, table["member"], identity))
@@ -329,6 +347,34 @@ def _riskiest(records: pd.DataFrame, slices: pd.DataFrame, headline: Mapping[str
     return top[[c for c in columns if c in top.columns]].reset_index(drop=True)
 
 
+def _channel_crossing(records: pd.DataFrame, headline: Mapping[str, int], n_resamples: int) -> pd.DataFrame:
+    """Two channels, same rows (``probe.two_channels``), per run at its headline checkpoint: each channel's
+    attacks within each stratum of the other membership (:func:`probes.two_channel.channel_crossing`)."""
+    from probes.two_channel import channel_crossing
+
+    if records.empty or "in_context" not in records.columns:
+        return pd.DataFrame()
+    crossed = audited_rows(records)
+    crossed = crossed[crossed["in_context"].notna()]
+    crossed = crossed[[headline.get(str(r)) == e for r, e in zip(crossed["run_id"], crossed["epoch"], strict=True)]]
+    rows = []
+    for (run_id, task, epoch), group in crossed.groupby(list(ROW_KEY), sort=True):
+        by_channel = {}
+        for channel, part in group.groupby("channel", sort=True):
+            wide = part.pivot(index="row_id", columns="attack", values="score")
+            by_channel[str(channel)] = wide
+        flags = group.drop_duplicates("row_id").set_index("row_id")[["fine_tuned", "in_context"]].astype(bool)
+        weights = by_channel.get(Channel.FINE_TUNED_WEIGHTS.value, pd.DataFrame(index=flags.index))
+        context = by_channel.get(Channel.DEPLOYED_CONTEXT.value, pd.DataFrame(index=flags.index))
+        ids = flags.index
+        for cell in channel_crossing(flags["fine_tuned"].to_numpy(), flags["in_context"].to_numpy(),
+                                     {a: weights[a].reindex(ids).to_numpy(np.float64) for a in weights.columns},
+                                     {a: context[a].reindex(ids).to_numpy(np.float64) for a in context.columns},
+                                     n_resamples=n_resamples):
+            rows.append({"run_id": run_id, "task": task, "epoch": int(epoch), **cell.as_dict()})
+    return pd.DataFrame(rows)
+
+
 def risk_tables(results: pd.DataFrame, query_table: Callable[[str, int], pd.DataFrame | None],
                 slices: pd.DataFrame, settings: Any, *, n_resamples: int, null_splits: int,
                 context_audits: pd.DataFrame | None = None,
@@ -347,7 +393,8 @@ def risk_tables(results: pd.DataFrame, query_table: Callable[[str, int], pd.Data
                       slice_risk=_slice_risk(records, slices, headline, results, settings, n_resamples, null_splits),
                       stability=_stability(records, headline, results, settings.top_k),
                       riskiest=_riskiest(records, slices, headline, settings.top_k),
-                      canaries=canary_ranking(records, headline))
+                      canaries=canary_ranking(records, headline),
+                      crossing=_channel_crossing(records, headline, n_resamples))
 
 
 def write_risk_report(run_dir: Path, results: pd.DataFrame, query_table: Callable[[str, int], pd.DataFrame | None],
@@ -359,6 +406,7 @@ def write_risk_report(run_dir: Path, results: pd.DataFrame, query_table: Callabl
     from iclmem.atomic import write_parquet_atomic
     from iclmem.runfolder import (
         CANARY_RANKING_FILE,
+        CHANNEL_CROSSING_FILE,
         RECORD_RISK_FILE,
         RECORD_SLICES_FILE,
         RECORD_STABILITY_FILE,
@@ -378,7 +426,8 @@ def write_risk_report(run_dir: Path, results: pd.DataFrame, query_table: Callabl
                          context_audits=audits, context_scores=folder.context_audit_scores, attack_scores=attack_scores)
     for name, table in ((RECORD_RISK_FILE, tables.records), (RECORD_SLICES_FILE, tables.slices),
                         (SLICE_RISK_FILE, tables.slice_risk), (RECORD_STABILITY_FILE, tables.stability),
-                        (RISKIEST_RECORDS_FILE, tables.riskiest), (CANARY_RANKING_FILE, tables.canaries)):
+                        (RISKIEST_RECORDS_FILE, tables.riskiest), (CANARY_RANKING_FILE, tables.canaries),
+                        (CHANNEL_CROSSING_FILE, tables.crossing)):
         write_parquet_atomic(table, Path(run_dir) / name)
     at_risk = 0 if tables.riskiest.empty else int((tables.riskiest["risk"] >= HIGH_RISK).sum())
     leaking = 0 if tables.slice_risk.empty else int(tables.slice_risk["leaks_more"].astype(bool).sum())

@@ -27,6 +27,7 @@ from iclmem.provenance import Provenance
 from iclmem.record import RESULTS_SCHEMA_KEY, RESULTS_SCHEMA_VERSION, public_columns
 from iclmem.runfolder import (
     CANARY_RANKING_FILE,
+    CHANNEL_CROSSING_FILE,
     CONTEXT_AUDITS_DIR,
     CONTEXT_AUDITS_FILE,
     CONTEXT_SCORES_FILE,
@@ -265,10 +266,11 @@ class RunFolder:
 
     def risk_tables(self) -> dict[str, pd.DataFrame | None]:
         """The risk report's tables (``orchestrator.record_risk``), checksums verified, by short name: ``records``,
-        ``slices``, ``slice_risk``, ``stability``, ``riskiest``, ``canaries``; None for a table not written (a
+        ``slices``, ``slice_risk``, ``stability``, ``riskiest``, ``canaries``, ``crossing``; None for a table not written (a
         folder from before they existed, or a sweep with nothing they apply to). Row ids, never row values."""
         names = {"records": RECORD_RISK_FILE, "slices": RECORD_SLICES_FILE, "slice_risk": SLICE_RISK_FILE,
-                 "stability": RECORD_STABILITY_FILE, "riskiest": RISKIEST_RECORDS_FILE, "canaries": CANARY_RANKING_FILE}
+                 "stability": RECORD_STABILITY_FILE, "riskiest": RISKIEST_RECORDS_FILE, "canaries": CANARY_RANKING_FILE,
+                 "crossing": CHANNEL_CROSSING_FILE}
         out: dict[str, pd.DataFrame | None] = {}
         for key, name in names.items():
             path = self.path / name

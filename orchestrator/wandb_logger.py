@@ -41,6 +41,7 @@ from iclmem.errors import ConfigError
 from iclmem.runfolder import PREPARED_DIR, TRIAL_RUNS_FILE, WANDB_DIR, WANDB_EXPORT_DIR
 from orchestrator.report import tables as R
 from orchestrator.report.wandb_summary import (
+    CHANNEL_CROSSING_TABLE_KEY,
     CHECKPOINT_ARTIFACT_TYPE,
     CONTEXT_AUDIT_FIGURE_KEY,
     CONTEXT_AUDIT_TABLE_KEY,
@@ -102,8 +103,9 @@ class ResultsLogger(Protocol):
 
 
 def risk_tables_payload(folder: RunFolder) -> dict[str, Any]:
-    """The risk report's tables as W&B tables: the riskiest rows of each task and every slice result (up to
-    :data:`MAX_TABLE_ROWS`, the slices that leak more first); empty for a folder without them."""
+    """The risk report's tables as W&B tables: the riskiest rows of each task, every slice result (up to
+    :data:`MAX_TABLE_ROWS`, the slices that leak more first) and the two channels' crossing; empty for a folder
+    without them."""
     import wandb
 
     risk = folder.risk_tables()
@@ -115,6 +117,9 @@ def risk_tables_payload(folder: RunFolder) -> dict[str, Any]:
     if slices is not None and not slices.empty:
         ordered = slices.sort_values(["leaks_more", "exposed", "auc"], ascending=False, kind="mergesort")
         out[SLICE_RISK_TABLE_KEY] = wandb.Table(dataframe=table_frame(ordered.head(MAX_TABLE_ROWS)))
+    crossing = risk.get("crossing")
+    if crossing is not None and not crossing.empty:
+        out[CHANNEL_CROSSING_TABLE_KEY] = wandb.Table(dataframe=table_frame(crossing.head(MAX_TABLE_ROWS)))
     return out
 
 

@@ -352,7 +352,33 @@ def probe_checkpoint(
     calibrated = scores.membership_scores(kind, Calibration.CALIBRATED)
     curve = roc_curve(calibrated.members, calibrated.nonmembers)
     roc = pd.DataFrame({"fpr": curve.fpr, "tpr": curve.tpr})
-    return ProbeResult(row, manip, roc, queries=query_table(finetuned, reference, plan, loss_ft, loss_base))
+    queries = query_table(finetuned, reference, plan, loss_ft, loss_base)
+    if fine_tuned and settings.context_channel_references:
+        queries = queries.join(context_channel_table(model, plan, settings, int(identity.get("seed", 0))),
+                               on="query_id")
+    return ProbeResult(row, manip, roc, queries=queries)
+
+
+def context_channel_table(model: Any, plan: ProbePlan, settings: ProbeSettings, seed: int) -> pd.DataFrame:
+    """The context channel of the same rows (:mod:`probes.two_channel`): each query row's deployed-context flag
+    (half of the members and half of the non-members, drawn from the run's seed) and every deployed-context
+    attack's score of it through the fine-tuned ``model``, indexed by query id."""
+    from probes.two_channel import (
+        CONTEXT_CHANNEL_PREFIX,
+        IN_CONTEXT_COLUMN,
+        AdapterScorer,
+        context_channel_scores,
+        deployed_context_mask,
+    )
+
+    q = plan.queries
+    in_context = deployed_context_mask(q.member, q.labels, seed)
+    scores = context_channel_scores(AdapterScorer(model, q.n_classes, q.columns), q.features, q.labels, in_context,
+                                    q.n_classes, settings.context_channel_references, seed)
+    table = pd.DataFrame({IN_CONTEXT_COLUMN: in_context, **{f"{CONTEXT_CHANNEL_PREFIX}{a}": v for a, v in scores.items()}},
+                         index=np.asarray(q.query_ids, np.int64))
+    table.index.name = "query_id"
+    return table
 
 
 def with_member_flags(table: pd.DataFrame, plan: ProbePlan) -> pd.DataFrame:
@@ -604,6 +630,6 @@ def _null_columns(model: Any, task: Any, plan: ProbePlan, cache_dir: str | Path,
     return out
 
 
-__all__ = ["ProbeResult", "ProbeSettings", "probe_checkpoint", "base_icl", "model_digest", "null_pool_plan", "split_scores_table",
+__all__ = ["ProbeResult", "ProbeSettings", "probe_checkpoint", "context_channel_table", "base_icl", "model_digest", "null_pool_plan", "split_scores_table",
            "verdicts_by_rule", "known_context_columns", "deployed_known_context_columns",
            "headline_columns"]

@@ -28,10 +28,16 @@ class ProbeSettings:
     # tests' level, and the one-run claim's δ (None: thresholds.epsilon_delta)
     canary_beta: float = 0.05
     canary_delta: float | None = None
+    # two channels, same rows (probes.two_channel): K reference contexts of the context channel audited on every
+    # fine-tuned checkpoint (even); 0 = off
+    context_channel_references: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("null_splits", "n_checkpoints", "n_resamples"):
+        for name in ("null_splits", "n_checkpoints", "n_resamples", "context_channel_references"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (1 if name == "n_checkpoints" else 0):
                 raise ConfigError(f"probe setting {name!r} must be an integer >= "
                                   f"{1 if name == 'n_checkpoints' else 0}, got {v!r}")
+        if self.context_channel_references % 2:
+            raise ConfigError(f"probe setting 'context_channel_references' must be even (every row is then in half of "
+                              f"the reference contexts), got {self.context_channel_references}")

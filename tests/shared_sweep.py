@@ -4,7 +4,8 @@ read the run folder it writes, so the live row shape is what they exercise, and 
 
 The grid plants: lr 1e-1 must collapse, label-shuffled members fine-tuned at lr 1e-3 for 40 epochs must be
 detected as memorization, every fine-tuned checkpoint is probed on a null split too, and the untouched base
-model probed as if it were a checkpoint (the pipeline sanity check) must give exactly no signal. A canary
+model probed as if it were a checkpoint (the pipeline sanity check) must give exactly no signal. Every
+fine-tuned checkpoint is also deployed with a context of half its rows (``probe.two_channels``). A canary
 string in a text column and a W&B key in the environment must reach no file a reader would see.
 """
 
@@ -42,7 +43,8 @@ def run_real_sweep(root: Path) -> tuple[Path, object, list[str]]:
         "tasks": [{"name": "patients", "path": str(table), "target": "target", "task": "classification"}],
         "grid": {"lr": [1e-1, 1e-3], "q": [50], "label_mode": ["normal", "shuffled_members"]},
         "training": {"epochs": 40, "checkpoint_epochs": [1, 10, 40]},
-        "probe": {"bootstrap": 200},
+        # two channels, same rows: every fine-tuned checkpoint also deployed with half its members and non-members
+        "probe": {"bootstrap": 200, "two_channels": True, "context_references": 8},
         "resources": {"cpus_per_trial": 1, "cpus_per_probe_actor": 1},
         "wandb": {"mode": "offline", "project": "iclmem-test"},
     })

@@ -349,15 +349,16 @@ def test_the_risk_report_ranks_the_memorized_runs_members_first_and_names_no_row
     tables = RunFolder(run_dir).risk_tables()
     records = tables["records"]
     audited = results[~results["sanity_check"].astype(bool)]
-    per_checkpoint = records.groupby(["run_id", "epoch", "attack"]).agg(members=("member", "sum"), rows=("member", "size"))
+    weights = records[records["channel"] == "fine_tuned_weights"]
+    per_checkpoint = weights.groupby(["run_id", "epoch", "attack"]).agg(members=("member", "sum"), rows=("member", "size"))
     assert len(per_checkpoint) == 2 * len(audited)  # the probe and the known context, at every audited checkpoint
     assert (per_checkpoint["members"] == 50).all()
     assert (per_checkpoint["rows"] == 100).all()
     assert records["risk"].between(0, 1).all()
     memorized = audited[(audited["label_mode"] == "shuffled_members") & (audited["lr"] == 1e-3)]
     last = memorized[memorized["epoch"] == memorized["epoch"].max()]
-    mine = records[(records["run_id"] == last["run_id"].iloc[0]) & (records["epoch"] == last["epoch"].iloc[0])
-                   & (records["attack"] == "probe")]
+    mine = weights[(weights["run_id"] == last["run_id"].iloc[0]) & (weights["epoch"] == last["epoch"].iloc[0])
+                   & (weights["attack"] == "probe")]
     # measured: 0.24 on this sweep (calibrated AUC 0.76-0.89 over seeds); no signal gives 0 +- 0.03
     assert mine.loc[mine["member"], "risk"].mean() - mine.loc[~mine["member"], "risk"].mean() > 0.1
     riskiest = tables["riskiest"]
@@ -384,7 +385,41 @@ def test_the_risk_report_ranks_the_memorized_runs_members_first_and_names_no_row
     logged = wandb_summary(summary_run)  # the W&B summary run holds both tables (as table references)
     assert "risk/riskiest_records" in logged
     assert "risk/slice_risk" in logged
+    assert "risk/channel_crossing" in logged
     page = (run_dir / "report.html").read_text()
     assert "Whose rows leak" in page
     assert "risk_by_slice.png" in page
     assert (run_dir / "figures" / "risk_by_slice.png").stat().st_size > 1000
+    assert "Two channels, same rows" in page
+
+
+def test_two_channels_the_fine_tuned_checkpoint_deployed_with_half_its_rows_is_audited_on_the_same_rows(sweep_run):
+    """probe.two_channels (#47): at every fine-tuned checkpoint the same 100 rows are scored through the weights
+    (50 fine-tuned on) and through a deployed context (half of each side, label-matched); the memorized run's
+    weights channel separates its members inside both context strata, and pfn-mini, which reads its context, is
+    found through the context inside both fine-tuned strata."""
+    run_dir, results, _ = sweep_run
+    from orchestrator.run_folder import RunFolder
+
+    tables = RunFolder(run_dir).risk_tables()
+    records = tables["records"]
+    context = records[records["channel"] == "deployed_context"]
+    audited = results[~results["sanity_check"].astype(bool)]
+    per_checkpoint = context.groupby(["run_id", "epoch", "attack"]).agg(members=("member", "sum"),
+                                                                         rows=("member", "size"))
+    assert len(per_checkpoint) == 5 * len(audited)  # the five context attacks at every fine-tuned checkpoint
+    assert (per_checkpoint["rows"] == 100).all()
+    assert per_checkpoint["members"].between(44, 56).all()  # half of each (fine-tuned, label) cell
+    cells = context.drop_duplicates(["run_id", "epoch", "row_id"])
+    both = cells.groupby(["run_id", "epoch"]).apply(lambda g: int((g["fine_tuned"] & g["in_context"]).sum()),
+                                                    include_groups=False)
+    assert both.between(20, 30).all()  # rows in both channels, about a quarter
+    crossing = tables["crossing"]
+    memorized = audited[(audited["label_mode"] == "shuffled_members") & (audited["lr"] == 1e-3)]
+    run = crossing[crossing["run_id"] == memorized["run_id"].iloc[0]].set_index(["channel", "attack", "stratum"])
+    # measured on this sweep: the weights' probe AUC 0.84 / 0.76 within the two context strata; the context's
+    # calibrated loss 0.80 / 0.81 (interval lows 0.68) within the two fine-tuned strata; the lr 1e-1 runs 0.45-0.62
+    for stratum in ("in_context", "not_in_context"):
+        assert run.loc[("fine_tuned_weights", "probe", stratum), "auc"] > 0.65
+    for stratum in ("fine_tuned", "not_fine_tuned"):
+        assert run.loc[("deployed_context", "calibrated_loss", stratum), "auc"] > 0.65

@@ -17,7 +17,7 @@ from orchestrator.record_risk import HIGH_RISK, audited_rows
 from orchestrator.report.page import df_to_html, note_html
 from orchestrator.report.parts import img_tag, save_png
 
-__all__ = ["RISK_FIGURE", "channel_summary", "risk_by_slice_figure", "risk_section_html", "worst_runs"]
+__all__ = ["RISK_FIGURE", "channel_summary", "crossing_table", "risk_by_slice_figure", "risk_section_html", "worst_runs"]
 
 RISK_FIGURE = "risk_by_slice.png"
 _CHANNEL_WORDS = {Channel.FINE_TUNED_WEIGHTS.value: "the fine-tuned weights",
@@ -112,6 +112,27 @@ def risk_by_slice_figure(slice_risk: pd.DataFrame, path: Path) -> Path | None:
     return save_png(fig, path)
 
 
+# the stratum of the other channel's membership a crossing cell is measured in: held by the other channel or not
+_HELD_BY_OTHER = {"in_context": True, "fine_tuned": True, "not_in_context": False, "not_fine_tuned": False}
+
+
+def crossing_table(crossing: pd.DataFrame) -> pd.DataFrame:
+    """The channel crossing as one line per (run, channel, attack): its AUC among the rows the other channel holds
+    and among the rows it does not, each with its interval."""
+    def fmt(r: Any) -> str:
+        return f"{r['auc']:.3f} [{r['auc_low']:.3f}, {r['auc_high']:.3f}]" if np.isfinite(r["auc"]) else "n/a"
+
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for _, r in crossing.iterrows():
+        key = (r["task"], r["run_id"], r["epoch"], r["channel"], r["attack"])
+        line = rows.setdefault(key, {"task": r["task"], "run_id": r["run_id"], "epoch": r["epoch"],
+                                     "channel": _CHANNEL_WORDS.get(str(r["channel"]), r["channel"]),
+                                     "attack": r["attack"]})
+        held = _HELD_BY_OTHER[str(r["stratum"])]
+        line["AUC among rows the other channel holds" if held else "AUC among rows it does not"] = fmt(r)
+    return pd.DataFrame(list(rows.values()))
+
+
 def _fmt_slices(text: Any, limit: int = 120) -> str:
     s = "" if text is None or (isinstance(text, float) and np.isnan(text)) else str(text)
     return s if len(s) <= limit else s[: limit - 1] + "…"
@@ -143,6 +164,14 @@ def risk_section_html(tables: dict[str, pd.DataFrame | None], figure_dir: Path, 
                          f"{float(r['highest_auc']):.3f}{html.escape(versus)}); {int(r['members_at_high_risk'])} of "
                          f"{int(r['members_audited'])} member rows reach a risk of {HIGH_RISK:g} in some audit.</li>")
         blocks.append("<ul>" + "".join(lines) + "</ul>")
+    crossing = tables.get("crossing")
+    if crossing is not None and not crossing.empty:
+        blocks.append("<p>Two channels, same rows (<code>probe.two_channels</code>): each fine-tuned run was also "
+                      "deployed with a context of half its member and half its non-member rows. Each channel's AUC "
+                      "is measured among the rows the other channel holds and among those it does not (95% "
+                      "intervals): a context channel stronger on rows fine-tuned on means fine-tuning on a row also "
+                      "raised its exposure through the deployed context.</p>")
+        blocks.append(df_to_html(crossing_table(crossing)))
     slice_risk = tables.get("slice_risk")
     if slice_risk is not None and not slice_risk.empty:
         figure = risk_by_slice_figure(slice_risk, figure_dir / RISK_FIGURE) if draw else None
