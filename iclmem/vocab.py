@@ -268,6 +268,22 @@ class Neighbours(Vocab):
     REPLACE_ONE = "replace-one"
 
 
+class InferenceAttack(Vocab):
+    """The value-inference attacks against a deployed context (probes/inference_attacks.py)."""
+
+    LABEL = "label"  # argmax of p(class | x, context): is it the row's label?
+    ATTRIBUTE_MODEL = "attribute_model"  # the candidate of the sensitive column maximising log p(y* | x_v, context)
+    ATTRIBUTE_CALIBRATED = "attribute_calibrated"  # ... minus its mean under the references without the row
+
+
+class InferenceGroup(Vocab):
+    """Which rows a value-inference statistic is over (probes/inference_attacks.py)."""
+
+    MEMBERS = "members"
+    NONMEMBERS = "nonmembers"
+    DIFFERENCE = "members_minus_nonmembers"  # the members' statistic minus the non-members'
+
+
 class Channel(Vocab):
     """Through which channel a row's membership leaks (the data owner's risk report, orchestrator/record_risk.py):
     the weights fine-tuned on it (the probe, the known-context prediction, LiRA / RMIA on either), or the

@@ -34,6 +34,7 @@ from iclmem.runfolder import (
     CONTEXT_ROC_FILE,
     CONTEXT_SCORES_FILE,
     GROUND_TRUTH_FILE,
+    INFERENCE_FILE,
     PREPARED_DIR,
     PROBES_DIR,
     PROVENANCE_FILE,
@@ -577,7 +578,7 @@ def audit_hash(checkpoint: Path) -> str:
 # What an audit (``iclmem probe``, ``iclmem audit-context``) writes in its folder: an unfinished audit holding
 # nothing else may be replaced by an audit of other settings (claim_audit_folder, start_audit_folder)
 AUDIT_NAMES = frozenset({PROVENANCE_FILE, PREPARED_DIR, REFERENCE_DIR, PROBES_DIR, VERDICT_FILE, CONTEXT_AUDIT_FILE,
-                         CONTEXT_ROC_FILE, CONTEXT_SCORES_FILE, CONTEXT_ROC_FIGURE, WANDB_DIR})
+                         CONTEXT_ROC_FILE, CONTEXT_SCORES_FILE, CONTEXT_ROC_FIGURE, WANDB_DIR, INFERENCE_FILE})
 
 
 def unfinished_audit(out_dir: Path) -> bool:

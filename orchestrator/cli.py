@@ -239,6 +239,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also log the audit as one W&B run (its table of metrics, verdict and ROC figure; no row of "
                          "the table): offline into OUT/wandb, or online with WANDB_API_KEY set (default: no W&B)")
     ca.add_argument("--wandb-project", default="iclmem", help="W&B project of that run")
+    ca.add_argument("--attack", choices=("membership", "label", "attribute"), default="membership",
+                    help="membership (default): was the row in the context; label: does the deployed model give away "
+                         "the label of a row it holds, beyond the same model without the row; attribute: does it give "
+                         "away --sensitive COLUMN of a row whose label and other columns are known, beyond "
+                         "imputation from rows outside the audit")
+    ca.add_argument("--sensitive", default=None, metavar="COLUMN",
+                    help="--attack attribute: the column the attacker infers (a column the model reads as itself)")
+    ca.add_argument("--bins", type=_positive, default=4,
+                    help="--attack attribute: quantile bins of a numeric sensitive column with more values than this")
     ca.set_defaults(func=cmd_audit_context)
 
     e = parser(sub, "estimate", help="the grid's work, unit costs measured on this device, and the predicted "

@@ -53,7 +53,26 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_audit_context(args: argparse.Namespace) -> int:
-    from orchestrator.context_audit import audit_context, summary_lines
+    from orchestrator.context_audit import DEFAULT_NULL_SPLITS, audit_context, summary_lines
+
+    if args.attack != "membership":
+        from orchestrator import inference_audit
+
+        if args.wandb not in (None, "disabled"):
+            raise ConfigError(f"--wandb with --attack {args.attack}: the value-inference audits write their folder "
+                              "only (inference.parquet, verdict.json); log the membership audit to W&B instead")
+        if args.null_splits != DEFAULT_NULL_SPLITS:
+            raise ConfigError(f"--null-splits with --attack {args.attack}: the value-inference audits read the "
+                              "never-in-context control, not null splits")
+        found = inference_audit.audit_inference(args.task, args.attack, out=args.out, model=args.model,
+                                                estimator=args.estimator, sensitive=args.sensitive, bins=args.bins,
+                                                context_size=args.context_size, references=args.references,
+                                                seed=args.seed, bootstrap=args.bootstrap)
+        print("\n".join(inference_audit.summary_lines(found, args.attack)))
+        print(f"written to {args.out}")
+        return 0
+    if args.sensitive is not None or args.bins != 4:
+        raise ConfigError("--sensitive and --bins are settings of --attack attribute")
 
     result = audit_context(args.task, out=args.out, model=args.model, estimator=args.estimator,
                            context_size=args.context_size, references=args.references, seed=args.seed,

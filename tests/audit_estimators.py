@@ -107,3 +107,11 @@ def tabicl_classifier():
         raise RuntimeError("tests.audit_estimators.TABICL_CHECKPOINT is not set")
     return TabICLClassifier(n_estimators=2, model_path=TABICL_CHECKPOINT, allow_auto_download=False, device="cpu",
                             random_state=0)
+
+
+def nearest_rows():
+    """Distance-weighted 3 nearest neighbours: a row of the context is its own nearest neighbour at distance 0,
+    so the model returns that row's label with certainty (a model that holds its rows)."""
+    from sklearn.neighbors import KNeighborsClassifier
+
+    return KNeighborsClassifier(n_neighbors=3, weights="distance")
