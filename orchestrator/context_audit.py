@@ -140,28 +140,14 @@ def prepare_context_audit(source: Any, task: str, context_size: int, seed: int, 
     return PreparedContextAudit(inputs, scorer, prepared, population)
 
 
-def audit_context(task: str, *, out: str, model: str | None = None, estimator: str | None = None,
-                  context_size: int = DEFAULT_CONTEXT_SIZE, references: int = DEFAULT_REFERENCES, seed: int = 0,
-                  bootstrap: int | None = None, null_splits: int = DEFAULT_NULL_SPLITS,
-                  wandb: str | None = None, project: str = "iclmem", log: Callable[[str], None] | None = None) -> Any:
-    """Audit whether rows of ``task`` were in a fitted estimator's context; returns the
-    :class:`probes.context_audit.ContextAuditResult` and writes the folder ``out`` (and, with ``wandb``
-    offline or online, one W&B run of project ``project``)."""
-    from iclmem.runfolder import undo_if_refused
-    from iclmem.runlock import hold_run_folder
-    from orchestrator.audit import (
-        DEFAULT_BOOTSTRAP,
-        check_bootstrap_cap,
-        claim_audit_folder,
-        min_bootstrap,
-        parse_task,
-        settings_hash,
-    )
+def check_audit_settings(model: str | None, estimator: str | None, references: int, context_size: int,
+                         bootstrap: int | None) -> int:
+    """The settings every ``audit-context`` audit shares (membership, label, attribute), checked before any work;
+    returns the bootstrap resamples (None: the default)."""
+    from orchestrator.audit import DEFAULT_BOOTSTRAP, check_bootstrap_cap, min_bootstrap
     from probes.context_audit import MAX_REFERENCES
 
-    note = log or (lambda line: print(line, file=sys.stderr))
     bootstrap = DEFAULT_BOOTSTRAP if bootstrap is None else int(bootstrap)
-    # every setting checked before any work
     if (model is None) == (estimator is None):
         raise ConfigError("give the audited estimator: --model NAME (a registered model, e.g. pfn-mini) or "
                           "--estimator MODULE:FACTORY (a scikit-learn-style classifier), not both")
@@ -173,6 +159,23 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
     if bootstrap < min_bootstrap():
         raise ConfigError(f"--bootstrap {bootstrap}: at least {min_bootstrap()} resamples")
     check_bootstrap_cap(bootstrap)
+    return bootstrap
+
+
+def audit_context(task: str, *, out: str, model: str | None = None, estimator: str | None = None,
+                  context_size: int = DEFAULT_CONTEXT_SIZE, references: int = DEFAULT_REFERENCES, seed: int = 0,
+                  bootstrap: int | None = None, null_splits: int = DEFAULT_NULL_SPLITS,
+                  wandb: str | None = None, project: str = "iclmem", log: Callable[[str], None] | None = None) -> Any:
+    """Audit whether rows of ``task`` were in a fitted estimator's context; returns the
+    :class:`probes.context_audit.ContextAuditResult` and writes the folder ``out`` (and, with ``wandb``
+    offline or online, one W&B run of project ``project``)."""
+    from iclmem.runfolder import undo_if_refused
+    from iclmem.runlock import hold_run_folder
+    from orchestrator.audit import claim_audit_folder, parse_task, settings_hash
+
+    note = log or (lambda line: print(line, file=sys.stderr))
+    # every setting checked before any work
+    bootstrap = check_audit_settings(model, estimator, references, context_size, bootstrap)
     if null_splits < 0:
         raise ConfigError(f"--null-splits {null_splits}: zero or more")
     if wandb is not None:

@@ -75,40 +75,21 @@ def audit_inference(task: str, attack: str, *, out: str, model: str | None = Non
     (:class:`~probes.inference_attacks.LabelInferenceResult` or ``AttributeInferenceResult``)."""
     from iclmem.runfolder import undo_if_refused
     from iclmem.runlock import hold_run_folder
-    from orchestrator.audit import (
-        DEFAULT_BOOTSTRAP,
-        check_bootstrap_cap,
-        claim_audit_folder,
-        min_bootstrap,
-        parse_task,
-        settings_hash,
-        start_audit_folder,
-        strict_json,
-    )
-    from orchestrator.context_audit import prepare_context_audit
-    from probes.context_audit import MAX_REFERENCES
+    from orchestrator.audit import claim_audit_folder, parse_task, settings_hash, start_audit_folder, strict_json
+    from orchestrator.context_audit import check_audit_settings, prepare_context_audit
     from probes.inference_attacks import ImputationPool, attribute_inference, label_inference
 
     note = log or (lambda line: print(line, file=sys.stderr))
-    bootstrap = DEFAULT_BOOTSTRAP if bootstrap is None else int(bootstrap)
     # every setting checked before any work
     if attack not in VALUE_ATTACKS:
         raise ConfigError(f"--attack {attack!r}: one of membership, {', '.join(VALUE_ATTACKS)}")
-    if (model is None) == (estimator is None):
-        raise ConfigError("give the audited estimator: --model NAME or --estimator MODULE:FACTORY, not both")
     if attack == "attribute" and not sensitive:
         raise ConfigError("--attack attribute needs --sensitive COLUMN: the column the attacker infers")
     if attack == "label" and sensitive:
         raise ConfigError("--sensitive is the column of --attack attribute; --attack label infers the target column")
     if bins < 2:
         raise ConfigError(f"--bins {bins}: at least 2")
-    if references < 2 or references % 2 or references > MAX_REFERENCES:
-        raise ConfigError(f"--references {references}: an even number from 2 to {MAX_REFERENCES}")
-    if context_size < 4:
-        raise ConfigError(f"--context-size {context_size}: at least 4 rows")
-    if bootstrap < min_bootstrap():
-        raise ConfigError(f"--bootstrap {bootstrap}: at least {min_bootstrap()} resamples")
-    check_bootstrap_cap(bootstrap)
+    bootstrap = check_audit_settings(model, estimator, references, context_size, bootstrap)
     source = parse_task(task)
     config = {"audit": f"{attack}_inference", "task": task, "model": model, "estimator": estimator,
               "sensitive": sensitive, "bins": bins if attack == "attribute" else None, "context_size": context_size,
