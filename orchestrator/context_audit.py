@@ -46,6 +46,9 @@ from iclmem.vocab import ContextAttack, ContextTarget, LabelDesign, LabelMode
 # inside the probe; imported here for the context audit's callers
 from probes.two_channel import AdapterScorer
 
+# context_scores.parquet: the deployed context's scores under each of two disjoint reference sets, beside the
+# ``<target>__<attack>`` columns (orchestrator.record_risk reads them for the records' stability)
+REFERENCE_HALF_PREFIX = "reference_set_"
 DEFAULT_CONTEXT_SIZE = 256
 DEFAULT_REFERENCES = 64
 DEFAULT_NULL_SPLITS = 5
@@ -283,6 +286,9 @@ def write_audit_folder(out_dir: Path, result: Any, row_ids: np.ndarray, member: 
     scores = pd.DataFrame({"row_id": np.asarray(row_ids, dtype=np.int64), "member": np.asarray(member, dtype=bool)})
     for (target, attack), values in result.scores.items():
         scores[f"{target}__{attack}"] = values
+    for attack, (first, second) in result.reference_halves.items():  # stability across reference sets
+        scores[f"{REFERENCE_HALF_PREFIX}a__{attack}"] = first
+        scores[f"{REFERENCE_HALF_PREFIX}b__{attack}"] = second
     write_parquet_atomic(scores, out_dir / CONTEXT_SCORES_FILE)
     plot_context_roc(result, out_dir / CONTEXT_ROC_FIGURE)
     verdict = {**result.verdict.to_dict(), "config_hash": config_hash,

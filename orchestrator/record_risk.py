@@ -11,8 +11,9 @@ copied into any of these files (slice names follow :mod:`orchestrator.slices`' r
 * ``record_slices.parquet``: per task, which slices each row belongs to (:func:`orchestrator.slices.task_slices`).
 * ``slice_risk.parquet``: per run at its headline checkpoint (the report's peak), per attack and slice:
   :class:`probes.record_risk.SliceLeakage`.
-* ``record_stability.parquet``: for runs that differ only in their seed, per pair and attack, how far their
-  rankings of the rows both trained on agree (:func:`probes.record_risk.rank_stability`).
+* ``record_stability.parquet``: how far two rankings of the same rows agree (:func:`probes.record_risk.rank_stability`),
+  ``between`` ``seeds`` (runs that differ only in their seed, per pair and attack, on the rows both trained on) or
+  ``reference_sets`` (a context audit's members under two disjoint halves of its reference contexts, per attack).
 * ``channel_crossing.parquet``: with ``probe.two_channels``, per run at its headline checkpoint, each channel's
   attacks measured within each stratum of the other membership (:func:`probes.two_channel.channel_crossing`): the
   deployed context among rows fine-tuned on and among rows not, the fine-tuned weights among rows in the context
@@ -34,6 +35,7 @@ import pandas as pd
 
 from iclmem.record import CONFIGURATION_KEY, ROW_KEY
 from iclmem.vocab import Channel
+from orchestrator.context_audit import REFERENCE_HALF_PREFIX
 from probes.two_channel import CONTEXT_CHANNEL_PREFIX, IN_CONTEXT_COLUMN
 
 __all__ = ["HIGH_RISK", "RECORD_ATTACKS", "RiskTables", "audited_rows", "canary_ranking", "canary_rows", "record_rows",
@@ -233,12 +235,44 @@ def _context_records(context_audits: pd.DataFrame | None, scores_of: Callable[[s
         table = scores_of(str(run_id))
         if table is None:
             continue
-        scores = {c: table[c] for c in table.columns if "__" in c}
+        scores = {c: table[c] for c in table.columns if "__" in c and not c.startswith(REFERENCE_HALF_PREFIX)}
         identity = {"run_id": str(run_id), "task": str(audit["task"].iloc[0]), "epoch": 0}
         frames.append(record_rows(table["row_id"], table["member"], scores, identity, Channel.DEPLOYED_CONTEXT,
                                   seed=int(audit["seed"].iloc[0]) if "seed" in audit.columns else 0))
     kept = [f for f in frames if not f.empty]
     return pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()
+
+
+def _reference_set_stability(context_audits: pd.DataFrame | None, scores_of: Callable[[str], pd.DataFrame | None],
+                             top_k: int) -> pd.DataFrame:
+    """Per context audit and attack: its members' risks under two disjoint reference sets
+    (:meth:`probes.context_audit.ReferenceScores.halves`), compared as two runs of one configuration are."""
+    from probes.record_risk import rank_stability
+
+    if context_audits is None or context_audits.empty:
+        return pd.DataFrame()
+    rows = []
+    for run_id, audit in context_audits.groupby("run_id", sort=True):
+        table = scores_of(str(run_id))
+        if table is None:
+            continue
+        member = table["member"].to_numpy(bool)
+        first = f"{REFERENCE_HALF_PREFIX}a__"
+        for column in (c for c in table.columns if c.startswith(first)):
+            attack = column[len(first):]
+            other = f"{REFERENCE_HALF_PREFIX}b__{attack}"
+            if other not in table.columns:
+                continue
+            identity = {"run_id": str(run_id), "task": str(audit["task"].iloc[0]), "epoch": 0}
+            halves = [record_rows(table["row_id"], member, {attack: table[c]}, identity, Channel.DEPLOYED_CONTEXT)
+                      for c in (column, other)]
+            if any(h.empty for h in halves):
+                continue
+            a, b = (h[h["member"]] for h in halves)
+            st = rank_stability(a["row_id"], a["risk"], b["row_id"], b["risk"], top_k)
+            rows.append({"between": "reference_sets", "task": identity["task"], "run_a": str(run_id),
+                         "run_b": str(run_id), "attack": attack, **st.as_dict()})
+    return pd.DataFrame(rows)
 
 
 def audited_rows(records: pd.DataFrame) -> pd.DataFrame:
@@ -312,7 +346,8 @@ def _stability(records: pd.DataFrame, headline: Mapping[str, int], results: pd.D
                     if ra.empty or rb.empty:
                         continue
                     st = rank_stability(ra["row_id"], ra["risk"], rb["row_id"], rb["risk"], top_k)
-                    rows.append({**dict(zip(keys, config if isinstance(config, tuple) else (config,), strict=True)),
+                    rows.append({"between": "seeds",
+                                 **dict(zip(keys, config if isinstance(config, tuple) else (config,), strict=True)),
                                  "run_a": a, "run_b": b, "attack": attack, **st.as_dict()})
     return pd.DataFrame(rows)
 
@@ -375,6 +410,11 @@ def _channel_crossing(records: pd.DataFrame, headline: Mapping[str, int], n_resa
     return pd.DataFrame(rows)
 
 
+def _concat(*frames: pd.DataFrame) -> pd.DataFrame:
+    kept = [f for f in frames if not f.empty]
+    return pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()
+
+
 def risk_tables(results: pd.DataFrame, query_table: Callable[[str, int], pd.DataFrame | None],
                 slices: pd.DataFrame, settings: Any, *, n_resamples: int, null_splits: int,
                 context_audits: pd.DataFrame | None = None,
@@ -391,7 +431,9 @@ def risk_tables(results: pd.DataFrame, query_table: Callable[[str, int], pd.Data
     headline = _headline_epochs(results) if not results.empty else {}
     return RiskTables(records=records, slices=slices,
                       slice_risk=_slice_risk(records, slices, headline, results, settings, n_resamples, null_splits),
-                      stability=_stability(records, headline, results, settings.top_k),
+                      stability=_concat(_stability(records, headline, results, settings.top_k),
+                                        _reference_set_stability(context_audits, context_scores or (lambda _: None),
+                                                                 settings.top_k)),
                       riskiest=_riskiest(records, slices, headline, settings.top_k),
                       canaries=canary_ranking(records, headline),
                       crossing=_channel_crossing(records, headline, n_resamples))

@@ -162,6 +162,19 @@ class ReferenceScores:
             raise ProbeError(f"context audit: {k} of {self.log_p.shape[0]} references; need an even number >= 2")
         return ReferenceScores(self.log_p[:k], self.in_reference[:k], self.seconds_per_reference * k)
 
+    def halves(self) -> tuple[ReferenceScores, ReferenceScores] | None:
+        """Two disjoint reference sets, each of whole complementary pairs (so every row is in exactly half of each):
+        the first ⌊pairs/2⌋ pairs and the rest. A row's risk under one against the other is its stability across
+        reference sets (Jälkö et al.: a record's exposure measured with other references can differ). None with
+        fewer than two pairs."""
+        pairs = int(self.log_p.shape[0]) // 2
+        if pairs < 2:
+            return None
+        cut = 2 * (pairs // 2)
+        per = self.seconds_per_reference
+        return (ReferenceScores(self.log_p[:cut], self.in_reference[:cut], per * cut),
+                ReferenceScores(self.log_p[cut:], self.in_reference[cut:], per * (self.log_p.shape[0] - cut)))
+
 
 def score_references(scorer: ContextScorer, inputs: ContextAuditInputs, n_references: int, seed: int,
                      progress: Callable[[int, int], None] | None = None) -> ReferenceScores:
@@ -222,6 +235,9 @@ class ContextAuditResult:
     verdict: ContextVerdict
     seconds_per_reference: float
     blind: Mapping[str, Any] = field(default_factory=dict)
+    # attack -> its scores of P on the deployed context under each of two disjoint reference sets
+    # (:meth:`ReferenceScores.halves`): the records' stability across reference sets; empty with K < 4
+    reference_halves: Mapping[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def rows_of(self, target: ContextTarget) -> list[dict[str, Any]]:
         return [r for r in self.rows if r["target"] == ContextTarget(target).value]
@@ -306,7 +322,14 @@ def evaluate_context_audit(scorer: ContextScorer, inputs: ContextAuditInputs, *,
             curves[(target.value, attack.value)] = curve
             all_scores[(target.value, attack.value)] = scores
     verdict = audit_verdict(rows, exchangeable)
-    return ContextAuditResult(tuple(rows), curves, all_scores, verdict, references.seconds_per_reference, dict(blind or {}))
+    halves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    split = references.halves()
+    if split is not None:  # the deployed context's attacks under two disjoint reference sets
+        first, second = (context_attack_scores(target_statistics(scorer, inputs, half, ContextTarget.DEPLOYED))
+                         for half in split)
+        halves = {attack.value: (first[attack], second[attack]) for attack in first}
+    return ContextAuditResult(tuple(rows), curves, all_scores, verdict, references.seconds_per_reference,
+                              dict(blind or {}), halves)
 
 
 __all__ = ["ATTACK_FAMILY", "ContextAuditInputs", "ContextAuditResult", "ContextScorer", "ContextStatistics",

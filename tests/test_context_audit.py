@@ -365,3 +365,16 @@ def test_tabicls_own_fitted_classifier_is_audited_as_deployed_and_its_control_sa
     _, table = _audit_package_classifier(tmp_path, monkeypatch, "TABICL_CHECKPOINT", path, "tabicl_classifier")
     assert (table[table["target"] == "never_in_context"]["outcome"] == "no_signal").all()
     assert table["heldout_accuracy"].between(0, 1).all()
+
+
+def test_two_disjoint_reference_sets_each_hold_every_row_in_half_of_their_contexts():
+    from probes.context_audit import ReferenceScores, reference_contexts
+
+    masks = reference_contexts(40, 6, seed=3)
+    refs = ReferenceScores(np.random.default_rng(0).normal(size=masks.shape), masks, seconds=6.0)
+    first, second = refs.halves()
+    assert (first.log_p.shape[0], second.log_p.shape[0]) == (2, 4)
+    for half in (first, second):
+        assert (half.in_reference.sum(axis=0) == half.in_reference.shape[0] // 2).all()
+    np.testing.assert_array_equal(np.concatenate([first.log_p, second.log_p]), refs.log_p)
+    assert ReferenceScores(refs.log_p[:2], masks[:2], 2.0).halves() is None  # one pair cannot be split

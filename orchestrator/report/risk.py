@@ -206,12 +206,15 @@ def risk_section_html(tables: dict[str, pd.DataFrame | None], figure_dir: Path, 
         blocks.append(df_to_html(canaries))
     stability = tables.get("stability")
     if stability is not None and not stability.empty:
-        st = (stability.groupby("attack", sort=True)
+        keys = [c for c in ("between", "attack") if c in stability.columns]
+        st = (stability.groupby(keys, sort=True)
               .agg(pairs=("run_a", "size"), median_spearman=("spearman", "median"),
                    median_top_k_overlap=("top_k_overlap", "median"), median_common_rows=("n_common", "median"))
               .reset_index())
-        blocks.append("<p>Stability of the ranking: runs of one configuration drawn with other seeds, compared on "
-                      "the rows both trained on (Spearman correlation of the risks; share of one run's top k "
-                      "among the other's).</p>")
+        blocks.append("<p>Stability of the ranking (Spearman correlation of the risks; share of one ranking's top k "
+                      "in the other's): between <em>seeds</em>, runs of one configuration drawn with other seeds, "
+                      "compared on the rows both trained on; between <em>reference sets</em>, a context audit's "
+                      "members scored against two disjoint halves of its reference contexts. A ranking that does not "
+                      "recur is a property of the draw, not of the row.</p>")
         blocks.append(df_to_html(st))
     return "\n".join(blocks)
