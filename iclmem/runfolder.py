@@ -70,6 +70,8 @@ CONTEXT_ROC_FILE = "context_roc.parquet"  # (target, attack, fpr, tpr): each att
 CONTEXT_SCORES_FILE = "context_scores.parquet"  # one row per audited row: its id, member flag, each attack's score
 CONTEXT_ROC_FIGURE = "context_roc.png"
 INFERENCE_FILE = "inference.parquet"  # audit-context --attack label|attribute: per target x attack x group x statistic
+SAVED_DIR = "saved"  # audit-context --attack file: the saved files (the audited one, the control's)
+SAVED_FILE_TABLE = "saved_file.parquet"  # audit-context --attack file: per target x measure x statistic
 # A sweep's regime ``context``: the audit-context folders and their rows in one table
 CONTEXT_AUDITS_DIR = "context_audits"  # one audit-context folder per audit (its run id)
 CONTEXT_AUDITS_FILE = "context_audits.parquet"  # every audit's rows, with its run id, task, model, Q, seed in front
@@ -103,7 +105,7 @@ __all__ = [
     "CONTEXT_SCORES_FILE", "CONTEXT_ROC_FIGURE", "CONTEXT_AUDITS_DIR", "CONTEXT_AUDITS_FILE", "ROW_SUFFIX",
     "MANIPULATION_SUFFIX", "ROC_SUFFIX", "LOCK_NAMES", "record_diverged_run", "read_diverged_runs",
     "RECORD_RISK_FILE", "RECORD_SLICES_FILE", "SLICE_RISK_FILE", "RECORD_STABILITY_FILE", "RISKIEST_RECORDS_FILE",
-    "CANARY_RANKING_FILE", "RISK_TABLE_FILES", "INFERENCE_FILE", "CHANNEL_CROSSING_FILE",
+    "CANARY_RANKING_FILE", "RISK_TABLE_FILES", "INFERENCE_FILE", "CHANNEL_CROSSING_FILE", "SAVED_DIR", "SAVED_FILE_TABLE",
 ]
 
 

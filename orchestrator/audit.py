@@ -39,6 +39,8 @@ from iclmem.runfolder import (
     PROBES_DIR,
     PROVENANCE_FILE,
     REFERENCE_DIR,
+    SAVED_DIR,
+    SAVED_FILE_TABLE,
     VERDICT_FILE,
     WANDB_DIR,
     undo_if_refused,
@@ -578,7 +580,8 @@ def audit_hash(checkpoint: Path) -> str:
 # What an audit (``iclmem probe``, ``iclmem audit-context``) writes in its folder: an unfinished audit holding
 # nothing else may be replaced by an audit of other settings (claim_audit_folder, start_audit_folder)
 AUDIT_NAMES = frozenset({PROVENANCE_FILE, PREPARED_DIR, REFERENCE_DIR, PROBES_DIR, VERDICT_FILE, CONTEXT_AUDIT_FILE,
-                         CONTEXT_ROC_FILE, CONTEXT_SCORES_FILE, CONTEXT_ROC_FIGURE, WANDB_DIR, INFERENCE_FILE})
+                         CONTEXT_ROC_FILE, CONTEXT_SCORES_FILE, CONTEXT_ROC_FIGURE, WANDB_DIR, INFERENCE_FILE,
+                         SAVED_DIR, SAVED_FILE_TABLE})
 
 
 def unfinished_audit(out_dir: Path) -> bool:

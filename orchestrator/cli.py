@@ -239,11 +239,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also log the audit as one W&B run (its table of metrics, verdict and ROC figure; no row of "
                          "the table): offline into OUT/wandb, or online with WANDB_API_KEY set (default: no W&B)")
     ca.add_argument("--wandb-project", default="iclmem", help="W&B project of that run")
-    ca.add_argument("--attack", choices=("membership", "label", "attribute"), default="membership",
+    ca.add_argument("--attack", choices=("membership", "label", "attribute", "file"), default="membership",
                     help="membership (default): was the row in the context; label: does the deployed model give away "
                          "the label of a row it holds, beyond the same model without the row; attribute: does it give "
                          "away --sensitive COLUMN of a row whose label and other columns are known, beyond "
-                         "imputation from rows outside the audit")
+                         "imputation from rows outside the audit; file: --model tabicl or tabpfn-v2, its package "
+                         "classifier on the shipped mini fitted, saved the package's way and audited as a file "
+                         "(its bytes, its cache matched and inverted, membership through it)")
+    ca.add_argument("--file-mode", default=None,
+                    help="--attack file: how the package saves (tabicl: kv (default) or repr, saved without its "
+                         "training data; tabpfn-v2: fit_preprocessors (default) or fit_with_cache)")
     ca.add_argument("--sensitive", default=None, metavar="COLUMN",
                     help="--attack attribute: the column the attacker infers (a column the model reads as itself)")
     ca.add_argument("--bins", type=_positive, default=4,

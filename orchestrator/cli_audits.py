@@ -53,8 +53,30 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_audit_context(args: argparse.Namespace) -> int:
-    from orchestrator.context_audit import DEFAULT_NULL_SPLITS, audit_context, summary_lines
+    from orchestrator.context_audit import (
+        DEFAULT_CONTEXT_SIZE,
+        DEFAULT_NULL_SPLITS,
+        DEFAULT_REFERENCES,
+        audit_context,
+        summary_lines,
+    )
 
+    if args.attack == "file":
+        from orchestrator import inference_audit
+
+        if args.estimator is not None or args.sensitive is not None or args.wandb not in (None, "disabled"):
+            raise ConfigError("--attack file audits --model tabicl or tabpfn-v2's saved file: --estimator, "
+                              "--sensitive and --wandb are not its settings")
+        context_size = 40 if args.context_size == DEFAULT_CONTEXT_SIZE else args.context_size
+        references = 8 if args.references == DEFAULT_REFERENCES else args.references
+        verdict = inference_audit.audit_file(args.task, out=args.out, model=args.model, mode=args.file_mode,
+                                             context_size=context_size, references=references, seed=args.seed,
+                                             bootstrap=args.bootstrap)
+        print("\n".join(inference_audit.saved_file_lines(verdict)))
+        print(f"written to {args.out}")
+        return 0
+    if args.file_mode is not None:
+        raise ConfigError("--file-mode is a setting of --attack file")
     if args.attack != "membership":
         from orchestrator import inference_audit
 

@@ -17,6 +17,7 @@ settings as resolved), ``context_audit.parquet`` (a row per target context and a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import warnings
@@ -40,7 +41,7 @@ from iclmem.runfolder import (
     CONTEXT_SCORES_FILE,
     VERDICT_FILE,
 )
-from iclmem.vocab import ContextAttack, ContextTarget, LabelDesign, LabelMode
+from iclmem.vocab import ContextAttack, ContextTarget, InputContract, LabelDesign, LabelMode
 
 # a registered model's adapter as a scorer lives beside the two-channel audit, which scores fine-tuned checkpoints
 # inside the probe; imported here for the context audit's callers
@@ -89,13 +90,15 @@ class PreparedContextAudit:
 
 def prepare_context_audit(source: Any, task: str, context_size: int, seed: int, *, adapter: Any = None,
                           factory: Callable[[], Any] | None = None, estimator: str | None = None,
-                          note: Callable[[str], None] = print, deployed: bool = False) -> PreparedContextAudit:
+                          note: Callable[[str], None] = print, deployed: bool = False,
+                          whole_columns: bool = False) -> PreparedContextAudit:
     """Stage I for a context audit under the model's input contract: N label-matched members and non-members
     (q = N), a small C' (:data:`BLIND_CONTEXT_ROWS`), and the control drawn from the rows left (N rows with
     the members' label counts; none when the table has too few, said through ``note``). ``deployed``: the
     adapter's weights scored as its package deploys them (``deployed_estimator``: a fit of the package's
     classifier per context, its preprocessing and ensemble included) on the same prepared rows as the raw
-    network would be."""
+    network would be. ``whole_columns`` (an estimator only): every column kept as itself (numeric contract, no
+    PCA), as an attack on one column needs."""
     from probes.context_audit import ContextAuditInputs
     from trainables.data import PrepSettings, null_split, prepare_task
 
@@ -104,6 +107,8 @@ def prepare_context_audit(source: Any, task: str, context_size: int, seed: int, 
     settings = PrepSettings(context_size=BLIND_CONTEXT_ROWS, label_design=LabelDesign.MATCHED)
     if adapter is not None:
         settings = adapter.prep_settings(settings)
+    elif whole_columns:  # an estimator reads the table's columns itself: no PCA, so each column stays one
+        settings = dataclasses.replace(settings, contract=InputContract.NUMERIC, max_features=None)
     try:
         prepared = prepare_task(source, settings, LabelMode.NORMAL, seed, q=context_size)
     except DataError as exc:

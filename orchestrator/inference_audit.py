@@ -20,7 +20,7 @@ statistic, :meth:`~probes.inference_attacks.LabelInferenceResult.to_rows`: rates
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,9 @@ import numpy as np
 import pandas as pd
 
 from iclmem.atomic import write_json_atomic, write_parquet_atomic
-from iclmem.errors import ConfigError, DataError
+from iclmem.errors import ConfigError, DataError, ProbeError
 from iclmem.provenance import Provenance
-from iclmem.runfolder import INFERENCE_FILE, VERDICT_FILE
+from iclmem.runfolder import INFERENCE_FILE, SAVED_DIR, SAVED_FILE_TABLE, VERDICT_FILE
 from iclmem.vocab import ColumnKind, InferenceGroup
 
 # --attack: membership is the context audit (orchestrator.context_audit); these two are this module's
@@ -106,7 +106,7 @@ def audit_inference(task: str, attack: str, *, out: str, model: str | None = Non
         adapter = build_model(model)
     claim_audit_folder(out_dir, config_hash, "--out", "set of settings")  # checks only: nothing written yet
     audit = prepare_context_audit(source, task, context_size, seed, adapter=adapter, factory=factory,
-                                  estimator=estimator, note=note)
+                                  estimator=estimator, note=note, whole_columns=attack == "attribute")
     inputs, prepared = audit.inputs, audit.prepared
     attribute = pool = None
     if attack == "attribute":
@@ -165,3 +165,147 @@ def summary_lines(result: Any, attack: str) -> list[str]:
                          f"{row['value']:>8.3f}  [{row['low']:.3f}, {row['high']:.3f}]")
     return lines
 
+
+
+# ------------------------------------------------------------------------------------------ --attack file
+# The saved-file audit (orchestrator.saved_file_audit): the package's classifier, on the shipped mini of its
+# architecture, fitted on the deployed context and saved the package's own way; what the file gives back
+
+
+def audit_file(task: str, *, out: str, model: str, mode: str | None = None, context_size: int = 40,
+               references: int = 8, seed: int = 0, bootstrap: int | None = None,
+               log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Fit ``model``'s package classifier (``tabicl`` or ``tabpfn-v2``, on the shipped mini) on N rows of
+    ``task``, save it as the package does (``mode``: TabICL's KV cache ``kv`` / ``repr`` with
+    ``save_training_data=False``; TabPFN's ``fit_preprocessors`` / ``fit_with_cache``), load it back, and audit the
+    file: what its bytes hold, the white-box cache-matching attack (which rows, where, with which label), the
+    reconstruction of the rows' features against imputation, and membership through the loaded file, each beside
+    a file fitted on the never-in-context control. Writes the folder ``out``; returns ``verdict.json``'s dict."""
+    from iclmem.runfolder import undo_if_refused
+    from iclmem.runlock import hold_run_folder
+    from orchestrator import saved_file_audit as sfa
+    from orchestrator.audit import claim_audit_folder, parse_task, settings_hash, start_audit_folder, strict_json
+    from orchestrator.context_audit import check_audit_settings, prepare_context_audit
+    from trainables.models.deployed import tabicl_mini_classifier
+
+    note = log or (lambda line: print(line, file=sys.stderr))
+    if model not in sfa.MODES:
+        raise ConfigError(f"--attack file --model {model!r}: the saved-file audit knows {', '.join(sfa.MODES)} (their "
+                          "package classifiers on the shipped minis)")
+    if mode is not None and mode not in sfa.MODES[model]:
+        raise ConfigError(f"--file-mode {mode!r}: {model} saves as one of {', '.join(sfa.MODES[model])}")
+    mode = mode or sfa.MODES[model][0]
+    bootstrap = check_audit_settings(model, None, references, context_size, bootstrap)
+    source = parse_task(task)
+    config = {"audit": "saved_file", "task": task, "model": model, "mode": mode, "context_size": context_size,
+              "references": references, "seed": seed, "bootstrap": bootstrap}
+    config_hash = settings_hash(config)
+    out_dir = Path(out)
+    claim_audit_folder(out_dir, config_hash, "--out", "set of settings")
+    # Stage I as for an estimator (the package classifier reads the prepared columns themselves)
+    audit = prepare_context_audit(source, task, context_size, seed, factory=tabicl_mini_classifier, note=note)
+    inputs = audit.inputs
+    if inputs.control_x is None:
+        raise DataError(f"{task}: no never-in-context control fits beside {context_size} audited rows a side; the "
+                        "saved-file audit needs the control's file to say what a file of other rows gives; use a "
+                        "smaller --context-size")
+    x, y, member = np.asarray(inputs.population_x), np.asarray(inputs.population_y), np.asarray(inputs.member)
+    row_ids = audit.prepared.row_ids[audit.population]
+    with undo_if_refused(out_dir), hold_run_folder(out_dir, "iclmem audit-context"):
+        start_audit_folder(out_dir, Provenance.collect(kind="audit", sweep_name=f"saved-file-{source.name}",
+                                                       config=config, config_hash=config_hash, seeds=[seed]))
+        note(f"[iclmem] saved-file audit of {task}: {model} ({mode}) fitted on {int(member.sum())} rows, saved, "
+             "loaded back")
+        saved = sfa.save_and_reload(model, x[member], y[member], x, out_dir / SAVED_DIR / "audited", mode=mode)
+        control = sfa.fit_and_save(model, inputs.control_x, inputs.control_y, out_dir / SAVED_DIR / "control",
+                                   mode=mode)
+        pool = sfa.Pool.from_audit(inputs, row_ids)
+        note("[iclmem]   matching the file's cache against the audited rows (and the control's file)")
+        match = sfa.cache_match_attack(saved.saved, pool, n_resamples=bootstrap, seed=seed)
+        control_match = sfa.cache_match_attack(control, sfa.Pool.from_audit(inputs, row_ids, in_context=False),
+                                               n_resamples=bootstrap, seed=seed)
+        try:
+            note("[iclmem]   rebuilding the context rows from the file")
+            rebuilt: Any = sfa.reconstruct_context(saved.saved, pool, seed=seed)
+        except ProbeError as exc:  # a format the reconstruction does not cover: said, not hidden
+            rebuilt = None
+            note(f"[iclmem]   no reconstruction: {exc}")
+        note(f"[iclmem]   membership through the loaded file ({references} reference contexts refitted)")
+        membership = sfa.membership_through_file(saved.saved, inputs, control=control, n_references=references,
+                                                 seed=seed, n_resamples=bootstrap)
+        table = saved_file_rows(saved, match, control_match, rebuilt, membership)
+        table.insert(0, "config_hash", config_hash)
+        write_parquet_atomic(table, out_dir / SAVED_FILE_TABLE)
+        verdict = strict_json(saved_file_verdict(saved, match, control_match, rebuilt, membership, config_hash))
+        write_json_atomic(out_dir / VERDICT_FILE, verdict)
+    return dict(verdict)
+
+
+def saved_file_rows(saved: Any, match: Any, control_match: Any, rebuilt: Any, membership: Any) -> pd.DataFrame:
+    """The audit's numbers, one row per (target, measure, statistic): rates, AUCs and errors, never a value."""
+    rows: list[dict[str, Any]] = []
+
+    def add(target: str, measure: str, statistic: str, value: float, low: float = float("nan"),
+            high: float = float("nan")) -> None:
+        rows.append({"target": target, "measure": measure, "statistic": statistic, "value": float(value),
+                     "low": float(low), "high": float(high)})
+
+    scan = saved.scan
+    add("deployed", "file", "max_abs_prob_diff_after_reload", saved.max_abs_prob_diff)
+    add("deployed", "file", "bytes", sum(size for name, size in saved.files[:1]))
+    for name in ("rows_float32", "rows_float64", "cells_float32", "cells_float64", "cells_in_arrays"):
+        add("deployed", "bytes_scan", name, getattr(scan, name))
+    add("deployed", "bytes_scan", "labels_stored", float(scan.labels_stored))
+    for target, m in (("deployed", match), ("never_in_context", control_match)):
+        add(target, "cache_match", "member_matched", m.member_matched)
+        add(target, "cache_match", "nonmember_matched", m.nonmember_matched)
+        add(target, "cache_match", "position_accuracy", m.position_accuracy)
+        add(target, "cache_match", "label_accuracy", m.label_accuracy)
+        add(target, "cache_match", "auc", m.auc, m.auc_low, m.auc_high)
+    if rebuilt is not None:
+        add("deployed", "reconstruction", "label_accuracy", rebuilt.label_accuracy)
+        for method in ("reconstruction", "pool_mean", "class_mean", "nearest_other_row"):
+            errors = getattr(rebuilt, method)
+            add("deployed", f"reconstruction:{method}", "cells_within", errors.cells_within)
+            add("deployed", f"reconstruction:{method}", "rows_within", errors.rows_within)
+            add("deployed", f"reconstruction:{method}", "median_abs_error_std", errors.median_abs)
+    for r in membership.rows:
+        add(r.target, f"membership:{r.attack}", "auc", r.auc, r.auc_low, r.auc_high)
+    return pd.DataFrame(rows)
+
+
+def saved_file_verdict(saved: Any, match: Any, control_match: Any, rebuilt: Any, membership: Any,
+                       config_hash: str) -> dict[str, Any]:
+    """``verdict.json``: whether the file gives its rows back (the cache-matching attack finds the rows in its
+    context, at their place, and the control's file matches none), and the headline figures."""
+    gives_back = bool(match.position_accuracy > 0.5 and control_match.member_matched == 0.0)
+    return {"audit": "saved_file", "model": saved.saved.model, "mode": saved.saved.mode,
+            "file_gives_back_its_rows": gives_back, "trusted": bool(control_match.member_matched == 0.0),
+            "predicts_as_fitted": bool(saved.max_abs_prob_diff < 1e-5),
+            "raw_rows_in_bytes": int(saved.scan.rows_float32 + saved.scan.rows_float64),
+            "labels_in_bytes": bool(saved.scan.labels_stored),
+            "rows_identified": match.position_accuracy, "labels_recovered": match.label_accuracy,
+            "nonmembers_matched": match.nonmember_matched,
+            "reconstructed_rows_within_tolerance": None if rebuilt is None else rebuilt.reconstruction.rows_within,
+            "imputation_rows_within_tolerance": None if rebuilt is None else max(
+                rebuilt.pool_mean.rows_within, rebuilt.class_mean.rows_within, rebuilt.nearest_other_row.rows_within),
+            "membership_through_file": membership.outcome, "membership_trusted": membership.trusted,
+            "config_hash": config_hash}
+
+
+def saved_file_lines(verdict: Mapping[str, Any]) -> list[str]:
+    """The saved-file audit in a few lines for the console."""
+    def pct(v: Any) -> str:
+        return "n/a" if v is None else f"{100 * float(v):.0f}%"
+
+    return [f"saved file ({verdict['model']}, {verdict['mode']}): "
+            + ("GIVES BACK ITS ROWS" if verdict["file_gives_back_its_rows"] else "its rows were not given back")
+            + f" ({'trusted' if verdict['trusted'] else 'NOT trusted: the control file matched audited rows'})",
+            f"predicts as the fitted classifier: {verdict['predicts_as_fitted']}; raw rows in its bytes: "
+            f"{verdict['raw_rows_in_bytes']}; label vector in its bytes: {verdict['labels_in_bytes']}",
+            f"context rows identified at their place: {pct(verdict['rows_identified'])}, labels recovered: "
+            f"{pct(verdict['labels_recovered'])}, other rows matched: {pct(verdict['nonmembers_matched'])}",
+            f"rows rebuilt within 0.1 std in every cell: {pct(verdict['reconstructed_rows_within_tolerance'])} "
+            f"(best imputation without the file: {pct(verdict['imputation_rows_within_tolerance'])})",
+            f"membership through the loaded file: {verdict['membership_through_file']} "
+            f"({'trusted' if verdict['membership_trusted'] else 'NOT trusted'})"]
