@@ -64,7 +64,8 @@ HASH_NEUTRAL_FIELDS: tuple[tuple[str, str], ...] = (
     ("grid", "dp"), ("training", "dp_delta"), ("training", "dp_max_grad_norm"), ("training", "dp_accountant"),
     ("outcome", "epsilon_delta"), ("probe", "references"), ("resources", "stall_timeout_min"),
     ("probe", "context_references"), ("canaries", "design"), ("canaries", "m"), ("canaries", "beta"),
-    ("canaries", "delta"), ("probe", "two_channels"),
+    ("canaries", "delta"), ("probe", "two_channels"), ("probe", "value_inference"), ("probe", "sensitive"),
+    ("probe", "sensitive_bins"),
 )
 # Blocks added after run folders existed: left out of the hash while they hold their defaults.
 HASH_NEUTRAL_BLOCKS: tuple[str, ...] = ("canaries", "report")
@@ -320,6 +321,24 @@ class ProbeConfig(StrictConfig):
     # of half its member and half its non-member rows, and those rows are audited through that context against
     # context_references reference contexts on the same weights, beside the probe (the risk report crosses them)
     two_channels: bool = False
+    # regime context: value-inference attacks run on each audit beside membership (probes/inference_attacks.py):
+    # label, and attribute on the column sensitive (numeric: sensitive_bins quantile bins)
+    value_inference: list[Literal["label", "attribute"]] = Field(default_factory=list)
+    sensitive: str | None = None
+    sensitive_bins: int = Field(4, ge=2, le=64)
+
+    @model_validator(mode="after")
+    def _sensitive_goes_with_attribute(self) -> ProbeConfig:
+        if "attribute" in self.value_inference and not self.sensitive:
+            raise ValueError("value_inference has attribute: set sensitive, the column the attacker infers")
+        if self.sensitive and "attribute" not in self.value_inference:
+            raise ValueError(f"sensitive {self.sensitive!r} is read only by value_inference: [attribute]; add it or "
+                             "drop sensitive")
+        if self.sensitive_bins != 4 and "attribute" not in self.value_inference:
+            raise ValueError("sensitive_bins is read only by value_inference: [attribute]")
+        if len(set(self.value_inference)) != len(self.value_inference):
+            raise ValueError(f"value_inference {self.value_inference}: each attack once")
+        return self
 
     @field_validator("context_references")
     @classmethod
@@ -631,6 +650,13 @@ class SweepConfig(StrictConfig):
         if dupes:
             raise ValueError(f"duplicate task names: {dupes}")
         return tasks
+
+    @model_validator(mode="after")
+    def _value_inference_needs_the_context_regime(self) -> SweepConfig:
+        if self.probe.value_inference and Regime.CONTEXT not in self.grid.regime:
+            raise ValueError(f"probe.value_inference {self.probe.value_inference} runs on the deployed-context "
+                             "audits: add context to grid.regime")
+        return self
 
     @model_validator(mode="after")
     def _dp_fits_the_regimes(self) -> SweepConfig:

@@ -39,6 +39,7 @@ from iclmem.runfolder import (
     CONTEXT_ROC_FIGURE,
     CONTEXT_ROC_FILE,
     CONTEXT_SCORES_FILE,
+    INFERENCE_FILE,
     VERDICT_FILE,
 )
 from iclmem.vocab import ContextAttack, ContextTarget, InputContract, LabelDesign, LabelMode
@@ -363,10 +364,14 @@ def summary_lines(result: Any) -> list[str]:
 
 def sweep_audit_config(spec: Any, sweep: Any) -> dict[str, Any]:
     """The settings one audit of a sweep's regime ``context`` is identified by (and its folder's hash of)."""
-    return {"audit": "context", "regime": "context", "sweep": sweep.name, "run_id": spec.run_id, "task": spec.task,
-            "model": spec.model, "model_options": dict(spec.model_options), "context_size": spec.q,
-            "references": sweep.probe.context_references, "seed": spec.seed, "bootstrap": sweep.probe.bootstrap,
-            "null_splits": sweep.probe.null_splits}
+    config = {"audit": "context", "regime": "context", "sweep": sweep.name, "run_id": spec.run_id, "task": spec.task,
+              "model": spec.model, "model_options": dict(spec.model_options), "context_size": spec.q,
+              "references": sweep.probe.context_references, "seed": spec.seed, "bootstrap": sweep.probe.bootstrap,
+              "null_splits": sweep.probe.null_splits}
+    if sweep.probe.value_inference:  # only when set: an audit without them keeps the hash it had before they existed
+        config.update(value_inference=list(sweep.probe.value_inference), sensitive=sweep.probe.sensitive,
+                      sensitive_bins=sweep.probe.sensitive_bins)
+    return config
 
 
 def prepare_sweep_audit(spec: Any, sweep: Any, note: Callable[[str], None]) -> PreparedContextAudit:
@@ -401,7 +406,11 @@ def sweep_audit_done(run_dir: Path, spec: Any, sweep: Any) -> bool:
         stored = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(stored, dict) and stored.get("config_hash") == settings_hash(sweep_audit_config(spec, sweep))
+    if not (isinstance(stored, dict) and stored.get("config_hash") == settings_hash(sweep_audit_config(spec, sweep))):
+        return False
+    # with value inference the verdict is written twice, its results in the second: a folder stopped between the
+    # two is not done
+    return set(stored.get("value_inference", {})) == set(sweep.probe.value_inference)
 
 
 def run_sweep_audit(spec: Any, sweep: Any, run_dir: str) -> dict[str, Any]:
@@ -414,11 +423,30 @@ def run_sweep_audit(spec: Any, sweep: Any, run_dir: str) -> dict[str, Any]:
     lines: list[str] = []
     audit = prepare_sweep_audit(spec, sweep, lines.append)
     config = sweep_audit_config(spec, sweep)
+    # the value-inference attacks' inputs first: a column the model cannot be attacked on fails before any scoring
+    from orchestrator import inference_audit
+
+    value_inputs = {attack: inference_audit.value_attack_inputs(audit, attack, sweep.probe.sensitive,
+                                                                sweep.probe.sensitive_bins, spec.task)
+                    for attack in sweep.probe.value_inference}
+    out_dir = Path(run_dir) / CONTEXT_AUDITS_DIR / spec.run_id
     _, _, verdict = run_prepared_audit(
-        audit, Path(run_dir) / CONTEXT_AUDITS_DIR / spec.run_id, task=spec.task, sweep_name=sweep.name, config=config,
+        audit, out_dir, task=spec.task, sweep_name=sweep.name, config=config,
         config_hash=settings_hash(config), references=sweep.probe.context_references, seed=spec.seed,
         bootstrap=sweep.probe.bootstrap, null_splits=sweep.probe.null_splits, note=lines.append,
         size_setting="grid.q")
+    if value_inputs:  # beside the membership verdict: the rows in inference.parquet, found / trusted in the verdict
+        frames, found = [], {}
+        for attack, (attribute, pool) in value_inputs.items():
+            result = inference_audit.run_value_attack(audit, attack, attribute, pool,
+                                                      references=sweep.probe.context_references, seed=spec.seed,
+                                                      bootstrap=sweep.probe.bootstrap, note=lines.append,
+                                                      what=spec.task)
+            frames.append(pd.DataFrame(result.to_rows()))
+            found[attack] = {"found": bool(result.found), "trusted": bool(result.trusted)}
+        write_parquet_atomic(pd.concat(frames, ignore_index=True), out_dir / INFERENCE_FILE)
+        verdict = {**verdict, "value_inference": found}
+        write_json_atomic(out_dir / VERDICT_FILE, verdict)
     return {**verdict, "notes": [line for line in lines if "reference contexts scored" not in line]}
 
 
@@ -445,10 +473,17 @@ def check_context_audits(sweep: Any, note: Callable[[str], None] = lambda _line:
     """Stage I of every regime-``context`` audit, on the driver before Ray starts: a table too small for its
     Q (or any other problem Stage I finds) is named now, not in a Ray task; what Stage I says (a table too
     small for the never-in-context control, so the verdict cannot be trusted) goes to ``note``."""
+    from orchestrator.inference_audit import value_attack_inputs
     from orchestrator.trials import context_audit_specs
 
     for spec in context_audit_specs(sweep):
-        prepare_sweep_audit(spec, sweep, lambda line: note(line.replace("--context-size", "grid.q")))
+        audit = prepare_sweep_audit(spec, sweep, lambda line: note(line.replace("--context-size", "grid.q")))
+        for attack in sweep.probe.value_inference:  # the sensitive column named, per task and model, before Ray
+            try:
+                value_attack_inputs(audit, attack, sweep.probe.sensitive, sweep.probe.sensitive_bins, spec.task)
+            except (ConfigError, DataError) as exc:
+                raise type(exc)(f"probe.value_inference {attack}, task {spec.task!r}, model {spec.model}: "
+                                f"{str(exc).replace('--sensitive', 'probe.sensitive')}") from None
 
 
 def submit_context_audits(sweep: Any, run_dir: Path, log: Callable[[str], None]) -> list[tuple[Any, Any]]:

@@ -77,7 +77,6 @@ def audit_inference(task: str, attack: str, *, out: str, model: str | None = Non
     from iclmem.runlock import hold_run_folder
     from orchestrator.audit import claim_audit_folder, parse_task, settings_hash, start_audit_folder, strict_json
     from orchestrator.context_audit import check_audit_settings, prepare_context_audit
-    from probes.inference_attacks import ImputationPool, attribute_inference, label_inference
 
     note = log or (lambda line: print(line, file=sys.stderr))
     # every setting checked before any work
@@ -107,36 +106,54 @@ def audit_inference(task: str, attack: str, *, out: str, model: str | None = Non
     claim_audit_folder(out_dir, config_hash, "--out", "set of settings")  # checks only: nothing written yet
     audit = prepare_context_audit(source, task, context_size, seed, adapter=adapter, factory=factory,
                                   estimator=estimator, note=note, whole_columns=attack == "attribute")
-    inputs, prepared = audit.inputs, audit.prepared
-    attribute = pool = None
-    if attack == "attribute":
-        assert sensitive is not None  # checked above
-        attribute = sensitive_attribute(prepared, np.asarray(inputs.population_x), sensitive, bins)
-        outside = np.setdiff1d(np.arange(len(prepared.labels)), audit.population)
-        if len(outside) < 10:
-            raise DataError(f"{task}: {len(outside)} rows outside the audited ones to fit the imputation baseline "
-                            f"on, at least 10 needed; use a smaller --context-size")
-        features = np.asarray(prepared.features, dtype=np.float32)
-        pool = ImputationPool(features[outside], np.asarray(prepared.labels, dtype=np.int64)[outside])
+    attribute, pool = value_attack_inputs(audit, attack, sensitive, bins, task)
     with undo_if_refused(out_dir), hold_run_folder(out_dir, "iclmem audit-context"):
         start_audit_folder(out_dir, Provenance.collect(kind="audit", sweep_name=f"{attack}-inference-{source.name}",
                                                        config=config, config_hash=config_hash, seeds=[seed]))
-        note(f"[iclmem] {attack} inference on {task}: context {inputs.context_size} rows, {references} reference "
-             f"contexts" + (f", sensitive column {sensitive!r} ({attribute.n_candidates} candidate values"
-                            f"{', binned' if attribute.is_binned else ''}; imputation fitted on {len(pool.y)} rows)"
-                            if attribute is not None and pool is not None else ""))
-        if attribute is None:
-            result: Any = label_inference(audit.scorer, inputs, n_references=references, seed=seed,
-                                          n_resamples=bootstrap)
-        else:
-            assert pool is not None
-            result = attribute_inference(audit.scorer, inputs, attribute, pool, n_references=references, seed=seed,
-                                         n_resamples=bootstrap)
+        result = run_value_attack(audit, attack, attribute, pool, references=references, seed=seed,
+                                  bootstrap=bootstrap, note=note, what=task)
         rows = pd.DataFrame(result.to_rows())
         rows.insert(0, "config_hash", config_hash)
         write_parquet_atomic(rows, out_dir / INFERENCE_FILE)
         write_json_atomic(out_dir / VERDICT_FILE, strict_json(verdict_of(result, attack, config_hash)))
     return result
+
+
+def value_attack_inputs(audit: Any, attack: str, sensitive: str | None, bins: int, task: str) -> tuple[Any, Any]:
+    """(sensitive attribute, imputation pool) of an attribute attack on a prepared audit (None, None for ``label``):
+    the column as the model reads it, and every prepared row outside the audited ones (never a target). A column
+    the model does not read as itself is a :class:`ConfigError`; too few rows left for the baseline a
+    :class:`DataError`: both before any scoring."""
+    from probes.inference_attacks import ImputationPool
+
+    if attack != "attribute":
+        return None, None
+    if not sensitive:
+        raise ConfigError("attribute inference needs the sensitive column")
+    prepared = audit.prepared
+    attribute = sensitive_attribute(prepared, np.asarray(audit.inputs.population_x), sensitive, bins)
+    outside = np.setdiff1d(np.arange(len(prepared.labels)), audit.population)
+    if len(outside) < 10:
+        raise DataError(f"{task}: {len(outside)} rows outside the audited ones to fit the imputation baseline on, at "
+                        "least 10 needed; audit fewer rows")
+    features = np.asarray(prepared.features, dtype=np.float32)
+    return attribute, ImputationPool(features[outside], np.asarray(prepared.labels, dtype=np.int64)[outside])
+
+
+def run_value_attack(audit: Any, attack: str, attribute: Any, pool: Any, *, references: int, seed: int,
+                     bootstrap: int, note: Callable[[str], None], what: str) -> Any:
+    """One value-inference attack on a prepared audit (its population, scorer and control)."""
+    from probes.inference_attacks import attribute_inference, label_inference
+
+    inputs = audit.inputs
+    note(f"[iclmem] {attack} inference on {what}: context {inputs.context_size} rows, {references} reference "
+         f"contexts" + (f", sensitive column {attribute.n_candidates} candidate values"
+                        f"{' (binned)' if attribute.is_binned else ''}; imputation fitted on {len(pool.y)} rows"
+                        if attribute is not None else ""))
+    if attribute is None:
+        return label_inference(audit.scorer, inputs, n_references=references, seed=seed, n_resamples=bootstrap)
+    return attribute_inference(audit.scorer, inputs, attribute, pool, n_references=references, seed=seed,
+                               n_resamples=bootstrap)
 
 
 def verdict_of(result: Any, attack: str, config_hash: str) -> dict[str, Any]:

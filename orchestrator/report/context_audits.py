@@ -57,7 +57,11 @@ def context_audits_table(rows: pd.DataFrame, verdicts: dict[str, dict[str, Any]]
                     else float("nan"),
                     "control_max_tpr_at_1pct": float(control["tpr_at_1pct"].max()) if not control.empty
                     else float("nan"),
-                    "heldout_accuracy": float(first["heldout_accuracy"])})
+                    "heldout_accuracy": float(first["heldout_accuracy"]),
+                    # probe.value_inference: each attack's verdict beside the membership one
+                    **{f"{attack}_inference": ("found" if v.get("found") else "not found")
+                       + ("" if v.get("trusted") else " (not trusted)")
+                       for attack, v in (verdict.get("value_inference") or {}).items()}})
     return pd.DataFrame(out)
 
 
