@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from iclmem.errors import ConfigError
+from iclmem.runfolder import INFERENCE_FILE, SAVED_FILE_TABLE
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -64,14 +66,16 @@ def cmd_audit_context(args: argparse.Namespace) -> int:
     if args.attack == "file":
         from orchestrator import inference_audit
 
-        if args.estimator is not None or args.sensitive is not None or args.wandb not in (None, "disabled"):
-            raise ConfigError("--attack file audits --model tabicl or tabpfn-v2's saved file: --estimator, "
-                              "--sensitive and --wandb are not its settings")
+        if args.estimator is not None or args.sensitive is not None:
+            raise ConfigError("--attack file audits --model tabicl or tabpfn-v2's saved file: --estimator and "
+                              "--sensitive are not its settings")
         context_size = 40 if args.context_size == DEFAULT_CONTEXT_SIZE else args.context_size
         references = 8 if args.references == DEFAULT_REFERENCES else args.references
         verdict = inference_audit.audit_file(args.task, out=args.out, model=args.model, mode=args.file_mode,
                                              context_size=context_size, references=references, seed=args.seed,
                                              bootstrap=args.bootstrap)
+        if args.wandb not in (None, "disabled"):
+            inference_audit.log_value_audit_to_wandb(Path(args.out), SAVED_FILE_TABLE, args.wandb, args.wandb_project)
         print("\n".join(inference_audit.saved_file_lines(verdict)))
         print(f"written to {args.out}")
         return 0
@@ -80,9 +84,6 @@ def cmd_audit_context(args: argparse.Namespace) -> int:
     if args.attack != "membership":
         from orchestrator import inference_audit
 
-        if args.wandb not in (None, "disabled"):
-            raise ConfigError(f"--wandb with --attack {args.attack}: the value-inference audits write their folder "
-                              "only (inference.parquet, verdict.json); log the membership audit to W&B instead")
         if args.null_splits != DEFAULT_NULL_SPLITS:
             raise ConfigError(f"--null-splits with --attack {args.attack}: the value-inference audits read the "
                               "never-in-context control, not null splits")
@@ -90,6 +91,8 @@ def cmd_audit_context(args: argparse.Namespace) -> int:
                                                 estimator=args.estimator, sensitive=args.sensitive, bins=args.bins,
                                                 context_size=args.context_size, references=args.references,
                                                 seed=args.seed, bootstrap=args.bootstrap)
+        if args.wandb not in (None, "disabled"):
+            inference_audit.log_value_audit_to_wandb(Path(args.out), INFERENCE_FILE, args.wandb, args.wandb_project)
         print("\n".join(inference_audit.summary_lines(found, args.attack)))
         print(f"written to {args.out}")
         return 0

@@ -156,6 +156,19 @@ def run_value_attack(audit: Any, attack: str, attribute: Any, pool: Any, *, refe
                                n_resamples=bootstrap)
 
 
+def log_value_audit_to_wandb(out_dir: Path, table_file: str, mode: str, project: str) -> None:
+    """The written audit (its table and verdict, as written) as one W&B run (offline into ``out_dir/wandb``
+    unless ``online``)."""
+    import json
+
+    from orchestrator.report.wandb_summary import VALUE_AUDIT_JOB_TYPE
+    from orchestrator.wandb_logger import WandbResultsLogger
+
+    with WandbResultsLogger(project=project, group=out_dir.name, mode=mode, job_type=VALUE_AUDIT_JOB_TYPE) as logger:
+        logger.log_value_audit(out_dir, pd.read_parquet(out_dir / table_file),
+                               json.loads((out_dir / VERDICT_FILE).read_text()))
+
+
 def verdict_of(result: Any, attack: str, config_hash: str) -> dict[str, Any]:
     """``verdict.json``: found, trusted (the control was run and found nothing) and each attack's headline gains on
     the deployed context and the control."""

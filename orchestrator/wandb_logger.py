@@ -335,6 +335,22 @@ class WandbResultsLogger:
         for k, v in context_audit_scalars(verdict, table).items():
             run.summary[k] = v
 
+    def log_value_audit(self, run_dir: str | Path, table: pd.DataFrame, verdict: Mapping[str, Any]) -> None:
+        """A value-inference or saved-file audit's run (``iclmem audit-context --attack label|attribute|file``):
+        its table of rates (:data:`~orchestrator.report.wandb_summary.VALUE_AUDIT_TABLE_KEY`) and its verdict's
+        scalars in the summary. The table holds rates, AUCs and errors; no row of the audited table reaches W&B."""
+        import wandb
+
+        from orchestrator.report.wandb_summary import VALUE_AUDIT_TABLE_KEY, value_audit_scalars
+
+        run_dir = Path(run_dir)
+        provenance = RunFolder(run_dir).provenance
+        run = self._run or self._start(run_dir, context_audit_config(run_dir, provenance.to_dict() if provenance
+                                                                     else {}))
+        run.log({VALUE_AUDIT_TABLE_KEY: wandb.Table(dataframe=table_frame(table))})
+        for k, v in value_audit_scalars(verdict).items():
+            run.summary[k] = v
+
     def log_lm_summary(self, run_dir: str | Path, results: pd.DataFrame, files: Iterable[Path] = ()) -> None:
         """The LM probe sweep's summary run: its results table (metrics, model, dataset and entity-type
         names and counts: no sentence or entity string), mean F1 per probe and variant in the summary, and

@@ -6,6 +6,7 @@ gives away the labels of the rows in its context. Bad settings are refused befor
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -97,8 +98,6 @@ def test_value_inference_settings_are_refused_before_any_work_naming_the_flag(tm
          "--sensitive is the column of --attack attribute"),
         (["--estimator", "tests.audit_estimators:class_prior", "--attack", "attribute", "--sensitive", "nope"],
          "reads no column of that name"),
-        (["--estimator", "tests.audit_estimators:class_prior", "--attack", "label", "--wandb", "offline"],
-         "--wandb with --attack label"),
         (["--estimator", "tests.audit_estimators:class_prior", "--sensitive", "secret"],
          "settings of --attack attribute"),
     ]
@@ -112,3 +111,29 @@ def test_value_inference_settings_are_refused_before_any_work_naming_the_flag(tm
                  "--context-size", "60", "--references", "8", "--out", str(out)]) != 0
     assert "PCA components of the whole row" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_value_audit_logs_its_rates_and_verdict_to_wandb_offline_and_no_row_value(tmp_path):
+    """``--wandb offline``: one W&B run in the folder, its summary the verdict (found, trusted, the headline gains),
+    its table the rates; a table whose every cell is distinct (the noise table) has none of its cells in it."""
+    from synthetic_run_dir import read_wandb_records, wandb_summary
+
+    from orchestrator.cli import main
+
+    task = _table(tmp_path, 0)
+    out = tmp_path / "logged"
+    assert main(["audit-context", task, "--estimator", "tests.audit_estimators:nearest_rows", "--attack", "label",
+                 "--context-size", "60", "--references", "8", "--bootstrap", "200", "--wandb", "offline",
+                 "--out", str(out)]) == 0
+    (log,) = list((out / "wandb").rglob("*.wandb"))
+    summary = wandb_summary(read_wandb_records(log))
+    assert summary["verdict/found"] is True
+    assert summary["verdict/trusted"] is True
+    assert summary["verdict/headline/deployed/label/members/accuracy_gain/value"] > 0.4
+    assert "value_audit" in summary
+    # the cells as the file spells them (e.g. "0.12573022319325043"), first 10 characters
+    lines = Path(task.rsplit(":", 1)[0]).read_text().splitlines()[1:]
+    cells = [c[:10] for line in lines for c in line.split(",")[:2] if len(c) >= 10]
+    text = b"".join(p.read_bytes() for p in (out / "wandb").rglob("*") if p.is_file())
+    assert len(cells) > 500
+    assert not [c for c in cells if c.encode() in text]

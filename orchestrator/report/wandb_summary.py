@@ -219,6 +219,8 @@ def lm_summary_scalars(results: pd.DataFrame) -> dict[str, float]:
 CONTEXT_AUDIT_TABLE_KEY = "context_audit"
 CONTEXT_AUDIT_FIGURE_KEY = f"{FIGURE_PREFIX}/context_roc"
 CONTEXT_AUDIT_JOB_TYPE = "context-audit"
+VALUE_AUDIT_TABLE_KEY = "value_audit"  # audit-context --attack label|attribute|file: the folder's table of rates
+VALUE_AUDIT_JOB_TYPE = "value-audit"
 # the columns of context_audit.parquet that go to W&B: ids, sizes and metrics (the table holds nothing else,
 # but a column added there reaches W&B only once it is named here)
 CONTEXT_AUDIT_COLUMNS: tuple[str, ...] = (
@@ -245,6 +247,22 @@ def context_audit_config(run_dir: str | Path, provenance: Mapping[str, Any]) -> 
     if public:
         cfg["provenance"] = public
     return cfg
+
+
+def value_audit_scalars(verdict: Mapping[str, Any]) -> dict[str, Any]:
+    """A value-inference or saved-file audit's summary: its verdict's scalars, nested keys joined by ``/`` (found,
+    trusted, the headline gains and their intervals; the saved file's shares); rates and flags only."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                walk(f"{prefix}/{k}" if prefix else str(k), v)
+        elif isinstance(value, (bool, int, float, str)) or value is None:
+            out[f"verdict/{prefix}"] = value
+
+    walk("", verdict)
+    return out
 
 
 def context_audit_scalars(verdict: Mapping[str, Any], table: pd.DataFrame) -> dict[str, Any]:
