@@ -245,7 +245,7 @@ def test_the_file_attack_refuses_settings_that_are_not_its_own_before_any_work(t
 
     cases = [(["--model", "pfn-mini"], "the saved-file audit knows tabicl, tabpfn-v2"),
              (["--model", "tabicl", "--file-mode", "fit_with_cache"], "tabicl saves as one of kv, repr"),
-             (["--estimator", "tests.audit_estimators:class_prior"], "--estimator, --sensitive and --wandb"),
+             (["--estimator", "tests.audit_estimators:class_prior"], "--estimator and --sensitive are not its settings"),
              ]
     for i, (args, words) in enumerate(cases):
         out = tmp_path / f"refused{i}"
