@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
                                    mode=mode, context_size=args.context_size, references=args.references, seed=seed,
                                    bootstrap=200, log=lambda _line: None)
                     rows.append([table, seed, model, mode, "yes" if v["predicts_as_fitted"] else "no",
-                                 v["raw_rows_in_bytes"], "yes" if v["labels_in_bytes"] else "no",
+                                 v["raw_rows_in_bytes"], pct(v["raw_cells_in_bytes"]),
+                                 "yes" if v["labels_in_bytes"] else "no",
                                  pct(v["rows_identified"]), pct(v["labels_recovered"]), pct(v["nonmembers_matched"]),
                                  pct(v["reconstructed_rows_within_tolerance"]),
                                  pct(v["imputation_rows_within_tolerance"]),
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             "three guesses without the file (pool mean, class mean given the label, nearest other pool row chosen "
             "with the truth). \"Gives back its rows\": rows identified > 50% and the control's file matched none.\n\n"
             + md_table(["table", "seed", "package", "saved as", "predicts as fitted", "raw rows in bytes",
-                        "labels in bytes", "rows identified", "labels recovered", "other rows matched", "rebuilt",
+                        "raw cells in bytes", "labels in bytes", "rows identified", "labels recovered", "other rows matched", "rebuilt",
                         "best imputation", "membership through the file", "gives back its rows", "seconds"], rows))
     publish(SECTION, text, args.no_write, argv)
     return 0

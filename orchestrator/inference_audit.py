@@ -313,6 +313,8 @@ def saved_file_verdict(saved: Any, match: Any, control_match: Any, rebuilt: Any,
             "file_gives_back_its_rows": gives_back, "trusted": bool(control_match.member_matched == 0.0),
             "predicts_as_fitted": bool(saved.max_abs_prob_diff < 1e-5),
             "raw_rows_in_bytes": int(saved.scan.rows_float32 + saved.scan.rows_float64),
+            # a stored copy need not keep a row contiguous (TabPFN appends transformed columns): its cells, one by one
+            "raw_cells_in_bytes": max(saved.scan.cells_float32, saved.scan.cells_float64) / max(1, saved.scan.n_cells),
             "labels_in_bytes": bool(saved.scan.labels_stored),
             "rows_identified": match.position_accuracy, "labels_recovered": match.label_accuracy,
             "nonmembers_matched": match.nonmember_matched,
@@ -332,7 +334,8 @@ def saved_file_lines(verdict: Mapping[str, Any]) -> list[str]:
             + ("GIVES BACK ITS ROWS" if verdict["file_gives_back_its_rows"] else "its rows were not given back")
             + f" ({'trusted' if verdict['trusted'] else 'NOT trusted: the control file matched audited rows'})",
             f"predicts as the fitted classifier: {verdict['predicts_as_fitted']}; raw rows in its bytes: "
-            f"{verdict['raw_rows_in_bytes']}; label vector in its bytes: {verdict['labels_in_bytes']}",
+            f"{verdict['raw_rows_in_bytes']}, raw cells: {pct(verdict['raw_cells_in_bytes'])}; label vector in its "
+            f"bytes: {verdict['labels_in_bytes']}",
             f"context rows identified at their place: {pct(verdict['rows_identified'])}, labels recovered: "
             f"{pct(verdict['labels_recovered'])}, other rows matched: {pct(verdict['nonmembers_matched'])}",
             f"rows rebuilt within 0.1 std in every cell: {pct(verdict['reconstructed_rows_within_tolerance'])} "
