@@ -171,6 +171,20 @@ def check_audit_settings(model: str | None, estimator: str | None, references: i
     return bootstrap
 
 
+def audited_model(model: str | None, estimator: str | None) -> tuple[Any, Callable[[], Any] | None]:
+    """(adapter, estimator factory) of an audit: the registered model built, or the ``MODULE:FACTORY`` imported and
+    tried once (:func:`trainables.models.estimator.load_estimator_factory`); the other one None."""
+    from trainables.models.estimator import load_estimator_factory
+
+    factory = load_estimator_factory(estimator) if estimator else None
+    adapter = None
+    if model is not None:
+        from trainables.models import build_model
+
+        adapter = build_model(model)
+    return adapter, factory
+
+
 def audit_context(task: str, *, out: str, model: str | None = None, estimator: str | None = None,
                   context_size: int = DEFAULT_CONTEXT_SIZE, references: int = DEFAULT_REFERENCES, seed: int = 0,
                   bootstrap: int | None = None, null_splits: int = DEFAULT_NULL_SPLITS,
@@ -199,14 +213,7 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
               "references": references, "seed": seed, "bootstrap": bootstrap, "null_splits": null_splits}
     config_hash = settings_hash(config)
     out_dir = Path(out)
-    from trainables.models.estimator import load_estimator_factory
-
-    factory = load_estimator_factory(estimator) if estimator else None
-    adapter = None
-    if model is not None:
-        from trainables.models import build_model
-
-        adapter = build_model(model)
+    adapter, factory = audited_model(model, estimator)
     claim_audit_folder(out_dir, config_hash, "--out", "set of settings")  # checks only: nothing written yet
     # Stage I in memory (a second or two): a table that cannot be audited leaves no folder behind
     audit = prepare_context_audit(source, task, context_size, seed, adapter=adapter, factory=factory,

@@ -76,7 +76,7 @@ def audit_inference(task: str, attack: str, *, out: str, model: str | None = Non
     from iclmem.runfolder import undo_if_refused
     from iclmem.runlock import hold_run_folder
     from orchestrator.audit import claim_audit_folder, parse_task, settings_hash, start_audit_folder, strict_json
-    from orchestrator.context_audit import check_audit_settings, prepare_context_audit
+    from orchestrator.context_audit import audited_model, check_audit_settings, prepare_context_audit
 
     note = log or (lambda line: print(line, file=sys.stderr))
     # every setting checked before any work
@@ -95,14 +95,7 @@ def audit_inference(task: str, attack: str, *, out: str, model: str | None = Non
               "references": references, "seed": seed, "bootstrap": bootstrap}
     config_hash = settings_hash(config)
     out_dir = Path(out)
-    from trainables.models.estimator import load_estimator_factory
-
-    factory = load_estimator_factory(estimator) if estimator else None
-    adapter = None
-    if model is not None:
-        from trainables.models import build_model
-
-        adapter = build_model(model)
+    adapter, factory = audited_model(model, estimator)
     claim_audit_folder(out_dir, config_hash, "--out", "set of settings")  # checks only: nothing written yet
     audit = prepare_context_audit(source, task, context_size, seed, adapter=adapter, factory=factory,
                                   estimator=estimator, note=note, whole_columns=attack == "attribute")

@@ -296,8 +296,24 @@ class LabelInferenceTarget:
     row_confidence_gain: np.ndarray  # float64 [n], aligned with P
 
 
+class _Verdict:
+    """``found`` (on the deployed context) and ``trusted`` (a control was run and found nothing where there is
+    nothing to find) of a result holding ``deployed`` and ``control`` targets."""
+
+    deployed: Any
+    control: Any
+
+    @property
+    def found(self) -> bool:
+        return bool(self.deployed.found)
+
+    @property
+    def trusted(self) -> bool:
+        return self.control is not None and not self.control.found
+
+
 @dataclass(frozen=True, eq=False)
-class LabelInferenceResult:
+class LabelInferenceResult(_Verdict):
     """Label inference against the deployed context, and against the control when one was given."""
 
     deployed: LabelInferenceTarget
@@ -306,14 +322,6 @@ class LabelInferenceResult:
     seed: int
     n_resamples: int
 
-    @property
-    def found(self) -> bool:
-        return self.deployed.found
-
-    @property
-    def trusted(self) -> bool:
-        """A control was run and did not find label inference where there is none to find."""
-        return self.control is not None and not self.control.found
 
     def to_rows(self) -> list[dict[str, Any]]:
         """One dict per (target, group, statistic): ``attack``, ``target``, ``group``, ``statistic``, ``value``,
@@ -376,7 +384,7 @@ class AttributeInferenceTarget:
 
 
 @dataclass(frozen=True, eq=False)
-class AttributeInferenceResult:
+class AttributeInferenceResult(_Verdict):
     """Attribute inference on one sensitive column against the deployed context, and the control's when given."""
 
     deployed: AttributeInferenceTarget
@@ -390,14 +398,6 @@ class AttributeInferenceResult:
     imputation_row_correct: np.ndarray  # float64 [n] aligned with P: the imputer's guess is the row's value
     n_imputation_rows: int
 
-    @property
-    def found(self) -> bool:
-        return self.deployed.found
-
-    @property
-    def trusted(self) -> bool:
-        """A control was run and no attack found attribute inference there."""
-        return self.control is not None and not self.control.found
 
     def to_rows(self) -> list[dict[str, Any]]:
         """One dict per (target, attack, group, statistic): ``attack``, ``target``, ``group``, ``statistic``,
