@@ -431,9 +431,9 @@ def run_sweep_audit(spec: Any, sweep: Any, run_dir: str) -> dict[str, Any]:
     audit = prepare_sweep_audit(spec, sweep, lines.append)
     config = sweep_audit_config(spec, sweep)
     # the value-inference attacks' inputs first: a column the model cannot be attacked on fails before any scoring
-    from orchestrator import inference_audit
+    from orchestrator import value_attacks
 
-    value_inputs = {attack: inference_audit.value_attack_inputs(audit, attack, sweep.probe.sensitive,
+    value_inputs = {attack: value_attacks.value_attack_inputs(audit, attack, sweep.probe.sensitive,
                                                                 sweep.probe.sensitive_bins, spec.task)
                     for attack in sweep.probe.value_inference}
     out_dir = Path(run_dir) / CONTEXT_AUDITS_DIR / spec.run_id
@@ -445,7 +445,7 @@ def run_sweep_audit(spec: Any, sweep: Any, run_dir: str) -> dict[str, Any]:
     if value_inputs:  # beside the membership verdict: the rows in inference.parquet, found / trusted in the verdict
         frames, found = [], {}
         for attack, (attribute, pool) in value_inputs.items():
-            result = inference_audit.run_value_attack(audit, attack, attribute, pool,
+            result = value_attacks.run_value_attack(audit, attack, attribute, pool,
                                                       references=sweep.probe.context_references, seed=spec.seed,
                                                       bootstrap=sweep.probe.bootstrap, note=lines.append,
                                                       what=spec.task)
@@ -480,8 +480,8 @@ def check_context_audits(sweep: Any, note: Callable[[str], None] = lambda _line:
     """Stage I of every regime-``context`` audit, on the driver before Ray starts: a table too small for its
     Q (or any other problem Stage I finds) is named now, not in a Ray task; what Stage I says (a table too
     small for the never-in-context control, so the verdict cannot be trusted) goes to ``note``."""
-    from orchestrator.inference_audit import value_attack_inputs
     from orchestrator.trials import context_audit_specs
+    from orchestrator.value_attacks import value_attack_inputs
 
     for spec in context_audit_specs(sweep):
         audit = prepare_sweep_audit(spec, sweep, lambda line: note(line.replace("--context-size", "grid.q")))

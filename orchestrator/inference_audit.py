@@ -31,40 +31,18 @@ from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError, DataError, ProbeError
 from iclmem.provenance import Provenance
 from iclmem.runfolder import INFERENCE_FILE, SAVED_DIR, SAVED_FILE_TABLE, VERDICT_FILE
-from iclmem.vocab import ColumnKind, InferenceGroup
+from iclmem.vocab import InferenceGroup
+from orchestrator.value_attacks import (
+    DEFAULT_BINS,
+    VALUE_ATTACKS,
+    run_value_attack,
+    sensitive_attribute,
+    value_attack_inputs,
+)
 
-# --attack: membership is the context audit (orchestrator.context_audit); these two are this module's
-VALUE_ATTACKS = ("label", "attribute")
-DEFAULT_BINS = 4
-
-
-def sensitive_attribute(prepared: Any, population_x: np.ndarray, name: str, bins: int) -> Any:
-    """The :class:`probes.inference_attacks.SensitiveAttribute` of the prepared column ``name``: a text column's
-    codes, a number column with at most ``bins`` values in the population as its values, any other number column
-    in ``bins`` quantile bins. A column the model does not read as itself is a :class:`ConfigError` naming it."""
-    from probes.inference_attacks import SensitiveAttribute
-
-    columns: Any = getattr(prepared, "columns", None)
-    if columns is None:
-        raise ConfigError(f"--sensitive {name!r}: the prepared table has no column description")
-    names = tuple(columns.names)
-    if name not in names:
-        readable = [n for n, k in zip(names, columns.kinds, strict=True) if k != ColumnKind.COMPONENT]
-        if not readable:
-            raise ConfigError(f"--sensitive {name!r}: the model reads PCA components of the whole row, no column of "
-                              "the table as itself, so no column can be attacked one by one (a model with the "
-                              "numeric or cells input contract, or --estimator, reads the columns)")
-        raise ConfigError(f"--sensitive {name!r}: the model reads no column of that name; it reads "
-                          f"{', '.join(map(repr, readable))}")
-    column = names.index(name)
-    kind = columns.kinds[column]
-    if kind == ColumnKind.COMPONENT:
-        raise ConfigError(f"--sensitive {name!r}: the model reads it as a PCA component mixing every column, not as "
-                          "a column of the table; attribute inference needs a model that reads the column itself")
-    values = np.unique(population_x[:, column])
-    if kind == ColumnKind.TEXT or len(values) <= bins:
-        return SensitiveAttribute.categorical(population_x, column)
-    return SensitiveAttribute.binned(population_x, column, bins)
+__all__ = ["DEFAULT_BINS", "VALUE_ATTACKS", "audit_file", "audit_inference", "log_value_audit_to_wandb",
+           "run_value_attack", "saved_file_lines", "saved_file_rows", "saved_file_verdict", "sensitive_attribute",
+           "summary_lines", "value_attack_inputs", "verdict_of"]
 
 
 def audit_inference(task: str, attack: str, *, out: str, model: str | None = None, estimator: str | None = None,
@@ -110,43 +88,6 @@ def audit_inference(task: str, attack: str, *, out: str, model: str | None = Non
         write_parquet_atomic(rows, out_dir / INFERENCE_FILE)
         write_json_atomic(out_dir / VERDICT_FILE, strict_json(verdict_of(result, attack, config_hash)))
     return result
-
-
-def value_attack_inputs(audit: Any, attack: str, sensitive: str | None, bins: int, task: str) -> tuple[Any, Any]:
-    """(sensitive attribute, imputation pool) of an attribute attack on a prepared audit (None, None for ``label``):
-    the column as the model reads it, and every prepared row outside the audited ones (never a target). A column
-    the model does not read as itself is a :class:`ConfigError`; too few rows left for the baseline a
-    :class:`DataError`: both before any scoring."""
-    from probes.inference_attacks import ImputationPool
-
-    if attack != "attribute":
-        return None, None
-    if not sensitive:
-        raise ConfigError("attribute inference needs the sensitive column")
-    prepared = audit.prepared
-    attribute = sensitive_attribute(prepared, np.asarray(audit.inputs.population_x), sensitive, bins)
-    outside = np.setdiff1d(np.arange(len(prepared.labels)), audit.population)
-    if len(outside) < 10:
-        raise DataError(f"{task}: {len(outside)} rows outside the audited ones to fit the imputation baseline on, at "
-                        "least 10 needed; audit fewer rows")
-    features = np.asarray(prepared.features, dtype=np.float32)
-    return attribute, ImputationPool(features[outside], np.asarray(prepared.labels, dtype=np.int64)[outside])
-
-
-def run_value_attack(audit: Any, attack: str, attribute: Any, pool: Any, *, references: int, seed: int,
-                     bootstrap: int, note: Callable[[str], None], what: str) -> Any:
-    """One value-inference attack on a prepared audit (its population, scorer and control)."""
-    from probes.inference_attacks import attribute_inference, label_inference
-
-    inputs = audit.inputs
-    note(f"[iclmem] {attack} inference on {what}: context {inputs.context_size} rows, {references} reference "
-         f"contexts" + (f", sensitive column {attribute.n_candidates} candidate values"
-                        f"{' (binned)' if attribute.is_binned else ''}; imputation fitted on {len(pool.y)} rows"
-                        if attribute is not None else ""))
-    if attribute is None:
-        return label_inference(audit.scorer, inputs, n_references=references, seed=seed, n_resamples=bootstrap)
-    return attribute_inference(audit.scorer, inputs, attribute, pool, n_references=references, seed=seed,
-                               n_resamples=bootstrap)
 
 
 def log_value_audit_to_wandb(out_dir: Path, table_file: str, mode: str, project: str) -> None:
@@ -206,6 +147,7 @@ def audit_file(task: str, *, out: str, model: str, mode: str | None = None, cont
     a file fitted on the never-in-context control. Writes the folder ``out``; returns ``verdict.json``'s dict."""
     from iclmem.runfolder import undo_if_refused
     from iclmem.runlock import hold_run_folder
+    from orchestrator import saved_file_attacks as sfat
     from orchestrator import saved_file_audit as sfa
     from orchestrator.audit import claim_audit_folder, parse_task, settings_hash, start_audit_folder, strict_json
     from orchestrator.context_audit import check_audit_settings, prepare_context_audit
@@ -242,14 +184,14 @@ def audit_file(task: str, *, out: str, model: str, mode: str | None = None, cont
         saved = sfa.save_and_reload(model, x[member], y[member], x, out_dir / SAVED_DIR / "audited", mode=mode)
         control = sfa.fit_and_save(model, inputs.control_x, inputs.control_y, out_dir / SAVED_DIR / "control",
                                    mode=mode)
-        pool = sfa.Pool.from_audit(inputs, row_ids)
+        pool = sfat.Pool.from_audit(inputs, row_ids)
         note("[iclmem]   matching the file's cache against the audited rows (and the control's file)")
-        match = sfa.cache_match_attack(saved.saved, pool, n_resamples=bootstrap, seed=seed)
-        control_match = sfa.cache_match_attack(control, sfa.Pool.from_audit(inputs, row_ids, in_context=False),
+        match = sfat.cache_match_attack(saved.saved, pool, n_resamples=bootstrap, seed=seed)
+        control_match = sfat.cache_match_attack(control, sfat.Pool.from_audit(inputs, row_ids, in_context=False),
                                                n_resamples=bootstrap, seed=seed)
         try:
             note("[iclmem]   rebuilding the context rows from the file")
-            rebuilt: Any = sfa.reconstruct_context(saved.saved, pool, seed=seed)
+            rebuilt: Any = sfat.reconstruct_context(saved.saved, pool, seed=seed)
         except ProbeError as exc:  # a format the reconstruction does not cover: said, not hidden
             rebuilt = None
             note(f"[iclmem]   no reconstruction: {exc}")

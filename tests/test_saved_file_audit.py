@@ -18,6 +18,7 @@ import pytest
 
 from iclmem.errors import CheckpointError, DataError, ModelError, ProbeError
 from iclmem.vocab import ContextAttack, ContextTarget
+from orchestrator import saved_file_attacks as sfat
 from orchestrator import saved_file_audit as sfa
 from trainables.models.extras import extra_is_installed
 
@@ -53,8 +54,8 @@ def files(audit, tmp_path_factory):
     return out
 
 
-def _pool(audit, in_context: bool = True) -> sfa.Pool:
-    return sfa.Pool.from_audit(audit.inputs, audit.prepared.row_ids[audit.population], in_context=in_context)
+def _pool(audit, in_context: bool = True) -> sfat.Pool:
+    return sfat.Pool.from_audit(audit.inputs, audit.prepared.row_ids[audit.population], in_context=in_context)
 
 
 # ------------------------------------------------------------------------------------------ what the files hold
@@ -102,7 +103,7 @@ def test_tabpfn_default_file_holds_the_raw_rows_and_labels(files):
 def test_the_file_gives_each_member_its_position_and_its_label_back(audit, files, model, mode):
     """Measured (all three): 40/40 members matched at their own position with their label, 0/40 non-members
     matched, AUC 1.0; members' relative distance <= 1.4e-15, the nearest other row's >= 3.8e-3."""
-    r = sfa.cache_match_attack(files[model, mode].saved, _pool(audit), n_resamples=200)
+    r = sfat.cache_match_attack(files[model, mode].saved, _pool(audit), n_resamples=200)
     assert r.n_members == r.n_in_context == CONTEXT
     assert r.member_matched >= 0.95
     assert r.nonmember_matched == 0.0
@@ -110,7 +111,7 @@ def test_the_file_gives_each_member_its_position_and_its_label_back(audit, files
     assert r.label_accuracy >= 0.95
     assert r.auc_low > 0.9
     assert r.member_distance_max < 1e-10
-    assert r.other_distance_min > 100 * sfa.MATCH_TOLERANCE
+    assert r.other_distance_min > 100 * sfat.MATCH_TOLERANCE
     assert len(r.scores) == len(r.row_ids) == 2 * CONTEXT
 
 
@@ -119,12 +120,12 @@ def test_a_file_of_other_rows_matches_none_and_refutes_a_false_claim(audit, file
     """Control, measured: no pool row matched, the claim that the members are in it refuted (0 positions,
     0 labels), AUC of the scores over the audited split 0.44-0.55 with intervals holding 0.5."""
     control = files[model, mode, "control"]
-    r = sfa.cache_match_attack(control, _pool(audit, in_context=False), n_resamples=200)
+    r = sfat.cache_match_attack(control, _pool(audit, in_context=False), n_resamples=200)
     assert r.member_matched == r.nonmember_matched == 0.0
     assert r.n_in_context == 0
     assert r.auc_low < 0.5 < r.auc_high
-    assert r.other_distance_min > 100 * sfa.MATCH_TOLERANCE
-    claimed = sfa.cache_match_attack(control, _pool(audit, in_context=True), n_resamples=0)
+    assert r.other_distance_min > 100 * sfat.MATCH_TOLERANCE
+    claimed = sfat.cache_match_attack(control, _pool(audit, in_context=True), n_resamples=0)
     assert claimed.position_accuracy == claimed.label_accuracy == 0.0
 
 
@@ -132,7 +133,7 @@ def test_the_repr_cache_gives_the_members_away_as_well(audit, tmp_path):
     inputs = audit.inputs
     x, y, member = inputs.population_x, inputs.population_y, inputs.member
     saved = sfa.fit_and_save(sfa.TABICL, x[member], y[member], tmp_path, mode="repr")
-    r = sfa.cache_match_attack(saved, _pool(audit), n_resamples=0)
+    r = sfat.cache_match_attack(saved, _pool(audit), n_resamples=0)
     assert r.member_matched >= 0.95
     assert r.nonmember_matched == 0.0
     assert r.label_accuracy >= 0.95
@@ -144,7 +145,7 @@ def test_the_tabicl_cache_gives_the_rows_features_and_labels_back(audit, files):
     1.5e-4 std; the last row's one cell off is its column's outlying maximum), against 9-14% of cells and no
     row for the pool mean, the class mean given the label, and the nearest other pool row chosen with the
     truth."""
-    r = sfa.reconstruct_context(files[sfa.TABICL, "kv"].saved, _pool(audit))
+    r = sfat.reconstruct_context(files[sfa.TABICL, "kv"].saved, _pool(audit))
     assert r.n_scored == CONTEXT
     assert r.label_accuracy >= 0.95
     assert r.reconstruction.cells_within >= 0.85
@@ -154,16 +155,16 @@ def test_the_tabicl_cache_gives_the_rows_features_and_labels_back(audit, files):
         assert baseline.cells_within < 0.3
         assert baseline.rows_within < 0.1
         assert r.reconstruction.median_abs < baseline.median_abs / 10
-    assert r.fit_residual_median < sfa.RESIDUAL_CONVERGED
+    assert r.fit_residual_median < sfat.RESIDUAL_CONVERGED
 
 
 def test_the_tabpfn_default_file_gives_its_rows_back_exactly(audit, files):
-    r = sfa.reconstruct_context(files[sfa.TABPFN, "fit_preprocessors"].saved, _pool(audit))
+    r = sfat.reconstruct_context(files[sfa.TABPFN, "fit_preprocessors"].saved, _pool(audit))
     assert r.label_accuracy == 1.0
     assert r.reconstruction.rows_within == 1.0
     assert r.reconstruction.rmse == 0.0
     with pytest.raises(ProbeError, match="fit_with_cache"):
-        sfa.reconstruct_context(files[sfa.TABPFN, "fit_with_cache"].saved, _pool(audit))
+        sfat.reconstruct_context(files[sfa.TABPFN, "fit_with_cache"].saved, _pool(audit))
 
 
 # ------------------------------------------------------------------------------------------ membership by loss
@@ -196,9 +197,9 @@ def test_bad_inputs_are_refused_naming_what_is_wrong(audit, files, tmp_path):
     with pytest.raises(DataError, match="context labels"):
         sfa.fit_and_save(sfa.TABICL, x[member], y[member][:-1], tmp_path)
     saved = files[sfa.TABICL, "kv"].saved
-    narrow = sfa.Pool(x[:, :-1], y, member, np.full(len(y), -1), np.arange(len(y)))
+    narrow = sfat.Pool(x[:, :-1], y, member, np.full(len(y), -1), np.arange(len(y)))
     with pytest.raises(DataError, match="15 features"):
-        sfa.cache_match_attack(saved, narrow)
+        sfat.cache_match_attack(saved, narrow)
     with pytest.raises(ProbeError, match="not fitted on the audit's members"):
         sfa.membership_through_file(files[sfa.TABICL, "kv", "control"], inputs)
     with pytest.raises(ProbeError, match="not the one"):
