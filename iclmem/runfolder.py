@@ -70,6 +70,8 @@ CONTEXT_ROC_FILE = "context_roc.parquet"  # (target, attack, fpr, tpr): each att
 CONTEXT_SCORES_FILE = "context_scores.parquet"  # one row per audited row: its id, member flag, each attack's score
 CONTEXT_ROC_FIGURE = "context_roc.png"
 INFERENCE_FILE = "inference.parquet"  # audit-context --attack label|attribute: per target x attack x group x statistic
+INFERENCE_ROWS_FILE = "inference_rows.parquet"  # a sweep's value inference: per row id, member flag, attack: its gain
+VALUE_SLICES_FILE = "value_slices.parquet"  # per context audit x value attack x slice: members' gain minus non-members'
 SAVED_DIR = "saved"  # audit-context --attack file: the saved files (the audited one, the control's)
 SAVED_FILE_TABLE = "saved_file.parquet"  # audit-context --attack file: per target x measure x statistic
 # A sweep's regime ``context``: the audit-context folders and their rows in one table
@@ -84,7 +86,7 @@ RISKIEST_RECORDS_FILE = "riskiest_records.parquet"  # per task: the top-k member
 CANARY_RANKING_FILE = "canary_ranking.parquet"  # per run x attack: precision@k of the ranking on the canaries
 CHANNEL_CROSSING_FILE = "channel_crossing.parquet"  # per run x channel x attack x stratum of the other channel: AUC
 RISK_TABLE_FILES = (RECORD_RISK_FILE, RECORD_SLICES_FILE, SLICE_RISK_FILE, RECORD_STABILITY_FILE,
-                    RISKIEST_RECORDS_FILE, CANARY_RANKING_FILE, CHANNEL_CROSSING_FILE)
+                    RISKIEST_RECORDS_FILE, CANARY_RANKING_FILE, CHANNEL_CROSSING_FILE, VALUE_SLICES_FILE)
 
 # An LM probe run folder (``iclmem lm run``; its provenance has ``kind = "lm"``)
 LM_SWEEP_FILE = "lm_sweep.json"  # the validated LM sweep config, as resumed by ``iclmem lm resume``
@@ -105,7 +107,7 @@ __all__ = [
     "CONTEXT_SCORES_FILE", "CONTEXT_ROC_FIGURE", "CONTEXT_AUDITS_DIR", "CONTEXT_AUDITS_FILE", "ROW_SUFFIX",
     "MANIPULATION_SUFFIX", "ROC_SUFFIX", "LOCK_NAMES", "record_diverged_run", "read_diverged_runs",
     "RECORD_RISK_FILE", "RECORD_SLICES_FILE", "SLICE_RISK_FILE", "RECORD_STABILITY_FILE", "RISKIEST_RECORDS_FILE",
-    "CANARY_RANKING_FILE", "RISK_TABLE_FILES", "INFERENCE_FILE", "CHANNEL_CROSSING_FILE", "SAVED_DIR", "SAVED_FILE_TABLE",
+    "CANARY_RANKING_FILE", "RISK_TABLE_FILES", "INFERENCE_FILE", "INFERENCE_ROWS_FILE", "VALUE_SLICES_FILE", "CHANNEL_CROSSING_FILE", "SAVED_DIR", "SAVED_FILE_TABLE",
 ]
 
 

@@ -40,6 +40,7 @@ from iclmem.runfolder import (
     CONTEXT_ROC_FILE,
     CONTEXT_SCORES_FILE,
     INFERENCE_FILE,
+    INFERENCE_ROWS_FILE,
     VERDICT_FILE,
 )
 from iclmem.vocab import ContextAttack, ContextTarget, InputContract, LabelDesign, LabelMode
@@ -444,6 +445,7 @@ def run_sweep_audit(spec: Any, sweep: Any, run_dir: str) -> dict[str, Any]:
         size_setting="grid.q")
     if value_inputs:  # beside the membership verdict: the rows in inference.parquet, found / trusted in the verdict
         frames, found = [], {}
+        per_row: list[pd.DataFrame] = []
         for attack, (attribute, pool) in value_inputs.items():
             result = value_attacks.run_value_attack(audit, attack, attribute, pool,
                                                       references=sweep.probe.context_references, seed=spec.seed,
@@ -451,6 +453,12 @@ def run_sweep_audit(spec: Any, sweep: Any, run_dir: str) -> dict[str, Any]:
                                                       what=spec.task)
             frames.append(pd.DataFrame(result.to_rows()))
             found[attack] = {"found": bool(result.found), "trusted": bool(result.trusted)}
+            row_ids = np.asarray(audit.prepared.row_ids)[audit.population]
+            per_row.extend(pd.DataFrame({"row_id": row_ids.astype(np.int64), "member": audit.inputs.member,
+                                         "attack": name, "gain": gains})
+                           for name, gains in result.row_gains().items())
+        # per row (ids and gains only): the risk report's per-slice breakdown reads it
+        write_parquet_atomic(pd.concat(per_row, ignore_index=True), out_dir / INFERENCE_ROWS_FILE)
         write_parquet_atomic(pd.concat(frames, ignore_index=True), out_dir / INFERENCE_FILE)
         verdict = {**verdict, "value_inference": found}
         write_json_atomic(out_dir / VERDICT_FILE, verdict)

@@ -18,6 +18,8 @@ copied into any of these files (slice names follow :mod:`orchestrator.slices`' r
   attacks measured within each stratum of the other membership (:func:`probes.two_channel.channel_crossing`): the
   deployed context among rows fine-tuned on and among rows not, the fine-tuned weights among rows in the context
   and among rows not.
+* ``value_slices.parquet``: with ``probe.value_inference``, per context audit, value attack and slice: the
+  members' gain and its difference to the non-members' (:func:`value_slices`).
 * ``riskiest_records.parquet``: per task, the ``top_k`` member rows with the highest risk over every run and
   attack, with the run, attack, channel and slices that put them there.
 """
@@ -39,7 +41,7 @@ from orchestrator.context_audit import REFERENCE_HALF_PREFIX
 from probes.two_channel import CONTEXT_CHANNEL_PREFIX, IN_CONTEXT_COLUMN
 
 __all__ = ["HIGH_RISK", "RECORD_ATTACKS", "RiskTables", "audited_rows", "canary_ranking", "canary_rows", "record_rows",
-           "risk_tables", "sweep_slices", "write_risk_report"]
+           "risk_tables", "sweep_slices", "value_slices", "write_risk_report"]
 
 # the per-query statistics of a checkpoint's query table (probes.probe.query_table) a record is scored by, each
 # oriented higher = more member-like: IclMem's calibrated probe loss and the calibrated known-context loss
@@ -410,6 +412,46 @@ def _channel_crossing(records: pd.DataFrame, headline: Mapping[str, int], n_resa
     return pd.DataFrame(rows)
 
 
+MIN_SLICE_GROUP = 3  # members and non-members a slice needs for a value-inference gain (as slice_leakage asks)
+
+
+def value_slices(context_audits: pd.DataFrame | None, rows_of: Callable[[str], pd.DataFrame | None],
+                 slices: pd.DataFrame, n_resamples: int) -> pd.DataFrame:
+    """Per context audit with ``probe.value_inference``, value attack and slice: the members' mean gain and the
+    members-minus-non-members gain on the slice's rows (:func:`probes.inference_attacks.gain_by_group`), each
+    interval at the Bonferroni level over the audit's slices for that attack; ``exposed`` when both lower
+    bounds clear 0 (the audit's own "found" rule, on the slice). Row ids in, group names out."""
+    from orchestrator.slices import slice_masks
+    from probes.inference_attacks import gain_by_group
+
+    if context_audits is None or context_audits.empty or slices.empty:
+        return pd.DataFrame()
+    by_task = {str(t): g for t, g in slices.groupby("task", sort=False)}
+    out = []
+    for run_id, audit in context_audits.groupby("run_id", sort=True):
+        table = rows_of(str(run_id))
+        task = str(audit["task"].iloc[0])
+        if table is None or task not in by_task:
+            continue
+        for attack, rows in table.groupby("attack", sort=True):
+            member = rows["member"].to_numpy(bool)
+            masks = {key: m for key, m in slice_masks(by_task[task], rows["row_id"]).items()
+                     if (m & member).sum() >= MIN_SLICE_GROUP and (m & ~member).sum() >= MIN_SLICE_GROUP}
+            if not masks:
+                continue
+            level = 1.0 - 0.05 / len(masks)
+            for (family, name), mask in masks.items():
+                gain, diff = gain_by_group(rows["gain"].to_numpy(np.float64)[mask], member[mask],
+                                           n_resamples=n_resamples, confidence=level)
+                out.append({"run_id": str(run_id), "task": task, "attack": str(attack), "family": family,
+                            "slice": name, "n_members": int((mask & member).sum()),
+                            "n_nonmembers": int((mask & ~member).sum()), "members_gain": gain.value,
+                            "members_gain_low": gain.low, "members_gain_high": gain.high, "gain_difference": diff.value,
+                            "gain_difference_low": diff.low, "gain_difference_high": diff.high, "confidence": level,
+                            "exposed": bool(gain.low > 0 and diff.low > 0)})
+    return pd.DataFrame(out)
+
+
 def _concat(*frames: pd.DataFrame) -> pd.DataFrame:
     kept = [f for f in frames if not f.empty]
     return pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()
@@ -454,6 +496,7 @@ def write_risk_report(run_dir: Path, results: pd.DataFrame, query_table: Callabl
         RECORD_STABILITY_FILE,
         RISKIEST_RECORDS_FILE,
         SLICE_RISK_FILE,
+        VALUE_SLICES_FILE,
     )
     from orchestrator.run_folder import RunFolder
 
@@ -463,9 +506,12 @@ def write_risk_report(run_dir: Path, results: pd.DataFrame, query_table: Callabl
         return None
     settings = sweep.report.slice_settings()
     audits = folder.context_audits()
-    tables = risk_tables(results, query_table, sweep_slices(sweep, settings), settings,
+    slices = sweep_slices(sweep, settings)
+    tables = risk_tables(results, query_table, slices, settings,
                          n_resamples=sweep.probe.bootstrap, null_splits=max(sweep.probe.null_splits, 20),
                          context_audits=audits, context_scores=folder.context_audit_scores, attack_scores=attack_scores)
+    write_parquet_atomic(value_slices(audits, folder.inference_rows, slices, sweep.probe.bootstrap),
+                         Path(run_dir) / VALUE_SLICES_FILE)
     for name, table in ((RECORD_RISK_FILE, tables.records), (RECORD_SLICES_FILE, tables.slices),
                         (SLICE_RISK_FILE, tables.slice_risk), (RECORD_STABILITY_FILE, tables.stability),
                         (RISKIEST_RECORDS_FILE, tables.riskiest), (CANARY_RANKING_FILE, tables.canaries),

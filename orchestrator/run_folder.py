@@ -31,6 +31,7 @@ from iclmem.runfolder import (
     CONTEXT_AUDITS_DIR,
     CONTEXT_AUDITS_FILE,
     CONTEXT_SCORES_FILE,
+    INFERENCE_ROWS_FILE,
     MANIPULATION_AUC_FILE,
     PROBES_DIR,
     RECORD_RISK_FILE,
@@ -46,6 +47,7 @@ from iclmem.runfolder import (
     SWEEP_FILE,
     TIMINGS_FILE,
     TRIAL_RUNS_FILE,
+    VALUE_SLICES_FILE,
     VERDICT_FILE,
     WANDB_DIR,
     RunStatus,
@@ -264,13 +266,23 @@ class RunFolder:
         table: pd.DataFrame = read_parquet_verified(path, "context audit's per-row scores", _REAUDIT)
         return table
 
+    def inference_rows(self, run_id: str) -> pd.DataFrame | None:
+        """The per-row gains of the sweep's context audit ``run_id`` with ``probe.value_inference``
+        (``context_audits/<run_id>/inference_rows.parquet``: row id, member flag, attack, gain), checksums verified;
+        None without it."""
+        path = self.path / CONTEXT_AUDITS_DIR / str(run_id) / INFERENCE_ROWS_FILE
+        if not path.is_file():
+            return None
+        table: pd.DataFrame = read_parquet_verified(path, "context audit's per-row value-inference gains", _REAUDIT)
+        return table
+
     def risk_tables(self) -> dict[str, pd.DataFrame | None]:
         """The risk report's tables (``orchestrator.record_risk``), checksums verified, by short name: ``records``,
-        ``slices``, ``slice_risk``, ``stability``, ``riskiest``, ``canaries``, ``crossing``; None for a table not written (a
+        ``slices``, ``slice_risk``, ``stability``, ``riskiest``, ``canaries``, ``crossing``, ``value_slices``; None for a table not written (a
         folder from before they existed, or a sweep with nothing they apply to). Row ids, never row values."""
         names = {"records": RECORD_RISK_FILE, "slices": RECORD_SLICES_FILE, "slice_risk": SLICE_RISK_FILE,
                  "stability": RECORD_STABILITY_FILE, "riskiest": RISKIEST_RECORDS_FILE, "canaries": CANARY_RANKING_FILE,
-                 "crossing": CHANNEL_CROSSING_FILE}
+                 "crossing": CHANNEL_CROSSING_FILE, "value_slices": VALUE_SLICES_FILE}
         out: dict[str, pd.DataFrame | None] = {}
         for key, name in names.items():
             path = self.path / name

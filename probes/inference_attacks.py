@@ -88,7 +88,7 @@ from probes.context_audit import (
 __all__ = ["ATTRIBUTE_ATTACKS", "DEFAULT_CONFIDENCE", "AttributeAttackStats", "AttributeGroupStats", "AttributeInferenceResult",
            "AttributeInferenceTarget", "Estimate", "ImputationPool",
            "LabelGroupStats", "LabelInferenceResult", "LabelInferenceTarget", "SensitiveAttribute",
-           "attribute_inference", "bin_numeric", "label_inference"]
+           "attribute_inference", "bin_numeric", "gain_by_group", "label_inference"]
 
 
 ATTRIBUTE_ATTACKS: tuple[InferenceAttack, ...] = (InferenceAttack.ATTRIBUTE_MODEL, InferenceAttack.ATTRIBUTE_CALIBRATED)
@@ -311,6 +311,16 @@ class _Verdict:
     def trusted(self) -> bool:
         return self.control is not None and not self.control.found
 
+    def row_gains(self) -> dict[str, np.ndarray]:
+        """attack -> float64 [n] aligned with P: each row's gain on the deployed context (label: the accuracy gain
+        over the references without the row; attribute: the attack's hit minus the imputer's), what a per-slice
+        breakdown averages."""
+        deployed = self.deployed
+        if hasattr(deployed, "row_accuracy_gain"):
+            return {InferenceAttack.LABEL.value: np.asarray(deployed.row_accuracy_gain, dtype=np.float64)}
+        imputed = np.asarray(self.imputation_row_correct, dtype=np.float64)
+        return {a.attack.value: np.asarray(a.row_correct, dtype=np.float64) - imputed for a in deployed.attacks}
+
 
 @dataclass(frozen=True, eq=False)
 class LabelInferenceResult(_Verdict):
@@ -507,6 +517,20 @@ class _Resamples:
         value = float(values[self.members].mean() - values[self.nonmembers].mean())
         ci = self._interval(values[self.member_idx].mean(axis=1) - values[self.nonmember_idx].mean(axis=1))
         return Estimate(value, ci.low, ci.high)
+
+
+def gain_by_group(gains: Any, member: Any, *, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                  confidence: float = DEFAULT_CONFIDENCE) -> tuple[Estimate, Estimate]:
+    """(members' mean gain, members' minus non-members' mean gain) of per-row gains (:meth:`row_gains` of a
+    result, or a slice of them), with stratified percentile bootstrap intervals at ``confidence``: what a
+    per-slice breakdown of a value-inference audit reports."""
+    g = np.asarray(gains, dtype=np.float64)
+    m = np.asarray(member, dtype=bool)
+    if g.shape != m.shape or not m.any() or m.all():
+        raise ProbeError(f"inference attacks: {g.shape} gains for {m.shape} member flags; both groups needed")
+    _check_settings(2, int(n_resamples), float(confidence))
+    boot = _Resamples(m, int(n_resamples), seed, float(confidence))
+    return boot.group(g, InferenceGroup.MEMBERS), boot.difference(g)
 
 
 def _found(members_gain: Estimate, difference: Estimate) -> bool:

@@ -113,6 +113,13 @@ def test_a_sweep_with_regime_context_audits_the_deployed_context_beside_its_tria
     assert set(inference["target"]) == {"deployed", "never_in_context"}
     assert set(inference["attack"]) == {"label"}
     assert "label_inference" in report
+    # ... and broken down by slice in the risk report: each class of digits, Bonferroni over the slices
+    values = RunFolder(run).risk_tables()["value_slices"]
+    assert set(values["attack"]) == {"label"}
+    assert set(values["family"]) >= {"class"}
+    assert (values["n_members"] >= 3).all()
+    assert (values["confidence"] > 0.95).all()
+    assert values["gain_difference_low"].le(values["gain_difference"]).all()
     # the records' stability across reference sets: the members' risks against two disjoint halves of the 16
     # reference contexts agree only in part (measured: Spearman 0.55-0.74, top-20 overlap 0.50-0.70 for the four
     # reference attacks; two unrelated rankings of 64 rows give 0 +- 0.13)

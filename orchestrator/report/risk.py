@@ -172,6 +172,19 @@ def risk_section_html(tables: dict[str, pd.DataFrame | None], figure_dir: Path, 
                       "intervals): a context channel stronger on rows fine-tuned on means fine-tuning on a row also "
                       "raised its exposure through the deployed context.</p>")
         blocks.append(df_to_html(crossing_table(crossing)))
+    values = tables.get("value_slices")
+    if values is not None and not values.empty:
+        exposed = values[values["exposed"].astype(bool)]
+        blocks.append("<p>Values given away, by slice (<code>probe.value_inference</code>): for each deployed-context "
+                      "audit and value attack, the members' gain (label: accuracy over the same model without the "
+                      "row; attribute: over imputation) and its difference to the non-members', on each slice's rows, "
+                      "intervals at the Bonferroni level over the audit's slices. "
+                      + (f"{len(exposed)} slice result(s) exposed (both lower bounds above 0)." if not exposed.empty
+                         else "No slice is exposed (both lower bounds above 0) in any audit.") + "</p>")
+        cols = ["task", "run_id", "attack", "family", "slice", "n_members", "n_nonmembers", "members_gain",
+                "members_gain_low", "gain_difference", "gain_difference_low", "exposed"]
+        shown = values.sort_values(["exposed", "gain_difference"], ascending=False, kind="mergesort").head(20)
+        blocks.append(df_to_html(shown[cols]))
     slice_risk = tables.get("slice_risk")
     if slice_risk is not None and not slice_risk.empty:
         figure = risk_by_slice_figure(slice_risk, figure_dir / RISK_FIGURE) if draw else None
