@@ -211,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=cmd_probe)
 
     from orchestrator.context_audit import DEFAULT_CONTEXT_SIZE, DEFAULT_NULL_SPLITS, DEFAULT_REFERENCES
+    from orchestrator.inference_audit import DEFAULT_BINS, FILE_CONTEXT_SIZE, FILE_REFERENCES
 
     ca = parser(sub, "audit-context", help="was a row in a fitted estimator's context? (no fine-tuning, no Ray)",
                 description=textwrap.fill(
@@ -224,12 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--estimator", default=None, metavar="MODULE:FACTORY",
                        help="a callable returning an unfitted scikit-learn-style classifier (fit, predict_proba), "
                             "audited as configured: its preprocessing, subsampling and ensembling included")
-    ca.add_argument("--context-size", type=_positive, default=DEFAULT_CONTEXT_SIZE,
-                    help="rows in the deployed context (N), and in each reference context")
-    ca.add_argument("--references", type=_positive, default=DEFAULT_REFERENCES,
-                    help="reference contexts K: even, at most 256")
-    ca.add_argument("--null-splits", type=int, default=DEFAULT_NULL_SPLITS,
-                    help="null splits of the non-members per attack (their detections are false positives)")
+    # None: not given (each --attack has its defaults, and refuses a setting it does not read)
+    ca.add_argument("--context-size", type=_positive, default=None,
+                    help=f"rows in the deployed context (N), and in each reference context (default "
+                         f"{DEFAULT_CONTEXT_SIZE}; --attack file: {FILE_CONTEXT_SIZE})")
+    ca.add_argument("--references", type=_positive, default=None,
+                    help=f"reference contexts K: even, at most 256 (default {DEFAULT_REFERENCES}; --attack file: "
+                         f"{FILE_REFERENCES})")
+    ca.add_argument("--null-splits", type=int, default=None,
+                    help="null splits of the non-members per attack (their detections are false positives; default "
+                         f"{DEFAULT_NULL_SPLITS}; --attack membership only)")
     ca.add_argument("--seed", type=int, default=0, help="seed of the split and of the reference contexts")
     ca.add_argument("--bootstrap", type=int, default=DEFAULT_BOOTSTRAP,
                     help=f"bootstrap resamples of the AUC intervals, at least {min_bootstrap()}")
@@ -251,8 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "training data; tabpfn-v2: fit_preprocessors (default) or fit_with_cache)")
     ca.add_argument("--sensitive", default=None, metavar="COLUMN",
                     help="--attack attribute: the column the attacker infers (a column the model reads as itself)")
-    ca.add_argument("--bins", type=_positive, default=4,
-                    help="--attack attribute: quantile bins of a numeric sensitive column with more values than this")
+    ca.add_argument("--bins", type=_positive, default=None,
+                    help="--attack attribute: quantile bins of a numeric sensitive column with more values than this "
+                         f"(default {DEFAULT_BINS})")
     ca.set_defaults(func=cmd_audit_context)
 
     e = parser(sub, "estimate", help="the grid's work, unit costs measured on this device, and the predicted "

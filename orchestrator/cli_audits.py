@@ -54,7 +54,23 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+# the audit-context settings only some attacks read: (argument, the attacks that read it, what a refusal says);
+# an attack refuses one it does not read, before any work
+_ATTACK_SETTINGS = (
+    ("estimator", ("membership", "label", "attribute"),
+     "--attack file audits --model tabicl or tabpfn-v2's saved file: --estimator and --sensitive are not its settings"),
+    ("null_splits", ("membership",), "--null-splits with --attack {attack}: the value-inference and saved-file audits "
+                                     "read the never-in-context control, not null splits"),
+    ("sensitive", ("attribute",), "--sensitive is the column of --attack attribute, one of the settings of --attack "
+                                  "attribute only; --attack {attack} does not read it"),
+    ("bins", ("attribute",), "--bins is one of the settings of --attack attribute only; --attack {attack} does not read "
+                             "it"),
+    ("file_mode", ("file",), "--file-mode is a setting of --attack file; --attack {attack} does not read it"),
+)
+
+
 def cmd_audit_context(args: argparse.Namespace) -> int:
+    from orchestrator import inference_audit
     from orchestrator.context_audit import (
         DEFAULT_CONTEXT_SIZE,
         DEFAULT_NULL_SPLITS,
@@ -63,46 +79,35 @@ def cmd_audit_context(args: argparse.Namespace) -> int:
         summary_lines,
     )
 
+    for name, readers, refusal in _ATTACK_SETTINGS:
+        if getattr(args, name) is not None and args.attack not in readers:
+            raise ConfigError(refusal.format(attack=args.attack))
     if args.attack == "file":
-        from orchestrator import inference_audit
-
-        if args.estimator is not None or args.sensitive is not None:
-            raise ConfigError("--attack file audits --model tabicl or tabpfn-v2's saved file: --estimator and "
-                              "--sensitive are not its settings")
-        context_size = 40 if args.context_size == DEFAULT_CONTEXT_SIZE else args.context_size
-        references = 8 if args.references == DEFAULT_REFERENCES else args.references
-        verdict = inference_audit.audit_file(args.task, out=args.out, model=args.model, mode=args.file_mode,
-                                             context_size=context_size, references=references, seed=args.seed,
-                                             bootstrap=args.bootstrap)
+        verdict = inference_audit.audit_file(
+            args.task, out=args.out, model=args.model, mode=args.file_mode,
+            context_size=args.context_size or inference_audit.FILE_CONTEXT_SIZE,
+            references=args.references or inference_audit.FILE_REFERENCES, seed=args.seed, bootstrap=args.bootstrap)
         if args.wandb not in (None, "disabled"):
             inference_audit.log_value_audit_to_wandb(Path(args.out), SAVED_FILE_TABLE, args.wandb, args.wandb_project)
         print("\n".join(inference_audit.saved_file_lines(verdict)))
         print(f"written to {args.out}")
         return 0
-    if args.file_mode is not None:
-        raise ConfigError("--file-mode is a setting of --attack file")
+    context_size = args.context_size or DEFAULT_CONTEXT_SIZE
+    references = args.references or DEFAULT_REFERENCES
     if args.attack != "membership":
-        from orchestrator import inference_audit
-
-        if args.null_splits != DEFAULT_NULL_SPLITS:
-            raise ConfigError(f"--null-splits with --attack {args.attack}: the value-inference audits read the "
-                              "never-in-context control, not null splits")
-        found = inference_audit.audit_inference(args.task, args.attack, out=args.out, model=args.model,
-                                                estimator=args.estimator, sensitive=args.sensitive, bins=args.bins,
-                                                context_size=args.context_size, references=args.references,
-                                                seed=args.seed, bootstrap=args.bootstrap)
+        found = inference_audit.audit_inference(
+            args.task, args.attack, out=args.out, model=args.model, estimator=args.estimator,
+            sensitive=args.sensitive, bins=inference_audit.DEFAULT_BINS if args.bins is None else args.bins,
+            context_size=context_size, references=references, seed=args.seed, bootstrap=args.bootstrap)
         if args.wandb not in (None, "disabled"):
             inference_audit.log_value_audit_to_wandb(Path(args.out), INFERENCE_FILE, args.wandb, args.wandb_project)
         print("\n".join(inference_audit.summary_lines(found, args.attack)))
         print(f"written to {args.out}")
         return 0
-    if args.sensitive is not None or args.bins != 4:
-        raise ConfigError("--sensitive and --bins are settings of --attack attribute")
-
     result = audit_context(args.task, out=args.out, model=args.model, estimator=args.estimator,
-                           context_size=args.context_size, references=args.references, seed=args.seed,
-                           bootstrap=args.bootstrap, null_splits=args.null_splits, wandb=args.wandb,
-                           project=args.wandb_project)
+                           context_size=context_size, references=references, seed=args.seed, bootstrap=args.bootstrap,
+                           null_splits=DEFAULT_NULL_SPLITS if args.null_splits is None else args.null_splits,
+                           wandb=args.wandb, project=args.wandb_project)
     print("\n".join(summary_lines(result)))
     print(f"written to {args.out}")
     return 0

@@ -40,7 +40,7 @@ from orchestrator.value_attacks import (
     value_attack_inputs,
 )
 
-__all__ = ["DEFAULT_BINS", "VALUE_ATTACKS", "audit_file", "audit_inference", "log_value_audit_to_wandb",
+__all__ = ["DEFAULT_BINS", "FILE_CONTEXT_SIZE", "FILE_REFERENCES", "VALUE_ATTACKS", "audit_file", "audit_inference", "log_value_audit_to_wandb",
            "run_value_attack", "saved_file_lines", "saved_file_rows", "saved_file_verdict", "sensitive_attribute",
            "summary_lines", "value_attack_inputs", "verdict_of"]
 
@@ -136,8 +136,13 @@ def summary_lines(result: Any, attack: str) -> list[str]:
 # architecture, fitted on the deployed context and saved the package's own way; what the file gives back
 
 
-def audit_file(task: str, *, out: str, model: str, mode: str | None = None, context_size: int = 40,
-               references: int = 8, seed: int = 0, bootstrap: int | None = None,
+# a saved-file audit refits the package's classifier on every reference context: fewer, smaller ones by default
+FILE_CONTEXT_SIZE = 40
+FILE_REFERENCES = 8
+
+
+def audit_file(task: str, *, out: str, model: str, mode: str | None = None, context_size: int = FILE_CONTEXT_SIZE,
+               references: int = FILE_REFERENCES, seed: int = 0, bootstrap: int | None = None,
                log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Fit ``model``'s package classifier (``tabicl`` or ``tabpfn-v2``, on the shipped mini) on N rows of
     ``task``, save it as the package does (``mode``: TabICL's KV cache ``kv`` / ``repr`` with

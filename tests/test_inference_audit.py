@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from iclmem.runfolder import INFERENCE_FILE, VERDICT_FILE
 
@@ -137,3 +138,31 @@ def test_a_value_audit_logs_its_rates_and_verdict_to_wandb_offline_and_no_row_va
     text = b"".join(p.read_bytes() for p in (out / "wandb").rglob("*") if p.is_file())
     assert len(cells) > 500
     assert not [c for c in cells if c.encode() in text]
+
+
+def test_a_setting_given_at_its_default_value_is_read_or_refused_never_swapped(tmp_path, capsys, monkeypatch):
+    """--context-size 256 given with --attack file reaches the audit as 256 (the file audit's own default is 40),
+    and --null-splits 5 / --bins 4, the values other attacks default to, are refused where they are not read."""
+    from orchestrator import inference_audit
+    from orchestrator.cli import main
+
+    seen = {}
+
+    def audit_file(task, **kwargs):
+        seen.update(kwargs)
+        raise SystemExit(0)  # the wiring only: no fit
+
+    monkeypatch.setattr(inference_audit, "audit_file", audit_file)
+    with pytest.raises(SystemExit):
+        main(["audit-context", "breast_cancer", "--model", "tabicl", "--attack", "file", "--context-size", "256",
+              "--references", "64", "--out", str(tmp_path / "f")])
+    assert (seen["context_size"], seen["references"]) == (256, 64)
+    task = _table(tmp_path, 0)
+    for args, words in ((["--attack", "label", "--null-splits", "5"], "--null-splits with --attack label"),
+                        (["--attack", "label", "--bins", "4"], "--bins is one of the settings of --attack attribute"),
+                        (["--bins", "4"], "--attack membership does not read it")):
+        out = tmp_path / "refused"
+        assert main(["audit-context", task, "--estimator", "tests.audit_estimators:class_prior", *args,
+                     "--out", str(out)]) != 0
+        assert words in capsys.readouterr().err
+        assert not out.exists()
