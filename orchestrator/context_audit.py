@@ -446,6 +446,7 @@ def run_sweep_audit(spec: Any, sweep: Any, run_dir: str) -> dict[str, Any]:
     if value_inputs:  # beside the membership verdict: the rows in inference.parquet, found / trusted in the verdict
         frames, found = [], {}
         per_row: list[pd.DataFrame] = []
+        row_ids = np.asarray(audit.prepared.row_ids)[audit.population].astype(np.int64)
         for attack, (attribute, pool) in value_inputs.items():
             result = value_attacks.run_value_attack(audit, attack, attribute, pool,
                                                       references=sweep.probe.context_references, seed=spec.seed,
@@ -453,8 +454,7 @@ def run_sweep_audit(spec: Any, sweep: Any, run_dir: str) -> dict[str, Any]:
                                                       what=spec.task)
             frames.append(pd.DataFrame(result.to_rows()))
             found[attack] = {"found": bool(result.found), "trusted": bool(result.trusted)}
-            row_ids = np.asarray(audit.prepared.row_ids)[audit.population]
-            per_row.extend(pd.DataFrame({"row_id": row_ids.astype(np.int64), "member": audit.inputs.member,
+            per_row.extend(pd.DataFrame({"row_id": row_ids, "member": audit.inputs.member,
                                          "attack": name, "gain": gains})
                            for name, gains in result.row_gains().items())
         # per row (ids and gains only): the risk report's per-slice breakdown reads it

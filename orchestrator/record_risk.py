@@ -56,6 +56,12 @@ def _folds(member: np.ndarray) -> int:
     return int(min(5, member.sum(), (~member).sum()))
 
 
+def _concat(*frames: pd.DataFrame) -> pd.DataFrame:
+    """The non-empty frames, one after the other (an empty frame when none is)."""
+    kept = [f for f in frames if not f.empty]
+    return pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()
+
+
 def record_rows(row_ids: Any, member: Any, scores: Mapping[str, Any], identity: Mapping[str, Any],
                 channel: Channel, seed: int = 0) -> pd.DataFrame:
     """One audit's per-record rows: per attack in ``scores`` (name -> score per row, higher = member), each
@@ -120,6 +126,7 @@ class RiskTables:
     riskiest: pd.DataFrame
     canaries: pd.DataFrame  # :func:`canary_ranking`
     crossing: pd.DataFrame  # :func:`_channel_crossing` (probe.two_channels)
+    value_slices: pd.DataFrame  # :func:`value_slices` (probe.value_inference)
 
 
 # a canary's statistics (the results row's ``canary_scores``, probes/probe.py) under each record attack's name
@@ -191,8 +198,7 @@ def _checkpoint_records(results: pd.DataFrame, query_table: Callable[[str, int],
         canaries = row.get("canary_scores")
         if isinstance(canaries, str) and canaries and _folds(table["member"].to_numpy(bool)) >= 2:
             frames.append(canary_rows(canaries, scores, table["member"], identity))
-    kept = [f for f in frames if not f.empty]
-    return pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()
+    return _concat(*frames)
 
 
 def canary_ranking(records: pd.DataFrame, headline: Mapping[str, int]) -> pd.DataFrame:
@@ -241,8 +247,7 @@ def _context_records(context_audits: pd.DataFrame | None, scores_of: Callable[[s
         identity = {"run_id": str(run_id), "task": str(audit["task"].iloc[0]), "epoch": 0}
         frames.append(record_rows(table["row_id"], table["member"], scores, identity, Channel.DEPLOYED_CONTEXT,
                                   seed=int(audit["seed"].iloc[0]) if "seed" in audit.columns else 0))
-    kept = [f for f in frames if not f.empty]
-    return pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()
+    return _concat(*frames)
 
 
 def _reference_set_stability(context_audits: pd.DataFrame | None, scores_of: Callable[[str], pd.DataFrame | None],
@@ -452,24 +457,19 @@ def value_slices(context_audits: pd.DataFrame | None, rows_of: Callable[[str], p
     return pd.DataFrame(out)
 
 
-def _concat(*frames: pd.DataFrame) -> pd.DataFrame:
-    kept = [f for f in frames if not f.empty]
-    return pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()
-
-
 def risk_tables(results: pd.DataFrame, query_table: Callable[[str, int], pd.DataFrame | None],
                 slices: pd.DataFrame, settings: Any, *, n_resamples: int, null_splits: int,
                 context_audits: pd.DataFrame | None = None,
                 context_scores: Callable[[str], pd.DataFrame | None] | None = None,
-                attack_scores: AttackScores | None = None) -> RiskTables:
+                attack_scores: AttackScores | None = None,
+                inference_rows: Callable[[str], pd.DataFrame | None] | None = None) -> RiskTables:
     """The risk report's tables of an audited results table (reference trials' rows excluded by the caller);
     ``query_table(run_id, epoch)`` reads a checkpoint's per-query table, ``context_scores(run_id)`` a context
     audit's per-row scores, ``attack_scores(run_id, epoch)`` the reference-model attacks' per-record scores (with
-    ``probe.references``); ``settings``: :class:`orchestrator.slices.SliceSettings`."""
-    records = _checkpoint_records(results, query_table, attack_scores)
-    context = _context_records(context_audits, context_scores or (lambda _: None))
-    records = pd.concat([f for f in (records, context) if not f.empty], ignore_index=True) if not (
-        records.empty and context.empty) else pd.DataFrame()
+    ``probe.references``), ``inference_rows(run_id)`` a context audit's per-row value-inference gains (with
+    ``probe.value_inference``); ``settings``: :class:`orchestrator.slices.SliceSettings`."""
+    records = _concat(_checkpoint_records(results, query_table, attack_scores),
+                      _context_records(context_audits, context_scores or (lambda _: None)))
     headline = _headline_epochs(results) if not results.empty else {}
     return RiskTables(records=records, slices=slices,
                       slice_risk=_slice_risk(records, slices, headline, results, settings, n_resamples, null_splits),
@@ -478,7 +478,9 @@ def risk_tables(results: pd.DataFrame, query_table: Callable[[str, int], pd.Data
                                                                  settings.top_k)),
                       riskiest=_riskiest(records, slices, headline, settings.top_k),
                       canaries=canary_ranking(records, headline),
-                      crossing=_channel_crossing(records, headline, n_resamples))
+                      crossing=_channel_crossing(records, headline, n_resamples),
+                      value_slices=value_slices(context_audits, inference_rows or (lambda _: None), slices,
+                                                n_resamples))
 
 
 def write_risk_report(run_dir: Path, results: pd.DataFrame, query_table: Callable[[str, int], pd.DataFrame | None],
@@ -506,16 +508,14 @@ def write_risk_report(run_dir: Path, results: pd.DataFrame, query_table: Callabl
         return None
     settings = sweep.report.slice_settings()
     audits = folder.context_audits()
-    slices = sweep_slices(sweep, settings)
-    tables = risk_tables(results, query_table, slices, settings,
+    tables = risk_tables(results, query_table, sweep_slices(sweep, settings), settings,
                          n_resamples=sweep.probe.bootstrap, null_splits=max(sweep.probe.null_splits, 20),
-                         context_audits=audits, context_scores=folder.context_audit_scores, attack_scores=attack_scores)
-    write_parquet_atomic(value_slices(audits, folder.inference_rows, slices, sweep.probe.bootstrap),
-                         Path(run_dir) / VALUE_SLICES_FILE)
+                         context_audits=audits, context_scores=folder.context_audit_scores, attack_scores=attack_scores,
+                         inference_rows=folder.inference_rows)
     for name, table in ((RECORD_RISK_FILE, tables.records), (RECORD_SLICES_FILE, tables.slices),
                         (SLICE_RISK_FILE, tables.slice_risk), (RECORD_STABILITY_FILE, tables.stability),
                         (RISKIEST_RECORDS_FILE, tables.riskiest), (CANARY_RANKING_FILE, tables.canaries),
-                        (CHANNEL_CROSSING_FILE, tables.crossing)):
+                        (CHANNEL_CROSSING_FILE, tables.crossing), (VALUE_SLICES_FILE, tables.value_slices)):
         write_parquet_atomic(table, Path(run_dir) / name)
     at_risk = 0 if tables.riskiest.empty else int((tables.riskiest["risk"] >= HIGH_RISK).sum())
     leaking = 0 if tables.slice_risk.empty else int(tables.slice_risk["leaks_more"].astype(bool).sum())
