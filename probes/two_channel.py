@@ -77,13 +77,14 @@ class AdapterScorer:
         import torch
 
         device = self.adapter.device
-        # copies: torch.from_numpy shares memory, and the audits hand read-only arrays
-        cx = torch.from_numpy(np.array(context_x, dtype=np.float32))[None].to(device)
-        cy = torch.from_numpy(np.array(context_y, dtype=np.int64))[None].to(device)
+        # writable and contiguous (a copy only where not): torch.from_numpy shares memory, and the audits hand
+        # read-only arrays
+        cx = torch.from_numpy(np.require(context_x, np.float32, ["C", "W"]))[None].to(device)
+        cy = torch.from_numpy(np.require(context_y, np.int64, ["C", "W"]))[None].to(device)
         out = []
         with torch.no_grad():
             for start in range(0, len(query_x), self.chunk):
-                q = torch.from_numpy(np.array(query_x[start:start + self.chunk], dtype=np.float32))
+                q = torch.from_numpy(np.require(query_x[start:start + self.chunk], np.float32, ["C", "W"]))
                 out.append(self.adapter.log_probs(cx, cy, q[None].to(device), self.n_classes)[0].cpu().numpy())
         return np.concatenate(out).astype(np.float64)
 
