@@ -317,6 +317,9 @@ def test_a_slice_whose_members_give_their_values_away_is_told_from_one_whose_do_
         leaking = rng.binomial(1, 0.2, 60).astype(float) + 0.6 * member * rng.binomial(1, 0.9, 60)
         quiet = rng.binomial(1, 0.2, 60).astype(float) - rng.binomial(1, 0.2, 60)
         gain, diff = gain_by_group(leaking, member, n_resamples=400, seed=seed)
+        # the members' own gain (about 0.2 + 0.6 x 0.9), not the non-members' (about 0.2)
+        assert gain.value == pytest.approx(leaking[member].mean())
+        assert gain.value > 0.5
         assert gain.low > 0
         assert diff.low > 0
         gain, diff = gain_by_group(quiet, member, n_resamples=400, seed=seed)
