@@ -188,9 +188,27 @@ COLUMNS: dict[str, Column] = _columns(
     Column("n_members", "members scored"),
     Column("n_nonmembers", "non-members scored"),
     Column("null_splits", "null splits probed (rows never trained on, labelled member at random)"),
-    Column("null_evidence", "per null split: sizes, AUC, interval and p-value, known-context flag (JSON)"),
+    Column("null_evidence", "per null split: sizes, AUC, interval and p-value, known-context flag, and with "
+           "output_decimals the rounded re-test's outcome, AUC per kind and known-context flag (JSON)"),
     Column("null_known_context_flags", "null splits on which the known-context flag was set (false positives of "
            "that channel)"),
+    # ---- the rounded re-test (probe.output_decimals; absent from a row probed without one): the same verdict,
+    # headline kind and known-context flag on the outputs rounded as a deployed model returns them
+    Column("output_decimals", "the decimals the rounded re-test rounds every output probability to (absent: none)"),
+    Column("rounded_outcome", "the outcome under the sweep's verdict rule on the outputs rounded to output_decimals "
+           "(same thresholds, family and bootstrap seed)"),
+    Column("rounded_auc", "the headline score kind's calibrated AUC on the rounded outputs"),
+    Column("rounded_auc_low", "lower end of that AUC's bootstrap interval"),
+    Column("rounded_auc_high", "upper end of that AUC's bootstrap interval"),
+    Column("rounded_p_value", "one-sided p-value of the headline score kind's memorization test on the rounded "
+           "outputs"),
+    Column("rounded_known_context_calibrated_auc", "the base-calibrated known-context loss attack's AUC with p(y*) "
+           "rounded to output_decimals (on the checkpoint and on the base model)"),
+    Column("rounded_known_context_calibrated_auc_low", "lower end of that AUC's bootstrap interval"),
+    Column("rounded_known_context_calibrated_auc_high", "upper end of that AUC's bootstrap interval"),
+    Column("rounded_known_context_calibrated_p_value", "one-sided p-value of that attack's memorization test"),
+    Column("rounded_known_context_memorization_flag", "the known-context memorization flag (same rule and family) "
+           "on the rounded known-context loss"),
     # ---- exchangeability of members and non-members (trainables.data.blind)
     Column("label_design", "how non-members' labels are treated under shuffled_members (LabelDesign)"),
     Column("blind_auc", "blind baseline: AUC of a classifier on C' alone separating members before training"),

@@ -101,7 +101,7 @@ __all__ = [
     "REFERENCE_RESULTS_FILE", "REPORT_FILE", "RESULTS_FILE", "ROC_DIR", "SPLIT_REPORT_FILE", "SWEEP_FILE", "TUNE_DIR", "VERDICT_FILE",
     "WANDB_DIR", "LOCK_FILE", "DRIVER_FILE", "folder_kind", "roc_path", "existing_ancestor", "unwritable", "GROUND_TRUTH_FILE",
     "is_leftover", "content", "undo_if_refused", "remove_temp_leftovers", "CONSOLE_LOG_FILE", "RUN_STATE_FILE", "RunStatus",
-    "read_run_state", "write_run_state", "never_started", "QUERIES_SUFFIX", "probe_stem",
+    "read_run_state", "write_run_state", "never_started", "QUERIES_SUFFIX", "NULL_QUERIES_SUFFIX", "probe_stem",
     "LM_ASSETS_DIR", "LM_EXPOSURE_DIR", "LM_REPORT_FILE", "LM_RESULTS_FILE", "LM_SWEEP_FILE", "LM_UNITS_DIR",
     "DIVERGED_RUNS_FILE", "TIMINGS_FILE", "TRIAL_RUNS_FILE", "WANDB_EXPORT_DIR", "CONTEXT_AUDIT_FILE", "CONTEXT_ROC_FILE",
     "CONTEXT_SCORES_FILE", "CONTEXT_ROC_FIGURE", "CONTEXT_AUDITS_DIR", "CONTEXT_AUDITS_FILE", "ROW_SUFFIX",
@@ -290,11 +290,14 @@ def roc_path(run_dir: str | Path, run_id: str, epoch: int) -> Path:
 
 
 # One probe result under PROBES_DIR/<run_id>/: <stem>.json (the checksummed row), <stem>.manip.parquet,
-# <stem>.roc.parquet and <stem>.queries.parquet; the sweep writes them, the aggregator reads them.
+# <stem>.roc.parquet, <stem>.queries.parquet and <stem>.null_queries.parquet; the sweep writes them, the
+# aggregator reads them.
 ROW_SUFFIX = ".json"  # the checksummed results row; written last, it marks the result complete
 MANIPULATION_SUFFIX = ".manip.parquet"  # per-manipulation AUC
 ROC_SUFFIX = ".roc.parquet"  # the deciding score's ROC points
 QUERIES_SUFFIX = ".queries.parquet"  # per query: what the reference-model attacks read
+# per null split and query: the statistics each null split's verdict and known-context flag were computed from
+NULL_QUERIES_SUFFIX = ".null_queries.parquet"
 
 
 def probe_stem(epoch: int) -> str:

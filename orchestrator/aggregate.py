@@ -20,6 +20,7 @@ from iclmem.record import CHECKPOINT_KEY, RESULTS_SCHEMA_KEY, RESULTS_SCHEMA_VER
 from iclmem.runfolder import (
     FIGURES_DIR,
     MANIPULATION_AUC_FILE,
+    NULL_QUERIES_SUFFIX,
     PROBES_DIR,
     QUERIES_SUFFIX,
     REFERENCE_RESULTS_FILE,
@@ -39,19 +40,24 @@ QueryTables = Mapping[tuple[str, str], pd.DataFrame]
 
 def collect(run_dir: Path, keep_queries: bool = True) -> tuple[pd.DataFrame, pd.DataFrame,
                                                                dict[tuple[str, int], pd.DataFrame],
+                                                               dict[tuple[str, str], pd.DataFrame],
                                                                dict[tuple[str, str], pd.DataFrame]]:
-    """(results rows, manipulation AUCs, one ROC per (run, epoch), query tables by (run folder, stem)) of
-    every stored probe result that loads (checksums verified); the query tables only with ``keep_queries``
-    (the reference-model attacks read them; without references they are not held in memory)."""
+    """(results rows, manipulation AUCs, one ROC per (run, epoch), query tables by (run folder, stem), null-split
+    query tables by (run folder, stem)) of every stored probe result that loads (checksums verified); the query
+    and null query tables only with ``keep_queries`` (the reference-model attacks read them; without references
+    they are not held in memory, and :func:`_query_table` / :func:`null_query_table` read them from the folder)."""
     rows: list[dict[str, Any]] = []
     manips: list[pd.DataFrame] = []
     rocs: dict[tuple[str, int], pd.DataFrame] = {}
     queries: dict[tuple[str, str], pd.DataFrame] = {}
+    null_queries: dict[tuple[str, str], pd.DataFrame] = {}
     for folder, stem, result in RunFolder(run_dir).probe_results():
         rows.append(result.row)
         manips.append(result.manipulation_auc)
         if keep_queries and result.queries is not None:
             queries[(folder, stem)] = result.queries
+        if keep_queries and result.null_queries is not None:
+            null_queries[(folder, stem)] = result.null_queries
         # one ROC file per (run, epoch): a multi-task run's is its first task's (stems sort eNNNN-t0 first)
         rocs.setdefault((result.row["run_id"], int(result.row["epoch"])), result.roc)
     results = pd.DataFrame(rows)
@@ -60,7 +66,7 @@ def collect(run_dir: Path, keep_queries: bool = True) -> tuple[pd.DataFrame, pd.
         first = [c for c in CHECKPOINT_KEY if c in results.columns]
         results = results[first + [c for c in results.columns if c not in first]]
     manipulation_auc = pd.concat(manips, ignore_index=True) if manips else pd.DataFrame()
-    return results, manipulation_auc, rocs, queries
+    return results, manipulation_auc, rocs, queries, null_queries
 
 
 def split_report_table(prepared: Any) -> pd.DataFrame:
@@ -96,8 +102,8 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
     run_dir = Path(run_dir)
     folder = RunFolder(run_dir)
     sweep = folder.sweep_or_none  # the reference-model attacks need the query tables held in memory
-    results, manipulation_auc, rocs, queries = collect(run_dir, keep_queries=sweep is not None
-                                                       and sweep.probe.references > 0)
+    results, manipulation_auc, rocs, queries, _null_queries = collect(
+        run_dir, keep_queries=sweep is not None and sweep.probe.references > 0)
     results, references = split_references(results)
     if not replace_fewer:
         stored_rows = folder.stored_result_rows()
@@ -274,6 +280,19 @@ def _query_table(run_dir: Path, run_id: str, epoch: int, queries: QueryTables | 
     from iclmem.atomic import read_parquet_checked
 
     return read_parquet_checked(run_dir / PROBES_DIR / run_id / f"{probe_stem(epoch)}{QUERIES_SUFFIX}")
+
+
+def null_query_table(run_dir: Path, run_id: str, epoch: int,
+                     null_queries: QueryTables | None = None) -> pd.DataFrame | None:
+    """A checkpoint's null-split query table (``probes.probe.ProbeResult.null_queries``: per null split and query,
+    the statistics its verdict and known-context flag were computed from): from ``null_queries`` (what
+    :func:`collect` loaded) when given, else read from the run folder; None when none was stored (no null split
+    probed, or a result stored before null query tables existed)."""
+    if null_queries is not None:
+        return null_queries.get((run_id, probe_stem(epoch)))
+    from iclmem.atomic import read_parquet_checked
+
+    return read_parquet_checked(run_dir / PROBES_DIR / run_id / f"{probe_stem(epoch)}{NULL_QUERIES_SUFFIX}")
 
 
 def checkpoint_attack_inputs(target: pd.DataFrame, references: list[pd.DataFrame]) -> dict[str, Any] | None:

@@ -42,7 +42,7 @@ from iclmem.vocab import (
 from orchestrator.config_base import MAX_BOOTSTRAP, SEED_MAX, StrictConfig, settings_default
 from orchestrator.config_reading import resolve_path, validate_config
 from orchestrator.slices import SliceSettings
-from probes.settings import ProbeSettings
+from probes.settings import OUTPUT_DECIMALS_MAX, OUTPUT_DECIMALS_MIN, ProbeSettings
 from trainables.canaries import CanarySettings
 from trainables.data.task import PrepSettings
 from trainables.dp import DEFAULT_DP_DELTA, DPAccountant
@@ -65,7 +65,7 @@ HASH_NEUTRAL_FIELDS: tuple[tuple[str, str], ...] = (
     ("outcome", "epsilon_delta"), ("probe", "references"), ("resources", "stall_timeout_min"),
     ("probe", "context_references"), ("canaries", "design"), ("canaries", "m"), ("canaries", "beta"),
     ("canaries", "delta"), ("probe", "two_channels"), ("probe", "value_inference"), ("probe", "sensitive"),
-    ("probe", "sensitive_bins"),
+    ("probe", "sensitive_bins"), ("probe", "output_decimals"),
 )
 # Blocks added after run folders existed: left out of the hash while they hold their defaults.
 HASH_NEUTRAL_BLOCKS: tuple[str, ...] = ("canaries", "report")
@@ -312,6 +312,10 @@ class ProbeConfig(StrictConfig):
     # null splits probed on every fine-tuned checkpoint (never-trained rows labelled member / non-member at
     # random): the measured false-positive rate of every verdict rule comes from them
     null_splits: int = Field(settings_default(ProbeSettings, "null_splits"), ge=0)
+    # the rounded re-test: every verdict is also computed on outputs rounded to this many decimals, as a deployed
+    # model returns them (the results' rounded_* columns); null = no rounded re-test
+    output_decimals: int | None = Field(settings_default(ProbeSettings, "output_decimals"), ge=OUTPUT_DECIMALS_MIN,
+                                        le=OUTPUT_DECIMALS_MAX)
     # K reference fine-tunes per audited run (LiRA / RMIA, probes/attacks.py): each trains with the run's
     # recipe on a random half of its members + non-members; 0 = off
     references: int = Field(0, ge=0, le=64)
@@ -622,7 +626,7 @@ class SweepConfig(StrictConfig):
 
         return ProbeSettings(n_resamples=self.probe.bootstrap,
                              thresholds=OutcomeThresholds.from_dict(self.outcome.model_dump()),
-                             null_splits=self.probe.null_splits,
+                             null_splits=self.probe.null_splits, output_decimals=self.probe.output_decimals,
                              n_checkpoints=len(self.training.schedule()) if n_checkpoints is None else n_checkpoints,
                              canary_beta=self.canaries.beta, canary_delta=self.canaries.delta,
                              context_channel_references=self.probe.context_references if self.probe.two_channels

@@ -104,19 +104,24 @@ class Budget:
 
 
 def _stub_table(plan: Any, rng: np.random.Generator) -> Any:
-    """A score table of the plan's shape with random scores."""
+    """A score table of the plan's shape with random scores, and their counterparts on outputs rounded to 4
+    decimals (what a probe with ``probe.output_decimals`` reads; the rounded re-test's cost is in rest_s)."""
     import pandas as pd
+
+    from probes.scoring import rounded_loss
 
     q = plan.queries
     qi = np.fromiter((p.query_index for p in plan.planned), dtype=np.int64, count=len(plan.planned))
     mi = np.fromiter((p.manipulation_index for p in plan.planned), dtype=np.int64, count=len(plan.planned))
     loss = rng.gamma(2.0, 0.5, size=len(qi)).astype(np.float32)
+    entropy = rng.uniform(0, np.log(q.n_classes), size=len(qi)).astype(np.float32)
     return pd.DataFrame({
         "query_id": q.query_ids[qi], "member": q.member[qi],
         "manipulation": np.array([m.name for m in plan.suite], dtype=object)[mi],
         "category": np.array([m.category for m in plan.suite], dtype=object)[mi],
-        "loss": loss, "entropy": rng.uniform(0, np.log(q.n_classes), size=len(qi)).astype(np.float32),
-        "confidence": np.exp(-loss).astype(np.float32),
+        "loss": loss, "entropy": entropy, "confidence": np.exp(-loss).astype(np.float32),
+        "rounded_loss": rounded_loss(loss, 4).astype(np.float32), "rounded_entropy": entropy,
+        "rounded_confidence": np.round(np.exp(-loss.astype(np.float64)), 4).astype(np.float32),
     })
 
 

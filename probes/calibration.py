@@ -40,8 +40,14 @@ def queries_digest(plan: ProbePlan) -> str:
     return h.hexdigest()[:16]
 
 
-def reference_key(task_fingerprint: str, plan: ProbePlan, base_digest: str) -> str:
-    raw = json.dumps([task_fingerprint, plan.suite_fingerprint, plan.seed, base_digest, queries_digest(plan)])
+def reference_key(task_fingerprint: str, plan: ProbePlan, base_digest: str, decimals: int | None = None) -> str:
+    """The cache key of a plan's reference scores; ``decimals`` (the rounded outputs' columns, scored only
+    with it) is part of it, so a table scored with other decimals or none is never read for it (without
+    decimals the key is the one from before rounded outputs existed, so those caches stay valid)."""
+    parts: list[Any] = [task_fingerprint, plan.suite_fingerprint, plan.seed, base_digest, queries_digest(plan)]
+    if decimals is not None:
+        parts.append(f"decimals={int(decimals)}")
+    raw = json.dumps(parts)
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
@@ -54,16 +60,17 @@ def resolve_model(model_or_factory: Any | Callable[[], Any]) -> Any:
 
 def reference_scores(
     cache_dir: str | Path, task_fingerprint: str, plan: ProbePlan, base_digest: str,
-    base_model: Any | Callable[[], Any],
+    base_model: Any | Callable[[], Any], decimals: int | None = None,
 ) -> pd.DataFrame:
-    """Cached reference score table; ``base_model`` may be a zero-argument factory so a hit builds nothing."""
-    path = Path(cache_dir) / f"reference_{reference_key(task_fingerprint, plan, base_digest)}.parquet"
+    """Cached reference score table; ``base_model`` may be a zero-argument factory so a hit builds nothing.
+    ``decimals``: also score the outputs rounded to that many decimals (``probes.scoring.score``)."""
+    path = Path(cache_dir) / f"reference_{reference_key(task_fingerprint, plan, base_digest, decimals)}.parquet"
     cached = read_parquet_checked(path)
     if cached is not None and len(cached) == len(plan.planned):
         return cached
     from probes.stopwatch import phase
 
     with phase("reference"):  # the run's timings count it apart from the checkpoints' scoring
-        table = score(resolve_model(base_model), plan)
+        table = score(resolve_model(base_model), plan, decimals=decimals)
         write_parquet_atomic(table, path)
     return table

@@ -22,7 +22,7 @@ import torch
 from iclmem.atomic import read_parquet_checked, write_json_atomic, write_parquet_atomic
 from iclmem.errors import ProbeError
 from iclmem.record import check_row
-from iclmem.runfolder import MANIPULATION_SUFFIX, QUERIES_SUFFIX, ROC_SUFFIX, ROW_SUFFIX
+from iclmem.runfolder import MANIPULATION_SUFFIX, NULL_QUERIES_SUFFIX, QUERIES_SUFFIX, ROC_SUFFIX, ROW_SUFFIX
 from iclmem.vocab import SCORE_KINDS, CanaryDesign, CanaryKind, LabelDesign, Outcome, VerdictRule
 from probes.attacks import LOGIT_PREFIX, logit_of_loss
 from probes.calibration import model_digest, reference_scores, resolve_model
@@ -42,7 +42,17 @@ from probes.metrics import (
     roc_curve,
 )
 from probes.outcomes import CheckpointOutcome, OutcomeThresholds, build_evidence, classify, memorization_holds
-from probes.scoring import ProbePlan, ProbeQueries, distribution_scores, icl_log_probs, icl_predictions, score
+from probes.scoring import (
+    ROUNDED_PREFIX,
+    ProbePlan,
+    ProbeQueries,
+    distribution_scores,
+    icl_log_probs,
+    icl_predictions,
+    rounded_loss,
+    rounded_view,
+    score,
+)
 from probes.settings import ProbeSettings
 from trainables.data import null_split
 from trainables.data.blind import exchangeable, task_blind_baseline
@@ -58,6 +68,11 @@ class ProbeResult:
     # loss on the checkpoint and on the base model -- what the reference-model attacks (probes/attacks.py)
     # read; None for a result stored before it existed
     queries: pd.DataFrame | None = None
+    # per null split and query (:func:`null_query_frame`): null_index, query_id, member (the split's fake flag),
+    # S and S_ref of every score kind, the known-context loss on the checkpoint and the base model, and with output
+    # decimals their rounded_ counterparts -- exactly what each null split's verdict and known-context flag were
+    # computed from; None when no null split was probed (the base model, null_splits 0, or stored before)
+    null_queries: pd.DataFrame | None = None
 
     def save(self, directory: str | Path, stem: str) -> Path:
         """Atomic, idempotent: the same inputs write the same files under the same names. The row is checked
@@ -69,6 +84,8 @@ class ProbeResult:
         write_parquet_atomic(self.roc, directory / f"{stem}{ROC_SUFFIX}")
         if self.queries is not None:  # before the checksummed row, which marks the result complete
             write_parquet_atomic(self.queries, directory / f"{stem}{QUERIES_SUFFIX}")
+        if self.null_queries is not None:
+            write_parquet_atomic(self.null_queries, directory / f"{stem}{NULL_QUERIES_SUFFIX}")
         payload = json.dumps(self.row, sort_keys=True, default=_jsonable)
         digest = hashlib.sha256(payload.encode()).hexdigest()
         return write_json_atomic(directory / f"{stem}{ROW_SUFFIX}", {"row": json.loads(payload), "sha256": digest},
@@ -97,14 +114,16 @@ class ProbeResult:
             damaged(main, "fails its checksum")
             return None
         parts = {}
-        for suffix in (MANIPULATION_SUFFIX, ROC_SUFFIX, QUERIES_SUFFIX):
+        optional = (QUERIES_SUFFIX, NULL_QUERIES_SUFFIX)  # absent from results stored before them
+        for suffix in (MANIPULATION_SUFFIX, ROC_SUFFIX, *optional):
             path = directory / f"{stem}{suffix}"
             parts[suffix] = read_parquet_checked(path)
-            if parts[suffix] is None and (path.exists() or suffix != QUERIES_SUFFIX):
+            if parts[suffix] is None and (path.exists() or suffix not in optional):
                 if not path.exists():  # a damaged one was named by read_parquet_checked already
                     damaged(path, "is missing")
                 return None
-        return cls(stored["row"], parts[MANIPULATION_SUFFIX], parts[ROC_SUFFIX], queries=parts[QUERIES_SUFFIX])
+        return cls(stored["row"], parts[MANIPULATION_SUFFIX], parts[ROC_SUFFIX], queries=parts[QUERIES_SUFFIX],
+                   null_queries=parts[NULL_QUERIES_SUFFIX])
 
 
 def _jsonable(value: Any) -> Any:
@@ -302,12 +321,13 @@ def probe_checkpoint(
     the member flags differ, and those are taken from ``plan``. ``identity``: the run's
     ``iclmem.record.RunIdentity`` columns and any other declared run columns (config hash, DP settings);
     :meth:`ProbeResult.save` refuses a row without all of them."""
+    decimals = settings.output_decimals
     if base_plan is None:
-        reference = reference_scores(cache_dir, task.fingerprint, plan, base_digest, base_model)
+        reference = reference_scores(cache_dir, task.fingerprint, plan, base_digest, base_model, decimals)
     else:
-        reference = with_member_flags(reference_scores(cache_dir, base_plan[0], base_plan[1], base_digest, base_model),
-                                      plan)
-    finetuned = score(model, plan)
+        reference = with_member_flags(reference_scores(cache_dir, base_plan[0], base_plan[1], base_digest, base_model,
+                                                       decimals), plan)
+    finetuned = score(model, plan, decimals=decimals)
     # C' as the known context, no row in its own (multi_random audits C': probes.known_context)
     predictions = known_context_predictions(model, task, regime=identity.get("regime"))
     loss_ft = predictions.loss
@@ -335,11 +355,15 @@ def probe_checkpoint(
            **icl_utility_columns(predictions, plan.queries.member), **deployed_utility_columns(model, task)}
     collapsed = verdict.checks.get(Outcome.COLLAPSE.value, False)
     row.update(known_context_columns(loss_ft, loss_base, plan.queries.member, settings, collapsed=collapsed))
+    if decimals is not None:
+        row.update(rounded_columns(finetuned, reference, kind, loss_ft, loss_base, plan.queries.member, ratio, std,
+                                   settings, fine_tuned, collapsed))
     if fine_tuned:
         row.update(deployed_known_context_columns(model, task, cache_dir, base_digest, base_model, settings,
                                                   collapsed=collapsed))
-    row.update(_null_columns(model, task, plan, cache_dir, base_digest, base_model, settings, ratio, std,
-                             fine_tuned, collapsed=collapsed))
+    null_row, null_queries = _null_columns(model, task, plan, cache_dir, base_digest, base_model, settings, ratio,
+                                           std, fine_tuned, collapsed=collapsed)
+    row.update(null_row)
     if canaries is not None:
         row.update(canary_columns(model, task, plan, canaries, cache_dir, base_digest, base_model, settings,
                                   int(identity.get("seed", 0))))
@@ -352,11 +376,11 @@ def probe_checkpoint(
     calibrated = scores.membership_scores(kind, Calibration.CALIBRATED)
     curve = roc_curve(calibrated.members, calibrated.nonmembers)
     roc = pd.DataFrame({"fpr": curve.fpr, "tpr": curve.tpr})
-    queries = query_table(finetuned, reference, plan, loss_ft, loss_base)
+    queries = query_table(finetuned, reference, plan, loss_ft, loss_base, decimals)
     if fine_tuned and settings.context_channel_references:
         queries = queries.join(context_channel_table(model, plan, settings, int(identity.get("seed", 0))),
                                on="query_id")
-    return ProbeResult(row, manip, roc, queries=queries)
+    return ProbeResult(row, manip, roc, queries=queries, null_queries=null_queries)
 
 
 def context_channel_table(model: Any, plan: ProbePlan, settings: ProbeSettings, seed: int) -> pd.DataFrame:
@@ -443,18 +467,43 @@ def canary_columns(model: Any, task: Any, plan: ProbePlan, canaries: Any, cache_
     return out
 
 
-def query_table(finetuned: pd.DataFrame, reference: pd.DataFrame, plan: ProbePlan, loss_ft: np.ndarray,
-                loss_base: np.ndarray) -> pd.DataFrame:
-    """Per-query statistics of one checkpoint (see ``ProbeResult.queries``), sorted by query id."""
+def score_statistics(finetuned: pd.DataFrame, reference: pd.DataFrame, decimals: int | None = None) -> pd.DataFrame:
+    """Per query (sorted by query id): query_id, member, and S / S_ref of every score kind (``s_<kind>``,
+    ``s_ref_<kind>``: means over the suite, what the calibrated metrics read), and with ``decimals`` the same of the
+    rounded outputs (``rounded_s_<kind>``, ``rounded_s_ref_<kind>``)."""
     s, r = robustness_scores(finetuned), robustness_scores(reference)
     out = pd.DataFrame({"query_id": s.index.to_numpy(np.int64), "member": s["member"].to_numpy(bool)})
-    for k in SCORE_KINDS:
-        if k.value in s.columns:
-            out[f"s_{k.value}"] = s[k.value].to_numpy(np.float64)
-            out[f"s_ref_{k.value}"] = r.loc[s.index, k.value].to_numpy(np.float64)
-    known = pd.DataFrame({"known_context_loss": np.asarray(loss_ft, np.float64),
-                          "known_context_loss_base": np.asarray(loss_base, np.float64)},
-                         index=np.asarray(plan.queries.query_ids, np.int64))
+    views = [("", s, r)]
+    if decimals is not None:
+        views.append((ROUNDED_PREFIX, robustness_scores(rounded_view(finetuned)),
+                      robustness_scores(rounded_view(reference))))
+    for prefix, fs, rs in views:
+        for k in SCORE_KINDS:
+            if k.value in fs.columns:
+                out[f"{prefix}s_{k.value}"] = fs[k.value].to_numpy(np.float64)
+                out[f"{prefix}s_ref_{k.value}"] = rs.loc[fs.index, k.value].to_numpy(np.float64)
+    return out
+
+
+def known_context_statistics(query_ids: np.ndarray, loss_ft: np.ndarray, loss_base: np.ndarray,
+                             decimals: int | None = None) -> pd.DataFrame:
+    """Indexed by query id: the known-context loss on the checkpoint and on the base model
+    (``known_context_loss``, ``known_context_loss_base``), and with ``decimals`` both read off p(y*) rounded to
+    them (``rounded_known_context_loss``, ``rounded_known_context_loss_base``: :func:`probes.scoring.rounded_loss`)."""
+    loss_ft, loss_base = np.asarray(loss_ft, np.float64), np.asarray(loss_base, np.float64)
+    columns = {"known_context_loss": loss_ft, "known_context_loss_base": loss_base}
+    if decimals is not None:
+        columns[f"{ROUNDED_PREFIX}known_context_loss"] = rounded_loss(loss_ft, decimals)
+        columns[f"{ROUNDED_PREFIX}known_context_loss_base"] = rounded_loss(loss_base, decimals)
+    return pd.DataFrame(columns, index=np.asarray(query_ids, np.int64))
+
+
+def query_table(finetuned: pd.DataFrame, reference: pd.DataFrame, plan: ProbePlan, loss_ft: np.ndarray,
+                loss_base: np.ndarray, decimals: int | None = None) -> pd.DataFrame:
+    """Per-query statistics of one checkpoint (see ``ProbeResult.queries``), sorted by query id: those of
+    :func:`score_statistics` and :func:`known_context_statistics`, and LiRA's per-manipulation logits."""
+    out = score_statistics(finetuned, reference, decimals)
+    known = known_context_statistics(plan.queries.query_ids, loss_ft, loss_base, decimals)
     # LiRA's per-manipulation statistic (probes.attacks): the logit of p(y*) under each manipulation, in
     # suite order, for the fine-tuned model only (each reference trial's own table holds its own)
     order = list(dict.fromkeys(finetuned["manipulation"]))
@@ -462,6 +511,39 @@ def query_table(finetuned: pd.DataFrame, reference: pd.DataFrame, plan: ProbePla
     logits = pd.DataFrame(logit_of_loss(per_manip.to_numpy(np.float64)), index=per_manip.index.astype(np.int64),
                           columns=[f"{LOGIT_PREFIX}{m}" for m in order])
     return out.join(known, on="query_id").join(logits, on="query_id").reset_index(drop=True)
+
+
+def rounded_columns(finetuned: pd.DataFrame, reference: pd.DataFrame, kind: ScoreKind, loss_ft: np.ndarray,
+                    loss_base: np.ndarray, member: np.ndarray, ratio: float, std: float, settings: ProbeSettings,
+                    fine_tuned: bool = True, collapsed: bool = False) -> dict[str, Any]:
+    """The rounded re-test of one checkpoint (``settings.output_decimals`` d): the verdict, the headline metrics and
+    the known-context flag once more, on the outputs rounded to d decimals as a deployed model returns them.
+
+    The rounded scores tables (:func:`probes.scoring.rounded_view` of the tables scored with d) go through the
+    same :func:`build_evidence` and the sweep's rule with the same thresholds, family (n_checkpoints) and bootstrap
+    seed; the collapse indicators are the exact ones (collapse is the model's state, not what an attacker
+    reads), so a collapsed checkpoint stays collapsed. ``rounded_auc*`` / ``rounded_p_value`` are the calibrated
+    metrics of ``kind`` (the row's headline kind, chosen on the exact outputs); the known-context columns are the
+    calibrated loss attack on the rounded losses of the checkpoint and the base model, with the exact flag's rule."""
+    d = settings.output_decimals
+    if d is None:
+        raise ProbeError("the rounded re-test needs probe setting output_decimals")
+    th = settings.thresholds
+    evidence = build_evidence(rounded_view(finetuned), rounded_view(reference), ratio, std, thresholds=th,
+                              n_resamples=settings.n_resamples, seed=settings.bootstrap_seed,
+                              model_was_fine_tuned=fine_tuned)
+    verdict = classify(evidence, th.for_rule(th.verdict_rule), settings.n_checkpoints)
+    m = evidence.calibrated[kind]
+    member = np.asarray(member, dtype=bool)
+    known = _known_context_metrics(rounded_loss(loss_ft, d) - rounded_loss(loss_base, d), member,
+                                   Calibration.CALIBRATED, settings)
+    return {"output_decimals": int(d), f"{ROUNDED_PREFIX}outcome": verdict.outcome.value,
+            f"{ROUNDED_PREFIX}auc": m.auc, f"{ROUNDED_PREFIX}auc_low": m.auc_interval.low,
+            f"{ROUNDED_PREFIX}auc_high": m.auc_interval.high, f"{ROUNDED_PREFIX}p_value": m.p_value,
+            **{f"{ROUNDED_PREFIX}known_context_calibrated_{name}": value for name, value in
+               (("auc", known.auc), ("auc_low", known.auc_interval.low), ("auc_high", known.auc_interval.high),
+                ("p_value", known.p_value))},
+            f"{ROUNDED_PREFIX}known_context_memorization_flag": _known_context_flag(known, settings, collapsed)}
 
 
 def headline_columns(scores: MembershipInput, evidence: Any, verdict: Any,
@@ -575,12 +657,12 @@ def deployed_known_context_columns(model: Any, task: Any, cache_dir: str | Path,
     return {DEPLOYED_PREFIX + name: value for name, value in columns.items()}
 
 
-def _null_known_context_flag(model: Any, task: Any, index: int, split: tuple[np.ndarray, np.ndarray],
-                             cache_dir: str | Path, base_digest: str, base_model: Any, settings: ProbeSettings,
-                             collapsed: bool) -> bool:
-    """The known-context flag on null split ``index`` (``split``: its fake members and non-members, rows the run
-    never saw), predicted with C' as the context by the checkpoint and by the base model (cached per split), the
-    flag's own rule on the calibrated loss. Set, it is a false positive of the known-context channel."""
+def _null_known_context_losses(model: Any, task: Any, index: int, split: tuple[np.ndarray, np.ndarray],
+                               cache_dir: str | Path, base_digest: str,
+                               base_model: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The known-context losses (float64, the split's members then non-members) of null split ``index``
+    (``split``: its fake members and non-members, rows the run never saw), predicted with C' as the context by the
+    checkpoint and by the base model (cached per split)."""
     null_task = dataclasses.replace(task, member_idx=split[0], nonmember_idx=split[1])
 
     def compute() -> pd.DataFrame:
@@ -588,48 +670,83 @@ def _null_known_context_flag(model: Any, task: Any, index: int, split: tuple[np.
 
     name = f"base_icl_null{index}_{task.fingerprint[:16]}_{base_digest}"
     loss_base = _cached_frame(Path(cache_dir) / f"{name}.parquet", compute)["loss"].to_numpy()
-    member = np.arange(len(split[0]) + len(split[1])) < len(split[0])
-    loss = np.asarray(icl_predictions(model, null_task).loss, np.float64) - np.asarray(loss_base, np.float64)
-    return _known_context_flag(_known_context_metrics(loss, member, Calibration.CALIBRATED, settings), settings,
-                               collapsed)
+    return np.asarray(icl_predictions(model, null_task).loss, np.float64), np.asarray(loss_base, np.float64)
+
+
+def _null_known_context_flag(loss_ft: np.ndarray, loss_base: np.ndarray, member: np.ndarray,
+                             settings: ProbeSettings, collapsed: bool) -> bool:
+    """The known-context flag on a null split's losses (:func:`_null_known_context_losses`): the flag's own rule on
+    the calibrated loss. Set, it is a false positive of the known-context channel."""
+    return _known_context_flag(_known_context_metrics(loss_ft - loss_base, member, Calibration.CALIBRATED, settings),
+                               settings, collapsed)
+
+
+def null_query_frame(index: int, finetuned: pd.DataFrame, reference: pd.DataFrame, query_ids: np.ndarray,
+                     loss_ft: np.ndarray, loss_base: np.ndarray, decimals: int | None = None) -> pd.DataFrame:
+    """One null split's rows of ``ProbeResult.null_queries``: ``null_index``, then :func:`score_statistics` of its
+    scores tables (``member``: the split's fake flag) joined with :func:`known_context_statistics` of its known-context
+    losses (``query_ids``: the split's members then non-members, the losses' order)."""
+    out = score_statistics(finetuned, reference, decimals)
+    out.insert(0, "null_index", np.full(len(out), int(index), dtype=np.int64))
+    known = known_context_statistics(query_ids, loss_ft, loss_base, decimals)
+    return out.join(known, on="query_id").reset_index(drop=True)
 
 
 def _null_columns(model: Any, task: Any, plan: ProbePlan, cache_dir: str | Path, base_digest: str,
                   base_model: Any, settings: ProbeSettings, ratio: float, std: float,
-                  fine_tuned: bool, collapsed: bool = False) -> dict[str, Any]:
+                  fine_tuned: bool, collapsed: bool = False) -> tuple[dict[str, Any], pd.DataFrame | None]:
     """Null-split columns: how many were probed, how many each rule called memorization, how many the
     known-context channel flagged (``null_known_context_flags``: the same flag as the real split's, on the null
     rows predicted with C' as the context, calibrated by the base model), and the per-split record
-    (``null_evidence``, JSON) the run-headline error rates are computed from."""
+    (``null_evidence``, JSON) the run-headline error rates are computed from; with ``settings.output_decimals``
+    each record also holds the rounded re-test's verdict under the sweep's rule (``rounded_outcome``), its
+    calibrated AUC per kind (``rounded_auc_<kind>``) and its known-context flag (``rounded_known_context_flag``).
+    Beside the columns: the per-split per-query statistics all of it was computed from
+    (``ProbeResult.null_queries``), None when no split was probed."""
     th = settings.thresholds
+    decimals = settings.output_decimals
     n = settings.null_splits if fine_tuned else 0
     records = []
+    frames = []
     if n:
         splits = [null_split(task, j) for j in range(n)]
         pool_plan = null_pool_plan(task, splits, plan)
-        pool_ref = reference_scores(cache_dir, task.fingerprint, pool_plan, base_digest, base_model)
-        pool_ft = score(model, pool_plan)
+        pool_ref = reference_scores(cache_dir, task.fingerprint, pool_plan, base_digest, base_model, decimals)
+        pool_ft = score(model, pool_plan, decimals=decimals)
         row_ids = np.asarray(task.row_ids)
         for j, (members, nonmembers) in enumerate(splits):
             mid, nid = row_ids[members], row_ids[nonmembers]
-            evidence = build_evidence(split_scores_table(pool_ft, mid, nid), split_scores_table(pool_ref, mid, nid),
-                                      ratio, std, thresholds=th, n_resamples=settings.n_resamples,
+            ft_j, ref_j = split_scores_table(pool_ft, mid, nid), split_scores_table(pool_ref, mid, nid)
+            evidence = build_evidence(ft_j, ref_j, ratio, std, thresholds=th, n_resamples=settings.n_resamples,
                                       seed=settings.bootstrap_seed)
             verdicts = verdicts_by_rule(evidence, th, settings.n_checkpoints)
             blind = task_blind_baseline(task, members, nonmembers)
             record = _null_record(j, evidence, verdicts, len(members), len(nonmembers), blind.auc)
-            record["known_context_flag"] = _null_known_context_flag(model, task, j, (members, nonmembers), cache_dir,
-                                                                    base_digest, base_model, settings, collapsed)
+            member = np.arange(len(members) + len(nonmembers)) < len(members)
+            loss_ft, loss_base = _null_known_context_losses(model, task, j, (members, nonmembers), cache_dir,
+                                                            base_digest, base_model)
+            record["known_context_flag"] = _null_known_context_flag(loss_ft, loss_base, member, settings, collapsed)
+            if decimals is not None:
+                rounded = build_evidence(rounded_view(ft_j), rounded_view(ref_j), ratio, std, thresholds=th,
+                                         n_resamples=settings.n_resamples, seed=settings.bootstrap_seed)
+                record[f"{ROUNDED_PREFIX}outcome"] = classify(rounded, th.for_rule(th.verdict_rule),
+                                                              settings.n_checkpoints).outcome.value
+                for k, m in rounded.calibrated.items():
+                    record[f"{ROUNDED_PREFIX}auc_{ScoreKind(k).value}"] = float(m.auc)
+                record[f"{ROUNDED_PREFIX}known_context_flag"] = _null_known_context_flag(
+                    rounded_loss(loss_ft, decimals), rounded_loss(loss_base, decimals), member, settings, collapsed)
             records.append(record)
+            frames.append(null_query_frame(j, ft_j, ref_j, np.concatenate([mid, nid]), loss_ft, loss_base, decimals))
     out: dict[str, Any] = {"null_splits": n}
     for r in VerdictRule:
         out[f"null_memorization_{r.value}"] = sum(rec[f"outcome_{r.value}"] == Outcome.MEMORIZATION.value
                                                  for rec in records)
     out["null_known_context_flags"] = sum(bool(rec["known_context_flag"]) for rec in records)
     out["null_evidence"] = json.dumps(records, sort_keys=True)
-    return out
+    return out, (pd.concat(frames, ignore_index=True) if frames else None)
 
 
 __all__ = ["ProbeResult", "ProbeSettings", "probe_checkpoint", "context_channel_table", "base_icl", "model_digest", "null_pool_plan", "split_scores_table",
            "verdicts_by_rule", "known_context_columns", "deployed_known_context_columns",
-           "headline_columns"]
+           "headline_columns", "null_query_frame", "query_table", "rounded_columns", "score_statistics",
+           "known_context_statistics"]

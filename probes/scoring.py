@@ -7,7 +7,10 @@ every CPU call is filled with several groups: :func:`pack_groups`); the Python w
 plan, built once per (task, suite, seed) and reused for every checkpoint and for the reference model.
 
 Scores (ICLMEM_SPEC.md, Stage II) for candidate distribution p over Y and true label y*:
-``loss = -log p(y*)``, ``entropy = H(p)``, ``confidence = p(y*)``; all in float32.
+``loss = -log p(y*)``, ``entropy = H(p)``, ``confidence = p(y*)``; all in float32. With ``decimals`` d (the
+sweep's ``probe.output_decimals``) the same three are also read off the vector a deployed model returns, p
+rounded to d decimals (:func:`rounded_distribution_scores`), as ``rounded_loss`` / ``rounded_entropy`` /
+``rounded_confidence`` beside them (:func:`rounded_view` puts them in the plain columns' place).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from probes.manipulations import (
 from trainables.models.base import ContextBatch
 
 SCORE_COLUMNS = ("loss", "entropy", "confidence")
+ROUNDED_PREFIX = "rounded_"  # a score read off the candidate vector rounded to the output decimals
+ROUNDED_SCORE_COLUMNS = tuple(f"{ROUNDED_PREFIX}{c}" for c in SCORE_COLUMNS)
 Groups = tuple[tuple[Any, tuple[int, ...]], ...]  # (shape, indices into a plan's contexts)
 TABLE_COLUMNS = ("query_id", "member", "manipulation", "category", *SCORE_COLUMNS)
 
@@ -187,18 +192,76 @@ def canonical_context(plan: ContextPlan, weights: np.ndarray | None, invariances
     return bytes(head + distinct.tobytes() + counts.tobytes())
 
 
-def distribution_scores(log_probs: torch.Tensor, true_labels: torch.Tensor) -> dict[str, np.ndarray]:
-    """log_probs [B, C] float32, true_labels [B] -> loss, entropy, confidence, each float32 [B]."""
+def score_columns(decimals: int | None = None) -> tuple[str, ...]:
+    """The score columns of a scores table scored with ``decimals`` (None: the exact ones only)."""
+    return SCORE_COLUMNS if decimals is None else (*SCORE_COLUMNS, *ROUNDED_SCORE_COLUMNS)
+
+
+def rounding_floor(decimals: int) -> float:
+    """The probability a rounded output of 0 is read as in a loss: half the last printed digit, 0.5 * 10^-d
+    (the largest p that rounds to 0), so a rounded loss is finite and at most -log(0.5 * 10^-d)."""
+    return 0.5 * 10.0 ** -int(decimals)
+
+
+def rounded_distribution_scores(probs: np.ndarray, true_labels: np.ndarray, decimals: int) -> dict[str, np.ndarray]:
+    """probs float [B, C] (the exact candidate distribution), true_labels int [B] -> rounded_loss,
+    rounded_entropy, rounded_confidence, each float32 [B], read off p~ = round(p, decimals) as returned:
+    ``rounded_confidence = p~(y*)``, ``rounded_loss = -log max(p~(y*), 0.5 * 10^-d)``,
+    ``rounded_entropy = -sum p~ log p~`` over the candidates with p~ > 0.
+
+    p~ is not renormalised: an attacker reads the vector as printed, whose sum differs from 1 by at most
+    C * 0.5 * 10^-d, and without renormalising exp(-rounded_loss) = rounded_confidence wherever p~(y*) > 0 (a
+    renormalised entropy would also move with the sum's rounding error, which carries no signal)."""
+    p = np.round(np.asarray(probs, dtype=np.float64), int(decimals))  # [B, C]
+    labels = np.asarray(true_labels, dtype=np.int64)
+    confidence = p[np.arange(p.shape[0]), labels]
+    positive = p > 0
+    entropy = -np.where(positive, p * np.log(np.where(positive, p, 1.0)), 0.0).sum(axis=1)
+    return {
+        "rounded_loss": (-np.log(np.maximum(confidence, rounding_floor(decimals)))).astype(np.float32),
+        "rounded_entropy": entropy.astype(np.float32),
+        "rounded_confidence": confidence.astype(np.float32),
+    }
+
+
+def rounded_loss(loss: np.ndarray, decimals: int) -> np.ndarray:
+    """float64: the loss -log p(y*) as read off p(y*) rounded to ``decimals``, -log max(round(exp(-loss), d),
+    0.5 * 10^-d) (what a deployed model's printed probability gives; see :func:`rounded_distribution_scores`)."""
+    p = np.round(np.exp(-np.asarray(loss, dtype=np.float64)), int(decimals))
+    out: np.ndarray = -np.log(np.maximum(p, rounding_floor(decimals)))
+    return out
+
+
+def rounded_view(table: pd.DataFrame) -> pd.DataFrame:
+    """A scores table scored with output decimals, its rounded columns in the plain ones' place (the same
+    table contract, so every metric and verdict reads it unchanged)."""
+    missing = [c for c in ROUNDED_SCORE_COLUMNS if c not in table.columns]
+    if missing:
+        from iclmem.errors import ProbeError
+
+        raise ProbeError(f"a scores table without {missing}: it was scored without output decimals")
+    return table.drop(columns=list(SCORE_COLUMNS)).rename(
+        columns=dict(zip(ROUNDED_SCORE_COLUMNS, SCORE_COLUMNS, strict=True)))
+
+
+def distribution_scores(log_probs: torch.Tensor, true_labels: torch.Tensor,
+                        decimals: int | None = None) -> dict[str, np.ndarray]:
+    """log_probs [B, C] float32, true_labels [B] -> loss, entropy, confidence, each float32 [B]; with
+    ``decimals`` also their rounded counterparts (:func:`rounded_distribution_scores`)."""
     log_probs = log_probs.float()
     true_labels = true_labels.to(log_probs.device)
     probs = log_probs.exp()
     true_lp = log_probs.gather(1, true_labels[:, None]).squeeze(1)
     entropy = -(probs * log_probs).sum(dim=1)
-    return {
+    out = {
         "loss": (-true_lp).cpu().numpy().astype(np.float32),
         "entropy": entropy.cpu().numpy().astype(np.float32),
         "confidence": true_lp.exp().cpu().numpy().astype(np.float32),
     }
+    if decimals is not None:
+        out.update(rounded_distribution_scores(log_probs.double().exp().cpu().numpy(),
+                                               true_labels.cpu().numpy(), decimals))
+    return out
 
 
 CPU_MAX_BATCH = 2048
@@ -212,17 +275,19 @@ def model_device(model: Any) -> torch.device:
 
 @torch.no_grad()
 def score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: bool = True,
-          merge: bool = True) -> pd.DataFrame:
+          merge: bool = True, decimals: int | None = None) -> pd.DataFrame:
     """Scores of every context of ``plan`` (:func:`_score`), timed as the probe's scoring phase."""
     from probes.stopwatch import phase
 
     with phase("score"):
-        return _score(model, plan, max_batch, shortcut, merge)
+        return _score(model, plan, max_batch, shortcut, merge, decimals)
 
 
 def _score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: bool = True,
-           merge: bool = True) -> pd.DataFrame:
-    """One row per (query, manipulation): query_id, member, manipulation, category, loss, entropy, confidence.
+           merge: bool = True, decimals: int | None = None) -> pd.DataFrame:
+    """One row per (query, manipulation): query_id, member, manipulation, category, loss, entropy, confidence,
+    and with ``decimals`` rounded_loss, rounded_entropy, rounded_confidence (the outputs rounded to that many
+    decimals: :func:`rounded_distribution_scores`).
 
     Rows come back in plan order (query-major, suite order), so tables from two models align row by row.
     With ``shortcut`` (the default) contexts identical under the model's declared ``invariances`` are
@@ -244,7 +309,7 @@ def _score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: 
     _use_columns(model, q.columns)
     n = len(plan.planned)
     device = model_device(model)
-    out = {k: np.empty(n, dtype=np.float32) for k in SCORE_COLUMNS}
+    out = {k: np.empty(n, dtype=np.float32) for k in score_columns(decimals)}
     invariances: frozenset[Any] = frozenset(getattr(model, "invariances", ()))
     groups = plan.unique_groups(invariances) if shortcut else plan.groups
     if merge and device.type == "cpu" and _can_pad(model, plan):
@@ -252,7 +317,7 @@ def _score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: 
     batch = max_batch or (CUDA_MAX_BATCH if device.type == "cuda" else CPU_MAX_BATCH)
     if merge and _packs(model, device, max_batch):  # every call filled to CPU_MAX_TOKENS across shape groups
         for chunks in pack_groups(groups):
-            for chunk, scores in zip(chunks, _score_packed(model, plan, chunks, device)):
+            for chunk, scores in zip(chunks, _score_packed(model, plan, chunks, device, decimals)):
                 _store(out, chunk, scores)
     else:
         for shape, indices in groups:
@@ -260,7 +325,7 @@ def _score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: 
             while start < len(indices):
                 chunk = indices[start : start + _chunk_size(batch, shape, max_batch, device)]
                 try:
-                    scores = _score_chunk(model, plan, chunk, device)
+                    scores = _score_chunk(model, plan, chunk, device, decimals)
                 except torch.OutOfMemoryError:
                     if batch == 1 or max_batch is not None:
                         raise
@@ -271,7 +336,7 @@ def _score(model: Any, plan: ProbePlan, max_batch: int | None = None, shortcut: 
                 start += len(chunk)
     if shortcut:
         rep = plan.representatives(invariances)
-        for key in SCORE_COLUMNS:
+        for key in out:
             out[key] = out[key][rep]
     query_index = np.fromiter((p.query_index for p in plan.planned), dtype=np.int64, count=n)
     manip_index = np.fromiter((p.manipulation_index for p in plan.planned), dtype=np.int64, count=n)
@@ -424,7 +489,8 @@ def _chunk_batch(plan: ProbePlan, chunk: Sequence[int], device: torch.device) ->
     return batch, query_rows
 
 
-def _score_chunk(model: Any, plan: ProbePlan, chunk: Sequence[int], device: torch.device) -> dict[str, np.ndarray]:
+def _score_chunk(model: Any, plan: ProbePlan, chunk: Sequence[int], device: torch.device,
+                 decimals: int | None = None) -> dict[str, np.ndarray]:
     q = plan.queries
     entries = [plan.planned[i] for i in chunk]
     batch, query_rows = _chunk_batch(plan, chunk, device)
@@ -440,7 +506,7 @@ def _score_chunk(model: Any, plan: ProbePlan, chunk: Sequence[int], device: torc
         if layout_hook is not None:
             stack.enter_context(layout_hook(layout))
         log_probs = model.log_probs(batch.context_x, batch.context_y, batch.query_x, q.n_classes, **weights)[:, 0]  # [B, C]
-    return distribution_scores(log_probs, torch.from_numpy(q.labels[query_rows]))
+    return distribution_scores(log_probs, torch.from_numpy(q.labels[query_rows]), decimals)
 
 
 def _packs(model: Any, device: torch.device, max_batch: int | None) -> bool:
@@ -477,12 +543,12 @@ def pack_groups(groups: Groups, max_tokens: int = CPU_MAX_TOKENS) -> list[list[t
 
 
 def _score_packed(model: Any, plan: ProbePlan, chunks: Sequence[Sequence[int]],
-                  device: torch.device) -> list[dict[str, np.ndarray]]:
+                  device: torch.device, decimals: int | None = None) -> list[dict[str, np.ndarray]]:
     """The scores of several chunks (of different shapes) from one ``log_probs_many`` call."""
     q = plan.queries
     inputs = [_chunk_batch(plan, chunk, device) for chunk in chunks]
     log_probs = model.log_probs_many([batch for batch, _ in inputs], q.n_classes)
-    return [distribution_scores(lp[:, 0], torch.from_numpy(q.labels[query_rows]))
+    return [distribution_scores(lp[:, 0], torch.from_numpy(q.labels[query_rows]), decimals)
             for lp, (_, query_rows) in zip(log_probs, inputs)]
 
 

@@ -174,6 +174,21 @@ def test_a_probe_row_carries_every_rule_every_kind_and_the_known_context_baselin
     assert row["known_context_calibrated_auc"] > 0.5
 
 
+def test_a_memorized_checkpoint_stays_memorization_on_outputs_rounded_to_four_decimals(shuffled_run):
+    """The rounded re-test (probe.output_decimals, default 4) on a real fine-tune: shuffled member labels move
+    p(y*) by far more than the printed digits, so the verdict survives rounding; every null split carries the
+    rounded verdict and AUCs its null rate is measured from."""
+    last = shuffled_run[shuffled_run["epoch"] == max(EPOCHS)].iloc[0]
+    assert last["output_decimals"] == 4
+    assert last["rounded_outcome"] == Outcome.MEMORIZATION.value
+    assert last["rounded_auc"] == pytest.approx(last["auc"], abs=0.02)
+    assert last["rounded_p_value"] < last["p_value_threshold"]
+    for record in json.loads(last["null_evidence"]):
+        assert record["rounded_outcome"] in {o.value for o in Outcome}
+        for k in ScoreKind:
+            assert abs(record[f"rounded_auc_{k.value}"] - record[f"auc_{k.value}"]) < 0.05
+
+
 # ------------------------------------------------------------------ the error-rate tables read what they should
 
 
