@@ -178,6 +178,7 @@ class CheckpointRecord:
     truth: dict[str, Any] | None  # the single task's entry of ground_truth.json
     canaries: dict[str, Any] | None = None  # the run's canary settings (checkpoint.json's spec), if it had any
     canaries_fingerprint: str | None = None  # ... and the fingerprint ground_truth.json records for them
+    canary_label: int | None = None  # ... and their rare_label canaries' label (a reference's is its target's)
 
     @property
     def task(self) -> str | None:
@@ -210,6 +211,7 @@ def read_checkpoint_record(path: Path) -> CheckpointRecord | None:
     seed = spec.get("seed")
     truth = None
     canaries_fingerprint = None
+    canary_label = None
     truth_path = path / GROUND_TRUTH_FILE
     if truth_path.is_file():
         try:
@@ -221,9 +223,14 @@ def read_checkpoint_record(path: Path) -> CheckpointRecord | None:
             raise ConfigError(f"{path} was fine-tuned on {len(tasks)} tasks ({', '.join(t['task'] for t in tasks)}): "
                               "`iclmem probe` audits single-task checkpoints; the sweep's report covers this one")
         truth = tasks[0]
-        canaries_fingerprint = (log.get("canaries") or {}).get("fingerprint")
+        canary_log = log.get("canaries") or {}
+        canaries_fingerprint = canary_log.get("fingerprint")
+        rare = {int(label) for kind, label in zip(canary_log.get("kinds") or [], canary_log.get("labels") or [])
+                if kind == "rare_label"}
+        canary_label = rare.pop() if len(rare) == 1 else None
     return CheckpointRecord(path, str(manifest["model"]), dict(manifest.get("model_options") or {}),
-                            None if seed is None else int(seed), truth, spec.get("canaries"), canaries_fingerprint)
+                            None if seed is None else int(seed), truth, spec.get("canaries"), canaries_fingerprint,
+                            canary_label)
 
 
 def _settle(name: str, flag: Any, recorded: Any, source: str) -> Any:
@@ -470,7 +477,8 @@ def audit_checkpoint(checkpoint: str, task: str | None = None, *, base_model: st
     if record is not None and record.canaries is not None:
         from trainables.canaries import make_canaries
 
-        canaries = make_canaries(prepared, record.canaries)  # the canaries the run trained on, rebuilt
+        # the canaries the run trained on, rebuilt (a reference run's rare_label ones carry its target's label)
+        canaries = make_canaries(dataclasses.replace(prepared, canary_label=record.canary_label), record.canaries)
         if record.canaries_fingerprint and canaries.fingerprint != record.canaries_fingerprint:
             raise CheckpointError(f"{path}: the canaries rebuilt from {meta_file} differ from those {truth_file} "
                                   "records (was the task prepared with other settings?)")

@@ -281,13 +281,13 @@ def test_reference_tasks_are_balanced_halves_of_the_population_with_their_own_fi
     assert len(prepared.controls) == 1  # one base-model sanity check: the references share the target's
 
 
-def _dp_reference_sweep(seed: int = 0, canaries: dict | None = None):
+def _dp_reference_sweep(seed: int = 0, canaries: dict | None = None, references: int = 2):
     from orchestrator.config import parse_sweep
 
     return parse_sweep({"name": "dp-refs", "tasks": [{"name": "iris"}],
                         "grid": {"q": [20], "dp": [1], "seed": [seed]}, "data": {"context_size": 20},
                         "training": {"epochs": 6, "checkpoint_epochs": [6]},
-                        "probe": {"references": 2, "bootstrap": 50}, **({"canaries": canaries} if canaries else {})},
+                        "probe": {"references": references, "bootstrap": 50}, **({"canaries": canaries} if canaries else {})},
                        "test")
 
 
@@ -330,25 +330,39 @@ def test_each_reference_fine_tune_draws_its_own_dp_noise_never_its_targets(tmp_p
         reference_training_seed(0, -1)
 
 
-def test_references_train_with_the_targets_canaries(tmp_path):
+def test_references_train_with_the_targets_canaries_rare_label_ones_included(tmp_path):
     """Same recipe, canaries included: each reference's config carries the target's canary settings, and the
-    reference's training batch holds the very canaries the target trains with (same rows, labels, copies)."""
+    reference's training batch holds the very canaries the target trains with (same rows, labels, copies),
+    rare_label ones too: their label is the target's rarest member label, not the rarest of the reference's
+    own half (issue #56 finding 7: on iris with 4 references, two of them drew their rare_label canaries under
+    another label, from other rows)."""
     from orchestrator.prepare import prepare_sweep, trial_config
+    from trainables.canaries import rarest_member_label
+    from trainables.data import reference_half
     from trainables.finetune import Finetuner, FinetuneSpec
 
-    canaries = {"kinds": ["outlier"], "per_group": 1, "copies": [1, 2], "holdout": 4}
-    prepared = prepare_sweep(_dp_reference_sweep(canaries=canaries), tmp_path, log=lambda _m: None)
+    canaries = {"kinds": ["outlier", "rare_label"], "per_group": 1, "copies": [1, 2], "holdout": 4}
+    prepared = prepare_sweep(_dp_reference_sweep(canaries=canaries, references=4), tmp_path, log=lambda _m: None)
     configs = [trial_config(t, prepared) for t in prepared.trials]
+    assert [t.role for t in prepared.trials] == [TrialRole.TARGET] + [TrialRole.REFERENCE] * 4
     assert all(c["finetune"]["canaries"] == configs[0]["finetune"]["canaries"] for c in configs)
     finetuners = [Finetuner(FinetuneSpec(**c["finetune"]), [prepared.tasks[c["task_keys"][0]]]) for c in configs]
     target = finetuners[0].canaries
-    for ref in finetuners[1:]:
+    assert target is not None
+    # the case the test is about: some reference's own half has another rarest label than the target's members
+    assert {rarest_member_label(f.tasks[0]) for f in finetuners[1:]} != {rarest_member_label(finetuners[0].tasks[0])}
+    population = np.concatenate([finetuners[0].tasks[0].member_idx, finetuners[0].tasks[0].nonmember_idx])
+    for ref_index, ref in enumerate(finetuners[1:]):
         assert ref.canaries is not None
-        np.testing.assert_array_equal(ref.canaries.features, target.features)
-        np.testing.assert_array_equal(ref.canaries.copies, target.copies)
-        # the reference's members (its half of the target's population) plus the canaries' 1 + 2 copies
+        assert ref.canaries.fingerprint == target.fingerprint
+        for field in ("features", "copies", "labels", "source_row_ids", "ids"):
+            np.testing.assert_array_equal(getattr(ref.canaries, field), getattr(target, field), err_msg=field)
+        # the reference's members (its half of the target's population) plus both kinds' 1 + 2 copies
         n_members = len(ref.tasks[0].member_idx)
-        assert ref._fixed[0].query_y.numel() == n_members + 3
+        assert ref._fixed[0].query_y.numel() == n_members + 6
+        # ... while its own membership stays its half of the target's population
+        half = reference_half(len(population), ref_index, 0)
+        assert set(ref.tasks[0].member_idx) == set(population[half])
 
 
 # DP at ε = 1 with K = 2 references, on three seeds: iris, Q = 20, |C'| = 20, 6 epochs (~5 s a seed)

@@ -7,7 +7,8 @@ Two kinds (``iclmem.vocab.CanaryKind``):
   sign), every text cell a random word of its column's vocabulary, a label drawn uniformly at random;
 * ``rare_label``: the features of a real row the run never sees (jittered by 0.1 standard deviation per
   number, so no canary equals a table row) under the label that is rarest among the members, drawn from
-  rows of other labels.
+  rows of other labels. A reference model trains on its target's canaries: its task carries the target's
+  label (``PreparedTask.canary_label``, set by ``reference_task``), not the rarest of its own half.
 
 Two designs (``iclmem.vocab.CanaryDesign``):
 
@@ -173,6 +174,14 @@ def rarest_member_label(task: Any) -> int:
     return int(candidates[np.argmin(counts[candidates])])
 
 
+def canary_label(task: Any) -> int:
+    """The label a rare_label canary of ``task`` is trained with: the task's ``canary_label`` where it carries
+    one (a reference task carries its target's, so references train on the target's canaries), else the
+    rarest label among its own members (:func:`rarest_member_label`)."""
+    fixed = getattr(task, "canary_label", None)
+    return rarest_member_label(task) if fixed is None else int(fixed)
+
+
 def make_canaries(task: Any, settings: CanarySettings | Mapping[str, Any]) -> CanarySet:
     """The canaries of a run on prepared ``task`` (see the module docstring); deterministic in both."""
     settings = CanarySettings.from_value(settings)
@@ -184,7 +193,7 @@ def make_canaries(task: Any, settings: CanarySettings | Mapping[str, Any]) -> Ca
     vocab_sizes = [len(c.vocabulary) for c in columns.columns] if columns is not None else [0] * len(kinds)
     used = np.zeros(len(labels), dtype=bool)
     used[np.asarray(task.member_idx)] = used[np.asarray(task.nonmember_idx)] = used[np.asarray(task.context_idx)] = True
-    rare = rarest_member_label(task)
+    rare = canary_label(task)
 
     # seeded by (seed, task name), not the task's fingerprint: `iclmem probe` re-prepares the task under
     # another fingerprint and must rebuild the very canaries the run trained on
@@ -240,4 +249,4 @@ def make_canaries(task: Any, settings: CanarySettings | Mapping[str, Any]) -> Ca
                      settings=settings, fingerprint=digest.hexdigest())
 
 
-__all__ = ["CanarySettings", "CanarySet", "make_canaries", "rarest_member_label", "DEFAULT_COPIES"]
+__all__ = ["CanarySettings", "CanarySet", "canary_label", "make_canaries", "rarest_member_label", "DEFAULT_COPIES"]

@@ -86,12 +86,18 @@ def reference_task(task: PreparedTask, index: int) -> PreparedTask:
     and its non-members; C', the labels (a shuffled_members target's shuffled member labels included, so
     "in" means trained on the same row and label) and every other field unchanged. It has a fingerprint of
     its own, covering its member set, so nothing keyed by fingerprint (probe plans, cached base-model
-    scores) is shared with the target or another reference."""
+    scores) is shared with the target or another reference. Its ``canary_label`` is the target's rare_label
+    canary label, so a reference with canaries trains on exactly the target's canaries (same rows, copies and
+    labels: the canaries' draws depend on nothing else its half changes), not on ones drawn under the
+    rarest label of its own half."""
+    from trainables.canaries import canary_label
+
     population = np.concatenate([task.member_idx, task.nonmember_idx])
     half = reference_half(len(population), index, task.seed)
     members, nonmembers = np.sort(population[half]), np.sort(population[~half])
     digest = hashlib.sha256(f"{task.fingerprint}|reference|{int(index)}|".encode() + members.astype(np.int64).tobytes())
-    return dataclasses.replace(task, member_idx=members, nonmember_idx=nonmembers, fingerprint=digest.hexdigest())
+    return dataclasses.replace(task, member_idx=members, nonmember_idx=nonmembers, fingerprint=digest.hexdigest(),
+                               canary_label=canary_label(task))
 
 
 def ground_truth_log(task: PreparedTask, null_splits: int = 0) -> dict[str, Any]:

@@ -353,6 +353,10 @@ class PreparedTask:
     # What each feature column is (names, kinds, text vocabularies) and the contract it was prepared for;
     # None only for a task built by hand.
     columns: TableColumns | None = None
+    # The label a rare_label canary is trained with (trainables.canaries); None: the rarest label among this
+    # task's own members. A reference task (trainables.data.derived_splits.reference_task) carries its
+    # target's, so every reference trains on exactly its target's canaries, whatever its own half holds.
+    canary_label: int | None = None
 
     def __post_init__(self) -> None:
         for name, dtype in _ARRAY_DTYPES.items():
