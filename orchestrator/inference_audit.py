@@ -104,15 +104,16 @@ def log_value_audit_to_wandb(out_dir: Path, table_file: str, mode: str, project:
 
 
 def verdict_of(result: Any, attack: str, config_hash: str) -> dict[str, Any]:
-    """``verdict.json``: found, trusted (the control was run and found nothing) and each attack's headline gains on
-    the deployed context and the control."""
+    """``verdict.json``: found, trusted (the control was run and found nothing, and the blind baseline found the split
+    exchangeable: the membership audit's rule), why not, and each attack's headline gains on the deployed context
+    and the control."""
     headline = {}
     for row in result.to_rows():
         if row["group"] == InferenceGroup.DIFFERENCE.value or row["statistic"].endswith("gain"):
             key = f"{row['target']}/{row['attack']}/{row['group']}/{row['statistic']}"
             headline[key] = {"value": row["value"], "low": row["low"], "high": row["high"]}
     return {"attack": attack, "found": bool(result.found), "trusted": bool(result.trusted),
-            "config_hash": config_hash, "headline": headline}
+            "distrust": "; ".join(result.distrust), "config_hash": config_hash, "headline": headline}
 
 
 def summary_lines(result: Any, attack: str) -> list[str]:
@@ -121,7 +122,8 @@ def summary_lines(result: Any, attack: str) -> list[str]:
     verdict = ("FOUND: the deployed model discloses its context rows' " + ("labels" if attack == "label" else
                                                                              "sensitive values")
                if result.found else "not found")
-    lines = [f"{attack} inference: {verdict} ({'trusted' if result.trusted else 'NOT trusted: no clean control'})",
+    trust = "trusted" if result.trusted else f"NOT trusted: {'; '.join(result.distrust)}"
+    lines = [f"{attack} inference: {verdict} ({trust})",
              f"{'target':<18}{'attack':<22}{'group':<26}{'statistic':<22}{'value':>8}  interval"]
     for row in result.to_rows():
         if row["statistic"] in ("accuracy_gain", "gain") or row["group"] == InferenceGroup.DIFFERENCE.value:

@@ -73,15 +73,20 @@ def value_attack_inputs(audit: Any, attack: str, sensitive: str | None, bins: in
 
 def run_value_attack(audit: Any, attack: str, attribute: Any, pool: Any, *, references: int, seed: int,
                      bootstrap: int, note: Callable[[str], None], what: str) -> Any:
-    """One value-inference attack on a prepared audit (its population, scorer and control)."""
+    """One value-inference attack on a prepared audit (its population, scorer and control), trusted by the
+    membership audit's rule: its control clean and the split's blind baseline (the membership audit's, computed
+    once per process) exchangeable."""
     from probes.inference_attacks import attribute_inference, label_inference
+    from probes.probe import blind_columns
 
     inputs = audit.inputs
+    exchangeable = bool(blind_columns(audit.prepared)["exchangeable"])
     note(f"[iclmem] {attack} inference on {what}: context {inputs.context_size} rows, {references} reference "
          f"contexts" + (f", sensitive column {attribute.n_candidates} candidate values"
                         f"{' (binned)' if attribute.is_binned else ''}; imputation fitted on {len(pool.y)} rows"
                         if attribute is not None else ""))
     if attribute is None:
-        return label_inference(audit.scorer, inputs, n_references=references, seed=seed, n_resamples=bootstrap)
+        return label_inference(audit.scorer, inputs, n_references=references, seed=seed, n_resamples=bootstrap,
+                               exchangeable=exchangeable)
     return attribute_inference(audit.scorer, inputs, attribute, pool, n_references=references, seed=seed,
-                               n_resamples=bootstrap)
+                               n_resamples=bootstrap, exchangeable=exchangeable)

@@ -277,17 +277,28 @@ def audit_verdict(rows: Sequence[Mapping[str, Any]], exchangeable: bool = True) 
     false_alarms = [r["attack"] for r in control if r["outcome"] == Outcome.MEMORIZATION.value]
     outcome = Outcome.MEMORIZATION if hits else Outcome.NO_SIGNAL
     reasons = [f"memorization under {', '.join(hits)}" if hits else "no attack's memorization rule holds"]
-    trusted = True
-    if not control:
-        trusted = False
+    distrust = distrust_reasons(control_run=bool(control), control_found=false_alarms, exchangeable=exchangeable,
+                                what="memorization")
+    return ContextVerdict(outcome, not distrust, ContextAttack(strongest["attack"]), "; ".join(reasons + distrust))
+
+
+def distrust_reasons(*, control_run: bool, control_found: Sequence[str], exchangeable: bool | None,
+                     what: str) -> list[str]:
+    """Why a deployed-context verdict is not to be trusted; none: it is trusted. The one rule for membership
+    (:func:`audit_verdict`) and value inference (:mod:`probes.inference_attacks`): a never-in-context control was
+    run, none of its attacks (``control_found``) finds ``what`` there, and the split is exchangeable (its label
+    design treats both groups alike and the blind baseline's interval holds 0.5; None: not measured, which is
+    not trusted either)."""
+    reasons = []
+    if not control_run:
         reasons.append("no never-in-context control was run (the table has too few rows outside P)")
-    elif false_alarms:
-        trusted = False
-        reasons.append(f"the never-in-context control says memorization under {', '.join(false_alarms)}")
-    if not exchangeable:
-        trusted = False
+    elif control_found:
+        reasons.append(f"the never-in-context control says {what} under {', '.join(control_found)}")
+    if exchangeable is None:
+        reasons.append("no blind baseline was measured (members against non-members without the model)")
+    elif not exchangeable:
         reasons.append("members and non-members are separable without the model (blind baseline)")
-    return ContextVerdict(outcome, trusted, ContextAttack(strongest["attack"]), "; ".join(reasons))
+    return reasons
 
 
 def evaluate_context_audit(scorer: ContextScorer, inputs: ContextAuditInputs, *, n_references: int, seed: int = 0,
@@ -334,5 +345,6 @@ def evaluate_context_audit(scorer: ContextScorer, inputs: ContextAuditInputs, *,
 
 __all__ = ["ATTACK_FAMILY", "ContextAuditInputs", "ContextAuditResult", "ContextScorer", "ContextStatistics",
            "ContextVerdict", "MAX_REFERENCES", "ReferenceScores", "audit_verdict", "context_attack_scores",
+           "distrust_reasons",
            "evaluate_context_audit", "reference_contexts", "score_references", "target_statistics",
            "true_label_log_p"]

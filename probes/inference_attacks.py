@@ -49,8 +49,11 @@ Threat model and design (same population as the context audit, :class:`~probes.c
   Bonferroni level 1 - (1 - confidence) / 2, and the attribute verdict is found when either attack's is.
 * **Control** (:data:`~iclmem.vocab.ContextTarget.CONTROL`): the same attacks with the control context (rows
   outside P with the members' label counts) as the deployed model. No row of P was in it, members and
-  non-members are exchangeable there, so every headline is ~0 and ``found`` must be False; a result is
-  ``trusted`` only when its control says so.
+  non-members are exchangeable there, so every headline is ~0 and ``found`` must be False. A result is
+  ``trusted`` by the membership audit's rule (:func:`~probes.context_audit.distrust_reasons`): its control was
+  run and found nothing, and the split is exchangeable (the blind baseline, members against non-members without
+  the model, cannot tell them apart): a difference between members and non-members that the rows' own labels and
+  features already give is no disclosure by the model.
 * **Intervals**: stratified percentile bootstrap (:func:`iclmem.stats.bootstrap_indices`: rows resampled
   within members and within non-members), the same resamples for every statistic of one target, so a gain's
   interval and its parts agree. Ties in an argmax (a model that gives two classes or candidates the same
@@ -81,6 +84,7 @@ from probes.context_audit import (
     MAX_REFERENCES,
     ContextAuditInputs,
     ContextScorer,
+    distrust_reasons,
     reference_contexts,
     true_label_log_p,
 )
@@ -297,19 +301,34 @@ class LabelInferenceTarget:
 
 
 class _Verdict:
-    """``found`` (on the deployed context) and ``trusted`` (a control was run and found nothing where there is
-    nothing to find) of a result holding ``deployed`` and ``control`` targets."""
+    """``found`` (on the deployed context) and ``trusted`` (the membership audit's rule: a control was run and
+    found nothing where there is nothing to find, and the blind baseline found the split exchangeable) of a
+    result holding ``deployed`` and ``control`` targets and the split's ``exchangeable`` (None: not measured)."""
 
     deployed: Any
     control: Any
+    exchangeable: bool | None
 
     @property
     def found(self) -> bool:
         return bool(self.deployed.found)
 
     @property
+    def distrust(self) -> list[str]:
+        """Why the result is not trusted (:func:`~probes.context_audit.distrust_reasons`); empty: trusted."""
+        control = self.control
+        if control is None:
+            found: list[str] = []
+        elif hasattr(control, "attacks"):
+            found = [a.attack.value for a in control.attacks if a.found]
+        else:
+            found = [InferenceAttack.LABEL.value] if control.found else []
+        return distrust_reasons(control_run=control is not None, control_found=found,
+                                exchangeable=self.exchangeable, what="values are given away")
+
+    @property
     def trusted(self) -> bool:
-        return self.control is not None and not self.control.found
+        return not self.distrust
 
     def row_gains(self) -> dict[str, np.ndarray]:
         """attack -> float64 [n] aligned with P: each row's gain on the deployed context (label: the accuracy gain
@@ -331,7 +350,7 @@ class LabelInferenceResult(_Verdict):
     n_references: int
     seed: int
     n_resamples: int
-
+    exchangeable: bool | None = None  # the split's blind-baseline verdict; None: not measured (never trusted)
 
     def to_rows(self) -> list[dict[str, Any]]:
         """One dict per (target, group, statistic): ``attack``, ``target``, ``group``, ``statistic``, ``value``,
@@ -407,7 +426,7 @@ class AttributeInferenceResult(_Verdict):
     n_resamples: int
     imputation_row_correct: np.ndarray  # float64 [n] aligned with P: the imputer's guess is the row's value
     n_imputation_rows: int
-
+    exchangeable: bool | None = None  # the split's blind-baseline verdict; None: not measured (never trusted)
 
     def to_rows(self) -> list[dict[str, Any]]:
         """One dict per (target, attack, group, statistic): ``attack``, ``target``, ``group``, ``statistic``,
@@ -543,9 +562,12 @@ def _found(members_gain: Estimate, difference: Estimate) -> bool:
 
 
 def label_inference(scorer: ContextScorer, inputs: ContextAuditInputs, *, n_references: int, seed: int = 0,
-                    n_resamples: int = DEFAULT_RESAMPLES, confidence: float = DEFAULT_CONFIDENCE) -> LabelInferenceResult:
+                    n_resamples: int = DEFAULT_RESAMPLES, confidence: float = DEFAULT_CONFIDENCE,
+                    exchangeable: bool | None = None) -> LabelInferenceResult:
     """Label inference against the deployed context and (when ``inputs`` has one) the control: K + 1 or K + 2
-    scorer calls, each on all of P (see the module's docstring)."""
+    scorer calls, each on all of P (see the module's docstring). ``exchangeable``: the split's blind-baseline
+    verdict (``probes.probe.blind_columns``' ``exchangeable``, as the membership audit reads it); None, not
+    measured, leaves the result untrusted."""
     _check_settings(n_references, n_resamples, confidence)
     x, y, c = inputs.population_x, inputs.population_y, inputs.n_classes
     masks = reference_contexts(len(y), int(n_references), seed)
@@ -571,7 +593,11 @@ def label_inference(scorer: ContextScorer, inputs: ContextAuditInputs, *, n_refe
                                             _found(members.accuracy_gain, acc_diff), _frozen(acc_gain),
                                             _frozen(conf_gain)))
     return LabelInferenceResult(targets[0], targets[1] if len(targets) > 1 else None, int(n_references), int(seed),
-                                int(n_resamples))
+                                int(n_resamples), _exchangeable(exchangeable))
+
+
+def _exchangeable(value: bool | None) -> bool | None:
+    return None if value is None else bool(value)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -628,11 +654,12 @@ def _imputation_scores(pool: ImputationPool, attribute: SensitiveAttribute, inpu
 def attribute_inference(scorer: ContextScorer, inputs: ContextAuditInputs, attribute: SensitiveAttribute,
                         pool: ImputationPool, *, n_references: int, seed: int = 0,
                         n_resamples: int = DEFAULT_RESAMPLES, confidence: float = DEFAULT_CONFIDENCE,
-                        imputer: Any = None) -> AttributeInferenceResult:
+                        imputer: Any = None, exchangeable: bool | None = None) -> AttributeInferenceResult:
     """Attribute inference on ``attribute``'s column against the deployed context and (when ``inputs`` has one)
     the control, with the imputation baseline fitted on ``pool`` (``imputer``: an unfitted scikit-learn
     classifier with ``predict_proba``, cloned; default standardised logistic regression). (K + 2) * V scorer
-    calls, each on all of P with the sensitive column set to one candidate (see the module's docstring)."""
+    calls, each on all of P with the sensitive column set to one candidate (see the module's docstring).
+    ``exchangeable``: as for :func:`label_inference`."""
     _check_settings(n_references, n_resamples, confidence)
     x, y, c = inputs.population_x, inputs.population_y, inputs.n_classes
     _check_column(attribute.column, x.shape[1])
@@ -673,5 +700,6 @@ def attribute_inference(scorer: ContextScorer, inputs: ContextAuditInputs, attri
         targets.append(AttributeInferenceTarget(target, tuple(attacks), level))
     return AttributeInferenceResult(targets[0], targets[1] if len(targets) > 1 else None, attribute.column,
                                     attribute.n_candidates, attribute.is_binned, int(n_references), int(seed),
-                                    int(n_resamples), _frozen(imputation_hit), int(len(pool.y)))
+                                    int(n_resamples), _frozen(imputation_hit), int(len(pool.y)),
+                                    _exchangeable(exchangeable))
 

@@ -106,7 +106,7 @@ def test_shuffled_member_labels_are_given_away_to_a_label_inference_attacker():
     for seed in SEEDS:
         inputs, _ = _table(seed, shuffled=True)
         scorer = KernelScorer()
-        result = label_inference(scorer, inputs, n_references=K, seed=seed, n_resamples=RESAMPLES)
+        result = label_inference(scorer, inputs, n_references=K, seed=seed, n_resamples=RESAMPLES, exchangeable=True)
         assert scorer.calls == K + 2  # one call per context, all of P stacked
         d = result.deployed
         assert d.members.accuracy.value > 0.9, seed  # the context holds the member: its (random) label is read back
@@ -154,6 +154,50 @@ def test_a_model_that_never_held_the_rows_gives_no_label_inference_on_any_seed()
             assert np.allclose(t.row_confidence_gain, 0.0), seed
 
 
+def test_a_value_inference_result_whose_blind_baseline_separates_the_split_is_not_trusted_though_its_control_is_clean():
+    """Issue #56 finding 9: value inference is trusted by the membership audit's rule (one function,
+    probes.context_audit.distrust_reasons): a clean control is not enough, the blind baseline must find the split
+    exchangeable; a result that was given no blind baseline is not trusted either."""
+    inputs, pool = _table(0, sensitive="independent")
+    attribute = SensitiveAttribute.categorical(inputs.population_x, N_FEATURES, candidates=[0.0, 1.0, 2.0, 3.0])
+    for run in (lambda ex: label_inference(FixedLogistic(), inputs, n_references=K, n_resamples=50, exchangeable=ex),
+                lambda ex: attribute_inference(FixedLogistic(), inputs, attribute, pool, n_references=K, n_resamples=50,
+                                               exchangeable=ex)):
+        clean, separable, unmeasured = run(True), run(False), run(None)
+        for result in (clean, separable, unmeasured):
+            assert result.control is not None
+            assert not result.control.found
+        assert clean.trusted
+        assert clean.distrust == []
+        assert not separable.trusted
+        assert separable.distrust == ["members and non-members are separable without the model (blind baseline)"]
+        assert not unmeasured.trusted
+        assert "no blind baseline" in unmeasured.distrust[0]
+
+
+def test_the_audit_shell_reads_the_splits_blind_baseline_into_value_inference_trust(monkeypatch):
+    """orchestrator.value_attacks.run_value_attack (the CLI's and a sweep's path) passes the membership audit's blind
+    baseline of the audit's split to the attack: a separable split gives an untrusted result, and the console says
+    why."""
+    from types import SimpleNamespace
+
+    import probes.probe
+    from orchestrator.inference_audit import summary_lines, verdict_of
+    from orchestrator.value_attacks import run_value_attack
+
+    inputs, _ = _table(0)
+    for exchangeable in (True, False):
+        monkeypatch.setattr(probes.probe, "blind_columns", lambda _task, ex=exchangeable: {"exchangeable": ex})
+        audit = SimpleNamespace(inputs=inputs, scorer=FixedLogistic(), prepared=object())
+        result = run_value_attack(audit, "label", None, None, references=K, seed=0, bootstrap=50,
+                                  note=lambda _line: None, what="t")
+        assert not result.control.found
+        assert result.trusted is exchangeable
+        assert verdict_of(result, "label", "h")["trusted"] is exchangeable
+        head = summary_lines(result, "label")[0]
+        assert ("NOT trusted: members and non-members are separable without the model" in head) is not exchangeable
+
+
 # -- attribute inference ------------------------------------------------------------------------------------
 
 
@@ -165,7 +209,7 @@ def _attribute_run(seed: int, sensitive: str, scorer=None, shuffled: bool = Fals
     else:
         attribute = SensitiveAttribute.categorical(inputs.population_x, column, candidates=[0.0, 1.0, 2.0, 3.0])
     return attribute_inference(scorer or KernelScorer(), inputs, attribute, pool, n_references=K, seed=seed,
-                               n_resamples=RESAMPLES)
+                               n_resamples=RESAMPLES, exchangeable=True)
 
 
 @pytest.mark.parametrize(("sensitive", "min_gain"), [("independent", 0.4), ("numeric", 0.3)])
