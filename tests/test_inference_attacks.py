@@ -13,12 +13,14 @@ from iclmem.vocab import ContextTarget, InferenceAttack, InferenceGroup
 from probes.context_audit import ContextAuditInputs
 from probes.inference_attacks import (
     ATTRIBUTE_ATTACKS,
+    MIN_SLICE_SIDE,
     ImputationPool,
     SensitiveAttribute,
     attribute_inference,
     bin_numeric,
     gain_by_group,
     label_inference,
+    value_slice_test,
 )
 
 SEEDS = range(5)
@@ -370,3 +372,83 @@ def test_a_slice_whose_members_give_their_values_away_is_told_from_one_whose_do_
         assert not (gain.low > 0 and diff.low > 0)
     with pytest.raises(ProbeError, match="both groups needed"):
         gain_by_group(np.zeros(4), np.ones(4, bool))
+
+
+# -- the per-slice test (issue #56 finding 1) ---------------------------------------------------------------
+
+
+def _sides(n_members: int, n_nonmembers: int | None = None) -> np.ndarray:
+    return np.r_[np.ones(n_members, bool), np.zeros(n_members if n_nonmembers is None else n_nonmembers, bool)]
+
+
+def test_a_value_slice_is_exposed_at_or_under_its_level_without_a_member_effect_at_3_to_30_rows_a_side():
+    """No member effect, but a model that generalises: every row, member or not, gains N(0.3, 1), so the members'
+    sign-flip test alone would fire (at 30 a side on about half the slices). The slice needs the permutation test
+    of members against non-members too, which is exact under exchangeability: over 5 seeds x 400 slices per size
+    (min_side 1, so even 3 rows a side are tested) the exposure rate stays at or under the level. Measured here
+    at 3 / 5 / 10 / 30 rows a side: 0 / 0.022 / 0.041 / 0.043 at level 0.05 and 0 / 0 / 0.0005 / 0.0045 at
+    0.005 (binomial sd 0.005 and 0.0016), where the members' test alone fires on 0 / 0.087 / 0.22 / 0.47 and
+    0 / 0 / 0.026 / 0.11; the bootstrap bounds this replaces gave 0.050 / 0.030 / 0.015 / 0.0067 at a nominal
+    0.0016."""
+    for n in (3, 5, 10, 30):
+        member = _sides(n)
+        p = []
+        for seed in range(5):
+            rng = np.random.default_rng([56, n, seed])
+            for i in range(400):
+                t = value_slice_test(rng.normal(0.3, 1.0, 2 * n), member, alpha_slice=0.05, permutations=499,
+                                     seed=i, min_side=1)
+                p.append((t.p_members, t.p_difference))
+        both = np.max(np.array(p), axis=1)  # exposed at level a exactly when both p-values are <= a
+        assert np.mean(both <= 0.05) <= 0.05 + 0.015, n  # 3 binomial sd over 2000 slices
+        assert np.mean(both <= 0.005) <= 0.005 + 0.005, n
+
+
+def test_a_slice_whose_members_give_back_their_labels_is_exposed_on_10_rows_a_side_on_every_seed():
+    """Labels shuffled over 10 classes, the deployed context gives back every member's label (accuracy gain ~0.9 over
+    8 references without the row, each right by chance at 1/10); non-members are read at chance. At the Bonferroni
+    level over 10 slices (0.005) the slice is exposed on 5 of 5 seeds (on 399 of seeds 0-399; with 4 classes, gain
+    ~0.75, on 359; with 3, gain ~0.66, on 293: 10 rows a side find only a large gain at that level)."""
+    member = _sides(10)
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        without = rng.binomial(8, 0.1, 20) / 8
+        gain = np.where(member, 1.0, rng.binomial(1, 0.1, 20)) - without
+        t = value_slice_test(gain, member, alpha_slice=0.005, seed=seed)
+        assert not t.too_small
+        assert t.members_gain == pytest.approx(gain[member].mean())
+        assert t.gain_difference == pytest.approx(gain[member].mean() - gain[~member].mean())
+        assert t.exposed, (seed, t)
+
+
+def test_a_value_slice_below_min_side_is_too_small_to_test_and_exact_p_values_reach_their_floor():
+    """With fewer than MIN_SLICE_SIDE (8) rows a side no p-value is computed: at the Bonferroni level over 10 slices
+    (0.005) the sign-flip test of 7 members could not get below 2**-7 = 0.0078. At 8 a side every member gaining
+    and no non-member gives the exact floors: 2**-8 for the members' gain, 1 / C(16, 8) for the difference."""
+    huge = np.r_[np.full(MIN_SLICE_SIDE - 1, 5.0), np.zeros(MIN_SLICE_SIDE - 1)]
+    small = value_slice_test(huge, _sides(MIN_SLICE_SIDE - 1), alpha_slice=0.005)
+    assert small.too_small
+    assert not small.exposed
+    assert np.isnan(small.p_members)
+    assert np.isnan(small.p_difference)
+    assert small.members_gain == 5.0
+    assert small.gain_difference == 5.0
+    assert value_slice_test(np.r_[huge, 1.0], _sides(MIN_SLICE_SIDE, MIN_SLICE_SIDE - 1), alpha_slice=0.005).too_small
+    g = np.r_[np.arange(1.0, 9.0), -np.arange(1.0, 9.0) / 10]
+    exact = value_slice_test(g, _sides(8), alpha_slice=0.005, permutations=20000)  # 256 flips, 12870 relabellings
+    assert exact.p_members == pytest.approx(2.0 ** -8)
+    assert exact.p_difference == pytest.approx(1 / 12870)
+    assert exact.exposed
+    drawn = value_slice_test(g, _sides(8), alpha_slice=0.005, permutations=999)  # Monte-Carlo: (1 + 0) / (1 + 999)
+    assert drawn.p_difference == pytest.approx(1 / 1000)
+    assert value_slice_test(-g, _sides(8), alpha_slice=0.005).p_members == 1.0
+    one_empty = value_slice_test(np.ones(4), np.ones(4, bool), alpha_slice=0.05)
+    assert one_empty.too_small
+    assert one_empty.n_nonmembers == 0
+    assert np.isnan(one_empty.gain_difference)
+    for bad, message in (({"gain": np.r_[np.nan, g[1:]]}, "missing or infinite"),
+                         ({"member": np.ones(16)}, "boolean"), ({"alpha_slice": 0.0}, "alpha_slice"),
+                         ({"permutations": 0}, "permutations")):
+        kwargs = {"gain": g, "member": _sides(8), "alpha_slice": 0.005, **bad}
+        with pytest.raises(ProbeError, match=message):
+            value_slice_test(kwargs.pop("gain"), kwargs.pop("member"), **kwargs)
