@@ -11,8 +11,7 @@ canary's score and risk). Per attack (the probe's calibrated loss, the known-con
   is a monotone map of it); chance is their share, 8 / (Q + 8);
 * the AUC of those canaries against the held-out ones (0.5: no trained canary stands out).
 
-Then, per slice family, the rate at which a slice's own test fired on null splits of its non-members (rows the
-model never trained on: each firing is a false positive; the level is 0.05), over the same checkpoints.
+The slices' false-positive rates are measured by benchmarks/claim_ledger.py, through the sweep's own path.
 
     python3 benchmarks/record_risk.py [--seeds 0,1,2,3,4] [--no-write]
 """
@@ -31,21 +30,18 @@ from _common import fmt, md_table, publish, set_threads  # noqa: E402
 COPIES = (1, 2, 4, 8)
 
 
-def one_seed(seed: int, epochs: int, lr: float, q: int) -> tuple[list[dict], list[dict]]:
+def one_seed(seed: int, epochs: int, lr: float, q: int) -> list[dict]:
     import numpy as np
     import torch
 
     from iclmem.stats import auc
     from iclmem.vocab import Channel
     from orchestrator.record_risk import RECORD_ATTACKS, canary_rows, record_rows
-    from orchestrator.slices import SliceSettings, slice_masks, task_slices
     from probes.manipulations import default_suite
     from probes.probe import ProbeSettings, probe_checkpoint
-    from probes.record_risk import precision_at_k, slice_leakage
+    from probes.record_risk import precision_at_k
     from probes.scoring import ProbePlan, ProbeQueries
     from trainables.data import PrepSettings, TaskSource, prepare_task
-    from trainables.data.sources import read_frame, resolve_source
-    from trainables.data.table import build_table
     from trainables.finetune import Finetuner, FinetuneSpec
     from trainables.models import build_model
 
@@ -83,21 +79,7 @@ def one_seed(seed: int, epochs: int, lr: float, q: int) -> tuple[list[dict], lis
                             "precision_at_k": precision_at_k(ranked, positive, len(planted)),
                             "chance": len(planted) / len(ranked),
                             "auc_vs_held_out": auc(planted["score"].to_numpy(np.float64), held)})
-    # the slices of the task and each slice's null-split firing rate at this checkpoint
-    resolved = resolve_source(source)
-    full = build_table(resolved, prep)
-    slices = task_slices("digits", full.features, full.labels, full.class_names, full.row_ids, read_frame(resolved),
-                         resolved.target, SliceSettings())
-    nulls = []
-    for attack in RECORD_ATTACKS:
-        mine = rows[rows["attack"] == attack]
-        masks = slice_masks(slices, mine["row_id"])
-        leak = slice_leakage(mine["score"], mine["member"], {n: m for (_, n), m in masks.items()},
-                             n_resamples=50, permutations=200, null_splits=50, seed=seed)
-        family = {n: f for (f, n) in masks}
-        nulls.extend({"seed": seed, "attack": attack, "family": family[x.slice], "slice": x.slice,
-                      "null_fpr": x.null_fpr, "n_nonmembers": x.n_nonmembers} for x in leak)
-    return ranking, nulls
+    return ranking
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,13 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     set_threads(1)  # the machine is shared: one thread, as the planted tests run
     start = time.perf_counter()
-    ranking, nulls = [], []
+    ranking = []
     for seed in seeds:
-        r, n = one_seed(seed, args.epochs, args.lr, args.q)
-        ranking += r
-        nulls += n
+        ranking += one_seed(seed, args.epochs, args.lr, args.q)
         print(f"seed {seed} done ({time.perf_counter() - start:.0f} s)", flush=True)
-    ranking_df, nulls_df = pd.DataFrame(ranking), pd.DataFrame(nulls)
+    ranking_df = pd.DataFrame(ranking)
     rows = []
     for (attack, copies), g in ranking_df.groupby(["attack", "copies"], sort=True):
         rows.append([attack, copies, int(g["k"].iloc[0]), fmt(g["chance"].mean()),
@@ -127,23 +107,15 @@ def main(argv: list[str] | None = None) -> int:
                      f"{fmt(g['auc_vs_held_out'].mean())} ({fmt(g['auc_vs_held_out'].min())}–{fmt(g['auc_vs_held_out'].max())})"])
     table = md_table(["attack", "copies", "k", "chance", "precision@k, mean (min–max over seeds)",
                       "AUC against held-out canaries, mean (min–max)"], rows)
-    scored = nulls_df.dropna(subset=["null_fpr"])
-    null_rows = []
-    for (attack, family), g in scored.groupby(["attack", "family"], sort=True):
-        null_rows.append([attack, family, len(g), fmt(g["null_fpr"].mean()), fmt(g["null_fpr"].max()),
-                          int(g["n_nonmembers"].min())])
-    null_table = md_table(["attack", "slice family", "slices x seeds", "mean null firing rate",
-                           "highest", "fewest non-members in a slice"], null_rows)
     text = (f"digits, pfn-mini, Q = {args.q} member rows, {args.epochs} epochs at lr {args.lr:g}, outlier canaries "
             f"(8 per copy count, 32 held out), seeds {', '.join(map(str, seeds))}; "
             f"{time.perf_counter() - start:.0f} s on this machine.\n\n"
             "Precision@k: the k canaries of one copy count ranked among the member rows and themselves by their "
             "membership score (chance: their share). AUC: those canaries against the held-out ones.\n\n"
-            f"{table}\n\nPer-slice null splits: each slice's one-sided Mann-Whitney test (level 0.05) on 50 random "
-            "halvings of the slice's non-members, rows the model never trained on: every firing is a false "
-            f"positive.\n\n{null_table}\n")
+            f"{table}\n\nThe slices' null rates are measured through the sweep's own path now (null splits at each "
+            "run's null headline, the run's whole family corrected): benchmarks/claim_ledger.py.\n")
     print(text)
-    publish("Per-record risk: canaries ranked among the rows, per-slice null splits", text, args.no_write, argv)
+    publish("Per-record risk: canaries ranked among the rows", text, args.no_write, argv)
     return 0
 
 

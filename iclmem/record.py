@@ -29,7 +29,7 @@ __all__ = ["ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "CANARY_TABLE_ORD
            "CHECKPOINT_KEY", "COLUMNS", "CONFIGURATION_KEY", "EPOCH_CURVE_LINE", "EPSILON_TABLE_ORDER", "FACET_AXES",
            "FAMILIES", "FRONTIER_GROUP", "FRONTIER_LINE", "FRONTIER_SETTING", "GRID_AXES", "IDENTITY_COLUMNS",
            "INTEGER_COLUMNS", "NEIGHBOURS", "OUTCOME_GRID_CELL", "PAPER_RUN_ORDER", "RESULTS_SCHEMA_KEY",
-           "RESULTS_SCHEMA_VERSION", "ROW_KEY", "RUN_KEY", "SLICE_AUDIT_KEY", "SPLIT_REPORT_ORDER",
+           "NULL_TRIAL_KEY", "RESULTS_SCHEMA_VERSION", "ROW_KEY", "RUN_KEY", "SLICE_AUDIT_KEY", "SPLIT_REPORT_ORDER",
            "VOLATILE_COLUMNS", "WANDB_LINE_GROUP", "WANDB_WORKSPACE_GROUPBY", "Column", "ColumnFamily",
            "RunIdentity", "check_columns", "check_row", "column_meaning", "is_public", "is_result_column",
            "public_columns"]
@@ -83,6 +83,8 @@ RUN_KEY: tuple[str, ...] = ("run_id", "task")
 # one results row: a run's checkpoint on one of its tasks (per-record tables split it further by channel
 # and attack)
 ROW_KEY: tuple[str, ...] = (*RUN_KEY, "epoch")
+# one null trial of a run: its null split j (every null split goes through the run's headline selection alone)
+NULL_TRIAL_KEY: tuple[str, ...] = (*RUN_KEY, "null_index")
 # one checkpoint of a run's weights, all its tasks together: what ROC files, manipulation AUC rows and peak
 # checkpoints are matched on
 CHECKPOINT_ID: tuple[str, ...] = ("run_id", "epoch")

@@ -85,8 +85,11 @@ RECORD_STABILITY_FILE = "record_stability.parquet"  # per pair of runs differing
 RISKIEST_RECORDS_FILE = "riskiest_records.parquet"  # per task: the top-k member rows by risk
 CANARY_RANKING_FILE = "canary_ranking.parquet"  # per run x attack: precision@k of the ranking on the canaries
 CHANNEL_CROSSING_FILE = "channel_crossing.parquet"  # per run x channel x attack x stratum of the other channel: AUC
+# every statement about leakage the console, the first screen or W&B makes: effect size, family, null rate, rounding
+CLAIM_LEDGER_FILE = "claims.parquet"
 RISK_TABLE_FILES = (RECORD_RISK_FILE, RECORD_SLICES_FILE, SLICE_RISK_FILE, RECORD_STABILITY_FILE,
-                    RISKIEST_RECORDS_FILE, CANARY_RANKING_FILE, CHANNEL_CROSSING_FILE, VALUE_SLICES_FILE)
+                    RISKIEST_RECORDS_FILE, CANARY_RANKING_FILE, CHANNEL_CROSSING_FILE, VALUE_SLICES_FILE,
+                    CLAIM_LEDGER_FILE)
 
 # An LM probe run folder (``iclmem lm run``; its provenance has ``kind = "lm"``)
 LM_SWEEP_FILE = "lm_sweep.json"  # the validated LM sweep config, as resumed by ``iclmem lm resume``
@@ -107,7 +110,7 @@ __all__ = [
     "CONTEXT_SCORES_FILE", "CONTEXT_ROC_FIGURE", "CONTEXT_AUDITS_DIR", "CONTEXT_AUDITS_FILE", "ROW_SUFFIX",
     "MANIPULATION_SUFFIX", "ROC_SUFFIX", "LOCK_NAMES", "record_diverged_run", "read_diverged_runs",
     "RECORD_RISK_FILE", "RECORD_SLICES_FILE", "SLICE_RISK_FILE", "RECORD_STABILITY_FILE", "RISKIEST_RECORDS_FILE",
-    "CANARY_RANKING_FILE", "RISK_TABLE_FILES", "INFERENCE_FILE", "INFERENCE_ROWS_FILE", "VALUE_SLICES_FILE", "CHANNEL_CROSSING_FILE", "SAVED_DIR", "SAVED_FILE_TABLE",
+    "CANARY_RANKING_FILE", "RISK_TABLE_FILES", "INFERENCE_FILE", "INFERENCE_ROWS_FILE", "VALUE_SLICES_FILE", "CHANNEL_CROSSING_FILE", "CLAIM_LEDGER_FILE", "SAVED_DIR", "SAVED_FILE_TABLE",
 ]
 
 

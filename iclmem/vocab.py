@@ -312,3 +312,36 @@ class WandbMode(Vocab):
 def values(enum: type[Enum]) -> tuple[str, ...]:
     """The plain string values of a vocabulary, in declaration order (for report columns and messages)."""
     return tuple(str(member.value) for member in enum)
+
+
+class ClaimKind(Vocab):
+    """What a statement of the report, the console or the W&B summary claims about leakage: one kind per line
+    of the claim ledger (orchestrator/claim_ledger.py), each with its own selection, family and null path."""
+
+    RUN_VERDICT = "run_verdict"  # a run's headline checkpoint is memorization
+    KNOWN_CONTEXT_FLAG = "known_context_flag"  # some checkpoint of a run passes the rule on the known context C'
+    DEPLOYED_KNOWN_CONTEXT_FLAG = "deployed_known_context_flag"  # the same through the package's deployed classifier
+    RUNS_LEAKED = "runs_leaked"  # per task: runs with a verdict or a flag (their union, one family)
+    ROWS_AT_RISK = "rows_at_risk"  # per task: member rows whose risk reaches the bar, beyond what null rows reach
+    SLICE_EXPOSED = "slice_exposed"  # a slice's members score higher than its non-members
+    SLICE_LEAKS_MORE = "slice_leaks_more"  # a slice leaks more than the rest of the run's rows
+    VALUE_SLICE_EXPOSED = "value_slice_exposed"  # a slice's values are given away (label / attribute inference)
+    TASK_VERDICT = "task_verdict"  # Tab. 8's controlled task-level verdict
+
+
+class RoundingCheck(Vocab):
+    """Whether a claim holds again on outputs rounded as a deployed model rounds them (``probe.output_decimals``)."""
+
+    SURVIVES = "survives"  # made again on rounded outputs
+    LOST = "lost"  # made on exact outputs only
+    NOT_TESTED = "not_tested"  # no rounded re-test of this kind of claim (or of this folder)
+
+
+class ClaimReading(Vocab):
+    """How the first screen reads a claim, from its ledger line (orchestrator/claim_ledger.py ``reading``)."""
+
+    LEAK = "leak"  # made, its false-positive rate measured at or under the level, and it survives rounding
+    EXACT_OUTPUTS_ONLY = "exact_outputs_only"  # made, but gone on rounded outputs
+    WITHIN_CHANCE = "within_chance"  # made, but the null data through the same path make it as often as the level
+    UNMEASURED = "unmeasured"  # made, with no false-positive rate measured: not a claim the first screen makes
+    NOT_MADE = "not_made"  # tested and not made

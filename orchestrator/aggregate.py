@@ -132,7 +132,8 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
         write_parquet_atomic(roc, roc_path(run_dir, run_id, epoch))
     if prepared is not None:
         write_parquet_atomic(split_report_table(prepared), run_dir / SPLIT_REPORT_FILE)
-    write_risk_report_or_say_why(run_dir, results, references, queries, log)
+    tables = write_risk_report_or_say_why(run_dir, results, references, queries, log)
+    write_claim_ledger_or_say_why(run_dir, results, queries, tables, log)
     report = write_reports(run_dir, results, wandb_mode=wandb_mode, log=log, forced=forced)
     log(f"[iclmem] {len(results)} checkpoint results -> {run_dir / RESULTS_FILE}")
     if report is not None:
@@ -142,18 +143,44 @@ def aggregate(run_dir: Path, prepared: Any | None = None, log: Callable[[str], N
 
 def write_risk_report_or_say_why(run_dir: Path, results: pd.DataFrame, references: pd.DataFrame,
                                  queries: QueryTables | None,
-                                 log: Callable[[str], None]) -> None:
-    """The data owner's risk report's tables (``orchestrator.record_risk``). The results are written by now: a
-    source table that can no longer be read (moved, changed) costs the slices and is said, never the results."""
+                                 log: Callable[[str], None]) -> Any:
+    """The data owner's risk report's tables (``orchestrator.record_risk``), None when not built. The results are
+    written by now: a source table that can no longer be read (moved, changed) costs the slices and is said,
+    never the results."""
     from iclmem.errors import ConfigError, DataError
     from orchestrator.record_risk import write_risk_report
 
     try:
-        write_risk_report(run_dir, results, lambda run_id, epoch: _query_table(run_dir, run_id, epoch, queries or None),
-                          log, attack_scores=record_attack_scores(run_dir, references, queries or None))
+        return write_risk_report(run_dir, results,
+                                 lambda run_id, epoch: _query_table(run_dir, run_id, epoch, queries or None), log,
+                                 attack_scores=record_attack_scores(run_dir, references, queries or None),
+                                 null_query_table=lambda run_id, epoch: null_query_table(run_dir, run_id, epoch))
     except (ConfigError, DataError, OSError) as exc:
         log(f"[iclmem] WARNING: the risk report's tables were not built ({exc}); the results above are complete, "
             "and `iclmem report RUN_DIR` builds them once the task's table can be read again")
+        return None
+
+
+def write_claim_ledger_or_say_why(run_dir: Path, results: pd.DataFrame, queries: QueryTables | None, tables: Any,
+                                  log: Callable[[str], None]) -> None:
+    """The claim ledger (``orchestrator.claim_ledger``) from the results, every checkpoint's query and null-split
+    query tables and the risk tables (``tables``: :class:`orchestrator.record_risk.RiskTables` or None). Written
+    after the results: a table that cannot be read costs the ledger and is said, never the results."""
+    from iclmem.errors import ConfigError, DataError
+    from orchestrator.claim_ledger import claim_ledger, write_claim_ledger
+    from orchestrator.record_risk import HIGH_RISK
+
+    try:
+        ledger = claim_ledger(results, lambda run_id, epoch: _query_table(run_dir, run_id, epoch, queries or None),
+                              lambda run_id, epoch: null_query_table(run_dir, run_id, epoch), risk_bar=HIGH_RISK,
+                              slice_claims=None if tables is None else tables.slice_risk,
+                              slice_null=None if tables is None else tables.slice_null,
+                              slice_rounded=None if tables is None else tables.slice_rounded,
+                              value_slices=None if tables is None else tables.value_slices)
+        write_claim_ledger(run_dir, ledger, log)
+    except (ConfigError, DataError, OSError) as exc:
+        log(f"[iclmem] WARNING: the claim ledger was not built ({exc}); the results above are complete, and "
+            "`iclmem report RUN_DIR` builds it once every table can be read again")
 
 
 def nothing_to_report(folder: RunFolder) -> Exception:

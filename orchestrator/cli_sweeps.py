@@ -52,19 +52,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     results = run_sweep(args.config, run_dir, sweep=sweep, address=args.address, progress=not args.quiet,
                         num_cpus=args.num_cpus, verbose=args.verbose, started_at=_process_started())
     print(f"[iclmem] done: {len(results)} checkpoint results; report at {run_dir / REPORT_FILE}")
-    _print_leaked(results)
+    _print_leaked(results, run_dir)
     return 0
 
 
-def _print_leaked(results: Any) -> None:
-    """The final summary's runs that leaked (run id, epoch, AUC with its interval, TPR@1%), as the report's first
-    section lists them; nothing for a sweep with no fine-tuned run (a context-audit-only sweep)."""
-    from orchestrator.report.html import leaked_lines
+def _print_leaked(results: Any, run_dir: Path) -> None:
+    """The final summary: the claim ledger's stated claims (what, how much, how sure, whether it holds on rounded
+    outputs), as the report's first section states them; for a folder without a ledger, the runs that leaked;
+    nothing for a sweep with no fine-tuned run (a context-audit-only sweep)."""
+    from orchestrator.report.html import leaked_lines, ledger_lines
     from orchestrator.report.tables import outcome_summary
+    from orchestrator.run_folder import RunFolder
 
     if results is None or len(results) == 0 or outcome_summary(results)[1] == 0:
         return
-    for line in leaked_lines(results):
+    ledger = RunFolder(run_dir).claim_ledger()
+    for line in ledger_lines(ledger) if ledger is not None else leaked_lines(results):
         print(f"[iclmem] {line}")
 
 
@@ -77,7 +80,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     results = run_sweep(None, args.run_dir, address=args.address, resume=True, progress=not args.quiet,
                         num_cpus=args.num_cpus, verbose=args.verbose, started_at=_process_started())
     print(f"[iclmem] resumed: {len(results)} checkpoint results; report at {Path(args.run_dir) / REPORT_FILE}")
-    _print_leaked(results)
+    _print_leaked(results, Path(args.run_dir))
     return 0
 
 

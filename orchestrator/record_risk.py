@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from iclmem.record import CONFIGURATION_KEY, ROW_KEY
-from iclmem.vocab import Channel
+from iclmem.record import CONFIGURATION_KEY, NULL_TRIAL_KEY, ROW_KEY
+from iclmem.vocab import Channel, ContextTarget
 from orchestrator.context_audit import REFERENCE_HALF_PREFIX
 from probes.two_channel import CONTEXT_CHANNEL_PREFIX, IN_CONTEXT_COLUMN
 
@@ -127,6 +127,11 @@ class RiskTables:
     canaries: pd.DataFrame  # :func:`canary_ranking`
     crossing: pd.DataFrame  # :func:`_channel_crossing` (probe.two_channels)
     value_slices: pd.DataFrame  # :func:`value_slices` (probe.value_inference)
+    # the slice tests on the null splits (:func:`_slice_null`), what the claim ledger measures the slice claims'
+    # false-positive rate from; kept in memory, not written
+    slice_null: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # the flagged runs' slice tests on rounded outputs (:func:`_slice_rounded`): whether a slice claim survives
+    slice_rounded: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 # a canary's statistics (the results row's ``canary_scores``, probes/probe.py) under each record attack's name
@@ -167,7 +172,11 @@ AttackScores = Callable[[str, int], Mapping[str, pd.Series]]  # (run_id, epoch) 
 
 
 def _checkpoint_records(results: pd.DataFrame, query_table: Callable[[str, int], pd.DataFrame | None],
-                        attack_scores: AttackScores | None = None) -> pd.DataFrame:
+                        attack_scores: AttackScores | None = None,
+                        headline: Mapping[str, int] | None = None) -> pd.DataFrame:
+    """Every audited checkpoint's records through the fine-tuned weights; with ``probe.two_channels`` the context
+    channel of the same rows too, at the run's headline checkpoint only (``headline``: run id -> epoch; the
+    report reads that channel there, and its records at other epochs were never claimed on)."""
     frames = []
     for _, row in results.iterrows():
         if bool(row.get("sanity_check", False)):
@@ -183,7 +192,8 @@ def _checkpoint_records(results: pd.DataFrame, query_table: Callable[[str, int],
         row_scores = {**scores, **{name: s.reindex(ids).to_numpy(np.float64) for name, s in reference_attacks.items()}}
         weights = record_rows(table["query_id"], table["member"], row_scores, identity, Channel.FINE_TUNED_WEIGHTS,
                               seed=int(row.get("seed", 0)))
-        if IN_CONTEXT_COLUMN in table.columns:  # probe.two_channels: the context channel of the same rows
+        at_headline = headline is None or headline.get(str(row["run_id"])) == int(row["epoch"])
+        if IN_CONTEXT_COLUMN in table.columns and at_headline:  # probe.two_channels: the same rows' context channel
             in_context = table[IN_CONTEXT_COLUMN].to_numpy(bool)
             context = record_rows(table["query_id"], in_context,
                                   {c[len(CONTEXT_CHANNEL_PREFIX):]: table[c] for c in table.columns
@@ -243,7 +253,9 @@ def _context_records(context_audits: pd.DataFrame | None, scores_of: Callable[[s
         table = scores_of(str(run_id))
         if table is None:
             continue
-        scores = {c: table[c] for c in table.columns if "__" in c and not c.startswith(REFERENCE_HALF_PREFIX)}
+        # the deployed context's attacks only: the never-in-context control is a null, never an attack of the rows
+        scores = {c: table[c] for c in table.columns if "__" in c and not c.startswith(REFERENCE_HALF_PREFIX)
+                  and not c.startswith(f"{ContextTarget.CONTROL.value}__")}
         identity = {"run_id": str(run_id), "task": str(audit["task"].iloc[0]), "epoch": 0}
         frames.append(record_rows(table["row_id"], table["member"], scores, identity, Channel.DEPLOYED_CONTEXT,
                                   seed=int(audit["seed"].iloc[0]) if "seed" in audit.columns else 0))
@@ -297,39 +309,182 @@ def _headline_epochs(results: pd.DataFrame) -> dict[str, int]:
     return {str(r): int(e) for r, e in zip(peaks["run_id"], peaks["epoch"], strict=True)} if not peaks.empty else {}
 
 
-def _slice_risk(records: pd.DataFrame, slices: pd.DataFrame, headline: Mapping[str, int], results: pd.DataFrame,
-                settings: Any, n_resamples: int, null_splits: int) -> pd.DataFrame:
+def _peak_family(results: pd.DataFrame) -> dict[str, int]:
+    """Per run: how many (checkpoint, competing kind) pairs its headline was picked from (the selection-aware
+    rule's K), which a slice test at the headline pays for as the verdict does (Bonferroni)."""
+    from orchestrator.report.selection import competing_kinds, fine_tuned_rows
+
+    ft = fine_tuned_rows(results)
+    if ft.empty:
+        return {}
+    kinds = max(1, len(competing_kinds(results)))
+    return {str(r): int(n) * kinds for r, n in ft.groupby("run_id", sort=False)["epoch"].size().items()}
+
+
+def _run_slice_tests(group: pd.DataFrame, task_slices: pd.DataFrame, settings: Any, n_resamples: int,
+                     exchangeable: bool) -> list[dict[str, Any]]:
+    """One (audit, channel, attack)'s slice tests (:func:`probes.record_risk.slice_leakage`), unadjusted: the
+    caller corrects over the run's whole family."""
     from orchestrator.slices import slice_masks
     from probes.record_risk import slice_leakage
 
+    group = group[np.isfinite(group["score"].to_numpy(np.float64))]
+    masks = slice_masks(task_slices, group["row_id"])
+    if not masks:
+        return []
+    names = {name: mask for (_, name), mask in masks.items()}
+    family_of = {name: family for (family, name) in masks}
+    leakage = slice_leakage(group["score"], group["member"], names, n_resamples=n_resamples,
+                            permutations=settings.permutations, seed=0, exchangeable=exchangeable)
+    return [{"family": family_of[item.slice], **item.as_dict()} for item in leakage]
+
+
+def _correct_run_family(rows: pd.DataFrame, peak: Mapping[str, int], alpha: float = 0.05) -> pd.DataFrame:
+    """Holm over each run's whole family of slice tests (every channel, attack and slice at its headline), after
+    a Bonferroni for the headline's selection (``peak``: the run's checkpoints x competing kinds; a context
+    audit's single audit pays nothing): ``p_holm`` / ``exposed`` and ``p_more_holm`` / ``leaks_more``."""
+    from probes.record_risk import holm
+
+    if rows.empty:
+        return rows
+    rows = rows.copy()
+    for run_id, idx in rows.groupby("run_id", sort=False).groups.items():
+        k = max(1, int(peak.get(str(run_id), 1)))
+        for raw, adjusted, flag in (("p_value", "p_holm", "exposed"), ("p_more", "p_more_holm", "leaks_more")):
+            p = np.minimum(1.0, rows.loc[idx, raw].to_numpy(np.float64) * k)
+            rows.loc[idx, adjusted] = holm(p)
+            rows.loc[idx, flag] = rows.loc[idx, adjusted].to_numpy(np.float64) < alpha
+        rows.loc[idx, "family_size"] = int(np.isfinite(rows.loc[idx, "p_value"].to_numpy(np.float64)).sum()) * k
+    rows["exposed"] = rows["exposed"].astype(bool)
+    rows["leaks_more"] = rows["leaks_more"].astype(bool)
+    return rows
+
+
+def _slice_risk(records: pd.DataFrame, slices: pd.DataFrame, headline: Mapping[str, int], results: pd.DataFrame,
+                settings: Any, n_resamples: int) -> pd.DataFrame:
+    """Per run at its headline checkpoint (a context audit: its one audit), channel, attack and slice: the
+    slice's leakage, corrected over the run's family (:func:`_correct_run_family`)."""
     if records.empty or slices.empty:
         return pd.DataFrame()
     exchangeable = (dict(zip(results["run_id"].astype(str), results["exchangeable"].fillna(False).astype(bool),
                              strict=True)) if "exchangeable" in results.columns else {})
     records = audited_rows(records)
     rows = []
-    at_headline = records[[headline.get(str(r), e) == e if c == Channel.FINE_TUNED_WEIGHTS.value else True
-                           for r, e, c in zip(records["run_id"], records["epoch"], records["channel"], strict=True)]]
+    at_headline = records[[headline.get(str(r), e) == e for r, e in zip(records["run_id"], records["epoch"],
+                                                                         strict=True)]]
     by_task = {str(t): g for t, g in slices.groupby("task", sort=False)}
     for (run_id, task, epoch, channel, attack), group in at_headline.groupby(
             [*ROW_KEY, "channel", "attack"], sort=True):
         task_slices = by_task.get(str(task))
         if task_slices is None:
             continue
-        group = group[np.isfinite(group["score"].to_numpy(np.float64))]
-        masks = slice_masks(task_slices, group["row_id"])
-        if not masks:
-            continue
-        names = {name: mask for (_, name), mask in masks.items()}
-        family_of = {name: family for (family, name) in masks}
-        leakage = slice_leakage(group["score"], group["member"], names, n_resamples=n_resamples,
-                                permutations=settings.permutations, null_splits=null_splits,
-                                seed=0,
-                                exchangeable=bool(exchangeable.get(str(run_id), False)))
-        for item in leakage:
+        for item in _run_slice_tests(group, task_slices, settings, n_resamples,
+                                     bool(exchangeable.get(str(run_id), False))):
             rows.append({"run_id": run_id, "task": task, "epoch": int(epoch), "channel": channel, "attack": attack,
-                         "family": family_of[item.slice], **item.as_dict()})
-    return pd.DataFrame(rows)
+                         **item})
+    return _correct_run_family(pd.DataFrame(rows), _peak_family(results))
+
+
+def null_records(results: pd.DataFrame, null_query_table: Callable[[str, int], pd.DataFrame | None]) -> pd.DataFrame:
+    """The null splits' records: for each fine-tuned run and null split j, the split's rows at the run's null
+    headline for j (:func:`orchestrator.report.null_rates.null_run_headlines`), scored by the record attacks
+    whose null rows are stored, their risk fitted as the real rows' are; ``null_index`` names j."""
+    from orchestrator.report.null_rates import null_records as null_evidence_records
+    from orchestrator.report.null_rates import null_run_headlines, with_competing_null_scores
+
+    recs = null_evidence_records(results)
+    if recs.empty:
+        return pd.DataFrame()
+    heads = null_run_headlines(with_competing_null_scores(recs, results))
+    seeds = (dict(zip(results["run_id"].astype(str), results["seed"], strict=True)) if "seed" in results.columns
+             else {})
+    frames = []
+    for _, head in heads.iterrows():
+        run_id, epoch, j = str(head["run_id"]), int(head["epoch"]), int(head["null_index"])
+        table = null_query_table(run_id, epoch)
+        if table is None or "null_index" not in table.columns:
+            continue
+        split = table[table["null_index"] == j]
+        scores = {name: f(split) for name, f in RECORD_ATTACKS.items()
+                  if name != "known_context" or "known_context_loss" in split.columns}
+        frames.append(record_rows(split["query_id"], split["member"], scores,
+                                  {"run_id": run_id, "task": str(head["task"]), "epoch": epoch, "null_index": j},
+                                  Channel.FINE_TUNED_WEIGHTS, seed=int(seeds.get(run_id, 0))))
+    return _concat(*frames)
+
+
+def _slice_null(null: pd.DataFrame, slices: pd.DataFrame, results: pd.DataFrame, settings: Any) -> pd.DataFrame:
+    """The slice tests on every null split j of every run (at its null headline), corrected over the run's family
+    as the real split's are: per (run, j, attack, slice) its AUC and whether it was flagged. Every flag is a
+    false positive (rows no model trained on)."""
+    if null.empty or slices.empty:
+        return pd.DataFrame()
+    by_task = {str(t): g for t, g in slices.groupby("task", sort=False)}
+    frames = []
+    for (run_id, task, j), trial in null.groupby(list(NULL_TRIAL_KEY), sort=True):
+        task_slices = by_task.get(str(task))
+        if task_slices is None:
+            continue
+        rows = [{"run_id": run_id, "task": task, "null_index": int(j), "channel": channel, "attack": attack, **item}
+                for (channel, attack), group in trial.groupby(["channel", "attack"], sort=True)
+                for item in _run_slice_tests(group, task_slices, settings, 0, False)]
+        frames.append(_correct_run_family(pd.DataFrame(rows), _peak_family(results)))
+    return _concat(*frames)
+
+
+# the record attacks on the rounded per-query statistics (probe.output_decimals), as RECORD_ATTACKS on the exact ones
+ROUNDED_RECORD_ATTACKS: dict[str, Callable[[pd.DataFrame], Any]] = {
+    "probe": lambda t: t["rounded_s_ref_loss"] - t["rounded_s_loss"],
+    "known_context": lambda t: t["rounded_known_context_loss_base"] - t["rounded_known_context_loss"],
+}
+
+
+def _slice_rounded(slice_risk: pd.DataFrame, query_table: Callable[[str, int], pd.DataFrame | None],
+                   slices: pd.DataFrame, results: pd.DataFrame, settings: Any) -> pd.DataFrame:
+    """The slice tests again on rounded outputs, for the runs with a flagged slice of an attack in
+    :data:`ROUNDED_RECORD_ATTACKS` (the only ones a claim is stated for): the run's headline rows scored on their
+    rounded statistics, every slice of those attacks tested and corrected over the run's family as the exact
+    ones are. Empty when nothing was flagged or the query tables hold no rounded statistics."""
+    if slice_risk.empty or slices.empty:
+        return pd.DataFrame()
+    flagged = slice_risk[(slice_risk["exposed"].astype(bool) | slice_risk["leaks_more"].astype(bool))
+                         & (slice_risk["channel"] == Channel.FINE_TUNED_WEIGHTS.value)
+                         & slice_risk["attack"].isin(list(ROUNDED_RECORD_ATTACKS))]
+    by_task = {str(t): g for t, g in slices.groupby("task", sort=False)}
+    frames = []
+    for (run_id, task, epoch), _ in flagged.groupby(list(ROW_KEY), sort=True):
+        table = query_table(str(run_id), int(epoch))
+        task_slices = by_task.get(str(task))
+        if table is None or task_slices is None or "rounded_s_loss" not in table.columns:
+            continue
+        rows = []
+        for attack, f in ROUNDED_RECORD_ATTACKS.items():
+            if attack == "known_context" and "rounded_known_context_loss" not in table.columns:
+                continue
+            group = pd.DataFrame({"row_id": table["query_id"].to_numpy(np.int64), "member": table["member"],
+                                  "score": f(table).to_numpy(np.float64)})
+            rows += [{"run_id": run_id, "task": task, "epoch": int(epoch), "channel": Channel.FINE_TUNED_WEIGHTS.value,
+                      "attack": attack, **item} for item in _run_slice_tests(group, task_slices, settings, 0, False)]
+        frames.append(_correct_run_family(pd.DataFrame(rows), _peak_family(results)))
+    return _concat(*frames)
+
+
+def _with_null_band(slice_risk: pd.DataFrame, slice_null: pd.DataFrame) -> pd.DataFrame:
+    """Each real slice result with what the same slice of the same attack gives on null data: ``null_fpr`` (the
+    share of null trials where it was flagged exposed), ``null_auc_low`` / ``null_auc_high`` (2.5% and 97.5%
+    quantiles of its null AUCs) and ``null_splits`` (their number); NaN where no null trial reached the slice."""
+    out = slice_risk.drop(columns=[c for c in ("null_fpr", "null_auc_low", "null_auc_high", "null_splits")
+                                   if c in slice_risk.columns])
+    if slice_null.empty:
+        return out.assign(null_splits=0, null_fpr=np.nan, null_auc_low=np.nan, null_auc_high=np.nan)
+    scored = slice_null.dropna(subset=["auc"])
+    band = (scored.groupby(["task", "channel", "attack", "slice"], sort=False)
+            .agg(null_splits=("auc", "size"), null_fpr=("exposed", "mean"),
+                 null_auc_low=("auc", lambda a: float(np.quantile(a, 0.025))),
+                 null_auc_high=("auc", lambda a: float(np.quantile(a, 0.975)))).reset_index())
+    out = out.merge(band, on=["task", "channel", "attack", "slice"], how="left")
+    out["null_splits"] = out["null_splits"].fillna(0).astype(int)
+    return out
 
 
 def _stability(records: pd.DataFrame, headline: Mapping[str, int], results: pd.DataFrame, top_k: int) -> pd.DataFrame:
@@ -413,21 +568,22 @@ def _channel_crossing(records: pd.DataFrame, headline: Mapping[str, int], n_resa
                                      {a: weights[a].reindex(ids).to_numpy(np.float64) for a in weights.columns},
                                      {a: context[a].reindex(ids).to_numpy(np.float64) for a in context.columns},
                                      n_resamples=n_resamples):
-            rows.append({"run_id": run_id, "task": task, "epoch": int(epoch), **cell.as_dict()})
+            # the weights channel never reads the deployed context: its cells within the context strata are random
+            # halves of the same scores, equal by construction, so they are not kept
+            if cell.channel != Channel.FINE_TUNED_WEIGHTS.value:
+                rows.append({"run_id": run_id, "task": task, "epoch": int(epoch), **cell.as_dict()})
     return pd.DataFrame(rows)
 
 
-MIN_SLICE_GROUP = 3  # members and non-members a slice needs for a value-inference gain (as slice_leakage asks)
-
-
 def value_slices(context_audits: pd.DataFrame | None, rows_of: Callable[[str], pd.DataFrame | None],
-                 slices: pd.DataFrame, n_resamples: int) -> pd.DataFrame:
+                 slices: pd.DataFrame, permutations: int = 9999) -> pd.DataFrame:
     """Per context audit with ``probe.value_inference``, value attack and slice: the members' mean gain and the
-    members-minus-non-members gain on the slice's rows (:func:`probes.inference_attacks.gain_by_group`), each
-    interval at the Bonferroni level over the audit's slices for that attack; ``exposed`` when both lower
-    bounds clear 0 (the audit's own "found" rule, on the slice). Row ids in, group names out."""
+    members-minus-non-members gain on the slice's rows, each tested exactly or by permutation
+    (:func:`probes.inference_attacks.value_slice_test`) at the Bonferroni level over the audit's slices that can
+    be tested for that attack; ``exposed`` when both tests clear it; ``too_small`` for a slice with fewer than
+    :data:`probes.inference_attacks.MIN_SLICE_SIDE` rows a side (never exposed). Row ids in, group names out."""
     from orchestrator.slices import slice_masks
-    from probes.inference_attacks import gain_by_group
+    from probes.inference_attacks import MIN_SLICE_SIDE, value_slice_test
 
     if context_audits is None or context_audits.empty or slices.empty:
         return pd.DataFrame()
@@ -440,25 +596,24 @@ def value_slices(context_audits: pd.DataFrame | None, rows_of: Callable[[str], p
             continue
         for attack, rows in table.groupby("attack", sort=True):
             member = rows["member"].to_numpy(bool)
-            masks = {key: m for key, m in slice_masks(by_task[task], rows["row_id"]).items()
-                     if (m & member).sum() >= MIN_SLICE_GROUP and (m & ~member).sum() >= MIN_SLICE_GROUP}
-            if not masks:
-                continue
-            level = 1.0 - 0.05 / len(masks)
+            masks = slice_masks(by_task[task], rows["row_id"])
+            testable = sum((m & member).sum() >= MIN_SLICE_SIDE and (m & ~member).sum() >= MIN_SLICE_SIDE
+                           for m in masks.values())
+            level = 0.05 / max(1, testable)
             for (family, name), mask in masks.items():
-                gain, diff = gain_by_group(rows["gain"].to_numpy(np.float64)[mask], member[mask],
-                                           n_resamples=n_resamples, confidence=level)
+                test = value_slice_test(rows["gain"].to_numpy(np.float64)[mask], member[mask], alpha_slice=level,
+                                        permutations=permutations)
                 out.append({"run_id": str(run_id), "task": task, "attack": str(attack), "family": family,
-                            "slice": name, "n_members": int((mask & member).sum()),
-                            "n_nonmembers": int((mask & ~member).sum()), "members_gain": gain.value,
-                            "members_gain_low": gain.low, "members_gain_high": gain.high, "gain_difference": diff.value,
-                            "gain_difference_low": diff.low, "gain_difference_high": diff.high, "confidence": level,
-                            "exposed": bool(gain.low > 0 and diff.low > 0)})
+                            "slice": name, "n_members": test.n_members, "n_nonmembers": test.n_nonmembers,
+                            "members_gain": test.members_gain, "gain_difference": test.gain_difference,
+                            "p_members": test.p_members, "p_difference": test.p_difference, "level": level,
+                            "too_small": test.too_small, "exposed": test.exposed})
     return pd.DataFrame(out)
 
 
 def risk_tables(results: pd.DataFrame, query_table: Callable[[str, int], pd.DataFrame | None],
-                slices: pd.DataFrame, settings: Any, *, n_resamples: int, null_splits: int,
+                slices: pd.DataFrame, settings: Any, *, n_resamples: int,
+                null_query_table: Callable[[str, int], pd.DataFrame | None] | None = None,
                 context_audits: pd.DataFrame | None = None,
                 context_scores: Callable[[str], pd.DataFrame | None] | None = None,
                 attack_scores: AttackScores | None = None,
@@ -467,24 +622,29 @@ def risk_tables(results: pd.DataFrame, query_table: Callable[[str, int], pd.Data
     ``query_table(run_id, epoch)`` reads a checkpoint's per-query table, ``context_scores(run_id)`` a context
     audit's per-row scores, ``attack_scores(run_id, epoch)`` the reference-model attacks' per-record scores (with
     ``probe.references``), ``inference_rows(run_id)`` a context audit's per-row value-inference gains (with
-    ``probe.value_inference``); ``settings``: :class:`orchestrator.slices.SliceSettings`."""
-    records = _concat(_checkpoint_records(results, query_table, attack_scores),
-                      _context_records(context_audits, context_scores or (lambda _: None)))
+    ``probe.value_inference``), ``null_query_table(run_id, epoch)`` a checkpoint's null splits' per-row table
+    (their slice tests are :attr:`RiskTables.slice_null`); ``settings``: :class:`orchestrator.slices.SliceSettings`."""
     headline = _headline_epochs(results) if not results.empty else {}
-    return RiskTables(records=records, slices=slices,
-                      slice_risk=_slice_risk(records, slices, headline, results, settings, n_resamples, null_splits),
+    records = _concat(_checkpoint_records(results, query_table, attack_scores, headline),
+                      _context_records(context_audits, context_scores or (lambda _: None)))
+    null = null_records(results, null_query_table) if null_query_table is not None else pd.DataFrame()
+    slice_null = _slice_null(null, slices, results, settings)
+    slice_risk = _slice_risk(records, slices, headline, results, settings, n_resamples)
+    return RiskTables(records=records, slices=slices, slice_risk=_with_null_band(slice_risk, slice_null),
+                      slice_null=slice_null,
+                      slice_rounded=_slice_rounded(slice_risk, query_table, slices, results, settings),
                       stability=_concat(_stability(records, headline, results, settings.top_k),
                                         _reference_set_stability(context_audits, context_scores or (lambda _: None),
                                                                  settings.top_k)),
                       riskiest=_riskiest(records, slices, headline, settings.top_k),
                       canaries=canary_ranking(records, headline),
                       crossing=_channel_crossing(records, headline, n_resamples),
-                      value_slices=value_slices(context_audits, inference_rows or (lambda _: None), slices,
-                                                n_resamples))
+                      value_slices=value_slices(context_audits, inference_rows or (lambda _: None), slices))
 
 
 def write_risk_report(run_dir: Path, results: pd.DataFrame, query_table: Callable[[str, int], pd.DataFrame | None],
-                      log: Callable[[str], None] = print, *, attack_scores: AttackScores | None = None
+                      log: Callable[[str], None] = print, *, attack_scores: AttackScores | None = None,
+                      null_query_table: Callable[[str, int], pd.DataFrame | None] | None = None
                       ) -> RiskTables | None:
     """Build the risk report's tables of a sweep folder (its audited ``results``, reference trials excluded) and
     write them beside ``results.parquet`` (atomic; every table, empty ones too, so none is left from an earlier
@@ -509,7 +669,7 @@ def write_risk_report(run_dir: Path, results: pd.DataFrame, query_table: Callabl
     settings = sweep.report.slice_settings()
     audits = folder.context_audits()
     tables = risk_tables(results, query_table, sweep_slices(sweep, settings), settings,
-                         n_resamples=sweep.probe.bootstrap, null_splits=max(sweep.probe.null_splits, 20),
+                         n_resamples=sweep.probe.bootstrap, null_query_table=null_query_table,
                          context_audits=audits, context_scores=folder.context_audit_scores, attack_scores=attack_scores,
                          inference_rows=folder.inference_rows)
     for name, table in ((RECORD_RISK_FILE, tables.records), (RECORD_SLICES_FILE, tables.slices),
@@ -517,9 +677,7 @@ def write_risk_report(run_dir: Path, results: pd.DataFrame, query_table: Callabl
                         (RISKIEST_RECORDS_FILE, tables.riskiest), (CANARY_RANKING_FILE, tables.canaries),
                         (CHANNEL_CROSSING_FILE, tables.crossing), (VALUE_SLICES_FILE, tables.value_slices)):
         write_parquet_atomic(table, Path(run_dir) / name)
-    at_risk = 0 if tables.riskiest.empty else int((tables.riskiest["risk"] >= HIGH_RISK).sum())
-    leaking = 0 if tables.slice_risk.empty else int(tables.slice_risk["leaks_more"].astype(bool).sum())
-    log(f"[iclmem] risk report: {tables.records['row_id'].nunique() if not tables.records.empty else 0} rows scored, "
-        f"{at_risk} of the riskiest at risk >= {HIGH_RISK:g}, {leaking} slice result(s) leaking more than the rest "
+    # counts of rows at risk or slices flagged are claims: the claim ledger states them, beside their null rates
+    log(f"[iclmem] risk report: {tables.records['row_id'].nunique() if not tables.records.empty else 0} rows scored "
         f"-> {Path(run_dir) / RECORD_RISK_FILE}")
     return tables

@@ -28,6 +28,7 @@ from iclmem.record import RESULTS_SCHEMA_KEY, RESULTS_SCHEMA_VERSION, public_col
 from iclmem.runfolder import (
     CANARY_RANKING_FILE,
     CHANNEL_CROSSING_FILE,
+    CLAIM_LEDGER_FILE,
     CONTEXT_AUDITS_DIR,
     CONTEXT_AUDITS_FILE,
     CONTEXT_SCORES_FILE,
@@ -275,6 +276,11 @@ class RunFolder:
             return None
         table: pd.DataFrame = read_parquet_verified(path, "context audit's per-row value-inference gains", _REAUDIT)
         return table
+
+    def claim_ledger(self) -> pd.DataFrame | None:
+        """The claim ledger (``orchestrator.claim_ledger``), checksums verified; None for a folder without one."""
+        path = self.path / CLAIM_LEDGER_FILE
+        return read_parquet_verified(path, f"claim ledger {CLAIM_LEDGER_FILE}", _REBUILD) if path.is_file() else None
 
     def risk_tables(self) -> dict[str, pd.DataFrame | None]:
         """The risk report's tables (``orchestrator.record_risk``), checksums verified, by short name: ``records``,

@@ -43,6 +43,7 @@ from orchestrator.report import tables as R
 from orchestrator.report.wandb_summary import (
     CHANNEL_CROSSING_TABLE_KEY,
     CHECKPOINT_ARTIFACT_TYPE,
+    CLAIM_LEDGER_TABLE_KEY,
     CONTEXT_AUDIT_FIGURE_KEY,
     CONTEXT_AUDIT_TABLE_KEY,
     EPOCH_KEY,
@@ -120,6 +121,12 @@ def risk_tables_payload(folder: RunFolder) -> dict[str, Any]:
     crossing = risk.get("crossing")
     if crossing is not None and not crossing.empty:
         out[CHANNEL_CROSSING_TABLE_KEY] = wandb.Table(dataframe=table_frame(crossing.head(MAX_TABLE_ROWS)))
+    ledger = folder.claim_ledger()
+    if ledger is not None and not ledger.empty:  # the claims the summary can make, each with its null rate
+        made = ledger[ledger["made"].astype(bool)]
+        out[CLAIM_LEDGER_TABLE_KEY] = wandb.Table(dataframe=table_frame(made.head(MAX_TABLE_ROWS)))
+        for reading, count in made["reading"].value_counts().items():
+            out[f"claims/{reading}"] = int(count)
     return out
 
 

@@ -18,10 +18,10 @@ Pure numpy / scipy, no Ray, no torch. The inputs are one attack's membership sco
 * **Slices** (:func:`slice_leakage`): for each group of rows, the attack's AUC with its bootstrap interval,
   TPR at 1% FPR (with the low-resolution flag when fewer than ten false positives decide it), the ε lower bound
   (only where the caller says the rows are exchangeable), the one-sided Mann-Whitney p-value of "members score
-  higher" with Holm's correction over the slices, the rate at which that same test fires on null splits of the
-  slice's non-members (rows no model trained on: every firing is a false positive), and a permutation test of
-  "this slice leaks more than the rest" (AUC of the slice minus AUC of the rest, slice labels permuted within
-  members and within non-members so each side keeps its size), Holm-corrected over the slices.
+  higher" with Holm's correction over the slices, and a permutation test of "this slice leaks more than the
+  rest" (AUC of the slice minus AUC of the rest, slice labels permuted within members and within non-members so
+  each side keeps its size), Holm-corrected over the slices. A sweep corrects over a run's whole family instead
+  and measures how often the same tests fire on null splits (``orchestrator.record_risk``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ __all__ = ["DEFAULT_FOLDS", "PosteriorMap", "SliceLeakage", "Stability", "at_pri
 DEFAULT_FOLDS = 5
 # below this many members (or non-members) in a slice its AUC is not computed: an interval from fewer rows is
 # wider than the range that matters, and the permutation test has no power
-MIN_SLICE_SIDE = 3
+MIN_SLICE_SIDE = 5
 TPR_ALPHA = 0.01
 
 
@@ -239,10 +239,6 @@ class SliceLeakage:
     p_value: float  # one-sided Mann-Whitney, members score higher
     p_holm: float  # ... Holm-adjusted over the slices
     exposed: bool  # p_holm below the level
-    null_splits: int
-    null_fpr: float  # share of the slice's null splits on which the unadjusted test fires
-    null_auc_low: float  # 2.5% and 97.5% quantiles of the AUC on those null splits: the band of no membership
-    null_auc_high: float
     auc_rest: float  # the attack's AUC on every other row
     p_more: float  # permutation p-value of AUC(slice) > AUC(rest)
     p_more_holm: float
@@ -280,28 +276,8 @@ def _more_than_rest(s: np.ndarray, m: np.ndarray, inside: np.ndarray, permutatio
     return (1 + hits) / (1 + permutations)
 
 
-def _null_splits(s: np.ndarray, nonmember_inside: np.ndarray, splits: int, alpha: float,
-                 rng: np.random.Generator) -> tuple[float, float, float]:
-    """(share of ``splits`` random halvings of the slice's non-members on which the slice's test, one-sided
-    Mann-Whitney at ``alpha``, calls one half members: each call is a false positive; the 2.5% and 97.5%
-    quantiles of their AUCs), nan when the slice has too few non-members to halve."""
-    rows = np.flatnonzero(nonmember_inside)
-    nan = float("nan")
-    if rows.size < 2 * MIN_SLICE_SIDE or splits == 0:
-        return nan, nan, nan
-    fired = 0
-    aucs = []
-    for _ in range(splits):
-        perm = rng.permutation(rows)
-        half = rows.size // 2
-        fired += mann_whitney_p(s[perm[:half]], s[perm[half:]]) < alpha
-        aucs.append(auc(s[perm[:half]], s[perm[half:]]))
-    low, high = np.quantile(aucs, [0.025, 0.975])
-    return fired / splits, float(low), float(high)
-
-
 def slice_leakage(scores: Any, member: Any, slices: Mapping[str, Any], *, alpha: float = 0.05,
-                  n_resamples: int = 200, permutations: int = 500, null_splits: int = 20, seed: int = 0,
+                  n_resamples: int = 200, permutations: int = 500, seed: int = 0,
                   exchangeable: bool = False, epsilon_delta: float = 1e-5) -> list[SliceLeakage]:
     """Each slice's leakage (``slices``: name -> boolean mask over the rows), in the order given. A slice with
     fewer than :data:`MIN_SLICE_SIDE` members or non-members keeps its counts and nan metrics, and is left out
@@ -317,13 +293,12 @@ def slice_leakage(scores: Any, member: Any, slices: Mapping[str, Any], *, alpha:
         if inside.shape != s.shape:
             raise ProbeError(f"slice {name!r}: a mask of {inside.size} rows for {s.size} scores")
         n_m, n_n = int((inside & m).sum()), int((inside & ~m).sum())
-        row: dict[str, Any] = {"slice": name, "n_members": n_m, "n_nonmembers": n_n, "null_splits": null_splits}
+        row: dict[str, Any] = {"slice": name, "n_members": n_m, "n_nonmembers": n_n}
         nan = float("nan")
         rest_ok = int((~inside & m).sum()) >= MIN_SLICE_SIDE and int((~inside & ~m).sum()) >= MIN_SLICE_SIDE
         if n_m < MIN_SLICE_SIDE or n_n < MIN_SLICE_SIDE:
             row.update(auc=nan, auc_low=nan, auc_high=nan, tpr_at_1pct=nan, tpr_at_1pct_low_resolution=True,
-                       epsilon_lb=nan, p_value=nan, null_fpr=nan, null_auc_low=nan, null_auc_high=nan,
-                       auc_rest=nan, p_more=nan)
+                       epsilon_lb=nan, p_value=nan, auc_rest=nan, p_more=nan)
             rows.append(row)
             continue
         sm, sn = s[inside & m], s[inside & ~m]
@@ -336,7 +311,6 @@ def slice_leakage(scores: Any, member: Any, slices: Mapping[str, Any], *, alpha:
                    tpr_at_1pct_low_resolution=bool(TPR_ALPHA * n_n < 10),
                    epsilon_lb=epsilon_lower_bound(sm, sn, epsilon_delta).epsilon if exchangeable else nan,
                    p_value=mann_whitney_p(sm, sn))
-        row["null_fpr"], row["null_auc_low"], row["null_auc_high"] = _null_splits(s, inside & ~m, null_splits, alpha, rng)
         if rest_ok:
             row["auc_rest"] = _slice_aucs(s, m, inside)[1]
             row["p_more"] = _more_than_rest(s, m, inside, permutations, rng)

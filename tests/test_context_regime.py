@@ -113,13 +113,16 @@ def test_a_sweep_with_regime_context_audits_the_deployed_context_beside_its_tria
     assert set(inference["target"]) == {"deployed", "never_in_context"}
     assert set(inference["attack"]) == {"label"}
     assert "label_inference" in report
-    # ... and broken down by slice in the risk report: each class of digits, Bonferroni over the slices
+    # ... and broken down by slice in the risk report: each class of digits, exact or permutation tests at the
+    # Bonferroni level over the testable slices; a slice of fewer than 8 rows a side is too small, never exposed
     values = RunFolder(run).risk_tables()["value_slices"]
     assert set(values["attack"]) == {"label"}
     assert set(values["family"]) >= {"class"}
-    assert (values["n_members"] >= 3).all()
-    assert (values["confidence"] > 0.95).all()
-    assert values["gain_difference_low"].le(values["gain_difference"]).all()
+    small = (values["n_members"] < 8) | (values["n_nonmembers"] < 8)
+    assert values["too_small"].eq(small).all()
+    assert not values.loc[small, "exposed"].any()
+    assert values.loc[~small, "p_difference"].between(0, 1).all()
+    assert (values["level"] <= 0.05).all()
     # the records' stability across reference sets: the members' risks against two disjoint halves of the 16
     # reference contexts agree only in part (measured: Spearman 0.55-0.74, top-20 overlap 0.50-0.70 for the four
     # reference attacks; two unrelated rankings of 64 rows give 0 +- 0.13)

@@ -133,7 +133,8 @@ def test_the_scan_finds_a_grouping_and_lets_an_lm_table_and_a_column_header_pair
 
 def test_the_named_groupings_hold_declared_columns_and_agree_with_the_grid():
     derived = {"recipe"}  # the model's training recipe, read from model_options by the readers that group by it
-    per_record = {"channel", "attack"}  # columns of the per-record risk tables, beside the results columns
+    # columns of the per-record risk tables (and the null trials' records, by null split), beside the results columns
+    per_record = {"channel", "attack", "null_index"}
     groupings = {name: getattr(record, name) for name in record.__all__
                  if name.endswith(("_KEY", "_ID", "_AXES", "_GROUP", "_GROUPBY", "_LINE", "_SETTING", "_CELL",
                                    "_ORDER")) and not isinstance(getattr(record, name), str)}

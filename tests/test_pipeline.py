@@ -371,8 +371,13 @@ def test_the_risk_report_ranks_the_memorized_runs_members_first_and_names_no_row
     assert set(slice_risk["run_id"]) == set(audited["run_id"])
     scored = slice_risk.dropna(subset=["auc"])
     assert not scored.empty
-    # every slice with non-members enough to halve (3 a side) has its null splits' false-positive rate
-    assert scored.loc[scored["n_nonmembers"] >= 6, "null_fpr"].between(0, 1).all()
+    # the probe's and the known context's slices carry how often the same slice was flagged on the null splits
+    # (rows the run never saw, at the run's null headline, through the same tests); the context channel's do not
+    measured = scored[(scored["channel"] == "fine_tuned_weights") & scored["attack"].isin(["probe", "known_context"])]
+    assert (measured["null_splits"] > 0).mean() > 0.5
+    assert measured.loc[measured["null_splits"] > 0, "null_fpr"].between(0, 1).all()
+    assert (scored.loc[scored["channel"] == "deployed_context", "null_splits"] == 0).all()
+    assert (scored["family_size"] >= scored.groupby("run_id")["slice"].transform("size")).all()
     for name in RISK_TABLE_FILES:
         table = pd.read_parquet(run_dir / name)
         for column in table.columns:
@@ -407,7 +412,8 @@ def test_two_channels_the_fine_tuned_checkpoint_deployed_with_half_its_rows_is_a
     audited = results[~results["sanity_check"].astype(bool)]
     per_checkpoint = context.groupby(["run_id", "epoch", "attack"]).agg(members=("member", "sum"),
                                                                          rows=("member", "size"))
-    assert len(per_checkpoint) == 5 * len(audited)  # the five context attacks at every fine-tuned checkpoint
+    # the five context attacks at each fine-tuned run's headline checkpoint (the only one the report reads)
+    assert len(per_checkpoint) == 5 * audited["run_id"].nunique()
     assert (per_checkpoint["rows"] == 100).all()
     assert per_checkpoint["members"].between(44, 56).all()  # half of each (fine-tuned, label) cell
     cells = context.drop_duplicates(["run_id", "epoch", "row_id"])
@@ -417,9 +423,44 @@ def test_two_channels_the_fine_tuned_checkpoint_deployed_with_half_its_rows_is_a
     crossing = tables["crossing"]
     memorized = audited[(audited["label_mode"] == "shuffled_members") & (audited["lr"] == 1e-3)]
     run = crossing[crossing["run_id"] == memorized["run_id"].iloc[0]].set_index(["channel", "attack", "stratum"])
-    # measured on this sweep: the weights' probe AUC 0.84 / 0.76 within the two context strata; the context's
-    # calibrated loss 0.80 / 0.81 (interval lows 0.68) within the two fine-tuned strata; the lr 1e-1 runs 0.45-0.62
-    for stratum in ("in_context", "not_in_context"):
-        assert run.loc[("fine_tuned_weights", "probe", stratum), "auc"] > 0.65
+    # the weights' cells within the context strata are equal by construction (the weights never read the
+    # context): not kept. Measured on this sweep: the context's calibrated loss 0.80 / 0.81 (interval lows 0.68)
+    # within the two fine-tuned strata; the lr 1e-1 runs 0.45-0.62
+    assert set(crossing["channel"]) == {"deployed_context"}
     for stratum in ("fine_tuned", "not_fine_tuned"):
         assert run.loc[("deployed_context", "calibrated_loss", stratum), "auc"] > 0.65
+
+
+def test_the_claim_ledger_states_the_memorized_run_with_how_much_how_sure_and_rounding_and_nothing_unmeasured(
+        sweep_run):
+    """The claim ledger (#56) of the real sweep: the memorized run's verdict is a claim made with its effect size,
+    a null rate measured on the null splits through the run's headline selection, and it holds on outputs
+    rounded to 4 decimals; the collapsed runs make no claim; every claim the first screen and the console state
+    has a measured rate, and the report opens with them."""
+    from orchestrator.run_folder import RunFolder
+
+    run_dir, results, logs = sweep_run
+    ledger = RunFolder(run_dir).claim_ledger()
+    assert ledger is not None
+    assert not ledger.empty
+    audited = results[~results["sanity_check"].astype(bool)]
+    memorized = audited[(audited["label_mode"] == "shuffled_members") & (audited["lr"] == 1e-3)]["run_id"].iloc[0]
+    verdicts = ledger[ledger["kind"] == "run_verdict"].set_index("subject")
+    mine = verdicts.loc[memorized]
+    assert mine["made"]
+    assert mine["reading"] == "leak"
+    assert mine["rounding"] == "survives"
+    assert mine["n_null"] == audited["run_id"].nunique()  # one null split per checkpoint: one trial per run
+    assert mine["null_rate"] <= 0.05
+    assert mine["auc"] > 0.6
+    # a model that memorized moves its members' loss by a share of the rows' spread, not by 1e-5 of it
+    assert mine["relative_shift"] > 0.01
+    collapsed = audited[audited["lr"] == 1e-1]["run_id"].unique()
+    assert not verdicts.loc[list(collapsed), "made"].any()
+    stated = ledger[ledger["made"].astype(bool) & (ledger["reading"] != "unmeasured")]
+    assert (stated["n_null"] > 0).all()
+    assert stated["statement"].str.contains("null trials").all()
+    page = (run_dir / "report.html").read_text()
+    assert page.index('id="claims"') < page.index('id="risk"')
+    assert mine["statement"] in page.replace("&#x27;", "'")
+    assert any("claim ledger:" in line for line in logs)

@@ -39,6 +39,7 @@ from orchestrator.report.context_audits import context_audits_section_html
 from orchestrator.report.epsilon import epsilon_section_html
 from orchestrator.report.frontier import frontier_section_html
 from orchestrator.report.leaked import leaked_html, leaked_lines
+from orchestrator.report.ledger import ledger_html, ledger_lines
 from orchestrator.report.overview import checkpoint_schedule, noop_manipulations, run_completeness
 from orchestrator.report.page import df_to_html, note_html, page, tpr_1pct_display
 from orchestrator.report.paper_tables import (
@@ -60,8 +61,8 @@ from orchestrator.report.thresholds import rule_in_force, thresholds_in_force
 from orchestrator.report.verdict_rule import guarantee_text, verdict_rule_html
 from orchestrator.run_folder import RunFolder
 
-# leaked_lines: where `iclmem run` and `iclmem report` (orchestrator/cli.py) import it from
-__all__ = ["write_html_report", "write_lm_html_report", "leaked_lines"]
+# leaked_lines, ledger_lines: where `iclmem run` and `iclmem report` (orchestrator/cli.py) import them from
+__all__ = ["write_html_report", "write_lm_html_report", "leaked_lines", "ledger_lines"]
 
 
 def _img(run_dir: Path, path: Path, alt: str, embed: bool) -> str:
@@ -204,8 +205,11 @@ def write_html_report(
                      f"{html.escape(forced)} The rule, thresholds and schedule below are read from "
                      f"{html.escape(SWEEP_FILE)}; the stored verdicts were made with the config the results were "
                      "run with, which may differ.</p></section>")
+    claims_first = ledger_html(folder.claim_ledger())
+    if claims_first:  # first: what the audit claims, how much, how sure, for the data owner
+        parts.append(claims_first)
     owner = risk_section_html(folder.risk_tables(), run_dir / FIGURES_DIR, draw=make_figures)
-    if owner:  # first: whose rows leak, for the data owner
+    if owner:  # then whose rows and which groups, the tables the claims come from
         parts.append(f'<section id="risk">{owner}</section>')
     parts.append(leaked_html(results))  # then which runs leaked, before the counts and the rule
     parts.append(summary_html(results, sweep, comp, schedule, interrupted, noops, settings, rule, source, diverged,

@@ -4,7 +4,6 @@ never a row's values."""
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +132,38 @@ def crossing_table(crossing: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(list(rows.values()))
 
 
+def auc_with_interval(auc: Any, low: Any, high: Any) -> str:
+    """"0.812 [0.700, 0.900]"; the AUC alone when the interval did not vary (a bootstrap of too few rows gives
+    [1.000, 1.000]: that is not an interval) or is missing."""
+    a, lo, hi = (float(v) if v is not None and pd.notna(v) else float("nan") for v in (auc, low, high))
+    if not np.isfinite(a):
+        return "n/a"
+    if np.isfinite(lo) and np.isfinite(hi) and hi > lo:
+        return f"{a:.3f} [{lo:.3f}, {hi:.3f}]"
+    return f"{a:.3f} (too few rows for an interval)"
+
+
+def slice_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Flagged slice results in words: which slice of which run, its rows, AUC with its interval, the two tests
+    and what null rows gave for the same slice."""
+    def null_text(r: Any) -> str:
+        if int(r.get("null_splits", 0) or 0) == 0 or pd.isna(r.get("null_fpr")):
+            return "not measured"
+        return f"{float(r['null_fpr']):.2f} of {int(r['null_splits'])}"
+
+    return pd.DataFrame({
+        "task": rows["task"], "slice": rows["slice"], "attack": rows["attack"],
+        "channel": [_CHANNEL_WORDS.get(str(c), str(c)) for c in rows["channel"]],
+        "members / non-members": [f"{int(m)} / {int(n)}" for m, n in zip(rows["n_members"], rows["n_nonmembers"],
+                                                                          strict=True)],
+        "AUC [95% interval]": [auc_with_interval(a, lo, hi) for a, lo, hi in
+                               zip(rows["auc"], rows["auc_low"], rows["auc_high"], strict=True)],
+        "rest of the run's rows": [f"{float(a):.3f}" if pd.notna(a) else "n/a" for a in rows["auc_rest"]],
+        "exposed": rows["exposed"].astype(bool), "leaks more": rows["leaks_more"].astype(bool),
+        "null rows flagged": [null_text(r) for _, r in rows.iterrows()],
+        "run": rows["run_id"]})
+
+
 def _fmt_slices(text: Any, limit: int = 120) -> str:
     s = "" if text is None or (isinstance(text, float) and np.isnan(text)) else str(text)
     return s if len(s) <= limit else s[: limit - 1] + "…"
@@ -150,27 +181,15 @@ def risk_section_html(tables: dict[str, pd.DataFrame | None], figure_dir: Path, 
               "membership score, learnt from the audit's other rows (docs/METHOD.md, \"Per-record risk\"); 0.5 is "
               "a coin flip at the audit's even prior. Row ids name rows of the source table; no row's values are "
               "in this report.</p>"]
-    summary = channel_summary(records)
-    if not summary.empty:
-        lead = summary.sort_values("highest_auc", ascending=False, kind="mergesort").drop_duplicates("task")
-        lines = []
-        for _, r in lead.iterrows():
-            others = summary[(summary["task"] == r["task"]) & (summary["channel"] != r["channel"])]
-            versus = "" if others.empty else (
-                f" against {float(others['highest_auc'].max()):.3f} through "
-                f"{_CHANNEL_WORDS.get(str(others['channel'].iloc[0]), others['channel'].iloc[0])}")
-            lines.append(f"<li>{html.escape(str(r['task']))}: membership leaks most through "
-                         f"{html.escape(_CHANNEL_WORDS.get(str(r['channel']), str(r['channel'])))} (highest AUC "
-                         f"{float(r['highest_auc']):.3f}{html.escape(versus)}); {int(r['members_at_high_risk'])} of "
-                         f"{int(r['members_audited'])} member rows reach a risk of {HIGH_RISK:g} in some audit.</li>")
-        blocks.append("<ul>" + "".join(lines) + "</ul>")
+    # the headline counts (rows at risk, runs and slices flagged) are claims: the ledger above states them with
+    # their null rates; this section holds the tables they come from
     crossing = tables.get("crossing")
     if crossing is not None and not crossing.empty:
         blocks.append("<p>Two channels, same rows (<code>probe.two_channels</code>): each fine-tuned run was also "
-                      "deployed with a context of half its member and half its non-member rows. Each channel's AUC "
-                      "is measured among the rows the other channel holds and among those it does not (95% "
-                      "intervals): a context channel stronger on rows fine-tuned on means fine-tuning on a row also "
-                      "raised its exposure through the deployed context.</p>")
+                      "deployed with a context of half its member and half its non-member rows. The deployed "
+                      "context's attacks are measured among the rows the run was fine-tuned on and among those it "
+                      "was not (95% intervals). The weights' attacks never read the context, so their cells within "
+                      "its strata would be equal by construction and are not shown.</p>")
         blocks.append(df_to_html(crossing_table(crossing)))
     values = tables.get("value_slices")
     if values is not None and not values.empty:
@@ -178,13 +197,14 @@ def risk_section_html(tables: dict[str, pd.DataFrame | None], figure_dir: Path, 
         blocks.append("<p>Values given away, by slice (<code>probe.value_inference</code>): for each deployed-context "
                       "audit and value attack, the members' gain (label: accuracy over the same model without the "
                       "row; attribute: over imputation) and its difference to the non-members', on each slice's rows, "
-                      "intervals at the Bonferroni level over the audit's slices. "
-                      + (f"{len(exposed)} slice result(s) exposed (both lower bounds above 0)." if not exposed.empty
-                         else "No slice is exposed (both lower bounds above 0) in any audit.") + "</p>")
+                      "each tested exactly or by permutation at the Bonferroni level over the audit's testable slices; "
+                      "a slice with too few rows a side is not tested. "
+                      + (f"{len(exposed)} slice result(s) exposed (both tests clear the level)." if not exposed.empty
+                         else "No slice is exposed in any audit.") + "</p>")
         cols = ["task", "run_id", "attack", "family", "slice", "n_members", "n_nonmembers", "members_gain",
-                "members_gain_low", "gain_difference", "gain_difference_low", "exposed"]
+                "gain_difference", "p_members", "p_difference", "level", "too_small", "exposed"]
         shown = values.sort_values(["exposed", "gain_difference"], ascending=False, kind="mergesort").head(20)
-        blocks.append(df_to_html(shown[cols]))
+        blocks.append(df_to_html(shown[[c for c in cols if c in shown.columns]]))
     slice_risk = tables.get("slice_risk")
     if slice_risk is not None and not slice_risk.empty:
         figure = risk_by_slice_figure(slice_risk, figure_dir / RISK_FIGURE) if draw else None
@@ -193,16 +213,14 @@ def risk_section_html(tables: dict[str, pd.DataFrame | None], figure_dir: Path, 
         flagged = slice_risk[slice_risk["leaks_more"].astype(bool) | slice_risk["exposed"].astype(bool)]
         if flagged.empty:
             blocks.append(note_html("No slice of any run leaks more than the rest of its rows, and none is exposed "
-                                    "on its own, after Holm's correction over the run's slices."))
+                                    "on its own, after the correction over each run's whole family of slice tests "
+                                    "(every attack, channel and slice, and the headline's selection)."))
         else:
-            cols = ["task", "run_id", "attack", "family", "slice", "n_members", "n_nonmembers", "auc", "auc_low",
-                    "auc_high", "auc_rest", "p_more_holm", "leaks_more", "p_holm", "null_fpr", "tpr_at_1pct",
-                    "epsilon_lb"]
             shown = flagged.sort_values(["leaks_more", "auc"], ascending=False, kind="mergesort").head(30)
-            blocks.append("<p>Slices exposed on their own (p_holm) or leaking more than the rest of the run's rows "
-                          "(p_more_holm), Holm-corrected over the run's slices; null_fpr: how often the same test "
-                          "fired on null splits of the slice's non-members (rows no model trained on).</p>")
-            blocks.append(df_to_html(shown[[c for c in cols if c in shown.columns]]))
+            blocks.append("<p>Slices flagged (exposed on its own, or leaking more than the rest of the run's rows), "
+                          "corrected over the run's whole family; <em>null rows flagged</em>: how often the same "
+                          "slice was flagged on null splits (rows no model trained on) through the same tests.</p>")
+            blocks.append(df_to_html(slice_table(shown)))
     riskiest = tables.get("riskiest")
     if riskiest is not None and not riskiest.empty:
         shown = riskiest.copy()

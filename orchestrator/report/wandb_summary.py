@@ -45,6 +45,7 @@ PEAK_TABLE_KEY = "peak_table"
 # the data owner's risk report (orchestrator.record_risk): row ids and slice names, never row values
 RISKIEST_TABLE_KEY = "risk/riskiest_records"
 SLICE_RISK_TABLE_KEY = "risk/slice_risk"
+CLAIM_LEDGER_TABLE_KEY = "claims/ledger"  # the claim ledger's made claims (claims.parquet): how much, how sure
 CHANNEL_CROSSING_TABLE_KEY = "risk/channel_crossing"  # probe.two_channels: each channel within the other's strata
 ROC_PREFIX = "roc"
 SHARE_PREFIX = "detectable_share"
