@@ -235,9 +235,9 @@ def next_step(c: LedgerClaim) -> str:
 
 
 def _rule_column(results: pd.DataFrame) -> str:
-    from orchestrator.report.claims import _recorded_rule
+    from orchestrator.report.claims import recorded_rule
 
-    return f"outcome_{_recorded_rule(results)}"
+    return f"outcome_{recorded_rule(results)}"
 
 
 def _null_recs(results: pd.DataFrame) -> pd.DataFrame:
@@ -532,13 +532,13 @@ def _slice_claims(slice_claims: pd.DataFrame | None, slice_null: pd.DataFrame | 
 
 
 def _task_verdict_claims(results: pd.DataFrame) -> list[LedgerClaim]:
-    from orchestrator.report.claims import TASK_VERDICT, _recorded_rule, task_claim_error_rates, task_verdicts
+    from orchestrator.report.claims import TASK_VERDICT, recorded_rule, task_claim_error_rates, task_verdicts
 
     verdicts = task_verdicts(results, regime=None)
     if verdicts.empty:
         return []
     rates = task_claim_error_rates(results, regime=None)
-    rule = _recorded_rule(results)
+    rule = recorded_rule(results)
     rate = rates[(rates["claim"] == TASK_VERDICT.name) & (rates["rule"] == rule)] if not rates.empty else rates
     trials = NullTrials(int(rate["n_null"].iloc[0]), int(rate["n_memorization"].iloc[0])) if len(rate) else NullTrials(0, 0)
     return [_claim(ClaimKind.TASK_VERDICT, str(v["task"]), "", v["task_verdict"] == MEMORIZATION, trials,

@@ -47,6 +47,7 @@ __all__ = [
     "task_claim_error_rates",
     "any_attack_error_rates",
     "claim_error_rates",
+    "recorded_rule",
 ]
 
 
@@ -85,7 +86,7 @@ def _claim_rate(rule: str, claim: Claim, hits: pd.Series, confidence: float) -> 
             "fpr": k / n if n else float("nan"), "fpr_low": iv.low, "fpr_high": iv.high}
 
 
-def _recorded_rule(results: pd.DataFrame) -> str:
+def recorded_rule(results: pd.DataFrame) -> str:
     """The VerdictRule value the results' ``outcome`` column was decided by (the schema's default if unrecorded)."""
     if "rule" in results.columns and results["rule"].notna().any():
         return str(results["rule"].dropna().iloc[0])
@@ -131,7 +132,7 @@ def task_verdicts(results: pd.DataFrame, *, regime: str | None = MAIN_REGIME, by
     by = tuple(c for c in by if c in ft.columns)
     columns = ["task", *by, "task_verdict", "task_p_value_threshold", "task_family_size"]
     ps = [f"calibrated_{k}_p_value" for k in competing_kinds(results) if f"calibrated_{k}_p_value" in ft.columns]
-    outcome = f"outcome_{VerdictRule.of(OutcomeRule.SELECTION_AWARE, _recorded_rule(results).endswith('_strict')).value}"
+    outcome = f"outcome_{VerdictRule.of(OutcomeRule.SELECTION_AWARE, recorded_rule(results).endswith('_strict')).value}"
     if ft.empty or not ps or outcome not in ft.columns:
         return pd.DataFrame(columns=columns)
     sizes = task_family_sizes(results, regime=regime, by=by)
@@ -222,7 +223,7 @@ def any_attack_error_rates(results: pd.DataFrame, *, rule: str | None = None, co
     attacks = _attack_null_records(results)
     if attacks.empty:
         return pd.DataFrame(columns=list(CLAIM_RATE_COLUMNS))
-    rule = rule or _recorded_rule(results)
+    rule = rule or recorded_rule(results)
     col = f"outcome_{rule}"
     key = [c for c in RUN_KEY if c in attacks.columns]
     recs = null_records(results)
