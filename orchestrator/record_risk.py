@@ -11,9 +11,10 @@ copied into any of these files (slice names follow :mod:`orchestrator.slices`' r
 * ``record_slices.parquet``: per task, which slices each row belongs to (:func:`orchestrator.slices.task_slices`).
 * ``slice_risk.parquet``: per run at its headline checkpoint (the report's peak), per attack and slice:
   :class:`probes.record_risk.SliceLeakage`.
-* ``record_stability.parquet``: how far two rankings of the same rows agree (:func:`probes.record_risk.rank_stability`),
-  ``between`` ``seeds`` (runs that differ only in their seed, per pair and attack, on the rows both trained on) or
-  ``reference_sets`` (a context audit's members under two disjoint halves of its reference contexts, per attack).
+* ``record_stability.parquet``: how far two rankings of the same rows by score agree
+  (:func:`probes.record_risk.rank_stability`), ``between`` ``seeds`` (runs that differ only in their seed, per pair
+  and attack, on the rows both trained on) or ``reference_sets`` (a context audit's members under two disjoint
+  halves of its reference contexts, per attack that reads them).
 * ``channel_crossing.parquet``: with ``probe.two_channels``, per run at its headline checkpoint, each channel's
   attacks measured within each stratum of the other membership (:func:`probes.two_channel.channel_crossing`): the
   deployed context among rows fine-tuned on and among rows not, the fine-tuned weights among rows in the context
@@ -212,10 +213,12 @@ def _checkpoint_records(results: pd.DataFrame, query_table: Callable[[str, int],
 
 
 def canary_ranking(records: pd.DataFrame, headline: Mapping[str, int]) -> pd.DataFrame:
-    """Ground truth for the ranking, per run (at its headline checkpoint) and attack: precision@k of the member
-    records ranked by score (the risk is a monotone map of it, so the score only breaks the risk's ties) against
-    the inserted canaries, k = their number (chance: their share of the ranked records); and the AUC of inserted
-    against held-out canaries (0.5: the ranking cannot tell a trained canary from an untrained one)."""
+    """Ground truth for the ranking, per run (at its headline checkpoint), attack and copy count: the inserted
+    canaries of that count ranked among the member rows and themselves by score (the risk is a monotone map of
+    it, so the score only breaks the risk's ties); precision@k with k = their number (chance: their share of the
+    ranked records); and the AUC of those canaries against the held-out ones (0.5: the ranking cannot tell a
+    canary trained on that often from an untrained one). Pooling the counts would let the most-copied canaries
+    carry the rest."""
     from iclmem.stats import auc
     from probes.record_risk import precision_at_k
 
@@ -227,20 +230,18 @@ def canary_ranking(records: pd.DataFrame, headline: Mapping[str, int]) -> pd.Dat
         canary = group["canary_copies"].notna()
         if not canary.any():
             continue
-        inserted = canary & group["member"]
-        held = canary & ~group["member"]
-        ranked = group[(~canary & group["member"]) | inserted]
-        k = int(inserted.sum())
-        if k == 0 or ranked.empty:
-            continue
-        score = ranked["score"].to_numpy(np.float64)
-        positive = ranked["canary_copies"].notna().to_numpy(bool)
-        rows.append({"run_id": run_id, "task": task, "epoch": int(epoch), "attack": attack, "inserted": k,
-                     "held_out": int(held.sum()), "member_rows": int((~positive).sum()),
-                     "precision_at_k": precision_at_k(score, positive, k), "chance": k / len(ranked),
-                     "inserted_vs_held_out_auc": auc(group.loc[inserted, "score"].to_numpy(np.float64),
-                                                     group.loc[held, "score"].to_numpy(np.float64))
-                     if held.any() else float("nan")})
+        copies = group["canary_copies"]
+        held = group.loc[canary & ~group["member"], "score"].to_numpy(np.float64)
+        members = group.loc[~canary & group["member"], "score"].to_numpy(np.float64)
+        for c in sorted(int(v) for v in copies[canary & group["member"]].unique()):
+            planted = group.loc[canary & group["member"] & (copies == c), "score"].to_numpy(np.float64)
+            k = planted.size
+            score = np.r_[members, planted]
+            positive = np.r_[np.zeros(members.size, bool), np.ones(k, bool)]
+            rows.append({"run_id": run_id, "task": task, "epoch": int(epoch), "attack": attack, "copies": c,
+                         "inserted": k, "held_out": int(held.size), "member_rows": int(members.size),
+                         "precision_at_k": precision_at_k(score, positive, k), "chance": k / score.size,
+                         "inserted_vs_held_out_auc": auc(planted, held) if held.size else float("nan")})
     return pd.DataFrame(rows)
 
 
@@ -264,8 +265,11 @@ def _context_records(context_audits: pd.DataFrame | None, scores_of: Callable[[s
 
 def _reference_set_stability(context_audits: pd.DataFrame | None, scores_of: Callable[[str], pd.DataFrame | None],
                              top_k: int) -> pd.DataFrame:
-    """Per context audit and attack: its members' risks under two disjoint reference sets
-    (:meth:`probes.context_audit.ReferenceScores.halves`), compared as two runs of one configuration are."""
+    """Per context audit and attack: its members' scores under two disjoint reference sets
+    (:meth:`probes.context_audit.ReferenceScores.halves`), compared as two runs of one configuration are. Scores,
+    not risks: the risk is a step function of the score fitted per half, and its ties would blur the comparison.
+    An attack whose two halves are identical reads no reference (the plain loss): equal by construction, it is
+    left out."""
     from probes.record_risk import rank_stability
 
     if context_audits is None or context_audits.empty:
@@ -282,14 +286,15 @@ def _reference_set_stability(context_audits: pd.DataFrame | None, scores_of: Cal
             other = f"{REFERENCE_HALF_PREFIX}b__{attack}"
             if other not in table.columns:
                 continue
-            identity = {"run_id": str(run_id), "task": str(audit["task"].iloc[0]), "epoch": 0}
-            halves = [record_rows(table["row_id"], member, {attack: table[c]}, identity, Channel.DEPLOYED_CONTEXT)
-                      for c in (column, other)]
-            if any(h.empty for h in halves):
+            a, b = (table[c].to_numpy(np.float64) for c in (column, other))
+            if np.array_equal(a, b, equal_nan=True):
                 continue
-            a, b = (h[h["member"]] for h in halves)
-            st = rank_stability(a["row_id"], a["risk"], b["row_id"], b["risk"], top_k)
-            rows.append({"between": "reference_sets", "task": identity["task"], "run_a": str(run_id),
+            kept = member & np.isfinite(a) & np.isfinite(b)
+            if not kept.any():
+                continue
+            ids = table["row_id"].to_numpy(np.int64)[kept]
+            st = rank_stability(ids, a[kept], ids, b[kept], top_k)
+            rows.append({"between": "reference_sets", "task": str(audit["task"].iloc[0]), "run_a": str(run_id),
                          "run_b": str(run_id), "attack": attack, **st.as_dict()})
     return pd.DataFrame(rows)
 
@@ -488,7 +493,8 @@ def _with_null_band(slice_risk: pd.DataFrame, slice_null: pd.DataFrame) -> pd.Da
 
 
 def _stability(records: pd.DataFrame, headline: Mapping[str, int], results: pd.DataFrame, top_k: int) -> pd.DataFrame:
-    """Pairs of runs of one configuration drawn with other seeds: agreement on the rows both trained on."""
+    """Pairs of runs of one configuration drawn with other seeds: agreement of their scores on the rows both
+    trained on."""
     from probes.record_risk import rank_stability
 
     if records.empty:
@@ -504,10 +510,12 @@ def _stability(records: pd.DataFrame, headline: Mapping[str, int], results: pd.D
         for i, a in enumerate(ids):
             for b in ids[i + 1:]:
                 for attack, scored in weights[weights["run_id"].isin([a, b])].groupby("attack", sort=True):
+                    # the scores, not the risks: each risk is a step function of its own audit's scores (ties)
+                    scored = scored[np.isfinite(scored["score"].to_numpy(np.float64))]
                     ra, rb = scored[scored["run_id"] == a], scored[scored["run_id"] == b]
                     if ra.empty or rb.empty:
                         continue
-                    st = rank_stability(ra["row_id"], ra["risk"], rb["row_id"], rb["risk"], top_k)
+                    st = rank_stability(ra["row_id"], ra["score"], rb["row_id"], rb["score"], top_k)
                     rows.append({"between": "seeds",
                                  **dict(zip(keys, config if isinstance(config, tuple) else (config,), strict=True)),
                                  "run_a": a, "run_b": b, "attack": attack, **st.as_dict()})

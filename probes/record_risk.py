@@ -10,9 +10,10 @@ Pure numpy / scipy, no Ray, no torch. The inputs are one attack's membership sco
   means a lower risk) and cross-fitted over folds, so a row's own membership never enters its own risk. The
   fitted map holds the audit's base rate of members; :func:`at_prior` moves the odds to another prior (the share
   of a population that a deployed model was trained on, say). With no signal the risk of every row is the prior.
-* **Stability** (:func:`rank_stability`): the same rows' risks under two audits (seeds, reference sets): the
-  Spearman correlation and the share of one's top k that recur in the other's. Jälkö et al. (2024) show that a
-  pooled TPR says little about one record; this says how much one audit's ranking of records can be trusted.
+* **Stability** (:func:`rank_stability`): the same rows' membership scores under two audits (seeds, reference
+  sets; scores, not the risks' cross-fitted steps): the Spearman correlation and the share of one's top k that
+  recur in the other's. Jälkö et al. (2024) show that a pooled TPR says little about one record; this says how
+  much one audit's ranking of records can be trusted.
 * **Ground truth for a ranking** (:func:`precision_at_k`): canaries and planted outliers are the rows known to
   be most exposed; the share of the k riskiest rows that are among them.
 * **Slices** (:func:`slice_leakage`): for each group of rows, the attack's AUC with its bootstrap interval,
@@ -163,17 +164,17 @@ class Stability:
     """How far two audits agree on which records are most at risk (over the records both scored)."""
 
     n_common: int
-    spearman: float  # rank correlation of the two risks; nan with fewer than three common records
+    spearman: float  # rank correlation of the two audits' values; nan with fewer than three common records
     top_k: int
-    top_k_overlap: float  # share of the first audit's k riskiest common records among the second's k riskiest
+    top_k_overlap: float  # share of the first audit's k highest common records among the second's k highest
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def rank_stability(ids_a: Any, risk_a: Any, ids_b: Any, risk_b: Any, top_k: int) -> Stability:
-    """The agreement of two audits' risks on the records both scored (matched by id); ``top_k`` is capped at
-    the number of common records."""
+    """The agreement of two audits' values (membership scores, or risks) on the records both scored (matched by
+    id); ``top_k`` is capped at the number of common records."""
     from scipy.stats import spearmanr
 
     a = dict(zip(np.asarray(ids_a).tolist(), np.asarray(risk_a, dtype=np.float64).tolist(), strict=True))

@@ -596,10 +596,12 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
                 assert len(mine) == 60
                 assert auc(mine.loc[mine["member"], "score"], mine.loc[~mine["member"], "score"]) == pytest.approx(
                     row[f"{prefix}{a.value}_auc"]), (prefix, a)
-    # the canaries ranked among the rows at the run's headline checkpoint: 2 inserted (1 and 2 copies), 4 held out
+    # the canaries ranked among the rows at the run's headline checkpoint, per copy count: 1 inserted at 1 copy and
+    # 1 at 2, 4 held out
     canaries = risk["canaries"]
-    assert sorted(canaries["attack"]) == ["known_context", "probe"]
-    assert (canaries["inserted"] == 2).all()
+    assert sorted(zip(canaries["attack"], canaries["copies"], strict=True)) == [
+        ("known_context", 1), ("known_context", 2), ("probe", 1), ("probe", 2)]
+    assert (canaries["inserted"] == 1).all()
     assert (canaries["held_out"] == 4).all()
     assert canaries["precision_at_k"].between(0, 1).all()
     for prefix in ("", "known_context_"):  # every attack's verdict, its null false positives, its run headline

@@ -195,6 +195,49 @@ def test_planted_canary_exposure_grows_with_copies_and_is_zero_on_the_untouched_
     assert all(untouched[f"canary_known_context_exposure_c{k}"] == 0.0 for k in (1, 2, 4, 8))
 
 
+def _planted_ranking_records(seed: int, shift_per_doubling: float = 2.5, n: int = 60, per_copy: int = 8):
+    """One checkpoint's records: n member and n non-member rows scored N(0, 1); per copy count c, ``per_copy``
+    inserted canaries scored N(shift * log2 c, 1) (one copy: no shift at all); 2 * per_copy held-out canaries
+    scored N(0, 1)."""
+    rng = np.random.default_rng(seed)
+    frames = [pd.DataFrame({"member": np.r_[np.ones(n, bool), np.zeros(n, bool)], "score": rng.normal(size=2 * n),
+                            "canary_copies": np.nan})]
+    for c in (1, 2, 4, 8):
+        frames.append(pd.DataFrame({"member": True, "canary_copies": float(c),
+                                    "score": rng.normal(size=per_copy) + shift_per_doubling * math.log2(c)}))
+    frames.append(pd.DataFrame({"member": False, "canary_copies": 0.0, "score": rng.normal(size=2 * per_copy)}))
+    records = pd.concat(frames, ignore_index=True)
+    records.insert(0, "attack", "probe")
+    records.insert(0, "epoch", 3)
+    records.insert(0, "task", "t")
+    records.insert(0, "run_id", "r")
+    records["row_id"] = np.arange(len(records))
+    return records
+
+
+def test_canary_ranking_ranks_each_copy_count_on_its_own_and_more_copies_rank_higher():
+    """METHOD.md: the canaries of one copy count are ranked among the member rows and themselves. Pooled, one
+    k over every count, the 8-copy canaries would carry the 1-copy ones (issue #56 finding 11)."""
+    from orchestrator.record_risk import canary_ranking
+
+    records = _planted_ranking_records(0)
+    elsewhere = records.assign(epoch=1, score=-records["score"])  # not the headline checkpoint: ignored
+    table = canary_ranking(pd.concat([records, elsewhere], ignore_index=True), {"r": 3}).set_index("copies")
+    assert list(table.index) == [1, 2, 4, 8]
+    assert (table["inserted"] == 8).all()
+    assert (table["held_out"] == 16).all()
+    assert (table["member_rows"] == 60).all()
+    assert table["chance"].eq(8 / 68).all()  # their share of the ranked rows: 60 members and themselves
+    precision, auc = table["precision_at_k"], table["inserted_vs_held_out_auc"]
+    assert precision.is_monotonic_increasing
+    assert auc.is_monotonic_increasing
+    # one copy, no shift: about chance (these bounds hold on 492 of 500 seeds of this draw; seed 0 is one)
+    assert precision[1] <= 0.4
+    assert abs(auc[1] - 0.5) < 0.3
+    assert precision[8] == 1.0
+    assert auc[8] == 1.0
+
+
 # ------------------------------------------------------------------------------------------- the sweep file
 def _sweep(**canaries):
     from orchestrator.config import parse_sweep

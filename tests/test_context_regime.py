@@ -123,15 +123,16 @@ def test_a_sweep_with_regime_context_audits_the_deployed_context_beside_its_tria
     assert not values.loc[small, "exposed"].any()
     assert values.loc[~small, "p_difference"].between(0, 1).all()
     assert (values["level"] <= 0.05).all()
-    # the records' stability across reference sets: the members' risks against two disjoint halves of the 16
-    # reference contexts agree only in part (measured: Spearman 0.55-0.74, top-20 overlap 0.50-0.70 for the four
-    # reference attacks; two unrelated rankings of 64 rows give 0 +- 0.13)
+    # the records' stability across reference sets: the members' scores against two disjoint halves of the 16
+    # reference contexts agree only in part (measured with `iclmem audit-context digits --model pfn-mini
+    # --context-size 64 --references 16`, seeds 0-4: Spearman 0.64-0.88, top-20 overlap 0.55-0.85 for the four
+    # reference attacks; two unrelated rankings of 64 rows give 0 +- 0.13). The plain loss reads no reference: its
+    # halves are equal by construction, so it is left out
     stability = RunFolder(run).risk_tables()["stability"]
     across = stability[stability["between"] == "reference_sets"].set_index("attack")
-    assert set(across.index) == {"loss", "calibrated_loss", "lira_online", "lira_offline", "rmia"}
+    assert set(across.index) == {"calibrated_loss", "lira_online", "lira_offline", "rmia"}
     assert (across["n_common"] == 64).all()
-    assert (across.drop(index="loss")["spearman"] > 0.3).all()
-    assert across.loc["loss", "spearman"] == pytest.approx(1.0)  # no reference enters the plain loss: a sanity check
+    assert (across["spearman"] > 0.3).all()
     # resumed: the finished audit is kept, not run again
     stamp = (folder / "verdict.json").stat().st_mtime_ns
     lines: list[str] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from iclmem.errors import ProbeError
@@ -83,6 +84,55 @@ def test_rank_stability_is_one_for_the_same_ranking_and_near_zero_for_unrelated_
     assert partial.n_common == 25
 
 
+def test_reference_set_stability_compares_the_scores_of_attacks_that_read_references_and_leaves_out_the_loss():
+    """The plain loss reads no reference, so its two halves are the same numbers (Spearman 1 by construction): it is
+    left out. The others are compared on their members' scores, not on the risks' isotonic steps (issue #56 #11)."""
+    from scipy.stats import spearmanr
+
+    from orchestrator.context_audit import REFERENCE_HALF_PREFIX
+    from orchestrator.record_risk import _reference_set_stability
+
+    rng = np.random.default_rng(0)
+    n = 64
+    member = np.r_[np.ones(n, bool), np.zeros(n, bool)]
+    loss = rng.normal(size=2 * n) + member
+    a = rng.normal(size=2 * n) + member
+    b = a + rng.normal(scale=0.5, size=2 * n)  # the other half: the same signal, other noise
+    table = pd.DataFrame({"row_id": np.arange(2 * n) + 1000, "member": member, "deployed__loss": loss,
+                          f"{REFERENCE_HALF_PREFIX}a__loss": loss, f"{REFERENCE_HALF_PREFIX}b__loss": loss.copy(),
+                          f"{REFERENCE_HALF_PREFIX}a__rmia": a, f"{REFERENCE_HALF_PREFIX}b__rmia": b})
+    audits = pd.DataFrame({"run_id": ["ctx"], "task": ["t"]})
+    out = _reference_set_stability(audits, lambda _run: table, top_k=10).set_index("attack")
+    assert list(out.index) == ["rmia"]
+    row = out.loc["rmia"]
+    assert row["between"] == "reference_sets"
+    assert row["n_common"] == n
+    assert row["spearman"] == pytest.approx(spearmanr(a[member], b[member]).statistic)
+    top_a, top_b = set(np.argsort(-a[member])[:10]), set(np.argsort(-b[member])[:10])
+    assert row["top_k_overlap"] == pytest.approx(len(top_a & top_b) / 10)
+
+
+def test_seed_stability_compares_the_scores_on_the_rows_both_runs_trained_on():
+    """Two seeds that score their shared rows in the same order agree fully: the comparison reads the scores (the
+    risk column here is unrelated noise, which a comparison of risks would report as disagreement)."""
+    from orchestrator.record_risk import _stability
+
+    rng = np.random.default_rng(1)
+    frames = []
+    for run, ids in (("a", np.arange(0, 80)), ("b", np.arange(20, 100))):
+        score = ids / 10.0 + (0.0 if run == "a" else 3.0)  # the same order on the shared rows
+        frames.append(pd.DataFrame({"run_id": run, "task": "t", "epoch": 2, "channel": "fine_tuned_weights",
+                                    "attack": "probe", "row_id": ids, "member": True, "score": score,
+                                    "risk": rng.random(ids.size), "canary_copies": np.nan}))
+    records = pd.concat(frames, ignore_index=True)
+    results = pd.DataFrame({"run_id": ["a", "b"], "task": "t", "model": "m", "seed": [0, 1]})
+    (row,) = _stability(records, {"a": 2, "b": 2}, results, top_k=10).to_dict("records")
+    assert row["between"] == "seeds"
+    assert row["n_common"] == 60
+    assert row["spearman"] == pytest.approx(1.0)
+    assert row["top_k_overlap"] == 1.0
+
+
 def test_holm_adjusts_step_down_and_keeps_nan_out_of_the_family():
     np.testing.assert_allclose(holm([0.01, 0.04, 0.03]), [0.03, 0.06, 0.06])
     out = holm([0.01, np.nan, 0.04])
@@ -127,8 +177,6 @@ def test_a_slice_too_small_keeps_its_counts_and_no_metric_and_epsilon_only_when_
 
 # ------------------------------------------------------------------------------------------- slices
 def _table(n: int = 120):
-    import pandas as pd
-
     rng = np.random.default_rng(0)
     frame = pd.DataFrame({"age": rng.integers(18, 90, n), "city": rng.choice(["Lyon", "Oslo", "Rome"], n),
                           "note": [f"unique-token-{i:04d}" for i in range(n)], "y": rng.integers(0, 2, n)})

@@ -231,9 +231,11 @@ def risk_section_html(tables: dict[str, pd.DataFrame | None], figure_dir: Path, 
         blocks.append(df_to_html(shown))
     canaries = tables.get("canaries")
     if canaries is not None and not canaries.empty:
-        blocks.append("<p>Ground truth for the ranking: the inserted canaries ranked among the member rows by their "
-                      "membership score (precision@k, k = the inserted canaries; chance is their share), and their "
-                      "AUC against the held-out canaries, at each run's headline checkpoint.</p>")
+        blocks.append("<p>Ground truth for the ranking, per copy count: the inserted canaries of that count ranked "
+                      "among the member rows and themselves by their membership score (precision@k, k = those "
+                      "canaries; chance is their share of the ranked rows), and their AUC against the held-out "
+                      "canaries, at each run's headline checkpoint. A canary trained on more often should rank "
+                      "higher.</p>")
         blocks.append(df_to_html(canaries))
     stability = tables.get("stability")
     if stability is not None and not stability.empty:
@@ -242,10 +244,12 @@ def risk_section_html(tables: dict[str, pd.DataFrame | None], figure_dir: Path, 
               .agg(pairs=("run_a", "size"), median_spearman=("spearman", "median"),
                    median_top_k_overlap=("top_k_overlap", "median"), median_common_rows=("n_common", "median"))
               .reset_index())
-        blocks.append("<p>Stability of the ranking (Spearman correlation of the risks; share of one ranking's top k "
-                      "in the other's): between <em>seeds</em>, runs of one configuration drawn with other seeds, "
-                      "compared on the rows both trained on; between <em>reference sets</em>, a context audit's "
-                      "members scored against two disjoint halves of its reference contexts. A ranking that does not "
-                      "recur is a property of the draw, not of the row.</p>")
+        blocks.append("<p>Stability of the ranking (Spearman correlation of the membership scores; share of one "
+                      "ranking's top k scores in the other's): between <em>seeds</em>, runs of one configuration "
+                      "drawn with other seeds, compared on the rows both trained on; between <em>reference "
+                      "sets</em>, a context audit's members scored against two disjoint halves of its reference "
+                      "contexts (attacks that read no reference, such as the plain loss, are left out: their halves "
+                      "are equal by construction). A ranking that does not recur is a property of the draw, not of "
+                      "the row.</p>")
         blocks.append(df_to_html(st))
     return "\n".join(blocks)
