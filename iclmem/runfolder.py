@@ -83,7 +83,7 @@ RECORD_SLICES_FILE = "record_slices.parquet"  # per task x row: the slices it be
 SLICE_RISK_FILE = "slice_risk.parquet"  # per run (headline checkpoint) x attack x slice: the slice's leakage
 RECORD_STABILITY_FILE = "record_stability.parquet"  # per pair of runs differing in seed x attack: rank agreement
 RISKIEST_RECORDS_FILE = "riskiest_records.parquet"  # per task: the top-k member rows by risk
-CANARY_RANKING_FILE = "canary_ranking.parquet"  # per run x attack: precision@k of the ranking on the canaries
+CANARY_RANKING_FILE = "canary_ranking.parquet"  # per run x attack x copy count: precision@k of the ranking on the canaries
 CHANNEL_CROSSING_FILE = "channel_crossing.parquet"  # per run x channel x attack x stratum of the other channel: AUC
 # every statement about leakage the console, the first screen or W&B makes: effect size, family, null rate, rounding
 CLAIM_LEDGER_FILE = "claims.parquet"

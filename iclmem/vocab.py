@@ -342,6 +342,8 @@ class ClaimReading(Vocab):
 
     LEAK = "leak"  # made, its false-positive rate measured at or under the level, and it survives rounding
     EXACT_OUTPUTS_ONLY = "exact_outputs_only"  # made, but gone on rounded outputs
+    # made, but its null rate rests on too few null trials to resolve the level (fewer than the ledger's minimum)
+    TOO_FEW_NULL_TRIALS = "too_few_null_trials"
     WITHIN_CHANCE = "within_chance"  # made, but the null data through the same path make it as often as the level
     UNMEASURED = "unmeasured"  # made, with no false-positive rate measured: not a claim the first screen makes
     NOT_MADE = "not_made"  # tested and not made

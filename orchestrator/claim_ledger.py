@@ -41,10 +41,13 @@ import pandas as pd
 from iclmem.record import NULL_TRIAL_KEY
 from iclmem.vocab import ClaimKind, ClaimReading, Outcome, RoundingCheck
 
-__all__ = ["CLAIM_LEVEL", "LEDGER_COLUMNS", "LedgerClaim", "NullTrials", "claim_ledger", "effect_of_scores",
+__all__ = ["CLAIM_LEVEL", "LEDGER_COLUMNS", "MIN_NULL_TRIALS", "LedgerClaim", "NullTrials", "claim_ledger", "effect_of_scores",
            "reading", "run_claims", "rows_at_risk_claims", "shown_claims", "statement", "write_claim_ledger"]
 
 CLAIM_LEVEL = 0.05  # a claim is read as a leak only when its null rate is at or under this
+# ... measured on at least this many null trials: with fewer, one false positive moves the rate by more than twice
+# the level and none cannot tell 0 from 10%; `probe.null_splits` raises the count (runs x null splits per run claim)
+MIN_NULL_TRIALS = 10
 MEMORIZATION = Outcome.MEMORIZATION.value
 QueryTable = Callable[[str, int], "pd.DataFrame | None"]
 
@@ -117,6 +120,8 @@ def reading(made: bool, trials: NullTrials, rounding: RoundingCheck, level: floa
         return ClaimReading.NOT_MADE
     if trials.n == 0:
         return ClaimReading.UNMEASURED
+    if trials.n < MIN_NULL_TRIALS:
+        return ClaimReading.TOO_FEW_NULL_TRIALS
     if trials.rate > level:
         return ClaimReading.WITHIN_CHANCE
     if rounding is RoundingCheck.LOST:
@@ -226,6 +231,8 @@ def next_step(c: LedgerClaim) -> str:
                                                "outputs (or labels) and keep the exact scores internal",
         ClaimReading.WITHIN_CHANCE.value: "no more than null data give: raise probe.null_splits or the rows audited "
                                           "before believing it",
+        ClaimReading.TOO_FEW_NULL_TRIALS.value: f"too few null trials to say how often chance makes it: raise "
+                                                f"probe.null_splits until the claim has {MIN_NULL_TRIALS} or more",
         ClaimReading.UNMEASURED.value: "not a claim yet: its false-positive rate is not measured",
         ClaimReading.NOT_MADE.value: "",
     }[c.reading]
@@ -284,6 +291,14 @@ def _rounding(row: Mapping[str, Any], column: str, expected: Any) -> RoundingChe
         else RoundingCheck.LOST
 
 
+def _any_checkpoint(recs: pd.DataFrame, trial: list[str], column: str) -> pd.Series | None:
+    """Per null trial (``trial``: the run key and null index), whether ``column`` fired at any checkpoint; None
+    when the null records do not carry it (the flag was not computed on null splits)."""
+    if recs.empty or column not in recs.columns or recs[column].isna().all():
+        return None
+    return recs.groupby(trial, sort=True)[column].apply(lambda s: bool(s.fillna(False).astype(bool).any()))
+
+
 def _union_rounding(made: list[LedgerClaim]) -> RoundingCheck:
     """A union of claims survives rounding when one of its made claims does, and is lost when all are."""
     checks = {c.rounding for c in made}
@@ -317,16 +332,16 @@ def run_claims(results: pd.DataFrame, query_table: QueryTable) -> list[LedgerCla
         verdict_trials = (_trials(task_heads[rule] == MEMORIZATION) if rule in task_heads.columns
                           else NullTrials(0, 0))
         task_recs = recs[recs["run_id"].astype(str).isin(task_runs)] if not recs.empty else recs
-        has_flag = "known_context_flag" in task_recs.columns
-        flag_hits = (task_recs.groupby([*key, "null_index"], sort=True)["known_context_flag"]
-                     .apply(lambda s: bool(s.fillna(False).astype(bool).any())) if has_flag else pd.Series(dtype=bool))
-        flag_trials = _trials(flag_hits) if has_flag else NullTrials(0, 0)
+        flag_hits = _any_checkpoint(task_recs, [*key, "null_index"], "known_context_flag")
+        flag_trials = _trials(flag_hits) if flag_hits is not None else NullTrials(0, 0)
+        deployed_hits = _any_checkpoint(task_recs, [*key, "null_index"], "deployed_known_context_flag")
         union = pd.Series(dtype=bool)
-        if rule in task_heads.columns and has_flag:
-            verdict_hits = task_heads.set_index([*key, "null_index"])[rule].eq(MEMORIZATION)
-            both = verdict_hits.index.union(flag_hits.index)
-            union = verdict_hits.reindex(both, fill_value=False) | flag_hits.reindex(both, fill_value=False)
-        leaked_runs, flagged_runs = 0, 0
+        if rule in task_heads.columns and flag_hits is not None:
+            union = task_heads.set_index([*key, "null_index"])[rule].eq(MEMORIZATION)
+            for hits in (flag_hits, deployed_hits):
+                if hits is not None:
+                    both = union.index.union(hits.index)
+                    union = union.reindex(both, fill_value=False) | hits.reindex(both, fill_value=False)
         components: list[LedgerClaim] = []
         for _, head in task_peaks.iterrows():
             run_id, epoch = str(head["run_id"]), int(head["epoch"])
@@ -334,7 +349,6 @@ def run_claims(results: pd.DataFrame, query_table: QueryTable) -> list[LedgerCla
             kind = str(head.get("score_kind") or "loss")
             shift, relative = _score_effect(query_table(run_id, epoch), kind)
             made = str(head["outcome"]) == MEMORIZATION
-            leaked_runs += made
             components.append(_claim(
                 ClaimKind.RUN_VERDICT, task, run_id, made, verdict_trials,
                 _rounding(head, "rounded_outcome", MEMORIZATION) if made else RoundingCheck.NOT_TESTED,
@@ -350,7 +364,6 @@ def run_claims(results: pd.DataFrame, query_table: QueryTable) -> list[LedgerCla
             if "known_context_memorization_flag" in run_rows.columns:
                 flags = run_rows[run_rows["known_context_memorization_flag"].fillna(False).astype(bool)]
                 flagged = not flags.empty and not made
-                flagged_runs += flagged
                 at = (flags.sort_values(["known_context_calibrated_auc", "epoch"], ascending=[False, True])
                       .iloc[0] if not flags.empty else run_rows.sort_values("known_context_calibrated_auc").iloc[-1])
                 shift, relative = _known_context_effect(query_table(run_id, int(at["epoch"])))
@@ -368,14 +381,16 @@ def run_claims(results: pd.DataFrame, query_table: QueryTable) -> list[LedgerCla
                     "run's checkpoints, per (run, j)", output_decimals=decimals))
             deployed = "deployed_known_context_memorization_flag"
             if deployed in run_rows.columns and run_rows[deployed].notna().any():
-                fired = bool(run_rows[deployed].fillna(False).astype(bool).any())
-                out.append(_claim(ClaimKind.DEPLOYED_KNOWN_CONTEXT_FLAG, task, run_id, fired and not made,
-                                  NullTrials(0, 0), RoundingCheck.NOT_TESTED,
-                                  family="the run's checkpoints", family_size=len(run_rows),
-                                  selection="any checkpoint", correction="Bonferroni over the run's checkpoints",
-                                  null_path="none: the deployed classifier is not run on null splits"))
+                fired = bool(run_rows[deployed].fillna(False).astype(bool).any()) and not made
+                components.append(_claim(
+                    ClaimKind.DEPLOYED_KNOWN_CONTEXT_FLAG, task, run_id, fired,
+                    _trials(deployed_hits) if deployed_hits is not None else NullTrials(0, 0), RoundingCheck.NOT_TESTED,
+                    family="the run's checkpoints", family_size=len(run_rows), selection="any checkpoint",
+                    correction="Bonferroni over the run's checkpoints",
+                    null_path="the deployed classifier's flag on null split j of every checkpoint, OR over the "
+                              "run's checkpoints, per (run, j)", output_decimals=decimals))
         out.extend(components)
-        count = leaked_runs + flagged_runs
+        count = len({c.subject for c in components if c.made})
         per_j = (union.groupby(level="null_index").sum() if not union.empty else pd.Series(dtype=float))
         out.append(_claim(
             ClaimKind.RUNS_LEAKED, task, "", count > 0, _trials(union) if not union.empty else NullTrials(0, 0),

@@ -631,14 +631,17 @@ DEPLOYED_PREFIX = "deployed_"
 
 
 def deployed_known_context_columns(model: Any, task: Any, cache_dir: str | Path, base_digest: str,
-                                   base_model: Any, settings: ProbeSettings, collapsed: bool = False) -> dict[str, Any]:
+                                   base_model: Any, settings: ProbeSettings, collapsed: bool = False,
+                                   split_tag: str = "") -> dict[str, Any]:
     """A model fine-tuned by its package's own fine-tuner (``recipe`` upstream): the known-context channel
     scored as the package deploys the weights (``trainables.upstream.deployed_losses``: its preprocessing and
     ensemble, C' as the context), calibrated by the base weights deployed the same way (cached like
     :func:`base_icl`): the columns of :func:`known_context_columns` prefixed ``deployed_``, and
     ``deployed_known_context_memorization_flag``. The package fine-tunes on its own preprocessed features, so
     what it memorized can show here and not through the raw network on iclmem's encoding; the raw channel's
-    columns stay beside it, so a report shows both and their difference. Empty for every other model."""
+    columns stay beside it, so a report shows both and their difference. Empty for every other model.
+    ``split_tag`` names another split of the same task (a null split: ``null<j>``) in the base model's cache key,
+    whose rows differ while the task's fingerprint does not."""
     from trainables.upstream import deployed_losses, upstream_options
 
     if not upstream_options(getattr(model, "options", {})):
@@ -650,7 +653,7 @@ def deployed_known_context_columns(model: Any, task: Any, cache_dir: str | Path,
     # the deployed classifier reads the model's options (its ensemble size, preprocessing), so they are in the key
     deployment = {k: v for k, v in sorted(model.options.items()) if k != "weights"}
     options_key = hashlib.sha256(json.dumps(deployment, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    cache_name = f"base_deployed_{task.fingerprint[:16]}_{base_digest}_{options_key}"
+    cache_name = f"base_deployed_{split_tag}{task.fingerprint[:16]}_{base_digest}_{options_key}"
     loss_base = _cached_frame(Path(cache_dir) / f"{cache_name}.parquet", compute)["loss"].to_numpy()
     member = np.arange(len(task.member_idx) + len(task.nonmember_idx)) < len(task.member_idx)
     columns = known_context_columns(deployed_losses(model, task), loss_base, member, settings, collapsed=collapsed)
@@ -726,6 +729,12 @@ def _null_columns(model: Any, task: Any, plan: ProbePlan, cache_dir: str | Path,
             loss_ft, loss_base = _null_known_context_losses(model, task, j, (members, nonmembers), cache_dir,
                                                             base_digest, base_model)
             record["known_context_flag"] = _null_known_context_flag(loss_ft, loss_base, member, settings, collapsed)
+            # recipe upstream: the deployed classifier's flag on the same null rows, its false-positive rate
+            deployed = deployed_known_context_columns(
+                model, dataclasses.replace(task, member_idx=members, nonmember_idx=nonmembers), cache_dir,
+                base_digest, base_model, settings, collapsed=collapsed, split_tag=f"null{j}_")
+            if deployed:
+                record["deployed_known_context_flag"] = bool(deployed[f"{DEPLOYED_PREFIX}known_context_memorization_flag"])
             if decimals is not None:
                 rounded = build_evidence(rounded_view(ft_j), rounded_view(ref_j), ratio, std, thresholds=th,
                                          n_resamples=settings.n_resamples, seed=settings.bootstrap_seed)

@@ -44,7 +44,8 @@ def run_real_sweep(root: Path) -> tuple[Path, object, list[str]]:
         "grid": {"lr": [1e-1, 1e-3], "q": [50], "label_mode": ["normal", "shuffled_members"]},
         "training": {"epochs": 40, "checkpoint_epochs": [1, 10, 40]},
         # two channels, same rows: every fine-tuned checkpoint also deployed with half its members and non-members
-        "probe": {"bootstrap": 200, "two_channels": True, "context_references": 8},
+        # 3 null splits per checkpoint: 12 null trials per run claim, enough for the claim ledger to read a rate
+        "probe": {"bootstrap": 200, "two_channels": True, "context_references": 8, "null_splits": 3},
         "resources": {"cpus_per_trial": 1, "cpus_per_probe_actor": 1},
         "wandb": {"mode": "offline", "project": "iclmem-test"},
     })

@@ -80,6 +80,7 @@ def test_a_claim_reads_as_a_leak_only_when_made_measured_within_its_level_and_ho
     assert reading(True, measured, RoundingCheck.NOT_TESTED) is ClaimReading.LEAK
     assert reading(True, measured, RoundingCheck.LOST) is ClaimReading.EXACT_OUTPUTS_ONLY
     assert reading(True, NullTrials(0, 0), RoundingCheck.SURVIVES) is ClaimReading.UNMEASURED
+    assert reading(True, NullTrials(8, 0), RoundingCheck.SURVIVES) is ClaimReading.TOO_FEW_NULL_TRIALS
     assert reading(True, NullTrials(20, 2), RoundingCheck.SURVIVES) is ClaimReading.WITHIN_CHANCE
     assert reading(False, measured, RoundingCheck.SURVIVES) is ClaimReading.NOT_MADE
     assert NullTrials(40, 1).interval()[0] < 0.025 < NullTrials(40, 1).interval()[1]
@@ -97,11 +98,14 @@ def test_the_effect_size_tells_a_shift_of_1e_5_nats_from_one_of_a_nat_that_a_ran
 
 
 @pytest.mark.slow  # a real sweep (`make test-fast` leaves it out)
-def test_a_model_fine_tuned_at_lr_1e_9_is_detectable_only_with_exact_outputs_on_every_seed(tmp_path, ray_session):
-    """The issue's new-user case, through Ray Tune, the probe pool and the aggregator: pfn-mini fine-tuned on
-    label-shuffled members at lr 1e-9 moves their loss by about 1e-5 nats. The known context still ranks them
-    (rank tests see any shift), so claims are made on exact outputs; on probabilities rounded to 4 decimals
-    every one of them is gone, and neither the console nor the first screen states a leak, on 5 of 5 seeds."""
+def test_lr_1e_9_is_detectable_only_with_exact_outputs_a_planted_run_is_a_leak_and_null_trials_rarely_fire(
+        tmp_path, ray_session):
+    """The issue's new-user case, through Ray Tune, the probe pool and the aggregator, 5 seeds per learning rate:
+    pfn-mini fine-tuned on label-shuffled members at lr 1e-9 moves their loss by about 1e-5 nats. The known
+    context still ranks them (a rank test sees any shift), so claims are made on exact outputs; on probabilities
+    rounded to 4 decimals every one of them is gone, and neither the console nor the first screen states a leak.
+    At lr 1e-3 (planted memorization) the same sweep states a leak for the runs, and every claim's null trials
+    (the null splits through its own path) fire at most once in ten."""
     from orchestrator.config import parse_sweep
     from orchestrator.report.ledger import ledger_lines
     from orchestrator.run_folder import RunFolder
@@ -110,26 +114,42 @@ def test_a_model_fine_tuned_at_lr_1e_9_is_detectable_only_with_exact_outputs_on_
     sweep = parse_sweep({
         "name": "lr-1e-9", "tasks": [{"name": "digits"}],
         "models": [{"name": "pfn-mini", "options": {"weights": "shipped"}}],
-        "grid": {"q": [20], "lr": [1e-9], "label_mode": ["shuffled_members"], "seed": [0, 1, 2, 3, 4]},
+        "grid": {"q": [20], "lr": [1e-9, 1e-3], "label_mode": ["shuffled_members"], "seed": [0, 1, 2, 3, 4]},
         "data": {"context_size": 128},
         "training": {"epochs": 5, "checkpoint_epochs": [5]},
-        "probe": {"bootstrap": 100},
+        "probe": {"bootstrap": 100, "null_splits": 2},
         "resources": {"cpus_per_trial": 0.5, "probe_actors": 1, "cpus_per_probe_actor": 0.5},
         "wandb": {"mode": "offline", "project": "iclmem-test"},
     })
-    run_sweep(None, tmp_path / "run", sweep=sweep, log=lambda _m: None)
+    results = run_sweep(None, tmp_path / "run", sweep=sweep, log=lambda _m: None)
+    lr = dict(zip(results["run_id"].astype(str), results["lr"], strict=True))
     ledger = RunFolder(tmp_path / "run").claim_ledger()
-    made = ledger[ledger["made"].astype(bool)]
-    runs = ledger[ledger["kind"].isin(["run_verdict", "known_context_flag"])]
-    assert runs["subject"].nunique() == 5
-    # what a rank test sees: the members' shift is a millionth of the rows' spread
-    assert (runs["relative_shift"].abs() < 1e-3).all()
-    # measured: the known-context flag is made on 2-4 of the 5 seeds' exact outputs (AUC 0.70-0.80); a test
-    # that finds nothing on exact outputs would not exercise the rounded re-test
-    assert not made.empty
-    assert (made["reading"] != "leak").all()
-    assert (made.loc[made["kind"].isin(["run_verdict", "known_context_flag"]), "rounding"] == "lost").all()
+    runs = ledger[ledger["kind"].isin(["run_verdict", "known_context_flag"])].assign(
+        lr=lambda d: d["subject"].map(lr))
+    tiny, planted = runs[runs["lr"] == 1e-9], runs[runs["lr"] == 1e-3]
+    assert tiny["subject"].nunique() == 5
+    assert planted["subject"].nunique() == 5
+    # what a rank test sees at lr 1e-9: the members' shift is a millionth of the rows' spread
+    assert (tiny["relative_shift"].abs() < 1e-3).all()
+    # measured (benchmarks/RESULTS.md, "The claim ledger"): at lr 1e-9 the known-context flag is made on the exact
+    # outputs of 10 of 10 seeds and none holds on rounded ones; a test where nothing is made would not exercise
+    # the rounded re-test
+    made_tiny = tiny[tiny["made"].astype(bool)]
+    assert made_tiny["subject"].nunique() >= 3
+    assert (made_tiny["rounding"] == "lost").all()
+    assert made_tiny["reading"].isin(["exact_outputs_only", "within_chance"]).all()
+    # measured here: 4 of 5 planted seeds read as a leak (benchmarks/RESULTS.md: 9 of 10, two checkpoints)
+    leaks = planted[planted["reading"] == "leak"]["subject"].nunique()
+    assert leaks >= 3
+    # every claim's null trials (10 runs x 2 null splits): measured 1 of 20 for the verdict and the known-context
+    # flag, 0 of 20 for the slices, 2 of 20 for their union (runs_leaked, which then reads "no more than chance")
+    measured = ledger[ledger["n_null"] == 20].drop_duplicates(["kind", "task"]).set_index("kind")
+    assert set(measured.index) >= {"run_verdict", "known_context_flag", "runs_leaked"}
+    assert (measured.drop(index="runs_leaked")["null_made"] <= 2).all()
+    assert measured.loc["runs_leaked", "null_made"] <= 4
     lines = ledger_lines(ledger)
-    assert not any(line.strip().startswith("Leaks") for line in lines)
+    stated = "\n".join(lines)
+    assert all(run_id not in stated.split("Detectable only with exact outputs")[0]
+               for run_id in made_tiny["subject"])
     page = (tmp_path / "run" / "report.html").read_text()
-    assert "Leaks (made" not in page
+    assert 'id="claims"' in page

@@ -379,6 +379,17 @@ def test_a_sweep_of_the_upstream_recipes_runs_end_to_end_with_tune_checkpoints(r
     assert tuned["deployed_known_context_memorization_flag"].isin([True, False]).all()
     assert controls["deployed_known_context_calibrated_auc"].isna().all()
     assert (tuned["null_known_context_flags"] <= tuned["null_splits"]).all()
+    # ... and its flag on every null split too (rows the run never saw): the deployed flag's false-positive rate is
+    # measured through the same path, so the claim ledger states it with a rate (#56)
+    records = [rec for raw in tuned["null_evidence"] for rec in json.loads(raw)]
+    assert records
+    assert all(isinstance(rec["deployed_known_context_flag"], bool) for rec in records)
+    from orchestrator.run_folder import RunFolder
+
+    ledger = RunFolder(tmp_path / "run").claim_ledger()
+    deployed = ledger[ledger["kind"] == "deployed_known_context_flag"]
+    assert len(deployed) == len(models)
+    assert (deployed["n_null"] > 0).all()
     manifests = [json.loads(p.read_text()) for p in (tmp_path / "run" / "tune").rglob("checkpoint.json")]
     assert sorted((m["model"], m["epoch"]) for m in manifests) == sorted((m, e) for m in models for e in (1, 3))
     assert all("upstream_state.pth" in m["files"] for m in manifests)

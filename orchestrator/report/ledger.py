@@ -22,6 +22,8 @@ _HEADINGS = {
     ClaimReading.EXACT_OUTPUTS_ONLY.value: "Detectable only with exact outputs (gone when probabilities are rounded)",
     ClaimReading.WITHIN_CHANCE.value: "Made, but null data through the same path make it more often than 5%: no "
                                       "more than chance",
+    ClaimReading.TOO_FEW_NULL_TRIALS.value: "Made, but on too few null trials to say how often chance makes it "
+                                            "(raise probe.null_splits)",
 }
 _TABLE_COLUMNS = ["kind", "task", "subject", "reading", "auc", "auc_low", "auc_high", "tpr_at_1pct", "shift",
                   "relative_shift", "count", "null_count_mean", "null_made", "n_null", "null_rate", "null_rate_high",
