@@ -519,30 +519,36 @@ def _slice_claims(slice_claims: pd.DataFrame | None, slice_null: pd.DataFrame | 
         retested = set()
     if slice_claims is None or slice_claims.empty:
         return []
-    rates: dict[str, NullTrials] = {}
+    # per test and channel: the null trials (a run's null split, or a context audit's never-in-context control),
+    # each a false positive when any of its slices is flagged; a claim is measured when its (channel, attack) was
+    # tested on null data (the reference attacks' null rows are not scored: never)
+    rates: dict[tuple[str, str], NullTrials] = {}
+    tested: set[tuple[str, str]] = set()
     if slice_null is not None and not slice_null.empty:
-        for test in ("exposed", "leaks_more"):
-            hits = slice_null.groupby(list(NULL_TRIAL_KEY), sort=True)[test].any()
-            rates[test] = _trials(hits)
+        tested = set(zip(slice_null["channel"].astype(str), slice_null["attack"].astype(str), strict=True))
+        for channel, part in slice_null.groupby("channel", sort=True):
+            for test in ("exposed", "leaks_more"):
+                rates[(test, str(channel))] = _trials(part.groupby(list(NULL_TRIAL_KEY), sort=True)[test].any())
     out = []
     for test, kind in (("exposed", ClaimKind.SLICE_EXPOSED), ("leaks_more", ClaimKind.SLICE_LEAKS_MORE)):
         flagged = slice_claims[slice_claims[test].astype(bool)]
         for _, r in flagged.iterrows():
-            measured = r["attack"] in RISK_ATTACKS and str(r["channel"]) == "fine_tuned_weights"
+            measured = (str(r["channel"]), str(r["attack"])) in tested
             rounding = RoundingCheck.NOT_TESTED
             if measured and str(r["run_id"]) in retested:
                 rounding = (RoundingCheck.SURVIVES if (str(r["run_id"]), str(r["attack"]), str(r["slice"]))
                             in again.get(test, set()) else RoundingCheck.LOST)
             out.append(_claim(
                 kind, str(r["task"]), f"{r['slice']} ({r['attack']}, run {r['run_id']})", True,
-                rates.get(test, NullTrials(0, 0)) if measured else NullTrials(0, 0), rounding,
+                rates.get((test, str(r["channel"])), NullTrials(0, 0)) if measured else NullTrials(0, 0), rounding,
                 family="the run's slices x attacks x channels, times the headline's checkpoints x kinds",
                 family_size=int(r.get("family_size", 0)), selection="the run's headline checkpoint",
                 correction="Bonferroni for the headline's selection, then Holm over the family",
                 auc=float(r["auc"]), auc_low=float(r.get("auc_low", _NAN)), auc_high=float(r.get("auc_high", _NAN)),
                 tpr_at_1pct=float(r.get("tpr_at_1pct", _NAN)),
-                null_path="the same slice tests on null split j at the run's null headline; per (run, j), a false "
-                          "positive when any slice is flagged", output_decimals=decimals))
+                null_path="the same slice tests on null split j at the run's null headline (a context audit: on its "
+                          "never-in-context control); per (run, j), a false positive when any slice is flagged",
+                output_decimals=decimals))
     return out
 
 

@@ -263,6 +263,29 @@ def _context_records(context_audits: pd.DataFrame | None, scores_of: Callable[[s
     return _concat(*frames)
 
 
+def context_null_records(context_audits: pd.DataFrame | None,
+                         scores_of: Callable[[str], pd.DataFrame | None]) -> pd.DataFrame:
+    """The deployed-context audits' null data: each audit's never-in-context control (a context of as many rows,
+    with the members' label counts, holding none of the audited rows) scores the same rows under every attack, so
+    a member flag there is a false positive. Its records carry the deployed target's attack names (a null trial of
+    the same claim) and ``null_index`` 0; the claim ledger's slice claims on the deployed context read their rate
+    from them."""
+    if context_audits is None or context_audits.empty:
+        return pd.DataFrame()
+    control = f"{ContextTarget.CONTROL.value}__"
+    frames = []
+    for run_id, audit in context_audits.groupby("run_id", sort=True):
+        table = scores_of(str(run_id))
+        if table is None:
+            continue
+        scores = {f"{ContextTarget.DEPLOYED.value}__{c[len(control):]}": table[c] for c in table.columns
+                  if c.startswith(control)}
+        identity = {"run_id": str(run_id), "task": str(audit["task"].iloc[0]), "epoch": 0, "null_index": 0}
+        frames.append(record_rows(table["row_id"], table["member"], scores, identity, Channel.DEPLOYED_CONTEXT,
+                                  seed=int(audit["seed"].iloc[0]) if "seed" in audit.columns else 0))
+    return _concat(*frames)
+
+
 def _reference_set_stability(context_audits: pd.DataFrame | None, scores_of: Callable[[str], pd.DataFrame | None],
                              top_k: int) -> pd.DataFrame:
     """Per context audit and attack: its members' scores under two disjoint reference sets
@@ -635,7 +658,8 @@ def risk_tables(results: pd.DataFrame, query_table: Callable[[str, int], pd.Data
     headline = _headline_epochs(results) if not results.empty else {}
     records = _concat(_checkpoint_records(results, query_table, attack_scores, headline),
                       _context_records(context_audits, context_scores or (lambda _: None)))
-    null = null_records(results, null_query_table) if null_query_table is not None else pd.DataFrame()
+    null = _concat(null_records(results, null_query_table) if null_query_table is not None else pd.DataFrame(),
+                   context_null_records(context_audits, context_scores or (lambda _: None)))
     slice_null = _slice_null(null, slices, results, settings)
     slice_risk = _slice_risk(records, slices, headline, results, settings, n_resamples)
     return RiskTables(records=records, slices=slices, slice_risk=_with_null_band(slice_risk, slice_null),

@@ -123,6 +123,20 @@ def test_a_sweep_with_regime_context_audits_the_deployed_context_beside_its_tria
     assert not values.loc[small, "exposed"].any()
     assert values.loc[~small, "p_difference"].between(0, 1).all()
     assert (values["level"] <= 0.05).all()
+    # the never-in-context control is a null, not an attack of the rows: out of the per-record tables, and the
+    # deployed context's slice tests run on it as on null data, so each slice carries how often the control flags it
+    tables = RunFolder(run).risk_tables()
+    assert not tables["records"]["attack"].str.startswith("never_in_context").any()
+    audit_slices = tables["slice_risk"][tables["slice_risk"]["run_id"] == spec.run_id].dropna(subset=["auc"])
+    assert not audit_slices.empty
+    assert (audit_slices["null_splits"] == 1).all()
+    assert audit_slices["null_fpr"].isin([0.0, 1.0]).all()
+    ledger = RunFolder(run).claim_ledger()
+    context_slices = ledger[ledger["subject"].str.contains(spec.run_id, regex=False)
+                            & ledger["kind"].isin(["slice_exposed", "slice_leaks_more"])]
+    assert not context_slices.empty  # the 64 rows in the deployed context are exposed in some slice
+    assert (context_slices["n_null"] >= 1).all()
+    assert (context_slices["reading"] != "leak").all()  # one control: too few null trials to read a rate
     # the records' stability across reference sets: the members' scores against two disjoint halves of the 16
     # reference contexts agree only in part (measured with `iclmem audit-context digits --model pfn-mini
     # --context-size 64 --references 16`, seeds 0-4: Spearman 0.64-0.88, top-20 overlap 0.55-0.85 for the four

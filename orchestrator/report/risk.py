@@ -226,8 +226,13 @@ def risk_section_html(tables: dict[str, pd.DataFrame | None], figure_dir: Path, 
         shown = riskiest.copy()
         if "slices" in shown.columns:
             shown["slices"] = shown["slices"].map(_fmt_slices)
+        if "score" in shown.columns:  # a shift of 1e-5 nats prints as 0.000 at three decimals: significant digits
+            shown["score"] = shown["score"].map(lambda v: f"{float(v):.3g}" if pd.notna(v) else "n/a")
         blocks.append("<p>The riskiest member rows of each task: their highest risk over every audit and attack "
-                      "(at each run's headline checkpoint), and the slices they belong to.</p>")
+                      "(at each run's headline checkpoint), the score that put them there (in its own units: a "
+                      "score of 1e-5 nats is a model that barely moved, whatever the risk), and the slices they "
+                      "belong to. A risk is a rank among the audit's rows; how many rows reach a high risk by chance "
+                      "is the claim ledger's <code>rows_at_risk</code> above.</p>")
         blocks.append(df_to_html(shown))
     canaries = tables.get("canaries")
     if canaries is not None and not canaries.empty:
