@@ -391,6 +391,7 @@ def test_the_risk_report_ranks_the_memorized_runs_members_first_and_names_no_row
     assert "risk/riskiest_records" in logged
     assert "risk/slice_risk" in logged
     assert "risk/channel_crossing" in logged
+    assert "claims/ledger" in logged  # the claims the summary can make, with their null rates (#56)
     page = (run_dir / "report.html").read_text()
     assert "Whose rows leak" in page
     assert "risk_by_slice.png" in page

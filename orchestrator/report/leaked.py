@@ -112,8 +112,9 @@ def _known_context_lines(results: pd.DataFrame, leaked: pd.DataFrame, limit: int
     if table.empty:
         return []
     more = "more " if not leaked.empty else ""
-    lines = [f"{len(table)} {more}run{'s' if len(table) != 1 else ''} leaked through the known context C' only "
-             "(known_context_memorization_flag; the zero-information probe did not find it):"]
+    lines = [f"{len(table)} {more}run{'s' if len(table) != 1 else ''} flagged through the known context C' only "
+             "(known_context_memorization_flag; the zero-information probe did not find it; whether a flag holds on "
+             "rounded outputs and how often null data raise it: the claim ledger, claims.parquet):"]
     for r in table.head(limit).to_dict("records"):
         lines.append(f"  {r['run_id']}{_where(r)}: {_known_context_text(r)}")
     if len(table) > limit:
@@ -153,9 +154,10 @@ def leaked_html(results: pd.DataFrame) -> str:
                 f"{fmt_value('auc', a)} [{fmt_value('auc', lo)}, {fmt_value('auc', hi)}]"
                 for a, lo, hi in zip(known["known_context_calibrated_auc"], known["known_context_calibrated_auc_low"],
                                      known["known_context_calibrated_auc_high"])]})
-        body += (f"<p class=\"verdict\"><b>{len(known)} more run{'s' if len(known) != 1 else ''} leaked through the "
-                 "known context C′ only:</b> the zero-information probe did not call memorization, but the same rule "
-                 "on the base-calibrated loss with C′ as the context did (<code>known_context_memorization_flag</code>; "
-                 "METHOD.md, \"Where the zero-information probe is blind\"). Whoever holds C′ can tell these "
-                 "members.</p>" + df_to_html(shown))
+        body += (f"<p class=\"verdict\"><b>{len(known)} more run{'s' if len(known) != 1 else ''} flagged through "
+                 "the known context C′ only:</b> the zero-information probe did not call memorization, but the same "
+                 "rule on the base-calibrated loss with C′ as the context did (<code>known_context_memorization_flag"
+                 "</code>; METHOD.md, \"Where the zero-information probe is blind\"). Whether whoever holds C′ can "
+                 "tell these members from rounded outputs, and how often null data raise the flag, is in the claim "
+                 "ledger above (\"What this audit claims\").</p>" + df_to_html(shown))
     return f'<section id="leaked"><h2>Runs that leaked</h2>{body}</section>'
