@@ -575,34 +575,29 @@ def _riskiest(records: pd.DataFrame, slices: pd.DataFrame, headline: Mapping[str
     return top[[c for c in columns if c in top.columns]].reset_index(drop=True)
 
 
-def _channel_crossing(records: pd.DataFrame, headline: Mapping[str, int], n_resamples: int) -> pd.DataFrame:
-    """Two channels, same rows (``probe.two_channels``), per run at its headline checkpoint: each channel's
-    attacks within each stratum of the other membership (:func:`probes.two_channel.channel_crossing`)."""
-    from probes.two_channel import channel_crossing
+def _channel_crossing(results: pd.DataFrame, query_table: Callable[[str, int], pd.DataFrame | None],
+                      headline: Mapping[str, int], n_resamples: int) -> pd.DataFrame:
+    """Two channels, same rows (``probe.two_channels``), per run at its headline checkpoint: the context channel's
+    attacks among the rows fine-tuned on and among the rows not (:func:`probes.two_channel.channel_crossing`),
+    ``target`` ``deployed``, and the same for the channel's control (``never_in_context``: a context of rows the
+    run never saw in the deployed context's place, the same flags; its cells are a null of the channel). The
+    weights channel never reads the deployed context: its cells within the context strata would be random halves
+    of the same scores, equal by construction, so they are not computed."""
+    from probes.two_channel import CONTEXT_CONTROL_PREFIX, channel_crossing
 
-    if records.empty or "in_context" not in records.columns:
-        return pd.DataFrame()
-    crossed = audited_rows(records)
-    crossed = crossed[crossed["in_context"].notna()]
-    crossed = crossed[[headline.get(str(r)) == e for r, e in zip(crossed["run_id"], crossed["epoch"], strict=True)]]
     rows = []
-    for (run_id, task, epoch), group in crossed.groupby(list(ROW_KEY), sort=True):
-        by_channel = {}
-        for channel, part in group.groupby("channel", sort=True):
-            wide = part.pivot(index="row_id", columns="attack", values="score")
-            by_channel[str(channel)] = wide
-        flags = group.drop_duplicates("row_id").set_index("row_id")[["fine_tuned", "in_context"]].astype(bool)
-        weights = by_channel.get(Channel.FINE_TUNED_WEIGHTS.value, pd.DataFrame(index=flags.index))
-        context = by_channel.get(Channel.DEPLOYED_CONTEXT.value, pd.DataFrame(index=flags.index))
-        ids = flags.index
-        for cell in channel_crossing(flags["fine_tuned"].to_numpy(), flags["in_context"].to_numpy(),
-                                     {a: weights[a].reindex(ids).to_numpy(np.float64) for a in weights.columns},
-                                     {a: context[a].reindex(ids).to_numpy(np.float64) for a in context.columns},
-                                     n_resamples=n_resamples):
-            # the weights channel never reads the deployed context: its cells within the context strata are random
-            # halves of the same scores, equal by construction, so they are not kept
-            if cell.channel != Channel.FINE_TUNED_WEIGHTS.value:
-                rows.append({"run_id": run_id, "task": task, "epoch": int(epoch), **cell.as_dict()})
+    for run_id, epoch in sorted(headline.items()):
+        table = query_table(run_id, epoch)
+        if table is None or IN_CONTEXT_COLUMN not in table.columns:
+            continue
+        task = str(results.loc[results["run_id"].astype(str) == run_id, "task"].iloc[0])
+        fine_tuned, in_context = table["member"].to_numpy(bool), table[IN_CONTEXT_COLUMN].to_numpy(bool)
+        for target, prefix in ((ContextTarget.DEPLOYED, CONTEXT_CHANNEL_PREFIX),
+                               (ContextTarget.CONTROL, CONTEXT_CONTROL_PREFIX)):
+            scores = {c[len(prefix):]: table[c].to_numpy(np.float64) for c in table.columns if c.startswith(prefix)}
+            for cell in channel_crossing(fine_tuned, in_context, {}, scores, n_resamples=n_resamples):
+                rows.append({"run_id": run_id, "task": task, "epoch": int(epoch), "target": target.value,
+                             **cell.as_dict()})
     return pd.DataFrame(rows)
 
 
@@ -670,7 +665,7 @@ def risk_tables(results: pd.DataFrame, query_table: Callable[[str, int], pd.Data
                                                                  settings.top_k)),
                       riskiest=_riskiest(records, slices, headline, settings.top_k),
                       canaries=canary_ranking(records, headline),
-                      crossing=_channel_crossing(records, headline, n_resamples),
+                      crossing=_channel_crossing(results, query_table, headline, n_resamples),
                       value_slices=value_slices(context_audits, inference_rows or (lambda _: None), slices))
 
 

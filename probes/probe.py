@@ -23,7 +23,7 @@ from iclmem.atomic import read_parquet_checked, write_json_atomic, write_parquet
 from iclmem.errors import ProbeError
 from iclmem.record import check_row
 from iclmem.runfolder import MANIPULATION_SUFFIX, NULL_QUERIES_SUFFIX, QUERIES_SUFFIX, ROC_SUFFIX, ROW_SUFFIX
-from iclmem.vocab import SCORE_KINDS, CanaryDesign, CanaryKind, LabelDesign, Outcome, VerdictRule
+from iclmem.vocab import SCORE_KINDS, CanaryDesign, CanaryKind, ContextTarget, LabelDesign, Outcome, VerdictRule
 from probes.attacks import LOGIT_PREFIX, logit_of_loss
 from probes.calibration import model_digest, reference_scores, resolve_model
 from probes.canaries import canary_records, canary_tests, label_ranks, one_run_columns
@@ -378,29 +378,47 @@ def probe_checkpoint(
     roc = pd.DataFrame({"fpr": curve.fpr, "tpr": curve.tpr})
     queries = query_table(finetuned, reference, plan, loss_ft, loss_base, decimals)
     if fine_tuned and settings.context_channel_references:
-        queries = queries.join(context_channel_table(model, plan, settings, int(identity.get("seed", 0))),
+        queries = queries.join(context_channel_table(model, plan, settings, int(identity.get("seed", 0)), task),
                                on="query_id")
     return ProbeResult(row, manip, roc, queries=queries, null_queries=null_queries)
 
 
-def context_channel_table(model: Any, plan: ProbePlan, settings: ProbeSettings, seed: int) -> pd.DataFrame:
+def context_channel_table(model: Any, plan: ProbePlan, settings: ProbeSettings, seed: int,
+                          task: Any = None) -> pd.DataFrame:
     """The context channel of the same rows (:mod:`probes.two_channel`): each query row's deployed-context flag
     (half of the members and half of the non-members, drawn from the run's seed) and every deployed-context
-    attack's score of it through the fine-tuned ``model``, indexed by query id."""
+    attack's score of it through the fine-tuned ``model``, indexed by query id. With ``task`` also the control
+    (``context_control__<attack>``): the same attacks with a context of rows the run never saw, the deployed
+    context's label counts, as the deployed context, against the same references and flags: a null of the
+    channel (absent when the task has too few free rows of some label)."""
     from probes.two_channel import (
         CONTEXT_CHANNEL_PREFIX,
+        CONTEXT_CONTROL_PREFIX,
         IN_CONTEXT_COLUMN,
         AdapterScorer,
-        context_channel_scores,
+        context_channel_targets,
+        control_context_rows,
         deployed_context_mask,
     )
 
     q = plan.queries
     in_context = deployed_context_mask(q.member, q.labels, seed)
-    scores = context_channel_scores(AdapterScorer(model, q.n_classes, q.columns), q.features, q.labels, in_context,
-                                    q.n_classes, settings.context_channel_references, seed)
-    table = pd.DataFrame({IN_CONTEXT_COLUMN: in_context, **{f"{CONTEXT_CHANNEL_PREFIX}{a}": v for a, v in scores.items()}},
-                         index=np.asarray(q.query_ids, np.int64))
+    control = None
+    if task is not None:
+        used = np.zeros(len(task.labels), dtype=bool)
+        used[np.concatenate([np.asarray(task.member_idx), np.asarray(task.nonmember_idx),
+                             np.asarray(task.context_idx)])] = True
+        free = np.flatnonzero(~used)
+        rows = control_context_rows(q.labels[in_context], free, np.asarray(task.labels)[free], seed)
+        if rows is not None:
+            control = (np.asarray(task.features, dtype=np.float32)[rows], np.asarray(task.labels, np.int64)[rows])
+    scored = context_channel_targets(AdapterScorer(model, q.n_classes, q.columns), q.features, q.labels, in_context,
+                                     q.n_classes, settings.context_channel_references, seed, control)
+    columns: dict[str, Any] = {IN_CONTEXT_COLUMN: in_context}
+    for target, prefix in ((ContextTarget.DEPLOYED, CONTEXT_CHANNEL_PREFIX), (ContextTarget.CONTROL,
+                                                                              CONTEXT_CONTROL_PREFIX)):
+        columns.update({f"{prefix}{a}": v for a, v in scored.get(target, {}).items()})
+    table = pd.DataFrame(columns, index=np.asarray(q.query_ids, np.int64))
     table.index.name = "query_id"
     return table
 

@@ -51,12 +51,16 @@ from probes.context_audit import (
     target_statistics,
 )
 
-__all__ = ["CONTEXT_CHANNEL_PREFIX", "IN_CONTEXT_COLUMN", "AdapterScorer", "ChannelCell", "channel_crossing",
-           "context_channel_scores", "deployed_context_mask"]
+__all__ = ["CONTEXT_CHANNEL_PREFIX", "CONTEXT_CONTROL_PREFIX", "IN_CONTEXT_COLUMN", "AdapterScorer", "ChannelCell",
+           "channel_crossing", "context_channel_scores", "context_channel_targets", "control_context_rows",
+           "deployed_context_mask"]
 
 # the query table's columns of the context channel: the deployed-context flag and one score per attack
 IN_CONTEXT_COLUMN = "in_deployed_context"
 CONTEXT_CHANNEL_PREFIX = "context_channel__"
+# ... and each attack's score of the same rows with the control as the deployed context (rows none of which is
+# scored), under the same in-context flags: a null of the context channel
+CONTEXT_CONTROL_PREFIX = "context_control__"
 # the stream of the deployed context's draw: apart from Stage I's and the references' (trainables.data.split)
 _STREAM_DEPLOYED_CONTEXT = 11
 
@@ -119,13 +123,45 @@ def context_channel_scores(scorer: ContextScorer, features: Any, labels: Any, in
     if n_references < 2 or n_references % 2 or n_references > MAX_REFERENCES:
         raise ProbeError(f"two channels: {n_references} reference contexts; need an even number from 2 to "
                          f"{MAX_REFERENCES}")
+    scored = context_channel_targets(scorer, features, labels, in_context, n_classes, n_references, seed, control)
+    return scored[ContextTarget.DEPLOYED if control is None else ContextTarget.CONTROL]
+
+
+def context_channel_targets(scorer: ContextScorer, features: Any, labels: Any, in_context: Any, n_classes: int,
+                            n_references: int, seed: int, control: tuple[Any, Any] | None = None
+                            ) -> dict[ContextTarget, dict[str, np.ndarray]]:
+    """:func:`context_channel_scores` of the deployed context and, with ``control``, of the control too, against
+    one set of reference contexts (scored once: the references are most of the work)."""
+    if n_references < 2 or n_references % 2 or n_references > MAX_REFERENCES:
+        raise ProbeError(f"two channels: {n_references} reference contexts; need an even number from 2 to "
+                         f"{MAX_REFERENCES}")
     cx, cy = (None, None) if control is None else control
     inputs = ContextAuditInputs(np.asarray(features, dtype=np.float32), np.asarray(labels, dtype=np.int64),
                                 np.asarray(in_context, dtype=bool), int(n_classes), cx, cy)
     references = score_references(scorer, inputs, n_references, seed)
-    target = ContextTarget.DEPLOYED if control is None else ContextTarget.CONTROL
-    stats = target_statistics(scorer, inputs, references, target)
-    return {attack.value: values for attack, values in context_attack_scores(stats).items()}
+    targets = [ContextTarget.DEPLOYED] + ([ContextTarget.CONTROL] if control is not None else [])
+    return {t: {attack.value: values for attack, values in
+                context_attack_scores(target_statistics(scorer, inputs, references, t)).items()} for t in targets}
+
+
+def control_context_rows(context_labels: Any, free_rows: Any, free_labels: Any, seed: int) -> np.ndarray | None:
+    """int64 [N]: the context channel's control, as many of ``free_rows`` as the deployed context holds rows of
+    each label (``context_labels``: the deployed context's labels, N of them; ``free_rows`` / ``free_labels``: rows
+    the run never saw and the probe does not score, so the control holds none of the audited rows), drawn from
+    ``seed`` on a stream of its own; None when a label has too few free rows (then there is no control)."""
+    wanted = np.asarray(context_labels, dtype=np.int64)
+    rows = np.asarray(free_rows, dtype=np.int64)
+    labels = np.asarray(free_labels, dtype=np.int64)
+    if rows.shape != labels.shape:
+        raise ProbeError(f"two channels: {rows.shape} free rows for {labels.shape} labels")
+    rng = np.random.default_rng([_STREAM_DEPLOYED_CONTEXT, int(seed), 1])
+    picked = []
+    for label, count in zip(*np.unique(wanted, return_counts=True), strict=True):
+        pool = rows[labels == label]
+        if len(pool) < count:
+            return None
+        picked.append(rng.permutation(pool)[:count])
+    return np.concatenate(picked) if picked else None
 
 
 @dataclass(frozen=True)

@@ -127,3 +127,31 @@ def test_bad_inputs_are_refused_naming_what_is_wrong():
         channel_crossing(ft, in_context[:-1], {}, {})
     with pytest.raises(ProbeError, match="'probe' scores"):
         channel_crossing(ft, in_context, {"probe": np.zeros(3)}, {})
+
+
+def test_the_sweeps_control_takes_free_rows_with_the_contexts_label_counts_and_shares_the_references():
+    """The control a sweep deploys in the context's place (probes.probe.context_channel_table): rows from the
+    free pool only, the deployed context's label counts, None when a label runs short; scored with the deployed
+    context against one set of references (the deployed scores equal the channel's alone)."""
+    from iclmem.vocab import ContextTarget
+    from probes.two_channel import context_channel_targets, control_context_rows
+
+    x, y, ft = _rows(0)
+    in_context = deployed_context_mask(ft, y, 0)
+    free_x, free_y, _ = _rows(7, n=200)
+    free_rows = np.arange(1000, 1200)
+    rows = control_context_rows(y[in_context], free_rows, free_y, seed=0)
+    assert rows is not None
+    assert set(rows) <= set(free_rows)
+    assert len(set(rows)) == len(rows) == int(in_context.sum())
+    np.testing.assert_array_equal(np.bincount(free_y[rows - 1000], minlength=3),
+                                  np.bincount(y[in_context], minlength=3))
+    assert control_context_rows(y[in_context], free_rows[:5], free_y[:5], seed=0) is None
+    control = (free_x[rows - 1000], free_y[rows - 1000])
+    both = context_channel_targets(_holds_its_context, x, y, in_context, 3, 8, 0, control)
+    alone = context_channel_scores(_holds_its_context, x, y, in_context, 3, n_references=8, seed=0)
+    for attack, values in alone.items():
+        np.testing.assert_array_equal(both[ContextTarget.DEPLOYED][attack], values)
+    control_auc = auc(both[ContextTarget.CONTROL]["calibrated_loss"][in_context],
+                      both[ContextTarget.CONTROL]["calibrated_loss"][~in_context])
+    assert abs(control_auc - 0.5) < 0.25

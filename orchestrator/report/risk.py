@@ -123,9 +123,12 @@ def crossing_table(crossing: pd.DataFrame) -> pd.DataFrame:
 
     rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     for _, r in crossing.iterrows():
-        key = (r["task"], r["run_id"], r["epoch"], r["channel"], r["attack"])
+        target = str(r.get("target", "deployed"))
+        key = (r["task"], r["run_id"], r["epoch"], r["channel"], r["attack"], target)
         line = rows.setdefault(key, {"task": r["task"], "run_id": r["run_id"], "epoch": r["epoch"],
                                      "channel": _CHANNEL_WORDS.get(str(r["channel"]), r["channel"]),
+                                     "context": ("the deployed context" if target == "deployed"
+                                                 else "control: a context of rows never audited"),
                                      "attack": r["attack"]})
         held = _HELD_BY_OTHER[str(r["stratum"])]
         line["AUC among rows the other channel holds" if held else "AUC among rows it does not"] = fmt(r)
@@ -188,8 +191,11 @@ def risk_section_html(tables: dict[str, pd.DataFrame | None], figure_dir: Path, 
         blocks.append("<p>Two channels, same rows (<code>probe.two_channels</code>): each fine-tuned run was also "
                       "deployed with a context of half its member and half its non-member rows. The deployed "
                       "context's attacks are measured among the rows the run was fine-tuned on and among those it "
-                      "was not (95% intervals). The weights' attacks never read the context, so their cells within "
-                      "its strata would be equal by construction and are not shown.</p>")
+                      "was not (95% intervals), beside the same attacks with the control in the context's place (a "
+                      "context of rows the run never saw, the deployed context's label counts): none of the audited "
+                      "rows is in the control, so its AUCs are what the channel reads by chance. The weights' "
+                      "attacks never read the context, so their cells within its strata would be equal by "
+                      "construction and are not shown.</p>")
         blocks.append(df_to_html(crossing_table(crossing)))
     values = tables.get("value_slices")
     if values is not None and not values.empty:
