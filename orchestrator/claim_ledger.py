@@ -440,7 +440,8 @@ def rows_at_risk_claims(results: pd.DataFrame, query_table: QueryTable, null_que
                         bar: float) -> list[LedgerClaim]:
     """Per task: the member rows at risk >= ``bar`` (any run at its headline, any of :data:`RISK_ATTACKS`) against
     the same count on each null split j (every run at its null headline for j): the claim is made when the real
-    count exceeds every null trial's; its rate is the share of null trials that reach the real count."""
+    count exceeds every null trial's; its rate is how often the same rule fires on a null trial against the
+    others (leave one out)."""
     from orchestrator.report.null_rates import null_run_headlines
     from orchestrator.report.selection import fine_tuned_rows, peak_checkpoints
 
@@ -482,7 +483,10 @@ def rows_at_risk_claims(results: pd.DataFrame, query_table: QueryTable, null_que
         counts = np.array([len(v) for v in null_counts.values()], dtype=np.float64)
         n = len(real)
         made = bool(counts.size and n > counts.max())
-        trials = NullTrials(int(counts.size), int((counts >= n).sum()) if n > 0 else int(counts.size))
+        # the same rule on each null trial, the others standing in for the null: it fires when that trial's count
+        # exceeds every other's (about 1 in J by exchangeability, so the claim needs some 20 null splits to be read)
+        fired = sum(bool(c > np.delete(counts, i).max()) for i, c in enumerate(counts)) if counts.size > 1 else 0
+        trials = NullTrials(int(counts.size) if counts.size > 1 else 0, int(fired))
         rounding = RoundingCheck.NOT_TESTED
         if made and rounded_tested:
             bar_rounded = max((len(v) for v in null_rounded.values()), default=int(counts.max()))
@@ -495,7 +499,7 @@ def rows_at_risk_claims(results: pd.DataFrame, query_table: QueryTable, null_que
             count=float(n), null_count_mean=float(counts.mean()) if counts.size else _NAN,
             null_count_max=float(counts.max()) if counts.size else _NAN,
             null_path="null split j of every run at its null headline, risk fitted as for the real rows, rows at "
-                      "risk counted over runs and attacks; rate: share of null trials reaching the real count",
+                      "risk counted over runs and attacks; rate: the same rule on each null trial against the others",
             output_decimals=decimals))
     return out
 
