@@ -254,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--file-mode", default=None,
                     help="--attack file: how the package saves (tabicl: kv (default) or repr, saved without its "
                          "training data; tabpfn-v2: fit_preprocessors (default) or fit_with_cache)")
+    ca.add_argument("--file-pca", action="store_true", default=None,
+                    help="--attack file: fit and audit the file on Stage I's 16 whitened PCA components instead of "
+                         "the table's own columns (the default; a table wider than the package's limit is refused)")
     ca.add_argument("--sensitive", default=None, metavar="COLUMN",
                     help="--attack attribute: the column the attacker infers (a column the model reads as itself)")
     ca.add_argument("--bins", type=_positive, default=None,

@@ -66,6 +66,7 @@ _ATTACK_SETTINGS = (
     ("bins", ("attribute",), "--bins is one of the settings of --attack attribute only; --attack {attack} does not read "
                              "it"),
     ("file_mode", ("file",), "--file-mode is a setting of --attack file; --attack {attack} does not read it"),
+    ("file_pca", ("file",), "--file-pca is a setting of --attack file; --attack {attack} does not read it"),
 )
 
 
@@ -86,7 +87,8 @@ def cmd_audit_context(args: argparse.Namespace) -> int:
         verdict = inference_audit.audit_file(
             args.task, out=args.out, model=args.model, mode=args.file_mode,
             context_size=args.context_size or inference_audit.FILE_CONTEXT_SIZE,
-            references=args.references or inference_audit.FILE_REFERENCES, seed=args.seed, bootstrap=args.bootstrap)
+            references=args.references or inference_audit.FILE_REFERENCES, seed=args.seed, bootstrap=args.bootstrap,
+            pca=bool(args.file_pca))
         if args.wandb not in (None, "disabled"):
             inference_audit.log_value_audit_to_wandb(Path(args.out), SAVED_FILE_TABLE, args.wandb, args.wandb_project)
         print("\n".join(inference_audit.saved_file_lines(verdict)))

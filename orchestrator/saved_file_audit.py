@@ -4,8 +4,10 @@ TabICL's documentation says a fitted estimator saved with ``save(path, save_trai
 save_kv_cache=True)`` "is useful for data privacy since the KV cache encodes the training context and enables
 prediction without raw data". This module tests that claim on the shipped minis
 (:mod:`trainables.models.deployed`), and does the same for TabPFN's saved fit state. Findings (tabicl 2.2.0,
-tabpfn 9.2.0, read from their code and measured by the functions below on Stage I's breast-cancer split: N = 40
-context rows, F = 16 prepared features, C = 2 classes; the packages' defaults, 8 ensemble members):
+tabpfn 9.2.0, read from their code and measured by the functions below on Stage I's breast-cancer split with
+``--file-pca``: N = 40 context rows, F = 16 whitened PCA components, C = 2 classes; the packages' defaults, 8
+ensemble members. The audit's default is the table's own 30 columns: the shapes below then have 30 where they
+have 16; its figures are in docs/METHOD.md, "The saved file", and benchmarks/RESULTS.md, "Saved files"):
 
 **TabICL** (``TabICLClassifier(kv_cache=True)``, ``save(..., save_training_data=False)``: one pickle, 0.999 MB
 here; tabicl-mini's weights are not in it). ``__getstate__`` drops the network (reloaded on load from
@@ -35,18 +37,19 @@ back it predicts exactly as the fitted classifier (largest probability differenc
   feature and class permutations; ``classes_``; ``n_samples_in_``.
 
 So the file is not free of its rows: layer 0's entry of context row i is a deterministic function of
-(x_i, y_i) anyone with the file and the public weights can evaluate. :func:`orchestrator.saved_file_attacks.cache_match_attack` recomputes
+(x_i, y_i) anyone with the file, the exact checkpoint and the package's code can evaluate (the threat
+model: docs/METHOD.md). :func:`orchestrator.saved_file_attacks.cache_match_attack` recomputes
 it for every candidate row and every label and finds each context row the attacker's pool holds: 40 of 40
 members at their own position with their own label, 0 of 40 non-members (relative squared distance <= 1.4e-15
 for members, >= 3.8e-3 for any other row; AUC 1.0); a file of other rows matches nothing. Inverting it by
-L-BFGS on x (:func:`~orchestrator.saved_file_attacks.reconstruct_context`, pool-free: the pool gives only a scale and a start) gives every
-label back (40/40) and the features of 39 of 40 rows within 0.1 pool std in every cell (99.8% of cells,
-median error 1.5e-4 std), where the pool mean, the class mean and even the nearest other pool row chosen
-with the truth get 9-14% of cells and no row (iris and wine: 100% of rows). Where it stops: it recomputes
-layer 0 only (layers >= 1 need the other rows; not needed); a column the unique filter dropped is not in the
-cache (its constant is the stored column mean, used as such); a cell the network barely distinguishes (here
-one outlier, a column's maximum, which the stored ``X_max_`` gives back anyway) stays off; a table much wider than the row representation (64 numbers in
-tabicl-mini) cannot be pinned down; a few rows start in local minima (random restarts, never from a pool
+L-BFGS on x (:func:`~orchestrator.saved_file_attacks.reconstruct_context`: no candidate row; the attacker's
+sample of the table, the audit's non-members, gives only a start and a scale) gives every label back and nearly
+every row's features within 0.1 column std in every cell, where the sample's mean, its class mean and even its
+row nearest the truth get no row (on the table's 30 columns, seeds 0-2: docs/METHOD.md). Where it stops: it
+recomputes layer 0 only (layers >= 1 need the other rows; not needed); a column the unique filter dropped is
+not in the cache (its constant is the stored column mean, used as such); a cell the network barely
+distinguishes stays off; a table much wider than the row representation (64 numbers in tabicl-mini) cannot be
+pinned down; a few rows start in local minima (random restarts, never from a sample
 row). The loss attack through the loaded file (:func:`membership_through_file`, 8 refitted references) also
 finds membership: loss AUC 0.78 [0.68, 0.88], RMIA 0.90 [0.81, 0.96], every attack's verdict memorization;
 the control file no_signal. **The privacy claim does not hold**: without its raw data the file still
