@@ -556,6 +556,21 @@ def _slice_claims(slice_claims: pd.DataFrame | None, slice_null: pd.DataFrame | 
     return out
 
 
+def _task_verdict_rounding(results: pd.DataFrame, task: str, threshold: float, made: bool) -> RoundingCheck:
+    """The task verdict on rounded outputs: some fine-tuned checkpoint of the task whose rounded verdict is
+    memorization with a rounded p-value (its headline kind's) below the same Bonferroni threshold."""
+    from orchestrator.report.selection import fine_tuned_rows
+
+    ft = fine_tuned_rows(results)
+    if not made or "rounded_outcome" not in ft.columns or "rounded_p_value" not in ft.columns:
+        return RoundingCheck.NOT_TESTED
+    mine = ft[ft["task"].astype(str) == task]
+    if mine["rounded_outcome"].isna().all():
+        return RoundingCheck.NOT_TESTED
+    hit = (mine["rounded_outcome"] == MEMORIZATION) & (mine["rounded_p_value"].astype(float) < threshold)
+    return RoundingCheck.SURVIVES if bool(hit.any()) else RoundingCheck.LOST
+
+
 def _task_verdict_claims(results: pd.DataFrame) -> list[LedgerClaim]:
     from orchestrator.report.claims import TASK_VERDICT, recorded_rule, task_claim_error_rates, task_verdicts
 
@@ -566,12 +581,19 @@ def _task_verdict_claims(results: pd.DataFrame) -> list[LedgerClaim]:
     rule = recorded_rule(results)
     rate = rates[(rates["claim"] == TASK_VERDICT.name) & (rates["rule"] == rule)] if not rates.empty else rates
     trials = NullTrials(int(rate["n_null"].iloc[0]), int(rate["n_memorization"].iloc[0])) if len(rate) else NullTrials(0, 0)
-    return [_claim(ClaimKind.TASK_VERDICT, str(v["task"]), "", v["task_verdict"] == MEMORIZATION, trials,
-                   RoundingCheck.NOT_TESTED, family=f"every run's checkpoints x kinds ({int(v['task_family_size'])})",
-                   family_size=int(v["task_family_size"]), selection="some checkpoint of some run",
-                   correction=f"Bonferroni: p below {v['task_p_value_threshold']:.2g}",
-                   null_path="null split j of every run of the task, decided as the real split")
-            for _, v in verdicts.iterrows()]
+    decimals = _decimals(results)
+    out = []
+    for _, v in verdicts.iterrows():
+        made = v["task_verdict"] == MEMORIZATION
+        threshold = float(v["task_p_value_threshold"])
+        out.append(_claim(ClaimKind.TASK_VERDICT, str(v["task"]), "", made, trials,
+                          _task_verdict_rounding(results, str(v["task"]), threshold, made),
+                          family=f"every run's checkpoints x kinds ({int(v['task_family_size'])})",
+                          family_size=int(v["task_family_size"]), selection="some checkpoint of some run",
+                          correction=f"Bonferroni: p below {threshold:.2g}",
+                          null_path="null split j of every run of the task, decided as the real split",
+                          output_decimals=decimals))
+    return out
 
 
 def _value_slice_claims(value_slices: pd.DataFrame | None) -> list[LedgerClaim]:
