@@ -71,6 +71,7 @@ class LedgerClaim:
     tpr_at_1pct: float
     shift: float  # members' mean membership score minus the non-members', in the score's units (nats for a loss)
     relative_shift: float  # shift / the rows' spread of the raw score under the reference (its std over rows)
+    epsilon_lb: float  # the ε lower bound of the claim's checkpoint where one is valid (an exchangeable split), else NaN
     count: float  # count claims: what is counted on the real split (runs, rows)
     null_count_mean: float  # ... and its mean over the null trials
     null_count_max: float
@@ -189,6 +190,8 @@ def _how_much(c: LedgerClaim) -> str:
         parts.append(f"AUC {_fmt(c.auc)}{interval}")
     if np.isfinite(c.tpr_at_1pct):
         parts.append(f"TPR@1% {_fmt(c.tpr_at_1pct, 2)}")
+    if np.isfinite(c.epsilon_lb):
+        parts.append(f"ε ≥ {c.epsilon_lb:.2f}")
     if np.isfinite(c.shift):
         parts.append(f"members' score shift {c.shift:.2g}"
                      + (f" = {c.relative_shift:.2g} of the rows' spread" if np.isfinite(c.relative_shift) else ""))
@@ -357,6 +360,7 @@ def run_claims(results: pd.DataFrame, query_table: QueryTable) -> list[LedgerCla
                 correction=str(head.get("rule", "")), auc=float(head.get("auc", _NAN)),
                 auc_low=float(head.get("auc_low", _NAN)), auc_high=float(head.get("auc_high", _NAN)),
                 tpr_at_1pct=float(head.get("tpr_at_1pct", _NAN)), shift=shift, relative_shift=relative,
+                epsilon_lb=float(head.get("epsilon_lb", _NAN)) if pd.notna(head.get("epsilon_lb", _NAN)) else _NAN,
                 null_path="null split j of every checkpoint through the run's headline selection and rule, per "
                           "(run, j), pooled over the task's runs",
                 output_decimals=decimals))

@@ -278,7 +278,8 @@ def test_the_known_context_flag_is_the_memorization_rule_on_the_calibrated_known
     """Set where the base-calibrated known-context loss of members is clearly lower (AUC 1, TPR 1), not where
     only the uncalibrated loss is (the base model found the members as easy), and never on a collapsed
     checkpoint; under selection_aware its family is one score per checkpoint, so more checkpoints raise
-    the bar (30 + 30 rows pass at one checkpoint, p ~ 1e-11, and fail at 10^10)."""
+    the bar (30 + 30 rows perfectly apart pass at one checkpoint, exact p = 1 / C(60, 30) ~ 8.5e-18, and fail at
+    10^20 checkpoints, whose bar is 0.05 / 10^20)."""
     member = np.array([True] * 30 + [False] * 30)
     separated = np.where(member, 0.1, 1.0) + np.linspace(0, 0.01, 60)
     settings = ProbeSettings(n_resamples=50)
@@ -288,7 +289,7 @@ def test_the_known_context_flag_is_the_memorization_rule_on_the_calibrated_known
     assert not calibrated_away["known_context_memorization_flag"]
     assert not known_context_columns(separated, np.ones(60), member, settings,
                                      collapsed=True)["known_context_memorization_flag"]
-    many = ProbeSettings(n_resamples=50, n_checkpoints=10**10)
+    many = ProbeSettings(n_resamples=50, n_checkpoints=10**20)
     assert not known_context_columns(separated, np.ones(60), member, many)["known_context_memorization_flag"]
 
 

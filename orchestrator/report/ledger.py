@@ -25,7 +25,7 @@ _HEADINGS = {
     ClaimReading.TOO_FEW_NULL_TRIALS.value: "Made, but on too few null trials to say how often chance makes it "
                                             "(raise probe.null_splits)",
 }
-_TABLE_COLUMNS = ["kind", "task", "subject", "reading", "auc", "auc_low", "auc_high", "tpr_at_1pct", "shift",
+_TABLE_COLUMNS = ["kind", "task", "subject", "reading", "auc", "auc_low", "auc_high", "tpr_at_1pct", "epsilon_lb", "shift",
                   "relative_shift", "count", "null_count_mean", "null_made", "n_null", "null_rate", "null_rate_high",
                   "rounding", "family_size", "selection"]
 
