@@ -243,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--wandb", choices=wandb_modes, default=None,
                     help="also log the audit as one W&B run (its table of metrics, verdict and ROC figure; no row of "
                          "the table): offline into OUT/wandb, or online with WANDB_API_KEY set (default: no W&B)")
-    ca.add_argument("--wandb-project", default="iclmem", help="W&B project of that run")
+    ca.add_argument("--wandb-project", default=None,
+                    help="W&B project of the run --wandb logs (default iclmem); refused without --wandb")
     ca.add_argument("--attack", choices=("membership", "label", "attribute", "file"), default="membership",
                     help="membership (default): was the row in the context; label: does the deployed model give away "
                          "the label of a row it holds, beyond the same model without the row; attribute: does it give "

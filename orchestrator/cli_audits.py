@@ -72,6 +72,7 @@ _ATTACK_SETTINGS = (
 
 def cmd_audit_context(args: argparse.Namespace) -> int:
     from orchestrator import inference_audit
+    from orchestrator.config import WandbConfig
     from orchestrator.context_audit import (
         DEFAULT_CONTEXT_SIZE,
         DEFAULT_NULL_SPLITS,
@@ -83,6 +84,12 @@ def cmd_audit_context(args: argparse.Namespace) -> int:
     for name, readers, refusal in _ATTACK_SETTINGS:
         if getattr(args, name) is not None and args.attack not in readers:
             raise ConfigError(refusal.format(attack=args.attack))
+    if args.wandb_project is not None and args.wandb in (None, "disabled"):
+        raise ConfigError(f"--wandb-project {args.wandb_project!r} names the W&B project of the run --wandb logs, but "
+                          f"{'--wandb is disabled' if args.wandb else 'no --wandb is given'}, so no run is logged: add "
+                          "--wandb offline (or online), or drop --wandb-project")
+    # the sweep's default project (wandb.project), declared once in the schema
+    project = args.wandb_project if args.wandb_project is not None else WandbConfig.model_fields["project"].default
     if args.attack == "file":
         verdict = inference_audit.audit_file(
             args.task, out=args.out, model=args.model, mode=args.file_mode,
@@ -90,7 +97,7 @@ def cmd_audit_context(args: argparse.Namespace) -> int:
             references=args.references or inference_audit.FILE_REFERENCES, seed=args.seed, bootstrap=args.bootstrap,
             pca=bool(args.file_pca))
         if args.wandb not in (None, "disabled"):
-            inference_audit.log_value_audit_to_wandb(Path(args.out), SAVED_FILE_TABLE, args.wandb, args.wandb_project)
+            inference_audit.log_value_audit_to_wandb(Path(args.out), SAVED_FILE_TABLE, args.wandb, project)
         print("\n".join(inference_audit.saved_file_lines(verdict)))
         print(f"written to {args.out}")
         return 0
@@ -102,14 +109,14 @@ def cmd_audit_context(args: argparse.Namespace) -> int:
             sensitive=args.sensitive, bins=inference_audit.DEFAULT_BINS if args.bins is None else args.bins,
             context_size=context_size, references=references, seed=args.seed, bootstrap=args.bootstrap)
         if args.wandb not in (None, "disabled"):
-            inference_audit.log_value_audit_to_wandb(Path(args.out), INFERENCE_FILE, args.wandb, args.wandb_project)
+            inference_audit.log_value_audit_to_wandb(Path(args.out), INFERENCE_FILE, args.wandb, project)
         print("\n".join(inference_audit.summary_lines(found, args.attack)))
         print(f"written to {args.out}")
         return 0
     result = audit_context(args.task, out=args.out, model=args.model, estimator=args.estimator,
                            context_size=context_size, references=references, seed=args.seed, bootstrap=args.bootstrap,
                            null_splits=DEFAULT_NULL_SPLITS if args.null_splits is None else args.null_splits,
-                           wandb=args.wandb, project=args.wandb_project)
+                           wandb=args.wandb, project=project)
     print("\n".join(summary_lines(result)))
     print(f"written to {args.out}")
     return 0

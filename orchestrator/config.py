@@ -117,6 +117,23 @@ class TaskConfig(StrictConfig):
         return self
 
 
+def _shown_weights(weights: Any) -> str:
+    return "null: YAML reads `weights:` with nothing after it as null" if weights is None else f"{weights!r}"
+
+
+def _accepted_weights(model: str) -> str:
+    """The values a model's ``weights`` option takes, for a refusal: its default, the shipped mini where it has
+    one, random initialisation, a checkpoint file."""
+    from trainables.models.checkpoints import DEFAULT_WEIGHTS, MINI, MINI_CHECKPOINTS, RANDOM
+
+    default = DEFAULT_WEIGHTS.get(model).weights if model in DEFAULT_WEIGHTS else None
+    named = [f"{default} (the default)"] if default else []
+    if model in MINI_CHECKPOINTS:
+        named.append(f"{MINI} (the shipped small pretrained checkpoint)")
+    named.append(f"{RANDOM} (a seeded random initialisation, no pretrained weights)")
+    return f"one of: {', '.join(named)} or the path of a checkpoint file"
+
+
 class ModelConfig(StrictConfig):
     name: str = "pfn-mini"
     # Who fine-tunes: iclmem's own loop, or the package's own fine-tuner with its defaults, scored as its
@@ -142,6 +159,27 @@ class ModelConfig(StrictConfig):
         elif given is not None and str(given) == Recipe.ICLMEM.value:
             options.pop("recipe")  # iclmem's own loop is the adapters' default: one spelling, one run id
         return {**data, "options": options, **({"recipe": recipe} if recipe is not None else {})}
+
+    @model_validator(mode="after")
+    def _options_fit_the_adapter(self) -> ModelConfig:
+        """An empty ``weights`` (which the adapters read as random initialisation) and a value of another type
+        than the adapter's builder declares (``allow_download: "false"``, a true string) are refused, named."""
+        from trainables.keyword_types import keyword_type_problem
+        from trainables.models import MODELS
+
+        if self.name not in MODELS:
+            return self  # SweepConfig names the unknown model with the known ones
+        if "weights" in self.options:
+            weights = self.options["weights"]
+            if weights is None or (isinstance(weights, str) and not weights.strip()):
+                raise ValueError(f"model {self.name}: options.weights is empty ({_shown_weights(weights)}); give "
+                                 f"{_accepted_weights(self.name)}; or leave weights out for the default")
+        builder = MODELS.get(self.name)
+        for key, value in self.options.items():
+            problem = keyword_type_problem(builder, key, value, f"the {self.name} adapter")
+            if problem is not None:
+                raise ValueError(f"model {self.name}: options.{key} {problem}")
+        return self
 
     @model_validator(mode="after")
     def _recipe_has_a_fine_tuner(self) -> ModelConfig:
@@ -660,6 +698,28 @@ class SweepConfig(StrictConfig):
         if self.probe.value_inference and Regime.CONTEXT not in self.grid.regime:
             raise ValueError(f"probe.value_inference {self.probe.value_inference} runs on the deployed-context "
                              "audits: add context to grid.regime")
+        return self
+
+    @model_validator(mode="after")
+    def _context_alone_reads_no_fine_tuning_settings(self) -> SweepConfig:
+        """A sweep whose only regime is context fine-tunes nothing: what only a fine-tuned checkpoint reads (the
+        second channel of ``probe.two_channels``) or only the risk report built from the checkpoints' results
+        reads (``report.slices``) would do nothing there, so it is refused, named."""
+        if any(r is not Regime.CONTEXT for r in self.grid.regime):
+            return self
+        if self.probe.two_channels:
+            raise ValueError("probe.two_channels: true deploys every fine-tuned checkpoint with a context beside the "
+                             "probe, but grid.regime is [context] alone, which fine-tunes nothing: add a fine-tuning "
+                             "regime (single_fixed, multi_fixed, multi_random) to grid.regime, or drop "
+                             "probe.two_channels (each context audit already audits the deployed context)")
+        default = SlicesConfig()
+        changed = [f"report.slices.{k}" for k in SlicesConfig.model_fields
+                   if getattr(self.report.slices, k) != getattr(default, k)]
+        if changed:
+            raise ValueError(f"{', '.join(changed)}: the risk report that report.slices groups is built from the "
+                             "fine-tuned checkpoints' results, and grid.regime is [context] alone, which fine-tunes "
+                             "nothing, so no risk report is built: add a fine-tuning regime "
+                             "(single_fixed, multi_fixed, multi_random) to grid.regime, or drop report.slices")
         return self
 
     @model_validator(mode="after")

@@ -71,6 +71,7 @@ from trainables.finetune import (
     icl_utility,
     verify_checkpoint,
 )
+from trainables.keyword_types import keyword_type_problem
 from trainables.models import ModelAdapter, build_model, read_weights
 from trainables.models.base import resolve_device, weights_digest
 
@@ -141,7 +142,8 @@ def check_finetuner_settings(model: str, settings: dict[str, Any]) -> None:
     if not isinstance(settings, dict):
         raise ConfigError(f"model {model}: options.finetuner must be a mapping of the package fine-tuner's keywords")
     recipe = UPSTREAM_RECIPES.get(model)
-    taken = set(inspect.signature(recipe.build(None, None, None).__init__).parameters) - {"self"}
+    finetuner = recipe.build(None, None, None)
+    taken = set(inspect.signature(finetuner.__init__).parameters) - {"self"}
     for key in settings:
         if key in recipe.set_by_iclmem():
             source = recipe.keywords.get(key)
@@ -151,6 +153,10 @@ def check_finetuner_settings(model: str, settings: dict[str, Any]) -> None:
         if key not in taken:
             raise ConfigError(f"model {model}: options.finetuner.{key} is not a keyword of {recipe.finetuner_class}; "
                               f"it takes: {', '.join(sorted(taken - recipe.set_by_iclmem()))}")
+        # the value, against the keyword's annotation: Python checks none, and a quoted "false" is a true string
+        problem = keyword_type_problem(finetuner.__init__, key, settings[key], recipe.finetuner_class)
+        if problem is not None:
+            raise ConfigError(f"model {model}: options.finetuner.{key} {problem}")
     if recipe.check is not None:
         recipe.check(model, settings)
 
