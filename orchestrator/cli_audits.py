@@ -14,15 +14,40 @@ from iclmem.runfolder import INFERENCE_FILE, SAVED_FILE_TABLE
 
 def cmd_models(args: argparse.Namespace) -> int:
     from trainables.models import MODELS
-    from trainables.models.checkpoints import DEFAULT_WEIGHTS, is_available
+    from trainables.models.checkpoints import DEFAULT_WEIGHTS
     from trainables.models.extras import extra_status
 
     for name in MODELS.names():
         default = DEFAULT_WEIGHTS.get(name)
-        here = "on this machine" if is_available(name) else "NOT on this machine (see README, 'Real models')"
+        weights = weights_lines(name)
         print(f"{name}\n  package:  {extra_status(name)}\n  default:  weights: {default.weights} -> {default.source}"
-              f"\n  weights:  {here}\n  licence:  {default.licence}")
+              f"\n  weights:  {weights[0]}" + "".join(f"\n            {line}" for line in weights[1:])
+              + f"\n  licence:  {default.licence}")
     return 0
+
+
+def weights_lines(name: str) -> list[str]:
+    """Every set of weights of model ``name`` this listing knows, one line each, and whether it is on this
+    machine (nothing is downloaded to find out): the default (the hub checkpoint, or pfn-mini's shipped file),
+    then the shipped mini of the package's own architecture where there is one, with the option that runs it."""
+    from trainables.models.checkpoints import DEFAULT_WEIGHTS, MINI, MINI_CHECKPOINTS, is_available, mini_checkpoint
+    from trainables.models.extras import extra_is_installed
+
+    default = DEFAULT_WEIGHTS.get(name)
+    here = "on this machine" if is_available(name) else "NOT on this machine (see README, 'Real models')"
+    lines = [f"{default.weights} (the default): {here}"]
+    if name in MINI_CHECKPOINTS:
+        try:
+            mini_checkpoint(name)
+        except Exception:  # CheckpointError: the shipped file is missing (a partial install)
+            lines.append(f"{MINI} (shipped with iclmem, {name}'s own architecture made small): NOT on this machine "
+                         f"(missing from trainables/models/weights/; reinstall iclmem)")
+        else:
+            ready = (f"run it with models: [{{name: {name}, options: {{weights: {MINI}}}}}]" if extra_is_installed(name)
+                     else "its package is missing (see 'package' above)")
+            lines.append(f"{MINI} (shipped with iclmem, {name}'s own architecture made small): on this machine; "
+                         f"{ready}")
+    return lines
 
 
 def cmd_probe(args: argparse.Namespace) -> int:

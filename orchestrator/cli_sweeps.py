@@ -51,9 +51,47 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"[iclmem] sweep {sweep.name!r} ({sweep.config_hash()}) -> {run_dir}", flush=True)
     results = run_sweep(args.config, run_dir, sweep=sweep, address=args.address, progress=not args.quiet,
                         num_cpus=args.num_cpus, verbose=args.verbose, started_at=_process_started())
-    print(f"[iclmem] done: {len(results)} checkpoint results; report at {run_dir / REPORT_FILE}")
+    print(f"[iclmem] {finished_line('done', results, _audit_count(sweep), run_dir)}")
     _print_leaked(results, run_dir)
     return 0
+
+
+def finished_line(verb: str, results: Any, audits: int, run_dir: str | Path) -> str:
+    """The line a finished sweep ends with: its checkpoint results and its deployed-context audits (regime
+    ``context``), each counted where the sweep has any, and where its report is. A context-only sweep
+    fine-tunes nothing: it says how many audits it ran, not "0 checkpoint results"."""
+    n_results = 0 if results is None else len(results)
+    parts = [f"{n_results} checkpoint results"] if n_results or not audits else []
+    if audits:
+        parts.append(f"{audits} deployed-context audit{'s' if audits != 1 else ''}")
+    return f"{verb}: {' and '.join(parts)}; report at {Path(run_dir) / REPORT_FILE}"
+
+
+def split_checks_line(config: str, tasks: int, audits: int) -> str:
+    """What ``iclmem validate``'s dry Stage I checked: the prepared fine-tuning tasks and the deployed-context
+    audits (whose Stage I runs in memory: the run prepares them again when it starts them)."""
+    what = [f"{tasks} prepared task(s)"] if tasks or not audits else []
+    if audits:
+        what.append(f"{audits} deployed-context audit(s) (regime context, prepared in memory; the run prepares "
+                    "them again at run time)")
+    return f"{config}: {' and '.join(what)} pass the split checks"
+
+
+def _audit_count(sweep: Any) -> int:
+    """How many deployed-context audits (regime ``context``) the sweep runs; 0 without a sweep."""
+    from orchestrator.trials import context_audit_specs
+
+    return 0 if sweep is None else len(context_audit_specs(sweep))
+
+
+def _stored_sweep(run_dir: str | Path) -> Any:
+    """The sweep a run folder holds, or None where it cannot be read (the line then counts results only)."""
+    from orchestrator.run_folder import RunFolder
+
+    try:
+        return RunFolder(Path(run_dir)).sweep_or_none
+    except Exception:  # the resume already finished: a summary line never turns it into a failure
+        return None
 
 
 def _print_leaked(results: Any, run_dir: Path) -> None:
@@ -79,7 +117,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     _check_trial_runs(Path(args.run_dir))
     results = run_sweep(None, args.run_dir, address=args.address, resume=True, progress=not args.quiet,
                         num_cpus=args.num_cpus, verbose=args.verbose, started_at=_process_started())
-    print(f"[iclmem] resumed: {len(results)} checkpoint results; report at {Path(args.run_dir) / REPORT_FILE}")
+    print(f"[iclmem] {finished_line('resumed', results, _audit_count(_stored_sweep(args.run_dir)), args.run_dir)}")
     _print_leaked(results, Path(args.run_dir))
     return 0
 
@@ -99,7 +137,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         check_context_audits(sweep, print)
         with tempfile.TemporaryDirectory() as scratch:
             prepared = prepare_sweep(sweep, Path(scratch), log=lambda _m: None, source=args.config)
-        print(f"{args.config}: {len(prepared.tasks)} prepared task(s) pass the split checks")
+        print(split_checks_line(args.config, len(prepared.tasks), len(audits)))
     extra = f" and {len(audits)} deployed-context audits (regime context)" if audits else ""
     print(f"{args.config}: valid; {len(trials)} fine-tuning runs{extra}, config hash {sweep.config_hash()}")
     return 0
