@@ -21,6 +21,7 @@ from pydantic import (
     BaseModel,
     Field,
     StrictInt,
+    ValidationInfo,
     create_model,
     field_serializer,
     field_validator,
@@ -518,6 +519,24 @@ else:
 # A custom resource amount a trial or a probe actor asks Ray for (finite: StrictConfig refuses inf and NaN)
 ResourceAmount = Annotated[float, Field(ge=0)]
 
+# The smallest CPU or GPU share Ray reserves: it counts resources in units of 1/10,000
+# (ray_constants.MIN_RESOURCE_GRANULARITY) and refuses a smaller non-zero amount, which Tune reports as a crash
+# deep inside its event manager ("Tracked actor is not managed by this event manager"), not as a bad setting
+MIN_RAY_SHARE = 0.0001
+# The most torch threads a trial may ask for. The worker that runs it is not knowable at validation (a laptop
+# validates what a cluster runs), so the cap is fixed: above the logical CPU count of any one machine (two
+# 192-core sockets with SMT are 768), below the point where starting the threads exhausts a process's limits
+MAX_TORCH_THREADS = 1024
+
+
+def _ray_share(value: float, zero_allowed: bool) -> float:
+    """``value`` of a CPU/GPU share, refused (pydantic names the setting) when it is non-zero and below what Ray can reserve."""
+    if (value != 0 or not zero_allowed) and value < MIN_RAY_SHARE:
+        allowed = f"0 (none) or at least {MIN_RAY_SHARE}" if zero_allowed else f"at least {MIN_RAY_SHARE}"
+        raise ValueError(f"{value:g} is below the smallest share Ray reserves ({MIN_RAY_SHARE}, its "
+                         f"resource unit; Ray refuses a smaller amount and the run would crash): give {allowed}")
+    return value
+
 
 class ProbeActorsConfig(StrictConfig):
     """The probe pool's actors: how many, and what each asks Ray for (tabular and LM sweeps alike)."""
@@ -536,12 +555,17 @@ class ProbeActorsConfig(StrictConfig):
             options["resources"] = dict(self.probe_resources)
         return options
 
+    @field_validator("cpus_per_probe_actor", "gpus_per_probe_actor")
+    @classmethod
+    def _probe_share_ray_can_reserve(cls, value: float, info: ValidationInfo) -> float:
+        return _ray_share(value, zero_allowed=info.field_name == "gpus_per_probe_actor")
+
 
 class ResourcesConfig(ProbeActorsConfig):
     cpus_per_trial: float = Field(1.0, gt=0)
     # torch threads of each fine-tuning trial (and of a probe actor recomputing a damaged checkpoint, which
     # must repeat the run's arithmetic exactly); keep it <= cpus_per_trial
-    torch_threads_per_trial: int = Field(1, ge=1)
+    torch_threads_per_trial: int = Field(1, ge=1, le=MAX_TORCH_THREADS)
     gpus_per_trial: float = Field(0.0, ge=0)
     max_concurrent_trials: int | None = Field(None, ge=1)
     trial_resources: dict[str, ResourceAmount] = Field(default_factory=dict)  # custom resources, e.g. {worker: 1}
@@ -549,10 +573,24 @@ class ResourcesConfig(ProbeActorsConfig):
     # which the driver stops the sweep, saying what Ray waits for, and exits 1 (resumable); 0 = wait forever
     stall_timeout_min: float = Field(30.0, ge=0)
 
+    @field_validator("cpus_per_trial", "gpus_per_trial")
+    @classmethod
+    def _trial_share_ray_can_reserve(cls, value: float, info: ValidationInfo) -> float:
+        return _ray_share(value, zero_allowed=info.field_name == "gpus_per_trial")
+
 
 # What W&B refuses in a project name (wandb's own check): a name with one of them fails at the first run
 _WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
 _WANDB_PROJECT_MAX = 128
+# W&B refuses an artifact name longer than this (wandb.sdk.artifacts._validators.NAME_MAXLEN), when the finished
+# sweep logs it. The names a tabular sweep logs: the results artifact (orchestrator.wandb_logger,
+# WandbResultsLogger._artifact: the prefix and the sweep's name) and each trial's checkpoint artifact
+# (orchestrator.report.wandb_summary.artifact_name: the prefix and at most 120 characters of the run id);
+# tests/test_validated_limits.py ties these to the code that builds the names
+WANDB_NAME_MAX = 128
+WANDB_RESULTS_ARTIFACT_PREFIX = "iclmem-results-"
+WANDB_CHECKPOINT_ARTIFACT_PREFIX = "checkpoint-"
+WANDB_ARTIFACT_KEY_MAX = 120
 
 
 class SlicesConfig(StrictConfig):
@@ -672,8 +710,29 @@ class SweepConfig(StrictConfig):
     @field_validator("storage_path")
     @classmethod
     def _storage_is_a_folder(cls, value: str | None) -> str | None:
-        if value is None or "://" in value:  # a bucket is reached at launch (orchestrator.storage.check_storage)
+        if value is None:
             return value
+        if not value.strip():
+            raise ValueError(f"empty ({value!r}): name an absolute folder or a URI (s3://bucket/...), "
+                             "or leave storage_path out for RUN_DIR/tune")
+        if "://" in value:  # a bucket is reached at launch (orchestrator.storage.unreachable_storage)
+            scheme, _, rest = value.partition("://")
+            if scheme == "file":
+                if not rest.startswith("/"):
+                    raise ValueError(f"{value!r} names no absolute folder: write file:///abs/folder "
+                                     "or the absolute folder itself")
+                return value
+            if not rest.strip("/") or rest.startswith("/"):
+                raise ValueError(f"{value!r} names no bucket: write {scheme}://<bucket>/<folder> "
+                                 "(Ray Tune would otherwise write into a bucket of its own choosing)")
+            return value
+        if "$" in value:
+            raise ValueError(f"{value!r} holds a shell variable, which iclmem passes to Ray Tune unexpanded: write "
+                             "the value out (the overlay in docs/CLUSTER.md lets the shell expand $ICLMEM_STORAGE)")
+        if not Path(value).is_absolute():
+            raise ValueError(f"{value!r} is not an absolute path: Ray Tune takes an absolute folder or a URI "
+                             "(s3://bucket/..., gs://bucket/...) and fails on a relative or ~ path once the sweep "
+                             "has started; write the absolute folder")
         from iclmem.runfolder import existing_ancestor
 
         part = existing_ancestor(value)
@@ -692,6 +751,26 @@ class SweepConfig(StrictConfig):
         if dupes:
             raise ValueError(f"duplicate task names: {dupes}")
         return tasks
+
+    @model_validator(mode="after")
+    def _wandb_names_fit(self) -> SweepConfig:
+        """The W&B artifact names this sweep logs fit W&B's limit (checked now, not when the finished run logs
+        them): the results artifact named after the sweep and each trial's checkpoint artifact."""
+        from orchestrator.trials import expand_grid
+
+        results = f"{WANDB_RESULTS_ARTIFACT_PREFIX}{self.name}"
+        if len(results) > WANDB_NAME_MAX:
+            raise ValueError(f"name is {len(self.name)} characters: the sweep's W&B results artifact "
+                             f"{WANDB_RESULTS_ARTIFACT_PREFIX}<name> would be {len(results)}, past W&B's limit of "
+                             f"{WANDB_NAME_MAX} characters for an artifact name; give a name of at most "
+                             f"{WANDB_NAME_MAX - len(WANDB_RESULTS_ARTIFACT_PREFIX)} characters")
+        longest = max((t.run_id for t in expand_grid(self)), key=len, default="")
+        checkpoint = f"{WANDB_CHECKPOINT_ARTIFACT_PREFIX}{longest[:WANDB_ARTIFACT_KEY_MAX]}"
+        if len(checkpoint) > WANDB_NAME_MAX:
+            raise ValueError(f"the run id {longest!r} makes a W&B checkpoint artifact name of {len(checkpoint)} "
+                             f"characters, past W&B's limit of {WANDB_NAME_MAX}: shorten the values it is made "
+                             "of (task name, grid.q, grid.seed, grid.lr, grid.dp)")
+        return self
 
     @model_validator(mode="after")
     def _value_inference_needs_the_context_regime(self) -> SweepConfig:

@@ -237,8 +237,6 @@ def test_cluster_storage_must_be_shared(tmp_path, value, shared):
     ("/mnt/nfs/iclmem/paper", None, None),                         # under ICLMEM_STORAGE
     ("/home/ray/tune", "ICLMEM_SHARED_STORAGE=1", None),            # declared a shared mount
     ("/home/ray/tune", None, "nothing marks as a shared mount"),
-    ("runs/tune", None, "a folder on the node the driver runs on"),
-    ("$ICLMEM_STORAGE/paper", None, "shell variable"),
     ("file:///mnt/nfs/iclmem/paper", None, "not shared between nodes"),
 ])
 def test_sweep_storage_path_must_be_shared(tmp_path, storage_path, extra_export, hint):
@@ -257,9 +255,21 @@ def test_sweep_storage_path_must_be_shared(tmp_path, storage_path, extra_export,
         assert hint in problem
 
 
+@pytest.mark.parametrize(("storage_path", "hint"), [("runs/tune", "not an absolute path"),
+                                                   ("$ICLMEM_STORAGE/paper", "shell variable")])
+def test_a_relative_or_unexpanded_sweep_storage_path_is_refused_with_the_sweep(tmp_path, storage_path, hint):
+    from iclmem.errors import ConfigError
+
+    path = _write(tmp_path, _shipped())
+    sweep = _sweep(tmp_path, storage_path=storage_path)
+    with pytest.raises(ConfigError, match=r"storage_path: .*" + hint) as info:
+        check_cluster_file(path, [sweep])
+    assert str(sweep) in str(info.value)
+
+
 def test_local_storage_path_is_fine_on_one_node(tmp_path):
     path = _write(tmp_path, _head_only(_shipped()))
-    assert check_cluster_file(path, [_sweep(tmp_path, storage_path="runs/tune")]).ok
+    assert check_cluster_file(path, [_sweep(tmp_path, storage_path=str(tmp_path / "runs" / "tune"))]).ok
 
 
 # ------------------------------------------------------------------------------------------- secrets
