@@ -755,21 +755,14 @@ class SweepConfig(StrictConfig):
     @model_validator(mode="after")
     def _wandb_names_fit(self) -> SweepConfig:
         """The W&B artifact names this sweep logs fit W&B's limit (checked now, not when the finished run logs
-        them): the results artifact named after the sweep and each trial's checkpoint artifact."""
-        from orchestrator.trials import expand_grid
-
+        them): the results artifact named after the sweep (each trial's checkpoint artifact, named after its run
+        id, is checked where the run ids are made: :func:`orchestrator.trials.expand_grid`)."""
         results = f"{WANDB_RESULTS_ARTIFACT_PREFIX}{self.name}"
         if len(results) > WANDB_NAME_MAX:
             raise ValueError(f"name is {len(self.name)} characters: the sweep's W&B results artifact "
                              f"{WANDB_RESULTS_ARTIFACT_PREFIX}<name> would be {len(results)}, past W&B's limit of "
                              f"{WANDB_NAME_MAX} characters for an artifact name; give a name of at most "
                              f"{WANDB_NAME_MAX - len(WANDB_RESULTS_ARTIFACT_PREFIX)} characters")
-        longest = max((t.run_id for t in expand_grid(self)), key=len, default="")
-        checkpoint = f"{WANDB_CHECKPOINT_ARTIFACT_PREFIX}{longest[:WANDB_ARTIFACT_KEY_MAX]}"
-        if len(checkpoint) > WANDB_NAME_MAX:
-            raise ValueError(f"the run id {longest!r} makes a W&B checkpoint artifact name of {len(checkpoint)} "
-                             f"characters, past W&B's limit of {WANDB_NAME_MAX}: shorten the values it is made "
-                             "of (task name, grid.q, grid.seed, grid.lr, grid.dp)")
         return self
 
     @model_validator(mode="after")

@@ -11,9 +11,10 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from iclmem.errors import ConfigError
 from iclmem.record import RunIdentity
 from iclmem.vocab import LabelMode, Regime, TrialRole
-from orchestrator.config import SweepConfig
+from orchestrator.config import WANDB_ARTIFACT_KEY_MAX, WANDB_CHECKPOINT_ARTIFACT_PREFIX, WANDB_NAME_MAX, SweepConfig
 
 __all__ = ["ContextAuditSpec", "TrialSpec", "context_audit_specs", "expand_grid"]
 
@@ -140,4 +141,12 @@ def expand_grid(sweep: SweepConfig) -> list[TrialSpec]:
             trials.extend(replace(target, identity=replace(target.identity, run_id=f"{run_id}-ref{k}"),
                                   role=TrialRole.REFERENCE, reference_of=run_id, reference_index=k)
                           for k in range(sweep.probe.references))
+    # each trial logs a W&B checkpoint artifact named after its run id: refused here, where the ids are made,
+    # not when the finished run logs it
+    longest = max((t.run_id for t in trials), key=len, default="")
+    checkpoint = f"{WANDB_CHECKPOINT_ARTIFACT_PREFIX}{longest[:WANDB_ARTIFACT_KEY_MAX]}"
+    if len(checkpoint) > WANDB_NAME_MAX:
+        raise ConfigError(f"the run id {longest!r} makes a W&B checkpoint artifact name of {len(checkpoint)} "
+                          f"characters, past W&B's limit of {WANDB_NAME_MAX}: shorten the values it is made of "
+                          "(task name, grid.q, grid.seed, grid.lr, grid.dp)")
     return trials

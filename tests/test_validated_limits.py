@@ -127,3 +127,18 @@ def test_the_cli_refuses_each_with_exit_2_and_no_traceback_leaving_the_file_alon
     assert "Traceback" not in err
     assert path.read_text() == text
     assert not out.exists()
+
+
+def test_a_run_id_whose_wandb_checkpoint_artifact_would_pass_the_limit_is_refused_where_the_ids_are_made(monkeypatch):
+    """The schema's limits keep run ids under W&B's 128 characters today (the longest found: 112); the check in
+    expand_grid refuses the day they do not, naming the run id (W&B's limit lowered here to make one pass it)."""
+    import orchestrator.trials as trials
+    from iclmem.errors import ConfigError
+    from orchestrator.config import parse_sweep
+
+    sweep = parse_sweep({"name": "x", "tasks": [{"name": "iris"}], "grid": {"q": [20]}})
+    assert trials.expand_grid(sweep)
+    monkeypatch.setattr(trials, "WANDB_NAME_MAX", 40)
+    with pytest.raises(ConfigError, match=r"the run id 'iris-single_fixed-.*W&B checkpoint artifact name of \d+ "
+                                          r"characters, past W&B's limit of 40"):
+        trials.expand_grid(sweep)
