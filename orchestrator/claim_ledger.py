@@ -416,14 +416,14 @@ RISK_ATTACKS = ("probe", "known_context")  # the attacks whose null rows are sto
 
 
 def _risk_scores(table: pd.DataFrame, rounded: bool) -> dict[str, np.ndarray]:
-    p = "rounded_" if rounded else ""
-    out = {}
-    if f"{p}s_loss" in table.columns:
-        out["probe"] = table[f"{p}s_ref_loss"].to_numpy(np.float64) - table[f"{p}s_loss"].to_numpy(np.float64)
-    if f"{p}known_context_loss" in table.columns:
-        out["known_context"] = (table[f"{p}known_context_loss_base"].to_numpy(np.float64)
-                                - table[f"{p}known_context_loss"].to_numpy(np.float64))
-    return out
+    """The record attacks' scores of a query table (:data:`orchestrator.record_risk.RECORD_ATTACKS`, or their rounded
+    twins), those whose statistics the table holds."""
+    from orchestrator.record_risk import RECORD_ATTACKS, ROUNDED_RECORD_ATTACKS
+
+    prefix, attacks = ("rounded_", ROUNDED_RECORD_ATTACKS) if rounded else ("", RECORD_ATTACKS)
+    needed = {"probe": f"{prefix}s_loss", "known_context": f"{prefix}known_context_loss"}
+    return {name: np.asarray(score(table), np.float64) for name, score in attacks.items()
+            if needed[name] in table.columns}
 
 
 def _rows_at_risk(table: pd.DataFrame, seed: int, bar: float, rounded: bool) -> set[int]:
