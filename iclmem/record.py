@@ -267,6 +267,9 @@ COLUMNS: dict[str, Column] = _columns(
     Column("attack_global_variance", "whether LiRA used a global variance (too few references per row)"),
     Column("known_context_attack_references", "reference models behind the known-context attack columns"),
     Column("known_context_attack_global_variance", "global variance for the known-context attacks"),
+    Column("deployed_known_context_attack_references", "recipe upstream: reference models behind the attack "
+           "columns on the known-context loss as the package deploys the weights"),
+    Column("deployed_known_context_attack_global_variance", "global variance for those attacks"),
     Column("attack_roc", "each attack's ROC curve (JSON fpr / tpr)"),
     # ---- canaries (probes.canaries.summary_columns)
     Column("canary_records", "every canary's exposure and rank (JSON; ids, no row values)", False),
@@ -305,7 +308,10 @@ _RULES = "|".join(values(VerdictRule))
 # the verdict columns of every reference-model attack (probes.attacks): ids, verdicts and counts
 ATTACK_VERDICT_SUFFIXES: tuple[str, ...] = ("outcome", "p_value_threshold", "null_memorization", "run_outcome",
                                             "run_epoch", "run_auc", "run_null_splits", "run_null_memorization")
-ATTACK_VERDICT_COLUMN = re.compile(rf"^(known_context_)?({_ATTACKS})_({'|'.join(ATTACK_VERDICT_SUFFIXES)})$")
+# the statistic an attack reads: the probe's (no prefix), the known-context loss, or that loss as the package
+# deploys the weights (recipe upstream)
+_ATTACK_STATISTIC = "(known_context_|deployed_known_context_)?"
+ATTACK_VERDICT_COLUMN = re.compile(rf"^{_ATTACK_STATISTIC}({_ATTACKS})_({'|'.join(ATTACK_VERDICT_SUFFIXES)})$")
 FAMILIES: tuple[ColumnFamily, ...] = (
     ColumnFamily(re.compile(rf"^(auc|auc_low|auc_high|raw_auc|ref_auc|tpr_at_1pct|tpr_at_10pct)_({_KINDS})$"),
                  "the headline metric for one score kind (calibrated, raw, reference-only)"),
@@ -324,11 +330,11 @@ FAMILIES: tuple[ColumnFamily, ...] = (
     ColumnFamily(re.compile(rf"^(calibrated|uncalibrated|reference_only)_({_KINDS})_[a-z0-9_]+$"),
                  "one score kind's full metric set under one calibration"),
     ColumnFamily(re.compile(r"^threshold_[a-z_]+$"), "an outcome threshold in force (probes.outcomes)"),
-    ColumnFamily(re.compile(rf"^(known_context_)?({_ATTACKS})_(auc|auc_low|auc_high|p_value|n_members|n_nonmembers"
+    ColumnFamily(re.compile(rf"^{_ATTACK_STATISTIC}({_ATTACKS})_(auc|auc_low|auc_high|p_value|n_members|n_nonmembers"
                             r"|tpr_at_[0-9_]+pct(_low|_high|_realized_fpr|_n_true_positives)?"
                             r"|null_splits|null_auc|null_detections|null_evidence|epsilon_lb)$"),
                  "a reference-model attack's metric (LiRA online/offline, RMIA) on the probe or known-context "
-                 "statistic"),
+                 "statistic (deployed_: recipe upstream's, as the package deploys the weights)"),
     ColumnFamily(ATTACK_VERDICT_COLUMN, "a reference-model attack's verdict, null false positives and run headline"),
     ColumnFamily(re.compile(rf"^canary_(({'|'.join(values(CanaryKind))})_)?(exposure|known_context_exposure|label_rank)"
                             r"_c\d+$"),

@@ -321,6 +321,8 @@ class ClaimKind(Vocab):
     RUN_VERDICT = "run_verdict"  # a run's headline checkpoint is memorization
     KNOWN_CONTEXT_FLAG = "known_context_flag"  # some checkpoint of a run passes the rule on the known context C'
     DEPLOYED_KNOWN_CONTEXT_FLAG = "deployed_known_context_flag"  # the same through the package's deployed classifier
+    # a reference attack (LiRA online / offline, RMIA) of one channel calls a run memorization at its headline
+    REFERENCE_ATTACK = "reference_attack"
     RUNS_LEAKED = "runs_leaked"  # per task: runs with a verdict or a flag (their union, one family)
     ROWS_AT_RISK = "rows_at_risk"  # per task: member rows whose risk reaches the bar, beyond what null rows reach
     SLICE_EXPOSED = "slice_exposed"  # a slice's members score higher than its non-members

@@ -153,7 +153,8 @@ def write_risk_report_or_say_why(run_dir: Path, results: pd.DataFrame, reference
     try:
         return write_risk_report(run_dir, results,
                                  lambda run_id, epoch: _query_table(run_dir, run_id, epoch, queries or None), log,
-                                 attack_scores=record_attack_scores(run_dir, references, queries or None),
+                                 attack_scores=record_attack_scores(run_dir, references, queries or None,
+                                                                    upstream_last_epochs(results)),
                                  null_query_table=lambda run_id, epoch: null_query_table(run_dir, run_id, epoch))
     except (ConfigError, DataError, OSError) as exc:
         log(f"[iclmem] WARNING: the risk report's tables were not built ({exc}); the results above are complete, "
@@ -263,6 +264,16 @@ def _known_context_logit(table: pd.DataFrame) -> Any:
     return pd.Series(logit_of_loss(table["known_context_loss"].to_numpy(np.float64)), index=table.index)
 
 
+def _deployed_logit(table: pd.DataFrame) -> Any:
+    from probes.attacks import logit_of_loss
+
+    return pd.Series(logit_of_loss(table[DEPLOYED_LOSS].to_numpy(np.float64)), index=table.index)
+
+
+# recipe upstream's per-row loss as the package deploys the weights (probes.probe.deployed_statistics)
+DEPLOYED_LOSS = "deployed_known_context_loss"
+
+
 # the statistics the attacks run on: results-column prefix -> (LiRA statistic, RMIA log p(label)), both per query
 # from a checkpoint's query table (probes.probe.query_table); higher statistic = more member-like. The probe's
 # LiRA statistic is replaced by the per-manipulation logits when every table stores them (_lira_statistics).
@@ -270,7 +281,12 @@ ATTACK_STATISTICS: dict[str, tuple[Callable[[pd.DataFrame], Any], Callable[[pd.D
     "": (_iclmem_statistic, lambda t: -t["s_loss"]),
     # the known-context prediction with C': the logit of p(label), as Carlini et al. scale confidences
     "known_context_": (_known_context_logit, lambda t: -t["known_context_loss"]),
+    # recipe upstream: the same prediction through the classifier the package deploys (its ensemble,
+    # preprocessing, the run's seed), where the target and every reference stored it
+    "deployed_known_context_": (_deployed_logit, lambda t: -t[DEPLOYED_LOSS]),
 }
+# the query-table column a prefix needs in the target and every reference table (none: always present)
+ATTACK_STATISTIC_COLUMN = {"deployed_known_context_": DEPLOYED_LOSS}
 
 
 def _lira_statistics(prefix: str, target: pd.DataFrame, references: list[pd.DataFrame]) -> tuple[Any, Any]:
@@ -336,25 +352,71 @@ def checkpoint_attack_inputs(target: pd.DataFrame, references: list[pd.DataFrame
     in_ref = np.stack([t["member"].to_numpy(bool) for t in aligned])
     out: dict[str, Any] = {}
     for prefix, (_, log_p) in ATTACK_STATISTICS.items():
+        needed = ATTACK_STATISTIC_COLUMN.get(prefix)
+        if needed is not None and not all(needed in t.columns for t in (target, *aligned)):
+            continue
         stats = ReferenceStatistics(*_lira_statistics(prefix, target, aligned), in_ref)
         out[prefix] = AttackInputs(member=member, stats=stats, target_log_p=log_p(target).to_numpy(np.float64),
                                    reference_log_p=np.stack([log_p(t).to_numpy(np.float64) for t in aligned]))
     return out
 
 
-def record_attack_scores(run_dir: Path, references: pd.DataFrame, queries: QueryTables | None
-                         ) -> Callable[[str, int], dict[str, pd.Series]]:
+def reference_checkpoints(references: pd.DataFrame, run_id: str, epoch: int,
+                          target_last_epoch: int | None = None) -> list[tuple[str, int]]:
+    """(reference run id, its epoch) of each reference of target checkpoint (``run_id``, ``epoch``), in
+    reference order: each reference's checkpoint at the same epoch. A reference fine-tuned through a package's
+    own fine-tuner (recipe upstream) may stop early, on its own validation loss, at another epoch than its
+    target: the target's last checkpoint is then paired with each reference's last (the recipe's output against
+    the recipe's output), and an earlier one with a reference's last when that reference ended before it (its
+    weights at that epoch are its last ones). ``target_last_epoch``: the target's last epoch (None: pair by
+    epoch only, as for recipe iclmem, whose references train every epoch their target does)."""
+    if references.empty or "reference_of" not in references.columns:
+        return []
+    mine = references[references["reference_of"] == run_id]
+    out = []
+    for ref_id, rows in mine.sort_values("reference_index").groupby("run_id", sort=False):
+        epochs = set(rows["epoch"].astype(int))
+        if target_last_epoch is not None and (epoch == target_last_epoch or max(epochs) < epoch):
+            out.append((str(ref_id), max(epochs)))
+        elif epoch in epochs:
+            out.append((str(ref_id), epoch))
+    return out
+
+
+def upstream_last_epochs(results: pd.DataFrame) -> dict[str, int]:
+    """Run id -> last probed epoch, of every recipe-upstream target in ``results`` (see
+    :func:`reference_checkpoints`)."""
+    if results.empty or "model_options" not in results.columns:
+        return {}
+    from trainables.upstream import upstream_options
+
+    def is_upstream(options: Any) -> bool:
+        try:
+            return isinstance(options, str) and upstream_options(json.loads(options))
+        except ValueError:
+            return False
+
+    kinds = {o: is_upstream(o) for o in results["model_options"].unique()}
+    upstream = results[results["model_options"].map(kinds).fillna(False).astype(bool)]
+    return {str(k): int(v) for k, v in upstream.groupby("run_id")["epoch"].max().items()}
+
+
+def record_attack_scores(run_dir: Path, references: pd.DataFrame, queries: QueryTables | None,
+                         last_epochs: dict[str, int] | None = None) -> Callable[[str, int], dict[str, pd.Series]]:
     """For the risk report: ``(run_id, epoch) ->`` each reference-model attack's per-record score (``<prefix><attack>``,
-    a Series by query id), or nothing for a checkpoint without all its references' tables."""
+    a Series by query id), or nothing for a checkpoint without all its references' tables. ``last_epochs``:
+    :func:`upstream_last_epochs` of the audited results (recipe-upstream references paired by recipe output)."""
+    last_epochs = last_epochs or {}
     from iclmem.vocab import Attack
     from probes.attacks import attack_scores
 
     def scores(run_id: str, epoch: int) -> dict[str, pd.Series]:
         if references.empty or "reference_of" not in references.columns:
             return {}
-        refs = references[(references["reference_of"] == run_id) & (references["epoch"] == epoch)]
+        last = last_epochs.get(run_id)
+        refs = reference_checkpoints(references, run_id, epoch, last)
         target = _query_table(run_dir, run_id, epoch, queries)
-        tables = [_query_table(run_dir, str(r), epoch, queries) for r in refs.sort_values("reference_index")["run_id"]]
+        tables = [_query_table(run_dir, ref_id, ref_epoch, queries) for ref_id, ref_epoch in refs]
         if target is None or not tables or any(t is None for t in tables):
             return {}
         built = checkpoint_attack_inputs(target, [t for t in tables if t is not None])
@@ -422,6 +484,7 @@ def attack_columns(results: pd.DataFrame, references: pd.DataFrame, run_dir: Pat
     out = results.copy()
     out["attack_roc"] = None
     out["attack_references"] = 0
+    last_epochs = upstream_last_epochs(out)
     missing = []
     added: list[str] = []
     filled: dict[str, list[Any]] = {}  # new columns, joined at once (adding them one by one fragments the frame)
@@ -429,10 +492,9 @@ def attack_columns(results: pd.DataFrame, references: pd.DataFrame, run_dir: Pat
         if bool(row.get("sanity_check", False)):
             continue
         run_id, epoch = str(row["run_id"]), int(row["epoch"])
-        refs = (references[(references["reference_of"] == run_id) & (references["epoch"] == epoch)]
-                .sort_values("reference_index") if not references.empty else references)
+        refs = reference_checkpoints(references, run_id, epoch, last_epochs.get(run_id))
         target = _query_table(run_dir, run_id, epoch, queries)
-        tables = [_query_table(run_dir, str(r), epoch, queries) for r in (refs["run_id"] if not refs.empty else [])]
+        tables = [_query_table(run_dir, ref_id, ref_epoch, queries) for ref_id, ref_epoch in refs]
         out.at[i, "attack_references"] = sum(t is not None for t in tables)
         if target is None or len(tables) < k_refs or any(t is None for t in tables):
             missing.append(f"{run_id} epoch {epoch}")

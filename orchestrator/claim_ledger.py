@@ -15,8 +15,13 @@ Null paths, per kind (docs/METHOD.md, "The claim ledger"):
   sweep's rule; one null trial per (run, j), pooled over the task's runs.
 * ``known_context_flag``: the flag on null split j of every checkpoint, OR over the run's checkpoints as the
   claim ORs them; one trial per (run, j).
-* ``runs_leaked``: the union of the two above, one family: a null trial per (run, j) is a false positive when
-  either fires on it.
+* ``reference_attack`` (``probe.references``): per run and channel (the probe's statistic, the known-context
+  loss, and for recipe upstream that loss as the package deploys the weights), any of the channel's attacks
+  (LiRA online, LiRA offline, RMIA) calling the run memorization at its headline; attack null split j of every
+  checkpoint goes through each attack's headline selection and rule (``probes.attacks.attack_run_headline``), a
+  null trial per (run, j) a false positive when any of the channel's attacks fires on it.
+* ``runs_leaked``: the union of the claims above, one family: a null trial per (run, j) is a false positive when
+  any fires on its null split j.
 * ``rows_at_risk``: null split j's rows scored at the run's null headline, their risk fitted as the real rows'
   (:func:`orchestrator.record_risk.record_rows`), the count of member rows at or above the bar taken over the
   task's runs and the same attacks; the claim is made when the real count exceeds every null trial's, its rate
@@ -25,7 +30,8 @@ Null paths, per kind (docs/METHOD.md, "The claim ledger"):
   null split j at the run's null headline (same slices, attacks and correction); a null trial per (run, j) is a
   false positive when any slice is flagged.
 * ``task_verdict``: :func:`orchestrator.report.claims.task_claim_error_rates`.
-* ``deployed_known_context_flag`` and ``value_slice_exposed`` have no null path yet: ``unmeasured``.
+* ``deployed_known_context_flag``: the deployed classifier's flag on null split j of every checkpoint, per (run, j).
+* ``value_slice_exposed`` has no null path yet: ``unmeasured``.
 """
 
 from __future__ import annotations
@@ -169,7 +175,9 @@ _KIND_WORDS = {
     ClaimKind.KNOWN_CONTEXT_FLAG.value: "whoever holds the context C' tells the members of run {subject}",
     ClaimKind.DEPLOYED_KNOWN_CONTEXT_FLAG.value: "the package's deployed classifier gives away the members of run "
                                                  "{subject} through C'",
-    ClaimKind.RUNS_LEAKED.value: "{count:.0f} run(s) of task {task} leaked (a verdict or a known-context flag)",
+    ClaimKind.REFERENCE_ATTACK.value: "reference attacks on {channel} call run {subject} memorization",
+    ClaimKind.RUNS_LEAKED.value: "{count:.0f} run(s) of task {task} leaked (a verdict, a known-context flag or a "
+                                 "reference attack)",
     ClaimKind.ROWS_AT_RISK.value: "{count:.0f} member rows of task {task} reach a membership risk of 0.9",
     ClaimKind.SLICE_EXPOSED.value: "slice {subject}: its members are told from its non-members",
     ClaimKind.SLICE_LEAKS_MORE.value: "slice {subject} leaks more than the rest of its run's rows",
@@ -219,7 +227,8 @@ def _rounding_words(c: LedgerClaim) -> str:
 
 def statement(c: LedgerClaim) -> str:
     """The claim as one plain sentence: what, how much, how sure, and whether it survives rounding."""
-    what = _KIND_WORDS[c.kind].format(subject=c.subject, task=c.task, count=c.count if np.isfinite(c.count) else 0)
+    what = _KIND_WORDS[c.kind].format(subject=c.subject, task=c.task, count=c.count if np.isfinite(c.count) else 0,
+                                      channel=_CHANNEL_WORDS.get(c.family.split(":")[0], c.family))
     how_much = _how_much(c)
     return f"{what[0].upper()}{what[1:]}" + (f" ({how_much})" if how_much else "") + f"; {_how_sure(c)}; " \
         f"{_rounding_words(c)}."
@@ -242,6 +251,78 @@ def next_step(c: LedgerClaim) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ run claims
+
+# the reference attacks' channels (orchestrator.aggregate.ATTACK_STATISTICS): column prefix -> words
+_ATTACK_CHANNELS = {"": "the zero-information probe", "known_context_": "the known context C'",
+                    "deployed_known_context_": "the known context C' as the package deploys the weights"}
+_CHANNEL_WORDS = {f"channel {prefix or 'probe_'}": words for prefix, words in _ATTACK_CHANNELS.items()}
+_REFERENCE_ATTACKS = ("lira_online", "lira_offline", "rmia")
+
+
+def _attack_null_hits(run_rows: pd.DataFrame, prefix: str) -> pd.Series | None:
+    """Per attack null split j of one run: whether any of the channel's attacks calls null run j memorization at
+    its headline (null split j of every checkpoint, the checkpoint of highest null AUC, as
+    ``probes.attacks.attack_run_headline`` counts ``_run_null_memorization``); None without attack evidence."""
+    import json
+
+    from probes.attacks import attack_peak
+
+    hits: dict[int, bool] = {}
+    seen = False
+    for attack in _REFERENCE_ATTACKS:
+        column = f"{prefix}{attack}_null_evidence"
+        if column not in run_rows.columns:
+            continue
+        by_split: dict[int, list[tuple[int, float, str]]] = {}
+        for epoch, raw in zip(run_rows["epoch"], run_rows[column]):
+            for r in json.loads(raw) if isinstance(raw, str) else []:
+                by_split.setdefault(int(r["index"]), []).append((int(epoch), float(r["auc"]), str(r["outcome"])))
+        for j, trials in by_split.items():
+            seen = True
+            head = attack_peak([t[0] for t in trials], [t[1] for t in trials])
+            hits[j] = hits.get(j, False) or (head is not None and trials[head][2] == MEMORIZATION)
+    return pd.Series(hits, dtype=bool).rename_axis("null_index") if seen else None
+
+
+def _reference_attack_claims(run_rows: pd.DataFrame, key_values: tuple[Any, ...], key: list[str],
+                             decimals: float) -> list[tuple[str, dict[str, Any], bool, pd.Series]]:
+    """Per channel with reference-attack columns: (its prefix, the run's claim's fields, whether it is made: any
+    attack's headline verdict memorization, its null hits indexed by (run key..., null_index)); the caller pools
+    the hits over the task's runs into the claim's trials."""
+    out = []
+    for prefix, words in _ATTACK_CHANNELS.items():
+        heads = [f"{prefix}{a}_run_outcome" for a in _REFERENCE_ATTACKS if f"{prefix}{a}_run_outcome" in run_rows.columns]
+        if not heads or run_rows[heads].isna().all().all():
+            continue
+        outcomes = run_rows[heads].iloc[0]
+        made = bool((outcomes == MEMORIZATION).any())
+        aucs = {a: float(run_rows[f"{prefix}{a}_run_auc"].iloc[0]) for a in _REFERENCE_ATTACKS
+                if f"{prefix}{a}_run_auc" in run_rows.columns and pd.notna(run_rows[f"{prefix}{a}_run_auc"].iloc[0])}
+        best = max(aucs, key=lambda a: aucs[a]) if aucs else None
+        at = (run_rows[run_rows["epoch"] == run_rows[f"{prefix}{best}_run_epoch"].iloc[0]]
+              if best is not None else run_rows.iloc[:0])
+        row = at.iloc[0] if not at.empty else run_rows.iloc[0]
+        hits = _attack_null_hits(run_rows, prefix)
+        if hits is None:
+            hits = pd.Series(dtype=bool).rename_axis("null_index")
+        hits.index = pd.MultiIndex.from_tuples([(*key_values, j) for j in hits.index], names=[*key, "null_index"])
+
+        def value(column: str, row: pd.Series = row, prefix: str = prefix, best: str | None = best) -> float:
+            return float(row.get(f"{prefix}{best}_{column}", _NAN)) if best is not None else _NAN
+
+        claim_values = dict(
+            family=f"channel {prefix or 'probe_'}: {len(heads)} attacks x the run's checkpoints",
+            family_size=len(heads) * len(run_rows),
+            selection=f"any attack on {words}, each at its checkpoint of highest AUC",
+            correction="each attack's rule (Bonferroni over the run's checkpoints); the OR over attacks is paid by "
+                       "the measured null rate",
+            auc=value("auc"), auc_low=value("auc_low"), auc_high=value("auc_high"), tpr_at_1pct=value("tpr_at_1pct"),
+            epsilon_lb=value("epsilon_lb"),
+            null_path="attack null split j (non-members labelled as members) of every checkpoint through each "
+                      "attack's headline selection and rule, any attack of the channel, per (run, j)",
+            output_decimals=decimals)
+        out.append((prefix, claim_values, made, hits))
+    return out
 
 
 def _rule_column(results: pd.DataFrame) -> str:
@@ -338,11 +419,22 @@ def run_claims(results: pd.DataFrame, query_table: QueryTable) -> list[LedgerCla
         flag_hits = _any_checkpoint(task_recs, [*key, "null_index"], "known_context_flag")
         flag_trials = _trials(flag_hits) if flag_hits is not None else NullTrials(0, 0)
         deployed_hits = _any_checkpoint(task_recs, [*key, "null_index"], "deployed_known_context_flag")
+        # reference attacks per run and channel, their null hits pooled per channel over the task's runs
+        attack_claims: dict[str, list[tuple[str, dict[str, Any], bool, pd.Series]]] = {}
+        attack_hits: dict[str, list[pd.Series]] = {}
+        for _, head in task_peaks.iterrows():
+            run_id = str(head["run_id"])
+            run_rows = ft[ft["run_id"].astype(str) == run_id]
+            found = _reference_attack_claims(run_rows, tuple(head[c] for c in key), key, decimals)
+            attack_claims[run_id] = found
+            for prefix, _, _, hits in found:
+                attack_hits.setdefault(prefix, []).append(hits)
+        pooled_attack_hits = {p: pd.concat(h) for p, h in attack_hits.items()}
         union = pd.Series(dtype=bool)
         if rule in task_heads.columns and flag_hits is not None:
             union = task_heads.set_index([*key, "null_index"])[rule].eq(MEMORIZATION)
-            for hits in (flag_hits, deployed_hits):
-                if hits is not None:
+            for hits in (flag_hits, deployed_hits, *pooled_attack_hits.values()):
+                if hits is not None and not hits.empty:
                     both = union.index.union(hits.index)
                     union = union.reindex(both, fill_value=False) | hits.reindex(both, fill_value=False)
         components: list[LedgerClaim] = []
@@ -385,7 +477,7 @@ def run_claims(results: pd.DataFrame, query_table: QueryTable) -> list[LedgerCla
                     "run's checkpoints, per (run, j)", output_decimals=decimals))
             deployed = "deployed_known_context_memorization_flag"
             if deployed in run_rows.columns and run_rows[deployed].notna().any():
-                fired = bool(run_rows[deployed].fillna(False).astype(bool).any()) and not made
+                fired = bool(run_rows[deployed].eq(True).any()) and not made
                 components.append(_claim(
                     ClaimKind.DEPLOYED_KNOWN_CONTEXT_FLAG, task, run_id, fired,
                     _trials(deployed_hits) if deployed_hits is not None else NullTrials(0, 0), RoundingCheck.NOT_TESTED,
@@ -393,18 +485,22 @@ def run_claims(results: pd.DataFrame, query_table: QueryTable) -> list[LedgerCla
                     correction="Bonferroni over the run's checkpoints",
                     null_path="the deployed classifier's flag on null split j of every checkpoint, OR over the "
                               "run's checkpoints, per (run, j)", output_decimals=decimals))
+            for prefix, values, attack_made, _ in attack_claims.get(run_id, []):
+                components.append(_claim(ClaimKind.REFERENCE_ATTACK, task, run_id, attack_made,
+                                         _trials(pooled_attack_hits[prefix]), RoundingCheck.NOT_TESTED, **values))
         out.extend(components)
         count = len({c.subject for c in components if c.made})
         per_j = (union.groupby(level="null_index").sum() if not union.empty else pd.Series(dtype=float))
         out.append(_claim(
             ClaimKind.RUNS_LEAKED, task, "", count > 0, _trials(union) if not union.empty else NullTrials(0, 0),
             _union_rounding([c for c in components if c.made]),
-            family="every run of the task x (its verdict, its known-context flag)",
-            family_size=2 * len(task_peaks), selection="the union of the two claims per run",
+            family="every run of the task x (its verdict, its known-context flags, its reference attacks)",
+            family_size=len(components), selection="the union of the claims per run",
             correction="none beyond each claim's own: the union's rate is measured", count=float(count),
             null_count_mean=float(per_j.mean()) if not per_j.empty else _NAN,
             null_count_max=float(per_j.max()) if not per_j.empty else _NAN,
-            null_path="per (run, j): the run's null headline verdict OR its known-context flag on null split j",
+            null_path="per (run, j): the run's null headline verdict OR its known-context flags OR its reference "
+                      "attacks' null headlines on null split j",
             output_decimals=decimals))
     return out
 

@@ -817,9 +817,6 @@ class SweepConfig(StrictConfig):
                              "recipe iclmem")
         if self.canaries.enabled:
             raise ValueError(f"canaries: {who} cannot insert canary rows; sweep canaries with recipe iclmem")
-        if self.probe.references:
-            raise ValueError(f"probe.references: {who} have no reference fine-tunes yet; sweep references with "
-                             "recipe iclmem")
         return self
 
     @model_validator(mode="after")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,16 +211,29 @@ def icl_utility_columns(predictions: Any, member: np.ndarray) -> dict[str, float
                                  ("loss", np.asarray(predictions.loss, dtype=np.float64)))}
 
 
-def deployed_utility_columns(model: Any, task: Any) -> dict[str, float]:
+def deployed_utility_columns(model: Any, task: Any, seed: int | None = None) -> dict[str, float]:
     """A model fine-tuned by its package's own fine-tuner (``recipe`` upstream): the same utility as the
     package deploys the weights (``deployed_member_icl_accuracy`` ... ``deployed_nonmember_icl_loss``; see
-    ``trainables.upstream.deployed_utility``); empty for every other model."""
+    ``trainables.upstream.deployed_utility``; ``seed``: the deployed classifier's ``random_state``, default the
+    task's); empty for every other model."""
     from trainables.upstream import deployed_utility, upstream_options
 
     if not upstream_options(getattr(model, "options", {})):
         return {}
 
-    return {f"deployed_{k}": v for k, v in deployed_utility(model, task).items()}
+    return {f"deployed_{k}": v for k, v in deployed_utility(model, task, seed=seed).items()}
+
+
+def deployed_seed(identity: Mapping[str, Any]) -> int | None:
+    """The ``random_state`` of the classifier a run's package deploys: the seed the run trained under (a
+    reference fine-tune's own training seed, ``reference_training_seed``, so its deployed ensemble draws fresh
+    preprocessing and shifts as its fine-tuning drew fresh batches; a target's run seed), None when unknown (the
+    task's seed is then used)."""
+    for key in ("reference_training_seed", "seed"):
+        value = identity.get(key)
+        if value is not None and not (isinstance(value, float) and math.isnan(value)):
+            return int(value)
+    return None
 
 
 # plans over other rows than a task's own (null-split pools, canaries), built once per key in a process and
@@ -352,17 +366,22 @@ def probe_checkpoint(
            **{f"outcome_{r.value}": v.outcome.value for r, v in verdicts.items()}, **row,
            **collapse, **blind_columns(task),
            "n_members": int(plan.queries.member.sum()), "n_nonmembers": int((~plan.queries.member).sum()),
-           **icl_utility_columns(predictions, plan.queries.member), **deployed_utility_columns(model, task)}
+           **icl_utility_columns(predictions, plan.queries.member),
+           **deployed_utility_columns(model, task, seed=deployed_seed(identity))}
     collapsed = verdict.checks.get(Outcome.COLLAPSE.value, False)
     row.update(known_context_columns(loss_ft, loss_base, plan.queries.member, settings, collapsed=collapsed))
     if decimals is not None:
         row.update(rounded_columns(finetuned, reference, kind, loss_ft, loss_base, plan.queries.member, ratio, std,
                                    settings, fine_tuned, collapsed))
+    deployed_losses: tuple[np.ndarray, np.ndarray] | None = None
     if fine_tuned:
-        row.update(deployed_known_context_columns(model, task, cache_dir, base_digest, base_model, settings,
-                                                  collapsed=collapsed))
+        deployed = deployed_known_context(model, task, cache_dir, base_digest, base_model, settings,
+                                          collapsed=collapsed, seed=deployed_seed(identity))
+        if deployed is not None:
+            deployed_columns, deployed_losses = deployed
+            row.update(deployed_columns)
     null_row, null_queries = _null_columns(model, task, plan, cache_dir, base_digest, base_model, settings, ratio,
-                                           std, fine_tuned, collapsed=collapsed)
+                                           std, fine_tuned, collapsed=collapsed, seed=deployed_seed(identity))
     row.update(null_row)
     if canaries is not None:
         row.update(canary_columns(model, task, plan, canaries, cache_dir, base_digest, base_model, settings,
@@ -377,6 +396,9 @@ def probe_checkpoint(
     curve = roc_curve(calibrated.members, calibrated.nonmembers)
     roc = pd.DataFrame({"fpr": curve.fpr, "tpr": curve.tpr})
     queries = query_table(finetuned, reference, plan, loss_ft, loss_base, decimals)
+    if deployed_losses is not None:
+        # the deployed channel's per-row losses: the reference attacks' inputs through the deployed classifier
+        queries = queries.join(deployed_statistics(plan.queries.query_ids, *deployed_losses), on="query_id")
     if fine_tuned and settings.context_channel_references:
         queries = queries.join(context_channel_table(model, plan, settings, int(identity.get("seed", 0)), task),
                                on="query_id")
@@ -650,32 +672,55 @@ DEPLOYED_PREFIX = "deployed_"
 
 def deployed_known_context_columns(model: Any, task: Any, cache_dir: str | Path, base_digest: str,
                                    base_model: Any, settings: ProbeSettings, collapsed: bool = False,
-                                   split_tag: str = "") -> dict[str, Any]:
+                                   split_tag: str = "", seed: int | None = None) -> dict[str, Any]:
+    """The columns of :func:`deployed_known_context` (empty for every model but recipe upstream's)."""
+    deployed = deployed_known_context(model, task, cache_dir, base_digest, base_model, settings, collapsed=collapsed,
+                                      split_tag=split_tag, seed=seed)
+    return {} if deployed is None else deployed[0]
+
+
+def deployed_known_context(model: Any, task: Any, cache_dir: str | Path, base_digest: str,
+                           base_model: Any, settings: ProbeSettings, collapsed: bool = False,
+                           split_tag: str = "", seed: int | None = None
+                           ) -> tuple[dict[str, Any], tuple[np.ndarray, np.ndarray]] | None:
     """A model fine-tuned by its package's own fine-tuner (``recipe`` upstream): the known-context channel
     scored as the package deploys the weights (``trainables.upstream.deployed_losses``: its preprocessing and
-    ensemble, C' as the context), calibrated by the base weights deployed the same way (cached like
-    :func:`base_icl`): the columns of :func:`known_context_columns` prefixed ``deployed_``, and
-    ``deployed_known_context_memorization_flag``. The package fine-tunes on its own preprocessed features, so
-    what it memorized can show here and not through the raw network on iclmem's encoding; the raw channel's
-    columns stay beside it, so a report shows both and their difference. Empty for every other model.
-    ``split_tag`` names another split of the same task (a null split: ``null<j>``) in the base model's cache key,
-    whose rows differ while the task's fingerprint does not."""
+    ensemble, C' as the context, ``seed`` its ``random_state``: :func:`deployed_seed`), calibrated by the base
+    weights deployed the same way under the same seed (cached like :func:`base_icl`): (the columns of
+    :func:`known_context_columns` prefixed ``deployed_`` and ``deployed_known_context_memorization_flag``, (the
+    per-row losses float64 [n_members + n_nonmembers] on the checkpoint and on the base, members first)). The
+    package fine-tunes on its own preprocessed features, so what it memorized can show here and not through the
+    raw network on iclmem's encoding; the raw channel's columns stay beside it, so a report shows both and
+    their difference. None for every other model. ``split_tag`` names another split of the same task (a null
+    split: ``null<j>``) in the base model's cache key, whose rows differ while the task's fingerprint does not."""
     from trainables.upstream import deployed_losses, upstream_options
 
     if not upstream_options(getattr(model, "options", {})):
-        return {}
+        return None
 
     def compute() -> pd.DataFrame:
-        return pd.DataFrame({"loss": deployed_losses(resolve_model(base_model), task)})
+        return pd.DataFrame({"loss": deployed_losses(resolve_model(base_model), task, seed=seed)})
 
-    # the deployed classifier reads the model's options (its ensemble size, preprocessing), so they are in the key
+    # the deployed classifier reads the model's options (its ensemble size, preprocessing) and its seed, so both
+    # are in the key
     deployment = {k: v for k, v in sorted(model.options.items()) if k != "weights"}
     options_key = hashlib.sha256(json.dumps(deployment, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    cache_name = f"base_deployed_{split_tag}{task.fingerprint[:16]}_{base_digest}_{options_key}"
-    loss_base = _cached_frame(Path(cache_dir) / f"{cache_name}.parquet", compute)["loss"].to_numpy()
+    seed_tag = "" if seed is None else f"s{int(seed)}_"
+    cache_name = f"base_deployed_{split_tag}{seed_tag}{task.fingerprint[:16]}_{base_digest}_{options_key}"
+    loss_base = _cached_frame(Path(cache_dir) / f"{cache_name}.parquet", compute)["loss"].to_numpy(np.float64)
+    loss_ft = np.asarray(deployed_losses(model, task, seed=seed), np.float64)
     member = np.arange(len(task.member_idx) + len(task.nonmember_idx)) < len(task.member_idx)
-    columns = known_context_columns(deployed_losses(model, task), loss_base, member, settings, collapsed=collapsed)
-    return {DEPLOYED_PREFIX + name: value for name, value in columns.items()}
+    columns = known_context_columns(loss_ft, loss_base, member, settings, collapsed=collapsed)
+    return {DEPLOYED_PREFIX + name: value for name, value in columns.items()}, (loss_ft, loss_base)
+
+
+def deployed_statistics(query_ids: np.ndarray, loss_ft: np.ndarray, loss_base: np.ndarray) -> pd.DataFrame:
+    """Indexed by query id: the deployed channel's per-row losses (``deployed_known_context_loss`` on the
+    checkpoint, ``deployed_known_context_loss_base`` on the base weights, both deployed alike), the inputs of
+    the reference attacks through the classifier the package deploys (``orchestrator.aggregate``)."""
+    return pd.DataFrame({f"{DEPLOYED_PREFIX}known_context_loss": np.asarray(loss_ft, np.float64),
+                         f"{DEPLOYED_PREFIX}known_context_loss_base": np.asarray(loss_base, np.float64)},
+                        index=np.asarray(query_ids, np.int64))
 
 
 def _null_known_context_losses(model: Any, task: Any, index: int, split: tuple[np.ndarray, np.ndarray],
@@ -715,7 +760,8 @@ def null_query_frame(index: int, finetuned: pd.DataFrame, reference: pd.DataFram
 
 def _null_columns(model: Any, task: Any, plan: ProbePlan, cache_dir: str | Path, base_digest: str,
                   base_model: Any, settings: ProbeSettings, ratio: float, std: float,
-                  fine_tuned: bool, collapsed: bool = False) -> tuple[dict[str, Any], pd.DataFrame | None]:
+                  fine_tuned: bool, collapsed: bool = False,
+                  seed: int | None = None) -> tuple[dict[str, Any], pd.DataFrame | None]:
     """Null-split columns: how many were probed, how many each rule called memorization, how many the
     known-context channel flagged (``null_known_context_flags``: the same flag as the real split's, on the null
     rows predicted with C' as the context, calibrated by the base model), and the per-split record
@@ -750,7 +796,7 @@ def _null_columns(model: Any, task: Any, plan: ProbePlan, cache_dir: str | Path,
             # recipe upstream: the deployed classifier's flag on the same null rows, its false-positive rate
             deployed = deployed_known_context_columns(
                 model, dataclasses.replace(task, member_idx=members, nonmember_idx=nonmembers), cache_dir,
-                base_digest, base_model, settings, collapsed=collapsed, split_tag=f"null{j}_")
+                base_digest, base_model, settings, collapsed=collapsed, split_tag=f"null{j}_", seed=seed)
             if deployed:
                 record["deployed_known_context_flag"] = bool(deployed[f"{DEPLOYED_PREFIX}known_context_memorization_flag"])
             if decimals is not None:

@@ -207,7 +207,6 @@ def _sweep(**over) -> dict:
     ({"grid": {"regime": ["multi_fixed"]}}, r"grid.regime \['multi_fixed'\].*single_fixed only"),
     ({"grid": {"dp": [4.0]}}, "grid.dp.*no DP-SGD"),
     ({"canaries": {"kinds": ["outlier"]}}, "canaries.*cannot insert canary rows"),
-    ({"probe": {"references": 4}}, "probe.references.*no reference fine-tunes"),
     ({"models": [{"name": "pfn-mini", "recipe": "upstream"}]}, "models with one: tabicl, tabpfn-v2"),
     ({"models": [{"name": "tabpfn-v2", "recipe": "upstream", "options": {**TINY, "finetuner": {"learning_rate": 1}}}]},
      r"finetuner.learning_rate is set by iclmem from grid.lr"),

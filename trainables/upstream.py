@@ -36,9 +36,11 @@ validation and early stopping. :class:`UpstreamFinetuner` runs that fine-tuner u
   probe scores the network as for every run, since the
   package refuses the probe's zero-information contexts (copies of one row: "All features are constant").
 
-Refused at validation (``orchestrator.config``), named: DP-SGD, canaries, regimes other than single_fixed,
-reference fine-tunes -- the package's fine-tuner has no per-row clipping, no canary insertion and fits one
-table.
+Refused at validation (``orchestrator.config``), named: DP-SGD, canaries, regimes other than single_fixed --
+the package's fine-tuner has no per-row clipping, no canary insertion and fits one table. Reference fine-tunes
+(``probe.references``) run through the same fine-tuner and recipe, each under its own training seed (the
+package's ``random_state``) and with that seed as its deployed classifier's ``random_state`` (docs/METHOD.md,
+"References through a package's own fine-tuner").
 """
 
 from __future__ import annotations
@@ -604,9 +606,10 @@ class UpstreamFinetuner:
 @contextlib.contextmanager
 def _deployed_seed(model: ModelAdapter, task: Any, seed: int | None) -> Iterator[None]:
     """The adapter's deployed classifier drawn from the run's seed (``deployed_random_state``), as the package's
-    fine-tuner deploys it (its ``random_state`` is the run's seed): ``seed``, else the task's (Stage I's seed is
-    the run's: recipe upstream has no reference fine-tunes, whose training seed differs). The base model scored
-    on the same task draws the same ensemble, so the deployed known-context channel compares like with like."""
+    fine-tuner deploys it (its ``random_state`` is the run's seed): ``seed``, else the task's (Stage I's seed,
+    the run's). A reference fine-tune passes its own training seed (``probes.probe.deployed_seed``), so its
+    ensemble is drawn afresh as its batches are. The base model scored on the same task draws the same
+    ensemble, so the deployed known-context channel compares like with like."""
     seed = getattr(task, "seed", None) if seed is None else seed
     if seed is None or not hasattr(model, "deployed_random_state"):
         yield
@@ -650,6 +653,54 @@ def deployed_losses(model: ModelAdapter, task: Any, seed: int | None = None) -> 
     finally:
         model.module.train(was_training)
     return np.concatenate(losses)
+
+
+def training_frame_losses(model: ModelAdapter, task: Any, audited: np.ndarray, seed: int | None = None,
+                          folds: int = 5) -> np.ndarray:
+    """float64 [len(audited)]: each audited row's loss (NLL of the label the run trained on) in the frame the
+    package fine-tuned in -- the training rows (``task.member_idx`` with their trained labels) as the context --
+    scored as the package deploys the weights (``deployed_log_probs``, ``seed`` its ``random_state``).
+
+    The training rows are cut into ``folds`` folds (a permutation drawn from ``seed``) and every audited row is
+    given one (members: the fold that holds them; other rows: dealt round-robin in a drawn order); a row is then
+    predicted with the training rows outside its fold as the context, so a member never sees itself and every
+    audited row, member or not, sees a context of the same size drawn the same way. The package's own fine-tuning
+    steps predict members from chunks of the other members, so this is where what it fitted shows first; with
+    C' as the context (:func:`deployed_losses`) the rows are scored as an auditor who knows C' would."""
+    audited = np.asarray(audited, dtype=np.int64)
+    training = np.asarray(task.member_idx, dtype=np.int64)
+    folds = max(2, min(int(folds), len(training)))
+    rng = np.random.default_rng([0x67, 0 if seed is None else int(seed)])
+    fold_of_training = np.empty(len(training), dtype=np.int64)
+    fold_of_training[rng.permutation(len(training))] = np.arange(len(training)) % folds
+    position = {int(r): i for i, r in enumerate(training)}
+    fold = np.empty(len(audited), dtype=np.int64)
+    others = [i for i, r in enumerate(audited) if int(r) not in position]
+    for i, r in enumerate(audited):
+        if int(r) in position:
+            fold[i] = fold_of_training[position[int(r)]]
+    fold[np.asarray(others, dtype=np.int64)[rng.permutation(len(others))]] = np.arange(len(others)) % folds
+    x = torch.from_numpy(np.array(task.features, dtype=np.float32))
+    y = torch.from_numpy(np.array(task.labels, dtype=np.int64))
+    deployed = _Deployed(model)
+    losses = np.full(len(audited), np.nan)
+    was_training = model.module.training
+    model.module.eval()
+    try:
+        with torch.no_grad(), _deployed_seed(model, task, seed):
+            for f in range(folds):
+                queries = np.flatnonzero(fold == f)
+                if not len(queries):
+                    continue
+                context = torch.from_numpy(training[fold_of_training != f])
+                rows = torch.from_numpy(audited[queries])
+                lp = deployed.log_probs(x[context][None].to(model.device), y[context][None].to(model.device),
+                                        x[rows][None].to(model.device), task.n_classes).reshape(-1, task.n_classes)
+                labels = y[rows].to(lp.device)
+                losses[queries] = (-lp[torch.arange(len(labels)), labels]).double().cpu().numpy()
+    finally:
+        model.module.train(was_training)
+    return losses
 
 
 def recompute_upstream_model(spec: FinetuneSpec, tasks: Sequence[Any], epoch: int) -> ModelAdapter:

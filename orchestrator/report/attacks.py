@@ -34,7 +34,8 @@ ATTACKS_FIGURE = "attacks_roc.png"
 _ATTACKS = [a.value for a in Attack]
 # the statistics the attacks run on (orchestrator.aggregate.ATTACK_STATISTICS): column prefix -> report name
 # (IclMem's own score on the probe is −ΔS; LiRA reads the per-manipulation logits of p(y*), RMIA p(y*) itself)
-_STATISTICS = {"": "zero-information probe", "known_context_": "known context C'"}
+_STATISTICS = {"": "zero-information probe", "known_context_": "known context C'",
+               "deployed_known_context_": "known context C', as the package deploys"}
 ATTACK_REPORT_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys((
     *CHECKPOINT_KEY, "sanity_check", "outcome",
     "auc", "auc_low", "auc_high", "tpr_at_1pct", "calibrated_loss_auc", "calibrated_loss_auc_low",

@@ -54,9 +54,9 @@ def known_context_only_runs(results: pd.DataFrame, leaked: pd.DataFrame | None =
     ft = fine_tuned_rows(results)
     if ft.empty or "known_context_memorization_flag" not in ft.columns:
         return pd.DataFrame(columns=columns)
-    network = ft["known_context_memorization_flag"].fillna(False).astype(bool)
+    network = ft["known_context_memorization_flag"].eq(True)
     deployed_flag = DEPLOYED + "known_context_memorization_flag"
-    deployed = (ft[deployed_flag].fillna(False).astype(bool) & ~network if deployed_flag in ft.columns
+    deployed = (ft[deployed_flag].eq(True) & ~network if deployed_flag in ft.columns
                 else pd.Series(False, index=ft.index))
     views = [ft[network].assign(channel="network")]
     if deployed.any():
