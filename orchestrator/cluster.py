@@ -120,8 +120,14 @@ def _as_dockerfile(path: Path, sweeps: Sequence[str | Path]) -> ClusterCheck:
 def _read(path: Path) -> tuple[Any, str | None]:
     if not path.is_file():
         return None, "file not found" if not path.exists() else "not a file"
+    from orchestrator.config_reading import yaml_expansion_problem
+
     try:
-        data = yaml.safe_load(path.read_text())  # what `ray up` reads the file with
+        text = path.read_text()
+        expansion = yaml_expansion_problem(text)
+        if expansion:
+            return None, expansion
+        data = yaml.safe_load(text)  # what `ray up` reads the file with
     except (OSError, UnicodeDecodeError) as exc:
         return None, f"cannot read: {exc}"
     except yaml.YAMLError as exc:

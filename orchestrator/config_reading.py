@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from iclmem.errors import ConfigError
 
-__all__ = ["ConfigT", "UniqueKeyLoader", "format_validation_error", "read_config", "resolve_path", "validate_config"]
+__all__ = ["MAX_YAML_NODES", "ConfigT", "UniqueKeyLoader", "yaml_expansion_problem", "format_validation_error", "read_config", "resolve_path", "validate_config"]
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
@@ -41,6 +41,56 @@ class UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no t
         return mapping
 
 
+# Nodes a YAML document may hold once its aliases are expanded: a sweep or cluster file has hundreds; an alias
+# "bomb" (each level naming the one below ten times) has billions, which every reader walking it expands
+MAX_YAML_NODES = 100_000
+
+
+def yaml_expansion_problem(text: str) -> str | None:
+    """Why ``text`` cannot be read safely as YAML -- its aliases expand past :data:`MAX_YAML_NODES` nodes, or an
+    alias contains itself -- or None (also for text that is not valid YAML: the reader names that itself).
+    Counted on the composed node graph, where an alias is its anchor's node, so a bomb is sized without being
+    expanded."""
+    try:
+        documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except (yaml.YAMLError, RecursionError):
+        return None
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: Any) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise ValueError("recursive")
+        open_nodes.add(key)
+        children: list[Any] = []
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        total = 1
+        for child in children:
+            total += size(child)
+            if total > MAX_YAML_NODES:
+                break
+        open_nodes.discard(key)
+        sizes[key] = total
+        return total
+
+    try:
+        total = sum(size(d) for d in documents if d is not None)
+    except ValueError:
+        return "an alias (*name) refers to a node that contains it: a recursive document no setting needs"
+    except RecursionError:
+        return None
+    if total > MAX_YAML_NODES:
+        return (f"its aliases (*name) expand to more than {MAX_YAML_NODES:,} nodes (an alias bomb?); write the "
+                "settings out, or use fewer nested aliases")
+    return None
+
+
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     try:
         is_file, is_dir = path.is_file(), path.is_dir()
@@ -60,6 +110,9 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
                           "sweep file as UTF-8") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    expansion = yaml_expansion_problem(text)
+    if expansion:
+        raise ConfigError(f"{path}: {expansion}")
     try:
         data = yaml.load(text, Loader=UniqueKeyLoader) or {}
     except yaml.YAMLError as exc:

@@ -22,6 +22,26 @@ _SECRET_PATTERNS = (
                 r"(?![$-])[A-Za-z0-9_-]{20,}(?![^\s'\";&|)])"), "a W&B key given to `wandb login`"),
     (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
     (re.compile(r"\"private_key\"\s*:"), "a service-account private key"),
+    # tokens by their published prefixes: Hugging Face (`hf_`), GitHub (classic `ghp_` and kin, fine-grained)
+    (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), "a Hugging Face token"),
+    (re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})"), "a GitHub token"),
+    # `huggingface-cli login --token X` / `huggingface-cli login --token=X` (not `$HF_TOKEN`)
+    (re.compile(r"\bhuggingface-cli\s+login\b[^\n;&|]*?--token[= ]+['\"]?(?![$'\"-])[^\s'\";&|]{8,}"),
+     "a token given to `huggingface-cli login`"),
+    # user:password@ in a URL (pip --index-url, git+https://...), not `$USER:$PASS@` or `${TOKEN}@`
+    (re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s/:@'\"$]+:(?![$])[^\s/@'\"$]+@", re.I), "a password in a URL"),
+    # a netrc line (`machine api.wandb.ai login user password KEY`), however it is written into ~/.netrc
+    (re.compile(r"\bmachine\s+\S+\s+login\s+\S+\s+password\s+(?![$'\"])[A-Za-z0-9_-]{16,}"),
+     "a .netrc password"),
+    (re.compile(r"\bAccountKey=(?![$])[A-Za-z0-9+/]{16,}", re.I), "an Azure storage account key"),
+    (re.compile(r"\bSharedAccessSignature=(?![$])\S{16,}|[?&]sig=[A-Za-z0-9%+/]{20,}", re.I),
+     "an Azure shared access signature"),
+    # a W&B key is 40 hex characters; with W&B named before it on the line (a git commit hash is not)
+    (re.compile(r"(?:wandb|w&b|weights\s*(?:&|and)\s*biases)[^\n]{0,60}?(?<![0-9a-f])[0-9a-f]{40}(?![0-9a-f])",
+                re.I), "a W&B API key"),
+    # any other name of a credential followed by a value shaped like a key (16+ key characters)
+    (re.compile(r"(?<![A-Za-z0-9])((?:[A-Za-z0-9]+[_.-])*(?:api[_-]?key|secret[_-]?key|access[_-]?key|auth[_-]?token"
+                r"|password|passwd))['\"]?\s*[=:]\s*['\"]?[A-Za-z0-9_+-]{16,}(?![\w.-])", re.I), "a literal {0}"),
 )
 # In comments, prose (`--from-file=WANDB_API_KEY=/path/to/file`, `WANDB_API_KEY=<your key>`) names variables
 # without holding them: a variable counts there only with a value shaped like a key (16+ key characters)
@@ -37,6 +57,9 @@ SECRET_NAME = re.compile(r"(WANDB_API_KEY|RAY_AUTH_TOKEN|AWS_SECRET_ACCESS_KEY|A
                          r"(?:_TOKEN|_SECRET|_API_KEY|PASSWORD))$", re.I)
 # Where `wandb login` keeps the key, or a file named for it: file_mounts would copy it to every node.
 WANDB_KEY_FILE = re.compile(r"(^|/)\.?netrc$|wandb[^/]*key|key[^/]*wandb", re.I)
+# Files that hold a private key or cloud credentials: an SSH key, AWS's credentials file, a PKCS#12 bundle
+KEY_FILE = re.compile(r"(^|/)(id_(rsa|dsa|ecdsa|ed25519)(?!\.pub)(\b|$)|\.aws/credentials$|credentials\.json$|"
+                      r"[^/]*\.(p12|pfx)$)", re.I)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.deploy_checks import (
+    KEY_FILE,
     SECRET_NAME,
     WANDB_KEY_FILE,
     ClusterCheck,
@@ -183,8 +184,10 @@ def check_dockerfile(path: str | Path, pyproject: str | Path | None = None) -> C
         found = literal_secret(ins.text) if ins.keyword not in ("ARG", "ENV") else None  # those: by name, above
         if found:
             result.problems.append(f"{at}: {ins.keyword} holds {found}")
-        if ins.keyword in ("COPY", "ADD") and any(WANDB_KEY_FILE.search(p) for p in ins.text.split()):
-            result.problems.append(f"{at}: {ins.keyword} copies a credential file into the image")
+        if ins.keyword in ("COPY", "ADD") and any(WANDB_KEY_FILE.search(p) or KEY_FILE.search(p)
+                                                  for p in ins.text.split()):
+            result.problems.append(f"{at}: {ins.keyword} copies a credential file into the image (an image's layers "
+                                   "keep it): mount it at run time, or use a build secret (`RUN --mount=type=secret`)")
         if ins.keyword == "FROM":
             froms += 1
             ref = _resolve(ins.text.split()[0], args) if ins.text else ""

@@ -116,6 +116,25 @@ def _containers(group: dict[str, Any]) -> list[dict[str, Any]]:
     return list(((group.get("template") or {}).get("spec") or {}).get("containers") or [])
 
 
+def _runs_as_root(group: dict[str, Any], container: dict[str, Any]) -> str | None:
+    """Why a container runs as root or with root's powers (its own securityContext over the pod's), or None:
+    the Dockerfile check insists on a non-root user, and a manifest must not undo it."""
+    pod = ((group.get("template") or {}).get("spec") or {}).get("securityContext") or {}
+    own = container.get("securityContext") or {}
+    for where, context in (("securityContext", own), ("template.spec.securityContext", pod)):
+        if not isinstance(context, dict):
+            continue
+        if str(context.get("runAsUser", "")).strip() == "0":
+            return f"{where}.runAsUser: 0 runs the container as root"
+        if context.get("runAsNonRoot") is False:
+            return f"{where}.runAsNonRoot: false lets the container run as root"
+        if where == "securityContext" and context.get("privileged") is True:
+            return "securityContext.privileged: true gives the container root's powers on the node"
+        if where == "securityContext" and context.get("allowPrivilegeEscalation") is True:
+            return "securityContext.allowPrivilegeEscalation: true lets a process gain root"
+    return None
+
+
 def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {str(e.get("name")): e for e in container.get("env") or [] if isinstance(e, dict)}
 
@@ -163,8 +182,14 @@ def check_manifest(path: str | Path, sweeps: Sequence[str | Path] = ()) -> Clust
     where = str(path)
     result = ClusterCheck(where)
     loaded = [(str(p), load_sweep(p)) for p in sweeps]
+    from orchestrator.config_reading import yaml_expansion_problem
+
     try:
         text = Path(path).read_text()
+        expansion = yaml_expansion_problem(text)
+        if expansion:
+            result.problems.append(f"{where}: {expansion}")
+            return result
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except (OSError, yaml.YAMLError) as exc:
         result.problems.append(f"{where}: cannot read as YAML: {' '.join(str(exc).split())}")
@@ -216,6 +241,10 @@ def check_manifest(path: str | Path, sweeps: Sequence[str | Path] = ()) -> Clust
                 if base_image_problem(image) is not None:
                     result.problems.append(f"{at}: {here}.image: {image!r} is not pinned: use an x.y.z tag or a "
                                            "digest (`make image`), the same on every group")
+                root = _runs_as_root(group, container)
+                if root:
+                    result.problems.append(f"{at}: {here}: {root}; the image runs as a non-root user (its `USER`): "
+                                           "drop the override, or set runAsNonRoot: true")
                 env = _env(container)
                 key = env.get("WANDB_API_KEY")
                 if key is not None and name != "head":

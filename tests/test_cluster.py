@@ -292,6 +292,66 @@ def test_literal_secrets_refused(tmp_path, command, name):
 W_AND_B_KEY = "0123456789abcdef0123456789abcdef01234567"  # shaped like a W&B key; never sent
 
 
+# #62: the literal secrets a hostile tester added, one line each, that cluster-check used to call valid (every value
+# is made up, shaped like the real thing)
+HF = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
+GH = "ghp_" + "0123456789abcdefghijABCDEFGHIJ012345"
+
+
+@pytest.mark.parametrize(("command", "what"), [
+    (f"huggingface-cli login --token {HF}", "a Hugging Face token"),
+    ("huggingface-cli login --token=abcdefgh12345678", "a token given to `huggingface-cli login`"),
+    (f"pip install git+https://{GH}@github.com/org/private.git", "a GitHub token"),
+    ("pip install iclmem --index-url https://alice:s3cretpassw0rd@pypi.example.org/simple",
+     "a password in a URL"),
+    (f"printf 'machine api.wandb.ai login user password {W_AND_B_KEY}' > ~/.netrc", "a .netrc password"),
+    ("export AZURE_STORAGE_CONNECTION_STRING='DefaultEndpointsProtocol=https;AccountName=acct;"
+     "AccountKey=Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MGFiY2RlZg==;EndpointSuffix=core.windows.net'",
+     "an Azure storage account key"),
+])
+def test_tokens_passwords_and_keys_in_setup_commands_are_refused(tmp_path, command, what):
+    config = _shipped()
+    config["setup_commands"].append(command)
+    path = _write(tmp_path, config)
+    problems = check_cluster_file(path).problems
+    assert problems, command
+    assert problems[0].startswith(f"{path}: setup_commands.{len(config['setup_commands']) - 1}: holds {what};")
+
+
+@pytest.mark.parametrize("command", [
+    "huggingface-cli login --token $HF_TOKEN", "pip install --index-url https://$PIP_USER:$PIP_PASSWORD@pypi.example.org/simple",
+    "pip install git+https://github.com/org/public.git@0123456789abcdef0123456789abcdef01234567",  # a commit hash
+    "git checkout 0123456789abcdef0123456789abcdef01234567 && pip install wandb==0.22.0",
+])
+def test_references_to_secrets_and_commit_hashes_are_not_secrets(tmp_path, command):
+    config = _shipped()
+    config["setup_commands"].append(command)
+    assert check_cluster_file(_write(tmp_path, config)).ok
+
+
+def test_a_wandb_key_in_a_yaml_comment_is_refused_naming_the_line(tmp_path):
+    lines = CLUSTER.read_text().splitlines()
+    lines.insert(3, f"# wandb key for the team: {W_AND_B_KEY}")
+    path = tmp_path / "cluster.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    assert check_cluster_file(path).problems == [
+        f"{path}:4: a comment holds a W&B API key; remove it and revoke the credential (the file's history keeps it)"]
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_not_expanded(tmp_path):
+    import time
+
+    levels = ['a: &a ["x","x","x","x","x","x","x","x","x","x"]']
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        levels.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 10) + "]")
+    path = tmp_path / "cluster.yaml"
+    path.write_text("\n".join(levels) + "\ncluster_name: x\n")
+    started = time.perf_counter()
+    (problem,) = check_cluster_file(path).problems
+    assert "expand to more than 100,000 nodes (an alias bomb?)" in problem
+    assert time.perf_counter() - started < 30  # a sanity bound: expanding it would take hours
+
+
 @pytest.mark.parametrize("command", [f"wandb login {W_AND_B_KEY}", f"pip install wandb && wandb login --relogin '{W_AND_B_KEY}'",
                                      f"wandb login --host https://wandb.example.org {W_AND_B_KEY}"])
 def test_a_key_given_to_wandb_login_in_setup_commands_is_refused(tmp_path, command):

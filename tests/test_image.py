@@ -53,6 +53,17 @@ def _broken(tmp_path: Path, old: str, new: str) -> Path:
      r":\d+: ARG WANDB_API_KEY passes a credential into the build"),
     ("ARG TORCH_VARIANT=cpu", "ARG TORCH_VARIANT=cpu\n# AWS_ACCESS_KEY_ID=AKIAABCDEFGHIJKLMNOP",
      r":\d+: a comment holds an AWS access key id"),
+    # #62: what a hostile tester added, one line each
+    ("USER iclmem", "RUN huggingface-cli login --token hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567\nUSER iclmem",
+     r":\d+: RUN holds a Hugging Face token"),
+    ("USER iclmem", "RUN printf 'machine api.wandb.ai login user password 0123456789abcdef0123456789abcdef01234567' "
+     "> /home/iclmem/.netrc\nUSER iclmem", r":\d+: RUN holds a .netrc password"),
+    ("USER iclmem", "LABEL org.example.wandb_api_key=0123456789abcdef0123456789abcdef01234567\nUSER iclmem",
+     r":\d+: LABEL holds a "),
+    ("USER iclmem", "RUN pip install --index-url https://alice:s3cretpassw0rd@pypi.example.org/simple wandb\nUSER iclmem",
+     r":\d+: RUN holds a password in a URL"),
+    ("COPY configs ./configs", "COPY configs ./configs\nCOPY id_rsa /home/iclmem/.ssh/id_rsa",
+     r":\d+: COPY copies a credential file into the image"),
 ])
 def test_a_broken_image_is_refused_naming_the_line_and_the_fault(tmp_path, old, new, message):
     result = check_dockerfile(_broken(tmp_path, old, new))

@@ -80,6 +80,14 @@ BROKEN = {
         r"Secret"),
     "key in the runtime env": (lambda d: d["spec"].update(runtimeEnvYAML="env_vars:\n  WANDB_API_KEY: $KEY\n"),
                                r"spec.runtimeEnvYAML: passes WANDB_API_KEY through Ray's runtime env"),
+    # #62: a root container, where the Dockerfile check insists on a non-root user
+    "root container": (lambda d: _head(d).update(securityContext={"runAsUser": 0}),
+                       r"headGroupSpec.template.spec.containers\[0\]: securityContext.runAsUser: 0 runs the "
+                       r"container as root"),
+    "root pod": (lambda d: d["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"].update(
+        securityContext={"runAsNonRoot": False}), r"template.spec.securityContext.runAsNonRoot: false"),
+    "privileged container": (lambda d: _worker(d).update(securityContext={"privileged": True}),
+                             r"securityContext.privileged: true gives the container root's powers"),
 }
 
 

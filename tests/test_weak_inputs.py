@@ -404,3 +404,13 @@ def test_a_black_box_estimator_that_fails_is_named_in_one_line_before_any_probe_
                      "--out", str(here / "audit")], f"{flag} {spec}", *named)
     assert not (here / "audit").exists()
     assert {k: v for k, v in _snapshot(here).items() if "__pycache__" not in k} == before
+
+
+def test_a_yaml_alias_bomb_in_a_sweep_is_refused_in_one_short_line(capsys, here):
+    """#62: the bomb in ``models.options`` was refused, with a one-line error of 254 MB (the expanded value)."""
+    bomb = ["  a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for prev, name in zip("abcdefg", "bcdefgh"):
+        bomb.append(f"  {name}: &{name} [" + ", ".join([f"*{prev}"] * 10) + "]")
+    text = BASE + "models:\n  - name: pfn-mini\n    options:\n" + "\n".join("    " + b for b in bomb) + "\n"
+    line = refused(capsys, ["validate", "--schema-only", str(_sweep(here, text))], "sweep.yaml", "alias bomb")
+    assert len(line) < 400
