@@ -246,9 +246,14 @@ class GridConfig(StrictConfig):
     @field_validator("dp")
     @classmethod
     def _positive_epsilon(cls, values: list[float]) -> list[float]:
+        from trainables.dp import MAX_TARGET_EPSILON
+
         for v in values:
             if not v > 0:  # also refuses NaN
                 raise ValueError(f"DP target epsilons must be > 0 (inf = no DP), got {v}")
+            if math.isfinite(v) and v > MAX_TARGET_EPSILON:
+                raise ValueError(f"DP target epsilon {v:g} is above {MAX_TARGET_EPSILON:g}: e^ε protects nothing "
+                                 "there, and calibrating its noise would not end; inf = plain fine-tuning")
         return values
 
     @field_serializer("dp", when_used="json")

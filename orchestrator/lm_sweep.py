@@ -216,6 +216,25 @@ def _describe(unit: LMUnit | dict[str, Any]) -> str:
     return f"{ident['probe']} {ident['model']}/{ident['dataset']}{extra}"
 
 
+def pool_beyond_local_ray(resources: Any, available: dict[str, float]) -> list[str]:
+    """What a Ray started on this machine (``available``: ``ray.cluster_resources()``) can never give the LM probe
+    pool, one line each naming the setting: one actor's ask beyond the node, or all ``probe_actors`` at once
+    (the pool creates them all at start, and an LM sweep has nothing else to run meanwhile)."""
+    problems = []
+    for setting, kind, amount in (("resources.cpus_per_probe_actor", "CPU", resources.cpus_per_probe_actor),
+                                  ("resources.gpus_per_probe_actor", "GPU", resources.gpus_per_probe_actor),
+                                  *((f"resources.probe_resources.{k}", k, v) for k, v in resources.probe_resources.items())):
+        have = float(available.get(kind, 0.0))
+        if amount and amount > have:
+            problems.append(f"{setting}: {amount:g} {kind} asked, the local Ray has {have:g}")
+        elif amount and resources.probe_actors * amount > have:
+            fit = int(have // amount)
+            problems.append(f"resources.probe_actors: {resources.probe_actors} actors x {amount:g} {kind} "
+                            f"({setting}) = {resources.probe_actors * amount:g} {kind}, the local Ray has {have:g}: "
+                            f"at most {fit} can start; lower probe_actors to {fit} or less")
+    return problems
+
+
 def start_lm_pool(cfg: LMSweepConfig, inputs: LMInputs) -> Any:
     import ray
 
@@ -458,6 +477,10 @@ def _drive_lm(cfg: LMSweepConfig, inputs: LMInputs, run_dir: Path, *, address: s
     pool = None
     try:
         started = ensure_ray(address, num_cpus=num_cpus)
+        if started and not address:  # a Ray started here cannot grow: probe actors it can never start would be waited for forever
+            problems = pool_beyond_local_ray(cfg.resources, ray.cluster_resources())  # type: ignore[no-untyped-call]
+            if problems:
+                raise ConfigError("; ".join(problems))
         pool = start_lm_pool(cfg, inputs)
         run_units(pool, plan, log)
     finally:

@@ -219,3 +219,19 @@ def test_a_failed_lm_run_records_failed_with_its_error(lm, tmp_path, monkeypatch
     assert state["status"] == RunStatus.FAILED
     assert state["note"] == "RuntimeError: no Ray here"
     assert (run / RUN_STATE_FILE).is_file()
+
+
+def test_an_lm_pool_the_local_ray_can_never_start_is_refused_naming_the_setting_and_the_bound():
+    """#62: ``probe_actors: 100000`` hung ``iclmem lm run`` (the pool creates every actor at start and waits for
+    them); on a Ray started here the pool must fit the machine, or the run is refused before any unit."""
+    from orchestrator.lm_config import ProbeActorsConfig
+    from orchestrator.lm_sweep import pool_beyond_local_ray
+
+    two_cpus = {"CPU": 2.0, "memory": 1e9}
+    assert pool_beyond_local_ray(ProbeActorsConfig(probe_actors=2, cpus_per_probe_actor=1), two_cpus) == []
+    assert pool_beyond_local_ray(ProbeActorsConfig(probe_actors=4, cpus_per_probe_actor=0.5), two_cpus) == []
+    (problem,) = pool_beyond_local_ray(ProbeActorsConfig(probe_actors=100000, cpus_per_probe_actor=1), two_cpus)
+    assert problem.startswith("resources.probe_actors: 100000 actors x 1 CPU")
+    assert "lower probe_actors to 2 or less" in problem
+    (problem,) = pool_beyond_local_ray(ProbeActorsConfig(probe_actors=1, gpus_per_probe_actor=1), two_cpus)
+    assert problem == "resources.gpus_per_probe_actor: 1 GPU asked, the local Ray has 0"

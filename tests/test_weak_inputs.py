@@ -414,3 +414,13 @@ def test_a_yaml_alias_bomb_in_a_sweep_is_refused_in_one_short_line(capsys, here)
     text = BASE + "models:\n  - name: pfn-mini\n    options:\n" + "\n".join("    " + b for b in bomb) + "\n"
     line = refused(capsys, ["validate", "--schema-only", str(_sweep(here, text))], "sweep.yaml", "alias bomb")
     assert len(line) < 400
+
+
+def test_a_dp_target_epsilon_too_large_to_calibrate_is_refused_at_validation(capsys, here):
+    """#62: ``grid.dp: [1e308]`` hung after Stage I (Opacus's noise search never ends there); 1e6 still calibrates."""
+    sweep = _sweep(here, BASE.replace("grid: {q: [30]}", "grid: {q: [30], dp: [1e308]}"))
+    refused(capsys, ["validate", "--schema-only", str(sweep)], "grid.dp", "above 1e+06")
+    from orchestrator.sweep_files import load_sweep
+
+    assert load_sweep(_sweep(here, BASE.replace("grid: {q: [30]}", "grid: {q: [30], dp: [1000000.0]}"),
+                             "ok.yaml")).grid.dp == [1e6]

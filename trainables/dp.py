@@ -76,10 +76,18 @@ class PerRowMode(str, Enum):
         return self.value
 
 
+# The largest target ε calibrated: e^ε bounds nothing long before it, and Opacus's σ search (to an absolute ε
+# tolerance of 0.01) does not end for ε near 1e50 (1e8 took 2.7 s, 1e6 a millisecond)
+MAX_TARGET_EPSILON = 1e6
+
+
 def _check_epsilon(value: float, name: str) -> float:
     v = float(value)
     if not v > 0 or math.isnan(v) or math.isinf(v):
         raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+    if v > MAX_TARGET_EPSILON:
+        raise ConfigError(f"{name} {value!r} is above {MAX_TARGET_EPSILON:g}: a guarantee of e^ε protects nothing "
+                          "there, and calibrating its noise would not end; use inf for plain fine-tuning")
     return v
 
 
