@@ -79,12 +79,13 @@ class ProbeOnCheckpoint:
         if self.pool is None:
             return
         epoch = int((trial.last_result or {}).get("epoch", -1))
-        if self.trial_logger is not None:  # W&B lineage: the checkpoint by reference, with its inputs
-            self.trial_logger.log_checkpoint(unwrap(trial.config), epoch, checkpoint_uri(checkpoint))
+        # the probe first: what W&B does with the checkpoint must never cost the audit its result
         for job in jobs_for(unwrap(trial.config), epoch, checkpoint, self.probes_dir):
             if (job.out_dir, job.stem) not in self.submitted:
                 self.submitted.add((job.out_dir, job.stem))
                 self.pool.submit(job)
+        if self.trial_logger is not None:  # W&B lineage: the checkpoint by reference, with its inputs
+            self.trial_logger.log_checkpoint(unwrap(trial.config), epoch, checkpoint_uri(checkpoint))
 
     def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
         if self.pool is None or self.progress is None:  # attached together (a restored callback has neither)

@@ -607,7 +607,8 @@ class WandbTrialLogger:
             for path in files:
                 art.add_reference(f"file://{path.resolve()}", checksum=True)
             if not files:  # prepared in data.cache_dir: named by its fingerprint
-                art.add_reference(f"iclmem://prepared/{key}", checksum=False)
+                # a scheme W&B does not know needs an entry name (wandb refuses it without one)
+                art.add_reference(f"iclmem://prepared/{key}", name=f"prepared-{key[:16]}", checksum=False)
             inputs.append(art)
         model = str(finetune.get("model", ""))
         options = dict(finetune.get("model_options", {}))
@@ -622,7 +623,8 @@ class WandbTrialLogger:
         if weights is not None:
             base.add_reference(f"file://{Path(weights).resolve()}", checksum=True)
         else:
-            base.add_reference(f"iclmem://{model}/{options.get('weights', 'default')}", checksum=False)
+            base.add_reference(f"iclmem://{model}/{options.get('weights', 'default')}", name=f"base-{model}",
+                               checksum=False)
         inputs.append(base)
         if self.mode == "online":
             for art in inputs:

@@ -544,7 +544,10 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
         "data": {"context_size": 60}, "training": {"epochs": 4, "checkpoint_epochs": [2, 4]},
         "probe": {"bootstrap": 50, "suite": ["base", "skew_true_x2"], "references": 2},
         "canaries": {"kinds": ["outlier"], "per_group": 1, "copies": [1, 2], "holdout": 4},
-        "resources": {"cpus_per_probe_actor": 0.5}, "wandb": {"mode": "disabled"},
+        # W&B offline: a reference trial's task is derived, never written to prepared/, so its input artifact
+        # names it by an iclmem:// reference, which wandb refused without an entry name -- and that error in the
+        # checkpoint callback cost every reference checkpoint its probe (found trying #57 as a user)
+        "resources": {"cpus_per_probe_actor": 0.5}, "wandb": {"mode": "offline", "project": "iclmem-test"},
     }, "test")
     run_dir = tmp_path / "run"
     results = run_sweep(None, run_dir, sweep=sweep, progress=False, log=lambda _m: None)
