@@ -142,8 +142,7 @@ def render(records: list[dict[str, Any]]) -> str:
             cells.append("–" if best is None else
                          f"{'**' if _found(ch) else ''}{fmt(best['auc'])} [{fmt(best['auc_low'])}]"
                          f"{'**' if _found(ch) else ''}")
-        cells.append(", ".join(CHANNELS[p].split(" (")[0] + (" (deployed)" if "deployed" in p else "")
-                               for p in CHANNELS if _found(c["attacks"][k][p])) or "none")
+        cells.append(", ".join(name for p, name in CHANNELS.items() if _found(c["attacks"][k][p])) or "none")
         cells.append(f"{t['seconds']:.0f} / {sum(r['reference_seconds']) / len(r['reference_seconds']):.0f}")
         per_run.append(cells)
 

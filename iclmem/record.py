@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 from iclmem.errors import ResultSchemaError
 from iclmem.vocab import Attack, CanaryKind, Neighbours, ScoreKind, VerdictRule, values
 
-__all__ = ["ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "CANARY_TABLE_ORDER", "CHECKPOINT_ID",
+__all__ = ["ATTACK_CHANNELS", "ATTACK_VERDICT_COLUMN", "ATTACK_VERDICT_SUFFIXES", "CANARY_TABLE_ORDER", "CHECKPOINT_ID",
            "CHECKPOINT_KEY", "COLUMNS", "CONFIGURATION_KEY", "EPOCH_CURVE_LINE", "EPSILON_TABLE_ORDER", "FACET_AXES",
            "FAMILIES", "FRONTIER_GROUP", "FRONTIER_LINE", "FRONTIER_SETTING", "GRID_AXES", "IDENTITY_COLUMNS",
            "INTEGER_COLUMNS", "NEIGHBOURS", "OUTCOME_GRID_CELL", "PAPER_RUN_ORDER", "RESULTS_SCHEMA_KEY",
@@ -311,6 +311,10 @@ ATTACK_VERDICT_SUFFIXES: tuple[str, ...] = ("outcome", "p_value_threshold", "nul
 # the statistic an attack reads: the probe's (no prefix), the known-context loss, or that loss as the package
 # deploys the weights (recipe upstream)
 _ATTACK_STATISTIC = "(known_context_|deployed_known_context_)?"
+# ... each by name, as the report, the claim ledger and the benchmarks call it (orchestrator.aggregate.ATTACK_STATISTICS
+# computes them)
+ATTACK_CHANNELS: dict[str, str] = {"": "zero-information probe", "known_context_": "known context C'",
+                                   "deployed_known_context_": "known context C' as the package deploys the weights"}
 ATTACK_VERDICT_COLUMN = re.compile(rf"^{_ATTACK_STATISTIC}({_ATTACKS})_({'|'.join(ATTACK_VERDICT_SUFFIXES)})$")
 FAMILIES: tuple[ColumnFamily, ...] = (
     ColumnFamily(re.compile(rf"^(auc|auc_low|auc_high|raw_auc|ref_auc|tpr_at_1pct|tpr_at_10pct)_({_KINDS})$"),

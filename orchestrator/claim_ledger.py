@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from iclmem.record import NULL_TRIAL_KEY
-from iclmem.vocab import ClaimKind, ClaimReading, Outcome, RoundingCheck
+from iclmem.record import ATTACK_CHANNELS, NULL_TRIAL_KEY
+from iclmem.vocab import Attack, ClaimKind, ClaimReading, Outcome, RoundingCheck
 
 __all__ = ["CLAIM_LEVEL", "LEDGER_COLUMNS", "MIN_NULL_TRIALS", "LedgerClaim", "NullTrials", "claim_ledger", "effect_of_scores",
            "reading", "run_claims", "rows_at_risk_claims", "shown_claims", "statement", "write_claim_ledger"]
@@ -252,20 +252,19 @@ def next_step(c: LedgerClaim) -> str:
 
 # ------------------------------------------------------------------------------------------------ run claims
 
-# the reference attacks' channels (orchestrator.aggregate.ATTACK_STATISTICS): column prefix -> words
-_ATTACK_CHANNELS = {"": "the zero-information probe", "known_context_": "the known context C'",
-                    "deployed_known_context_": "the known context C' as the package deploys the weights"}
+# the reference attacks' channels (iclmem.record.ATTACK_CHANNELS): column prefix -> words
+_ATTACK_CHANNELS = {prefix: f"the {name}" for prefix, name in ATTACK_CHANNELS.items()}
 _CHANNEL_WORDS = {f"channel {prefix or 'probe_'}": words for prefix, words in _ATTACK_CHANNELS.items()}
-_REFERENCE_ATTACKS = ("lira_online", "lira_offline", "rmia")
+_REFERENCE_ATTACKS = tuple(a.value for a in Attack)
 
 
 def _attack_null_hits(run_rows: pd.DataFrame, prefix: str) -> pd.Series | None:
     """Per attack null split j of one run: whether any of the channel's attacks calls null run j memorization at
-    its headline (null split j of every checkpoint, the checkpoint of highest null AUC, as
-    ``probes.attacks.attack_run_headline`` counts ``_run_null_memorization``); None without attack evidence."""
+    its headline (``probes.attacks.null_headline_outcomes``, as ``_run_null_memorization`` counts them); None
+    without attack evidence."""
     import json
 
-    from probes.attacks import attack_peak
+    from probes.attacks import null_headline_outcomes
 
     hits: dict[int, bool] = {}
     seen = False
@@ -273,14 +272,10 @@ def _attack_null_hits(run_rows: pd.DataFrame, prefix: str) -> pd.Series | None:
         column = f"{prefix}{attack}_null_evidence"
         if column not in run_rows.columns:
             continue
-        by_split: dict[int, list[tuple[int, float, str]]] = {}
-        for epoch, raw in zip(run_rows["epoch"], run_rows[column]):
-            for r in json.loads(raw) if isinstance(raw, str) else []:
-                by_split.setdefault(int(r["index"]), []).append((int(epoch), float(r["auc"]), str(r["outcome"])))
-        for j, trials in by_split.items():
+        evidence = [json.loads(raw) if isinstance(raw, str) else [] for raw in run_rows[column]]
+        for j, outcome in null_headline_outcomes(run_rows["epoch"].astype(int).tolist(), evidence).items():
             seen = True
-            head = attack_peak([t[0] for t in trials], [t[1] for t in trials])
-            hits[j] = hits.get(j, False) or (head is not None and trials[head][2] == MEMORIZATION)
+            hits[j] = hits.get(j, False) or outcome == MEMORIZATION
     return pd.Series(hits, dtype=bool).rename_axis("null_index") if seen else None
 
 

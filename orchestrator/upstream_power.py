@@ -32,14 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from iclmem.record import RunIdentity
+from iclmem.record import ATTACK_CHANNELS, RunIdentity
 from iclmem.vocab import LabelMode, Regime, SourceKind
 
 __all__ = ["CHANNELS", "planted_upstream_power"]
 
 # the channels an upstream run is audited through: results-column prefix of the attack -> its name
-CHANNELS = {"": "zero-information probe (network)", "known_context_": "known context C' (network)",
-            "deployed_known_context_": "known context C' (deployed ensemble)"}
+CHANNELS = ATTACK_CHANNELS
 
 
 def _control_task(prepared: Any, seed: int) -> Any:

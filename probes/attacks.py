@@ -384,20 +384,29 @@ def attack_run_headline(epochs: Sequence[int], aucs: Sequence[float], outcomes: 
         out[f"{prefix}run_outcome"] = str(outcomes[peak])
         out[f"{prefix}run_epoch"] = float(epochs[peak])
         out[f"{prefix}run_auc"] = float(aucs[peak])
+    heads = null_headline_outcomes(epochs, null_evidence)
+    out[f"{prefix}run_null_splits"] = len(heads)
+    out[f"{prefix}run_null_memorization"] = sum(o == Outcome.MEMORIZATION.value for o in heads.values())
+    return out
+
+
+def null_headline_outcomes(epochs: Sequence[int], null_evidence: Sequence[Sequence[Mapping[str, Any]]]
+                           ) -> dict[int, str | None]:
+    """Per attack null split j (one null run: the same rows at every checkpoint): the verdict at its headline,
+    the checkpoint of highest null AUC (:func:`attack_peak`), picked as on the real split; None where no AUC is
+    finite. ``null_evidence``: per checkpoint, its parsed ``<attack>_null_evidence`` records."""
     by_split: dict[int, list[tuple[int, float, str]]] = {}
     for epoch, records in zip(epochs, null_evidence):
         for r in records:
             by_split.setdefault(int(r["index"]), []).append((int(epoch), float(r["auc"]), str(r["outcome"])))
-    hits = 0
-    for trials in by_split.values():
+    out: dict[int, str | None] = {}
+    for j, trials in by_split.items():
         head = attack_peak([t[0] for t in trials], [t[1] for t in trials])
-        hits += head is not None and trials[head][2] == Outcome.MEMORIZATION.value
-    out[f"{prefix}run_null_splits"] = len(by_split)
-    out[f"{prefix}run_null_memorization"] = hits
+        out[j] = None if head is None else trials[head][2]
     return out
 
 
 __all__ = ["LOGIT_PREFIX", "logit_of_loss", "AttackInputs", "evaluate_attacks", "attack_metric_columns", "ATTACK_ALPHAS", "ReferenceStatistics", "GaussianFit", "fit_gaussians", "lira_online", "lira_offline", "rmia",
            "attack_scores", "attack_null_split", "PER_QUERY_VARIANCE_MIN",
            "RMIA_GAMMA", "ATTACK_COMPETING_SCORES", "attack_alphas", "attack_verdict", "attack_peak",
-           "attack_run_headline"]
+           "attack_run_headline", "null_headline_outcomes"]

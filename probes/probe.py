@@ -353,6 +353,7 @@ def probe_checkpoint(
     th = settings.thresholds
     n_ckpt = settings.n_checkpoints
     fine_tuned = model is not base_model
+    deployed_state = deployed_seed(identity)  # the deployed classifier's random_state (recipe upstream only)
     evidence = build_evidence(finetuned, reference, ratio, std, thresholds=th, n_resamples=settings.n_resamples,
                               seed=settings.bootstrap_seed, model_was_fine_tuned=fine_tuned)
     verdicts = verdicts_by_rule(evidence, th, n_ckpt)
@@ -367,7 +368,7 @@ def probe_checkpoint(
            **collapse, **blind_columns(task),
            "n_members": int(plan.queries.member.sum()), "n_nonmembers": int((~plan.queries.member).sum()),
            **icl_utility_columns(predictions, plan.queries.member),
-           **deployed_utility_columns(model, task, seed=deployed_seed(identity))}
+           **deployed_utility_columns(model, task, seed=deployed_state)}
     collapsed = verdict.checks.get(Outcome.COLLAPSE.value, False)
     row.update(known_context_columns(loss_ft, loss_base, plan.queries.member, settings, collapsed=collapsed))
     if decimals is not None:
@@ -376,12 +377,12 @@ def probe_checkpoint(
     deployed_losses: tuple[np.ndarray, np.ndarray] | None = None
     if fine_tuned:
         deployed = deployed_known_context(model, task, cache_dir, base_digest, base_model, settings,
-                                          collapsed=collapsed, seed=deployed_seed(identity))
+                                          collapsed=collapsed, seed=deployed_state)
         if deployed is not None:
             deployed_columns, deployed_losses = deployed
             row.update(deployed_columns)
     null_row, null_queries = _null_columns(model, task, plan, cache_dir, base_digest, base_model, settings, ratio,
-                                           std, fine_tuned, collapsed=collapsed, seed=deployed_seed(identity))
+                                           std, fine_tuned, collapsed=collapsed, seed=deployed_state)
     row.update(null_row)
     if canaries is not None:
         row.update(canary_columns(model, task, plan, canaries, cache_dir, base_digest, base_model, settings,

@@ -630,6 +630,15 @@ def deployed_utility(model: ModelAdapter, task: Any, seed: int | None = None) ->
         return icl_utility(_Deployed(model), task)  # type: ignore[arg-type]
 
 
+def _label_nll(deployed: _Deployed, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
+               query_y: torch.Tensor, n_classes: int) -> np.ndarray:
+    """float64 [n_query]: the deployed classifier's NLL of each query's label (``query_y`` [1, n_query]) with
+    (``context_x`` [1, n_ctx, F], ``context_y`` [1, n_ctx]) as the context."""
+    lp = deployed.log_probs(context_x, context_y, query_x, n_classes).reshape(-1, n_classes)
+    labels = query_y.reshape(-1).to(lp.device)
+    return (-lp[torch.arange(len(labels)), labels]).double().cpu().numpy()  # type: ignore[no-any-return]
+
+
 def deployed_losses(model: ModelAdapter, task: Any, seed: int | None = None) -> np.ndarray:
     """float64 [n_members + n_nonmembers]: each audited row's loss (NLL of the label the run trained on) with C'
     as the context, scored as the package deploys the weights (``deployed_log_probs``: the classifier its
@@ -646,10 +655,8 @@ def deployed_losses(model: ModelAdapter, task: Any, seed: int | None = None) -> 
         with torch.no_grad(), _deployed_seed(model, task, seed):
             for rows in (task.member_idx, task.nonmember_idx):
                 batch = fixed_batch(task, rows).to(model.device)
-                lp = deployed.log_probs(batch.context_x, batch.context_y, batch.query_x, batch.n_classes)
-                lp = lp.reshape(-1, batch.n_classes)
-                labels = batch.query_y.reshape(-1)
-                losses.append((-lp[torch.arange(len(labels)), labels]).double().cpu().numpy())
+                losses.append(_label_nll(deployed, batch.context_x, batch.context_y, batch.query_x, batch.query_y,
+                                         batch.n_classes))
     finally:
         model.module.train(was_training)
     return np.concatenate(losses)
@@ -694,10 +701,9 @@ def training_frame_losses(model: ModelAdapter, task: Any, audited: np.ndarray, s
                     continue
                 context = torch.from_numpy(training[fold_of_training != f])
                 rows = torch.from_numpy(audited[queries])
-                lp = deployed.log_probs(x[context][None].to(model.device), y[context][None].to(model.device),
-                                        x[rows][None].to(model.device), task.n_classes).reshape(-1, task.n_classes)
-                labels = y[rows].to(lp.device)
-                losses[queries] = (-lp[torch.arange(len(labels)), labels]).double().cpu().numpy()
+                losses[queries] = _label_nll(deployed, x[context][None].to(model.device),
+                                             y[context][None].to(model.device), x[rows][None].to(model.device),
+                                             y[rows][None].to(model.device), task.n_classes)
     finally:
         model.module.train(was_training)
     return losses

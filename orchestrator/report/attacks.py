@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from iclmem.record import ATTACK_VERDICT_SUFFIXES, CHECKPOINT_KEY, RUN_KEY
+from iclmem.record import ATTACK_CHANNELS, ATTACK_VERDICT_SUFFIXES, CHECKPOINT_KEY, RUN_KEY
 from iclmem.vocab import Attack
 from orchestrator.report.parts import html_table, paragraph, save_png, section_html
 
@@ -34,8 +34,7 @@ ATTACKS_FIGURE = "attacks_roc.png"
 _ATTACKS = [a.value for a in Attack]
 # the statistics the attacks run on (orchestrator.aggregate.ATTACK_STATISTICS): column prefix -> report name
 # (IclMem's own score on the probe is −ΔS; LiRA reads the per-manipulation logits of p(y*), RMIA p(y*) itself)
-_STATISTICS = {"": "zero-information probe", "known_context_": "known context C'",
-               "deployed_known_context_": "known context C', as the package deploys"}
+_STATISTICS = ATTACK_CHANNELS
 ATTACK_REPORT_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys((
     *CHECKPOINT_KEY, "sanity_check", "outcome",
     "auc", "auc_low", "auc_high", "tpr_at_1pct", "calibrated_loss_auc", "calibrated_loss_auc_low",
