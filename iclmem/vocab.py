@@ -303,6 +303,18 @@ class SliceFamily(Vocab):
     COLUMN = "column"  # a column the user names (``report.slices.columns``): its levels or quartiles
 
 
+class KeepCheckpoints(Vocab):
+    """Which checkpoint files a sweep keeps once every probe of a checkpoint is stored (``training.keep_checkpoints``;
+    orchestrator/checkpoint_keeping.py). A running trial's latest checkpoint always keeps everything: Tune resumes
+    the trial from it. A checkpoint folder is never removed: its manifest and ground-truth log stay, so a removed
+    file is named for what it was, and recomputed weights are checked against the digest the manifest recorded."""
+
+    ALL = "all"  # every checkpoint keeps its weights and its resume state (optimizer, RNG): training can go on from any epoch
+    WEIGHTS = "weights"  # every checkpoint keeps its weights; the resume state only while it is a running trial's latest
+    LAST = "last"  # each run's last checkpoint keeps its weights; earlier ones lose theirs once probed
+    NONE = "none"  # no weights once probed; a finished run keeps manifests only (weights recomputable from the config)
+
+
 class WandbMode(Vocab):
     OFFLINE = "offline"
     ONLINE = "online"

@@ -32,6 +32,7 @@ from iclmem.errors import ConfigError, DataError
 from iclmem.vocab import (
     CanaryDesign,
     CanaryKind,
+    KeepCheckpoints,
     LabelDesign,
     LabelMode,
     Recipe,
@@ -67,6 +68,7 @@ HASH_NEUTRAL_FIELDS: tuple[tuple[str, str], ...] = (
     ("probe", "context_references"), ("canaries", "design"), ("canaries", "m"), ("canaries", "beta"),
     ("canaries", "delta"), ("probe", "two_channels"), ("probe", "value_inference"), ("probe", "sensitive"),
     ("probe", "sensitive_bins"), ("probe", "output_decimals"),
+    ("training", "keep_checkpoints"),
 )
 # Blocks added after run folders existed: left out of the hash while they hold their defaults.
 HASH_NEUTRAL_BLOCKS: tuple[str, ...] = ("canaries", "report")
@@ -283,6 +285,9 @@ class TrainingConfig(StrictConfig):
     dp_delta: float = Field(DEFAULT_DP_DELTA, gt=0, lt=1)
     dp_max_grad_norm: float = Field(1.0, gt=0, allow_inf_nan=False)
     dp_accountant: DPAccountant = DPAccountant.RDP
+    # which checkpoint files stay once probed (orchestrator/checkpoint_keeping.py; docs/CONFIG.md says why the
+    # default keeps every checkpoint's weights and no finished one's optimizer state)
+    keep_checkpoints: KeepCheckpoints = KeepCheckpoints.WEIGHTS
 
     def schedule(self) -> tuple[int, ...]:
         """The epochs a run of this block writes a checkpoint at (``FinetuneSpec.schedule``: the one rule)."""

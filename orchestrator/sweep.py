@@ -225,6 +225,7 @@ class _Drive:
     spent: Spent = field(default_factory=Spent)
     storage: str = ""  # where Tune keeps checkpoints (orchestrator.storage.storage_for)
     pool: Any = None  # the probe pools (orchestrator.probe_pools.ProbePools), once started
+    keeper: Any = None  # what stays of each checkpoint once probed (orchestrator.checkpoint_keeping.CheckpointKeeper)
     ray_started: bool = False  # whether this driver started Ray (and stops it)
     finish_timeout: float | None = None  # how long the trial logger may take to close (bounded once stopped)
 
@@ -266,6 +267,7 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
             causes = trial_failures(grid)
             _catch_up(run, grid)
             _drain(run)
+            _keep_checkpoints(run)
             run.trial_logger.finish()  # every row is in: close the trial runs before the summary run starts
             run.progress.show(force=True)
             report_probe_failures(run.pool, log)
@@ -318,11 +320,14 @@ def _probe_controls(run: _Drive) -> None:
 
 def _fit(run: _Drive, resume: bool, interrupts: Interrupts) -> Any:
     """The trials on Tune (restored on resume), each checkpoint handed to the probe pools as it comes; Tune's grid."""
-    callbacks = [tune_callback(run.pool, run.probes_dir, run.progress, run.trial_logger),
+    from orchestrator.checkpoint_keeping import CheckpointKeeper
+
+    run.keeper = CheckpointKeeper(run.prepared.sweep.training.keep_checkpoints, log=run.log)
+    callbacks = [tune_callback(run.pool, run.probes_dir, run.progress, run.trial_logger, run.keeper),
                  trial_results_callback(run.trial_logger), run.timer]
     tuner = _tuner(run.prepared, run.run_dir, callbacks, restore=resume, log=run.log)
     if resume:
-        reattach(tuner, run.pool, run.probes_dir, run.progress, run.trial_logger)
+        reattach(tuner, run.pool, run.probes_dir, run.progress, run.trial_logger, run.keeper)
     interrupts.in_tune = True
     fit_started = time.perf_counter()
     try:
@@ -369,14 +374,29 @@ def _stop_if_interrupted(run: _Drive, interrupts: Interrupts) -> None:
 
 
 def _catch_up(run: _Drive, grid: Any) -> None:
-    """Every checkpoint on storage gets a result (already-probed ones return at once)."""
+    """Every checkpoint on storage gets a result (already-probed ones return at once), and the checkpoint keeper
+    knows every checkpoint and every trial that ended without error (a resumed driver saw none of them written)."""
+    from orchestrator.checkpoint_keeping import tune_checkpoint_location
+
     for result in grid:
         config = unwrap(result.config or {})
         if not config:
             continue
         for checkpoint, metrics in result.best_checkpoints or []:
-            for job in jobs_for(config, int(metrics["epoch"]), checkpoint, run.probes_dir):
+            jobs = jobs_for(config, int(metrics["epoch"]), checkpoint, run.probes_dir)
+            for job in jobs:
                 run.pool.submit(job)
+            run.keeper.add(str(config["run_id"]), int(metrics["epoch"]), *tune_checkpoint_location(checkpoint),
+                           [(job.out_dir, job.stem) for job in jobs])
+        if result.error is None:
+            run.keeper.finish(str(config["run_id"]))
+
+
+def _keep_checkpoints(run: _Drive) -> None:
+    """Every probe is in: what ``training.keep_checkpoints`` lets go goes, and the console says how much."""
+    run.keeper.settle()
+    if run.keeper.runs:
+        run.log(run.keeper.summary())
 
 
 def _drain(run: _Drive) -> None:

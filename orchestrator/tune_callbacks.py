@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from iclmem.runfolder import record_diverged_run
+from orchestrator.checkpoint_keeping import CheckpointKeeper, tune_checkpoint_location
 from orchestrator.probe_pools import jobs_for
 from orchestrator.progress import Progress, stall_reason
 from trainables.spec import TUNE_AXIS
@@ -43,12 +44,15 @@ class ProbeOnCheckpoint:
     that state and re-attached by ``iclmem resume``, since handles of a dead driver cannot be restored.
     """
 
-    def __init__(self, pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any) -> None:
-        self.attach(pool, probes_dir, progress, trial_logger)
+    def __init__(self, pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any,
+                 keeper: CheckpointKeeper | None = None) -> None:
+        self.attach(pool, probes_dir, progress, trial_logger, keeper)
 
-    def attach(self, pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any) -> None:
-        """``trial_logger`` (a :class:`orchestrator.wandb_logger.TrialLogger`) gets every probe row polled."""
-        self.pool, self.probes_dir, self.trial_logger = pool, probes_dir, trial_logger
+    def attach(self, pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any,
+               keeper: CheckpointKeeper | None = None) -> None:
+        """``trial_logger`` (a :class:`orchestrator.wandb_logger.TrialLogger`) gets every probe row polled;
+        ``keeper`` is told of every checkpoint, every finished trial and every step (``training.keep_checkpoints``)."""
+        self.pool, self.probes_dir, self.trial_logger, self.keeper = pool, probes_dir, trial_logger, keeper
         self.progress: Progress | None = progress  # None in a restored callback until reattached
         self.submitted: set[tuple[str, str]] = set()
 
@@ -57,7 +61,7 @@ class ProbeOnCheckpoint:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.pool, self.progress, self.probes_dir, self.submitted = None, None, state["probes_dir"], set()
-        self.trial_logger = None
+        self.trial_logger, self.keeper = None, None
 
     # Tune's Callback interface (duck-typed so this class stays importable without a Tune subclass).
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any],
@@ -80,12 +84,21 @@ class ProbeOnCheckpoint:
             return
         epoch = int((trial.last_result or {}).get("epoch", -1))
         # the probe first: what W&B does with the checkpoint must never cost the audit its result
-        for job in jobs_for(unwrap(trial.config), epoch, checkpoint, self.probes_dir):
+        jobs = jobs_for(unwrap(trial.config), epoch, checkpoint, self.probes_dir)
+        for job in jobs:
             if (job.out_dir, job.stem) not in self.submitted:
                 self.submitted.add((job.out_dir, job.stem))
                 self.pool.submit(job)
+        if self.keeper is not None and jobs:  # after the submit: the keeper may remove the previous one's resume state
+            self.keeper.add(str(unwrap(trial.config)["run_id"]), epoch, *tune_checkpoint_location(checkpoint),
+                            [(job.out_dir, job.stem) for job in jobs])
         if self.trial_logger is not None:  # W&B lineage: the checkpoint by reference, with its inputs
             self.trial_logger.log_checkpoint(unwrap(trial.config), epoch, checkpoint_uri(checkpoint))
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        run_id = unwrap(trial.config or {}).get("run_id")
+        if self.keeper is not None and run_id is not None:  # no resume point any more (a failed trial keeps its own)
+            self.keeper.finish(str(run_id))
 
     def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
         if self.pool is None or self.progress is None:  # attached together (a restored callback has neither)
@@ -93,6 +106,8 @@ class ProbeOnCheckpoint:
         for row in self.pool.poll():
             self.progress.outcome(row)
             self.trial_logger.log_probe(row)
+        if self.keeper is not None:  # checkpoints whose probes just came in may lose their weights
+            self.keeper.settle()
         for t in trials:
             run_id = unwrap(t.config or {}).get("run_id")
             if run_id is not None:
@@ -110,14 +125,15 @@ class ProbeOnCheckpoint:
                 os.kill(os.getpid(), signal.SIGUSR1)  # Tune's own graceful stop: state saved, trials stopped
 
 
-def tune_callback(pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any) -> ProbeOnCheckpoint:
+def tune_callback(pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any,
+                  keeper: CheckpointKeeper | None = None) -> ProbeOnCheckpoint:
     """A :class:`ProbeOnCheckpoint` that is also a Tune ``Callback`` (Tune imported only here)."""
     from ray.tune import Callback
 
     class _ProbeOnCheckpoint(ProbeOnCheckpoint, Callback):
         pass
 
-    return _ProbeOnCheckpoint(pool, probes_dir, progress, trial_logger)
+    return _ProbeOnCheckpoint(pool, probes_dir, progress, trial_logger, keeper)
 
 
 class LogTrialResults:
@@ -150,7 +166,8 @@ def trial_results_callback(trial_logger: Any) -> LogTrialResults:
     return _LogTrialResults(trial_logger)
 
 
-def reattach(tuner: Any, pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any) -> None:
+def reattach(tuner: Any, pool: Any, probes_dir: Path, progress: Progress, trial_logger: Any,
+             keeper: CheckpointKeeper | None = None) -> None:
     """Give the restored callbacks the new driver's pool and trial logger. Tune offers no public hook
     for this; if its internals move, probing still completes (and probe rows still reach the trial
     logger) in the catch-up pass after ``fit``, while training metrics of the resumed epochs go unlogged."""
@@ -160,6 +177,6 @@ def reattach(tuner: Any, pool: Any, probes_dir: Path, progress: Progress, trial_
         return
     for callback in callbacks:
         if isinstance(callback, ProbeOnCheckpoint):
-            callback.attach(pool, probes_dir, progress, trial_logger)
+            callback.attach(pool, probes_dir, progress, trial_logger, keeper)
         elif isinstance(callback, LogTrialResults):
             callback.trial_logger = trial_logger

@@ -136,7 +136,9 @@ def _kill_driver_once_a_trial_reaches(driver: subprocess.Popen, run_dir: Path, e
 
 def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, tmp_path, fault_ledger):
     """The driver joins the session's Ray, is SIGKILLed after the first trial finished, and
-    ``iclmem resume`` completes the sweep; the finished trial reported each epoch exactly once."""
+    ``iclmem resume`` completes the sweep; the finished trial reported each epoch exactly once. Under
+    ``training.keep_checkpoints: last``, a checkpoint whose weights were removed and whose result is then lost is
+    recomputed from the run's config, and the table equals an uninterrupted run's."""
     address = ray_session.get_runtime_context().gcs_address
     config = tmp_path / "sweep.yaml"
     config.write_text(yaml.safe_dump({
@@ -144,7 +146,7 @@ def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, 
         "tasks": [{"name": "iris"}],
         "grid": {"lr": [1e-3, 1e-2, 3e-3], "q": [30]},
         "data": {"context_size": 60},
-        "training": {"epochs": 8, "checkpoint_epochs": [2, 8]},
+        "training": {"epochs": 8, "checkpoint_epochs": [2, 8], "keep_checkpoints": "last"},
         "probe": {"bootstrap": 50, "suite": ["base", "position_first", "skew_true_x2"], "base_as_checkpoint": False},
         "resources": {"max_concurrent_trials": 1, "cpus_per_probe_actor": 0.5},
         "wandb": {"mode": "disabled"},
@@ -152,10 +154,27 @@ def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, 
     run_dir = tmp_path / "run"
     driver = _cli("run", str(config), "--out", str(run_dir), "--address", address, start_new_session=True)
     finished = _kill_driver_once_a_trial_reaches(driver, run_dir, 8)
+    # the finished trial's epoch-2 checkpoint loses its weights (as the keeper does once it is probed, which the
+    # killed driver may or may not have got to) and then its stored result: resume must recompute both
+    import pyarrow.fs as pafs
+
+    from trainables.finetune import MODEL_FILE, remove_checkpoint_files
+
+    early = next(p for p in finished.parent.glob("checkpoint_*") if json.loads((p / "checkpoint.json").read_text())["epoch"] == 2)
+    remove_checkpoint_files(pafs.LocalFileSystem(), str(early), [MODEL_FILE], "training.keep_checkpoints: last")
+    run_id = json.loads(finished.read_text().splitlines()[-1])["run_id"]
+    for stored in (run_dir / "probes" / run_id).glob("e0002*"):
+        stored.unlink()
 
     resumed = _cli("resume", str(run_dir), "--address", address)
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out
+    assert f"{early / MODEL_FILE} was removed after probing" in out
+    assert "weights match the recorded checksum" in out
+    for meta in (run_dir / "tune").rglob("checkpoint.json"):  # after resume: the policy's files, every manifest
+        kept = {p.name for p in meta.parent.iterdir()}
+        assert (MODEL_FILE in kept) == (json.loads(meta.read_text())["epoch"] == 8), (meta, kept)
+        assert "trainer_state.pt" not in kept, (meta, kept)
     epochs = [json.loads(line)["epoch"] for line in finished.read_text().splitlines() if line.strip()]
     assert epochs == list(range(1, 9))  # not one epoch re-run
     import pandas as pd

@@ -333,7 +333,7 @@ class Finetuner:
         """Continue from a checkpoint folder; raises :class:`CorruptCheckpointError` (naming the file)
         before touching any state when a file fails its recorded size or checksum."""
         directory = Path(directory)
-        verify_checkpoint(directory)
+        require_files(directory, verify_checkpoint(directory), (MODEL_FILE, STATE_FILE))
         self.model.module.load_state_dict(read_weights(directory / MODEL_FILE))
         try:
             state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
@@ -396,12 +396,62 @@ def verify_checkpoint(directory: str | Path) -> dict[str, Any]:
     return manifest
 
 
+# The manifest's record of files a sweep removed after probing (training.keep_checkpoints): name -> why
+REMOVED_KEY = "removed"
+
+
+def require_files(directory: Path, manifest: dict[str, Any], names: Sequence[str]) -> None:
+    """:class:`CorruptCheckpointError` when a file a reader needs was removed by the sweep's
+    ``training.keep_checkpoints`` (the manifest says so): the probe and a resumed trial then recompute it
+    from the run's config, as for any lost file, and the error says why it is gone."""
+    removed = manifest.get(REMOVED_KEY) or {}
+    for name in names:
+        if name in removed:
+            path = directory / name
+            raise CorruptCheckpointError(f"checkpoint file {path} was removed after probing ({removed[name]})",
+                                         str(path))
+
+
+def remove_checkpoint_files(filesystem: Any, directory: str, names: Sequence[str], why: str) -> int:
+    """Remove ``names`` from the checkpoint folder ``directory`` on a pyarrow ``filesystem`` (a local disk or a
+    bucket: where Tune keeps it) and return the bytes freed. The manifest is rewritten first, without those
+    files and with why each went (:data:`REMOVED_KEY`), then the files go: a crash in between leaves a file the
+    manifest no longer names (bytes, not damage), never a manifest naming a file that is gone. The manifest and
+    the ground-truth log always stay, so a removed checkpoint is still named, dated and checkable."""
+    import pyarrow.fs as pafs
+
+    meta = f"{directory.rstrip('/')}/{META_FILE}"
+    with filesystem.open_input_stream(meta) as handle:
+        manifest = json.loads(handle.read().decode())
+    files = dict(manifest.get("files") or {})
+    gone = [n for n in names if n in files]
+    if not gone:
+        return 0
+    manifest["files"] = {n: r for n, r in files.items() if n not in gone}
+    manifest[REMOVED_KEY] = {**(manifest.get(REMOVED_KEY) or {}), **{n: why for n in gone}}
+    payload = json.dumps(manifest, indent=2, default=str, allow_nan=True).encode()
+    if isinstance(filesystem, pafs.LocalFileSystem):  # atomic on a disk; an object store's put is atomic already
+        write_json_atomic(Path(meta), manifest, indent=2, default=str, allow_nan=True)
+    else:
+        with filesystem.open_output_stream(meta) as handle:
+            handle.write(payload)
+    freed = 0
+    for name in gone:
+        try:
+            filesystem.delete_file(f"{directory.rstrip('/')}/{name}")
+            freed += int(files[name].get("bytes", 0))
+        except FileNotFoundError:
+            pass
+    return freed
+
+
 def load_checkpoint_model(directory: str | Path) -> ModelAdapter:
     """The fine-tuned model stored in a checkpoint folder written by ``Finetuner.save`` (verified first:
-    :class:`CorruptCheckpointError` names a missing, truncated or altered file)."""
+    :class:`CorruptCheckpointError` names a missing, truncated, altered or removed file)."""
     directory = Path(directory)
     if not (directory / META_FILE).is_file() and not (directory / MODEL_FILE).is_file():
         raise CheckpointError(f"not a checkpoint folder (no {META_FILE}): {directory}")
     manifest = verify_checkpoint(directory)
+    require_files(directory, manifest, (MODEL_FILE,))
     options = {**manifest.get("model_options", {}), "weights": str(directory / MODEL_FILE)}
     return build_model(manifest["model"], **options)

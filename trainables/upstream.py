@@ -71,6 +71,7 @@ from trainables.finetune import (
     file_record,
     fixed_batch,
     icl_utility,
+    require_files,
     verify_checkpoint,
 )
 from trainables.keyword_types import keyword_type_problem
@@ -585,6 +586,7 @@ class UpstreamFinetuner:
         file before any state changes)."""
         directory = Path(directory)
         manifest = verify_checkpoint(directory)
+        require_files(directory, manifest, (MODEL_FILE, UPSTREAM_STATE_FILE))
         if UPSTREAM_STATE_FILE not in manifest.get("files", {}):
             raise CheckpointError(f"{directory} holds no {UPSTREAM_STATE_FILE}: not written by recipe upstream, so "
                                   "the package's fine-tuner cannot continue from it")
