@@ -138,9 +138,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory() as scratch:
             prepared = prepare_sweep(sweep, Path(scratch), log=lambda _m: None, source=args.config)
         print(split_checks_line(args.config, len(prepared.tasks), len(audits)))
+        if prepared.trials:
+            _check_disk(args.config, prepared)
     extra = f" and {len(audits)} deployed-context audits (regime context)" if audits else ""
     print(f"{args.config}: valid; {len(trials)} fine-tuning runs{extra}, config hash {sweep.config_hash()}")
     return 0
+
+
+def _check_disk(config: str, prepared: Any) -> None:
+    """``iclmem validate``: the bytes the sweep will write and whether the default run folder's disk (and Tune's
+    storage's) has room for them; a :class:`ConfigError` with the numbers where not."""
+    from orchestrator.estimate_disk import check_room
+    from orchestrator.storage import storage_for
+
+    run_dir = _default_run_dir(config).resolve()
+    line, problems = check_room(prepared, run_dir, storage_for(prepared.sweep, run_dir), os.cpu_count() or 1)
+    print(f"{config}: {line}")
+    if problems:
+        raise ConfigError(f"{config}: not enough disk for this sweep:\n  - " + "\n  - ".join(problems))
 
 
 def cmd_lm(args: argparse.Namespace) -> int:

@@ -108,4 +108,9 @@ def estimate(config: str | Path, workers: int, device: str | None = None, task: 
     measuring = Measuring(units_s=units_s, overheads_s=time.perf_counter() - started, units=len(units),
                           keys=len(costs), unit_budget_s=unit_budget_s,
                           cut_short=sum(c.cut_short for c in measured.values()))
-    return replace(predict(work, costs, workers, overheads, sweep.resources.probe_actors), measuring=measuring)
+    from orchestrator.estimate_disk import predict_disk
+
+    disk = predict_disk(work, costs, sweep.training.keep_checkpoints, workers,
+                        wandb=str(sweep.wandb.mode) != "disabled", storage_path=sweep.storage_path or "")
+    return replace(predict(work, costs, workers, overheads, sweep.resources.probe_actors), measuring=measuring,
+                   disk=disk)

@@ -62,6 +62,14 @@ class UnitCosts:
     dp_first_epoch_extra_s: float = 0.0
     measured_s: float = 0.0  # how long measuring this unit took
     cut_short: int = 0  # repeats the unit's time budget left out (its steps extrapolated from fewer samples)
+    # bytes, of the files the sweep writes (orchestrator.estimate_disk): a checkpoint's weights, its resume state
+    # (optimizer and RNG, or the package's own checkpoint), its manifest and ground-truth log; one probe job's
+    # stored result; one Stage I preparation
+    weights_bytes: int = 0
+    resume_bytes: int = 0
+    checkpoint_meta_bytes: int = 0
+    result_bytes: int = 0
+    prepared_bytes: int = 0
 
 
 def median_time(fn: Any, repeats: int, budget: Budget | None = None) -> float:
@@ -177,6 +185,7 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
             epoch_s = gaps[len(gaps) // 2]  # the first epoch (the package's set-up and first validation) left out
             save_s = sorted(saves_s)[len(saves_s) // 2]
             load_s = median_time(lambda: load_checkpoint_model(Path(tmp) / "c0").to(upstream.device), 2, budget)
+            sizes = checkpoint_sizes(Path(tmp) / "c0", task, sweep.probe.null_splits)
         finetuner_device, tuned_model, canaries = upstream.device, upstream.model, None
     else:
         finetuner = Finetuner(spec, [task], device=device)
@@ -197,6 +206,7 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
             save_s = median_time(lambda: finetuner.save(Path(tmp) / f"c{next(saves)}", {"epoch": finetuner.epoch}), 3, budget)
             # a probe job loads its checkpoint (manifest checksums verified) before scoring
             load_s = median_time(lambda: load_checkpoint_model(Path(tmp) / "c0").to(finetuner.device), 2, budget)
+            sizes = checkpoint_sizes(Path(tmp) / "c0", task, sweep.probe.null_splits)
         finetuner_device, tuned_model, canaries = finetuner.device, finetuner.model, finetuner.canaries
 
     if is_upstream(spec):
@@ -265,6 +275,7 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
             rest_s = median_time(probe_rest, 2, budget)
             writes = iter(range(10))
             rest_s += load_s + median_time(lambda: result["r"].save(cache, f"job{next(writes)}"), 2, budget)
+            sizes["result_bytes"] = sum(p.stat().st_size for p in Path(cache).glob("job0.*"))
     finally:
         for name, original in saved.items():
             setattr(probe_mod, name, original)
@@ -275,7 +286,29 @@ def measure_unit_costs(sweep: Any, model_name: str, model_options: dict[str, Any
                      extra_contexts=asked["score"] // max(asked["calls"], 1),
                      extra_reference_contexts=asked["reference"] // max(asked["calls"], 1), dp_epoch_s=dp_epoch_s,
                      first_epoch_extra_s=first_extra_s, dp_first_epoch_extra_s=dp_first_extra_s,
-                     measured_s=time.perf_counter() - budget.start, cut_short=budget.cut_short)
+                     measured_s=time.perf_counter() - budget.start, cut_short=budget.cut_short, **sizes)
+
+
+def checkpoint_sizes(folder: Path, task: Any, null_splits: int) -> dict[str, int]:
+    """Bytes of a checkpoint folder's parts as a trial writes them (the weights, the resume state, the manifest with
+    the ground-truth log the trainable adds) and of the task's Stage I preparation."""
+    import json
+
+    from trainables.data import ground_truth_log
+    from trainables.data.cache import save_prepared
+    from trainables.finetune import META_FILE, MODEL_FILE, STATE_FILE
+    from trainables.upstream import UPSTREAM_STATE_FILE
+
+    def size(name: str) -> int:
+        return (folder / name).stat().st_size if (folder / name).is_file() else 0
+
+    truth = len(json.dumps({"run_id": "r" * 40, "regime": "single_fixed",
+                            "tasks": [ground_truth_log(task, null_splits)]}, default=str).encode())
+    with tempfile.TemporaryDirectory(prefix="iclmem-estimate-") as tmp:
+        save_prepared(task, tmp)
+        prepared = sum(p.stat().st_size for p in Path(tmp).iterdir())
+    return {"weights_bytes": size(MODEL_FILE), "resume_bytes": size(STATE_FILE) + size(UPSTREAM_STATE_FILE),
+            "checkpoint_meta_bytes": size(META_FILE) + truth, "prepared_bytes": prepared}
 
 
 WORKER_IMPORTS = "import ray.tune, torch, trainables.finetune, probes.probe, probes.scoring"

@@ -20,6 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 
+from orchestrator.estimate_disk import DiskPrediction, predict_disk
 from orchestrator.estimate_measure import Measuring, Overheads, UnitCosts
 from orchestrator.estimate_work import CostKey, Work
 from orchestrator.timing import PROBE_ACTOR_PHASES, Phase, Prediction
@@ -38,6 +39,7 @@ class Estimate:
     probe_s: float = 0.0  # the part of compute_s that only the probe actors do
     probe_actors: int = 1  # resources.probe_actors
     measuring: Measuring | None = None  # what measuring the costs took (None: costs given, not measured)
+    disk: DiskPrediction | None = None  # the bytes the sweep writes (orchestrator.estimate_disk), when predicted
 
     @property
     def parallel_s(self) -> float:
@@ -68,7 +70,7 @@ class Estimate:
     def with_probe_actors(self, probe_actors: int) -> Estimate:
         """The same measured grid with another number of probe actors (their plans and starts recounted)."""
         return replace(predict(self.work, self.costs, self.workers, self.overheads, probe_actors),
-                       measuring=self.measuring)
+                       measuring=self.measuring, disk=self.disk)
 
     def probe_actors_needed(self) -> int | None:
         """About how many probe actors would bring their bound down to total work / N (at most N), or None
@@ -96,8 +98,10 @@ class Estimate:
         """The same measured grid on another number of workers."""
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
+        disk = None if self.disk is None else predict_disk(self.work, self.costs, self.disk.policy, workers,
+                                                           self.disk.wandb, self.disk.storage_path)
         return replace(predict(self.work, self.costs, workers, self.overheads, self.probe_actors),  # trial slots too
-                       measuring=self.measuring)
+                       measuring=self.measuring, disk=disk)
 
 
 def _epoch_s(cost: UnitCosts, dp: bool) -> float:

@@ -89,6 +89,12 @@ def render(est: Estimate, markdown: bool = False) -> str:
         + f"bound by {est.bound}"
         + f"), {est.device_hours:.3f} device-hours held, {est.parallel_s / 3600:.3f} busy.",
     ]
+    if est.disk is not None:
+        from orchestrator.estimate_disk import disk_line
+
+        text.append(f"{disk_line(est.disk)[0].upper()}{disk_line(est.disk)[1:]}: Tune's storage "
+                    f"({est.disk.storage_path or 'the run folder'}) {est.disk.storage_final / 1e6:,.1f} MB, the rest of the "
+                    f"run folder {est.disk.run_folder / 1e6:,.1f} MB.")
     if est.measuring is not None:
         text.append(measuring_line(est))
     needed = est.probe_actors_needed()

@@ -253,6 +253,8 @@ def _drive(prepared: PreparedSweep, run_dir: Path, *, address: str | None, resum
         refuse_unreachable_head(address)
         run.storage = storage_for(sweep, run_dir)
         refuse_unreachable_storage(run.storage)
+        if prepared.trials:
+            refuse_what_the_disk_lacks(run, resume, num_cpus)
         _start_ray(run, address, num_cpus)
         if not address:
             refuse_what_the_local_ray_lacks(prepared)
@@ -297,6 +299,20 @@ def _progress(prepared: PreparedSweep, enabled: bool, log: Callable[[str], None]
     progress.watchdog = Watchdog(prepared.sweep.resources.stall_timeout_min * 60)
     progress.console_log = console.log_path
     return progress
+
+
+def refuse_what_the_disk_lacks(run: _Drive, resume: bool, num_cpus: int | None) -> None:
+    """The bytes the sweep will write (``orchestrator.estimate_disk``), said on the console, and refused before Ray
+    starts where they exceed the free space of the run folder's or Tune's storage disk. A resumed sweep is
+    refused only for what it has yet to write (the folder's bytes already there are counted as written)."""
+    from orchestrator.estimate_disk import check_room
+
+    already = sum(p.stat().st_size for p in run.run_dir.rglob("*") if p.is_file()) if resume else 0
+    line, problems = check_room(run.prepared, run.run_dir, run.storage, num_cpus or os.cpu_count() or 1, already)
+    run.log(f"[iclmem] {line}")
+    if problems:
+        raise RefusedBeforeStart("not enough disk for this sweep, refused before Ray started:\n  - "
+                                 + "\n  - ".join(problems))
 
 
 def _start_ray(run: _Drive, address: str | None, num_cpus: int | None) -> None:

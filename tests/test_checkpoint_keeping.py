@@ -202,3 +202,18 @@ def test_a_sweep_leaves_exactly_the_checkpoint_files_its_policy_promises_and_pro
         assert (MODEL_FILE in files) == (epoch in weights_kept), (policy, epoch, files)
         assert (STATE_FILE in files) == (policy == "all"), (policy, epoch, files)
     assert pd.read_parquet(run_dir / RESULTS_FILE)["auc"].notna().all()
+    # what `iclmem run` and `iclmem validate` predicted for this folder, before any of it was written
+    written = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
+    predicted = _size_only_prediction(_sweep_file(tmp_path, policy)).final_bytes
+    assert 0.7 <= predicted / written <= 1.3, (policy, predicted, written)
+
+
+def _size_only_prediction(config: Path):
+    from orchestrator.estimate_disk import predict_disk, size_only_costs
+    from orchestrator.estimate_work import count_work
+    from orchestrator.prepare import prepare_sweep
+    from orchestrator.sweep_files import load_sweep
+
+    sweep = load_sweep(config)
+    prepared = prepare_sweep(sweep, config.parent / "scratch", log=lambda _m: None)
+    return predict_disk(count_work(sweep), size_only_costs(prepared), sweep.training.keep_checkpoints, 2, wandb=False)

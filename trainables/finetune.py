@@ -396,7 +396,8 @@ def verify_checkpoint(directory: str | Path) -> dict[str, Any]:
     return manifest
 
 
-# The manifest's record of files a sweep removed after probing (training.keep_checkpoints): name -> why
+# The manifest's record of files a sweep removed after probing (training.keep_checkpoints): name -> the file's
+# record (bytes, sha256) and why it went
 REMOVED_KEY = "removed"
 
 
@@ -408,8 +409,8 @@ def require_files(directory: Path, manifest: dict[str, Any], names: Sequence[str
     for name in names:
         if name in removed:
             path = directory / name
-            raise CorruptCheckpointError(f"checkpoint file {path} was removed after probing ({removed[name]})",
-                                         str(path))
+            why = removed[name].get("why") if isinstance(removed[name], dict) else removed[name]
+            raise CorruptCheckpointError(f"checkpoint file {path} was removed after probing ({why})", str(path))
 
 
 def remove_checkpoint_files(filesystem: Any, directory: str, names: Sequence[str], why: str) -> int:
@@ -428,7 +429,8 @@ def remove_checkpoint_files(filesystem: Any, directory: str, names: Sequence[str
     if not gone:
         return 0
     manifest["files"] = {n: r for n, r in files.items() if n not in gone}
-    manifest[REMOVED_KEY] = {**(manifest.get(REMOVED_KEY) or {}), **{n: why for n in gone}}
+    # each removed file keeps its record (size, sha256) beside why it went: what was there stays checkable
+    manifest[REMOVED_KEY] = {**(manifest.get(REMOVED_KEY) or {}), **{n: {**files[n], "why": why} for n in gone}}
     payload = json.dumps(manifest, indent=2, default=str, allow_nan=True).encode()
     if isinstance(filesystem, pafs.LocalFileSystem):  # atomic on a disk; an object store's put is atomic already
         write_json_atomic(Path(meta), manifest, indent=2, default=str, allow_nan=True)
