@@ -875,3 +875,53 @@ def test_a_run_flagged_only_through_the_package_deployed_classifier_is_named_wit
     assert "deployed" in leaked_html(flagged)
     no_deployed = flagged.drop(columns=[c for c in flagged.columns if c.startswith("deployed_")])
     assert set(known_context_only_runs(no_deployed)["run_id"]) == {network}
+
+
+_DRIVE_TABLE_JS = """<script>
+window.addEventListener('load', function () {
+  var box = document.querySelectorAll('input.filter')[INDEX];
+  var table = box.nextElementSibling.querySelector('table.data');
+  box.value = 'WORD'; box.dispatchEvent(new Event('input'));
+  table.tHead.rows[0].cells[COLUMN].click(); table.tHead.rows[0].cells[COLUMN].click();  /* twice: descending */
+  table.setAttribute('id', 'driven');
+  document.body.setAttribute('data-driven', '1');
+});
+</script></body>"""
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium not installed (apt-get install chromium)")
+def test_a_long_report_table_filters_on_every_word_typed_and_sorts_numbers_as_numbers(report_path, tmp_path):
+    """With hundreds of runs a reader finds one by typing: the first table of more than FILTER_ROWS rows gets a filter
+    box; typed words keep exactly the rows that contain them, and a header click sorts by that column (numbers by
+    value: 10 after 9, not after 1)."""
+    from orchestrator.report.page import FILTER_ROWS
+
+    page = report_path.read_text()
+    tables = re.findall(r'<table class="data">(.*?)</table>', page, flags=re.S)
+    longs = [t for t in tables if t.count("<tr") - 1 > FILTER_ROWS]
+    index = next(i for i, t in enumerate(longs) if "<th>run_id</th>" in t)  # the runs table
+    long = longs[index]
+    head = re.findall(r"<th>(.*?)</th>", long)
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", long.split("</thead>")[1])]
+    # a column of numbers whose order as text is not their order as numbers (10 sorts before 9 as text)
+    numeric = next(i for i in range(len(head)) if all(re.fullmatch(r"-?[\d.]+", c[i]) for c in cells)
+                   and sorted({c[i] for c in cells}, key=float) != sorted({c[i] for c in cells}))
+    word = "reg_task" if "reg_task" in long else cells[0][0].split()[0]
+    driven = tmp_path / "driven.html"
+    driven.write_text(page.replace("</body>", _DRIVE_TABLE_JS.replace("WORD", word).replace("COLUMN", str(numeric))
+                                   .replace("INDEX", str(index))))
+    shutil.copytree(report_path.parent / "figures", tmp_path / "figures", dirs_exist_ok=True)
+    dom = _chromium(["--virtual-time-budget=5000", "--dump-dom", driven.resolve().as_uri()], tmp_path / "profile")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'data-driven="1"' in dom.stdout, "the page's table script did not run"
+    table = re.search(r'<table class="data" id="driven">(.*?)</table>', dom.stdout, flags=re.S).group(1)
+    rows = re.findall(r"<tr( style=\"[^\"]*\")?>(.*?)</tr>", table.split("</thead>")[1], flags=re.S)
+    assert len(rows) == len(cells)  # sorting moves rows, never loses one
+    shown = [r for style, r in rows if "none" not in style]
+    hidden = [r for style, r in rows if "none" in style]
+    assert shown
+    assert all(word in _visible(r) for r in shown)
+    assert all(word not in _visible(r) for r in hidden)
+    assert len(shown) == sum(word in " ".join(c) for c in cells)
+    values = [float(re.findall(r"<td[^>]*>(.*?)</td>", r)[numeric]) for _style, r in rows]
+    assert values == sorted(values, reverse=True)

@@ -31,6 +31,7 @@ dl.prov dt{font-weight:600} dl.prov dd{margin:0;font-family:monospace}
 #summary{background:#f6f8fb;border:1px solid #d8dee8;padding:.2em 1.2em 1em}
 p.verdict{font-size:18px} .warn{color:#9a2a00} table.data td.text{text-align:left;white-space:normal}
 dl.defs dt{font-weight:600;margin-top:.5em} dl.defs dd{margin:0 0 0 1.5em;max-width:70em}
+input.filter{margin:.5em 0 0;padding:3px 6px;width:28em;font-size:13px}
 """
 
 # Sets data-img-total / data-img-loaded on <body> once every image has loaded (or failed), and each image's
@@ -50,12 +51,59 @@ window.addEventListener('load', function () {
 """
 
 
+# Tables of more than FILTER_ROWS rows get a filter box (rows kept that contain every word typed, in any cell) and
+# every table's headers sort on a click (numbers as numbers, blanks last; a second click reverses): with hundreds of
+# runs, finding one run or the leaking ones must not mean scrolling. Plain script, nothing fetched.
+FILTER_ROWS = 15
+_TABLE_JS = """
+window.addEventListener('DOMContentLoaded', function () {
+  var tables = document.querySelectorAll('table.data');
+  tables.forEach(function (table) {
+    var body = table.tBodies[0]; if (!body) return;
+    var rows = Array.prototype.slice.call(body.rows);
+    if (rows.length > FILTER_ROWS) {
+      var box = document.createElement('input');
+      box.type = 'search'; box.className = 'filter';
+      box.placeholder = 'filter these ' + rows.length + ' rows (words in any cell)';
+      box.addEventListener('input', function () {
+        var words = box.value.toLowerCase().split(/\\s+/).filter(Boolean), shown = 0;
+        rows.forEach(function (r) {
+          var text = r.textContent.toLowerCase();
+          var keep = words.every(function (w) { return text.indexOf(w) >= 0; });
+          r.style.display = keep ? '' : 'none'; if (keep) shown++;
+        });
+        box.setAttribute('data-shown', String(shown));
+      });
+      table.parentNode.parentNode.insertBefore(box, table.parentNode);
+    }
+    Array.prototype.forEach.call(table.tHead ? table.tHead.rows[0].cells : [], function (th, col) {
+      th.title = 'sort'; th.style.cursor = 'pointer';
+      th.addEventListener('click', function () {
+        var up = th.getAttribute('data-sorted') !== 'up';
+        Array.prototype.forEach.call(th.parentNode.cells, function (c) { c.removeAttribute('data-sorted'); });
+        th.setAttribute('data-sorted', up ? 'up' : 'down');
+        var key = function (r) { var t = r.cells[col] ? r.cells[col].textContent.trim() : '';
+                                 var n = parseFloat(t); return t === '' ? null : (isNaN(n) || !/^[-+.\\d]/.test(t) ? t : n); };
+        rows.sort(function (a, b) {
+          var x = key(a), y = key(b);
+          if (x === null) return 1; if (y === null) return -1;
+          var c = (typeof x === typeof y) ? (x < y ? -1 : x > y ? 1 : 0) : (typeof x === 'number' ? -1 : 1);
+          return up ? c : -c;
+        });
+        rows.forEach(function (r) { body.appendChild(r); });
+      });
+    });
+  });
+});
+""".replace("FILTER_ROWS", str(FILTER_ROWS))
+
+
 def page(title: str, parts: Iterable[str]) -> str:
     """The report page around its sections: one style for the tabular and the LM report."""
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{html.escape(title)}</title><style>{_CSS}</style>"
-        f"<script>{_IMG_CHECK_JS}</script></head>"
+        f"<script>{_IMG_CHECK_JS}{_TABLE_JS}</script></head>"
         f"<body><h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>\n"
     )
 
