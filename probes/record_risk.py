@@ -253,25 +253,34 @@ def _slice_aucs(s: np.ndarray, m: np.ndarray, inside: np.ndarray) -> tuple[float
     return auc(s[inside & m], s[inside & ~m]), auc(s[~inside & m], s[~inside & ~m])
 
 
+def _random_subsets(n: int, k: int, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` indicator rows over ``n`` items, each with ``k`` ones at uniformly random places (a uniform
+    k-subset): the k smallest of n uniform keys, drawn for every row at once (no Python loop over rows)."""
+    out = np.zeros((count, n))
+    if k == 0 or count == 0:
+        return out
+    if k >= n:
+        return np.ones((count, n))
+    picked = np.argpartition(rng.random((count, n)), k - 1, axis=1)[:, :k]
+    np.put_along_axis(out, picked, 1.0, axis=1)
+    return out
+
+
 def _more_than_rest(s: np.ndarray, m: np.ndarray, inside: np.ndarray, permutations: int,
                     rng: np.random.Generator) -> float:
     """Permutation p-value of AUC(slice) - AUC(rest) >= the observed: the slice's rows redrawn at random among
     the members (as many as it holds) and among the non-members (likewise). All permutations at once: with
     C[i, j] = 1 when member i outscores non-member j (1/2 on a tie), a group's AUC is the mean of C over its
-    members' rows and non-members' columns."""
+    members' rows and non-members' columns, so every permutation's slice wins are one matrix product
+    (a C) summed against b: O(permutations x members x non-members) in BLAS, no Python loop."""
     sm, sn = s[m], s[~m]
     wins = (sm[:, None] > sn[None, :]) + 0.5 * (sm[:, None] == sn[None, :])
     k_m, k_n = int(inside[m].sum()), int(inside[~m].sum())
-    a = np.zeros((permutations + 1, sm.size))
-    b = np.zeros((permutations + 1, sn.size))
-    a[0, inside[m]] = 1.0  # row 0: the observed slice
-    b[0, inside[~m]] = 1.0
-    for p in range(1, permutations + 1):
-        a[p, rng.choice(sm.size, k_m, replace=False)] = 1.0
-        b[p, rng.choice(sn.size, k_n, replace=False)] = 1.0
+    a = np.vstack([inside[m].astype(float)[None, :], _random_subsets(sm.size, k_m, permutations, rng)])
+    b = np.vstack([inside[~m].astype(float)[None, :], _random_subsets(sn.size, k_n, permutations, rng)])
     total = wins.sum()
-    slice_wins = np.einsum("pi,ij,pj->p", a, wins, b)
-    rest_wins = total - a @ wins.sum(axis=1) - wins.sum(axis=0) @ b.T + slice_wins
+    slice_wins = ((a @ wins) * b).sum(axis=1)
+    rest_wins = total - a @ wins.sum(axis=1) - b @ wins.sum(axis=0) + slice_wins
     difference = slice_wins / (k_m * k_n) - rest_wins / ((sm.size - k_m) * (sn.size - k_n))
     hits = int((difference[1:] >= difference[0] - 1e-12).sum())
     return (1 + hits) / (1 + permutations)
