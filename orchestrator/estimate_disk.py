@@ -10,7 +10,7 @@ and checked on sweeps of other shapes (tests/test_estimate_disk.py, benchmarks/s
 
 Where: Tune's storage (``storage_path``; the run folder's ``tune/`` by default) holds the checkpoints and Tune's
 per-trial files; the run folder holds the rest. Peak: while trials run, each running trial's latest checkpoint
-keeps its resume state, and under ``last``/``none`` a checkpoint keeps its weights until its probe is stored
+keeps its resume state (two of them while the next is written), and under ``last``/``none`` a checkpoint keeps its weights until its probe is stored
 (a backlog of at most the trial slots' checkpoints, assumed)."""
 
 from __future__ import annotations
@@ -29,12 +29,15 @@ TUNE_TRIAL_BYTES = 2_000
 TUNE_REPORT_BYTES = 2_750
 # Tune's experiment state (experiment_state-*.json): 320 KB for 8 trials, every trial's config and last result
 TUNE_STATE_BYTES_PER_TRIAL = 40_000
-# W&B offline, per run: 82 KB for a run without epochs (a control), 300 KB for a 30-epoch trial; the summary run and
-# its export about 0.5 MB plus about 20 KB per checkpoint row it tabulates (1.2 MB for 36 rows)
+# W&B offline, per run: 82 KB for a run without epochs (a control), about 3 KB per logged epoch and 31 KB per probed
+# checkpoint (fitted on the quickstart's 30-epoch trials with 4 checkpoints, 300 KB, and the scale rehearsal's 2-epoch
+# trials with 2, 150 KB); the summary run and its export about 1 MB plus about 5 KB per checkpoint row it tabulates
+# (6.8 MB for 1,152 rows)
 WANDB_RUN_BYTES = 82_000
-WANDB_EPOCH_BYTES = 7_300
-WANDB_SUMMARY_BYTES = 500_000
-WANDB_SUMMARY_ROW_BYTES = 20_000
+WANDB_EPOCH_BYTES = 3_150
+WANDB_CHECKPOINT_BYTES = 30_800
+WANDB_SUMMARY_BYTES = 1_000_000
+WANDB_SUMMARY_ROW_BYTES = 5_000
 # the results tables, ROC files, risk tables and the report beside them: about 12 KB per checkpoint row
 # (results.parquet 9.5 KB, roc/ 2.3 KB), and the figures and the HTML page about 0.6 MB
 RESULT_ROW_BYTES = 12_000
@@ -92,8 +95,8 @@ def predict_disk(work: Any, costs: dict[Any, Any], policy: KeepCheckpoints | str
     storage_final = int(kept_weights * weights + kept_resume * resume + checkpoints * meta + tune_files)
     slots = work.trial_slots(workers)
     in_flight = 0.0
-    if policy != KeepCheckpoints.ALL:  # each running trial's latest keeps its resume state
-        in_flight += slots * resume
+    if policy != KeepCheckpoints.ALL:  # each running trial's latest keeps its resume state, and while the next
+        in_flight += 2 * slots * resume  # checkpoint is written the one before it still holds its own
     if policy in (KeepCheckpoints.LAST, KeepCheckpoints.NONE):  # and its checkpoints their weights until probed
         in_flight += slots * min(per_run, 2) * weights
     jobs = {k: n for k, n in work.checkpoint_jobs.items()}
@@ -106,7 +109,8 @@ def predict_disk(work: Any, costs: dict[Any, Any], policy: KeepCheckpoints | str
     references = work.prepared_tasks * REFERENCE_PER_RESULT * mean_result
     tables = rows * RESULT_ROW_BYTES + REPORT_BYTES
     wandb_bytes = ((runs + sum(controls.values())) * WANDB_RUN_BYTES + runs * work.epochs * WANDB_EPOCH_BYTES
-                   + WANDB_SUMMARY_BYTES + rows * WANDB_SUMMARY_ROW_BYTES) if wandb else 0
+                   + sum(jobs.values()) * WANDB_CHECKPOINT_BYTES + WANDB_SUMMARY_BYTES
+                   + rows * WANDB_SUMMARY_ROW_BYTES) if wandb else 0
     run_folder = int(results + prepared + references + tables + wandb_bytes)
     return DiskPrediction(policy=str(policy), storage_final=storage_final, storage_peak=int(storage_final + in_flight),
                           run_folder=run_folder, checkpoints_all=int(checkpoints * (weights + resume)),

@@ -9,8 +9,9 @@ work / N, the probe actors' work / min(probe actors, N), the longest chain: one 
 epochs and saves, then the probes of its last checkpoint). Trial overhead: each trial slot (what the
 probe actors leave of N, over a trial's share) starts its actor once, and every trial adds its own
 scheduling and reports. Within those bounds the parallel work packs perfectly (fine-tuning and probing
-overlap, as the pipeline's checkpoint callback makes them). Not modelled: data transfer between nodes,
-W&B upload, aggregation and report rendering (a run's record shows them: ``iclmem estimate --compare``).
+overlap, as the pipeline's checkpoint callback makes them). Then the aggregation and report, serial, from the
+checkpoint rows (:func:`report_s`). Not modelled: data transfer between nodes, W&B upload (a run's record shows
+them: ``iclmem estimate --compare``).
 """
 
 from __future__ import annotations
@@ -112,6 +113,41 @@ def _first_extra_s(cost: UnitCosts, dp: bool) -> float:
     return cost.dp_first_epoch_extra_s if dp and not math.isnan(cost.dp_epoch_s) else cost.first_epoch_extra_s
 
 
+# Aggregation and report (the serial tail after the last probe: results, reference attacks, risk tables, claim
+# ledger, figures, HTML page, W&B summary) grow with the checkpoint rows, and each row's risk and ledger work with
+# its query rows and null splits. Fitted on this project's 2-core machine (benchmarks/scale.py's folders of 72, 288
+# and 1,152 rows, 2Q = 30, 1 null split: 8.4, 24.0 and 91.8 s; the quickstart's 36 rows, 2Q = 70, 2 null splits:
+# 9.5 s), W&B offline; without W&B the summary run's share (about a fifth, profiled) is left out. Not measured per
+# machine: a faster driver shortens it.
+REPORT_FIXED_S = 3.0
+REPORT_ROW_S = 0.036
+REPORT_QUERY_ROW_S = 0.00069  # per query row x (1 + null splits), per checkpoint row
+REPORT_WANDB_SHARE = 0.2
+
+
+# The driver's resident memory: its imports (torch, Ray, Tune, pandas, matplotlib, wandb) and Stage I, then about
+# 0.75 MB per trial (Tune's trial records, results and probe rows held until the end); fitted on the scale
+# rehearsal's peaks: 673 MB at 32 trials, 760 MB at 128, 1,034 MB at 512 (benchmarks/scale.py)
+DRIVER_BASE_BYTES = 650_000_000
+DRIVER_TRIAL_BYTES = 750_000
+
+
+def driver_memory_bytes(work: Work) -> int:
+    """The driver's predicted peak resident memory (see :data:`DRIVER_BASE_BYTES`)."""
+    return DRIVER_BASE_BYTES + work.runs * DRIVER_TRIAL_BYTES
+
+
+def report_s(work: Work) -> float:
+    """Seconds of the aggregation and report after the last probe (see :data:`REPORT_FIXED_S`)."""
+    rows = {k: n + work.controls.get(k, 0) for k, n in work.checkpoint_jobs.items()}
+    total = sum(rows.values())
+    if not total:
+        return 0.0
+    query_rows = sum(n * 2 * k.q for k, n in rows.items()) / total
+    seconds = REPORT_FIXED_S + total * (REPORT_ROW_S + REPORT_QUERY_ROW_S * query_rows * (1 + work.null_splits))
+    return seconds if work.wandb else seconds * (1 - REPORT_WANDB_SHARE)
+
+
 def predict(work: Work, costs: dict[CostKey, UnitCosts], workers: int, overheads: Overheads,
             probe_actors: int = 1) -> Estimate:
     """Device-seconds and wall time from counted work and measured unit costs (see the module docstring)."""
@@ -156,7 +192,7 @@ def predict(work: Work, costs: dict[CostKey, UnitCosts], workers: int, overheads
     stage_i = (sum(n * prepare.get(task, mean_prepare) for task, n in work.prepared_by_task.items())
                if work.prepared_by_task else work.prepared_tasks * mean_prepare)
     serial = {Phase.DRIVER_START.value: o.driver_start_s, Phase.RAY.value: o.ray_start_s,
-              Phase.STAGE_I.value: stage_i, Phase.TUNE_FIXED.value: o.tune_fixed_s}
+              Phase.STAGE_I.value: stage_i, Phase.TUNE_FIXED.value: o.tune_fixed_s, Phase.REPORT.value: report_s(work)}
     longest = max(o.actor_start_s + o.tune_trial_s + tuning_s(tk, dp) + sum(probe_s[k] for k in tk)
                   for tk, dp in compositions)
     probe_work = sum(v for k, v in compute.items() if Phase(k) in PROBE_ACTOR_PHASES)

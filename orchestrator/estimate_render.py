@@ -89,6 +89,11 @@ def render(est: Estimate, markdown: bool = False) -> str:
         + f"bound by {est.bound}"
         + f"), {est.device_hours:.3f} device-hours held, {est.parallel_s / 3600:.3f} busy.",
     ]
+    from orchestrator.estimate_predict import driver_memory_bytes
+
+    text.append(f"The driver (this process's Ray client, Tune's loop and the aggregation) peaks at about "
+                f"{driver_memory_bytes(w) / 1e9:.1f} GB of memory; the aggregation and report after the last probe "
+                f"take about {human(est.serial_s.get('aggregation and report', 0.0))} of the wall time.")
     if est.disk is not None:
         from orchestrator.estimate_disk import disk_line
 

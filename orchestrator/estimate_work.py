@@ -57,6 +57,10 @@ class Work:
     trial_share: float = 1.0  # CPUs (GPUs for a GPU sweep) per trial
     probe_share: float = 0.0  # CPUs (GPUs) the probe actors hold together
     max_concurrent_trials: int | None = None
+    # what the aggregation after the last trial reads (orchestrator.estimate_predict.report_s): null splits per
+    # checkpoint, and whether a W&B summary run is written
+    null_splits: int = 0
+    wandb: bool = False
 
     def trial_slots(self, workers: int) -> int:
         """Trials running at once on ``workers``: what the probe actors leave, over a trial's share."""
@@ -133,6 +137,7 @@ def count_work(sweep: Any) -> Work:
         compositions=dict(compositions),
         prepared_by_task=dict(Counter(p[0] for p in prepared)),
         dp_epsilon=min(finite) if finite else None,
+        null_splits=int(sweep.probe.null_splits), wandb=str(sweep.wandb.mode) != "disabled",
         **_shares(sweep.resources),
     )
 

@@ -86,16 +86,22 @@ def test_prediction_adds_each_kind_of_work_and_divides_the_parallel_part_by_the_
     assert c["probe scoring (checkpoints + controls)"] == pytest.approx((960 + 240) * 1e-3)
     assert c["reference scoring (once per reference)"] == pytest.approx(240 * 1e-3)
     assert c["rest of probes (ICL, bootstrap, AUCs)"] == pytest.approx((8 + 2) * 0.4)
-    assert one.serial_s == {"driver start (imports)": 1.0, "Ray start and stop": 4.0, "Stage I (driver)": 2 * 0.5,
-                            "Tune experiment (setup, teardown)": 0.5}
-    assert one.wall_s == pytest.approx(6.5 + one.parallel_s)
+    # the aggregation after the last probe: 10 checkpoint rows (8 + 2 controls), 2Q = 40 query rows, 1 null split, no
+    # W&B summary run
+    from orchestrator.estimate_predict import REPORT_FIXED_S, REPORT_QUERY_ROW_S, REPORT_ROW_S, REPORT_WANDB_SHARE
+
+    report = (REPORT_FIXED_S + 10 * (REPORT_ROW_S + REPORT_QUERY_ROW_S * 40 * 2)) * (1 - REPORT_WANDB_SHARE)
+    assert one.serial_s == pytest.approx({"driver start (imports)": 1.0, "Ray start and stop": 4.0,
+                                          "Stage I (driver)": 2 * 0.5, "Tune experiment (setup, teardown)": 0.5,
+                                          "aggregation and report": report})
+    assert one.wall_s == pytest.approx(6.5 + report + one.parallel_s)
     two = predict(work, _costs(), 2, OVERHEADS)
-    assert two.wall_s == pytest.approx(6.5 + one.parallel_s / 2)
+    assert two.wall_s == pytest.approx(6.5 + report + one.parallel_s / 2)
     assert one.on(2).wall_s == pytest.approx(two.wall_s)
     # many workers: bound by the longest chain (a run's start, epochs, saves, then its last probe)
     many = predict(work, _costs(), 1000, OVERHEADS, probe_actors=1000)
     assert many.longest_s == pytest.approx(1.5 + 2.0 + 5 * 0.1 + 2 * 0.05 + 120 * 1e-3 + 0.4)
-    assert many.wall_s == pytest.approx(6.5 + many.longest_s)
+    assert many.wall_s == pytest.approx(6.5 + report + many.longest_s)
     assert many.bound == "the longest run"
     assert many.device_hours == pytest.approx(1000 * many.longest_s / 3600)
 
@@ -112,7 +118,8 @@ def test_probe_work_on_too_few_probe_actors_bounds_the_wall_time(config):
                   + c["probe actor start"])
     assert one_actor.probe_s == pytest.approx(probe_work)
     assert probe_work > one_actor.parallel_s / 8  # the bound binds here
-    assert one_actor.wall_s == pytest.approx(6.5 + probe_work)
+    serial = sum(one_actor.serial_s.values())  # 6.5 s and the aggregation after the last probe
+    assert one_actor.wall_s == pytest.approx(serial + probe_work)
     assert one_actor.bound == "the 1 probe actor(s)"
     needed = one_actor.probe_actors_needed()
     assert needed is not None
@@ -124,7 +131,7 @@ def test_probe_work_on_too_few_probe_actors_bounds_the_wall_time(config):
     # with as many probe actors as workers the same work is bound by total work / N again
     eight = predict(work, costs, 8, OVERHEADS, probe_actors=8)
     assert eight.bound == "total work / N"
-    assert eight.wall_s == pytest.approx(6.5 + eight.parallel_s / 8)
+    assert eight.wall_s == pytest.approx(serial + eight.parallel_s / 8)
     assert eight.wall_s < one_actor.wall_s
     # probe actors beyond the workers do not add parallelism
     assert predict(work, costs, 2, OVERHEADS, probe_actors=50).phase_s >= predict(work, costs, 2, OVERHEADS,

@@ -114,6 +114,9 @@ def test_the_measured_estimate_prints_the_bytes_beside_the_time(tmp_path):
     assert costs.prepared_bytes > 1_000
     assert est.disk is not None
     assert est.disk.policy == KeepCheckpoints.WEIGHTS
-    assert "Disk: about" in render(est)
+    text = render(est)
+    assert "Disk: about" in text
+    assert "The driver (this process's Ray client" in text
+    assert "aggregation and report after the last probe take about" in text
     assert est.on(4).disk is not None
     assert Path(config).exists()

@@ -219,3 +219,17 @@ def test_a_slice_column_the_table_lacks_is_refused_before_any_work_naming_it():
         check_slice_columns(target)
     with pytest.raises(ConfigError, match="columns is empty"):
         parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "report": {"slices": {"by": ["column"]}}})
+
+
+def test_seed_stability_compares_every_pair_of_few_seeds_and_each_seed_with_the_next_of_many():
+    """The stability table grows with the runs, not with their square: 32 seeds give 32 pairs (a ring), not 496;
+    every seed is in two of them, and a handful of seeds still gives every pair."""
+    from orchestrator.record_risk import ALL_PAIRS_UP_TO, seed_pairs
+
+    few = [f"r{i}" for i in range(ALL_PAIRS_UP_TO)]
+    assert len(seed_pairs(few)) == ALL_PAIRS_UP_TO * (ALL_PAIRS_UP_TO - 1) // 2
+    many = [f"r{i:02d}" for i in range(32)]
+    pairs = seed_pairs(many)
+    assert len(pairs) == 32
+    assert len(set(map(frozenset, pairs))) == 32
+    assert all(sum(run in pair for pair in pairs) == 2 for run in many)
