@@ -38,12 +38,15 @@ WANDB_EPOCH_BYTES = 3_150
 WANDB_CHECKPOINT_BYTES = 30_800
 WANDB_SUMMARY_BYTES = 1_000_000
 WANDB_SUMMARY_ROW_BYTES = 5_000
-# the results tables, ROC files, risk tables and the report beside them: about 12 KB per checkpoint row
-# (results.parquet 9.5 KB, roc/ 2.3 KB), and the figures and the HTML page about 0.6 MB
-RESULT_ROW_BYTES = 12_000
-REPORT_BYTES = 600_000
-# the base model's score tables cached per preparation (reference/): 260 KB each for 136 KB probe results
-REFERENCE_PER_RESULT = 2.0
+# the results tables, ROC files, risk tables, claim ledger, figures and HTML page beside them: about 0.8 MB and 3.7 KB
+# per checkpoint row (fitted on the scale rehearsal's folders of 72 to 1,152 rows: 1.19 to 5.21 MB; 0.69 MB for a
+# 6-row sweep, 1.12 MB for the quickstart's 36)
+TABLE_BYTES = 800_000
+TABLE_ROW_BYTES = 3_700
+# the base model's score tables cached per preparation (reference/): about 12 KB and 74 bytes per context scored
+# (2Q x the suite): 260 KB for the quickstart's, 21 KB for a 3-manipulation suite at 2Q = 30
+REFERENCE_BYTES = 12_000
+REFERENCE_CONTEXT_BYTES = 74
 
 
 @dataclass(frozen=True)
@@ -103,11 +106,11 @@ def predict_disk(work: Any, costs: dict[Any, Any], policy: KeepCheckpoints | str
     controls = dict(work.controls)
     results = sum((jobs.get(k, 0) + controls.get(k, 0)) * costs[k].result_bytes for k in costs if k in jobs)
     rows = sum(jobs.values()) + sum(controls.values())
-    mean_result = statistics.mean(c.result_bytes for c in costs.values()) if costs else 0
     mean_prepared = statistics.mean(c.prepared_bytes for c in costs.values()) if costs else 0
     prepared = work.prepared_tasks * mean_prepared
-    references = work.prepared_tasks * REFERENCE_PER_RESULT * mean_result
-    tables = rows * RESULT_ROW_BYTES + REPORT_BYTES
+    mean_q = sum(k.q * n for k, n in jobs.items()) / max(sum(jobs.values()), 1)
+    references = work.prepared_tasks * (REFERENCE_BYTES + REFERENCE_CONTEXT_BYTES * 2 * mean_q * work.suite)
+    tables = TABLE_BYTES + rows * TABLE_ROW_BYTES
     wandb_bytes = ((runs + sum(controls.values())) * WANDB_RUN_BYTES + runs * work.epochs * WANDB_EPOCH_BYTES
                    + sum(jobs.values()) * WANDB_CHECKPOINT_BYTES + WANDB_SUMMARY_BYTES
                    + rows * WANDB_SUMMARY_ROW_BYTES) if wandb else 0
@@ -198,12 +201,15 @@ def predict_disk_from_folder(run_dir: Path, workers: int = 2) -> DiskPrediction:
                         wandb=str(sweep.wandb.mode) != "disabled")
 
 
-# Without measuring (``iclmem validate``, the check before a run): a probe job's stored result is about this plus
-# this per query row (fitted on the quickstart's results: 118 KB at 2Q = 40 rows, 165 KB at 100, 48 manipulations);
-# the resume state is AdamW's two moments per weight (recipe iclmem) or the package's own checkpoint (the weights
-# and both moments: recipe upstream), and the RNG state beside them
-RESULT_FIXED_BYTES = 87_000
-RESULT_ROW_BYTES = 780
+# Without measuring (``iclmem validate``, the check before a run): a probe job's stored result is about 40 KB, 300
+# bytes per query row and per manipulation 1 KB and 10 bytes per query row (fitted on the quickstart's results, 118 KB
+# at 2Q = 40 and 165 KB at 2Q = 100 with 48 manipulations; 59-64 KB with 2 or 3); the resume state is AdamW's two
+# moments per weight (recipe iclmem) or the package's own checkpoint (the weights and both moments: recipe upstream),
+# and the RNG state beside them
+RESULT_FIXED_BYTES = 40_000
+RESULT_QUERY_ROW_BYTES = 300
+RESULT_MANIPULATION_BYTES = 1_000
+RESULT_MANIPULATION_ROW_BYTES = 10
 RNG_STATE_BYTES = 5_200
 MANIFEST_BYTES = 1_300
 
@@ -212,8 +218,6 @@ def size_only_costs(prepared: Any) -> dict[Any, Any]:
     """Unit sizes of a prepared sweep (``orchestrator.prepare.PreparedSweep``) without measuring a fine-tune: the
     weights' bytes from each model's tensors, the resume state from them, the ground-truth log and the
     preparation from the prepared tasks, a probe result from Q (what ``iclmem estimate`` measures instead)."""
-    import io
-
     import numpy as np
 
     from orchestrator.estimate_work import count_work
@@ -237,14 +241,17 @@ def size_only_costs(prepared: Any) -> dict[Any, Any]:
         task = by_task.get((key.task, key.q)) or next(iter(prepared.tasks.values()))
         truth = len(json.dumps({"run_id": "r" * 40, "tasks": [ground_truth_log(task, sweep.probe.null_splits)]},
                                default=str).encode())
-        arrays = io.BytesIO()
-        np.savez(arrays, features=task.features, labels=task.labels, original_labels=task.original_labels,
-                 row_ids=task.row_ids)
+        # the preparation's arrays as save_prepared writes them (an uncompressed .npz: their bytes and a header each)
+        arrays = sum(np.asarray(a).nbytes + 200 for a in (task.features, task.labels, task.original_labels,
+                                                           task.row_ids, task.member_idx, task.nonmember_idx,
+                                                           task.context_idx))
         w = weights[key.model]
         costs[key] = sizes_only(key, weights_bytes=w, resume_bytes=(3 if upstream[key.model] else 2) * w + RNG_STATE_BYTES,
                                checkpoint_meta_bytes=MANIFEST_BYTES + truth,
-                               result_bytes=int(RESULT_FIXED_BYTES + RESULT_ROW_BYTES * 2 * key.q),
-                               prepared_bytes=arrays.getbuffer().nbytes + 2_500)
+                               result_bytes=int(RESULT_FIXED_BYTES + RESULT_QUERY_ROW_BYTES * 2 * key.q
+                                                + work.suite * (RESULT_MANIPULATION_BYTES
+                                                                + RESULT_MANIPULATION_ROW_BYTES * 2 * key.q)),
+                               prepared_bytes=arrays + 2_500)
     return costs
 
 

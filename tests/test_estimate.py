@@ -160,7 +160,18 @@ def test_estimate_measures_the_configured_model_on_this_device_and_renders_it(co
     assert o.driver_start_s > 0
     assert o.ray_start_s == 0
     assert o.trial_s == o.actor_start_s
+    # the bytes it writes, from sizes measured beside the times: AdamW keeps two moments per weight, so the resume
+    # state is twice the weights (and the RNG state beside them)
+    assert 2.0 <= costs.resume_bytes / costs.weights_bytes <= 2.1
+    assert costs.result_bytes > 10_000
+    assert costs.prepared_bytes > 1_000
+    assert est.disk is not None
+    assert est.disk.policy == "weights"
+    assert est.on(4).disk is not None
     text = render(est)
+    assert "Disk: about" in text
+    assert "The driver (this process's Ray client" in text
+    assert "aggregation and report after the last probe take about" in text
     assert "Predicted on 3 worker(s)" in text
     assert "fine-tuning runs" in text
     assert "| fine-tuning runs | 4 |" in render(est, markdown=True)

@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
-from iclmem.vocab import KeepCheckpoints
 from orchestrator import estimate_disk
 from orchestrator.estimate_disk import TUNE_REPORT_BYTES, TUNE_STATE_BYTES_PER_TRIAL, TUNE_TRIAL_BYTES, predict_disk
 from orchestrator.estimate_measure import UnitCosts
@@ -98,25 +95,3 @@ def test_run_refuses_a_sweep_without_room_before_ray_starts_and_keeps_the_folder
     from iclmem.runfolder import never_started
 
     assert never_started(tmp_path / "run") is not None
-
-
-def test_the_measured_estimate_prints_the_bytes_beside_the_time(tmp_path):
-    from orchestrator.estimate import estimate
-    from orchestrator.estimate_render import render
-
-    config = tmp_path / "s.yaml"
-    config.write_text(yaml.safe_dump(SWEEP))
-    est = estimate(config, workers=2, device="cpu", epochs=1, with_ray=False, unit_budget_s=1.0)
-    (costs,) = est.costs.values()
-    # AdamW keeps two moments per weight: the resume state is twice the weights, and the RNG state beside them
-    assert 2.0 <= costs.resume_bytes / costs.weights_bytes <= 2.1
-    assert costs.result_bytes > 10_000
-    assert costs.prepared_bytes > 1_000
-    assert est.disk is not None
-    assert est.disk.policy == KeepCheckpoints.WEIGHTS
-    text = render(est)
-    assert "Disk: about" in text
-    assert "The driver (this process's Ray client" in text
-    assert "aggregation and report after the last probe take about" in text
-    assert est.on(4).disk is not None
-    assert Path(config).exists()

@@ -391,7 +391,10 @@ def test_a_sweep_of_the_upstream_recipes_runs_end_to_end_with_tune_checkpoints(r
     assert (deployed["n_null"] > 0).all()
     manifests = [json.loads(p.read_text()) for p in (tmp_path / "run" / "tune").rglob("checkpoint.json")]
     assert sorted((m["model"], m["epoch"]) for m in manifests) == sorted((m, e) for m in models for e in (1, 3))
-    assert all("upstream_state.pth" in m["files"] for m in manifests)
+    # the package's own checkpoint (what a resumed trial continues from) is recorded in every manifest; under the
+    # default training.keep_checkpoints it was removed once its run finished, its record kept beside why
+    assert all("upstream_state.pth" in {**m["files"], **m.get("removed", {})} for m in manifests)
+    assert all(m["removed"]["upstream_state.pth"]["why"] == "training.keep_checkpoints: weights" for m in manifests)
     assert all(m["metrics"]["upstream_val_log_loss"] > 0 for m in manifests)
     for m in manifests:  # said once, with the package's last epoch
         assert ("stopped_early" in m["metrics"]) == (m["epoch"] == 3)
