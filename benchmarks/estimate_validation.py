@@ -83,11 +83,16 @@ def main(argv: list[str] | None = None) -> int:
             ratio = predicted / timings.wall_s
             ratios.append(ratio)
             worst = compare(prediction.serial, prediction.work, timings.workers, prediction.probe_actors, timings)[0]
+            written = sum(p.lstat().st_size for p in out.rglob("*") if p.is_file() and not p.is_symlink())
+            disk = f"{prediction.disk_bytes / written:.2f}" if prediction.disk_bytes else "-"
+            tail = timings.serial.get("aggregation and report", 0.0)
             rows.append([f"`{config}`", _first_line(path), f"{timings.trials} / {timings.checkpoints}",
                          f"{predicted:.0f}", f"{timings.wall_s:.0f}",
                          f"**{ratio:.2f}**" + ("" if LOW <= ratio <= HIGH else " (outside)"),
                          f"{worst.phase}: {worst.predicted_s:.0f} s predicted, {worst.actual_s:.0f} s measured "
-                         f"({worst.wall_share_s:+.0f} s of wall)", f"{estimate_s:.0f}",
+                         f"({worst.wall_share_s:+.0f} s of wall)",
+                         f"{prediction.serial.get('aggregation and report', 0.0):.0f} / {tail:.0f} "
+                         f"({tail / timings.wall_s:.0%} of wall)", disk, f"{estimate_s:.0f}",
                          f"{load_before:.1f} / {load_after:.1f}"])
             print(f"{config}: predicted {predicted:.0f} s, measured {timings.wall_s:.0f} s, ratio {ratio:.2f}; "
                   f"largest error {worst.phase} ({worst.wall_share_s:+.1f} s)", flush=True)
@@ -100,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         "the wall time (a parallel phase's divided by the workers that share it).",
         "",
         md_table(["sweep", "what it exercises", "trials / checkpoints", "predicted s", "measured s",
-                  "predicted / measured", "largest error", "estimate took s", "load before / after"], rows,
-                 align="llrrrrlrr"),
+                  "predicted / measured", "largest error", "aggregation and report s, predicted / measured",
+                  "disk predicted / written", "estimate took s", "load before / after"], rows,
+                 align="llrrrrlrrrr"),
         "",
         f"**{inside} of {len(ratios)}** ratios within {LOW}–{HIGH} (range {min(ratios):.2f}–{max(ratios):.2f}).",
     ])

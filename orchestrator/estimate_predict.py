@@ -93,7 +93,8 @@ class Estimate:
         """The per-phase prediction a run is compared with (``orchestrator.timing``)."""
         return Prediction(serial=dict(self.serial_s), work=dict(self.compute_s), longest_s=self.longest_s,
                           probe_actors=self.probe_actors, workers=self.workers, config_hash=config_hash,
-                          device=self.device, created=time.strftime("%Y-%m-%d %H:%M:%S"))
+                          device=self.device, created=time.strftime("%Y-%m-%d %H:%M:%S"),
+                          disk_bytes=self.disk.final_bytes if self.disk is not None else 0)
 
     def on(self, workers: int) -> Estimate:
         """The same measured grid on another number of workers."""

@@ -181,6 +181,7 @@ class Prediction:
     config_hash: str = ""
     device: str = ""
     created: str = ""
+    disk_bytes: int = 0  # the bytes the sweep writes, at its end (orchestrator.estimate_disk; 0: not predicted)
 
     def parallel_s(self, workers: int) -> float:
         """The parallel phase on ``workers``: its largest lower bound, as ``orchestrator.estimate`` says."""
