@@ -69,14 +69,19 @@ def _store_result(probes: Path, epoch: int) -> None:
     (probes / f"e{epoch:04d}{ROW_SUFFIX}").write_text("{}")
 
 
-@pytest.mark.parametrize("policy", list(KeepCheckpoints))
-def test_a_running_trials_latest_checkpoint_keeps_everything_whatever_the_policy(run_checkpoints, tmp_path, policy):
+def _every_checkpoint_probed(run_checkpoints, tmp_path: Path, policy: KeepCheckpoints):
+    """A copy of the run's checkpoints, each with its probe result stored, and a keeper told of them all."""
     _task, folders = run_checkpoints
     folders = _copy(folders, tmp_path)
     probes = tmp_path / "probes"
     for epoch in folders:
         _store_result(probes, epoch)
-    keeper = _keeper_with(policy, folders, probes)
+    return folders, _keeper_with(policy, folders, probes)
+
+
+@pytest.mark.parametrize("policy", list(KeepCheckpoints))
+def test_a_running_trials_latest_checkpoint_keeps_everything_whatever_the_policy(run_checkpoints, tmp_path, policy):
+    folders, keeper = _every_checkpoint_probed(run_checkpoints, tmp_path, policy)
     keeper.settle()
     assert {MODEL_FILE, STATE_FILE, META_FILE} <= _files(folders[3])
     older = {e: _files(f) for e, f in folders.items() if e < 3}
@@ -91,12 +96,7 @@ def test_a_running_trials_latest_checkpoint_keeps_everything_whatever_the_policy
                                                        (KeepCheckpoints.LAST, {3}), (KeepCheckpoints.NONE, set())])
 def test_a_finished_run_keeps_the_files_its_policy_promises_and_every_manifest(run_checkpoints, tmp_path, policy,
                                                                                 weights_kept):
-    _task, folders = run_checkpoints
-    folders = _copy(folders, tmp_path)
-    probes = tmp_path / "probes"
-    for epoch in folders:
-        _store_result(probes, epoch)
-    keeper = _keeper_with(policy, folders, probes)
+    folders, keeper = _every_checkpoint_probed(run_checkpoints, tmp_path, policy)
     keeper.finish("r")
     for epoch, folder in folders.items():
         files = _files(folder)
