@@ -162,7 +162,7 @@ def room_problems(prediction: DiskPrediction, run_dir: Path, storage: str) -> li
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
 def sizes_only(key: Any, **sizes: int) -> Any:

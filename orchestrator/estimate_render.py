@@ -97,9 +97,9 @@ def render(est: Estimate, markdown: bool = False) -> str:
     if est.disk is not None:
         from orchestrator.estimate_disk import disk_line
 
-        text.append(f"{disk_line(est.disk)[0].upper()}{disk_line(est.disk)[1:]}: Tune's storage "
-                    f"({est.disk.storage_path or 'the run folder'}) {est.disk.storage_final / 1e6:,.1f} MB, the rest of the "
-                    f"run folder {est.disk.run_folder / 1e6:,.1f} MB.")
+        line, where = disk_line(est.disk), est.disk.storage_path or "the run folder's tune/"
+        text.append(f"{line[0].upper()}{line[1:]}: Tune's storage ({where}) {est.disk.storage_final / 1e6:,.1f} MB, "
+                    f"the rest of the run folder {est.disk.run_folder / 1e6:,.1f} MB.")
     if est.measuring is not None:
         text.append(measuring_line(est))
     needed = est.probe_actors_needed()
