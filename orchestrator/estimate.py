@@ -42,6 +42,62 @@ def unit_of(key: CostKey, forced_task: str | None) -> CostKey:
     return CostKey(key.model, key.q, forced_task or key.task)
 
 
+# The machinery's costs (the driver's start, Ray's, a worker actor's, a Tune trial's and experiment's) are the
+# machine's, not the sweep's: measured once (about 20 s of subprocesses) and reused for this long on the same
+# machine and packages, so a second estimate pays only for its units. ``ICLMEM_REMEASURE=1`` measures again.
+OVERHEADS_VALID_S = 24 * 3600
+
+
+def _overheads_path(reports: int) -> Path:
+    import hashlib
+    import importlib.metadata as md
+    import os
+    import platform
+    import sys
+
+    from orchestrator.timing import prediction_cache_dir
+
+    versions = []
+    for pkg in ("ray", "torch", "wandb"):
+        try:
+            versions.append(md.version(pkg))
+        except md.PackageNotFoundError:
+            versions.append("-")
+    key = "|".join([platform.node(), sys.version, str(os.cpu_count()), *versions, str(reports)])
+    return prediction_cache_dir().parent / "overheads" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def cached_overheads(reports: int) -> tuple[dict[str, float] | None, str | None]:
+    """(the machinery's measured costs, when they were measured) from the cache, or (None, None) when absent,
+    older than :data:`OVERHEADS_VALID_S`, unreadable, or ``ICLMEM_REMEASURE`` is set."""
+    import json
+    import os
+
+    if os.environ.get("ICLMEM_REMEASURE"):
+        return None, None
+    try:
+        record = json.loads(_overheads_path(reports).read_text())
+        if time.time() - float(record["measured_at"]) > OVERHEADS_VALID_S:
+            return None, None
+        return {k: float(v) for k, v in record["overheads"].items()}, str(record["when"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, None
+
+
+def keep_overheads(reports: int, timed: dict[str, float]) -> None:
+    """Keep the machinery's measured costs for the next estimate on this machine (nothing if the cache folder
+    cannot be written: the next estimate measures them again)."""
+    from iclmem.atomic import write_json_atomic
+
+    path = _overheads_path(reports)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"overheads": timed, "measured_at": time.time(),
+                                 "when": time.strftime("%Y-%m-%d %H:%M:%S")})
+    except OSError:
+        pass
+
+
 def estimate(config: str | Path, workers: int, device: str | None = None, task: str | None = None,
              epochs: int = 4, score_rounds: int = 1, threads: int | None = None,
              with_ray: bool = True, log: Any = None, unit_budget_s: float | None = UNIT_BUDGET_S) -> Estimate:
@@ -98,16 +154,21 @@ def estimate(config: str | Path, workers: int, device: str | None = None, task: 
     if log:
         log("measuring the driver's start, Ray's start and a worker actor's start ...")
     started = time.perf_counter()
+    cached_from = None
     if with_ray:
-        timed = measure_ray(reports=min(work.epochs, 100))
-        timed.setdefault("driver_start_s", measure_process(DRIVER_IMPORTS))  # measured in Ray's process, else here
+        reports = min(work.epochs, 100)
+        timed, cached_from = cached_overheads(reports)
+        if timed is None:
+            timed = measure_ray(reports=reports)
+            timed.setdefault("driver_start_s", measure_process(DRIVER_IMPORTS))  # measured in Ray's process, else here
+            keep_overheads(reports, timed)
         overheads = Overheads(**timed)
     else:
         overheads = Overheads(driver_start_s=measure_process(DRIVER_IMPORTS),
                               actor_start_s=measure_process(WORKER_IMPORTS))
     measuring = Measuring(units_s=units_s, overheads_s=time.perf_counter() - started, units=len(units),
                           keys=len(costs), unit_budget_s=unit_budget_s,
-                          cut_short=sum(c.cut_short for c in measured.values()))
+                          cut_short=sum(c.cut_short for c in measured.values()), overheads_cached_from=cached_from)
     from orchestrator.estimate_disk import predict_disk
 
     disk = predict_disk(work, costs, sweep.training.keep_checkpoints, workers,

@@ -429,6 +429,7 @@ class Measuring:
     keys: int  # (model, Q, task) keys they stand for
     unit_budget_s: float | None  # each unit's time budget (None: unbounded)
     cut_short: int = 0  # repeats the budgets left out, over every unit
+    overheads_cached_from: str | None = None  # when the machinery's costs were measured, if reused (estimate.py)
 
     @property
     def total_s(self) -> float:

@@ -21,9 +21,12 @@ def measuring_line(est: Estimate) -> str:
              + (f", {m.cut_short} repeat(s) left out and extrapolated" if m.cut_short else "")
              if m.unit_budget_s is not None else "no time bound")
     share = m.total_s / max(est.wall_s, 1e-9)
+    machinery = (f"the driver's start, Ray and Tune measured on this machine at {m.overheads_cached_from} and "
+                 "reused (ICLMEM_REMEASURE=1 measures them again)" if m.overheads_cached_from
+                 else f"the driver's start, Ray and Tune in {m.overheads_s:.0f} s (kept for the next estimate here)")
     line = (f"Measuring took {m.total_s:.0f} s: {m.units} distinct unit(s) measured once each for {m.keys} "
-            f"(model, Q, task) key(s) in {m.units_s:.0f} s ({bound}); the driver's start, Ray and Tune in "
-            f"{m.overheads_s:.0f} s. That is {share:.0%} of the predicted wall time.")
+            f"(model, Q, task) key(s) in {m.units_s:.0f} s ({bound}); {machinery}. That is {share:.0%} of the "
+            "predicted wall time.")
     if share > MEASURING_SHARE:
         line += (" The sweep is short: measuring its fixed costs (the driver's start, Ray's start, a Tune "
                  "experiment), which it pays once too, weighs as much as its work; a longer grid costs the same "

@@ -21,6 +21,13 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 CARTE_DIR = SHARED / "data" / "carte"
 
 
+@pytest.fixture(autouse=True)
+def private_iclmem_cache(tmp_path_factory, monkeypatch):
+    """Every test gets its own ``$ICLMEM_CACHE`` (estimates kept for a run's comparison, the machine's measured
+    overheads): a test's stubbed timings never reach the user's cache, and no test reads another's."""
+    monkeypatch.setenv("ICLMEM_CACHE", str(tmp_path_factory.mktemp("iclmem-cache")))
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray

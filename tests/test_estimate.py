@@ -188,6 +188,30 @@ def test_cli_estimate_prints_work_and_predicted_wall_time(config, capsys, monkey
             "3.0 s, Tune experiment 1.0 s") in out
 
 
+def test_a_second_estimate_on_this_machine_reuses_the_measured_overheads_and_says_so(config, capsys, monkeypatch):
+    """The driver's, Ray's and Tune's costs are the machine's, not the sweep's: measured by the first estimate, reused
+    by the next (its measuring is then its units only), measured again under ICLMEM_REMEASURE=1."""
+    calls = []
+
+    def measured(reports):
+        calls.append(reports)
+        return {"ray_start_s": 4.5, "actor_start_s": 2.5, "tune_trial_s": 3.0, "tune_fixed_s": 1.0}
+
+    monkeypatch.setattr(estimate_mod, "measure_process", lambda code, repeats=1: 1.5)
+    monkeypatch.setattr(estimate_mod, "measure_ray", measured)
+    argv = ["estimate", str(config), "--workers", "2", "--epochs", "1", "--device", "cpu"]
+    assert main(argv) == 0
+    assert "(kept for the next estimate here)" in capsys.readouterr().out
+    assert main(argv) == 0
+    second = capsys.readouterr().out
+    assert len(calls) == 1
+    assert "measured on this machine at" in second
+    assert "Ray start and stop 4.5 s" in second  # the kept figures, not new ones
+    monkeypatch.setenv("ICLMEM_REMEASURE", "1")
+    assert main(argv) == 0
+    assert len(calls) == 2
+
+
 # ------------------------------------------------------------------------------------------------ measuring once
 TWO_TASKS = SWEEP.replace("  - name: breast_cancer\n", "  - name: breast_cancer\n  - name: wine\n").replace(
     "q: [20]", "q: [20, 30]")
