@@ -341,5 +341,23 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def entry() -> None:
+    """The console script (and ``python -m orchestrator.cli``): :func:`main`, then the process ends with its
+    status. A process that used Ray ends without the interpreter's finalization: every result, the report, the
+    W&B runs and Ray's shutdown are done and flushed by then, and the native threads Ray, torch and numba leave
+    behind can crash finalization (a driver under ``ray job submit`` was seen to segfault after its last line,
+    and the job was marked FAILED for a finished sweep). ``main`` itself returns, so in-process callers (the
+    tests) are unaffected."""
+    code = main()
+    if "ray" in sys.modules:
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
