@@ -268,6 +268,16 @@ class Neighbours(Vocab):
     REPLACE_ONE = "replace-one"
 
 
+class AuditKind(Vocab):
+    """What ``iclmem audit-context --attack`` asks of a deployed in-context learner; each kind's settings and
+    runner are registered once, in orchestrator/audit_kinds.py."""
+
+    MEMBERSHIP = "membership"  # was the row in the context
+    LABEL = "label"  # does the model give away a context row's label
+    ATTRIBUTE = "attribute"  # ... a context row's sensitive column
+    FILE = "file"  # what the package's saved file gives back of its context
+
+
 class InferenceAttack(Vocab):
     """The value-inference attacks against a deployed context (probes/inference_attacks.py)."""
 

@@ -60,7 +60,8 @@ def _schema_defaults() -> tuple[dict[str, Any], int]:
     from orchestrator.config import DataConfig, GridConfig, ModelConfig, ProbeConfig
 
     grid = GridConfig()
-    return ({"base_model": ModelConfig().name, "q": int(grid.q[0]), "label_mode": LabelMode(grid.label_mode[0]).value,
+    # the field's default, not ModelConfig(): building one checks the adapter's options, importing torch
+    return ({"base_model": str(ModelConfig.model_fields["name"].default), "q": int(grid.q[0]), "label_mode": LabelMode(grid.label_mode[0]).value,
              "seed": int(grid.seed[0]), "context_size": int(DataConfig().context_size)}, int(ProbeConfig().bootstrap))
 
 

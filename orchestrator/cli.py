@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from iclmem.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, IclmemError, SweepInterrupted
-from iclmem.vocab import LabelMode, WandbMode, values
+from iclmem.vocab import AuditKind, LabelMode, WandbMode, values
 from orchestrator.cli_audits import cmd_audit_context, cmd_models, cmd_probe
 from orchestrator.cli_folders import check_folder_name
 from orchestrator.cli_planning import cmd_cluster_check, cmd_estimate
@@ -210,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "./runs/audit-<task>-<checkpoint id>)")
     pr.set_defaults(func=cmd_probe)
 
+    from orchestrator.audit_kinds import AUDIT_KINDS, kind_names
     from orchestrator.context_audit import DEFAULT_CONTEXT_SIZE, DEFAULT_NULL_SPLITS, DEFAULT_REFERENCES
     from orchestrator.inference_audit import DEFAULT_BINS, FILE_CONTEXT_SIZE, FILE_REFERENCES
 
@@ -245,13 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "the table): offline into OUT/wandb, or online with WANDB_API_KEY set (default: no W&B)")
     ca.add_argument("--wandb-project", default=None,
                     help="W&B project of the run --wandb logs (default iclmem); refused without --wandb")
-    ca.add_argument("--attack", choices=("membership", "label", "attribute", "file"), default="membership",
-                    help="membership (default): was the row in the context; label: does the deployed model give away "
-                         "the label of a row it holds, beyond the same model without the row; attribute: does it give "
-                         "away --sensitive COLUMN of a row whose label and other columns are known, beyond "
-                         "imputation from rows outside the audit; file: --model tabicl or tabpfn-v2, its package "
-                         "classifier on the shipped mini fitted, saved the package's way and audited as a file "
-                         "(its bytes, its cache matched and inverted, membership through it)")
+    ca.add_argument("--attack", choices=kind_names(), default=AuditKind.MEMBERSHIP.value,
+                    help="; ".join(f"{name}{' (default)' if name == AuditKind.MEMBERSHIP.value else ''}: "
+                                   f"{AUDIT_KINDS.get(name).asks}" for name in kind_names()))
     ca.add_argument("--file-mode", default=None,
                     help="--attack file: how the package saves (tabicl: kv (default) or repr, saved without its "
                          "training data; tabpfn-v2: fit_preprocessors (default) or fit_with_cache)")

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from iclmem.errors import ConfigError
-from iclmem.runfolder import INFERENCE_FILE, SAVED_FILE_TABLE
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -79,69 +77,20 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
-# the audit-context settings only some attacks read: (argument, the attacks that read it, what a refusal says);
-# an attack refuses one it does not read, before any work
-_ATTACK_SETTINGS = (
-    ("estimator", ("membership", "label", "attribute"),
-     "--attack file audits --model tabicl or tabpfn-v2's saved file: --estimator and --sensitive are not its settings"),
-    ("null_splits", ("membership",), "--null-splits with --attack {attack}: the value-inference and saved-file audits "
-                                     "read the never-in-context control, not null splits"),
-    ("sensitive", ("attribute",), "--sensitive is the column of --attack attribute, one of the settings of --attack "
-                                  "attribute only; --attack {attack} does not read it"),
-    ("bins", ("attribute",), "--bins is one of the settings of --attack attribute only; --attack {attack} does not read "
-                             "it"),
-    ("file_mode", ("file",), "--file-mode is a setting of --attack file; --attack {attack} does not read it"),
-    ("file_pca", ("file",), "--file-pca is a setting of --attack file; --attack {attack} does not read it"),
-)
-
-
 def cmd_audit_context(args: argparse.Namespace) -> int:
-    from orchestrator import inference_audit
+    """``iclmem audit-context``: the kind named by ``--attack`` (orchestrator/audit_kinds.py), its settings checked
+    before any work, then run; its lines printed and where its folder is."""
+    from orchestrator.audit_kinds import audit_kind, refuse_unread_settings
     from orchestrator.config import WandbConfig
-    from orchestrator.context_audit import (
-        DEFAULT_CONTEXT_SIZE,
-        DEFAULT_NULL_SPLITS,
-        DEFAULT_REFERENCES,
-        audit_context,
-        summary_lines,
-    )
 
-    for name, readers, refusal in _ATTACK_SETTINGS:
-        if getattr(args, name) is not None and args.attack not in readers:
-            raise ConfigError(refusal.format(attack=args.attack))
+    spec = audit_kind(args.attack)
+    refuse_unread_settings(spec, args)
     if args.wandb_project is not None and args.wandb in (None, "disabled"):
         raise ConfigError(f"--wandb-project {args.wandb_project!r} names the W&B project of the run --wandb logs, but "
                           f"{'--wandb is disabled' if args.wandb else 'no --wandb is given'}, so no run is logged: add "
                           "--wandb offline (or online), or drop --wandb-project")
     # the sweep's default project (wandb.project), declared once in the schema
     project = args.wandb_project if args.wandb_project is not None else WandbConfig.model_fields["project"].default
-    if args.attack == "file":
-        verdict = inference_audit.audit_file(
-            args.task, out=args.out, model=args.model, mode=args.file_mode,
-            context_size=args.context_size or inference_audit.FILE_CONTEXT_SIZE,
-            references=args.references or inference_audit.FILE_REFERENCES, seed=args.seed, bootstrap=args.bootstrap,
-            pca=bool(args.file_pca))
-        if args.wandb not in (None, "disabled"):
-            inference_audit.log_value_audit_to_wandb(Path(args.out), SAVED_FILE_TABLE, args.wandb, project)
-        print("\n".join(inference_audit.saved_file_lines(verdict)))
-        print(f"written to {args.out}")
-        return 0
-    context_size = args.context_size or DEFAULT_CONTEXT_SIZE
-    references = args.references or DEFAULT_REFERENCES
-    if args.attack != "membership":
-        found = inference_audit.audit_inference(
-            args.task, args.attack, out=args.out, model=args.model, estimator=args.estimator,
-            sensitive=args.sensitive, bins=inference_audit.DEFAULT_BINS if args.bins is None else args.bins,
-            context_size=context_size, references=references, seed=args.seed, bootstrap=args.bootstrap)
-        if args.wandb not in (None, "disabled"):
-            inference_audit.log_value_audit_to_wandb(Path(args.out), INFERENCE_FILE, args.wandb, project)
-        print("\n".join(inference_audit.summary_lines(found, args.attack)))
-        print(f"written to {args.out}")
-        return 0
-    result = audit_context(args.task, out=args.out, model=args.model, estimator=args.estimator,
-                           context_size=context_size, references=references, seed=args.seed, bootstrap=args.bootstrap,
-                           null_splits=DEFAULT_NULL_SPLITS if args.null_splits is None else args.null_splits,
-                           wandb=args.wandb, project=project)
-    print("\n".join(summary_lines(result)))
+    print("\n".join(spec.run(args, project)))
     print(f"written to {args.out}")
     return 0

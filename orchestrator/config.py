@@ -686,7 +686,9 @@ class WandbConfig(StrictConfig):
 class SweepConfig(StrictConfig):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     tasks: list[TaskConfig]
-    models: list[ModelConfig] = [ModelConfig()]
+    # a factory: a default built here would run ModelConfig's check of the adapter's options, which imports
+    # every adapter (torch) when this module is imported, and a refusal that needs no model would wait for it
+    models: list[ModelConfig] = Field(default_factory=lambda: [ModelConfig()])
     grid: GridConfig = GridConfig()
     training: TrainingConfig = TrainingConfig()
     data: DataConfig = DataConfig()

@@ -31,7 +31,7 @@ from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError, DataError, ProbeError
 from iclmem.provenance import Provenance
 from iclmem.runfolder import INFERENCE_FILE, SAVED_DIR, SAVED_FILE_TABLE, VERDICT_FILE
-from iclmem.vocab import InferenceGroup
+from iclmem.vocab import AuditKind, InferenceGroup
 from orchestrator.value_attacks import (
     DEFAULT_BINS,
     VALUE_ATTACKS,
@@ -59,24 +59,24 @@ def audit_inference(task: str, attack: str, *, out: str, model: str | None = Non
     note = log or (lambda line: print(line, file=sys.stderr))
     # every setting checked before any work
     if attack not in VALUE_ATTACKS:
-        raise ConfigError(f"--attack {attack!r}: one of membership, {', '.join(VALUE_ATTACKS)}")
-    if attack == "attribute" and not sensitive:
+        raise ConfigError(f"--attack {attack!r}: the value-inference audits are {', '.join(VALUE_ATTACKS)}")
+    if attack == AuditKind.ATTRIBUTE and not sensitive:
         raise ConfigError("--attack attribute needs --sensitive COLUMN: the column the attacker infers")
-    if attack == "label" and sensitive:
+    if attack == AuditKind.LABEL and sensitive:
         raise ConfigError("--sensitive is the column of --attack attribute; --attack label infers the target column")
     if bins < 2:
         raise ConfigError(f"--bins {bins}: at least 2")
     bootstrap = check_audit_settings(model, estimator, references, context_size, bootstrap)
     source = parse_task(task)
     config = {"audit": f"{attack}_inference", "task": task, "model": model, "estimator": estimator,
-              "sensitive": sensitive, "bins": bins if attack == "attribute" else None, "context_size": context_size,
+              "sensitive": sensitive, "bins": bins if attack == AuditKind.ATTRIBUTE else None, "context_size": context_size,
               "references": references, "seed": seed, "bootstrap": bootstrap}
     config_hash = settings_hash(config)
     out_dir = Path(out)
     adapter, factory = audited_model(model, estimator)
     claim_audit_folder(out_dir, config_hash, "--out", "set of settings")  # checks only: nothing written yet
     audit = prepare_context_audit(source, task, context_size, seed, adapter=adapter, factory=factory,
-                                  estimator=estimator, note=note, whole_columns=attack == "attribute")
+                                  estimator=estimator, note=note, whole_columns=attack == AuditKind.ATTRIBUTE)
     attribute, pool = value_attack_inputs(audit, attack, sensitive, bins, task)
     with undo_if_refused(out_dir), hold_run_folder(out_dir, "iclmem audit-context"):
         start_audit_folder(out_dir, Provenance.collect(kind="audit", sweep_name=f"{attack}-inference-{source.name}",
@@ -119,7 +119,7 @@ def verdict_of(result: Any, attack: str, config_hash: str) -> dict[str, Any]:
 def summary_lines(result: Any, attack: str) -> list[str]:
     """The audit in a few lines for the console: the verdict, then per target and attack the members' and the
     non-members' gains and their difference, with intervals."""
-    verdict = ("FOUND: the deployed model discloses its context rows' " + ("labels" if attack == "label" else
+    verdict = ("FOUND: the deployed model discloses its context rows' " + ("labels" if attack == AuditKind.LABEL else
                                                                              "sensitive values")
                if result.found else "not found")
     trust = "trusted" if result.trusted else f"NOT trusted: {'; '.join(result.distrust)}"

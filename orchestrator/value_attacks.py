@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 
 from iclmem.errors import ConfigError, DataError
-from iclmem.vocab import ColumnKind
+from iclmem.vocab import AuditKind, ColumnKind
 
 __all__ = ["DEFAULT_BINS", "VALUE_ATTACKS", "run_value_attack", "sensitive_attribute", "value_attack_inputs"]
 
 # --attack: membership is the context audit (orchestrator.context_audit); these two are value inference
-VALUE_ATTACKS = ("label", "attribute")
+VALUE_ATTACKS = (AuditKind.LABEL.value, AuditKind.ATTRIBUTE.value)  # the audit kinds that infer a value
 DEFAULT_BINS = 4
 
 
@@ -57,7 +57,7 @@ def value_attack_inputs(audit: Any, attack: str, sensitive: str | None, bins: in
     :class:`DataError`: both before any scoring."""
     from probes.inference_attacks import ImputationPool
 
-    if attack != "attribute":
+    if attack != AuditKind.ATTRIBUTE:
         return None, None
     if not sensitive:
         raise ConfigError("attribute inference needs the sensitive column")
