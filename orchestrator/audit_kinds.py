@@ -17,6 +17,14 @@ from iclmem.errors import ConfigError, UnknownNameError
 from iclmem.registry import Registry
 from iclmem.runfolder import INFERENCE_FILE, SAVED_FILE_TABLE
 from iclmem.vocab import AuditKind, values
+from orchestrator.audit_defaults import (
+    DEFAULT_BINS,
+    DEFAULT_CONTEXT_SIZE,
+    DEFAULT_NULL_SPLITS,
+    DEFAULT_REFERENCES,
+    FILE_CONTEXT_SIZE,
+    FILE_REFERENCES,
+)
 
 __all__ = ["AUDIT_KINDS", "OPTIONAL_SETTINGS", "AuditKindSpec", "audit_kind", "kind_names", "refuse_unread_settings"]
 
@@ -82,13 +90,7 @@ def refuse_unread_settings(spec: AuditKindSpec, args: argparse.Namespace) -> Non
 
 # --------------------------------------------------------------------------------------------- the kinds
 def _membership(args: argparse.Namespace, project: str) -> list[str]:
-    from orchestrator.context_audit import (
-        DEFAULT_CONTEXT_SIZE,
-        DEFAULT_NULL_SPLITS,
-        DEFAULT_REFERENCES,
-        audit_context,
-        summary_lines,
-    )
+    from orchestrator.context_audit import audit_context, summary_lines
 
     result = audit_context(args.task, out=args.out, model=args.model, estimator=args.estimator,
                            context_size=args.context_size or DEFAULT_CONTEXT_SIZE,
@@ -101,11 +103,10 @@ def _membership(args: argparse.Namespace, project: str) -> list[str]:
 
 def _value_inference(args: argparse.Namespace, project: str) -> list[str]:
     from orchestrator import inference_audit
-    from orchestrator.context_audit import DEFAULT_CONTEXT_SIZE, DEFAULT_REFERENCES
 
     found = inference_audit.audit_inference(
         args.task, args.attack, out=args.out, model=args.model, estimator=args.estimator,
-        sensitive=args.sensitive, bins=inference_audit.DEFAULT_BINS if args.bins is None else args.bins,
+        sensitive=args.sensitive, bins=DEFAULT_BINS if args.bins is None else args.bins,
         context_size=args.context_size or DEFAULT_CONTEXT_SIZE, references=args.references or DEFAULT_REFERENCES,
         seed=args.seed, bootstrap=args.bootstrap)
     if args.wandb not in (None, "disabled"):
@@ -118,8 +119,8 @@ def _saved_file(args: argparse.Namespace, project: str) -> list[str]:
 
     verdict = inference_audit.audit_file(
         args.task, out=args.out, model=args.model, mode=args.file_mode,
-        context_size=args.context_size or inference_audit.FILE_CONTEXT_SIZE,
-        references=args.references or inference_audit.FILE_REFERENCES, seed=args.seed, bootstrap=args.bootstrap,
+        context_size=args.context_size or FILE_CONTEXT_SIZE,
+        references=args.references or FILE_REFERENCES, seed=args.seed, bootstrap=args.bootstrap,
         pca=bool(args.file_pca))
     if args.wandb not in (None, "disabled"):
         inference_audit.log_value_audit_to_wandb(Path(args.out), SAVED_FILE_TABLE, args.wandb, project)

@@ -210,9 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "./runs/audit-<task>-<checkpoint id>)")
     pr.set_defaults(func=cmd_probe)
 
+    from orchestrator.audit_defaults import (
+        DEFAULT_BINS,
+        DEFAULT_CONTEXT_SIZE,
+        DEFAULT_NULL_SPLITS,
+        DEFAULT_REFERENCES,
+        FILE_CONTEXT_SIZE,
+        FILE_REFERENCES,
+    )
     from orchestrator.audit_kinds import AUDIT_KINDS, kind_names
-    from orchestrator.context_audit import DEFAULT_CONTEXT_SIZE, DEFAULT_NULL_SPLITS, DEFAULT_REFERENCES
-    from orchestrator.inference_audit import DEFAULT_BINS, FILE_CONTEXT_SIZE, FILE_REFERENCES
 
     ca = parser(sub, "audit-context", help="was a row in a fitted estimator's context? (no fine-tuning, no Ray)",
                 description=textwrap.fill(

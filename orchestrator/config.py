@@ -41,6 +41,7 @@ from iclmem.vocab import (
     TaskKind,
     WandbMode,
 )
+from orchestrator.audit_defaults import DEFAULT_BINS, DEFAULT_REFERENCES
 from orchestrator.config_base import MAX_BOOTSTRAP, SEED_MAX, StrictConfig, settings_default
 from orchestrator.config_reading import resolve_path, validate_config
 from orchestrator.slices import SliceSettings
@@ -369,7 +370,7 @@ class ProbeConfig(StrictConfig):
     # recipe on a random half of its members + non-members; 0 = off
     references: int = Field(0, ge=0, le=64)
     # regime context: K reference contexts of each deployed-context audit (even; every row in half of them)
-    context_references: int = Field(64, ge=2, le=256)
+    context_references: int = Field(DEFAULT_REFERENCES, ge=2, le=256)
     # two channels, same rows (probes/two_channel.py): every fine-tuned checkpoint is also deployed with a context
     # of half its member and half its non-member rows, and those rows are audited through that context against
     # context_references reference contexts on the same weights, beside the probe (the risk report crosses them)
@@ -378,7 +379,7 @@ class ProbeConfig(StrictConfig):
     # label, and attribute on the column sensitive (numeric: sensitive_bins quantile bins)
     value_inference: list[Literal["label", "attribute"]] = Field(default_factory=list)
     sensitive: str | None = None
-    sensitive_bins: int = Field(4, ge=2, le=64)
+    sensitive_bins: int = Field(DEFAULT_BINS, ge=2, le=64)
 
     @model_validator(mode="after")
     def _sensitive_goes_with_attribute(self) -> ProbeConfig:
@@ -387,7 +388,7 @@ class ProbeConfig(StrictConfig):
         if self.sensitive and "attribute" not in self.value_inference:
             raise ValueError(f"sensitive {self.sensitive!r} is read only by value_inference: [attribute]; add it or "
                              "drop sensitive")
-        if self.sensitive_bins != 4 and "attribute" not in self.value_inference:
+        if self.sensitive_bins != DEFAULT_BINS and "attribute" not in self.value_inference:
             raise ValueError("sensitive_bins is read only by value_inference: [attribute]")
         if len(set(self.value_inference)) != len(self.value_inference):
             raise ValueError(f"value_inference {self.value_inference}: each attack once")

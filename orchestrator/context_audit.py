@@ -47,14 +47,12 @@ from iclmem.vocab import ContextAttack, ContextTarget, InputContract, LabelDesig
 
 # a registered model's adapter as a scorer lives beside the two-channel audit, which scores fine-tuned checkpoints
 # inside the probe; imported here for the context audit's callers
+from orchestrator.audit_defaults import DEFAULT_CONTEXT_SIZE, DEFAULT_NULL_SPLITS, DEFAULT_REFERENCES
 from probes.two_channel import AdapterScorer
 
 # context_scores.parquet: the deployed context's scores under each of two disjoint reference sets, beside the
 # ``<target>__<attack>`` columns (orchestrator.record_risk reads them for the records' stability)
 REFERENCE_HALF_PREFIX = "reference_set_"
-DEFAULT_CONTEXT_SIZE = 256
-DEFAULT_REFERENCES = 64
-DEFAULT_NULL_SPLITS = 5
 # Stage I reserves a fine-tuning context C' beside members and non-members; the context audit has no use for
 # it but as the blind baseline's fallback rows, so it is kept small: the control needs the rows left over
 BLIND_CONTEXT_ROWS = 32
@@ -189,7 +187,7 @@ def audited_model(model: str | None, estimator: str | None) -> tuple[Any, Callab
 def audit_context(task: str, *, out: str, model: str | None = None, estimator: str | None = None,
                   context_size: int = DEFAULT_CONTEXT_SIZE, references: int = DEFAULT_REFERENCES, seed: int = 0,
                   bootstrap: int | None = None, null_splits: int = DEFAULT_NULL_SPLITS,
-                  wandb: str | None = None, project: str = "iclmem", log: Callable[[str], None] | None = None) -> Any:
+                  wandb: str | None = None, project: str | None = None, log: Callable[[str], None] | None = None) -> Any:
     """Audit whether rows of ``task`` were in a fitted estimator's context; returns the
     :class:`probes.context_audit.ContextAuditResult` and writes the folder ``out`` (and, with ``wandb``
     offline or online, one W&B run of project ``project``)."""
@@ -231,7 +229,11 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
                                                     seed=seed, bootstrap=bootstrap, null_splits=null_splits,
                                                     note=note)
         if wandb not in (None, "disabled"):
-            log_to_wandb(out_dir, table, verdict, wandb, project)
+            from orchestrator.config import WandbConfig
+
+            # the sweep's default project (wandb.project), declared once in the schema
+            log_to_wandb(out_dir, table, verdict, wandb,
+                         project if project is not None else str(WandbConfig.model_fields["project"].default))
     return result
 
 

@@ -32,6 +32,7 @@ from iclmem.errors import ConfigError, DataError, ProbeError
 from iclmem.provenance import Provenance
 from iclmem.runfolder import INFERENCE_FILE, SAVED_DIR, SAVED_FILE_TABLE, VERDICT_FILE
 from iclmem.vocab import AuditKind, InferenceGroup
+from orchestrator.audit_defaults import DEFAULT_CONTEXT_SIZE, DEFAULT_REFERENCES, FILE_CONTEXT_SIZE, FILE_REFERENCES
 from orchestrator.value_attacks import (
     DEFAULT_BINS,
     VALUE_ATTACKS,
@@ -46,8 +47,8 @@ __all__ = ["DEFAULT_BINS", "FILE_CONTEXT_SIZE", "FILE_REFERENCES", "VALUE_ATTACK
 
 
 def audit_inference(task: str, attack: str, *, out: str, model: str | None = None, estimator: str | None = None,
-                    sensitive: str | None = None, bins: int = DEFAULT_BINS, context_size: int = 256,
-                    references: int = 64, seed: int = 0, bootstrap: int | None = None,
+                    sensitive: str | None = None, bins: int = DEFAULT_BINS, context_size: int = DEFAULT_CONTEXT_SIZE,
+                    references: int = DEFAULT_REFERENCES, seed: int = 0, bootstrap: int | None = None,
                     log: Callable[[str], None] | None = None) -> Any:
     """Run one value-inference audit and write its folder; returns the result
     (:class:`~probes.inference_attacks.LabelInferenceResult` or ``AttributeInferenceResult``)."""
@@ -135,12 +136,8 @@ def summary_lines(result: Any, attack: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ --attack file
 # The saved-file audit (orchestrator.saved_file_audit): the package's classifier, on the shipped mini of its
-# architecture, fitted on the deployed context and saved the package's own way; what the file gives back
-
-
-# a saved-file audit refits the package's classifier on every reference context: fewer, smaller ones by default
-FILE_CONTEXT_SIZE = 40
-FILE_REFERENCES = 8
+# architecture, fitted on the deployed context and saved the package's own way; what the file gives back.
+# FILE_CONTEXT_SIZE, FILE_REFERENCES (orchestrator/audit_defaults.py): the saved-file audit's smaller defaults
 
 
 def file_feature_limit(model: str) -> int:

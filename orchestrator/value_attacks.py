@@ -13,12 +13,12 @@ import numpy as np
 
 from iclmem.errors import ConfigError, DataError
 from iclmem.vocab import AuditKind, ColumnKind
+from orchestrator.audit_defaults import DEFAULT_BINS
 
 __all__ = ["DEFAULT_BINS", "VALUE_ATTACKS", "run_value_attack", "sensitive_attribute", "value_attack_inputs"]
 
 # --attack: membership is the context audit (orchestrator.context_audit); these two are value inference
 VALUE_ATTACKS = (AuditKind.LABEL.value, AuditKind.ATTRIBUTE.value)  # the audit kinds that infer a value
-DEFAULT_BINS = 4
 
 
 def sensitive_attribute(prepared: Any, population_x: np.ndarray, name: str, bins: int) -> Any:

@@ -80,7 +80,9 @@ def test_audit_context_runs_the_registered_kind_with_the_project_and_prints_its_
     assert main(["audit-context", "iris", "--model", "pfn-mini", "--attack", "attribute", "--sensitive", "petal",
                  "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert seen == {"attack": "attribute", "sensitive": "petal", "project": "iclmem"}
+    from orchestrator.config import WandbConfig
+
+    assert seen == {"attack": "attribute", "sensitive": "petal", "project": WandbConfig.model_fields["project"].default}
     assert "line one of the fake audit\nline two\n" in printed
     assert f"written to {out}" in printed
     # a setting the kind does not read is refused before its runner is called

@@ -64,3 +64,44 @@ def test_settings_default_reads_plain_and_factory_defaults_and_the_schema_uses_i
     assert settings_default(ProbeSettings, "thresholds") == OutcomeThresholds()
     with pytest.raises(KeyError):
         settings_default(PrepSettings, "no_such_setting")
+
+
+def test_the_audits_defaults_are_declared_once_and_every_reader_has_them():
+    """K reference contexts, the context size, the null splits, the attribute bins and the saved-file audit's
+    sizes are orchestrator/audit_defaults.py's: the sweep schema's regime-context settings, each audit's own
+    signature and the command line's help all give those values."""
+    import inspect
+
+    from orchestrator import audit_defaults as kinds
+    from orchestrator.config import ProbeConfig, WandbConfig
+    from orchestrator.context_audit import audit_context
+    from orchestrator.inference_audit import audit_file, audit_inference
+
+    def defaults(function):
+        return {name: p.default for name, p in inspect.signature(function).parameters.items()}
+
+    assert ProbeConfig().context_references == kinds.DEFAULT_REFERENCES
+    assert ProbeConfig().sensitive_bins == kinds.DEFAULT_BINS
+    expected = {"context_size": kinds.DEFAULT_CONTEXT_SIZE, "references": kinds.DEFAULT_REFERENCES}
+    assert {k: defaults(audit_context)[k] for k in expected} == expected
+    assert defaults(audit_context)["null_splits"] == kinds.DEFAULT_NULL_SPLITS
+    assert {k: defaults(audit_inference)[k] for k in expected} == expected
+    assert defaults(audit_inference)["bins"] == kinds.DEFAULT_BINS
+    assert (defaults(audit_file)["context_size"], defaults(audit_file)["references"]) == (
+        kinds.FILE_CONTEXT_SIZE, kinds.FILE_REFERENCES)
+    # no audit spells the W&B project again: a context audit without one logs to the schema's default
+    assert defaults(audit_context)["project"] is None
+    assert WandbConfig().project == WandbConfig.model_fields["project"].default
+
+
+def test_the_audit_context_help_states_the_declared_defaults(capsys):
+    from orchestrator import audit_defaults as kinds
+    from orchestrator.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["audit-context", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(default {kinds.DEFAULT_CONTEXT_SIZE}; --attack file: {kinds.FILE_CONTEXT_SIZE})" in text
+    assert f"(default {kinds.DEFAULT_REFERENCES}; --attack file: {kinds.FILE_REFERENCES})" in text
+    assert f"default {kinds.DEFAULT_NULL_SPLITS}; --attack membership only" in text
+    assert f"(default {kinds.DEFAULT_BINS})" in text
