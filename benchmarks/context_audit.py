@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from iclmem.vocab import ContextAttack, ContextTarget
     from orchestrator.audit import parse_task
     from orchestrator.context_audit import prepare_context_audit
-    from probes.context_audit import evaluate_context_audit, score_references
+    from probes.attacks.context import evaluate_context_audit, score_references
     from trainables.models import build_model
 
     warnings.simplefilter("ignore")
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
               f"forward pass of {2 * n} rows against {n}; {args.max_references} references in "
               f"{fmt(refs.seconds, 1)} s in all).\n")
     if args.forest:
-        from orchestrator.context_audit import EstimatorScorer
+        from probes.attacks.scorers import EstimatorScorer
 
         fa = prepare_context_audit(source, args.task, n, 0, factory=forest, estimator="forest", note=lambda _m: None)
         fr = score_references(EstimatorScorer(forest, fa.prepared.n_classes), fa.inputs, 16, 0)

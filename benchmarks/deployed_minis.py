@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from iclmem.vocab import ContextAttack, ContextTarget
     from orchestrator.audit import parse_task
     from orchestrator.context_audit import prepare_context_audit
-    from probes.context_audit import evaluate_context_audit, score_references
+    from probes.attacks.context import evaluate_context_audit, score_references
     from trainables.models import build_model
     from trainables.models.estimator import load_estimator_factory
 

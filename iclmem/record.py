@@ -305,7 +305,7 @@ COLUMNS: dict[str, Column] = _columns(
 _KINDS = "|".join(values(ScoreKind))
 _ATTACKS = "|".join(values(Attack))
 _RULES = "|".join(values(VerdictRule))
-# the verdict columns of every reference-model attack (probes.attacks): ids, verdicts and counts
+# the verdict columns of every reference-model attack (probes.attacks.membership): ids, verdicts and counts
 ATTACK_VERDICT_SUFFIXES: tuple[str, ...] = ("outcome", "p_value_threshold", "null_memorization", "run_outcome",
                                             "run_epoch", "run_auc", "run_null_splits", "run_null_memorization")
 # the statistic an attack reads: the probe's (no prefix), the known-context loss, or that loss as the package

@@ -215,7 +215,7 @@ class TrialRole(Vocab):
 
 
 class Attack(Vocab):
-    """Reference-model membership attacks (probes/attacks.py); their results columns are ``<value>_*``."""
+    """Reference-model membership attacks (probes/attacks/membership.py); their results columns are ``<value>_*``."""
 
     LIRA_ONLINE = "lira_online"  # Carlini et al.: per-query Gaussians fitted to in- and out-reference statistics
     LIRA_OFFLINE = "lira_offline"  # one-sided test against the out-reference Gaussian only
@@ -223,7 +223,7 @@ class Attack(Vocab):
 
 
 class ContextAttack(Vocab):
-    """The attacks of the deployed-context audit (probes/context_audit.py): is a row in a fitted in-context
+    """The attacks of the deployed-context audit (probes/attacks/context.py): is a row in a fitted in-context
     learner's context? A reference is the same weights with another context; the last three are
     :class:`Attack`'s, on those references."""
 
@@ -279,7 +279,7 @@ class AuditKind(Vocab):
 
 
 class InferenceAttack(Vocab):
-    """The value-inference attacks against a deployed context (probes/inference_attacks.py)."""
+    """The value-inference attacks against a deployed context (probes/attacks/value_inference.py)."""
 
     LABEL = "label"  # argmax of p(class | x, context): is it the row's label?
     ATTRIBUTE_MODEL = "attribute_model"  # the candidate of the sensitive column maximising log p(y* | x_v, context)
@@ -287,7 +287,7 @@ class InferenceAttack(Vocab):
 
 
 class InferenceGroup(Vocab):
-    """Which rows a value-inference statistic is over (probes/inference_attacks.py)."""
+    """Which rows a value-inference statistic is over (probes/attacks/value_inference.py)."""
 
     MEMBERS = "members"
     NONMEMBERS = "nonmembers"

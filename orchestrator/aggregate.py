@@ -259,13 +259,13 @@ def _iclmem_statistic(table: pd.DataFrame) -> Any:
 
 
 def _known_context_logit(table: pd.DataFrame) -> Any:
-    from probes.attacks import logit_of_loss
+    from probes.attacks.membership import logit_of_loss
 
     return pd.Series(logit_of_loss(table["known_context_loss"].to_numpy(np.float64)), index=table.index)
 
 
 def _deployed_logit(table: pd.DataFrame) -> Any:
-    from probes.attacks import logit_of_loss
+    from probes.attacks.membership import logit_of_loss
 
     return pd.Series(logit_of_loss(table[DEPLOYED_LOSS].to_numpy(np.float64)), index=table.index)
 
@@ -293,7 +293,7 @@ def _lira_statistics(prefix: str, target: pd.DataFrame, references: list[pd.Data
     """(target [n] or [n, M], references [K, n] or [K, n, M]) of one statistic: for the probe, the logit of
     p(y*) under each of its M manipulations when the target and every reference stored them (the same ones),
     else the single per-query statistic of :data:`ATTACK_STATISTICS`."""
-    from probes.attacks import LOGIT_PREFIX
+    from probes.attacks.membership import LOGIT_PREFIX
 
     if not prefix:
         columns = [c for c in target.columns if c.startswith(LOGIT_PREFIX)]
@@ -339,10 +339,10 @@ def null_query_table(run_dir: Path, run_id: str, epoch: int,
 
 
 def checkpoint_attack_inputs(target: pd.DataFrame, references: list[pd.DataFrame]) -> dict[str, Any] | None:
-    """Per statistic prefix (:data:`ATTACK_STATISTICS`), the attacks' inputs (``probes.attacks.AttackInputs``) of
+    """Per statistic prefix (:data:`ATTACK_STATISTICS`), the attacks' inputs (``probes.attacks.membership.AttackInputs``) of
     one target checkpoint and its references' query tables, aligned by query id in ascending order; None when
     a reference scored other queries."""
-    from probes.attacks import AttackInputs, ReferenceStatistics
+    from probes.attacks.membership import AttackInputs, ReferenceStatistics
 
     target = target.set_index("query_id").sort_index()
     aligned = [t.set_index("query_id").reindex(target.index) for t in references]
@@ -408,7 +408,7 @@ def record_attack_scores(run_dir: Path, references: pd.DataFrame, queries: Query
     :func:`upstream_last_epochs` of the audited results (recipe-upstream references paired by recipe output)."""
     last_epochs = last_epochs or {}
     from iclmem.vocab import Attack
-    from probes.attacks import attack_scores
+    from probes.attacks.membership import attack_scores
 
     def scores(run_id: str, epoch: int) -> dict[str, pd.Series]:
         if references.empty or "reference_of" not in references.columns:
@@ -437,8 +437,8 @@ def attacks_for_checkpoint(target: pd.DataFrame, references: list[pd.DataFrame],
     """The attack columns and ROC curves of one target checkpoint from its query table and its references'
     (``probes.probe.query_table``), aligned by query id; None when a reference scored other queries.
     ``thresholds`` (``probes.outcomes.OutcomeThresholds``, default the defaults) and ``n_checkpoints`` (of
-    the run's headline family) decide each attack's verdict (``probes.attacks.attack_verdict``)."""
-    from probes.attacks import evaluate_attacks
+    the run's headline family) decide each attack's verdict (``probes.attacks.membership.attack_verdict``)."""
+    from probes.attacks.membership import evaluate_attacks
     from probes.metrics import roc_curve
 
     built = checkpoint_attack_inputs(target, references)
@@ -467,7 +467,7 @@ def attack_columns(results: pd.DataFrame, references: pd.DataFrame, run_dir: Pat
     sweep.json) all have a result at the same epoch: per statistic (:data:`ATTACK_STATISTICS`) and attack,
     AUC with interval, TPR at 1% / 0.1% / the rule's alpha FPR with Clopper-Pearson intervals, the verdict
     under the sweep's rule (``outcome:`` in sweep.json) and null-split evidence with its false positives
-    (:func:`probes.attacks.evaluate_attacks`), each attack's run headline (:func:`attack_headline_columns`),
+    (:func:`probes.attacks.membership.evaluate_attacks`), each attack's run headline (:func:`attack_headline_columns`),
     and ``attack_roc`` (JSON: fpr / tpr of each attack on the probe statistic and of IclMem's calibrated
     loss score, for the report's ROC figure). ``queries``: the query tables :func:`collect` loaded (else
     they are read from the run folder)."""
@@ -542,13 +542,13 @@ def _family_checkpoints(results: pd.DataFrame, row: pd.Series) -> int:
 
 
 def attack_headline_columns(results: pd.DataFrame) -> pd.DataFrame:
-    """Each attack's run headline on every row of its run (:func:`probes.attacks.attack_run_headline`):
+    """Each attack's run headline on every row of its run (:func:`probes.attacks.membership.attack_run_headline`):
     ``<attack>_run_outcome``, ``_run_epoch``, ``_run_auc`` (the verdict at the checkpoint with the attack's
     highest AUC) and ``_run_null_splits``, ``_run_null_memorization`` (null runs whose headline, picked the
     same way, is a memorization verdict: the attack's false positives at run level), for every statistic
     prefix of :data:`ATTACK_STATISTICS`. Rows without attack columns get None / NaN."""
     from iclmem.vocab import Attack
-    from probes.attacks import attack_run_headline
+    from probes.attacks.membership import attack_run_headline
 
     keys = [c for c in RUN_KEY if c in results.columns]
     new: dict[str, list[Any]] = {}

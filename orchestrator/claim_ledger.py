@@ -18,7 +18,7 @@ Null paths, per kind (docs/METHOD.md, "The claim ledger"):
 * ``reference_attack`` (``probe.references``): per run and channel (the probe's statistic, the known-context
   loss, and for recipe upstream that loss as the package deploys the weights), any of the channel's attacks
   (LiRA online, LiRA offline, RMIA) calling the run memorization at its headline; attack null split j of every
-  checkpoint goes through each attack's headline selection and rule (``probes.attacks.attack_run_headline``), a
+  checkpoint goes through each attack's headline selection and rule (``probes.attacks.membership.attack_run_headline``), a
   null trial per (run, j) a false positive when any of the channel's attacks fires on it.
 * ``runs_leaked``: the union of the claims above, one family: a null trial per (run, j) is a false positive when
   any fires on its null split j.
@@ -260,11 +260,11 @@ _REFERENCE_ATTACKS = tuple(a.value for a in Attack)
 
 def _attack_null_hits(run_rows: pd.DataFrame, prefix: str) -> pd.Series | None:
     """Per attack null split j of one run: whether any of the channel's attacks calls null run j memorization at
-    its headline (``probes.attacks.null_headline_outcomes``, as ``_run_null_memorization`` counts them); None
+    its headline (``probes.attacks.membership.null_headline_outcomes``, as ``_run_null_memorization`` counts them); None
     without attack evidence."""
     import json
 
-    from probes.attacks import null_headline_outcomes
+    from probes.attacks.membership import null_headline_outcomes
 
     hits: dict[int, bool] = {}
     seen = False

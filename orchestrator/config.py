@@ -366,7 +366,7 @@ class ProbeConfig(StrictConfig):
     # model returns them (the results' rounded_* columns); null = no rounded re-test
     output_decimals: int | None = Field(settings_default(ProbeSettings, "output_decimals"), ge=OUTPUT_DECIMALS_MIN,
                                         le=OUTPUT_DECIMALS_MAX)
-    # K reference fine-tunes per audited run (LiRA / RMIA, probes/attacks.py): each trains with the run's
+    # K reference fine-tunes per audited run (LiRA / RMIA, probes/attacks/membership.py): each trains with the run's
     # recipe on a random half of its members + non-members; 0 = off
     references: int = Field(0, ge=0, le=64)
     # regime context: K reference contexts of each deployed-context audit (even; every row in half of them)
@@ -375,7 +375,7 @@ class ProbeConfig(StrictConfig):
     # of half its member and half its non-member rows, and those rows are audited through that context against
     # context_references reference contexts on the same weights, beside the probe (the risk report crosses them)
     two_channels: bool = False
-    # regime context: value-inference attacks run on each audit beside membership (probes/inference_attacks.py):
+    # regime context: value-inference attacks run on each audit beside membership (probes/attacks/value_inference.py):
     # label, and attribute on the column sensitive (numeric: sensitive_bins quantile bins)
     value_inference: list[Literal["label", "attribute"]] = Field(default_factory=list)
     sensitive: str | None = None

@@ -1,5 +1,5 @@
 """``iclmem audit-context``: was a row in a fitted estimator's context? The shell around
-:mod:`probes.context_audit` (the math): settle and check the settings, prepare the table, build the scorer,
+:mod:`probes.attacks.context` (the math): settle and check the settings, prepare the table, build the scorer,
 run the audit, write the folder. No Ray: the K reference contexts are forward passes of one process.
 
 The estimator is either a registered model (``--model pfn-mini``: its adapter, the context as given, one
@@ -48,7 +48,7 @@ from iclmem.vocab import ContextAttack, ContextTarget, InputContract, LabelDesig
 # a registered model's adapter as a scorer lives beside the two-channel audit, which scores fine-tuned checkpoints
 # inside the probe; imported here for the context audit's callers
 from orchestrator.audit_defaults import DEFAULT_CONTEXT_SIZE, DEFAULT_NULL_SPLITS, DEFAULT_REFERENCES
-from probes.two_channel import AdapterScorer
+from probes.attacks.scorers import AdapterScorer, EstimatorScorer
 
 # context_scores.parquet: the deployed context's scores under each of two disjoint reference sets, beside the
 # ``<target>__<attack>`` columns (orchestrator.record_risk reads them for the records' stability)
@@ -58,32 +58,14 @@ REFERENCE_HALF_PREFIX = "reference_set_"
 BLIND_CONTEXT_ROWS = 32
 
 
-# ------------------------------------------------------------------------------------------ scorers
-class EstimatorScorer:
-    """A scikit-learn-style classifier as a :class:`probes.context_audit.ContextScorer`: a fresh estimator
-    from ``factory()`` fitted on each context, ``predict_proba`` on the queries
-    (:func:`trainables.models.estimator.estimator_log_probs`). A ``fit`` or ``predict_proba`` that fails, and
-    probabilities that are not finite and >= 0, are a :class:`~iclmem.errors.ModelError` naming the estimator (``name``,
-    its ``MODULE:FACTORY``), through :class:`trainables.models.estimator.CheckedEstimator`."""
-
-    def __init__(self, factory: Callable[[], Any], n_classes: int, name: str = "estimator") -> None:
-        self.factory, self.n_classes, self.name = factory, int(n_classes), name
-
-    def __call__(self, context_x: np.ndarray, context_y: np.ndarray, query_x: np.ndarray) -> np.ndarray:
-        from trainables.models.estimator import CheckedEstimator, estimator_log_probs
-
-        return estimator_log_probs(lambda: CheckedEstimator(self.factory(), self.name), context_x, context_y,
-                                   query_x, self.n_classes, self.name)
-
-
 # ------------------------------------------------------------------------------------------ the audit
 @dataclass(frozen=True)
 class PreparedContextAudit:
-    """What an audit scores, built from the table: the inputs of :mod:`probes.context_audit`, the scorer,
+    """What an audit scores, built from the table: the inputs of :mod:`probes.attacks.context`, the scorer,
     the prepared task and the population's positions in it (members first)."""
 
-    inputs: Any  # probes.context_audit.ContextAuditInputs
-    scorer: Any  # a probes.context_audit.ContextScorer
+    inputs: Any  # probes.attacks.context.ContextAuditInputs
+    scorer: Any  # a probes.attacks.context.ContextScorer
     prepared: Any  # trainables.data.PreparedTask
     population: np.ndarray  # int64 [2N]: positions of P in the prepared task, members first
 
@@ -99,7 +81,7 @@ def prepare_context_audit(source: Any, task: str, context_size: int, seed: int, 
     classifier per context, its preprocessing and ensemble included) on the same prepared rows as the raw
     network would be. ``whole_columns`` (an estimator only): every column kept as itself (numeric contract, no
     PCA), as an attack on one column needs."""
-    from probes.context_audit import ContextAuditInputs
+    from probes.attacks.context import ContextAuditInputs
     from trainables.data import PrepSettings, null_split, prepare_task
 
     if (adapter is None) == (factory is None):
@@ -153,7 +135,7 @@ def check_audit_settings(model: str | None, estimator: str | None, references: i
     """The settings every ``audit-context`` audit shares (membership, label, attribute), checked before any work;
     returns the bootstrap resamples (None: the default)."""
     from orchestrator.audit import DEFAULT_BOOTSTRAP, check_bootstrap_cap, min_bootstrap
-    from probes.context_audit import MAX_REFERENCES
+    from probes.attacks.context import MAX_REFERENCES
 
     bootstrap = DEFAULT_BOOTSTRAP if bootstrap is None else int(bootstrap)
     if (model is None) == (estimator is None):
@@ -189,7 +171,7 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
                   bootstrap: int | None = None, null_splits: int = DEFAULT_NULL_SPLITS,
                   wandb: str | None = None, project: str | None = None, log: Callable[[str], None] | None = None) -> Any:
     """Audit whether rows of ``task`` were in a fitted estimator's context; returns the
-    :class:`probes.context_audit.ContextAuditResult` and writes the folder ``out`` (and, with ``wandb``
+    :class:`probes.attacks.context.ContextAuditResult` and writes the folder ``out`` (and, with ``wandb``
     offline or online, one W&B run of project ``project``)."""
     from iclmem.runfolder import undo_if_refused
     from iclmem.runlock import hold_run_folder
@@ -244,7 +226,7 @@ def run_prepared_audit(audit: PreparedContextAudit, out_dir: Path, *, task: str,
     """Score a prepared audit and write its folder (provenance first, the verdict last): (result, table,
     verdict as written). Shared by ``iclmem audit-context`` and a sweep's regime ``context``."""
     from orchestrator.audit import start_audit_folder
-    from probes.context_audit import evaluate_context_audit
+    from probes.attacks.context import evaluate_context_audit
     from probes.metrics import LowResolutionWarning
     from probes.outcomes import OutcomeThresholds
     from probes.probe import blind_columns

@@ -1,5 +1,5 @@
 """``iclmem audit-context --attack label|attribute``: what a deployed in-context learner gives away about the
-values of the rows in its context, beyond their membership. The shell around :mod:`probes.inference_attacks`
+values of the rows in its context, beyond their membership. The shell around :mod:`probes.attacks.value_inference`
 (the math): check the settings, prepare the table as the membership audit does (the same N members, N
 label-matched non-members and never-in-context control, :func:`orchestrator.context_audit.prepare_context_audit`),
 build the scorer, run the attack, write the folder. No Ray.
@@ -13,7 +13,7 @@ build the scorer, run the attack, write the folder. No Ray.
   components of the whole row (pfn-mini on a wide table) has no such column, and is refused, naming why.
 
 The folder (``--out``): ``provenance.json``, ``inference.parquet`` (one row per target, attack, group and
-statistic, :meth:`~probes.inference_attacks.LabelInferenceResult.to_rows`: rates and intervals, no row values) and
+statistic, :meth:`~probes.attacks.value_inference.LabelInferenceResult.to_rows`: rates and intervals, no row values) and
 ``verdict.json`` (found, trusted, the headline gains) last, so a folder with a verdict is complete.
 """
 
@@ -51,7 +51,7 @@ def audit_inference(task: str, attack: str, *, out: str, model: str | None = Non
                     references: int = DEFAULT_REFERENCES, seed: int = 0, bootstrap: int | None = None,
                     log: Callable[[str], None] | None = None) -> Any:
     """Run one value-inference audit and write its folder; returns the result
-    (:class:`~probes.inference_attacks.LabelInferenceResult` or ``AttributeInferenceResult``)."""
+    (:class:`~probes.attacks.value_inference.LabelInferenceResult` or ``AttributeInferenceResult``)."""
     from iclmem.runfolder import undo_if_refused
     from iclmem.runlock import hold_run_folder
     from orchestrator.audit import claim_audit_folder, parse_task, settings_hash, start_audit_folder, strict_json
@@ -135,7 +135,7 @@ def summary_lines(result: Any, attack: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ --attack file
-# The saved-file audit (orchestrator.saved_file_audit): the package's classifier, on the shipped mini of its
+# The saved-file audit (probes.attacks.saved_file): the package's classifier, on the shipped mini of its
 # architecture, fitted on the deployed context and saved the package's own way; what the file gives back.
 # FILE_CONTEXT_SIZE, FILE_REFERENCES (orchestrator/audit_defaults.py): the saved-file audit's smaller defaults
 
@@ -167,10 +167,10 @@ def audit_file(task: str, *, out: str, model: str, mode: str | None = None, cont
     whitened PCA components instead (``data.max_features``, 16), each scored as its own cell."""
     from iclmem.runfolder import undo_if_refused
     from iclmem.runlock import hold_run_folder
-    from orchestrator import saved_file_attacks as sfat
-    from orchestrator import saved_file_audit as sfa
     from orchestrator.audit import claim_audit_folder, parse_task, settings_hash, start_audit_folder, strict_json
     from orchestrator.context_audit import check_audit_settings, prepare_context_audit
+    from probes.attacks import saved_file as sfa
+    from probes.attacks import saved_file_cache as sfat
     from trainables.models.deployed import tabicl_mini_classifier
 
     note = log or (lambda line: print(line, file=sys.stderr))
@@ -276,10 +276,10 @@ def saved_file_verdict(saved: Any, match: Any, control_match: Any, rebuilt: Any,
                        config_hash: str, features: str = "columns") -> dict[str, Any]:
     """``verdict.json``: whether the file gives its rows back (the cache-matching attack finds the rows in its
     context, at their place, and the control's file matches none), and the headline figures: of the rows scored,
-    those rebuilt with every cell within :data:`~orchestrator.saved_file_attacks.RECONSTRUCTION_TOLERANCE` column
+    those rebuilt with every cell within :data:`~probes.attacks.saved_file_cache.RECONSTRUCTION_TOLERANCE` column
     std, and the median cell error, beside the best guess without the file; ``features``: "columns" (the table's
     own) or "pca" (``--file-pca``)."""
-    from orchestrator.saved_file_attacks import RECONSTRUCTION_TOLERANCE
+    from probes.attacks.saved_file_cache import RECONSTRUCTION_TOLERANCE
 
     gives_back = bool(match.position_accuracy > 0.5 and control_match.member_matched == 0.0)
     return {"audit": "saved_file", "model": saved.saved.model, "mode": saved.saved.mode,

@@ -289,7 +289,7 @@ def context_null_records(context_audits: pd.DataFrame | None,
 def _reference_set_stability(context_audits: pd.DataFrame | None, scores_of: Callable[[str], pd.DataFrame | None],
                              top_k: int) -> pd.DataFrame:
     """Per context audit and attack: its members' scores under two disjoint reference sets
-    (:meth:`probes.context_audit.ReferenceScores.halves`), compared as two runs of one configuration are. Scores,
+    (:meth:`probes.attacks.context.ReferenceScores.halves`), compared as two runs of one configuration are. Scores,
     not risks: the risk is a step function of the score fitted per half, and its ties would blur the comparison.
     An attack whose two halves are identical reads no reference (the plain loss): equal by construction, it is
     left out."""
@@ -621,11 +621,11 @@ def value_slices(context_audits: pd.DataFrame | None, rows_of: Callable[[str], p
                  slices: pd.DataFrame, permutations: int = 9999) -> pd.DataFrame:
     """Per context audit with ``probe.value_inference``, value attack and slice: the members' mean gain and the
     members-minus-non-members gain on the slice's rows, each tested exactly or by permutation
-    (:func:`probes.inference_attacks.value_slice_test`) at the Bonferroni level over the audit's slices that can
+    (:func:`probes.attacks.value_slices.value_slice_test`) at the Bonferroni level over the audit's slices that can
     be tested for that attack; ``exposed`` when both tests clear it; ``too_small`` for a slice with fewer than
-    :data:`probes.inference_attacks.MIN_SLICE_SIDE` rows a side (never exposed). Row ids in, group names out."""
+    :data:`probes.attacks.value_slices.MIN_SLICE_SIDE` rows a side (never exposed). Row ids in, group names out."""
     from orchestrator.slices import slice_masks
-    from probes.inference_attacks import MIN_SLICE_SIDE, value_slice_test
+    from probes.attacks.value_slices import MIN_SLICE_SIDE, value_slice_test
 
     if context_audits is None or context_audits.empty or slices.empty:
         return pd.DataFrame()

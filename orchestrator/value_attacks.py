@@ -2,7 +2,7 @@
 shared by ``iclmem audit-context --attack label|attribute`` (:mod:`orchestrator.inference_audit`) and a sweep's
 regime-context audits with ``probe.value_inference`` (:mod:`orchestrator.context_audit`): the sensitive column as
 the model reads it, the imputation pool, and one attack run on the audit's population, scorer and control
-(:mod:`probes.inference_attacks`, the math)."""
+(:mod:`probes.attacks.value_inference`, the math)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ VALUE_ATTACKS = (AuditKind.LABEL.value, AuditKind.ATTRIBUTE.value)  # the audit 
 
 
 def sensitive_attribute(prepared: Any, population_x: np.ndarray, name: str, bins: int) -> Any:
-    """The :class:`probes.inference_attacks.SensitiveAttribute` of the prepared column ``name``: a text column's
+    """The :class:`probes.attacks.value_inputs.SensitiveAttribute` of the prepared column ``name``: a text column's
     codes, a number column with at most ``bins`` values in the population as its values, any other number column
     in ``bins`` quantile bins. A column the model does not read as itself is a :class:`ConfigError` naming it."""
-    from probes.inference_attacks import SensitiveAttribute
+    from probes.attacks.value_inputs import SensitiveAttribute
 
     columns: Any = getattr(prepared, "columns", None)
     if columns is None:
@@ -55,7 +55,7 @@ def value_attack_inputs(audit: Any, attack: str, sensitive: str | None, bins: in
     the column as the model reads it, and every prepared row outside the audited ones (never a target). A column
     the model does not read as itself is a :class:`ConfigError`; too few rows left for the baseline a
     :class:`DataError`: both before any scoring."""
-    from probes.inference_attacks import ImputationPool
+    from probes.attacks.value_inputs import ImputationPool
 
     if attack != AuditKind.ATTRIBUTE:
         return None, None
@@ -76,7 +76,7 @@ def run_value_attack(audit: Any, attack: str, attribute: Any, pool: Any, *, refe
     """One value-inference attack on a prepared audit (its population, scorer and control), trusted by the
     membership audit's rule: its control clean and the split's blind baseline (the membership audit's, computed
     once per process) exchangeable."""
-    from probes.inference_attacks import attribute_inference, label_inference
+    from probes.attacks.value_inference import attribute_inference, label_inference
     from probes.probe import blind_columns
 
     inputs = audit.inputs

@@ -153,7 +153,7 @@ class OutcomeThresholds:
         """K of the selection-aware rule: the (checkpoint, score kind) pairs a run headline picks from.
         ``n_competing``: how many scores compete per checkpoint when that is not the competing score kinds
         (a reference-model attack's headline picks from its one score over the checkpoints:
-        ``probes.attacks.attack_verdict``)."""
+        ``probes.attacks.membership.attack_verdict``)."""
         n = len(self.score_kinds) if n_competing is None else int(n_competing)
         if n < 1:
             raise ProbeError(f"a selection-aware family needs >= 1 competing score per checkpoint, got {n_competing!r}")

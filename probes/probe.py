@@ -25,7 +25,7 @@ from iclmem.errors import ProbeError
 from iclmem.record import check_row
 from iclmem.runfolder import MANIPULATION_SUFFIX, NULL_QUERIES_SUFFIX, QUERIES_SUFFIX, ROC_SUFFIX, ROW_SUFFIX
 from iclmem.vocab import SCORE_KINDS, CanaryDesign, CanaryKind, ContextTarget, LabelDesign, Outcome, VerdictRule
-from probes.attacks import LOGIT_PREFIX, logit_of_loss
+from probes.attacks.membership import LOGIT_PREFIX, logit_of_loss
 from probes.calibration import model_digest, reference_scores, resolve_model
 from probes.canaries import canary_records, canary_tests, label_ranks, one_run_columns
 from probes.canaries import summary_columns as canary_summary_columns
@@ -66,7 +66,7 @@ class ProbeResult:
     roc: pd.DataFrame  # fpr, tpr of the deciding (or loss) calibrated score
     notes: tuple[str, ...] = ()  # warnings for the driver's log (not stored: results do not depend on them)
     # per query: query_id, member, S and S_ref of every score kind (means over the suite), the known-context
-    # loss on the checkpoint and on the base model -- what the reference-model attacks (probes/attacks.py)
+    # loss on the checkpoint and on the base model -- what the reference-model attacks (probes/attacks/membership.py)
     # read; None for a result stored before it existed
     queries: pd.DataFrame | None = None
     # per null split and query (:func:`null_query_frame`): null_index, query_id, member (the split's fake flag),
@@ -414,11 +414,11 @@ def context_channel_table(model: Any, plan: ProbePlan, settings: ProbeSettings, 
     (``context_control__<attack>``): the same attacks with a context of rows the run never saw, the deployed
     context's label counts, as the deployed context, against the same references and flags: a null of the
     channel (absent when the task has too few free rows of some label)."""
+    from probes.attacks.scorers import AdapterScorer
     from probes.two_channel import (
         CONTEXT_CHANNEL_PREFIX,
         CONTEXT_CONTROL_PREFIX,
         IN_CONTEXT_COLUMN,
-        AdapterScorer,
         context_channel_targets,
         control_context_rows,
         deployed_context_mask,
@@ -545,7 +545,7 @@ def query_table(finetuned: pd.DataFrame, reference: pd.DataFrame, plan: ProbePla
     :func:`score_statistics` and :func:`known_context_statistics`, and LiRA's per-manipulation logits."""
     out = score_statistics(finetuned, reference, decimals)
     known = known_context_statistics(plan.queries.query_ids, loss_ft, loss_base, decimals)
-    # LiRA's per-manipulation statistic (probes.attacks): the logit of p(y*) under each manipulation, in
+    # LiRA's per-manipulation statistic (probes.attacks.membership): the logit of p(y*) under each manipulation, in
     # suite order, for the fine-tuned model only (each reference trial's own table holds its own)
     order = list(dict.fromkeys(finetuned["manipulation"]))
     per_manip = finetuned.pivot(index="query_id", columns="manipulation", values=ScoreKind.LOSS.value)[order]

@@ -17,7 +17,7 @@ each (fine-tuned, label) cell (:func:`deployed_context_mask`), so every row fall
     =================  ====================  ==========================
 
 The *weights channel* is the probe's scores, members F ∪ B against C ∪ O. The *context channel* is the
-deployed-context audit (:mod:`probes.context_audit`) run on the fine-tuned checkpoint itself: members C ∪ B (the
+deployed-context audit (:mod:`probes.attacks.context`) run on the fine-tuned checkpoint itself: members C ∪ B (the
 deployed context, Q rows) against F ∪ O, calibrated by K reference contexts that are random halves of the same
 2Q rows on the same weights, so what the weights learnt cancels in every reference-calibrated attack and what
 is left is the context's own exposure. :func:`channel_crossing` then measures each channel within each stratum
@@ -27,8 +27,8 @@ that is stronger on the fine-tuned rows says that fine-tuning on a row raised it
 context as well.
 
 Shapes: queries' features float32 [n, F], labels int64 [n], flags bool [n] (n = 2Q); a scorer returns
-log-probabilities float [m, C] (:class:`probes.context_audit.ContextScorer`). Pure numpy, except
-:class:`AdapterScorer`, which runs a registered model's adapter (torch); no Ray.
+log-probabilities float [m, C] (:class:`probes.attacks.context.ContextScorer`; a registered model's adapter
+as one: :class:`probes.attacks.scorers.AdapterScorer`). Pure numpy; no Ray.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import numpy as np
 from iclmem.errors import ProbeError
 from iclmem.stats import auc, bootstrap_intervals
 from iclmem.vocab import Channel, ContextTarget
-from probes.context_audit import (
+from probes.attacks.context import (
     MAX_REFERENCES,
     ContextAuditInputs,
     ContextScorer,
@@ -51,7 +51,7 @@ from probes.context_audit import (
     target_statistics,
 )
 
-__all__ = ["CONTEXT_CHANNEL_PREFIX", "CONTEXT_CONTROL_PREFIX", "IN_CONTEXT_COLUMN", "AdapterScorer", "ChannelCell",
+__all__ = ["CONTEXT_CHANNEL_PREFIX", "CONTEXT_CONTROL_PREFIX", "IN_CONTEXT_COLUMN", "ChannelCell",
            "channel_crossing", "context_channel_scores", "context_channel_targets", "control_context_rows",
            "deployed_context_mask"]
 
@@ -63,34 +63,6 @@ CONTEXT_CHANNEL_PREFIX = "context_channel__"
 CONTEXT_CONTROL_PREFIX = "context_control__"
 # the stream of the deployed context's draw: apart from Stage I's and the references' (trainables.data.split)
 _STREAM_DEPLOYED_CONTEXT = 11
-
-
-class AdapterScorer:
-    """A registered model's adapter as a :class:`probes.context_audit.ContextScorer`: one forward pass of
-    the queries (in chunks of ``chunk`` rows; a query attends to the context, not to other queries) against
-    the given context."""
-
-    def __init__(self, adapter: Any, n_classes: int, columns: Any = None, chunk: int = 2048) -> None:
-        self.adapter, self.n_classes, self.chunk = adapter, int(n_classes), int(chunk)
-        hook = getattr(adapter, "use_columns", None)
-        if hook is not None:
-            hook(columns)
-        adapter.module.eval()
-
-    def __call__(self, context_x: np.ndarray, context_y: np.ndarray, query_x: np.ndarray) -> np.ndarray:
-        import torch
-
-        device = self.adapter.device
-        # writable and contiguous (a copy only where not): torch.from_numpy shares memory, and the audits hand
-        # read-only arrays
-        cx = torch.from_numpy(np.require(context_x, np.float32, ["C", "W"]))[None].to(device)
-        cy = torch.from_numpy(np.require(context_y, np.int64, ["C", "W"]))[None].to(device)
-        out = []
-        with torch.no_grad():
-            for start in range(0, len(query_x), self.chunk):
-                q = torch.from_numpy(np.require(query_x[start:start + self.chunk], np.float32, ["C", "W"]))
-                out.append(self.adapter.log_probs(cx, cy, q[None].to(device), self.n_classes)[0].cpu().numpy())
-        return np.concatenate(out).astype(np.float64)
 
 
 def deployed_context_mask(fine_tuned: Any, labels: Any, seed: int) -> np.ndarray:

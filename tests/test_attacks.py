@@ -1,4 +1,4 @@
-"""Reference-model attacks (issue #16): LiRA online / offline and RMIA (probes/attacks.py), the reference
+"""Reference-model attacks (issue #16): LiRA online / offline and RMIA (probes/attacks/membership.py), the reference
 trials of a sweep (probe.references: config, Stage I, Tune, aggregation, report), and planted ground truth."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from iclmem.errors import ConfigError, ProbeError
 from iclmem.runfolder import RESULTS_FILE
 from iclmem.vocab import Attack, LabelMode, TrialRole
-from probes.attacks import (
+from probes.attacks.membership import (
     AttackInputs,
     ReferenceStatistics,
     attack_null_split,
@@ -62,7 +62,7 @@ def test_each_attack_carries_the_epsilon_lower_bound_its_scores_prove():
     """A perfect separation of n members from n non-members proves at most log(1/FPR_high) with
     FPR_high = 1 - 0.025^(1/n) (Clopper-Pearson at 0 false positives, δ = 0); identical distributions
     prove nothing near that."""
-    from probes.attacks import attack_metric_columns
+    from probes.attacks.membership import attack_metric_columns
 
     member, stats = _stats(gap=1.0, sd=0.1)
     scores = lira_online(stats)
@@ -135,7 +135,7 @@ def test_per_manipulation_lira_fits_one_gaussian_per_manipulation_and_averages_t
 
 
 def test_the_logit_of_a_loss_is_stable_where_the_probability_nears_one():
-    from probes.attacks import logit_of_loss
+    from probes.attacks.membership import logit_of_loss
 
     p = np.array([0.01, 0.3, 0.5, 0.9, 0.999])
     np.testing.assert_allclose(logit_of_loss(-np.log(p)), np.log(p / (1 - p)), rtol=1e-9)
@@ -501,7 +501,7 @@ def test_planted_label_shuffled_members_are_detected_by_lira_and_rmia_and_null_s
     probe, the known-context attacks' tail) changes with the seed and the code path: a finding for
     RESULTS.md, not an assertion here."""
     from orchestrator.selfcheck import PLANTED_SUITE
-    from probes.attacks import LOGIT_PREFIX
+    from probes.attacks.membership import LOGIT_PREFIX
 
     row = planted_attacks(**PLANTED_ATTACKS)
     # LiRA ran on the logit of p(y*) under each manipulation of the suite, which every query table stores
@@ -666,7 +666,7 @@ def _borderline() -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_an_attack_that_separates_members_is_called_memorization_under_the_sweeps_rule():
-    from probes.attacks import attack_metric_columns
+    from probes.attacks.membership import attack_metric_columns
     from probes.outcomes import OutcomeThresholds
 
     scores, member = _separated()
@@ -682,7 +682,7 @@ def test_an_attack_that_separates_members_is_called_memorization_under_the_sweep
 
 
 def test_an_attack_is_not_called_memorization_without_evidence_or_above_the_selection_aware_bar():
-    from probes.attacks import attack_metric_columns
+    from probes.attacks.membership import attack_metric_columns
     from probes.outcomes import OutcomeThresholds
 
     # chance: the members are the non-members' values, shifted by nothing
@@ -744,7 +744,7 @@ def test_attack_null_splits_are_classified_by_the_same_rule_and_counted_as_false
 
 
 def test_an_attacks_run_headline_is_its_peak_checkpoint_and_null_runs_are_picked_the_same_way():
-    from probes.attacks import attack_run_headline
+    from probes.attacks.membership import attack_run_headline
 
     def rec(j, auc, outcome):
         return {"index": j, "auc": auc, "outcome": outcome}

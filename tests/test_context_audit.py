@@ -1,4 +1,4 @@
-"""The deployed-context audit (probes/context_audit.py, orchestrator/context_audit.py, `iclmem audit-context`):
+"""The deployed-context audit (probes/attacks/context.py, orchestrator/context_audit.py, `iclmem audit-context`):
 planted context membership is found by every reference attack and the never-in-context control says
 no_signal; an estimator that keeps nothing of a row gives no signal; bad settings are refused before any
 work; the folder holds what the verdict rests on."""
@@ -22,7 +22,7 @@ from iclmem.runfolder import (
     WANDB_DIR,
 )
 from iclmem.vocab import ContextAttack, ContextTarget, Outcome
-from probes.context_audit import ContextAuditInputs, audit_verdict, evaluate_context_audit, reference_contexts
+from probes.attacks.context import ContextAuditInputs, audit_verdict, evaluate_context_audit, reference_contexts
 
 N_CLASSES = 3
 
@@ -368,7 +368,7 @@ def test_tabicls_own_fitted_classifier_is_audited_as_deployed_and_its_control_sa
 
 
 def test_two_disjoint_reference_sets_each_hold_every_row_in_half_of_their_contexts():
-    from probes.context_audit import ReferenceScores, reference_contexts
+    from probes.attacks.context import ReferenceScores, reference_contexts
 
     masks = reference_contexts(40, 6, seed=3)
     refs = ReferenceScores(np.random.default_rng(0).normal(size=masks.shape), masks, seconds=6.0)

@@ -204,7 +204,8 @@ def test_a_model_with_the_upstream_recipe_is_audited_as_its_package_deploys_it_o
     import numpy as np
     import torch
 
-    from orchestrator.context_audit import AdapterScorer, EstimatorScorer, prepare_sweep_audit
+    from orchestrator.context_audit import prepare_sweep_audit
+    from probes.attacks.scorers import AdapterScorer, EstimatorScorer
 
     def audit(options):
         sweep = parse_sweep(_sweep(tasks=[{"name": "breast_cancer"}], grid={"regime": ["context"], "q": [24]},

@@ -1,4 +1,4 @@
-"""Label and attribute inference against a deployed context (probes/inference_attacks.py), on planted ground truth:
+"""Label and attribute inference against a deployed context (probes/attacks/value_inference.py), on planted ground truth:
 a kernel scorer that holds its context rows gives members' labels and values away, and the attacks find it; the
 never-in-context control, a scorer that ignores its context and a column imputation already predicts are not
 found; bad inputs are refused before any scoring."""
@@ -10,18 +10,10 @@ import pytest
 
 from iclmem.errors import DataError, ProbeError
 from iclmem.vocab import ContextTarget, InferenceAttack, InferenceGroup
-from probes.context_audit import ContextAuditInputs
-from probes.inference_attacks import (
-    ATTRIBUTE_ATTACKS,
-    MIN_SLICE_SIDE,
-    ImputationPool,
-    SensitiveAttribute,
-    attribute_inference,
-    bin_numeric,
-    gain_by_group,
-    label_inference,
-    value_slice_test,
-)
+from probes.attacks.context import ContextAuditInputs
+from probes.attacks.value_inference import ATTRIBUTE_ATTACKS, attribute_inference, gain_by_group, label_inference
+from probes.attacks.value_inputs import ImputationPool, SensitiveAttribute, bin_numeric
+from probes.attacks.value_slices import MIN_SLICE_SIDE, value_slice_test
 
 SEEDS = range(5)
 N_CLASSES = 3
@@ -158,7 +150,7 @@ def test_a_model_that_never_held_the_rows_gives_no_label_inference_on_any_seed()
 
 def test_a_value_inference_result_whose_blind_baseline_separates_the_split_is_not_trusted_though_its_control_is_clean():
     """Issue #56 finding 9: value inference is trusted by the membership audit's rule (one function,
-    probes.context_audit.distrust_reasons): a clean control is not enough, the blind baseline must find the split
+    probes.attacks.context.distrust_reasons): a clean control is not enough, the blind baseline must find the split
     exchangeable; a result that was given no blind baseline is not trusted either."""
     inputs, pool = _table(0, sensitive="independent")
     attribute = SensitiveAttribute.categorical(inputs.population_x, N_FEATURES, candidates=[0.0, 1.0, 2.0, 3.0])

@@ -181,7 +181,7 @@ def context_sweep(tmp_path_factory):
     from orchestrator.context_audit import collect_sweep_audits, write_audit_folder
     from orchestrator.folder_claims import record_sweep
     from orchestrator.trials import context_audit_specs
-    from probes.context_audit import ContextAuditInputs, evaluate_context_audit
+    from probes.attacks.context import ContextAuditInputs, evaluate_context_audit
 
     run_dir = tmp_path_factory.mktemp("context")
     sweep = parse_sweep({"name": "ctx", "tasks": [{"name": "iris"}], "grid": {"regime": ["context"], "q": [30],

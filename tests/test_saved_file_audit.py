@@ -1,4 +1,4 @@
-"""Saved, fitted package classifiers and what they keep of their context (orchestrator/saved_file_audit.py), on the
+"""Saved, fitted package classifiers and what they keep of their context (probes/attacks/saved_file.py), on the
 shipped minis and Stage I's breast-cancer split (40 members, 40 label-matched non-members, a 40-row
 never-in-context control). The functions are tested on Stage I's 16 whitened PCA components (``--file-pca``: a
 reconstruction on the table's 30 columns takes 90 s here); the command, on wine's own 13 columns (its default), 30 rows a side.
@@ -19,8 +19,8 @@ import pytest
 
 from iclmem.errors import CheckpointError, DataError, ModelError, ProbeError
 from iclmem.vocab import ContextAttack, ContextTarget
-from orchestrator import saved_file_attacks as sfat
-from orchestrator import saved_file_audit as sfa
+from probes.attacks import saved_file as sfa
+from probes.attacks import saved_file_cache as sfat
 from trainables.models.extras import extra_is_installed
 
 pytestmark = pytest.mark.skipif(not (extra_is_installed("tabicl") and extra_is_installed("tabpfn-v2")),

@@ -626,7 +626,7 @@ PLANTED = np.linspace(0.0, 0.5, CLAIM_N)
 def _attack_scores(attack_null_index, seed):
     """One attack's scores on the checkpoint's members then non-members: all tied, except that the half of the
     non-members attack null split ``attack_null_index`` labels member (None: none) scores above the rest."""
-    from probes.attacks import attack_null_split
+    from probes.attacks.membership import attack_null_split
 
     scores = np.zeros(2 * CLAIM_N)
     if attack_null_index is not None:
@@ -637,13 +637,13 @@ def _attack_scores(attack_null_index, seed):
 def _claims_row(seed, epoch, settings):
     """The results row of checkpoint ``epoch`` of run ``seed``, assembled by the probe's own writers
     (``build_evidence``, ``verdicts_by_rule``, ``headline_columns`` and the null-split record of
-    ``probes.probe``; the attacks' ``probes.attacks.score_columns``) from planted scores tables.
+    ``probes.probe``; the attacks' ``probes.attacks.membership.score_columns``) from planted scores tables.
 
     IclMem's null split j of run r is lucky (memorization under the selection-aware rule) only when j == r, at
     epoch 2; LiRA online's attack null split (r + 5) % 10 is, at epoch 1. Everything else is quiet."""
     from iclmem.record import check_row
     from iclmem.vocab import Attack
-    from probes.attacks import score_columns
+    from probes.attacks.membership import score_columns
     from probes.outcomes import CheckpointOutcome
     from probes.probe import _null_record, verdicts_by_rule
 

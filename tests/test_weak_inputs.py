@@ -360,7 +360,7 @@ def test_the_checked_estimator_passes_a_good_one_through():
     """The wrapper that names a failing estimator changes nothing for one that works."""
     from sklearn.dummy import DummyClassifier
 
-    from orchestrator.context_audit import EstimatorScorer
+    from probes.attacks.scorers import EstimatorScorer
 
     x = np.arange(40, dtype=np.float32).reshape(20, 2)
     y = np.array([0, 1] * 10)

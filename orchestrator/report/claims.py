@@ -30,7 +30,7 @@ from orchestrator.report.selection import (
     fine_tuned_rows,
     run_key_columns,
 )
-from probes.attacks import attack_peak
+from probes.attacks.membership import attack_peak
 from probes.metrics import clopper_pearson
 
 __all__ = [
@@ -218,7 +218,7 @@ def any_attack_error_rates(results: pd.DataFrame, *, rule: str | None = None, co
     :data:`CHECKPOINT_ANY_ATTACK`: one trial per (checkpoint, j), a false positive when IclMem's null verdict
     or any attack's is memorization. :data:`RUN_HEADLINE_ANY_ATTACK`: one trial per (run, j), IclMem's null
     headline (:func:`null_error_rates`) or any attack's (its null AUC's highest checkpoint, ties to the
-    earliest, as :func:`probes.attacks.attack_run_headline` picks it). Each verdict keeps family_alpha alone;
+    earliest, as :func:`probes.attacks.membership.attack_run_headline` picks it). Each verdict keeps family_alpha alone;
     their OR over IclMem and six attack verdicts can reach seven times that."""
     attacks = _attack_null_records(results)
     if attacks.empty:

@@ -1,6 +1,6 @@
 """The report's section for a sweep's regime ``context``: one line per deployed-context audit (task, model, Q,
 seed) with its verdict, whether it is trusted, the strongest attack's AUC and TPR at 1% and 0.1% FPR on the
-deployed context (strongest: the highest TPR at 1% FPR, ties the higher AUC, as ``probes.context_audit.audit_verdict``
+deployed context (strongest: the highest TPR at 1% FPR, ties the higher AUC, as ``probes.attacks.context.audit_verdict``
 chooses it), the attack with the highest AUC beside it, and the highest TPR at 1% FPR any attack reaches on the
 never-in-context control.
 

@@ -38,11 +38,11 @@ back it predicts exactly as the fitted classifier (largest probability differenc
 
 So the file is not free of its rows: layer 0's entry of context row i is a deterministic function of
 (x_i, y_i) anyone with the file, the exact checkpoint and the package's code can evaluate (the threat
-model: docs/METHOD.md). :func:`orchestrator.saved_file_attacks.cache_match_attack` recomputes
+model: docs/METHOD.md). :func:`probes.attacks.saved_file_cache.cache_match_attack` recomputes
 it for every candidate row and every label and finds each context row the attacker's pool holds: 40 of 40
 members at their own position with their own label, 0 of 40 non-members (relative squared distance <= 1.4e-15
 for members, >= 3.8e-3 for any other row; AUC 1.0); a file of other rows matches nothing. Inverting it by
-L-BFGS on x (:func:`~orchestrator.saved_file_attacks.reconstruct_context`: no candidate row; the attacker's
+L-BFGS on x (:func:`~probes.attacks.saved_file_cache.reconstruct_context`: no candidate row; the attacker's
 sample of the table, the audit's non-members, gives only a start and a scale) gives every label back and nearly
 every row's features within 0.1 column std in every cell, where the sample's mean, its class mean and even its
 row nearest the truth get no row (on the table's 30 columns, seeds 0-2: docs/METHOD.md). Where it stops: it
@@ -63,8 +63,8 @@ identifies, labels and reconstructs its rows.
   ``append_original`` every raw feature is one of its columns, unchanged (all 16 raw columns and all 640
   cells are in the bytes as float64); ``.y_train`` int64 [40] is the labels in context order under the
   member's class permutation (the label vector is in the bytes). The quantile transformers' ``quantiles_``
-  [4, 16] hold raw values too. :func:`~orchestrator.saved_file_attacks.reconstruct_context` reads the rows out of the pass-through columns
-  (error 0, 40/40 rows and labels); :func:`~orchestrator.saved_file_attacks.cache_match_attack` compares the stored rows with each candidate
+  [4, 16] hold raw values too. :func:`~probes.attacks.saved_file_cache.reconstruct_context` reads the rows out of the pass-through columns
+  (error 0, 40/40 rows and labels); :func:`~probes.attacks.saved_file_cache.cache_match_attack` compares the stored rows with each candidate
   preprocessed by the stored pipeline (40/40 members, 0 non-members).
 * ``fit_mode="fit_with_cache"`` (1.0 MB): ``X_train`` is set to None, but ``y_train`` [40] stays, in context
   order; ``kv_caches[g]`` (one ``TabPFNV2Cache`` per member here) holds ``kv[l]``, l = 0..3, key and value
@@ -72,9 +72,9 @@ identifies, labels and reconstructs its rows.
   multi-query head only), ``feature_cache`` (the fitted column statistics, [19, 2]) and the embedded empty
   target [1, 32]; 37 of 640 cells are in the bytes (the ``quantiles_``). Layer 0's entry of a row depends on
   the row and its label only: recomputed under the same autocast it matches bit for bit, and
-  :func:`~orchestrator.saved_file_attacks.cache_match_attack` finds 40/40 members with position and label, 0 non-members. Feature
+  :func:`~probes.attacks.saved_file_cache.cache_match_attack` finds 40/40 members with position and label, 0 non-members. Feature
   reconstruction through this cache is not implemented (bfloat16 K/V under autocast, and TabPFN's CPU
-  preprocessing is numpy, not differentiable): :func:`~orchestrator.saved_file_attacks.reconstruct_context` says so.
+  preprocessing is numpy, not differentiable): :func:`~probes.attacks.saved_file_cache.reconstruct_context` says so.
 
 Loading either file runs pickle: a file from someone else runs their code, so :func:`load_saved` is for files
 one wrote (:func:`fit_and_save`). Results hold row ids, shapes and metrics, never a feature value or a label.
@@ -428,7 +428,7 @@ class MembershipRow:
 
 @dataclass(frozen=True)
 class FileMembershipResult:
-    """The deployed-context audit (:func:`probes.context_audit.evaluate_context_audit`) with the target's
+    """The deployed-context audit (:func:`probes.attacks.context.evaluate_context_audit`) with the target's
     log p(y*|x) read from the saved file (and the control's, ``never_in_context``, from its saved file), the
     references refitted: the loss attack is the file's own signal, the calibrated ones use the references.
     The split's blind baseline is Stage I's (it was drawn until it passed); it is not rerun here."""
@@ -467,7 +467,7 @@ class _AsFitted:
 
 
 class _SavedContextScorer:
-    """A :class:`probes.context_audit.ContextScorer` that answers from a saved file for the contexts it holds
+    """A :class:`probes.attacks.context.ContextScorer` that answers from a saved file for the contexts it holds
     one for (by :func:`context_digest`) and refits the same package classifier for any other (the
     references)."""
 
@@ -493,10 +493,10 @@ class _SavedContextScorer:
 def membership_through_file(saved: SavedFile, inputs: Any, *, control: SavedFile | None = None,
                             n_references: int = 8, seed: int = 0, n_resamples: int = DEFAULT_RESAMPLES,
                             null_splits: int = 5) -> FileMembershipResult:
-    """The context audit of ``inputs`` (:class:`probes.context_audit.ContextAuditInputs`) with the deployed
+    """The context audit of ``inputs`` (:class:`probes.attacks.context.ContextAuditInputs`) with the deployed
     context's scores read from ``saved`` (fitted on P's members in P's order) and, if given, the control's
     from ``control`` (fitted on ``inputs.control_x``); the ``n_references`` reference contexts refitted."""
-    from probes.context_audit import evaluate_context_audit
+    from probes.attacks.context import evaluate_context_audit
 
     x, y = np.asarray(inputs.population_x), np.asarray(inputs.population_y)
     member = np.asarray(inputs.member, dtype=bool)

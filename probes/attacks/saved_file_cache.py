@@ -1,5 +1,5 @@
 """The white-box attacks on a saved, fitted TabICL or TabPFN classifier file (what
-:mod:`orchestrator.saved_file_audit` saves and loads; its docstring says what each package's file stores):
+:mod:`probes.attacks.saved_file` saves and loads; its docstring says what each package's file stores):
 :func:`cache_match_attack` recomputes, for every candidate row of the attacker's :class:`Pool` and every label,
 the first-layer cache entry that row would have produced and matches it against the stored ones;
 :func:`reconstruct_context` rebuilds the context rows' features from the file alone and scores them against
@@ -18,7 +18,7 @@ import numpy as np
 
 from iclmem.errors import DataError, ProbeError
 from iclmem.stats import DEFAULT_RESAMPLES, LowResolutionWarning, auc, bootstrap_intervals, tpr_at_fpr
-from orchestrator.saved_file_audit import MODES, TABICL, TABPFN, SavedFile, checked_table, load_saved, one_torch_thread
+from probes.attacks.saved_file import MODES, TABICL, TABPFN, SavedFile, checked_table, load_saved, one_torch_thread
 
 # A candidate (row, label) "is" a cached entry when their relative squared distance is below this: a context
 # row recomputed lands at ~1e-15 (float32 rounding; TabPFN's bfloat16 cache: 0), any other row measured here
@@ -68,7 +68,7 @@ class Pool:
 
     @classmethod
     def from_audit(cls, inputs: Any, row_ids: Any = None, in_context: bool = True) -> Pool:
-        """The population of a context audit (:class:`probes.context_audit.ContextAuditInputs`) as the pool of
+        """The population of a context audit (:class:`probes.attacks.context.ContextAuditInputs`) as the pool of
         the file fitted on its members in P's order (``in_context``), or of a file holding none of them."""
         member = np.asarray(inputs.member, dtype=bool)
         pos = np.full(len(member), -1, dtype=np.int64)

@@ -19,13 +19,13 @@ Design (members positive, members and non-members exchangeable):
   log p(y*) under the deployed context), ``calibrated_loss`` (that minus its mean under the references
   without the row: the difference-to-reference calibration of the IclMem probe, with the reference
   contexts as the reference model), LiRA online and offline on φ = logit p(y*) and RMIA on log p(y*)
-  (:mod:`probes.attacks`, as the sweep's reference attacks, Carlini et al.'s fixed variance below 64
+  (:mod:`probes.attacks.membership`, as the sweep's reference attacks, Carlini et al.'s fixed variance below 64
   references).
 * **Control** (:data:`~iclmem.vocab.ContextTarget.CONTROL`): the same attacks against a context of N rows
   outside P with the members' label counts, so no row of P was in it: every attack must say
   ``no_signal`` there, or the audit's verdict is not trusted (:func:`audit_verdict`).
 
-Each attack is judged by IclMem's memorization rule (:func:`probes.attacks.attack_verdict`); the
+Each attack is judged by IclMem's memorization rule (:func:`probes.attacks.membership.attack_verdict`); the
 selection-aware family is the attacks (:data:`ATTACK_FAMILY`), since the verdict reads all of them.
 
 Pure numpy: the model is a :class:`ContextScorer` the caller gives (a torch adapter or a scikit-learn
@@ -46,7 +46,7 @@ import numpy as np
 from iclmem.errors import ProbeError
 from iclmem.stats import DEFAULT_RESAMPLES
 from iclmem.vocab import ContextAttack, ContextTarget, Outcome
-from probes.attacks import ReferenceStatistics, lira_offline, lira_online, logit_of_loss, rmia, score_columns
+from probes.attacks.membership import ReferenceStatistics, lira_offline, lira_online, logit_of_loss, rmia, score_columns
 from probes.epsilon import DEFAULT_EPSILON_DELTA
 from probes.outcomes import OutcomeThresholds
 
@@ -226,7 +226,7 @@ def context_attack_scores(stats: ContextStatistics) -> dict[ContextAttack, np.nd
 class ContextAuditResult:
     """One audit: a row per (target, attack) and each one's ROC curve and scores, and the verdict. A row:
     ``target``, ``attack``, ``context_size``, ``n_references``, ``heldout_accuracy`` (the target context's
-    accuracy on the non-members), then the attack's columns (:func:`probes.attacks.score_columns`, unprefixed:
+    accuracy on the non-members), then the attack's columns (:func:`probes.attacks.membership.score_columns`, unprefixed:
     ``auc``, ``tpr_at_1pct``, ``epsilon_lb``, ``outcome``, ``null_memorization``, ...)."""
 
     rows: tuple[dict[str, Any], ...]
@@ -285,7 +285,7 @@ def audit_verdict(rows: Sequence[Mapping[str, Any]], exchangeable: bool = True) 
 def distrust_reasons(*, control_run: bool, control_found: Sequence[str], exchangeable: bool | None,
                      what: str) -> list[str]:
     """Why a deployed-context verdict is not to be trusted; none: it is trusted. The one rule for membership
-    (:func:`audit_verdict`) and value inference (:mod:`probes.inference_attacks`): a never-in-context control was
+    (:func:`audit_verdict`) and value inference (:mod:`probes.attacks.value_inference`): a never-in-context control was
     run, none of its attacks (``control_found``) finds ``what`` there, and the split is exchangeable (its label
     design treats both groups alike and the blind baseline's interval holds 0.5; None: not measured, which is
     not trusted either)."""

@@ -1,7 +1,7 @@
 """Label and attribute inference against a deployed in-context learner, each as a gain over what the attacker
 gets without the model holding the row, with intervals, an imputation baseline and a never-in-context control.
 
-Membership inference (:mod:`probes.context_audit`) asks whether a row was in the context. A data holder often
+Membership inference (:mod:`probes.attacks.context`) asks whether a row was in the context. A data holder often
 fears something else: that the deployed model gives away a *value* of a row it holds -- its label, or one
 sensitive column -- to someone who knows the rest of the row. Jayaraman & Evans ("Are attribute inference attacks
 just imputation?", CCS 2022) show that most of what such attacks recover is recovered as well by imputing the
@@ -9,13 +9,13 @@ value from the data distribution, without the model. So both attacks here are re
 success on a row minus the success of the same attacker without that row in the model, and members against
 non-members.
 
-Threat model and design (same population as the context audit, :class:`~probes.context_audit.ContextAuditInputs`):
+Threat model and design (same population as the context audit, :class:`~probes.attacks.context.ContextAuditInputs`):
 
 * **P**: n = 2N rows, features float32 [n, F], labels int64 [n], member flags bool [n]; the deployed context
   is the members. The attacker knows a target row's features (all of them for label inference, all but the
   sensitive column for attribute inference) and its label (attribute inference only), and can query the
   deployed model; rows are identified by their position in P, never by their values.
-* **References**: K contexts (K even, >= 2) from :func:`~probes.context_audit.reference_contexts`,
+* **References**: K contexts (K even, >= 2) from :func:`~probes.attacks.context.reference_contexts`,
   complementary random halves of P, so every row is in exactly K/2 of them and *out* of the other K/2. The
   references that lack a row are "the same model without the row": the same weights, a context of the same
   size from the same distribution. They do not depend on the target, so one set serves the deployed context
@@ -29,14 +29,14 @@ Threat model and design (same population as the context audit, :class:`~probes.c
   non-members' accuracy gain, as is the confidence gain's. The accuracy gain decides ``found``: a confidence
   shift that does not move the argmax gives the attacker no label; the confidence gain is reported beside it.
 * **Attribute inference** on one sensitive column s with a finite set of V candidate values
-  (:class:`SensitiveAttribute`: categorical codes, or the bin centres of a numeric column binned at population
-  quantiles, :func:`bin_numeric`; a row's true candidate is its code, or its own bin). For each candidate v the
+  (:class:`~probes.attacks.value_inputs.SensitiveAttribute`: categorical codes, or the bin centres of a numeric
+  column binned at population quantiles, :func:`~probes.attacks.value_inputs.bin_numeric`; a row's true candidate is its code, or its own bin). For each candidate v the
   attacker sets x[s] = v and queries log p(y* | x_v, context) with the row's known label y*.
   :data:`InferenceAttack.ATTRIBUTE_MODEL` guesses the v with the highest value;
   :data:`InferenceAttack.ATTRIBUTE_CALIBRATED` the v with the highest value minus its mean under the
   references without the row (what the deployed model says about v beyond what the same model without the row
   says). The **imputation baseline** predicts the candidate from the other features and the one-hot label with
-  a classifier fitted on an auxiliary pool of rows the caller gives (:class:`ImputationPool`: rows of the table
+  a classifier fitted on an auxiliary pool of rows the caller gives (:class:`~probes.attacks.value_inputs.ImputationPool`: rows of the table
   never in any context, the control rows, ...; never the targets). Per group and attack: attack accuracy,
   imputation accuracy, gain = attack - imputation; headline: members' gain minus non-members' gain.
 * **found** (both attacks): the lower bound of the members' gain *and* the lower bound of the members-minus-
@@ -50,7 +50,7 @@ Threat model and design (same population as the context audit, :class:`~probes.c
 * **Control** (:data:`~iclmem.vocab.ContextTarget.CONTROL`): the same attacks with the control context (rows
   outside P with the members' label counts) as the deployed model. No row of P was in it, members and
   non-members are exchangeable there, so every headline is ~0 and ``found`` must be False. A result is
-  ``trusted`` by the membership audit's rule (:func:`~probes.context_audit.distrust_reasons`): its control was
+  ``trusted`` by the membership audit's rule (:func:`~probes.attacks.context.distrust_reasons`): its control was
   run and found nothing, and the split is exchangeable (the blind baseline, members against non-members without
   the model, cannot tell them apart): a difference between members and non-members that the rows' own labels and
   features already give is no disclosure by the model.
@@ -62,7 +62,7 @@ Threat model and design (same population as the context audit, :class:`~probes.c
 
 Scorer calls are batched: one call per (context, candidate) with all n rows of P stacked as queries (label
 inference: one per context). Pure numpy / scipy / scikit-learn; no Ray, no torch: the model is a
-:class:`~probes.context_audit.ContextScorer` the caller gives. Results hold rates, intervals and per-row
+:class:`~probes.attacks.context.ContextScorer` the caller gives. Results hold rates, intervals and per-row
 outcomes aligned with P (row ids are positions), never a feature value or a guessed value.
 
 Its closed vocabularies, :class:`~iclmem.vocab.InferenceAttack` and :class:`~iclmem.vocab.InferenceGroup`, are
@@ -79,7 +79,7 @@ import numpy as np
 from iclmem.errors import DataError, ProbeError
 from iclmem.stats import DEFAULT_RESAMPLES, NAN_INTERVAL, Interval, bootstrap_indices
 from iclmem.vocab import ContextTarget, InferenceAttack, InferenceGroup
-from probes.context_audit import (
+from probes.attacks.context import (
     LOG_P_FLOOR,
     MAX_REFERENCES,
     ContextAuditInputs,
@@ -88,12 +88,11 @@ from probes.context_audit import (
     reference_contexts,
     true_label_log_p,
 )
+from probes.attacks.value_inputs import ImputationPool, SensitiveAttribute, check_column
 
 __all__ = ["ATTRIBUTE_ATTACKS", "DEFAULT_CONFIDENCE", "AttributeAttackStats", "AttributeGroupStats", "AttributeInferenceResult",
-           "AttributeInferenceTarget", "Estimate", "ImputationPool",
-           "LabelGroupStats", "LabelInferenceResult", "LabelInferenceTarget", "SensitiveAttribute",
-           "MIN_SLICE_SIDE", "ValueSliceTest", "attribute_inference", "bin_numeric", "gain_by_group", "label_inference",
-           "value_slice_test"]
+           "AttributeInferenceTarget", "Estimate", "LabelGroupStats", "LabelInferenceResult", "LabelInferenceTarget",
+           "attribute_inference", "gain_by_group", "label_inference"]
 
 
 ATTRIBUTE_ATTACKS: tuple[InferenceAttack, ...] = (InferenceAttack.ATTRIBUTE_MODEL, InferenceAttack.ATTRIBUTE_CALIBRATED)
@@ -101,160 +100,6 @@ DEFAULT_CONFIDENCE = 0.95
 # scores this close to a row's best count as tied with it (log-probabilities: far below any real difference, above
 # the round-off of a mean over references)
 TIE_TOLERANCE = 1e-9
-
-
-# --------------------------------------------------------------------------------------------------
-# the sensitive column and the imputation pool
-# --------------------------------------------------------------------------------------------------
-
-
-def _quantile_edges(fit_values: np.ndarray, n_bins: int) -> np.ndarray:
-    """float64 [<= n_bins - 1]: interior edges at the quantiles of ``fit_values`` (bin b: edges[b-1] <= v <
-    edges[b]), tied quantiles merged and any edge that would leave a bin without a fit value dropped."""
-    edges = np.unique(np.quantile(fit_values, np.linspace(0.0, 1.0, n_bins + 1)[1:-1]))
-    while edges.size:
-        counts = np.bincount(np.searchsorted(edges, fit_values, side="right"), minlength=edges.size + 1)
-        empty = np.flatnonzero(counts == 0)
-        if not empty.size:
-            break
-        b = int(empty[0])
-        edges = np.delete(edges, max(b - 1, 0))  # merge the empty bin into its lower neighbour (bin 0: its upper)
-    return np.asarray(edges, dtype=np.float64)
-
-
-def _finite_column(values: Any, name: str) -> np.ndarray:
-    v = np.asarray(values, dtype=np.float64).reshape(-1)
-    if v.size == 0:
-        raise DataError(f"{name}: no values")
-    bad = np.flatnonzero(~np.isfinite(v))
-    if bad.size:
-        raise DataError(f"{name}: {bad.size} of {v.size} values are missing or infinite (first at row {int(bad[0])})")
-    return v
-
-
-def bin_numeric(values: Any, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """A numeric column cut into at most ``n_bins`` bins at its own quantiles: (bin index int64 [n], centres
-    float64 [B]), a centre being the mean of the values in its bin. Tied values never straddle an edge, so a
-    column with few distinct values gets fewer bins (each holding at least one value); fewer than 2 is refused."""
-    if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 2:
-        raise ProbeError(f"bin_numeric: n_bins must be an integer >= 2, got {n_bins!r}")
-    v = _finite_column(values, "bin_numeric: values")
-    edges = _quantile_edges(v, int(n_bins))
-    if edges.size == 0:
-        raise DataError("bin_numeric: the column has a single distinct value: nothing to infer")
-    index = np.searchsorted(edges, v, side="right").astype(np.int64)
-    centres = np.bincount(index, weights=v) / np.bincount(index)
-    return index, centres
-
-
-@dataclass(frozen=True, eq=False)
-class SensitiveAttribute:
-    """The column the attacker wants and the values it tries. ``candidates`` float [V]: the codes of a categorical
-    column, or the bin centres of a binned numeric one. ``edges`` None: a row's true candidate is the candidate
-    its value equals (any other value is refused); else float64 [V - 1], the interior bin edges, and a row's true
-    candidate is its bin. Build one with :meth:`categorical` or :meth:`binned`."""
-
-    column: int
-    candidates: np.ndarray  # float32 [V]
-    edges: np.ndarray | None = None  # float64 [V - 1] (binned numeric)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.column, bool) or not isinstance(self.column, (int, np.integer)) or self.column < 0:
-            raise ProbeError(f"attribute inference: sensitive_column must be a column index >= 0, got {self.column!r}")
-        c = np.asarray(self.candidates, dtype=np.float32).reshape(-1)
-        if c.size < 2:
-            raise ProbeError(f"attribute inference: {c.size} candidate value(s); need >= 2 (one is no secret)")
-        if not np.isfinite(c).all() or np.unique(c).size != c.size:
-            raise ProbeError("attribute inference: the candidates must be finite and distinct")
-        c.flags.writeable = False
-        object.__setattr__(self, "column", int(self.column))
-        object.__setattr__(self, "candidates", c)
-        if self.edges is not None:
-            e = np.asarray(self.edges, dtype=np.float64).reshape(-1)
-            if e.size != c.size - 1 or not np.isfinite(e).all() or (np.diff(e) <= 0).any():
-                raise ProbeError(f"attribute inference: a binned column needs {c.size - 1} increasing finite edges for"
-                                 f" {c.size} candidates, got {e.size}")
-            e.flags.writeable = False
-            object.__setattr__(self, "edges", e)
-
-    @property
-    def n_candidates(self) -> int:
-        return int(self.candidates.size)
-
-    @property
-    def is_binned(self) -> bool:
-        return self.edges is not None
-
-    def index_of(self, values: Any, name: str = "values") -> np.ndarray:
-        """int64 [m]: each value's candidate (its bin, for a binned column); a categorical value that is not a
-        candidate is refused (the message names rows, never values)."""
-        v = _finite_column(values, f"attribute inference: {name} of column {self.column}")
-        if self.edges is not None:
-            return np.searchsorted(self.edges, v, side="right").astype(np.int64)
-        v32 = v.astype(np.float32)
-        order = np.argsort(self.candidates, kind="stable")
-        ranked = self.candidates[order]
-        pos = np.clip(np.searchsorted(ranked, v32), 0, ranked.size - 1)
-        missing = np.flatnonzero(ranked[pos] != v32)
-        if missing.size:
-            raise DataError(f"attribute inference: {missing.size} of {v.size} {name} of column {self.column} are not"
-                            f" among the {ranked.size} candidates (first at row {int(missing[0])})")
-        return np.asarray(order[pos], dtype=np.int64)
-
-    @classmethod
-    def categorical(cls, population_x: Any, column: int, candidates: Any = None) -> SensitiveAttribute:
-        """A categorical column: the candidates are ``candidates`` (e.g. every code of the table's column) or,
-        by default, the distinct values the population holds."""
-        x = _matrix(population_x, "population_x")
-        _check_column(column, x.shape[1])
-        values = _finite_column(x[:, column], f"attribute inference: column {column}")
-        c = np.unique(values.astype(np.float32)) if candidates is None else candidates
-        attribute = cls(column, np.asarray(c))
-        attribute.index_of(values, "population values")  # refuses a population value that is not a candidate
-        return attribute
-
-    @classmethod
-    def binned(cls, population_x: Any, column: int, n_bins: int) -> SensitiveAttribute:
-        """A numeric column binned at the population's quantiles (:func:`bin_numeric`): the candidates are the
-        bin centres, a row's true candidate is its own bin."""
-        x = _matrix(population_x, "population_x")
-        _check_column(column, x.shape[1])
-        values = _finite_column(x[:, column], f"attribute inference: column {column}")
-        _, centres = bin_numeric(values, n_bins)
-        return cls(column, centres, _quantile_edges(values, int(n_bins)))
-
-
-@dataclass(frozen=True, eq=False)
-class ImputationPool:
-    """Rows the imputation baseline is fitted on: features float32 [M, F] (the sensitive column included: its
-    value is what the imputer learns to predict) and labels int64 [M]. Never the audited rows: the control's
-    rows, or rows of the table outside P and every context."""
-
-    x: np.ndarray
-    y: np.ndarray
-
-    def __post_init__(self) -> None:
-        x = np.asarray(self.x, dtype=np.float32)
-        y = np.asarray(self.y, dtype=np.int64).reshape(-1)
-        if x.ndim != 2 or x.shape[0] == 0:
-            raise DataError(f"attribute inference: the imputation pool is empty or not a matrix (features {x.shape});"
-                            " the baseline needs rows outside P")
-        if y.shape != (x.shape[0],):
-            raise DataError(f"attribute inference: imputation pool features {x.shape} with labels {y.shape}")
-        object.__setattr__(self, "x", x)
-        object.__setattr__(self, "y", y)
-
-
-def _matrix(x: Any, name: str) -> np.ndarray:
-    arr = np.asarray(x, dtype=np.float32)
-    if arr.ndim != 2:
-        raise ProbeError(f"{name}: need a matrix [n, F], got shape {arr.shape}")
-    return arr
-
-
-def _check_column(column: int, n_features: int) -> None:
-    if isinstance(column, bool) or not isinstance(column, (int, np.integer)) or not 0 <= column < n_features:
-        raise ProbeError(f"attribute inference: sensitive_column {column!r} out of range for {n_features} features")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -309,6 +154,7 @@ class _Verdict:
     deployed: Any
     control: Any
     exchangeable: bool | None
+    imputation_row_correct: Any  # an attribute result's (AttributeInferenceResult); a label result has none
 
     @property
     def found(self) -> bool:
@@ -316,7 +162,7 @@ class _Verdict:
 
     @property
     def distrust(self) -> list[str]:
-        """Why the result is not trusted (:func:`~probes.context_audit.distrust_reasons`); empty: trusted."""
+        """Why the result is not trusted (:func:`~probes.attacks.context.distrust_reasons`); empty: trusted."""
         control = self.control
         if control is None:
             found: list[str] = []
@@ -553,107 +399,6 @@ def gain_by_group(gains: Any, member: Any, *, n_resamples: int = DEFAULT_RESAMPL
     return boot.group(g, InferenceGroup.MEMBERS), boot.difference(g)
 
 
-# A value slice needs this many members and as many non-members to be tested: the sign-flip test of the members'
-# gain on n members cannot give a p below 2**-n, and at 8 that floor (1/256 = 0.0039) is below the Bonferroni
-# level over 10 slices (0.05 / 10 = 0.005); the permutation test's floor, 1 / C(16, 8) = 1.3e-5, is lower still.
-# A smaller slice could never be exposed at that level, so it reads "too small to test" instead of "not exposed".
-MIN_SLICE_SIDE = 8
-DEFAULT_PERMUTATIONS = 9999  # Monte-Carlo draws where exact enumeration would take more (p resolution 1e-4)
-
-
-@dataclass(frozen=True)
-class ValueSliceTest:
-    """The per-slice test of a value-inference audit's row gains (:func:`value_slice_test`). ``p_members``: the
-    one-sided sign-flip p of the members' mean gain > 0; ``p_difference``: the one-sided permutation p of the
-    members' mean gain > the non-members'; both nan when the slice is ``too_small`` (fewer than ``min_side``
-    members or non-members). ``exposed``: both p-values at or below the slice's level (an intersection-union
-    test: under no member effect, members and non-members exchangeable, the permutation test alone holds the
-    level, whatever the gains' distribution)."""
-
-    n_members: int
-    n_nonmembers: int
-    members_gain: float  # the members' mean gain (nan: no member)
-    gain_difference: float  # the members' mean gain minus the non-members' (nan: a group is empty)
-    p_members: float
-    p_difference: float
-    too_small: bool
-    exposed: bool
-
-
-def _is_count(value: Any, least: int) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= least
-
-
-def _sign_flip_p(g: np.ndarray, permutations: int, rng: np.random.Generator) -> float:
-    """One-sided p of sum(g) > 0 against the sign-flips of g: exact over all 2^n flips when there are at most
-    ``permutations + 1`` of them, else Monte-Carlo (1 + #{flips at least as large}) / (1 + permutations)."""
-    observed = float(g.sum())
-    tol = 1e-9 * max(1.0, float(np.abs(g).sum()))  # round-off in the sums never counts against the observed
-    n = g.size
-    if 2 ** n <= permutations + 1:
-        signs = 1.0 - 2.0 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)  # every sign vector, identity first
-        return float(np.mean(signs @ g >= observed - tol))
-    signs = rng.choice(np.array([-1.0, 1.0]), size=(int(permutations), n))
-    return float((1 + np.sum(signs @ g >= observed - tol)) / (1 + int(permutations)))
-
-
-def _combinations(n: int, k: int) -> np.ndarray:
-    """int64 [C(n, k), k]: every k-subset of range(n)."""
-    import itertools
-
-    return np.array(list(itertools.combinations(range(n), k)), dtype=np.int64).reshape(-1, k)
-
-
-def _permutation_p(g: np.ndarray, member: np.ndarray, permutations: int, rng: np.random.Generator) -> float:
-    """One-sided p of the members' mean gain minus the non-members' against relabellings of the rows (the number of
-    members fixed): exact over all C(n, m) member sets when there are at most ``permutations + 1``, else
-    Monte-Carlo (1 + #{relabellings at least as large}) / (1 + permutations). With the group sizes fixed the
-    difference grows with the members' sum, which is the statistic compared."""
-    import math
-
-    m = int(member.sum())
-    observed = float(g[member].sum())
-    tol = 1e-9 * max(1.0, float(np.abs(g).sum()))
-    if math.comb(g.size, m) <= permutations + 1:
-        return float(np.mean(g[_combinations(g.size, m)].sum(axis=1) >= observed - tol))
-    shuffled = rng.permuted(np.broadcast_to(g, (int(permutations), g.size)), axis=1)
-    return float((1 + np.sum(shuffled[:, :m].sum(axis=1) >= observed - tol)) / (1 + int(permutations)))
-
-
-def value_slice_test(gain: Any, member: Any, *, alpha_slice: float, permutations: int = DEFAULT_PERMUTATIONS,
-                     seed: int = 0, min_side: int = MIN_SLICE_SIDE) -> ValueSliceTest:
-    """Whether a slice's members give their values away (:class:`ValueSliceTest`): per-row gains float [n] (a
-    value-inference result's :meth:`row_gains`, restricted to the slice's rows) and member flags bool [n]. Exact
-    small-sample tests in place of a bootstrap interval, which on a few rows a side is far too narrow:
-    the sign-flip test of the members' mean gain and the permutation test of members against non-members, each
-    enumerated exactly when it has at most ``permutations + 1`` arrangements, else drawn ``permutations`` times
-    (from ``seed``). ``alpha_slice`` is the slice's level, the family's Bonferroni share already taken (e.g.
-    0.05 / slices). Below ``min_side`` rows a side (:data:`MIN_SLICE_SIDE`, 8, by default: see there) the slice
-    is too small to test: nan p-values, never exposed."""
-    g = np.asarray(gain, dtype=np.float64)
-    m = np.asarray(member)
-    if g.ndim != 1 or m.shape != g.shape or m.dtype != np.bool_:
-        raise ProbeError(f"value slice test: gains {g.shape} and member flags {m.shape} ({m.dtype}) must be 1-d of "
-                         "one length, the flags boolean")
-    if not np.isfinite(g).all():
-        raise ProbeError("value slice test: a gain is missing or infinite")
-    if not 0.0 < float(alpha_slice) < 1.0:
-        raise ProbeError(f"value slice test: alpha_slice must lie in (0, 1), got {alpha_slice!r}")
-    if not _is_count(permutations, 1) or not _is_count(min_side, 1):
-        raise ProbeError(f"value slice test: permutations and min_side must be integers >= 1, got {permutations!r}, "
-                         f"{min_side!r}")
-    n_m, n_n = int(m.sum()), int((~m).sum())
-    members_gain = float(g[m].mean()) if n_m else float("nan")
-    difference = members_gain - float(g[~m].mean()) if n_m and n_n else float("nan")
-    if n_m < min_side or n_n < min_side:
-        return ValueSliceTest(n_m, n_n, members_gain, difference, float("nan"), float("nan"), True, False)
-    rng = np.random.default_rng(seed)
-    p_members = _sign_flip_p(g[m], int(permutations), rng)
-    p_difference = _permutation_p(g, m, int(permutations), rng)
-    exposed = bool(p_members <= alpha_slice and p_difference <= alpha_slice)
-    return ValueSliceTest(n_m, n_n, members_gain, difference, p_members, p_difference, False, exposed)
-
-
 def _found(members_gain: Estimate, difference: Estimate) -> bool:
     return bool(members_gain.low > 0.0 and difference.low > 0.0)  # nan bounds (no resamples): never found
 
@@ -764,7 +509,7 @@ def attribute_inference(scorer: ContextScorer, inputs: ContextAuditInputs, attri
     ``exchangeable``: as for :func:`label_inference`."""
     _check_settings(n_references, n_resamples, confidence)
     x, y, c = inputs.population_x, inputs.population_y, inputs.n_classes
-    _check_column(attribute.column, x.shape[1])
+    check_column(attribute.column, x.shape[1])
     if pool.x.shape[1] != x.shape[1]:
         raise DataError(f"attribute inference: the imputation pool has {pool.x.shape[1]} features, the population "
                         f"{x.shape[1]}")
