@@ -32,9 +32,9 @@ RUN_KINDS = ("run_verdict", "known_context_flag")
 
 def run(seeds: int, null_splits: int, epochs: int, root: Path) -> tuple[object, object, float]:
     """(results, ledger, seconds) of the sweep."""
-    from orchestrator.config import parse_sweep
-    from orchestrator.run_folder import RunFolder
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.runfolder.run_folder import RunFolder
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({
         "name": "claim-ledger-bench", "tasks": [{"name": "digits"}],

@@ -4,7 +4,7 @@ the never-in-context control, and the wall time of one reference context.
     python3 benchmarks/context_audit.py [--task digits] [--context-size 256] [--max-references 256]
                                         [--forest] [--family pfn-mini] [--no-write]
 
-The audit of ``iclmem audit-context TASK --model pfn-mini`` (orchestrator.context_audit.prepare_context_audit:
+The audit of ``iclmem audit-context TASK --model pfn-mini`` (orchestrator.audits.context_audit.prepare_context_audit:
 N label-matched members and non-members, the control from the rows left). P is scored once under
 ``--max-references`` reference contexts; the audit with K references is the first K of them, exactly the
 set ``--references K`` draws (reference k's context does not depend on K). For each K the attacks' TPR at 1%
@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     model, options = FAMILIES[args.family]
 
     from iclmem.vocab import ContextAttack, ContextTarget
-    from orchestrator.audit import parse_task
-    from orchestrator.context_audit import prepare_context_audit
+    from orchestrator.audits.audit import parse_task
+    from orchestrator.audits.context_audit import prepare_context_audit
     from probes.attacks.context import evaluate_context_audit, score_references
     from trainables.models import build_model
 

@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from iclmem.vocab import ContextAttack, ContextTarget
-    from orchestrator.audit import parse_task
-    from orchestrator.context_audit import prepare_context_audit
+    from orchestrator.audits.audit import parse_task
+    from orchestrator.audits.context_audit import prepare_context_audit
     from probes.attacks.context import evaluate_context_audit, score_references
     from trainables.models import build_model
     from trainables.models.estimator import load_estimator_factory

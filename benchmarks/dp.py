@@ -63,7 +63,7 @@ def step_times(task, args: argparse.Namespace) -> dict[str, float]:
 
 
 def run(task, eps: float | None, args: argparse.Namespace) -> dict:
-    from orchestrator.selfcheck import PLANTED_SUITE
+    from orchestrator.audits.selfcheck import PLANTED_SUITE
     from probes.calibration import model_digest
     from probes.manipulations import suite_from_spec
     from probes.probe import ProbeSettings, probe_checkpoint
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['auc']:.3f} [{r['auc_low']:.2f}, {r['auc_high']:.2f}]", fmt(r["lb"], 3), consistent,
                      fmt(r["blind"], 3), fmt(r["member_icl_accuracy"], 3), fmt(r["nonmember_icl_accuracy"], 3),
                      fmt(r["train_s"], 0)])
-    from orchestrator.selfcheck import NoMembershipControl, no_membership_check
+    from orchestrator.audits.selfcheck import NoMembershipControl, no_membership_check
 
     for t in tasks:  # the no-membership control on the same split: the shipped weights plus noise
         c = no_membership_check(NoMembershipControl.NOISED, t.label_mode, prepared=t)

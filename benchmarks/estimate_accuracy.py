@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
 
-    from orchestrator.estimate import estimate
-    from orchestrator.timing import human
+    from orchestrator.estimate.estimate import estimate
+    from orchestrator.runfolder.timing import human
 
     rows, pairs = [], []
     scratch = Path(tempfile.mkdtemp(prefix="iclmem-estimate-accuracy-"))
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     worst = max(abs(ratio - 1) for *_, ratio in pairs)
-    from orchestrator.estimate_render import render
+    from orchestrator.estimate.estimate_render import render
 
     text = [
         "**Headline:** predicted / measured wall time, "

@@ -8,7 +8,7 @@ measured now, on this machine, each (model, Q, task) on its own task; the predic
 cache), then ``iclmem run CONFIG`` (W&B disabled), which records its own per-phase times in
 ``RUN_DIR/timings.json`` and prints them beside the kept prediction. The table gives the predicted and the
 measured wall time, their ratio, and the phase whose error weighs most in the wall time
-(``orchestrator.timing.compare``), with its predicted and measured seconds. Target: every ratio within
+(``orchestrator.runfolder.timing.compare``), with its predicted and measured seconds. Target: every ratio within
 0.7–1.3. Nothing else should run on the machine meanwhile: the load average is reported.
 """
 
@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --keep: estimate again, but set it beside the runs already there (no sweep rerun)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
-    from orchestrator.sweep_files import load_sweep
-    from orchestrator.timing import compare, load_prediction, read_timings
+    from orchestrator.runfolder.timing import compare, load_prediction, read_timings
+    from orchestrator.schema.sweep_files import load_sweep
 
     rows, ratios = [], []
     with tempfile.TemporaryDirectory(prefix="iclmem-estimate-validation-") as scratch:

@@ -52,7 +52,7 @@ def blind_table(seeds: list[int]) -> str:
 
 
 def control_table(seeds: list[int]) -> str:
-    from orchestrator.selfcheck import NoMembershipControl, no_membership_check
+    from orchestrator.audits.selfcheck import NoMembershipControl, no_membership_check
 
     rows = []
     for design, modes in (("matched", ("normal", "shuffled_members", "shuffled_all")), ("unmatched", ("shuffled_members",))):
@@ -70,7 +70,7 @@ def control_table(seeds: list[int]) -> str:
 def planted_table(seeds: list[int]) -> str:
     import torch
 
-    from orchestrator.selfcheck import PLANTED_SUITE
+    from orchestrator.audits.selfcheck import PLANTED_SUITE
     from probes.calibration import model_digest
     from probes.manipulations import suite_from_spec
     from probes.probe import ProbeSettings, probe_checkpoint

@@ -14,7 +14,7 @@ files, Stage I under each model's own input contract, iclmem's fine-tuner and pr
   ``--carte-dir`` holds them), prepared as a sweep prepares them for the model: the uniform-label context C'
   (256 rows) predicting the 2Q member and non-member rows.
 * **Planted power.** Label-shuffled members on iris (Q 30, |C'| 60) fine-tuned at pfn-mini's recipe (lr 3e-3,
-  200 epochs), probed with the planted check's four manipulations (``orchestrator.selfcheck.planted_check``):
+  200 epochs), probed with the planted check's four manipulations (``orchestrator.audits.selfcheck.planted_check``):
   the verdict and the calibrated AUC with its interval per seed, and beside them the known-context channel
   (``known_context_memorization_flag``: the same rule on the base-calibrated loss with C' as context).
 * **Planted runs through the packages' own fine-tuners** (``--parts upstream``, a section of its own): the same
@@ -130,7 +130,7 @@ def carte_table(family: str, carte_dir: Path, seeds: list[int], q: int = 500, co
 
 
 def planted_table(family: str, seeds: list[int]) -> str:
-    from orchestrator.selfcheck import planted_check
+    from orchestrator.audits.selfcheck import planted_check
 
     model, options = FAMILIES[family]
     rows = []
@@ -152,7 +152,7 @@ def planted_table(family: str, seeds: list[int]) -> str:
 
 
 def control_table(family: str, seeds: list[int]) -> str:
-    from orchestrator.selfcheck import NoMembershipControl, no_membership_check
+    from orchestrator.audits.selfcheck import NoMembershipControl, no_membership_check
 
     model, options = FAMILIES[family]
     rows, false, flagged = [], 0, 0
@@ -224,7 +224,7 @@ def upstream_table(families: list[str], seeds: list[int]) -> str:
     """Label-shuffled members (iris, Q 30, |C'| 60) fine-tuned by each package's own fine-tuner (``recipe:
     upstream``) from the shipped mini, probed at the last epoch it trained: the zero-information verdict, the
     known-context channel, and the utility as the package deploys the weights (C' as its context)."""
-    from orchestrator.selfcheck import planted_check
+    from orchestrator.audits.selfcheck import planted_check
 
     rows = []
     for family in families:

@@ -3,7 +3,7 @@
     python3 benchmarks/paper_scale.py [--config configs/paper.yaml] [--task digits] [--workers 1 8 32]
                                       [--epochs 4] [--threads 1] [--no-write]
 
-A thin caller of ``iclmem estimate`` (``orchestrator/estimate.py``): the grid's work is counted with the
+A thin caller of ``iclmem estimate`` (``orchestrator/estimate/estimate.py``): the grid's work is counted with the
 sweep's own expansion, the configured model's unit costs are measured on this device (the CARTE tables of
 paper.yaml are not present here, so on a built-in task, ``digits`` by default: 10 classes like the 10
 quantile bins of the paper's regression targets, 16 features after PCA like theirs), and the wall time is
@@ -33,9 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
 
-    from orchestrator.estimate import estimate
-    from orchestrator.estimate_render import render
-    from orchestrator.timing import human
+    from orchestrator.estimate.estimate import estimate
+    from orchestrator.estimate.estimate_render import render
+    from orchestrator.runfolder.timing import human
 
     est = estimate(args.config, args.workers[0], device=args.device, task=args.task, epochs=args.epochs,
                    threads=args.threads, log=lambda line: print(line, flush=True))
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{r[0].replace('N = ', 'N=')}: **{r[1]}** (bound by {r[3]})" for r in rows) + ".",
         "",
         f"Written by `iclmem estimate {shown} --workers N --task {args.task}` (this script is a thin caller of "
-        f"`orchestrator/estimate.py`); unit costs measured on the built-in `{args.task}` task, {args.threads} torch "
+        f"`orchestrator/estimate/estimate.py`); unit costs measured on the built-in `{args.task}` task, {args.threads} torch "
         "thread(s). The paper audits ConTextTab, which the *Adapter benchmark* times at ~2,000x pfn-mini's forward "
         "on CPU: the figures are for the configured model.",
         "",

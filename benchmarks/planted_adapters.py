@@ -5,7 +5,7 @@
 Each model is built tiny and randomly initialised from its own architecture (the sizes of
 ``tests/test_adapter_contract.py``), fine-tuned on iris with shuffled member labels at the learning rate and
 epochs ``tests/test_planted_adapters.py`` asserts with (lr 1e-3; 3e-3 for TabICL's tiny instance), and its
-last checkpoint probed against the untouched model (``orchestrator.selfcheck.planted_check``, the pure path
+last checkpoint probed against the untouched model (``orchestrator.audits.selfcheck.planted_check``, the pure path
 the sweep's actors run). For a model that normalises over its context (TabPFN v2) the same checkpoint is
 also probed without the fine-tuning context's feature statistics: the query's features then vanish from
 every zero-information context, and nothing can be found.
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     set_threads(1)
     from test_adapter_contract import CLASSIFIERS
 
-    from orchestrator.selfcheck import planted_check
+    from orchestrator.audits.selfcheck import planted_check
     from trainables.models.extras import extra_is_installed
 
     rows = []

@@ -4,7 +4,7 @@ rows known to be most exposed?
 Planted: digits (10 labels), pfn-mini fine-tuned on Q member rows plus outlier canaries (crafted rows far from
 the data), 8 per copy count inserted 1, 2, 4 and 8 times into the members, 32 held out; 5 epochs at lr 3e-4
 (before every copy count is memorized: tests/test_canaries.py). The checkpoint is probed as a sweep probes it
-and its records built as the aggregator builds them (``orchestrator.record_risk``: each member row's and each
+and its records built as the aggregator builds them (``orchestrator.report.record_risk``: each member row's and each
 canary's score and risk). Per attack (the probe's calibrated loss, the known-context loss) and copy count c:
 
 * precision@k: the k = 8 canaries of c copies ranked among the member rows and themselves, by score (the risk
@@ -36,7 +36,7 @@ def one_seed(seed: int, epochs: int, lr: float, q: int) -> list[dict]:
 
     from iclmem.stats import auc
     from iclmem.vocab import Channel
-    from orchestrator.record_risk import RECORD_ATTACKS, canary_rows, record_rows
+    from orchestrator.report.record_risk import RECORD_ATTACKS, canary_rows, record_rows
     from probes.manipulations import default_suite
     from probes.probe import ProbeSettings, probe_checkpoint
     from probes.record_risk import precision_at_k

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     set_threads(1)
     from test_attacks import PLANTED_ATTACKS, planted_attacks
 
-    from orchestrator.aggregate import attacks_for_checkpoint
+    from orchestrator.report.aggregate import attacks_for_checkpoint
 
     start = time.perf_counter()
     setting = {**PLANTED_ATTACKS, "n_references": args.max_k}

@@ -45,7 +45,7 @@ def span(values: list[float], digits: str = ".2g") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrator.inference_audit import audit_file
+    from orchestrator.audits.inference_audit import audit_file
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tables", nargs="+", default=["breast_cancer"])

@@ -5,7 +5,7 @@
     python3 benchmarks/scale.py --seeds 32 --jsonl benchmarks/scale_records/scale.jsonl    # 512 trials (16x)
     python3 benchmarks/scale.py --render benchmarks/scale_records/scale.jsonl               # the RESULTS.md section
 
-Each size is one real sweep (``orchestrator.sweep.run_sweep``, the code ``iclmem run`` runs) on a
+Each size is one real sweep (``orchestrator.driver.sweep.run_sweep``, the code ``iclmem run`` runs) on a
 ``ray.cluster_utils.Cluster`` of ``--nodes`` simulated nodes (2 CPUs each, all on this machine): pfn-mini on iris,
 16 trials per seed (4 learning rates x Q 10, 20 x normal and label-shuffled members), 2 epochs, checkpoints at
 epochs 1 and 2, a 3-manipulation suite, 20 bootstrap resamples, 1 null split, the default risk report (slices),
@@ -98,7 +98,7 @@ def report_parts(run_dir: Path) -> dict[str, float]:
     import cProfile
     import pstats
 
-    from orchestrator.aggregate import aggregate
+    from orchestrator.report.aggregate import aggregate
 
     profile = cProfile.Profile()
     started = time.perf_counter()
@@ -124,8 +124,8 @@ def rehearse(seeds: int, nodes: int, keep: Path | None) -> dict[str, Any]:
     from ray.cluster_utils import Cluster
 
     from iclmem.runfolder import TIMINGS_FILE, TUNE_DIR
-    from orchestrator.estimate_disk import predict_disk_from_folder
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.estimate.estimate_disk import predict_disk_from_folder
 
     root = keep or Path(tempfile.mkdtemp(prefix="iclmem-scale-"))
     root.mkdir(parents=True, exist_ok=True)

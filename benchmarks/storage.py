@@ -2,9 +2,9 @@
 
     python3 benchmarks/storage.py [--config configs/quickstart.yaml] [--no-write]
 
-Each value is one real sweep (``orchestrator.sweep.run_sweep``, W&B offline as the quickstart has it) in a fresh
+Each value is one real sweep (``orchestrator.driver.sweep.run_sweep``, W&B offline as the quickstart has it) in a fresh
 folder. Recorded: the folder's bytes (files only, links not followed), of them the checkpoints' (Tune's
-``checkpoint_*`` folders), what ``iclmem run`` predicted before it started (``orchestrator.estimate_disk``, no
+``checkpoint_*`` folders), what ``iclmem run`` predicted before it started (``orchestrator.estimate.estimate_disk``, no
 timing), and whether the results table equals the ``all`` run's (the policy removes files after they are probed, so
 it must not change a number).
 """
@@ -31,11 +31,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from iclmem.record import VOLATILE_COLUMNS
     from iclmem.vocab import KeepCheckpoints
-    from orchestrator.estimate_disk import predict_disk, size_only_costs
-    from orchestrator.estimate_work import count_work
-    from orchestrator.prepare import prepare_sweep
-    from orchestrator.sweep import run_sweep
-    from orchestrator.sweep_files import load_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.estimate.estimate_disk import predict_disk, size_only_costs
+    from orchestrator.estimate.estimate_work import count_work
+    from orchestrator.runfolder.prepare import prepare_sweep
+    from orchestrator.schema.sweep_files import load_sweep
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(REPO / "configs" / "quickstart.yaml"))

@@ -3,7 +3,7 @@
     python3 benchmarks/trial_actor_reuse.py [--trials 6] [--epochs 8] [--rounds 2] [--num-cpus 2] [--no-write]
 
 The same sweep (iris, pfn-mini, ``--trials`` learning rates at Q = 30, checkpoints at 2 and ``--epochs``, one
-probe actor, canaries off) runs through ``orchestrator.sweep.run_sweep`` on one local Ray started by this
+probe actor, canaries off) runs through ``orchestrator.driver.sweep.run_sweep`` on one local Ray started by this
 script, alternately as shipped (``TuneConfig(reuse_actors=True)``: a trial starts in a process that already
 imported torch, Tune and iclmem) and with reuse turned off (each trial in a fresh actor process, as before
 the change; the only difference is that one argument). The wall time of each ``run_sweep`` is taken; the
@@ -39,7 +39,7 @@ def sweep_config(trials: int, epochs: int) -> dict:
 def run_once(sweep, reuse: bool):
     import ray.tune
 
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
 
     shipped = ray.tune.TuneConfig
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
     import ray
 
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, object_store_memory=300 * 1024 * 1024,
              log_to_driver=False, configure_logging=False)

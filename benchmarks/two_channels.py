@@ -29,7 +29,7 @@ def one_run(seed: int, label_mode: str, epochs: int, lr: float, q: int, referenc
     import numpy as np
     import torch
 
-    from orchestrator.record_risk import RECORD_ATTACKS
+    from orchestrator.report.record_risk import RECORD_ATTACKS
     from probes.manipulations import default_suite
     from probes.probe import ProbeSettings, probe_checkpoint
     from probes.scoring import ProbePlan, ProbeQueries

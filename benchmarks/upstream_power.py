@@ -4,7 +4,7 @@ channel's reference attacks against K, the no-membership control, and what a ref
     python3 benchmarks/upstream_power.py --families tabicl-mini --seeds 0,1,2,3,4 --jsonl /tmp/icl.jsonl
     python3 benchmarks/upstream_power.py --render /tmp/icl.jsonl /tmp/pfn.jsonl   # the RESULTS.md section
 
-Each (mini, recipe, seed): ``orchestrator.upstream_power.planted_upstream_power`` -- the planted target (iris,
+Each (mini, recipe, seed): ``orchestrator.audits.upstream_power.planted_upstream_power`` -- the planted target (iris,
 Q 30 label-shuffled members, label-matched non-members, |C'| 60) fine-tuned by ``FinetunedTabICLClassifier`` /
 ``FinetunedTabPFNClassifier`` from the shipped mini, a no-membership control through the same fine-tuner and
 recipe, and ``--max-k`` reference fine-tunes through it, each under its own seed; every target probed at the
@@ -74,8 +74,8 @@ def run_one(family: str, label: str, finetuner: dict[str, Any], lr: float, epoch
             null_splits: int, bootstrap: int) -> dict[str, Any]:
     from minis import FAMILIES
 
-    from orchestrator.aggregate import attacks_for_checkpoint
-    from orchestrator.upstream_power import CHANNELS, planted_upstream_power
+    from orchestrator.audits.upstream_power import CHANNELS, planted_upstream_power
+    from orchestrator.report.aggregate import attacks_for_checkpoint
 
     model, options = FAMILIES[family]
     started = time.perf_counter()
@@ -124,7 +124,7 @@ def _null_any(channel: dict[str, Any]) -> tuple[int, int]:
 
 def render(records: list[dict[str, Any]]) -> str:
     from iclmem.stats import clopper_pearson
-    from orchestrator.upstream_power import CHANNELS
+    from orchestrator.audits.upstream_power import CHANNELS
 
     records = sorted(records, key=lambda r: (r["family"], r["recipe"], r["lr"], r["seed"]))
     max_k = max(r["max_k"] for r in records)

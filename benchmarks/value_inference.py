@@ -49,7 +49,7 @@ def noise_table(folder: Path, seed: int) -> str:
 
 def run(family: str, task: str, attack: str, sensitive: str | None, seed: int, folder: Path, args,
         context_size: int) -> dict:
-    from orchestrator.inference_audit import audit_inference
+    from orchestrator.audits.inference_audit import audit_inference
 
     flag, name = FAMILIES[family]
     out = folder / f"{family}-{Path(task).name}-{attack}-{seed}"

@@ -63,7 +63,7 @@ class RunIdentity:
 
 
 # The results table's schema: recorded in results.parquet's metadata by the aggregator, checked by the run-folder
-# reader (orchestrator.run_folder). Raise it when a column changes meaning or a required one is added; a table
+# reader (orchestrator.runfolder.run_folder). Raise it when a column changes meaning or a required one is added; a table
 # from before versions were recorded reads as version 1.
 RESULTS_SCHEMA_VERSION = 2
 RESULTS_SCHEMA_KEY = "iclmem_results_schema"
@@ -228,7 +228,7 @@ COLUMNS: dict[str, Column] = _columns(
     Column("deployed_nonmember_icl_accuracy", "recipe upstream: ICL accuracy on the non-members, as deployed"),
     Column("deployed_member_icl_loss", "recipe upstream: ICL loss on the members, as deployed"),
     Column("deployed_nonmember_icl_loss", "recipe upstream: ICL loss on the non-members, as deployed"),
-    # ---- ε lower bounds (orchestrator.aggregate.epsilon_columns) and DP-SGD's accountant
+    # ---- ε lower bounds (orchestrator.report.aggregate.epsilon_columns) and DP-SGD's accountant
     Column("epsilon_lb", "ε lower bound from the headline attack's error rates"),
     Column("epsilon_lb_kind", "which attack and score the ε lower bound comes from"),
     Column("epsilon_lb_delta", "the δ of the ε lower bound"),
@@ -262,7 +262,7 @@ COLUMNS: dict[str, Column] = _columns(
     Column("dp_epochs", "DP-SGD epochs the noise was calibrated for", False),
     Column("dp_sample_rate", "DP-SGD sampling rate", False),
     Column("dp_steps_per_epoch", "DP-SGD steps per epoch", False),
-    # ---- reference-model attacks (orchestrator.aggregate.attack_columns)
+    # ---- reference-model attacks (orchestrator.report.aggregate.attack_columns)
     Column("attack_references", "reference models behind the LiRA / RMIA columns"),
     Column("attack_global_variance", "whether LiRA used a global variance (too few references per row)"),
     Column("known_context_attack_references", "reference models behind the known-context attack columns"),
@@ -311,7 +311,7 @@ ATTACK_VERDICT_SUFFIXES: tuple[str, ...] = ("outcome", "p_value_threshold", "nul
 # the statistic an attack reads: the probe's (no prefix), the known-context loss, or that loss as the package
 # deploys the weights (recipe upstream)
 _ATTACK_STATISTIC = "(known_context_|deployed_known_context_)?"
-# ... each by name, as the report, the claim ledger and the benchmarks call it (orchestrator.aggregate.ATTACK_STATISTICS
+# ... each by name, as the report, the claim ledger and the benchmarks call it (orchestrator.report.aggregate.ATTACK_STATISTICS
 # computes them)
 ATTACK_CHANNELS: dict[str, str] = {"": "zero-information probe", "known_context_": "known context C'",
                                    "deployed_known_context_": "known context C' as the package deploys the weights"}

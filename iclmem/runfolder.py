@@ -4,7 +4,7 @@ Every kind of folder :func:`folder_kind` tells apart is laid out here: a tabular
 W&B folder, stored probe results and regime-``context`` audits; an LM run (``iclmem lm run``); a checkpoint's
 audit (``iclmem probe``) and a deployed-context audit (``iclmem audit-context``). Code and tests build paths
 from these names, never from spelled-out strings; a sweep's files are read back through
-``orchestrator.run_folder.RunFolder``, a method per file.
+``orchestrator.runfolder.run_folder.RunFolder``, a method per file.
 
 docs/RUN_FOLDER.md and the README's table "What a run writes" list the same names (``tests/test_docs.py``
 checks that every ``*_FILE`` / ``*_DIR`` here is documented); ``tests/test_atomic_writes.py`` checks that each
@@ -60,14 +60,17 @@ _WRITE_CHECK_PREFIX = ".iclmem-write-check-"
 # Stage I's cache, as ``trainables.data.save_prepared`` names it: ``<fingerprint>.npz`` and ``.json``
 _PREPARED_ENTRY = re.compile(r"^[0-9a-f]{16,64}\.(npz|json)$")
 DIVERGED_RUNS_FILE = "diverged_runs.json"  # the run ids whose training stopped on a NaN / inf loss (the driver)
-TIMINGS_FILE = "timings.json"  # what a complete sweep spent, phase by phase (``orchestrator.timing``)
-# ``iclmem lm run | lm resume`` (``orchestrator.lm_sweep``) write RUN_STATE_FILE and CONSOLE_LOG_FILE too.
+TIMINGS_FILE = "timings.json"  # what a complete sweep spent, phase by phase (``orchestrator.runfolder.timing``)
+# ``iclmem lm run | lm resume`` (``orchestrator.driver.lm_sweep``) write RUN_STATE_FILE and CONSOLE_LOG_FILE too.
 
 # ``iclmem audit-context``: the deployed-context audit's folder (with PROVENANCE_FILE and VERDICT_FILE, as
 # ``iclmem probe``'s folder has them beside PREPARED_DIR, REFERENCE_DIR and PROBES_DIR)
 CONTEXT_AUDIT_FILE = "context_audit.parquet"  # one row per (target context, attack)
 CONTEXT_ROC_FILE = "context_roc.parquet"  # (target, attack, fpr, tpr): each attack's ROC curve
 CONTEXT_SCORES_FILE = "context_scores.parquet"  # one row per audited row: its id, member flag, each attack's score
+# ... and, beside the ``<target>__<attack>`` columns, the deployed context's scores under each of two disjoint
+# reference sets (``reference_set_a__<attack>``, ``..._b__``): the risk report reads them for the records' stability
+REFERENCE_HALF_PREFIX = "reference_set_"
 CONTEXT_ROC_FIGURE = "context_roc.png"
 INFERENCE_FILE = "inference.parquet"  # audit-context --attack label|attribute: per target x attack x group x statistic
 INFERENCE_ROWS_FILE = "inference_rows.parquet"  # a sweep's value inference: per row id, member flag, attack: its gain
@@ -77,7 +80,7 @@ SAVED_FILE_TABLE = "saved_file.parquet"  # audit-context --attack file: per targ
 # A sweep's regime ``context``: the audit-context folders and their rows in one table
 CONTEXT_AUDITS_DIR = "context_audits"  # one audit-context folder per audit (its run id)
 CONTEXT_AUDITS_FILE = "context_audits.parquet"  # every audit's rows, with its run id, task, model, Q, seed in front
-# The data owner's risk report (orchestrator.record_risk), beside results.parquet: row ids, never row values
+# The data owner's risk report (orchestrator.report.record_risk), beside results.parquet: row ids, never row values
 RECORD_RISK_FILE = "record_risk.parquet"  # per audit x attack x row: member, score, risk, rank among the members
 RECORD_SLICES_FILE = "record_slices.parquet"  # per task x row: the slices it belongs to
 SLICE_RISK_FILE = "slice_risk.parquet"  # per run (headline checkpoint) x attack x slice: the slice's leakage
@@ -107,7 +110,7 @@ __all__ = [
     "read_run_state", "write_run_state", "never_started", "QUERIES_SUFFIX", "NULL_QUERIES_SUFFIX", "probe_stem",
     "LM_ASSETS_DIR", "LM_EXPOSURE_DIR", "LM_REPORT_FILE", "LM_RESULTS_FILE", "LM_SWEEP_FILE", "LM_UNITS_DIR",
     "DIVERGED_RUNS_FILE", "TIMINGS_FILE", "TRIAL_RUNS_FILE", "WANDB_EXPORT_DIR", "CONTEXT_AUDIT_FILE", "CONTEXT_ROC_FILE",
-    "CONTEXT_SCORES_FILE", "CONTEXT_ROC_FIGURE", "CONTEXT_AUDITS_DIR", "CONTEXT_AUDITS_FILE", "ROW_SUFFIX",
+    "CONTEXT_SCORES_FILE", "REFERENCE_HALF_PREFIX", "CONTEXT_ROC_FIGURE", "CONTEXT_AUDITS_DIR", "CONTEXT_AUDITS_FILE", "ROW_SUFFIX",
     "MANIPULATION_SUFFIX", "ROC_SUFFIX", "LOCK_NAMES", "record_diverged_run", "read_diverged_runs",
     "RECORD_RISK_FILE", "RECORD_SLICES_FILE", "SLICE_RISK_FILE", "RECORD_STABILITY_FILE", "RISKIEST_RECORDS_FILE",
     "CANARY_RANKING_FILE", "RISK_TABLE_FILES", "INFERENCE_FILE", "INFERENCE_ROWS_FILE", "VALUE_SLICES_FILE", "CHANNEL_CROSSING_FILE", "CLAIM_LEDGER_FILE", "SAVED_DIR", "SAVED_FILE_TABLE",

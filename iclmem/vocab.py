@@ -88,7 +88,7 @@ class Regime(Vocab):
     MULTI_FIXED = "multi_fixed"
     MULTI_RANDOM = "multi_random"
     # no fine-tuning: the model deployed with Q rows of a task as its context, audited for which rows they
-    # were (orchestrator.context_audit; one audit per task, model, Q and seed)
+    # were (orchestrator.audits.context_audit; one audit per task, model, Q and seed)
     CONTEXT = "context"
 
 
@@ -270,7 +270,7 @@ class Neighbours(Vocab):
 
 class AuditKind(Vocab):
     """What ``iclmem audit-context --attack`` asks of a deployed in-context learner; each kind's settings and
-    runner are registered once, in orchestrator/audit_kinds.py."""
+    runner are registered once, in orchestrator/audits/audit_kinds.py."""
 
     MEMBERSHIP = "membership"  # was the row in the context
     LABEL = "label"  # does the model give away a context row's label
@@ -295,7 +295,7 @@ class InferenceGroup(Vocab):
 
 
 class Channel(Vocab):
-    """Through which channel a row's membership leaks (the data owner's risk report, orchestrator/record_risk.py):
+    """Through which channel a row's membership leaks (the data owner's risk report, orchestrator/report/record_risk.py):
     the weights fine-tuned on it (the probe, the known-context prediction, LiRA / RMIA on either), or the
     context of a deployed in-context learner it was placed in (``regime: context``'s audits)."""
 
@@ -304,7 +304,7 @@ class Channel(Vocab):
 
 
 class SliceFamily(Vocab):
-    """How the risk report groups a task's rows (``report.slices.by``; orchestrator/slices.py)."""
+    """How the risk report groups a task's rows (``report.slices.by``; orchestrator/schema/slices.py)."""
 
     CLASS = "class"  # the row's true label (a regression target's bin)
     OUTLIER = "outlier"  # quantile bin of the mean distance to the row's nearest rows in the encoded space
@@ -315,7 +315,7 @@ class SliceFamily(Vocab):
 
 class KeepCheckpoints(Vocab):
     """Which checkpoint files a sweep keeps once every probe of a checkpoint is stored (``training.keep_checkpoints``;
-    orchestrator/checkpoint_keeping.py). A running trial's latest checkpoint always keeps everything: Tune resumes
+    orchestrator/driver/checkpoint_keeping.py). A running trial's latest checkpoint always keeps everything: Tune resumes
     the trial from it. A checkpoint folder is never removed: its manifest and ground-truth log stay, so a removed
     file is named for what it was, and recomputed weights are checked against the digest the manifest recorded."""
 
@@ -338,7 +338,7 @@ def values(enum: type[Enum]) -> tuple[str, ...]:
 
 class ClaimKind(Vocab):
     """What a statement of the report, the console or the W&B summary claims about leakage: one kind per line
-    of the claim ledger (orchestrator/claim_ledger.py), each with its own selection, family and null path."""
+    of the claim ledger (orchestrator/report/claim_ledger.py), each with its own selection, family and null path."""
 
     RUN_VERDICT = "run_verdict"  # a run's headline checkpoint is memorization
     KNOWN_CONTEXT_FLAG = "known_context_flag"  # some checkpoint of a run passes the rule on the known context C'
@@ -362,7 +362,7 @@ class RoundingCheck(Vocab):
 
 
 class ClaimReading(Vocab):
-    """How the first screen reads a claim, from its ledger line (orchestrator/claim_ledger.py ``reading``)."""
+    """How the first screen reads a claim, from its ledger line (orchestrator/report/claim_ledger.py ``reading``)."""
 
     LEAK = "leak"  # made, its false-positive rate measured at or under the level, and it survives rounding
     EXACT_OUTPUTS_ONLY = "exact_outputs_only"  # made, but gone on rounded outputs

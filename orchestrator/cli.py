@@ -16,11 +16,11 @@ from typing import Any
 
 from iclmem.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, IclmemError, SweepInterrupted
 from iclmem.vocab import AuditKind, LabelMode, WandbMode, values
-from orchestrator.cli_audits import cmd_audit_context, cmd_models, cmd_probe
-from orchestrator.cli_folders import check_folder_name
-from orchestrator.cli_planning import cmd_cluster_check, cmd_estimate
-from orchestrator.cli_report import cmd_report
-from orchestrator.cli_sweeps import cmd_lm, cmd_resume, cmd_run, cmd_validate
+from orchestrator.commands.cli_audits import cmd_audit_context, cmd_models, cmd_probe
+from orchestrator.commands.cli_folders import check_folder_name
+from orchestrator.commands.cli_planning import cmd_cluster_check, cmd_estimate
+from orchestrator.commands.cli_report import cmd_report
+from orchestrator.commands.cli_sweeps import cmd_lm, cmd_resume, cmd_run, cmd_validate
 
 EPILOG = f"""exit status, the same for every command:
   0    done
@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = parser(sub, "models", help="registered model adapters and whether their extras are installed")
     m.set_defaults(func=cmd_models)
 
-    from orchestrator.audit import DEFAULT_BOOTSTRAP, DEFAULTS, min_bootstrap
+    from orchestrator.audits.audit import DEFAULT_BOOTSTRAP, DEFAULTS, min_bootstrap
 
     recorded = "default: as the checkpoint records it, else {}"
     pr = parser(sub, "probe", help="audit one fine-tuned checkpoint against its base model",
@@ -210,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "./runs/audit-<task>-<checkpoint id>)")
     pr.set_defaults(func=cmd_probe)
 
-    from orchestrator.audit_defaults import (
+    from orchestrator.audits.audit_kinds import AUDIT_KINDS, kind_names
+    from orchestrator.schema.audit_defaults import (
         DEFAULT_BINS,
         DEFAULT_CONTEXT_SIZE,
         DEFAULT_NULL_SPLITS,
@@ -218,7 +219,6 @@ def build_parser() -> argparse.ArgumentParser:
         FILE_CONTEXT_SIZE,
         FILE_REFERENCES,
     )
-    from orchestrator.audit_kinds import AUDIT_KINDS, kind_names
 
     ca = parser(sub, "audit-context", help="was a row in a fitted estimator's context? (no fine-tuning, no Ray)",
                 description=textwrap.fill(

@@ -210,7 +210,7 @@ class ProbeWorker(_PoolWorker):
         notes.extend(_recomputed_notes(caught, job, notes))
         result.row["probe_seconds"] = round(time.perf_counter() - wall, 3)
         result.row["probe_device_seconds"] = round(clock() - started, 3)
-        spent = stopwatch.tally()  # the phases of this job (orchestrator.timing reads them off the results)
+        spent = stopwatch.tally()  # the phases of this job (orchestrator.runfolder.timing reads them off the results)
         for name in ("score", "reference", "plan"):
             result.row[f"probe_{name}_seconds"] = round(spent.get(name, 0.0), 3)
         result.row["probe_node"] = _node_id()

@@ -26,7 +26,7 @@ point can refute a sizeable μ.
   best threshold, chosen after looking, is paid for. One score kind's bound uses β = :data:`GDP_BETA`
   (``confidence`` 0.95). The counts behind the bound (:class:`GridCounts`, written with the results row)
   let it be re-read at another level without the scores: the checkpoint headline, a maximum over K
-  competing score kinds, reads each kind at ``GDP_BETA / K`` (``orchestrator.aggregate``), and the
+  competing score kinds, reads each kind at ``GDP_BETA / K`` (``orchestrator.report.aggregate``), and the
   consistency checks against DP-SGD read them at their share of a run's level. (Every distinct score as a
   threshold, Bonferroni over a few hundred, measured no bound at all on 100 + 100 rows of a run whose
   classic bound was 0.45.)

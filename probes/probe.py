@@ -496,7 +496,7 @@ def canary_columns(model: Any, task: Any, plan: ProbePlan, canaries: Any, cache_
     records = canary_records(ids, canaries.kinds, canaries.copies, probe_stat, known_stat,
                              label_ranks(lp_ft.numpy(), canaries.labels), int(task.n_classes))
     out = canary_summary_columns(records)
-    # every canary, held-out ones too, for the risk report's ranking (orchestrator/record_risk.py)
+    # every canary, held-out ones too, for the risk report's ranking (orchestrator/report/record_risk.py)
     out["canary_scores"] = json.dumps([{"id": int(i), "kind": CanaryKind(k).value, "copies": int(c),
                                         "probe_stat": float(p), "known_context_stat": float(s)}
                                        for i, k, c, p, s in zip(ids, canaries.kinds, canaries.copies, probe_stat,
@@ -718,7 +718,7 @@ def deployed_known_context(model: Any, task: Any, cache_dir: str | Path, base_di
 def deployed_statistics(query_ids: np.ndarray, loss_ft: np.ndarray, loss_base: np.ndarray) -> pd.DataFrame:
     """Indexed by query id: the deployed channel's per-row losses (``deployed_known_context_loss`` on the
     checkpoint, ``deployed_known_context_loss_base`` on the base weights, both deployed alike), the inputs of
-    the reference attacks through the classifier the package deploys (``orchestrator.aggregate``)."""
+    the reference attacks through the classifier the package deploys (``orchestrator.report.aggregate``)."""
     return pd.DataFrame({f"{DEPLOYED_PREFIX}known_context_loss": np.asarray(loss_ft, np.float64),
                          f"{DEPLOYED_PREFIX}known_context_loss_base": np.asarray(loss_base, np.float64)},
                         index=np.asarray(query_ids, np.int64))

@@ -22,7 +22,7 @@ Pure numpy / scipy, no Ray, no torch. The inputs are one attack's membership sco
   higher" with Holm's correction over the slices, and a permutation test of "this slice leaks more than the
   rest" (AUC of the slice minus AUC of the rest, slice labels permuted within members and within non-members so
   each side keeps its size), Holm-corrected over the slices. A sweep corrects over a run's whole family instead
-  and measures how often the same tests fire on null splits (``orchestrator.record_risk``).
+  and measures how often the same tests fire on null splits (``orchestrator.report.record_risk``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Seconds a probe actor spends per phase of one job (scoring, reference scoring, plans), for the run's
-timings record (``orchestrator.timing``). An actor runs one job at a time, so a per-process tally reset at
+timings record (``orchestrator.runfolder.timing``). An actor runs one job at a time, so a per-process tally reset at
 each job's start is that job's. A phase opened inside another counts toward the outer one: the reference
 scores are computed by the scoring function, and they are reference scoring."""
 

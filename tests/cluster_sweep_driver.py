@@ -40,8 +40,8 @@ def main(sweep_json: str, run_dir: str) -> int:
     from ray._private import state
     from simulated_cluster import start_cluster
 
-    from orchestrator.config import parse_sweep
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.schema.config import parse_sweep
 
     started = time.monotonic()
     cluster, workers = start_cluster()

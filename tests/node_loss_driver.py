@@ -215,9 +215,9 @@ def main(sweep_json: str, run_dir: str, reference_dir: str) -> int:
     import ray
     from simulated_cluster import start_cluster
 
-    from orchestrator.config import parse_sweep
-    from orchestrator.prepare import expand_grid
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.runfolder.prepare import expand_grid
+    from orchestrator.schema.config import parse_sweep
 
     started = time.monotonic()
     sweep = parse_sweep(json.loads(Path(sweep_json).read_text()), sweep_json)

@@ -34,8 +34,8 @@ def run_real_sweep(root: Path) -> tuple[Path, object, list[str]]:
     """(run folder, results table, driver log lines) of the planted sweep, run into ``root / "run"``."""
     import pytest
 
-    from orchestrator.config import parse_sweep
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.schema.config import parse_sweep
 
     table = canary_table(root / "patients.csv")
     sweep = parse_sweep({

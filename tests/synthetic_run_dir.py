@@ -165,7 +165,7 @@ def _roc(auc: float) -> pd.DataFrame:
 
 def sweep_config(label_modes: tuple[str, ...] = ("normal",), outcome: dict | None = None):
     """The validated sweep config the synthetic single_fixed grid corresponds to."""
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     return parse_sweep({
         "name": "synthetic", "tasks": [{"name": t} for t in TASKS],
@@ -186,7 +186,7 @@ def make_synthetic_run_dir(
     not stored; ``drop_runs``: run ids with no stored row at all. ``interrupted``: ``"run_state"`` records
     the interruption with the driver's own writer (``write_run_state``). ``outcome``: the config's outcome block."""
     from iclmem.atomic import write_parquet_atomic
-    from orchestrator.folder_claims import record_sweep
+    from orchestrator.report.folder_claims import record_sweep
 
     run_dir = Path(root)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config import parse_sweep
-from orchestrator.sweep import run_sweep
+from orchestrator.driver.sweep import run_sweep
+from orchestrator.schema.config import parse_sweep
 from trainables.models.extras import extra_is_installed
 
 pytestmark = pytest.mark.slow  # end to end: real Ray Tune sweeps (`make test-fast` leaves them out)

@@ -70,9 +70,9 @@ def _run_folder_writers(run_dir: Path, variant: int):
     ``variant`` changes what they write (another seed, another config), so a rewrite changes bytes."""
     from iclmem.runfolder import PREPARED_DIR, PROBES_DIR, REFERENCE_DIR, TUNE_DIR
     from iclmem.vocab import LabelMode
-    from orchestrator.aggregate import aggregate
-    from orchestrator.config import parse_sweep
-    from orchestrator.folder_claims import record_sweep
+    from orchestrator.report.aggregate import aggregate
+    from orchestrator.report.folder_claims import record_sweep
+    from orchestrator.schema.config import parse_sweep
     from probes.calibration import model_digest
     from probes.manipulations import suite_from_spec
     from probes.probe import ProbeSettings, probe_checkpoint

@@ -218,15 +218,15 @@ def test_reference_statistics_refuse_mismatched_shapes_and_nan():
 
 # ------------------------------------------------------------------------------------------- config and Stage I
 def _sweep(**probe):
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     return parse_sweep({"name": "refs", "tasks": [{"name": "iris"}], "grid": {"q": [10]},
                         "probe": {"references": 4, **probe}}, "test")
 
 
 def test_references_add_reference_trials_and_leave_the_runs_ids_and_hash_alone():
-    from orchestrator.config import parse_sweep
-    from orchestrator.trials import expand_grid
+    from orchestrator.schema.config import parse_sweep
+    from orchestrator.schema.trials import expand_grid
 
     plain = parse_sweep({"name": "refs", "tasks": [{"name": "iris"}], "grid": {"q": [10]}}, "test")
     explicit_zero = parse_sweep({"name": "refs", "tasks": [{"name": "iris"}], "grid": {"q": [10]},
@@ -246,7 +246,7 @@ def test_references_add_reference_trials_and_leave_the_runs_ids_and_hash_alone()
 
 
 def test_references_are_refused_with_other_regimes_and_one_reference():
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     with pytest.raises(ConfigError, match="probe.references"):
         parse_sweep({"name": "x", "tasks": [{"name": "iris"}, {"name": "wine"}],
@@ -258,7 +258,7 @@ def test_references_are_refused_with_other_regimes_and_one_reference():
 
 
 def test_reference_tasks_are_balanced_halves_of_the_population_with_their_own_fingerprints(tmp_path):
-    from orchestrator.prepare import prepare_sweep
+    from orchestrator.runfolder.prepare import prepare_sweep
 
     prepared = prepare_sweep(_sweep(), tmp_path, log=lambda _m: None)
     target_key = prepared.trial_tasks[prepared.trials[0].run_id][0]
@@ -282,7 +282,7 @@ def test_reference_tasks_are_balanced_halves_of_the_population_with_their_own_fi
 
 
 def _dp_reference_sweep(seed: int = 0, canaries: dict | None = None, references: int = 2):
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     return parse_sweep({"name": "dp-refs", "tasks": [{"name": "iris"}],
                         "grid": {"q": [20], "dp": [1], "seed": [seed]}, "data": {"context_size": 20},
@@ -298,7 +298,7 @@ def test_each_reference_fine_tune_draws_its_own_dp_noise_never_its_targets(tmp_p
     and a reference rebuilt from its config draws the same noise again (a recomputed checkpoint equals the lost one)."""
     import torch
 
-    from orchestrator.prepare import prepare_sweep, trial_config
+    from orchestrator.runfolder.prepare import prepare_sweep, trial_config
     from trainables.dp import noisy_gradient
     from trainables.finetune import Finetuner, FinetuneSpec, reference_training_seed
 
@@ -336,7 +336,7 @@ def test_references_train_with_the_targets_canaries_rare_label_ones_included(tmp
     rare_label ones too: their label is the target's rarest member label, not the rarest of the reference's
     own half (issue #56 finding 7: on iris with 4 references, two of them drew their rare_label canaries under
     another label, from other rows)."""
-    from orchestrator.prepare import prepare_sweep, trial_config
+    from orchestrator.runfolder.prepare import prepare_sweep, trial_config
     from trainables.canaries import rarest_member_label
     from trainables.data import reference_half
     from trainables.finetune import Finetuner, FinetuneSpec
@@ -377,8 +377,8 @@ def test_no_attack_audits_a_dp_run_above_its_accountant_with_independent_referen
     on every seed."""
     import torch
 
-    from orchestrator.aggregate import attacks_for_checkpoint
-    from orchestrator.prepare import prepare_sweep, trial_config
+    from orchestrator.report.aggregate import attacks_for_checkpoint
+    from orchestrator.runfolder.prepare import prepare_sweep, trial_config
     from probes.calibration import model_digest
     from probes.probe import ProbeSettings, probe_checkpoint
     from probes.scoring import ProbePlan, ProbeQueries
@@ -423,7 +423,7 @@ def test_no_attack_audits_a_dp_run_above_its_accountant_with_independent_referen
 
 
 def prepared_suite():
-    from orchestrator.selfcheck import PLANTED_SUITE
+    from orchestrator.audits.selfcheck import PLANTED_SUITE
     from probes.manipulations import suite_from_spec
 
     return suite_from_spec(list(PLANTED_SUITE))
@@ -441,8 +441,8 @@ def planted_attacks(*, n_references: int = 8, epochs: int = 150, lr: float = 1e-
 
     import torch
 
-    from orchestrator.aggregate import attacks_for_checkpoint
-    from orchestrator.selfcheck import PLANTED_SUITE
+    from orchestrator.audits.selfcheck import PLANTED_SUITE
+    from orchestrator.report.aggregate import attacks_for_checkpoint
     from probes.calibration import model_digest
     from probes.manipulations import suite_from_spec
     from probes.probe import ProbeSettings, probe_checkpoint
@@ -475,7 +475,7 @@ def planted_attacks(*, n_references: int = 8, epochs: int = 150, lr: float = 1e-
         # as a sweep's probe actor does (probes.actors.ProbeWorker.run): a reference reads its target's
         # base-model scores
         target_plan = (prepared.fingerprint, plan_of(prepared))
-        # each reference trains under its own seed, as a sweep's reference trial does (orchestrator.prepare)
+        # each reference trains under its own seed, as a sweep's reference trial does (orchestrator.runfolder.prepare)
         refs = [run(reference_task(prepared, k), cache, target_plan, reference_training_seed(seed, k))
                 for k in range(n_references)]
     columns, _ = attacks_for_checkpoint(target.queries, [r.queries for r, _ in refs], n_resamples=bootstrap,
@@ -500,7 +500,7 @@ def test_planted_label_shuffled_members_are_detected_by_lira_and_rmia_and_null_s
     seed, at most one null AUC interval of nine missing 0.5. Which attack beats which (LiRA vs ΔS on the
     probe, the known-context attacks' tail) changes with the seed and the code path: a finding for
     RESULTS.md, not an assertion here."""
-    from orchestrator.selfcheck import PLANTED_SUITE
+    from orchestrator.audits.selfcheck import PLANTED_SUITE
     from probes.attacks.membership import LOGIT_PREFIX
 
     row = planted_attacks(**PLANTED_ATTACKS)
@@ -509,7 +509,7 @@ def test_planted_label_shuffled_members_are_detected_by_lira_and_rmia_and_null_s
     logits = [c for c in target_table.columns if c.startswith(LOGIT_PREFIX)]
     assert logits == [f"{LOGIT_PREFIX}{m}" for m in PLANTED_SUITE]
     assert all(list(t.columns) == list(target_table.columns) for t in reference_tables)
-    # the base-calibrated score finds the planted members (as orchestrator.selfcheck's planted check does) ...
+    # the base-calibrated score finds the planted members (as orchestrator.audits.selfcheck's planted check does) ...
     assert row["calibrated_loss_auc_low"] > 0.6
     assert row["outcome"] == "memorization"
     # ... and every attack on the probe statistic has its interval above chance
@@ -534,10 +534,10 @@ def test_planted_label_shuffled_members_are_detected_by_lira_and_rmia_and_null_s
 # ------------------------------------------------------------------------------------------- a real sweep
 @pytest.mark.slow
 def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_section(ray_session, tmp_path):
-    from orchestrator.config import parse_sweep
+    from orchestrator.driver.sweep import run_sweep
     from orchestrator.report import public_results
-    from orchestrator.run_folder import RunFolder
-    from orchestrator.sweep import run_sweep
+    from orchestrator.runfolder.run_folder import RunFolder
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({
         "name": "refs", "tasks": [{"name": "iris"}], "grid": {"q": [30], "label_mode": ["shuffled_members"]},
@@ -569,7 +569,7 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
     assert audited_rows["canary_p_value"].notna().all()
     assert "canary_p_value" not in refs.columns or refs["canary_p_value"].isna().all()
     # the run's timings count the reference trials' probes too (their rows are kept apart from the results)
-    from orchestrator.timing import Phase, read_timings
+    from orchestrator.runfolder.timing import Phase, read_timings
 
     timings = read_timings(run_dir)
     assert timings.checkpoints == len(results) + len(refs)
@@ -623,7 +623,7 @@ def test_a_sweep_with_references_writes_the_attack_columns_and_the_report_sectio
     # probe.null_splits 0 means no attack null split either (it used to be raised to one)
     import json
 
-    from orchestrator.aggregate import aggregate
+    from orchestrator.report.aggregate import aggregate
 
     stored = json.loads((run_dir / "sweep.json").read_text())
     stored["probe"]["null_splits"] = 0
@@ -794,8 +794,8 @@ def _query_tables(n: int = 40, k: int = 2, epochs=(2, 4), gap: float = 2.0, seed
 
 def _record_sweep(run_dir, bootstrap):
     """A sweep with two references per target and two null splits, recorded by the sweep's own writer."""
-    from orchestrator.config import parse_sweep
-    from orchestrator.folder_claims import record_sweep
+    from orchestrator.report.folder_claims import record_sweep
+    from orchestrator.schema.config import parse_sweep
 
     record_sweep(run_dir, parse_sweep({"name": "attacks", "tasks": [{"name": "iris"}], "outcome": {"rule": "selection_aware"},
                                        "probe": {"references": 2, "bootstrap": bootstrap, "null_splits": 2}}, "test"))
@@ -804,7 +804,7 @@ def _record_sweep(run_dir, bootstrap):
 def test_attack_columns_use_the_query_tables_collect_loaded_and_equal_reading_them_from_disk(tmp_path):
     from iclmem.atomic import write_parquet_atomic
     from iclmem.record import ATTACK_VERDICT_COLUMN, is_public
-    from orchestrator.aggregate import attack_columns
+    from orchestrator.report.aggregate import attack_columns
 
     results, references, tables = _query_tables()
     _record_sweep(tmp_path, bootstrap=100)
@@ -836,7 +836,7 @@ def test_attack_columns_use_the_query_tables_collect_loaded_and_equal_reading_th
 
 
 def test_the_attacks_report_section_shows_each_attacks_verdict_and_its_null_false_positives(tmp_path):
-    from orchestrator.aggregate import attack_columns
+    from orchestrator.report.aggregate import attack_columns
     from orchestrator.report.attacks import attack_verdict_table, attacks_section_html
 
     results, references, tables = _query_tables()

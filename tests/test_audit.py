@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from iclmem.errors import ConfigError, DataError
-from orchestrator.audit import audit_checkpoint, parse_task
+from orchestrator.audits.audit import audit_checkpoint, parse_task
 from trainables.data import TaskSource, prepare_task
 from trainables.finetune import Finetuner, FinetuneSpec
 from trainables.models.embedded import SHIPPED_WEIGHTS

@@ -1,4 +1,4 @@
-"""The audit kinds of ``iclmem audit-context --attack`` are one registry (orchestrator/audit_kinds.py): the command
+"""The audit kinds of ``iclmem audit-context --attack`` are one registry (orchestrator/audits/audit_kinds.py): the command
 line's choices, help, refusals and dispatch all come from it."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from iclmem.errors import ConfigError
 from iclmem.vocab import AuditKind, values
-from orchestrator import audit_kinds
-from orchestrator.audit_kinds import (
+from orchestrator.audits import audit_kinds
+from orchestrator.audits.audit_kinds import (
     AUDIT_KINDS,
     OPTIONAL_SETTINGS,
     AuditKindSpec,
@@ -80,7 +80,7 @@ def test_audit_context_runs_the_registered_kind_with_the_project_and_prints_its_
     assert main(["audit-context", "iris", "--model", "pfn-mini", "--attack", "attribute", "--sensitive", "petal",
                  "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    from orchestrator.config import WandbConfig
+    from orchestrator.schema.config import WandbConfig
 
     assert seen == {"attack": "attribute", "sensitive": "petal", "project": WandbConfig.model_fields["project"].default}
     assert "line one of the fake audit\nline two\n" in printed

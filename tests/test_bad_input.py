@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from iclmem.errors import IclmemError
-from orchestrator.sweep import run_sweep
+from orchestrator.driver.sweep import run_sweep
 
 BASE = {
     "name": "bad",
@@ -181,8 +181,8 @@ def test_many_integer_classes_inferred_as_regression_point_at_task_classificatio
 
 
 def test_a_table_that_cannot_be_read_is_one_error_line_per_task_not_one_per_grid_combination(tmp_path):
-    from orchestrator.config import SweepConfig
-    from orchestrator.prepare import prepare_sweep
+    from orchestrator.runfolder.prepare import prepare_sweep
+    from orchestrator.schema.config import SweepConfig
 
     sweep = SweepConfig.model_validate(_merge(BASE, {
         "tasks": [{"name": "gone", "carte": str(tmp_path / "no_such_dir")}, {"name": "iris"}],
@@ -202,8 +202,8 @@ def test_a_stored_sweep_with_the_default_schedule_and_few_epochs_validates_again
     the refusal of checkpoint epochs past the end must not fire on the (trimmed) default."""
     import json
 
-    from orchestrator.config import SweepConfig, parse_sweep
-    from orchestrator.sweep_files import load_sweep
+    from orchestrator.schema.config import SweepConfig, parse_sweep
+    from orchestrator.schema.sweep_files import load_sweep
 
     sweep = SweepConfig.model_validate(_merge(BASE, {"training": {"epochs": 5, "checkpoint_epochs": _DROP}}))
     stored = tmp_path / "sweep.json"
@@ -265,8 +265,8 @@ def test_probe_actors_of_every_model_are_counted_before_a_trial_is_left_no_cpu()
     """Each distinct model gets a probe pool of its own (``start_probe_pools``), and its actors hold their CPU for
     the whole sweep: five models of one CPU-actor each on a 2-CPU Ray leave no trial a CPU, which was a sweep
     waiting at "0 running" forever. One model, the same settings: a trial fits beside its actor."""
-    from orchestrator.probe_pools import probe_pool_count, unsatisfiable_resources
-    from orchestrator.sweep_files import load_sweep
+    from orchestrator.driver.probe_pools import probe_pool_count, unsatisfiable_resources
+    from orchestrator.schema.sweep_files import load_sweep
 
     sweep = load_sweep(Path(__file__).resolve().parents[1] / "configs" / "real_formats.yaml")
     assert probe_pool_count(sweep) == 5

@@ -218,7 +218,7 @@ def _planted_ranking_records(seed: int, shift_per_doubling: float = 2.5, n: int 
 def test_canary_ranking_ranks_each_copy_count_on_its_own_and_more_copies_rank_higher():
     """METHOD.md: the canaries of one copy count are ranked among the member rows and themselves. Pooled, one
     k over every count, the 8-copy canaries would carry the 1-copy ones (issue #56 finding 11)."""
-    from orchestrator.record_risk import canary_ranking
+    from orchestrator.report.record_risk import canary_ranking
 
     records = _planted_ranking_records(0)
     elsewhere = records.assign(epoch=1, score=-records["score"])  # not the headline checkpoint: ignored
@@ -240,14 +240,14 @@ def test_canary_ranking_ranks_each_copy_count_on_its_own_and_more_copies_rank_hi
 
 # ------------------------------------------------------------------------------------------- the sweep file
 def _sweep(**canaries):
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     return parse_sweep({"name": "c", "tasks": [{"name": "iris"}], "canaries": canaries}, "test")
 
 
 def test_canaries_off_leave_run_ids_and_hash_alone_and_on_change_them():
-    from orchestrator.config import parse_sweep
-    from orchestrator.trials import expand_grid
+    from orchestrator.schema.config import parse_sweep
+    from orchestrator.schema.trials import expand_grid
 
     plain = parse_sweep({"name": "c", "tasks": [{"name": "iris"}]}, "test")
     off = _sweep()
@@ -259,7 +259,7 @@ def test_canaries_off_leave_run_ids_and_hash_alone_and_on_change_them():
 
 
 def test_canaries_are_refused_with_other_regimes_and_bad_settings_name_the_setting():
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     with pytest.raises(ConfigError, match="canaries"):
         parse_sweep({"name": "c", "tasks": [{"name": "iris"}, {"name": "wine"}],
@@ -273,7 +273,7 @@ def test_canaries_are_refused_with_other_regimes_and_bad_settings_name_the_setti
 
 
 def test_the_estimate_counts_the_canaries_probe_contexts():
-    from orchestrator.estimate_work import count_work
+    from orchestrator.estimate.estimate_work import count_work
 
     plain, on = count_work(_sweep()), count_work(_sweep(kinds=["outlier", "rare_label"], per_group=2, holdout=8))
     runs, checkpoints, suite = 1, len(plain.schedule), plain.suite
@@ -286,8 +286,8 @@ def test_the_estimate_times_a_probe_with_its_canaries_without_counting_their_con
     the checkpoint are in rest_s); their probe contexts, counted by count_work, are not also counted as
     the extra contexts of other plans (with null splits off there are none)."""
     import probes.probe as probe_mod
-    from orchestrator.config import parse_sweep
-    from orchestrator.estimate_measure import measure_unit_costs
+    from orchestrator.estimate.estimate_measure import measure_unit_costs
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({"name": "c", "tasks": [{"name": "iris"}], "data": {"context_size": 30},
                          "probe": {"bootstrap": 20, "suite": ["base", "skew_true_x2"], "null_splits": 0},
@@ -310,9 +310,9 @@ def test_the_estimate_times_a_probe_with_its_canaries_without_counting_their_con
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_a_sweep_with_canaries_logs_them_probes_their_exposure_and_reports_it(ray_session, tmp_path):
-    from orchestrator.config import parse_sweep
+    from orchestrator.driver.sweep import run_sweep
     from orchestrator.report import public_results
-    from orchestrator.sweep import run_sweep
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({
         "name": "canaries", "tasks": [{"name": "iris"}], "grid": {"q": [20]},
@@ -339,8 +339,8 @@ def test_a_sweep_with_canaries_logs_them_probes_their_exposure_and_reports_it(ra
     assert log["copies"].count(8) == 4
     assert log["copies"].count(0) == 16
     assert all(i < 0 for i in log["ids"])
-    from orchestrator.audit import audit_checkpoint
-    from orchestrator.prepare import prepare_sweep
+    from orchestrator.audits.audit import audit_checkpoint
+    from orchestrator.runfolder.prepare import prepare_sweep
 
     (task,) = prepare_sweep(sweep, tmp_path / "prep", log=lambda _m: None).tasks.values()
     assert make_canaries(task, log["settings"]).fingerprint == log["fingerprint"]

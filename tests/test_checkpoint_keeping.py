@@ -16,7 +16,7 @@ import yaml
 from iclmem.errors import CorruptCheckpointError
 from iclmem.runfolder import GROUND_TRUTH_FILE, RESULTS_FILE, ROW_SUFFIX
 from iclmem.vocab import KeepCheckpoints
-from orchestrator.checkpoint_keeping import CheckpointKeeper
+from orchestrator.driver.checkpoint_keeping import CheckpointKeeper
 from trainables.data import TaskSource, prepare_task
 from trainables.finetune import (
     META_FILE,
@@ -148,7 +148,7 @@ def test_removed_weights_are_named_by_the_error_and_recomputed_to_the_recorded_d
 
 def test_a_keep_checkpoints_value_outside_the_vocabulary_is_refused_naming_the_setting():
     from iclmem.errors import IclmemError
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     with pytest.raises(IclmemError, match=r"training\.keep_checkpoints") as raised:
         parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "training": {"keep_checkpoints": "some"}}, "s.yaml")
@@ -157,7 +157,7 @@ def test_a_keep_checkpoints_value_outside_the_vocabulary_is_refused_naming_the_s
 
 
 def test_the_setting_leaves_the_config_hash_of_sweeps_that_do_not_use_it_unchanged():
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     plain = parse_sweep({"name": "s", "tasks": [{"name": "iris"}]}, "s.yaml")
     weights = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "training": {"keep_checkpoints": "weights"}},
@@ -188,7 +188,7 @@ def test_a_sweep_leaves_exactly_the_checkpoint_files_its_policy_promises_and_pro
         ray_session, tmp_path, policy, weights_kept):
     import pandas as pd
 
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
 
     run_dir = tmp_path / "run"
     results = run_sweep(_sweep_file(tmp_path, policy), run_dir, progress=False)
@@ -209,10 +209,10 @@ def test_a_sweep_leaves_exactly_the_checkpoint_files_its_policy_promises_and_pro
 
 
 def _size_only_prediction(config: Path):
-    from orchestrator.estimate_disk import predict_disk, size_only_costs
-    from orchestrator.estimate_work import count_work
-    from orchestrator.prepare import prepare_sweep
-    from orchestrator.sweep_files import load_sweep
+    from orchestrator.estimate.estimate_disk import predict_disk, size_only_costs
+    from orchestrator.estimate.estimate_work import count_work
+    from orchestrator.runfolder.prepare import prepare_sweep
+    from orchestrator.schema.sweep_files import load_sweep
 
     sweep = load_sweep(config)
     prepared = prepare_sweep(sweep, config.parent / "scratch", log=lambda _m: None)

@@ -1,5 +1,5 @@
-"""The claim ledger (orchestrator/claim_ledger.py) and the slice claims' family and null path
-(orchestrator/record_risk.py): each claim fires on null data at or under its level, a planted leak is still found,
+"""The claim ledger (orchestrator/report/claim_ledger.py) and the slice claims' family and null path
+(orchestrator/report/record_risk.py): each claim fires on null data at or under its level, a planted leak is still found,
 and a claim made on exact outputs only reads so."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from iclmem.vocab import ClaimKind, ClaimReading, RoundingCheck
-from orchestrator.claim_ledger import NullTrials, effect_of_scores, reading
-from orchestrator.record_risk import _correct_run_family, _run_slice_tests
-from orchestrator.slices import SliceSettings
+from orchestrator.report.claim_ledger import NullTrials, effect_of_scores, reading
+from orchestrator.report.record_risk import _correct_run_family, _run_slice_tests
+from orchestrator.schema.slices import SliceSettings
 
 SEEDS = range(5)
 SETTINGS = SliceSettings(permutations=100)
@@ -106,10 +106,10 @@ def test_lr_1e_9_is_detectable_only_with_exact_outputs_a_planted_run_is_a_leak_a
     rounded to 4 decimals every one of them is gone, and neither the console nor the first screen states a leak.
     At lr 1e-3 (planted memorization) the same sweep states a leak for the runs, and every claim's null trials
     (the null splits through its own path) fire at most once in ten."""
-    from orchestrator.config import parse_sweep
+    from orchestrator.driver.sweep import run_sweep
     from orchestrator.report.ledger import ledger_lines
-    from orchestrator.run_folder import RunFolder
-    from orchestrator.sweep import run_sweep
+    from orchestrator.runfolder.run_folder import RunFolder
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({
         "name": "lr-1e-9", "tasks": [{"name": "digits"}],

@@ -19,7 +19,7 @@ import yaml
 from ray.autoscaler._private import util as ray_util
 
 from iclmem.errors import ConfigError
-from orchestrator.cluster import STORAGE_ENV, check_cluster_file, exported
+from orchestrator.cluster.cluster import STORAGE_ENV, check_cluster_file, exported
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "cluster.yaml"

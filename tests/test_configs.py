@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.sweep_files import load_sweep
-from orchestrator.trials import expand_grid
+from orchestrator.schema.sweep_files import load_sweep
+from orchestrator.schema.trials import expand_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -165,15 +165,15 @@ def test_documented_cluster_overlays_validate(tmp_path):
                                      {"probe": {"candidates": "native"}}])
 def test_a_setting_no_code_reads_is_refused_as_unknown(setting):
     from iclmem.errors import ConfigError
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     with pytest.raises(ConfigError, match="unknown setting"):
         parse_sweep({"name": "s", "tasks": [{"name": "iris"}], **setting})
 
 
 def test_data_cache_dir_holds_the_prepared_tasks_instead_of_the_run_folder(tmp_path):
-    from orchestrator.config import parse_sweep
-    from orchestrator.folder_claims import prepare_in_place_or_staged
+    from orchestrator.report.folder_claims import prepare_in_place_or_staged
+    from orchestrator.schema.config import parse_sweep
 
     cache = tmp_path / "shared-cache"
     sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"q": [20]},
@@ -187,9 +187,9 @@ def test_data_cache_dir_holds_the_prepared_tasks_instead_of_the_run_folder(tmp_p
 
 
 def test_torch_threads_per_trial_reaches_the_trainable_and_the_recompute_recipe(tmp_path):
-    from orchestrator.config import parse_sweep
-    from orchestrator.prepare import prepare_sweep, trial_config
-    from orchestrator.probe_pools import jobs_for
+    from orchestrator.driver.probe_pools import jobs_for
+    from orchestrator.runfolder.prepare import prepare_sweep, trial_config
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"q": [20]},
                          "data": {"context_size": 30}, "resources": {"torch_threads_per_trial": 2}})
@@ -203,8 +203,8 @@ def test_a_multi_random_run_is_prepared_with_c_prime_in_its_member_pool_and_matc
     """Spec: multi_random's training pool is its members together with C'; every pool row is a member and
     as many non-members are drawn. On a minority-class table the pool then holds C''s uniform rows, not
     Q + |C'| rows in class proportion (which left the minority class a handful of context rows)."""
-    from orchestrator.config import parse_sweep
-    from orchestrator.prepare import prepare_sweep
+    from orchestrator.runfolder.prepare import prepare_sweep
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({"name": "s", "tasks": [{"name": "breast_cancer"}], "grid": {"q": [20],
                          "regime": ["single_fixed", "multi_random"]}, "data": {"context_size": 60}})
@@ -234,7 +234,7 @@ PINNED_RUN_IDS = ["iris-single_fixed-lr0.001-q50-normal-s0-04adf4", "iris-single
 
 
 def test_sweeps_without_dp_keep_their_run_ids_and_config_hash():
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     for extra in ({}, {"grid": {**PINNED_SWEEP["grid"], "dp": ["inf"]}},
                   {"training": {"dp_delta": 1e-5, "dp_max_grad_norm": 1.0, "dp_accountant": "rdp"}},
@@ -247,7 +247,7 @@ def test_sweeps_without_dp_keep_their_run_ids_and_config_hash():
 
 
 def test_the_dp_axis_adds_runs_named_by_their_epsilon_and_settings():
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     base = {"name": "s", "tasks": [{"name": "iris"}], "grid": yaml.safe_load("dp: [.inf, 1, 8]")}
     trials = expand_grid(parse_sweep(base))
@@ -267,7 +267,7 @@ def test_sweep_json_round_trips_an_infinite_epsilon(tmp_path):
     import json
 
     from iclmem.atomic import write_json_atomic
-    from orchestrator.config import config_hash_of, parse_sweep
+    from orchestrator.schema.config import config_hash_of, parse_sweep
 
     sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"dp": ["inf", 2]},
                          "training": {"epochs": 10, "checkpoint_epochs": [5, 10]}})
@@ -288,7 +288,7 @@ def test_sweep_json_round_trips_an_infinite_epsilon(tmp_path):
 ])
 def test_bad_dp_settings_are_refused_naming_the_setting(setting, message):
     from iclmem.errors import ConfigError
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     with pytest.raises(ConfigError, match=message):
         parse_sweep({"name": "s", "tasks": [{"name": "iris"}, {"name": "wine"}], **setting})
@@ -329,7 +329,7 @@ def _refusal_of(tmp_path, yaml_text: str) -> tuple[Path, str]:
 
 
 def test_booleans_stay_booleans_and_integers_stay_numbers():
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"lr": [1]},
                          "training": {"every_epoch": True, "weight_decay": 0}, "outcome": {"strict": True}})
@@ -341,7 +341,7 @@ def test_booleans_stay_booleans_and_integers_stay_numbers():
 
 def test_a_yaml_boolean_in_an_lm_sweep_is_refused_naming_the_setting(tmp_path):
     from iclmem.errors import ConfigError
-    from orchestrator.sweep_files import load_lm_sweep
+    from orchestrator.schema.sweep_files import load_lm_sweep
 
     path = tmp_path / "lm.yaml"
     path.write_text(yaml.safe_dump({**yaml.safe_load((CONFIGS / "lm_quickstart.yaml").read_text()),
@@ -369,7 +369,7 @@ def test_a_non_finite_number_where_a_finite_one_is_meant_is_refused_naming_the_s
 ])
 def test_a_negative_custom_resource_is_refused_naming_the_setting(setting, where):
     from iclmem.errors import ConfigError
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     with pytest.raises(ConfigError) as info:
         parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "resources": setting})
@@ -380,8 +380,8 @@ def test_a_negative_custom_resource_is_refused_naming_the_setting(setting, where
 
 def test_a_bootstrap_that_no_probe_could_hold_is_refused_at_validation():
     from iclmem.errors import ConfigError
-    from orchestrator.config import parse_sweep
-    from orchestrator.config_base import MAX_BOOTSTRAP
+    from orchestrator.schema.config import parse_sweep
+    from orchestrator.schema.config_base import MAX_BOOTSTRAP
 
     base = {"name": "s", "tasks": [{"name": "iris"}]}
     assert parse_sweep({**base, "probe": {"bootstrap": MAX_BOOTSTRAP}}).probe.bootstrap == MAX_BOOTSTRAP
@@ -395,8 +395,8 @@ def test_a_trial_crosses_ray_as_a_plain_dict_and_comes_back_as_the_same_typed_tr
     import pickle
 
     from iclmem.errors import ConfigError
-    from orchestrator.config import parse_sweep
-    from orchestrator.prepare import prepare_sweep, trial_config
+    from orchestrator.runfolder.prepare import prepare_sweep, trial_config
+    from orchestrator.schema.config import parse_sweep
     from trainables.spec import TUNE_AXIS, TrialConfig
 
     sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"q": [20], "dp": [1.0]},

@@ -27,7 +27,7 @@ _WARNING_DRIVER = textwrap.dedent("""
     import sys
     import warnings
 
-    import orchestrator.aggregate as A
+    import orchestrator.report.aggregate as A
 
     real = A.aggregate
 
@@ -211,7 +211,7 @@ def test_under_the_quiet_console_iclmems_own_warnings_still_reach_the_terminal_i
     import warnings
 
     from iclmem.raysession import Console
-    from orchestrator.console import console_warnings
+    from orchestrator.driver.console import console_warnings
 
     terminal, log = io.StringIO(), io.StringIO()
     own = str(REPO / "trainables" / "data.py")
@@ -237,12 +237,12 @@ def test_the_wandb_flag_overrides_the_mode_as_the_schemas_enum_without_a_seriali
     import warnings
 
     if kind == "tabular":
-        from orchestrator.sweep_files import load_sweep
+        from orchestrator.schema.sweep_files import load_sweep
         config = load_sweep(Path(cli.__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
     else:
-        from orchestrator.sweep_files import load_lm_sweep
+        from orchestrator.schema.sweep_files import load_lm_sweep
         config = load_lm_sweep(Path(cli.__file__).resolve().parents[1] / "configs" / "lm_quickstart.yaml")
-    from orchestrator.cli_sweeps import with_wandb_mode
+    from orchestrator.commands.cli_sweeps import with_wandb_mode
 
     changed = with_wandb_mode(config, "disabled")
     assert changed.wandb.mode is WandbMode.DISABLED

@@ -1,4 +1,4 @@
-"""The deployed-context audit (probes/attacks/context.py, orchestrator/context_audit.py, `iclmem audit-context`):
+"""The deployed-context audit (probes/attacks/context.py, orchestrator/audits/context_audit.py, `iclmem audit-context`):
 planted context membership is found by every reference attack and the never-in-context control says
 no_signal; an estimator that keeps nothing of a row gives no signal; bad settings are refused before any
 work; the folder holds what the verdict rests on."""
@@ -241,7 +241,7 @@ def test_model_and_estimator_are_one_or_the_other(tmp_path):
     with pytest.raises(SystemExit) as exc:
         _cli("digits", "--model", "pfn-mini", "--estimator", "audit_estimators:forest", "--out", str(tmp_path / "x"))
     assert exc.value.code == 2
-    from orchestrator.context_audit import audit_context
+    from orchestrator.audits.context_audit import audit_context
 
     with pytest.raises(ConfigError, match="not both"):
         audit_context("digits", out=str(tmp_path / "y"))

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from iclmem.errors import ConfigError, DataError
-from orchestrator.config import parse_sweep
-from orchestrator.trials import context_audit_specs, expand_grid
+from orchestrator.schema.config import parse_sweep
+from orchestrator.schema.trials import context_audit_specs, expand_grid
 
 
 def _sweep(**over) -> dict:
@@ -67,7 +67,7 @@ def test_settings_of_the_context_regime_are_checked_at_validation():
 
 
 def test_a_table_too_small_for_its_q_is_refused_before_any_folder_or_cluster_work(tmp_path):
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
 
     sweep = parse_sweep(_sweep(tasks=[{"name": "iris"}], grid={"regime": ["context"], "q": [100]}))
     with pytest.raises(DataError, match=r"regime context, task 'iris', grid.q 100: grid.q 100 needs 2 x 100 rows"):
@@ -77,8 +77,8 @@ def test_a_table_too_small_for_its_q_is_refused_before_any_folder_or_cluster_wor
 
 @pytest.mark.slow
 def test_a_sweep_with_regime_context_audits_the_deployed_context_beside_its_trials_and_resumes(ray_session, tmp_path):
-    from orchestrator.run_folder import RunFolder
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.runfolder.run_folder import RunFolder
 
     sweep = parse_sweep(_sweep(grid={"regime": ["single_fixed", "context"], "q": [64], "lr": [1e-3]},
                                data={"context_size": 64}, training={"epochs": 1, "checkpoint_epochs": [1]},
@@ -157,7 +157,7 @@ def test_a_sweep_with_regime_context_audits_the_deployed_context_beside_its_tria
 
 @pytest.mark.slow
 def test_a_sweep_of_regime_context_alone_writes_its_audits_and_a_report(ray_session, tmp_path):
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
 
     sweep = parse_sweep(_sweep(wandb={"mode": "offline", "project": "ctx-test"}))
     results = run_sweep(None, tmp_path / "run", sweep=sweep, progress=False)
@@ -204,7 +204,7 @@ def test_a_model_with_the_upstream_recipe_is_audited_as_its_package_deploys_it_o
     import numpy as np
     import torch
 
-    from orchestrator.context_audit import prepare_sweep_audit
+    from orchestrator.audits.context_audit import prepare_sweep_audit
     from probes.attacks.scorers import AdapterScorer, EstimatorScorer
 
     def audit(options):
@@ -234,7 +234,7 @@ def test_value_inference_settings_are_read_together_and_need_the_context_regime(
         parse_sweep(_sweep(probe={"value_inference": ["label"], "sensitive": "secret"}))
     with pytest.raises(ConfigError, match="add context to grid.regime"):
         parse_sweep(_sweep(grid={"regime": ["single_fixed"]}, probe={"value_inference": ["label"]}))
-    from orchestrator.context_audit import check_context_audits
+    from orchestrator.audits.context_audit import check_context_audits
 
     pca = parse_sweep(_sweep(probe={"value_inference": ["attribute"], "sensitive": "pixel_0_3",
                                     "context_references": 16}))

@@ -53,8 +53,8 @@ def no_cluster(monkeypatch):
         reached.append(run_dir)
         return pd.DataFrame()
 
-    monkeypatch.setattr("orchestrator.sweep._drive", drive)
-    monkeypatch.setattr("orchestrator.sweep.ensure_ray", lambda *_a, **_k: pytest.fail("Ray was started"))
+    monkeypatch.setattr("orchestrator.driver.sweep._drive", drive)
+    monkeypatch.setattr("orchestrator.driver.sweep.ensure_ray", lambda *_a, **_k: pytest.fail("Ray was started"))
     return reached
 
 
@@ -62,9 +62,9 @@ def no_cluster(monkeypatch):
 def test_a_sweep_refused_after_stage_one_leaves_its_folder_to_the_corrected_sweep(tmp_path, capsys, monkeypatch):
     """A refusal after Stage I (storage, resources, Ray head) kept the folder claimed by the refused config, and
     the `iclmem resume` the next run's refusal advised failed the same way: the corrected sweep now takes it."""
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
-    monkeypatch.setattr("orchestrator.sweep.ensure_ray", lambda *_a, **_k: pytest.fail("Ray was started"))
+    monkeypatch.setattr("orchestrator.driver.sweep.ensure_ray", lambda *_a, **_k: pytest.fail("Ray was started"))
     out = tmp_path / "run"
     code, err = _main(capsys, "run", str(_sweep_file(tmp_path, "bad", storage_path=NO_STORAGE)), "--out", str(out))
     _refused(code, err, f"storage_path {NO_STORAGE}: cannot keep checkpoints there")
@@ -74,7 +74,7 @@ def test_a_sweep_refused_after_stage_one_leaves_its_folder_to_the_corrected_swee
     refused_cache = sorted(p.name for p in (out / "prepared").iterdir())
 
     reached: list[Path] = []
-    monkeypatch.setattr("orchestrator.sweep._drive", lambda _prepared, run_dir, **_k: reached.append(run_dir)
+    monkeypatch.setattr("orchestrator.driver.sweep._drive", lambda _prepared, run_dir, **_k: reached.append(run_dir)
                         or pd.DataFrame())
     fixed = _sweep_file(tmp_path, "fixed", grid={"q": [25]})  # corrected, and another Stage I
     code, err = _main(capsys, "run", str(fixed), "--out", str(out))
@@ -88,8 +88,8 @@ def test_a_sweep_refused_after_stage_one_leaves_its_folder_to_the_corrected_swee
 
 def test_a_sweep_that_started_work_is_never_taken_by_another_config(tmp_path, capsys, no_cluster):
     from iclmem.runfolder import RunStatus, write_run_state
-    from orchestrator.config import parse_sweep
-    from orchestrator.folder_claims import record_sweep
+    from orchestrator.report.folder_claims import record_sweep
+    from orchestrator.schema.config import parse_sweep
 
     out = tmp_path / "run"
     out.mkdir()
@@ -110,7 +110,7 @@ def test_a_killed_drivers_leftovers_do_not_make_its_folder_foreign(tmp_path, cap
     import socket
 
     from iclmem.runfolder import folder_kind
-    from orchestrator.audit import claim_audit_folder
+    from orchestrator.audits.audit import claim_audit_folder
 
     out = tmp_path / "run"
     (out / "prepared").mkdir(parents=True)
@@ -166,7 +166,7 @@ def test_a_failed_audit_context_folder_does_not_block_the_corrected_rerun(tmp_pa
     """An audit-context that fails once its folder is written leaves its provenance (no verdict): the rerun
     with corrected settings into the same --out was refused as "the audit of another set of settings"."""
     from iclmem.provenance import Provenance
-    from orchestrator.audit import settings_hash
+    from orchestrator.audits.audit import settings_hash
 
     out = tmp_path / "audit"
     args = ["audit-context", "iris", "--out", str(out), "--references", "2", "--context-size", "20"]
@@ -221,7 +221,7 @@ SPY = ("import os\n"
        "    def fit(self, x, y):\n"
        "        SEEN.append(None)\n"
        "        if len(SEEN) == 2:  # scoring: the folder and its provenance are written, no verdict yet\n"
-       "            from orchestrator.audit import claim_audit_folder\n"
+       "            from orchestrator.audits.audit import claim_audit_folder\n"
        "            try:\n"
        "                claim_audit_folder(Path(os.environ['SPY_OUT']), 'another-audit', '--out', 'set of settings')\n"
        "            except Exception as exc:\n"
@@ -310,8 +310,8 @@ HOLDER = ("import sys, time\n"
 def _started_sweep(out: Path) -> Path:
     """A sweep folder as its driver leaves it before the first probe result: records, no results."""
     from iclmem.runfolder import RunStatus, write_run_state
-    from orchestrator.config import parse_sweep
-    from orchestrator.folder_claims import record_sweep
+    from orchestrator.report.folder_claims import record_sweep
+    from orchestrator.schema.config import parse_sweep
 
     out.mkdir()
     record_sweep(out, parse_sweep(SWEEP))
@@ -341,8 +341,8 @@ def test_report_of_a_live_sweep_is_refused_and_of_a_stopped_one_without_results_
 def test_a_damaged_reference_table_is_recomputed_with_a_warning_naming_it(tmp_path):
     """The probe actor recomputed a damaged ``reference/*.parquet`` with a warning only its own stderr saw (the
     console log, on whatever node): it is now a note of the job, which the driver prints."""
-    from orchestrator.config import parse_sweep
-    from orchestrator.prepare import prepare_sweep
+    from orchestrator.runfolder.prepare import prepare_sweep
+    from orchestrator.schema.config import parse_sweep
     from probes.actors import ProbeJob, ProbeWorker
     from probes.calibration import model_digest
     from probes.probe import ProbeSettings
@@ -366,7 +366,7 @@ def test_a_damaged_reference_table_is_recomputed_with_a_warning_naming_it(tmp_pa
 
 def test_wandb_online_that_the_environment_turns_offline_is_said_naming_wandb_mode(tmp_path, capsys, monkeypatch,
                                                                                   no_cluster):
-    import orchestrator.wandb_logger as W
+    import orchestrator.report.wandb_logger as W
 
     monkeypatch.setattr(W, "_SAID", set())
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -386,8 +386,8 @@ def test_wandb_online_that_the_environment_turns_offline_is_said_naming_wandb_mo
 
 LM_DRIVER = ("import sys\n"
              "import pandas as pd\n"
-             "import orchestrator.lm_sweep as L\n"
-             "import orchestrator.wandb_logger as W\n"
+             "import orchestrator.driver.lm_sweep as L\n"
+             "import orchestrator.report.wandb_logger as W\n"
              "def drive(cfg, *_a, **_k):  # what the W&B logger at the end of a sweep resolves, inside the console\n"
              "    W.resolve_wandb_mode(str(cfg.wandb.mode))\n"
              "    return pd.DataFrame()\n"

@@ -1,4 +1,4 @@
-"""Every default declared once: the sweep schema (orchestrator/config.py) reads its defaults from the settings
+"""Every default declared once: the sweep schema (orchestrator/schema/config.py) reads its defaults from the settings
 classes of the layers below (FinetuneSpec, PrepSettings, ProbeSettings, CanarySettings), and builds those
 settings in one place each. A default sweep must build each settings class at exactly its own defaults, and
 every setting the schema carries into one must reach it (a value the schema accepted and the builder dropped
@@ -10,8 +10,8 @@ import dataclasses
 
 import pytest
 
-from orchestrator.config import parse_sweep
-from orchestrator.config_base import settings_default
+from orchestrator.schema.config import parse_sweep
+from orchestrator.schema.config_base import settings_default
 from probes.outcomes import OutcomeThresholds
 from probes.settings import ProbeSettings
 from trainables.canaries import CanarySettings
@@ -68,14 +68,14 @@ def test_settings_default_reads_plain_and_factory_defaults_and_the_schema_uses_i
 
 def test_the_audits_defaults_are_declared_once_and_every_reader_has_them():
     """K reference contexts, the context size, the null splits, the attribute bins and the saved-file audit's
-    sizes are orchestrator/audit_defaults.py's: the sweep schema's regime-context settings, each audit's own
+    sizes are orchestrator/schema/audit_defaults.py's: the sweep schema's regime-context settings, each audit's own
     signature and the command line's help all give those values."""
     import inspect
 
-    from orchestrator import audit_defaults as kinds
-    from orchestrator.config import ProbeConfig, WandbConfig
-    from orchestrator.context_audit import audit_context
-    from orchestrator.inference_audit import audit_file, audit_inference
+    from orchestrator.audits.context_audit import audit_context
+    from orchestrator.audits.inference_audit import audit_file, audit_inference
+    from orchestrator.schema import audit_defaults as kinds
+    from orchestrator.schema.config import ProbeConfig, WandbConfig
 
     def defaults(function):
         return {name: p.default for name, p in inspect.signature(function).parameters.items()}
@@ -95,8 +95,8 @@ def test_the_audits_defaults_are_declared_once_and_every_reader_has_them():
 
 
 def test_the_audit_context_help_states_the_declared_defaults(capsys):
-    from orchestrator import audit_defaults as kinds
     from orchestrator.cli import main
+    from orchestrator.schema import audit_defaults as kinds
 
     with pytest.raises(SystemExit):
         main(["audit-context", "--help"])

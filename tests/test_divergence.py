@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from orchestrator.config import parse_sweep
-from orchestrator.run_folder import RunFolder
+from orchestrator.runfolder.run_folder import RunFolder
+from orchestrator.schema.config import parse_sweep
 
 
 @pytest.mark.slow  # a real sweep
 def test_a_run_whose_loss_goes_nan_is_recorded_and_reported_as_diverged_not_incomplete(tmp_path, ray_session):
+    from orchestrator.driver.sweep import run_sweep
     from orchestrator.report import missing_runs, run_completeness
-    from orchestrator.sweep import run_sweep
 
     sweep = parse_sweep({
         "name": "diverge", "tasks": [{"name": "iris"}], "grid": {"lr": [1e30, 1e-3], "q": [20]},

@@ -50,8 +50,8 @@ def _documented_keys(section: str) -> set[str]:
 
 
 def test_every_config_key_is_documented_and_every_documented_key_exists():
-    from orchestrator.config import SweepConfig
-    from orchestrator.lm_config import LMSweepConfig
+    from orchestrator.schema.config import SweepConfig
+    from orchestrator.schema.lm_config import LMSweepConfig
 
     for model, section in zip((SweepConfig, LMSweepConfig), _config_doc()):
         schema = set(config_keys(model))
@@ -63,8 +63,8 @@ def test_every_config_key_is_documented_and_every_documented_key_exists():
 
 
 def test_the_key_walk_sees_nested_and_listed_blocks():
-    from orchestrator.config import SweepConfig
-    from orchestrator.lm_config import LMSweepConfig
+    from orchestrator.schema.config import SweepConfig
+    from orchestrator.schema.lm_config import LMSweepConfig
 
     tabular, lm = set(config_keys(SweepConfig)), set(config_keys(LMSweepConfig))
     assert {"tasks[].carte", "grid.lr", "outcome.rule", "resources.probe_actors", "wandb.mode"} <= tabular

@@ -231,9 +231,9 @@ def test_the_trainable_reports_the_privacy_statement():
 
 # ------------------------------------------------------------------------------------------- sweep axis
 def test_the_dp_axis_reaches_the_trainable_and_the_results_identity(tmp_path):
-    from orchestrator.config import parse_sweep
-    from orchestrator.prepare import prepare_sweep, trial_config
-    from orchestrator.probe_pools import jobs_for
+    from orchestrator.driver.probe_pools import jobs_for
+    from orchestrator.runfolder.prepare import prepare_sweep, trial_config
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"q": [20], "dp": ["inf", 2]},
                          "data": {"context_size": 20}, "training": {"epochs": 5, "checkpoint_epochs": [5],
@@ -256,7 +256,7 @@ def test_the_dp_axis_reaches_the_trainable_and_the_results_identity(tmp_path):
 
 # ------------------------------------------------------------------------------------------- planted truth
 def _probe(finetuner: Finetuner, task, identity: dict, epoch: int) -> dict:
-    from orchestrator.selfcheck import PLANTED_SUITE
+    from orchestrator.audits.selfcheck import PLANTED_SUITE
     from probes.calibration import model_digest
     from probes.manipulations import suite_from_spec
     from probes.probe import ProbeSettings, probe_checkpoint
@@ -278,9 +278,9 @@ def test_a_small_dp_sweep_never_audits_above_its_accountant(tmp_path):
     through the functions a trial and a probe actor call, at every checkpoint: ε_lb <= accountant ε."""
     import pandas as pd
 
-    from orchestrator.aggregate import epsilon_columns
-    from orchestrator.config import parse_sweep
-    from orchestrator.prepare import prepare_sweep, trial_config
+    from orchestrator.report.aggregate import epsilon_columns
+    from orchestrator.runfolder.prepare import prepare_sweep, trial_config
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}],
                          "grid": {"q": [20], "dp": [1, 8], "label_mode": ["normal", "shuffled_members"]},
@@ -366,8 +366,8 @@ def test_a_real_sweep_with_a_dp_axis_records_each_guarantee_and_reports_privacy(
 
     import pandas as pd
 
-    from orchestrator.config import parse_sweep
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({
         "name": "dp-e2e", "tasks": [{"name": "iris"}],
@@ -401,7 +401,7 @@ def test_a_real_sweep_with_a_dp_axis_records_each_guarantee_and_reports_privacy(
     assert "accountant ε" in page
     from synthetic_run_dir import read_wandb_records, wandb_config
 
-    from orchestrator.run_folder import RunFolder
+    from orchestrator.runfolder.run_folder import RunFolder
 
     run_dir = tmp_path / "run"
     ids = {r: e["wandb_id"] for r, e in RunFolder(run_dir).trial_runs()["runs"].items()}

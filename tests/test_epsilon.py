@@ -174,7 +174,7 @@ def test_outcome_epsilon_delta_reaches_the_evidence():
 
 
 def test_outcome_epsilon_delta_is_a_sweep_setting_that_keeps_default_hashes():
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     base = {"name": "s", "tasks": [{"name": "iris"}]}
     assert parse_sweep({**base, "outcome": {"epsilon_delta": 0.0}}).outcome.epsilon_delta == 0.0
@@ -247,7 +247,7 @@ def _rows() -> pd.DataFrame:
 
 
 def test_the_aggregator_flags_an_audit_above_the_accountant_loudly():
-    from orchestrator.epsilon_columns import EpsilonInconsistencyWarning, epsilon_columns
+    from orchestrator.report.epsilon_columns import EpsilonInconsistencyWarning, epsilon_columns
     from trainables.dp import epsilon_spent
 
     printed: list[str] = []
@@ -277,7 +277,7 @@ def test_the_aggregator_flags_an_audit_above_the_accountant_loudly():
 
 
 def test_a_consistent_sweep_prints_no_warning():
-    from orchestrator.epsilon_columns import epsilon_columns
+    from orchestrator.report.epsilon_columns import epsilon_columns
 
     printed: list[str] = []
     with warnings.catch_warnings():
@@ -290,7 +290,7 @@ def test_a_consistent_sweep_prints_no_warning():
 def test_the_checks_read_the_bounds_at_the_accountants_delta_whatever_the_audits():
     """An audit at δ = 0 (below the accountant's 1e-5) used to leave the check undone: the check now re-reads
     the counts at the accountant's own δ, so it always compares."""
-    from orchestrator.epsilon_columns import epsilon_columns
+    from orchestrator.report.epsilon_columns import epsilon_columns
 
     rows = _rows().query("run_id != 'dp-bad'").copy()
     for kind in KINDS:
@@ -309,7 +309,7 @@ def test_a_runs_checks_share_the_consistency_level():
     """A DP run of ten checkpoints, each with a classic and a GDP check, and a one-run bound at the last: 21
     checks, each read at 0.05 / 21, so the run's flag errs with probability at most 0.05 in all. A run
     without DP has no check and no level."""
-    from orchestrator.epsilon_columns import CONSISTENCY_LEVEL, epsilon_columns
+    from orchestrator.report.epsilon_columns import CONSISTENCY_LEVEL, epsilon_columns
 
     one_run = {"one_run_epsilon_lb": 0.1, "one_run_m": 128, "one_run_guesses": 64, "one_run_correct": 36,
                "one_run_tests": 20, "one_run_delta": 1e-5}
@@ -328,7 +328,7 @@ def test_an_excess_that_the_runs_other_checks_explain_is_not_flagged_and_none_is
     bound at its own 95%, called that a bug. Alone in its run (2 checks), the GDP check at 0.05 / 2 still finds
     an excess: flagged at that level, not beyond chance, so no bug is named. As the last of ten checkpoints (20
     checks), the check at 0.05 / 20 does not: the run's checks share the level."""
-    from orchestrator.epsilon_columns import EpsilonInconsistencyWarning, epsilon_columns
+    from orchestrator.report.epsilon_columns import EpsilonInconsistencyWarning, epsilon_columns
 
     borderline = {"loss": _gaussian_grid(0.8)}
     mu_replace = 2 * 10 / 40.625  # DP-SGD's exact replace-one μ after 100 full-batch steps at σ = 40.625
@@ -356,7 +356,7 @@ def test_an_excess_that_the_runs_other_checks_explain_is_not_flagged_and_none_is
 def test_the_gdp_headline_pays_for_its_choice_among_the_competing_kinds():
     """gdp_mu_lb is the largest of the K competing kinds' bounds, each re-read at 0.05 / K: below the largest
     per-kind figure at 0.05, and a kind that does not compete never sets it."""
-    from orchestrator.epsilon_columns import epsilon_columns
+    from orchestrator.report.epsilon_columns import epsilon_columns
 
     grids = {"loss": _gaussian_grid(1.0), "entropy": _gaussian_grid(0.9), "confidence": _gaussian_grid(1.5)}
     two = _row("a", 10, grids)
@@ -392,7 +392,7 @@ def test_a_perfect_attack_without_dp_keeps_its_mu_but_converts_it_to_no_epsilon(
     """μ_lb 2.33 on 50 + 50 rows would read "ε" 12.1 where the classic bound caps at 2.57: that ε is a bound
     only for a Gaussian mechanism. Without DP-SGD, and under DP-SGD with sampled batches, every GDP ε is NaN
     with the reason; full-batch DP-SGD keeps it; μ_lb is kept everywhere."""
-    from orchestrator.epsilon_columns import epsilon_columns
+    from orchestrator.report.epsilon_columns import epsilon_columns
     from probes.gdp import gdp_epsilon
 
     with warnings.catch_warnings():
@@ -415,7 +415,7 @@ def test_a_perfect_attack_without_dp_keeps_its_mu_but_converts_it_to_no_epsilon(
 
 
 def test_gdp_bounds_are_withheld_with_the_split_when_it_is_not_exchangeable():
-    from orchestrator.epsilon_columns import epsilon_columns
+    from orchestrator.report.epsilon_columns import epsilon_columns
 
     row = _row("r", 10, {"loss": _gaussian_grid(2.0)}, DP_RUN, exchangeable=False, label_design="unmatched",
                blind_auc=0.9)
@@ -430,8 +430,8 @@ def test_gdp_bounds_are_withheld_with_the_split_when_it_is_not_exchangeable():
 
 # ------------------------------------------------------------------------------------------- the report
 def test_the_report_section_shows_a_row_per_run_and_the_figure(tmp_path):
-    from orchestrator.epsilon_columns import epsilon_columns
     from orchestrator.report.epsilon import EPSILON_FIGURE, epsilon_section_html, epsilon_table
+    from orchestrator.report.epsilon_columns import epsilon_columns
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -455,8 +455,8 @@ def test_the_report_section_shows_a_row_per_run_and_the_figure(tmp_path):
 def test_the_report_states_each_bounds_own_delta_and_confidence(tmp_path):
     """The classic and GDP ε are read at outcome.epsilon_delta, the one-run ε at canaries.delta: the note
     names each (it used to say every bound was read at the first), and the level of every figure."""
-    from orchestrator.epsilon_columns import epsilon_columns
     from orchestrator.report.epsilon import epsilon_section_html
+    from orchestrator.report.epsilon_columns import epsilon_columns
 
     rows = _rows().query("run_id != 'dp-bad'").copy()
     rows["one_run_epsilon_lb"], rows["one_run_delta"] = 0.2, 1e-6
@@ -480,7 +480,7 @@ def test_each_bound_is_checked_against_the_accountants_figure_for_its_own_neighb
     between the two μs: below its own relation's figure, so consistent though above the add/remove one."""
     from iclmem.record import NEIGHBOURS
     from iclmem.vocab import Neighbours
-    from orchestrator.epsilon_columns import EpsilonInconsistencyWarning, epsilon_columns
+    from orchestrator.report.epsilon_columns import EpsilonInconsistencyWarning, epsilon_columns
     from probes.one_run import one_run_epsilon
 
     one_run = {"one_run_epsilon_lb": 1.7, "one_run_delta": 1e-5, "one_run_m": 128, "one_run_guesses": 64,

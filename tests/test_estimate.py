@@ -6,14 +6,14 @@ import dataclasses
 
 import pytest
 
-import orchestrator.estimate as estimate_mod
+import orchestrator.estimate.estimate as estimate_mod
 from orchestrator.cli import main
-from orchestrator.estimate import estimate
-from orchestrator.estimate_measure import REPO, Budget, Overheads, UnitCosts, median_time
-from orchestrator.estimate_predict import predict
-from orchestrator.estimate_render import render
-from orchestrator.estimate_work import count_work
-from orchestrator.sweep_files import load_sweep
+from orchestrator.estimate.estimate import estimate
+from orchestrator.estimate.estimate_measure import REPO, Budget, Overheads, UnitCosts, median_time
+from orchestrator.estimate.estimate_predict import predict
+from orchestrator.estimate.estimate_render import render
+from orchestrator.estimate.estimate_work import count_work
+from orchestrator.schema.sweep_files import load_sweep
 
 OVERHEADS = Overheads(driver_start_s=1.0, ray_start_s=4.0, actor_start_s=1.5, tune_trial_s=2.0, tune_fixed_s=0.5)
 
@@ -88,7 +88,12 @@ def test_prediction_adds_each_kind_of_work_and_divides_the_parallel_part_by_the_
     assert c["rest of probes (ICL, bootstrap, AUCs)"] == pytest.approx((8 + 2) * 0.4)
     # the aggregation after the last probe: 10 checkpoint rows (8 + 2 controls), 2Q = 40 query rows, 1 null split, no
     # W&B summary run
-    from orchestrator.estimate_predict import REPORT_FIXED_S, REPORT_QUERY_ROW_S, REPORT_ROW_S, REPORT_WANDB_SHARE
+    from orchestrator.estimate.estimate_predict import (
+        REPORT_FIXED_S,
+        REPORT_QUERY_ROW_S,
+        REPORT_ROW_S,
+        REPORT_WANDB_SHARE,
+    )
 
     report = (REPORT_FIXED_S + 10 * (REPORT_ROW_S + REPORT_QUERY_ROW_S * 40 * 2)) * (1 - REPORT_WANDB_SHARE)
     assert one.serial_s == pytest.approx({"driver start (imports)": 1.0, "Ray start and stop": 4.0,

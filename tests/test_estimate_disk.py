@@ -1,4 +1,4 @@
-"""The bytes a sweep writes, predicted before it runs (``orchestrator.estimate_disk``): by hand for each
+"""The bytes a sweep writes, predicted before it runs (``orchestrator.estimate.estimate_disk``): by hand for each
 ``training.keep_checkpoints``, and a sweep without room refused before Ray starts, naming the numbers."""
 
 from __future__ import annotations
@@ -6,11 +6,16 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from orchestrator import estimate_disk
-from orchestrator.estimate_disk import TUNE_REPORT_BYTES, TUNE_STATE_BYTES_PER_TRIAL, TUNE_TRIAL_BYTES, predict_disk
-from orchestrator.estimate_measure import UnitCosts
-from orchestrator.estimate_work import count_work
-from orchestrator.sweep_files import load_sweep
+from orchestrator.estimate import estimate_disk
+from orchestrator.estimate.estimate_disk import (
+    TUNE_REPORT_BYTES,
+    TUNE_STATE_BYTES_PER_TRIAL,
+    TUNE_TRIAL_BYTES,
+    predict_disk,
+)
+from orchestrator.estimate.estimate_measure import UnitCosts
+from orchestrator.estimate.estimate_work import count_work
+from orchestrator.schema.sweep_files import load_sweep
 
 SWEEP = {
     "name": "disk",
@@ -78,7 +83,7 @@ def test_validate_refuses_a_sweep_whose_predicted_bytes_exceed_the_free_space_na
 
 def test_run_refuses_a_sweep_without_room_before_ray_starts_and_keeps_the_folder_for_a_corrected_config(
         tmp_path, monkeypatch, capsys):
-    from orchestrator import sweep as sweep_mod
+    from orchestrator.driver import sweep as sweep_mod
 
     def no_ray(*_a, **_k):
         raise AssertionError("Ray was started for a sweep without room")

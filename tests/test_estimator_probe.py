@@ -21,7 +21,7 @@ COMMON = ["--task", TASK, "--base-estimator", "audit_estimators:centroid", "--bo
 def split(tmp_path_factory):
     """The task as the audit prepares it around a members file: (members file, prepared task)."""
     from iclmem.vocab import LabelDesign
-    from orchestrator.audit import DEFAULTS, with_members
+    from orchestrator.audits.audit import DEFAULTS, with_members
     from trainables.data import PrepSettings, TaskSource, load_or_prepare
 
     root = tmp_path_factory.mktemp("bb")
@@ -84,7 +84,7 @@ def test_black_box_flags_are_checked_before_any_work(tmp_path, split, capsys, ar
 @pytest.fixture(scope="module")
 def shuffled_split(tmp_path_factory, split):
     """The same members trained on permuted labels: a ROW_ID,LABEL file and the task as the audit re-splits it."""
-    from orchestrator.audit import with_members
+    from orchestrator.audits.audit import with_members
 
     _, task = split
     root = tmp_path_factory.mktemp("bb-shuffled")
@@ -95,7 +95,7 @@ def shuffled_split(tmp_path_factory, split):
     members = root / "members.txt"
     members.write_text("".join(f"{int(i)},{n}\n" for i, n in zip(ids, names, strict=True)))
     from iclmem.vocab import LabelDesign
-    from orchestrator.audit import DEFAULTS
+    from orchestrator.audits.audit import DEFAULTS
     from trainables.data import PrepSettings, TaskSource, load_or_prepare
 
     first = load_or_prepare(TaskSource(TASK, "builtin"),

@@ -3,7 +3,7 @@
 Models that never saw the audited rows -- pfn-mini fine-tuned on 100 other rows of the table (true labels,
 or every label moved one class on), and the shipped weights with Gaussian noise -- are audited as if they
 had been fine-tuned on the members, through the real Stage I, fine-tuning and probe code
-(``orchestrator.selfcheck.no_membership_check``). With label-matched non-members they must get no
+(``orchestrator.audits.selfcheck.no_membership_check``). With label-matched non-members they must get no
 membership verdict in every label mode. Under the paper's unmatched design the same control fails: that is
 the witness that it can.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.selfcheck import NoMembershipControl, no_membership_check
+from orchestrator.audits.selfcheck import NoMembershipControl, no_membership_check
 
 pytestmark = pytest.mark.filterwarnings("ignore::probes.metrics.LowResolutionWarning")
 

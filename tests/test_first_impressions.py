@@ -10,9 +10,9 @@ import re
 import pandas as pd
 import yaml
 
-from orchestrator import cli_sweeps
-from orchestrator.cli_audits import cmd_models, weights_lines
-from orchestrator.cli_sweeps import finished_line, split_checks_line
+from orchestrator.commands import cli_sweeps
+from orchestrator.commands.cli_audits import cmd_models, weights_lines
+from orchestrator.commands.cli_sweeps import finished_line, split_checks_line
 
 
 def _section(text: str, model: str) -> str:
@@ -97,11 +97,11 @@ def _context_only_config(tmp_path) -> str:
 
 
 def test_iclmem_run_of_a_context_only_sweep_prints_done_with_its_audits(monkeypatch, tmp_path, capsys):
-    import orchestrator.prepare
-    import orchestrator.sweep
+    import orchestrator.driver.sweep
+    import orchestrator.runfolder.prepare
 
-    monkeypatch.setattr(orchestrator.sweep, "run_sweep", lambda *_a, **_k: pd.DataFrame())  # no Ray
-    monkeypatch.setattr(orchestrator.prepare, "check_models", lambda *_a: None)
+    monkeypatch.setattr(orchestrator.driver.sweep, "run_sweep", lambda *_a, **_k: pd.DataFrame())  # no Ray
+    monkeypatch.setattr(orchestrator.runfolder.prepare, "check_models", lambda *_a: None)
     args = argparse.Namespace(config=_context_only_config(tmp_path), wandb=None, address=None,
                               out=str(tmp_path / "run"), quiet=True, num_cpus=None, verbose=False)
     assert cli_sweeps.cmd_run(args) == 0

@@ -26,7 +26,7 @@ def test_the_ground_truth_finds_a_run_the_package_fine_tuner_memorized_and_not_a
     forced AVX2 kernels (ATen, MKL, OpenBLAS, numba; seeds 0-4) the planted lows were 0.619-0.851 (0.688 at seed
     0), the controls' 0.269-0.404, and no null split of 15 fired. tabicl-mini is not asserted: its fine-tuner memorized on 3 of 5 seeds
     in this recipe, a finding, not a property."""
-    from orchestrator.upstream_power import planted_upstream_power
+    from orchestrator.audits.upstream_power import planted_upstream_power
 
     out = planted_upstream_power("tabpfn-v2", {"weights": "mini", "recipe": "upstream",
                                                "finetuner": {"early_stopping": False}},

@@ -22,17 +22,17 @@ GROUPED = frozenset((*record.IDENTITY_COLUMNS, *record.GRID_AXES, "epoch"))
 # columns in order) -> why it is not a grouping. A literal that gains or loses one of those columns is matched
 # no more and must be named in iclmem/record.py or justified here again.
 NOT_GROUPINGS: dict[tuple[str, str, tuple[str, ...]], str] = {
-    ("orchestrator/run_folder.py", "REQUIRED_RESULT_COLUMNS", ("run_id", "task", "epoch")):
+    ("orchestrator/runfolder/run_folder.py", "REQUIRED_RESULT_COLUMNS", ("run_id", "task", "epoch")):
         "a run-folder file's schema: the columns results.parquet must have to be read",
-    ("orchestrator/run_folder.py", "SPLIT_COLUMNS", ("task", "label_mode", "seed", "q")):
+    ("orchestrator/runfolder/run_folder.py", "SPLIT_COLUMNS", ("task", "label_mode", "seed", "q")):
         "a run-folder file's schema: the public columns of split_report.parquet",
-    ("orchestrator/run_folder.py", "MANIPULATION_COLUMNS", ("run_id", "task", "epoch")):
+    ("orchestrator/runfolder/run_folder.py", "MANIPULATION_COLUMNS", ("run_id", "task", "epoch")):
         "a run-folder file's schema: manipulation_auc.parquet's columns",
-    ("orchestrator/run_folder.py", "CONTEXT_AUDITS_COLUMNS", ("run_id", "task", "model", "q", "seed")):
+    ("orchestrator/runfolder/run_folder.py", "CONTEXT_AUDITS_COLUMNS", ("run_id", "task", "model", "q", "seed")):
         "a run-folder file's schema: context_audits.parquet's columns",
-    ("orchestrator/run_folder.py", "roc_files", ("run_id", "epoch")):
+    ("orchestrator/runfolder/run_folder.py", "roc_files", ("run_id", "epoch")):
         "the columns of the ROC file listing the reader builds (run, epoch, path), not a grouping",
-    ("orchestrator/record_risk.py", "_riskiest", ("task", "run_id", "epoch")):
+    ("orchestrator/report/record_risk.py", "_riskiest", ("task", "run_id", "epoch")):
         "the riskiest-records table's columns, in the order it shows them",
     ("orchestrator/report/risk.py", "risk_section_html", ("task", "run_id")):
         "the flagged-slices table's columns, in the order it shows them",
@@ -53,15 +53,15 @@ NOT_GROUPINGS: dict[tuple[str, str, tuple[str, ...]], str] = {
 
 
 def _lm_only_columns() -> frozenset[str]:
-    """The LM probe sweep's columns the tabular grid does not have (orchestrator.lm_sweep.RESULT_COLUMNS, read
+    """The LM probe sweep's columns the tabular grid does not have (orchestrator.driver.lm_sweep.RESULT_COLUMNS, read
     from the source: importing the LM sweep would start more than this test needs)."""
-    tree = ast.parse((REPO / "orchestrator" / "lm_sweep.py").read_text())
+    tree = ast.parse((REPO / "orchestrator" / "driver" / "lm_sweep.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and t.id == "RESULT_COLUMNS" for t in targets):
                 return frozenset(ast.literal_eval(node.value)) - GROUPED
-    raise AssertionError("orchestrator/lm_sweep.py no longer declares RESULT_COLUMNS")
+    raise AssertionError("orchestrator/driver/lm_sweep.py no longer declares RESULT_COLUMNS")
 
 
 def _string_literal(node: ast.AST) -> tuple[str, ...] | None:
@@ -164,8 +164,8 @@ def test_the_report_modules_use_the_records_groupings():
 
 
 def test_a_trial_spec_holds_its_run_identity():
-    from orchestrator.config import parse_sweep
-    from orchestrator.trials import expand_grid
+    from orchestrator.schema.config import parse_sweep
+    from orchestrator.schema.trials import expand_grid
 
     sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"q": [20], "seed": [0, 1]},
                          "probe": {"references": 2}})

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.image import check_dockerfile, pyproject_pins
+from orchestrator.cluster.image import check_dockerfile, pyproject_pins
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,7 +111,7 @@ def test_a_dockerfile_in_a_subfolder_is_compared_with_the_checkouts_pyproject(tm
 @pytest.mark.parametrize("name", ["gpu.Dockerfile", "gpu.dockerfile", "Dockerfile.gpu", "app.Containerfile"])
 def test_a_valid_dockerfile_by_another_name_ends_with_the_images_valid_line_not_rays(tmp_path, capsys, name):
     """`iclmem cluster-check gpu.Dockerfile` is dispatched as an image by the name rule the cluster check uses
-    (orchestrator.cluster.is_dockerfile): its last line is the image check's "valid", not Ray's."""
+    (orchestrator.cluster.cluster.is_dockerfile): its last line is the image check's "valid", not Ray's."""
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     path = tmp_path / name
     shutil.copy(REPO / "Dockerfile", path)

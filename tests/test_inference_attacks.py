@@ -170,14 +170,14 @@ def test_a_value_inference_result_whose_blind_baseline_separates_the_split_is_no
 
 
 def test_the_audit_shell_reads_the_splits_blind_baseline_into_value_inference_trust(monkeypatch):
-    """orchestrator.value_attacks.run_value_attack (the CLI's and a sweep's path) passes the membership audit's blind
+    """orchestrator.audits.value_attacks.run_value_attack (the CLI's and a sweep's path) passes the membership audit's blind
     baseline of the audit's split to the attack: a separable split gives an untrusted result, and the console says
     why."""
     from types import SimpleNamespace
 
     import probes.probe
-    from orchestrator.inference_audit import summary_lines, verdict_of
-    from orchestrator.value_attacks import run_value_attack
+    from orchestrator.audits.inference_audit import summary_lines, verdict_of
+    from orchestrator.audits.value_attacks import run_value_attack
 
     inputs, _ = _table(0)
     for exchangeable in (True, False):

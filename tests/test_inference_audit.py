@@ -144,7 +144,7 @@ def test_a_value_audit_logs_its_rates_and_verdict_to_wandb_offline_and_no_row_va
 def test_a_setting_given_at_its_default_value_is_read_or_refused_never_swapped(tmp_path, capsys, monkeypatch):
     """--context-size 256 given with --attack file reaches the audit as 256 (the file audit's own default is 40),
     and --null-splits 5 / --bins 4, the values other attacks default to, are refused where they are not read."""
-    from orchestrator import inference_audit
+    from orchestrator.audits import inference_audit
     from orchestrator.cli import main
 
     seen = {}

@@ -87,8 +87,8 @@ def test_ctrl_c_stops_a_real_sweep_within_seconds_and_resume_gives_the_uninterru
     assert all((run_dir / p).is_file() for p in kept)
 
     # the uninterrupted reference run, in this process on the session's Ray (the drivers above had their own)
-    from orchestrator.config import parse_sweep
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.schema.config import parse_sweep
 
     clean_dir = tmp_path / "clean"
     run_sweep(None, clean_dir, sweep=parse_sweep(SWEEP), progress=False, log=lambda _line: None)
@@ -97,7 +97,7 @@ def test_ctrl_c_stops_a_real_sweep_within_seconds_and_resume_gives_the_uninterru
 
 _HANGING_CLEANUP = textwrap.dedent("""
     import time
-    from orchestrator.console import catch_interrupts
+    from orchestrator.driver.console import catch_interrupts
 
     with catch_interrupts() as interrupts:
         interrupts.run_dir = "/runs/somewhere"
@@ -162,7 +162,7 @@ def test_sigterm_from_a_scheduler_starts_the_same_clean_stop_as_ctrl_c():
 
 
 def test_the_handler_is_removed_after_the_sweep():
-    from orchestrator.console import catch_interrupts
+    from orchestrator.driver.console import catch_interrupts
 
     before, before_term = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with catch_interrupts() as interrupts:
@@ -180,9 +180,9 @@ SMALL = {"name": "small", "tasks": [{"name": "iris"}], "grid": {"q": [20], "lr":
 
 def test_ctrl_c_during_stage_one_of_a_new_run_leaves_no_folder_and_says_to_start_again(tmp_path, monkeypatch):
     from iclmem.errors import SweepInterrupted
-    from orchestrator import folder_claims
-    from orchestrator import sweep as S
-    from orchestrator.config import parse_sweep
+    from orchestrator.driver import sweep as S
+    from orchestrator.report import folder_claims
+    from orchestrator.schema.config import parse_sweep
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -200,8 +200,8 @@ def test_ctrl_c_during_stage_one_of_a_new_run_leaves_no_folder_and_says_to_start
 
 def test_ctrl_c_after_the_folder_exists_records_the_interruption_and_every_unfinished_run(tmp_path, monkeypatch):
     from iclmem.errors import SweepInterrupted
-    from orchestrator import sweep as S
-    from orchestrator.config import parse_sweep
+    from orchestrator.driver import sweep as S
+    from orchestrator.schema.config import parse_sweep
 
     def interrupted(*args, **kwargs):  # Ctrl-C while Ray starts, before any trial ran
         raise KeyboardInterrupt
@@ -219,7 +219,7 @@ def test_ctrl_c_after_the_folder_exists_records_the_interruption_and_every_unfin
 _RAY_AND_A_HANGING_CLEANUP = textwrap.dedent("""
     import time
     from iclmem.raysession import ensure_ray
-    from orchestrator.console import catch_interrupts
+    from orchestrator.driver.console import catch_interrupts
 
     with catch_interrupts() as interrupts:
         interrupts.run_dir = "/runs/somewhere"

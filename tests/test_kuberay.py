@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
-from orchestrator.kuberay import check_manifest
+from orchestrator.cluster.kuberay import check_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 RAYJOB = REPO / "k8s" / "rayjob.yaml"

@@ -4,7 +4,7 @@ Three layers of fixtures, cheapest first:
 * a stub bigram LM (fixed next-token probabilities) over a tiny WordPiece tokenizer: formulas by hand;
 * a tiny GPT-2 trained here on a generated corpus with planted entities (about 20 s on one CPU thread):
   exposure must separate planted from unseen entities;
-* the same model and generated CoNLL files through ``orchestrator.lm_sweep.run_lm_sweep`` on the session
+* the same model and generated CoNLL files through ``orchestrator.driver.lm_sweep.run_lm_sweep`` on the session
   Ray: one uninterrupted sweep, then the fault tests (a worker killed mid-unit, a driver stopped and
   resumed) that must reproduce its table.
 """
@@ -462,7 +462,7 @@ def sweep_file(planted, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def clean_run(sweep_file, ray_session, tmp_path_factory):
     """One uninterrupted LM sweep: the reference the fault tests compare against."""
-    from orchestrator.lm_sweep import run_lm_sweep
+    from orchestrator.driver.lm_sweep import run_lm_sweep
 
     run = tmp_path_factory.mktemp("lm_clean") / "run"
     return SimpleNamespace(dir=run, results=run_lm_sweep(sweep_file, run, log=lambda _line: None))
@@ -478,7 +478,7 @@ def _stored_units(run: Path) -> dict[Path, tuple[int, int]]:
 def _without_wandb(sweep_file: Path):
     """The sweep file's config with W&B off: what the fault tests compare is the results table."""
     from iclmem.vocab import WandbMode
-    from orchestrator.sweep_files import load_lm_sweep
+    from orchestrator.schema.sweep_files import load_lm_sweep
 
     cfg = load_lm_sweep(sweep_file)
     return cfg.model_copy(update={"wandb": cfg.wandb.model_copy(update={"mode": WandbMode.DISABLED})})
@@ -497,7 +497,7 @@ def _same_results(a: pd.DataFrame, b: pd.DataFrame) -> bool:
 def test_run_lm_sweep_runs_net_and_ner_and_writes_report_tables(planted, clean_run):
     from iclmem.provenance import Provenance
     from iclmem.runfolder import LM_EXPOSURE_DIR, LM_REPORT_FILE, LM_RESULTS_FILE
-    from orchestrator.lm_sweep import RESULT_COLUMNS
+    from orchestrator.driver.lm_sweep import RESULT_COLUMNS
     from probes.lm.report import lm_tables
 
     run, df = clean_run.dir, clean_run.results
@@ -579,7 +579,7 @@ def test_an_lm_worker_killed_mid_unit_is_restarted_and_the_sweep_finishes_identi
 
     import psutil
 
-    from orchestrator.lm_sweep import run_lm_sweep
+    from orchestrator.driver.lm_sweep import run_lm_sweep
 
     killed: list[int] = []
     stop = threading.Event()
@@ -619,7 +619,8 @@ def test_an_interrupted_lm_sweep_resumes_computing_only_the_missing_units(
     """The driver stops after a few units are stored (its pool is lost with it); ``iclmem lm resume``
     reads the stored config, computes only the units not stored and writes the same table."""
     from iclmem.runfolder import LM_RESULTS_FILE
-    from orchestrator import cli, lm_sweep
+    from orchestrator import cli
+    from orchestrator.driver import lm_sweep
 
     real_start = lm_sweep.start_lm_pool
 
@@ -674,7 +675,7 @@ def test_a_stored_unit_that_fails_its_checksum_is_not_returned(tmp_path):
 
 def test_lm_resume_refuses_a_folder_that_is_not_an_lm_run(tmp_path):
     from iclmem.provenance import Provenance
-    from orchestrator.lm_sweep import run_lm_sweep
+    from orchestrator.driver.lm_sweep import run_lm_sweep
 
     with pytest.raises(ConfigError, match="not an iclmem LM run folder"):
         run_lm_sweep(None, tmp_path, resume=True)
@@ -684,8 +685,8 @@ def test_lm_resume_refuses_a_folder_that_is_not_an_lm_run(tmp_path):
 
 
 def test_sweep_file_mistakes_are_all_reported_before_any_work(tmp_path):
-    from orchestrator.lm_sweep import run_lm_sweep
-    from orchestrator.sweep_files import load_lm_sweep
+    from orchestrator.driver.lm_sweep import run_lm_sweep
+    from orchestrator.schema.sweep_files import load_lm_sweep
 
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("""

@@ -22,7 +22,8 @@ from iclmem.runfolder import (
     RunStatus,
     read_run_state,
 )
-from orchestrator import cli, lm_sweep
+from orchestrator import cli
+from orchestrator.driver import lm_sweep
 
 
 def _digests(folder: Path) -> dict[str, str]:
@@ -81,7 +82,7 @@ def test_lm_run_refuses_a_folder_of_someone_elses_files_exits_2_and_writes_nothi
 
 
 def test_lm_run_refuses_an_lm_run_of_another_config_and_points_to_lm_resume(lm, tmp_path):
-    from orchestrator.sweep_files import load_lm_sweep
+    from orchestrator.schema.sweep_files import load_lm_sweep
 
     folder = tmp_path / "run"
     folder.mkdir()
@@ -98,8 +99,8 @@ def test_lm_run_refuses_an_lm_run_of_another_config_and_points_to_lm_resume(lm, 
 
 
 def test_lm_run_refuses_a_tabular_run_folder_and_asks_for_a_new_one(lm, tmp_path, capsys):
-    from orchestrator.config import parse_sweep
-    from orchestrator.folder_claims import record_sweep
+    from orchestrator.report.folder_claims import record_sweep
+    from orchestrator.schema.config import parse_sweep
 
     folder = tmp_path / "tabular"
     folder.mkdir()
@@ -224,8 +225,8 @@ def test_a_failed_lm_run_records_failed_with_its_error(lm, tmp_path, monkeypatch
 def test_an_lm_pool_the_local_ray_can_never_start_is_refused_naming_the_setting_and_the_bound():
     """#62: ``probe_actors: 100000`` hung ``iclmem lm run`` (the pool creates every actor at start and waits for
     them); on a Ray started here the pool must fit the machine, or the run is refused before any unit."""
-    from orchestrator.lm_config import ProbeActorsConfig
-    from orchestrator.lm_sweep import pool_beyond_local_ray
+    from orchestrator.driver.lm_sweep import pool_beyond_local_ray
+    from orchestrator.schema.lm_config import ProbeActorsConfig
 
     two_cpus = {"CPU": 2.0, "memory": 1e9}
     assert pool_beyond_local_ray(ProbeActorsConfig(probe_actors=2, cpus_per_probe_actor=1), two_cpus) == []

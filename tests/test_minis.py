@@ -103,7 +103,7 @@ def test_a_mini_that_never_saw_the_audited_rows_gets_no_membership_verdict_in_an
     label mode. benchmarks/minis.py (seed 0, every control and mode) read no verdict of memorization; the
     interval lows of these two controls were at most 0.45 (the third, unrelated rows on their true labels, read
     0.508 for tabicl-mini under shuffled_members, still no_signal: in RESULTS.md, not asserted here)."""
-    from orchestrator.selfcheck import NoMembershipControl, no_membership_check
+    from orchestrator.audits.selfcheck import NoMembershipControl, no_membership_check
 
     for control in (NoMembershipControl.NOISED, NoMembershipControl.UNRELATED_FLIPPED):
         row = no_membership_check(control, label_mode, model=model, options={"weights": "mini"})
@@ -122,7 +122,7 @@ def test_a_minis_planted_memorization_is_found_by_the_known_context_channel(mode
     tabicl-mini and 0.676-0.805 for tabpfn-mini, the flag set on 5 and 4 of 5; with forced AVX2 kernels
     (ATen, MKL, OpenBLAS, numba) 0.619-0.714 and 0.630-0.751, flags 5 and 4 of 5; forced AVX2 on 2 torch threads
     (``torch_threads=2``, seeds 0-2) 0.709-0.819 and 0.630-0.751, every flag set. The bar is 0.55."""
-    from orchestrator.selfcheck import planted_check
+    from orchestrator.audits.selfcheck import planted_check
 
     row = planted_check(model, {"weights": "mini"}, seed=0, task="iris", q=30, context_size=60, lr=3e-3, epochs=200)
     assert row["model"] == model

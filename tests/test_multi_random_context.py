@@ -41,7 +41,7 @@ def base() -> Any:
 
 
 def _pool_task(base: Any, seed: int, label_mode: str = "normal", name: str = "digits") -> Any:
-    """A task as Stage I prepares it for multi_random (orchestrator.prepare: C' in the member pool)."""
+    """A task as Stage I prepares it for multi_random (orchestrator.runfolder.prepare: C' in the member pool)."""
     settings = base.prep_settings(PrepSettings(context_in_pool=True))
     return prepare_task(TaskSource(name, "builtin"), settings, label_mode, seed=seed, q=50)
 

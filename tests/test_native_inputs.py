@@ -319,8 +319,8 @@ def test_contexttab_refuses_to_be_fed_tasks_with_different_columns_at_once(mixed
 # ------------------------------------------------------------------------------------------ the sweep
 def test_prepare_sweep_maps_each_model_to_the_task_prepared_for_its_contract(mixed_table, tmp_path):
     _require("contexttab")
-    from orchestrator.config import parse_sweep
-    from orchestrator.prepare import prepare_sweep
+    from orchestrator.runfolder.prepare import prepare_sweep
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({
         "name": "contracts",
@@ -351,8 +351,8 @@ def test_a_sweep_on_a_carte_table_with_text_columns_runs_end_to_end_with_context
     _require("contexttab")
     if not (CARTE_DIR / "spotify.parquet").is_file():
         pytest.skip(f"the shared CARTE tables are not here ({CARTE_DIR}/spotify.parquet): ../shared is absent")
-    from orchestrator.config import parse_sweep
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.schema.config import parse_sweep
 
     # 240 rows of the CARTE spotify table (track and artist names, mode, decade: text), in CARTE's layout
     frame = pd.read_parquet(CARTE_DIR / "spotify.parquet").sample(240, random_state=0).reset_index(drop=True)

@@ -26,7 +26,7 @@ def _task(seed: int = 0, name: str = "iris"):
 
 
 def _sweep(**canaries):
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     return parse_sweep({"name": "c", "tasks": [{"name": "iris"}], "canaries": canaries}, "test")
 
@@ -52,12 +52,12 @@ def test_one_run_canaries_are_each_in_by_a_coin_of_the_seed_and_the_log_records_
 
 
 def test_the_exposure_designs_settings_and_run_ids_are_unchanged_by_the_one_run_fields():
-    from orchestrator.trials import expand_grid
+    from orchestrator.schema.trials import expand_grid
 
     exposure = CanarySettings((CanaryKind.OUTLIER,))
     assert exposure.as_dict() == {"kinds": ["outlier"], "copies": [1, 2, 4, 8], "per_group": 4, "holdout": 32}
     on, one_run = _sweep(kinds=["outlier"]), _sweep(kinds=["outlier"], design="one_run")
-    from orchestrator.config import config_hash_of
+    from orchestrator.schema.config import config_hash_of
 
     # the hash of a sweep written before the one_run fields existed (its canaries block without them)
     before = on.model_dump(mode="json")
@@ -123,8 +123,8 @@ def test_a_sweep_of_one_run_canaries_bounds_epsilon_from_one_run_below_the_accou
     add/remove ε (0.36 measured), checked per neighbour relation; the page prints each relation."""
     import pandas as pd
 
-    from orchestrator.config import parse_sweep
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({
         "name": "one-run", "tasks": [{"name": "digits"}],

@@ -144,7 +144,7 @@ def test_the_report_draws_the_leakage_utility_frontier_of_the_true_label_runs(sw
     beaten by another; a collapsed checkpoint is no setting to pick and is left out."""
     from iclmem.record import RESULTS_SCHEMA_VERSION
     from orchestrator.report.frontier import FRONTIER_FIGURE, frontier_table
-    from orchestrator.run_folder import RunFolder
+    from orchestrator.runfolder.run_folder import RunFolder
 
     run_dir, _, _ = sweep_run
     results = RunFolder(run_dir).results()
@@ -208,7 +208,7 @@ def test_the_wandb_summary_run_holds_what_the_report_package_computes_from_the_f
 
     from orchestrator import report as R
     from orchestrator.report import wandb_summary as S
-    from orchestrator.run_folder import RunFolder
+    from orchestrator.runfolder.run_folder import RunFolder
 
     run_dir, _, _ = sweep_run
     public = RunFolder(run_dir).results(public=True)
@@ -246,7 +246,7 @@ def test_each_run_logged_its_config_training_and_probe_metrics_to_its_own_wandb_
     from synthetic_run_dir import read_wandb_records, wandb_config, wandb_history, wandb_summary
 
     from orchestrator import report as R
-    from orchestrator.run_folder import RunFolder
+    from orchestrator.runfolder.run_folder import RunFolder
 
     run_dir, results, _ = sweep_run
     trained = {}  # run_id -> [(epoch, train_loss)] as Tune recorded them
@@ -344,7 +344,7 @@ def test_the_risk_report_ranks_the_memorized_runs_members_first_and_names_no_row
     the memorized run's members at higher risk than its non-members, the riskiest rows all members, slices of
     every default family with the text column's rare levels unnamed, and no cell of any table holding a row value."""
     from iclmem.runfolder import RISK_TABLE_FILES
-    from orchestrator.run_folder import RunFolder
+    from orchestrator.runfolder.run_folder import RunFolder
 
     run_dir, results, _ = sweep_run
     tables = RunFolder(run_dir).risk_tables()
@@ -406,7 +406,7 @@ def test_two_channels_the_fine_tuned_checkpoint_deployed_with_half_its_rows_is_a
     weights channel separates its members inside both context strata, and pfn-mini, which reads its context, is
     found through the context inside both fine-tuned strata."""
     run_dir, results, _ = sweep_run
-    from orchestrator.run_folder import RunFolder
+    from orchestrator.runfolder.run_folder import RunFolder
 
     tables = RunFolder(run_dir).risk_tables()
     records = tables["records"]
@@ -444,7 +444,7 @@ def test_the_claim_ledger_states_the_memorized_run_with_how_much_how_sure_and_ro
     a null rate measured on the null splits through the run's headline selection, and it holds on outputs
     rounded to 4 decimals; the collapsed runs make no claim; every claim the first screen and the console state
     has a measured rate, and the report opens with them."""
-    from orchestrator.run_folder import RunFolder
+    from orchestrator.runfolder.run_folder import RunFolder
 
     run_dir, results, logs = sweep_run
     ledger = RunFolder(run_dir).claim_ledger()

@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_adapter_contract import CLASSIFIERS
 
-from orchestrator.selfcheck import planted_check
+from orchestrator.audits.selfcheck import planted_check
 from trainables.models import build_model
 from trainables.models.extras import extra_is_installed
 

@@ -16,7 +16,7 @@ import torch
 from iclmem.atomic import write_json_atomic
 from iclmem.errors import CheckpointError, ConfigError, DataError
 from iclmem.runfolder import GROUND_TRUTH_FILE, VERDICT_FILE
-from orchestrator.audit import audit_checkpoint
+from orchestrator.audits.audit import audit_checkpoint
 from trainables.data import TaskSource, ground_truth_log, prepare_task
 from trainables.finetune import MODEL_FILE, Finetuner, FinetuneSpec
 from trainables.models.embedded import SHIPPED_WEIGHTS
@@ -131,7 +131,7 @@ def test_bootstrap_below_the_schema_minimum_is_refused(plain, tmp_path, value):
 
 def test_bootstrap_above_the_schema_maximum_is_refused_before_any_work(tmp_path, capsys):
     from orchestrator.cli import main
-    from orchestrator.config_base import MAX_BOOTSTRAP
+    from orchestrator.schema.config_base import MAX_BOOTSTRAP
 
     too_many = str(MAX_BOOTSTRAP + 1)
     assert main(["probe", str(tmp_path / "no-such-checkpoint"), "--task", "iris", "--bootstrap", too_many,
@@ -270,8 +270,8 @@ def test_probe_never_writes_among_a_users_files_or_over_their_verdict(recorded, 
 
 
 def test_an_audit_folder_takes_a_new_audit_of_its_own_checkpoint_only(recorded, plain, tmp_path):
-    from orchestrator.config import parse_sweep
-    from orchestrator.folder_claims import record_sweep
+    from orchestrator.report.folder_claims import record_sweep
+    from orchestrator.schema.config import parse_sweep
 
     out = tmp_path / "audit"
     first = audit_checkpoint(str(recorded), bootstrap=20, out=str(out))

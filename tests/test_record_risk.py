@@ -89,8 +89,8 @@ def test_reference_set_stability_compares_the_scores_of_attacks_that_read_refere
     left out. The others are compared on their members' scores, not on the risks' isotonic steps (issue #56 #11)."""
     from scipy.stats import spearmanr
 
-    from orchestrator.context_audit import REFERENCE_HALF_PREFIX
-    from orchestrator.record_risk import _reference_set_stability
+    from iclmem.runfolder import REFERENCE_HALF_PREFIX
+    from orchestrator.report.record_risk import _reference_set_stability
 
     rng = np.random.default_rng(0)
     n = 64
@@ -115,7 +115,7 @@ def test_reference_set_stability_compares_the_scores_of_attacks_that_read_refere
 def test_seed_stability_compares_the_scores_on_the_rows_both_runs_trained_on():
     """Two seeds that score their shared rows in the same order agree fully: the comparison reads the scores (the
     risk column here is unrelated noise, which a comparison of risks would report as disagreement)."""
-    from orchestrator.record_risk import _stability
+    from orchestrator.report.record_risk import _stability
 
     rng = np.random.default_rng(1)
     frames = []
@@ -188,7 +188,7 @@ def _table(n: int = 120):
 
 def test_slices_name_groups_never_a_value_fewer_than_min_group_rows_share():
     from iclmem.vocab import SliceFamily
-    from orchestrator.slices import SliceSettings, slice_masks, task_slices
+    from orchestrator.schema.slices import SliceSettings, slice_masks, task_slices
 
     frame, features = _table()
     settings = SliceSettings(by=(*SliceSettings().by, SliceFamily.COLUMN), columns=("city", "age"))
@@ -208,8 +208,8 @@ def test_slices_name_groups_never_a_value_fewer_than_min_group_rows_share():
 
 def test_a_slice_column_the_table_lacks_is_refused_before_any_work_naming_it():
     from iclmem.errors import ConfigError
-    from orchestrator.config import parse_sweep
-    from orchestrator.prepare import check_slice_columns
+    from orchestrator.runfolder.prepare import check_slice_columns
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "report": {"slices": {"columns": ["petal"]}}})
     with pytest.raises(ConfigError, match=r"report.slices.columns names \['petal'\].*'iris'"):
@@ -224,7 +224,7 @@ def test_a_slice_column_the_table_lacks_is_refused_before_any_work_naming_it():
 def test_seed_stability_compares_every_pair_of_few_seeds_and_each_seed_with_the_next_of_many():
     """The stability table grows with the runs, not with their square: 32 seeds give 32 pairs (a ring), not 496;
     every seed is in two of them, and a handful of seeds still gives every pair."""
-    from orchestrator.record_risk import ALL_PAIRS_UP_TO, seed_pairs
+    from orchestrator.report.record_risk import ALL_PAIRS_UP_TO, seed_pairs
 
     few = [f"r{i}" for i in range(ALL_PAIRS_UP_TO)]
     assert len(seed_pairs(few)) == ALL_PAIRS_UP_TO * (ALL_PAIRS_UP_TO - 1) // 2

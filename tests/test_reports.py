@@ -29,7 +29,7 @@ from iclmem.errors import DataError
 from iclmem.runfolder import RESULTS_FILE
 from orchestrator import report as R
 from orchestrator.report import figures as F
-from orchestrator.run_folder import RunFolder
+from orchestrator.runfolder.run_folder import RunFolder
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -495,7 +495,7 @@ def test_without_a_sweep_config_completeness_is_not_claimed(tmp_path):
     assert settings == {"collapse_loss_ratio": "4", "strict": "yes"}
     assert "threshold_* columns" in source
     assert not disagree
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     other = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "outcome": {"collapse_loss_ratio": 5.0, "strict": True}},
                         "test")
@@ -695,7 +695,7 @@ def test_outcome_rates_and_peak_vulnerability_count_label_modes_apart_when_asked
 def test_a_report_with_no_recorded_rule_names_the_schemas_default_rule_not_the_papers():
     """Defaults live in the schema (#30): rows and config that record no rule read as the rule a sweep
     would have used, selection_aware, not the paper's."""
-    from orchestrator.config import OutcomeConfig
+    from orchestrator.schema.config import OutcomeConfig
 
     assert R.rule_in_force(pd.DataFrame({"outcome": ["no_signal"]}), {}) == OutcomeConfig().rule.value == "selection_aware"
 

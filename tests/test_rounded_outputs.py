@@ -112,7 +112,7 @@ def test_a_shift_far_below_the_printed_digits_is_memorization_on_exact_outputs_o
 
 
 def test_output_decimals_outside_one_to_eight_is_refused_naming_the_setting():
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     base = {"name": "s", "tasks": [{"name": "iris"}]}
     assert parse_sweep(base).probe_settings().output_decimals == 4

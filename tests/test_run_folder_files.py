@@ -33,7 +33,7 @@ from iclmem.runfolder import (
     WANDB_DIR,
     probe_stem,
 )
-from orchestrator.run_folder import RunFolder
+from orchestrator.runfolder.run_folder import RunFolder
 
 REPO = Path(__file__).resolve().parents[1]
 EPOCHS = (1, 2)
@@ -43,8 +43,8 @@ REFERENCES = ("r0-ref0", "r0-ref1")
 
 # ------------------------------------------------------------------------------------------- the names
 def test_the_timings_and_ledger_names_are_the_layouts_and_still_importable_where_they_were():
-    import orchestrator.timing as timing
-    import orchestrator.wandb_logger as wandb_logger
+    import orchestrator.report.wandb_logger as wandb_logger
+    import orchestrator.runfolder.timing as timing
 
     assert timing.TIMINGS_FILE is layout.TIMINGS_FILE == "timings.json"
     assert wandb_logger.TRIAL_RUNS_FILE is layout.TRIAL_RUNS_FILE == "trial_runs.json"
@@ -86,9 +86,9 @@ def _row(run_id: str, epoch: int, **extra: object) -> dict:
 def with_references(tmp_path_factory):
     """A sweep with two reference trials per run, its probe results stored (``ProbeResult.save``) and aggregated
     by the aggregator, which writes the reference trials' rows to reference_results.parquet."""
-    from orchestrator.aggregate import aggregate
-    from orchestrator.config import parse_sweep
-    from orchestrator.folder_claims import record_sweep
+    from orchestrator.report.aggregate import aggregate
+    from orchestrator.report.folder_claims import record_sweep
+    from orchestrator.schema.config import parse_sweep
     from probes.probe import ProbeResult
 
     run_dir = tmp_path_factory.mktemp("references")
@@ -177,10 +177,10 @@ def context_sweep(tmp_path_factory):
     """A sweep of regime context whose audits' folders are written by ``write_audit_folder`` and gathered into
     context_audits.parquet by ``collect_sweep_audits``, as the driver does."""
     from iclmem.stats import LowResolutionWarning
-    from orchestrator.config import parse_sweep
-    from orchestrator.context_audit import collect_sweep_audits, write_audit_folder
-    from orchestrator.folder_claims import record_sweep
-    from orchestrator.trials import context_audit_specs
+    from orchestrator.audits.context_audit import collect_sweep_audits, write_audit_folder
+    from orchestrator.report.folder_claims import record_sweep
+    from orchestrator.schema.config import parse_sweep
+    from orchestrator.schema.trials import context_audit_specs
     from probes.attacks.context import ContextAuditInputs, evaluate_context_audit
 
     run_dir = tmp_path_factory.mktemp("context")
@@ -248,7 +248,7 @@ def test_a_damaged_context_audits_table_is_refused_naming_the_file(context_sweep
 
 # ------------------------------------------------------------------------------------------- timings
 def _timings():
-    from orchestrator.timing import SERIAL_PHASES, WORK_PHASES, RunTimings
+    from orchestrator.runfolder.timing import SERIAL_PHASES, WORK_PHASES, RunTimings
 
     return RunTimings(wall_s=100.0, parallel_s=80.0, serial={p.value: 2.0 for p in SERIAL_PHASES},
                       work={p.value: 1.0 for p in WORK_PHASES}, workers=4, probe_actors=2, trials=8, checkpoints=16,
@@ -256,7 +256,7 @@ def _timings():
 
 
 def test_the_timings_are_read_back_as_the_record_write_timings_wrote(tmp_path):
-    from orchestrator.timing import write_timings
+    from orchestrator.runfolder.timing import write_timings
 
     assert RunFolder(tmp_path).timings() is None  # no complete sweep yet
     timings = _timings()
@@ -275,7 +275,7 @@ def test_a_damaged_timings_record_is_refused_naming_the_file(tmp_path, text):
 
 # ------------------------------------------------------------------------------------------- W&B trial runs
 def test_the_trial_run_ledger_is_read_back_as_the_logger_saved_it_and_a_damaged_one_is_named(tmp_path):
-    from orchestrator.wandb_logger import TrialRunsLedger
+    from orchestrator.report.wandb_logger import TrialRunsLedger
 
     path = tmp_path / WANDB_DIR / TRIAL_RUNS_FILE
     assert RunFolder(tmp_path).trial_runs() is None  # no trial logged to W&B yet

@@ -88,7 +88,7 @@ def test_a_folder_held_by_a_live_driver_is_refused_naming_it_and_left_byte_ident
 
     run_dir, proc = held
     started = ray.is_initialized()
-    for module in ("orchestrator.sweep", "orchestrator.lm_sweep"):  # refused before any cluster work
+    for module in ("orchestrator.driver.sweep", "orchestrator.driver.lm_sweep"):  # refused before any cluster work
         monkeypatch.setattr(f"{module}.ensure_ray", lambda *_a, **_k: pytest.fail("a refused command started Ray"))
     before = _digests(run_dir)
     code, err = _main(capsys, *_commands(run_dir, tmp_path)[command])

@@ -15,9 +15,9 @@ from iclmem.errors import DataError, ResultSchemaError
 from iclmem.provenance import Provenance
 from iclmem.record import RunIdentity
 from iclmem.runfolder import RESULTS_FILE, RUN_STATE_FILE, SWEEP_FILE, RunStatus, write_run_state
-from orchestrator.config import parse_sweep
-from orchestrator.folder_claims import record_sweep
-from orchestrator.run_folder import RunFolder
+from orchestrator.report.folder_claims import record_sweep
+from orchestrator.runfolder.run_folder import RunFolder
+from orchestrator.schema.config import parse_sweep
 
 
 def _folder(tmp_path, *, rows: int = 40):

@@ -14,9 +14,9 @@ import yaml
 
 from iclmem.errors import ConfigError
 from iclmem.runfolder import FIGURES_DIR, PROBES_DIR, PROVENANCE_FILE, REPORT_FILE, RESULTS_FILE, SWEEP_FILE, TUNE_DIR
-from orchestrator.config import parse_sweep
-from orchestrator.folder_claims import record_sweep
-from orchestrator.sweep import run_sweep
+from orchestrator.driver.sweep import run_sweep
+from orchestrator.report.folder_claims import record_sweep
+from orchestrator.schema.config import parse_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP = {"name": "folders", "tasks": [{"name": "iris"}], "grid": {"q": [20]}, "data": {"context_size": 30},
@@ -237,7 +237,7 @@ def test_a_non_utf8_sweep_file_is_one_line_naming_the_byte_and_line(tmp_path, ca
 
 
 def test_storage_that_cannot_keep_checkpoints_is_named_before_ray_starts(tmp_path):
-    from orchestrator.storage import unreachable_storage
+    from orchestrator.driver.storage import unreachable_storage
 
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
@@ -276,7 +276,7 @@ def test_an_empty_out_or_run_dir_is_refused_with_exit_2_and_nothing_written(tmp_
 
 # ----------------------------------------------------------------------------------------------------------
 # #45: `report` checks sweep.json against the config its results were made with, as `resume` does (one check,
-# orchestrator.folder_claims.results_config_mismatch); a folder with results but no provenance.json is refused by both
+# orchestrator.report.folder_claims.results_config_mismatch); a folder with results but no provenance.json is refused by both
 # ----------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory) -> Path:

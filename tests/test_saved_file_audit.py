@@ -31,7 +31,7 @@ CONTEXT = 40
 
 @pytest.fixture(scope="module")
 def audit():
-    from orchestrator.context_audit import prepare_context_audit
+    from orchestrator.audits.context_audit import prepare_context_audit
     from trainables.data import TaskSource
     from trainables.models.deployed import tabicl_mini_classifier
 
@@ -252,7 +252,7 @@ def test_the_command_audits_tabicls_file_on_the_tables_columns_and_heads_with_ro
 
 
 def test_a_table_wider_than_the_package_is_refused_naming_the_limit_and_the_pca_flag(tmp_path, capsys, monkeypatch):
-    from orchestrator import inference_audit
+    from orchestrator.audits import inference_audit
     from orchestrator.cli import main
 
     monkeypatch.setattr(inference_audit, "file_feature_limit", lambda model: 12)

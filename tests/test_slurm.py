@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
-from orchestrator.slurm import check_sbatch
+from orchestrator.cluster.slurm import check_sbatch
 
 REPO = Path(__file__).resolve().parents[1]
 SBATCH = REPO / "slurm" / "iclmem.sbatch"

@@ -223,8 +223,8 @@ def test_the_sbatch_script_runs_a_sweep_across_its_nodes_and_survives_losing_one
     assert not results.duplicated(["run_id", "epoch"]).any()
 
     # the same sweep on one node (the session's Ray, no `worker` resource asked for): the same table
-    from orchestrator.config import parse_sweep
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.schema.config import parse_sweep
 
     single = _sweep()
     single["resources"] = {"cpus_per_trial": 0.5, "probe_actors": 1, "cpus_per_probe_actor": 0.5}

@@ -1,4 +1,4 @@
-"""A run's own per-phase times (orchestrator/timing.py) and `iclmem estimate --compare`: the record a real
+"""A run's own per-phase times (orchestrator/runfolder/timing.py) and `iclmem estimate --compare`: the record a real
 sweep writes, checked against Tune's and the probe actors' own numbers, and the comparison that names the
 phase with the largest error."""
 
@@ -10,16 +10,14 @@ import math
 import pandas as pd
 import pytest
 
-import orchestrator.estimate as estimate_mod
+import orchestrator.estimate.estimate as estimate_mod
 from iclmem.errors import DataError
 from iclmem.runfolder import RESULTS_FILE, SWEEP_FILE, TIMINGS_FILE, TUNE_DIR
 from orchestrator.cli import main
-from orchestrator.config import parse_sweep
-from orchestrator.estimate_measure import Overheads, UnitCosts
-from orchestrator.estimate_predict import predict
-from orchestrator.estimate_work import count_work
-from orchestrator.sweep_files import load_sweep
-from orchestrator.timing import (
+from orchestrator.estimate.estimate_measure import Overheads, UnitCosts
+from orchestrator.estimate.estimate_predict import predict
+from orchestrator.estimate.estimate_work import count_work
+from orchestrator.runfolder.timing import (
     SERIAL_PHASES,
     WORK_PHASES,
     Phase,
@@ -31,6 +29,8 @@ from orchestrator.timing import (
     read_timings,
     save_prediction,
 )
+from orchestrator.schema.config import parse_sweep
+from orchestrator.schema.sweep_files import load_sweep
 
 
 def _timings(**work) -> RunTimings:
@@ -147,7 +147,7 @@ def test_a_finished_run_records_its_phase_times_as_tune_and_the_probe_actors_rep
     timings = read_timings(run_dir)
     stored = pd.read_parquet(run_dir / RESULTS_FILE)
     sweep = load_sweep(run_dir / SWEEP_FILE)
-    from orchestrator.trials import expand_grid
+    from orchestrator.schema.trials import expand_grid
 
     assert timings.trials == len(expand_grid(sweep))
     assert timings.checkpoints == len(stored)

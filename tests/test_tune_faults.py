@@ -184,7 +184,7 @@ def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, 
     assert sorted(results.groupby("run_id")["epoch"].apply(list).map(sorted).map(tuple).unique()) == [(2, 8)]
 
     # The resumed sweep's results equal an uninterrupted run of the same config and seed.
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
 
     clean = run_sweep(config, tmp_path / "clean", progress=False)
     volatile = list(VOLATILE_COLUMNS)
@@ -227,7 +227,7 @@ def test_a_killed_driver_resumes_reference_trials_like_any_other(ray_session, tm
     assert sorted(references["epoch"]) == [3, 3, 6, 6]
     assert (results["attack_references"] == 2).all()
 
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
 
     clean = run_sweep(config, tmp_path / "clean", progress=False)
     attack = [c for c in results.columns if c.startswith(("lira_", "rmia_", "known_context_lira", "known_context_rmia"))]
@@ -305,9 +305,9 @@ def test_a_sweep_whose_trials_fail_ends_failed_naming_each_cause_and_keeps_the_o
 
     import trainables.trainable
     from iclmem.errors import EXIT_FAILURE, TrialsFailed
-    from orchestrator.config import parse_sweep
-    from orchestrator.sweep import run_sweep
-    from orchestrator.trials import expand_grid
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.schema.config import parse_sweep
+    from orchestrator.schema.trials import expand_grid
 
     monkeypatch.setattr(trainables.trainable, "finetune_trainable", fault_injection.failing_at_lr_trainable)
     sweep = parse_sweep({
@@ -339,8 +339,8 @@ def test_resources_the_local_ray_cannot_give_are_refused_before_any_trial_instea
     """A trial or probe actor asking for more than the one local node holds would wait forever with the
     console at "running 0" (#34): it is refused at once, naming the setting, with Stage I's results kept."""
     from iclmem.errors import ConfigError
-    from orchestrator.config import parse_sweep
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.schema.config import parse_sweep
 
     base = {"name": "greedy", "tasks": [{"name": "iris"}], "grid": {"q": [10]}, "data": {"context_size": 30},
             "training": {"epochs": 1, "checkpoint_epochs": [1]}, "wandb": {"mode": "disabled"}}
@@ -365,8 +365,8 @@ def test_a_sweep_that_waits_for_resources_no_node_gives_stops_after_the_stall_ti
     resources.stall_timeout_min without progress the sweep stops, names what the trials ask and what the
     cluster has, exits 1 (SweepStalled) and stays resumable (run_state interrupted)."""
     from iclmem.errors import SweepStalled
-    from orchestrator.config import parse_sweep
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({"name": "stalled", "tasks": [{"name": "iris"}], "grid": {"q": [10]},
                          "data": {"context_size": 30}, "training": {"epochs": 1, "checkpoint_epochs": [1]},
@@ -390,7 +390,7 @@ def test_a_sweep_that_waits_for_resources_no_node_gives_stops_after_the_stall_ti
 
 
 def test_the_watchdog_fires_only_after_the_timeout_without_change_and_never_while_busy():
-    from orchestrator.progress import Watchdog
+    from orchestrator.driver.progress import Watchdog
 
     now = [0.0]
     dog = Watchdog(60, clock=lambda: now[0])
@@ -411,7 +411,7 @@ def test_the_watchdog_fires_only_after_the_timeout_without_change_and_never_whil
 
 
 def test_the_stall_message_quotes_the_last_line_where_ray_says_why_it_waits(tmp_path):
-    from orchestrator.progress import ray_wait_reason
+    from orchestrator.driver.progress import ray_wait_reason
 
     log = tmp_path / "console.log"
     log.write_text("(raylet) something else\n[iclmem] trials 0/1 done, 0 running\nWARNING insufficient_resources_"
@@ -445,9 +445,9 @@ def test_a_disk_that_runs_full_stops_the_sweep_resumably_and_resume_finishes_it_
     `resume` sets Tune's half-written state aside (saying so; when the disk ran full while Tune wrote it) and
     finishes with every checkpoint probed."""
     from iclmem.errors import DiskFull
-    from orchestrator import estimate_disk
-    from orchestrator.config import parse_sweep
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.estimate import estimate_disk
+    from orchestrator.schema.config import parse_sweep
 
     # the check before the start refuses this sweep (its peak is above 10 MiB): here the disk fills after the check
     # passed (another writer on it), which is what the handling below is for
@@ -469,8 +469,8 @@ def test_a_disk_that_runs_full_stops_the_sweep_resumably_and_resume_finishes_it_
     kept = {str(p): p.read_bytes() for p in (run_dir / "probes").rglob("*.json")}
 
     # whether the disk ran full while Tune wrote its experiment state depends on timing: read it as resume will
-    from orchestrator.prepare import EXPERIMENT_NAME
-    from orchestrator.sweep import damaged_tune_state
+    from orchestrator.driver.sweep import damaged_tune_state
+    from orchestrator.runfolder.prepare import EXPERIMENT_NAME
 
     damaged = damaged_tune_state(str(small_disk / "tune" / EXPERIMENT_NAME))
 
@@ -495,8 +495,8 @@ def test_a_trial_that_meets_a_full_disk_ends_the_sweep_resumably_not_as_a_failed
 
     import trainables.trainable
     from iclmem.errors import DiskFull
-    from orchestrator.config import parse_sweep
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.schema.config import parse_sweep
 
     monkeypatch.setattr(trainables.trainable, "finetune_trainable", fault_injection.full_disk_at_lr_trainable)
     sweep = parse_sweep({

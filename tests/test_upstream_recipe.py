@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from iclmem.errors import ConfigError
-from orchestrator.config import parse_sweep
+from orchestrator.schema.config import parse_sweep
 from trainables.data import TaskSource, prepare_task
 from trainables.finetune import Finetuner, FinetuneSpec, load_checkpoint_model, verify_checkpoint
 from trainables.models.extras import extra_is_installed
@@ -337,7 +337,7 @@ def test_the_deployed_classifier_is_the_one_the_package_fine_tuner_deploys(model
 
 
 def test_the_recipe_is_part_of_the_model_identity():
-    from orchestrator.trials import expand_grid
+    from orchestrator.schema.trials import expand_grid
 
     upstream = parse_sweep(_sweep())
     own = parse_sweep(_sweep(models=[{"name": "tabpfn-v2", "options": TINY}]))
@@ -353,7 +353,7 @@ def test_the_recipe_is_part_of_the_model_identity():
 
 @pytest.mark.slow
 def test_a_sweep_of_the_upstream_recipes_runs_end_to_end_with_tune_checkpoints(ray_session, tmp_path):
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
 
     models = [m for m in sorted(RECIPES) if extra_is_installed(m)]
     sweep = parse_sweep(_sweep(
@@ -383,7 +383,7 @@ def test_a_sweep_of_the_upstream_recipes_runs_end_to_end_with_tune_checkpoints(r
     records = [rec for raw in tuned["null_evidence"] for rec in json.loads(raw)]
     assert records
     assert all(isinstance(rec["deployed_known_context_flag"], bool) for rec in records)
-    from orchestrator.run_folder import RunFolder
+    from orchestrator.runfolder.run_folder import RunFolder
 
     ledger = RunFolder(tmp_path / "run").claim_ledger()
     deployed = ledger[ledger["kind"] == "deployed_known_context_flag"]
@@ -440,7 +440,7 @@ def test_a_crashed_upstream_trial_resumes_from_its_checkpoint_to_the_weights_of_
 
 def test_the_estimate_times_the_package_fine_tuner_epoch_for_an_upstream_model():
     """``iclmem estimate`` on a recipe-upstream sweep times the package's epochs (its own loop would refuse)."""
-    from orchestrator.estimate_measure import measure_unit_costs
+    from orchestrator.estimate.estimate_measure import measure_unit_costs
 
     sweep = parse_sweep(_sweep(tasks=[{"name": "breast_cancer"}], grid={"q": [32]}, data={"context_size": 64},
                                probe={"suite": ["base", "distractors_1"], "bootstrap": 10}))

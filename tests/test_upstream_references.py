@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.aggregate import reference_checkpoints, upstream_last_epochs
-from orchestrator.config import parse_sweep
+from orchestrator.report.aggregate import reference_checkpoints, upstream_last_epochs
+from orchestrator.schema.config import parse_sweep
 from trainables.models.extras import extra_is_installed
 
 TINY = dict(weights="random", emsize=16, nlayers=1, nhead=2)
@@ -56,7 +56,7 @@ def _sweep(**over) -> dict:
 
 @pytest.mark.skipif(not extra_is_installed("tabpfn-v2"), reason="tabpfn (the tabpfn-v2 extra) is not installed")
 def test_an_upstream_sweep_with_references_is_validated_and_the_estimate_counts_its_reference_fine_tunes():
-    from orchestrator.estimate_work import count_work
+    from orchestrator.estimate.estimate_work import count_work
 
     without = count_work(parse_sweep(_sweep()))
     with_refs = count_work(parse_sweep(_sweep(probe={"references": 4})))
@@ -66,8 +66,8 @@ def test_an_upstream_sweep_with_references_is_validated_and_the_estimate_counts_
 @pytest.mark.skipif(not extra_is_installed("tabpfn-v2"), reason="tabpfn (the tabpfn-v2 extra) is not installed")
 def test_upstream_references_run_as_tune_trials_and_every_attack_also_reads_the_deployed_ensemble(
         ray_session, tmp_path):
-    from orchestrator.run_folder import RunFolder
-    from orchestrator.sweep import run_sweep
+    from orchestrator.driver.sweep import run_sweep
+    from orchestrator.runfolder.run_folder import RunFolder
 
     sweep = parse_sweep(_sweep(
         grid={"lr": [1e-2], "q": [32], "label_mode": ["shuffled_members"]},
@@ -107,7 +107,7 @@ def test_upstream_references_run_as_tune_trials_and_every_attack_also_reads_the_
 
 
 def test_a_channels_null_trial_fires_when_any_attack_calls_its_null_headline_memorization():
-    from orchestrator.claim_ledger import _attack_null_hits
+    from orchestrator.report.claim_ledger import _attack_null_hits
 
     def evidence(*records):
         return json.dumps([{"index": j, "auc": auc, "outcome": outcome} for j, auc, outcome in records])

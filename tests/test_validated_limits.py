@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from iclmem.errors import ConfigError
-from orchestrator.config import (
+from orchestrator.schema.config import (
     MAX_TORCH_THREADS,
     MIN_RAY_SHARE,
     WANDB_ARTIFACT_KEY_MAX,
@@ -18,7 +18,7 @@ from orchestrator.config import (
     WANDB_RESULTS_ARTIFACT_PREFIX,
     parse_sweep,
 )
-from orchestrator.sweep_files import load_sweep
+from orchestrator.schema.sweep_files import load_sweep
 
 BASE = {"name": "s", "tasks": [{"name": "iris"}]}
 
@@ -93,8 +93,8 @@ def test_the_artifact_names_validation_checks_are_the_ones_the_wandb_logger_buil
     import wandb
     from wandb.sdk.artifacts._validators import NAME_MAXLEN
 
+    from orchestrator.report.wandb_logger import WandbResultsLogger
     from orchestrator.report.wandb_summary import artifact_name
-    from orchestrator.wandb_logger import WandbResultsLogger
 
     assert WANDB_NAME_MAX == NAME_MAXLEN
     key = "k" * 500
@@ -132,9 +132,9 @@ def test_the_cli_refuses_each_with_exit_2_and_no_traceback_leaving_the_file_alon
 def test_a_run_id_whose_wandb_checkpoint_artifact_would_pass_the_limit_is_refused_where_the_ids_are_made(monkeypatch):
     """The schema's limits keep run ids under W&B's 128 characters today (the longest found: 112); the check in
     expand_grid refuses the day they do not, naming the run id (W&B's limit lowered here to make one pass it)."""
-    import orchestrator.trials as trials
+    import orchestrator.schema.trials as trials
     from iclmem.errors import ConfigError
-    from orchestrator.config import parse_sweep
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({"name": "x", "tasks": [{"name": "iris"}], "grid": {"q": [20]}})
     assert trials.expand_grid(sweep)

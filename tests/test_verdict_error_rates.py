@@ -351,8 +351,8 @@ def test_the_peak_checkpoint_of_a_run_is_chosen_over_the_competing_kinds_only():
 
 
 def test_the_sweep_setting_for_null_splits_and_the_rule_reach_the_probe(tmp_path):
-    from orchestrator.config import parse_sweep
-    from orchestrator.probe_pools import checkpoints_per_run
+    from orchestrator.driver.probe_pools import checkpoints_per_run
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({"name": "x", "tasks": [{"name": "iris"}], "probe": {"null_splits": 3},
                          "training": {"epochs": 30, "checkpoint_epochs": [1, 5, 10, 30]},
@@ -387,9 +387,9 @@ def test_split_scores_are_the_same_whether_scored_alone_or_in_the_pool():
 
 
 def test_a_multi_task_run_is_probed_on_every_one_of_its_tasks(tmp_path):
-    from orchestrator.config import parse_sweep
-    from orchestrator.prepare import prepare_sweep, trial_config
-    from orchestrator.probe_pools import jobs_for
+    from orchestrator.driver.probe_pools import jobs_for
+    from orchestrator.runfolder.prepare import prepare_sweep, trial_config
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({"name": "mf", "tasks": [{"name": "iris"}, {"name": "wine"}],
                          "grid": {"regime": ["multi_fixed"], "lr": [1e-3], "q": [10]},
@@ -446,7 +446,7 @@ def test_one_word_entities_are_in_neither_exposure_group_for_mit_movie_and_dbped
 def test_an_entity_is_encoded_right_after_the_prefix_without_an_added_space():
     import inspect
 
-    from orchestrator.lm_config import LMSweepConfig
+    from orchestrator.schema.lm_config import LMSweepConfig
     from probes.lm.exposure import compute_exposure, tokenize_entities
 
     assert inspect.signature(compute_exposure).parameters["leading_space"].default is False
@@ -465,8 +465,8 @@ def test_ner_seed_spread_is_the_sample_standard_deviation():
 
 
 def _two_task_sweep(tmp_path, regime):
-    from orchestrator.config import parse_sweep
-    from orchestrator.prepare import prepare_sweep
+    from orchestrator.runfolder.prepare import prepare_sweep
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({"name": regime, "tasks": [{"name": "iris"}, {"name": "wine"}],
                          "models": [{"name": "pfn-mini", "options": {"weights": "shipped"}}],
@@ -476,8 +476,8 @@ def _two_task_sweep(tmp_path, regime):
 
 
 def test_a_multi_fixed_checkpoint_yields_a_probe_row_for_each_of_its_tasks(tmp_path):
-    from orchestrator.prepare import trial_config
-    from orchestrator.probe_pools import jobs_for
+    from orchestrator.driver.probe_pools import jobs_for
+    from orchestrator.runfolder.prepare import trial_config
     from probes.actors import ProbeWorker
     from probes.calibration import model_digest
     from trainables.finetune import Finetuner, FinetuneSpec
@@ -501,7 +501,7 @@ def test_a_multi_fixed_checkpoint_yields_a_probe_row_for_each_of_its_tasks(tmp_p
 
 
 def test_multi_random_trains_one_model_on_both_tasks_every_epoch(tmp_path):
-    from orchestrator.prepare import trial_config
+    from orchestrator.runfolder.prepare import trial_config
     from trainables.finetune import Finetuner, FinetuneSpec
 
     prepared = _two_task_sweep(tmp_path, "multi_random")
@@ -679,8 +679,8 @@ def _claims_row(seed, epoch, settings):
 @pytest.fixture(scope="module")
 def claims_results():
     """One task, ten runs (seeds) of two checkpoints, ten null splits each, and the attacks' columns with
-    their run headlines as the aggregator adds them (``orchestrator.aggregate.attack_headline_columns``)."""
-    from orchestrator.aggregate import attack_headline_columns
+    their run headlines as the aggregator adds them (``orchestrator.report.aggregate.attack_headline_columns``)."""
+    from orchestrator.report.aggregate import attack_headline_columns
 
     settings = ProbeSettings(n_resamples=50, null_splits=CLAIM_NULLS, n_checkpoints=len(CLAIM_EPOCHS))
     with warnings.catch_warnings():

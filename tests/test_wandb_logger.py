@@ -24,9 +24,9 @@ from iclmem.errors import ConfigError
 from iclmem.runfolder import PREPARED_DIR, RESULTS_FILE, TUNE_DIR, WANDB_DIR
 from iclmem.vocab import LabelMode, Outcome, Regime, ScoreKind
 from orchestrator import report as R
-from orchestrator import wandb_logger as W
+from orchestrator.report import wandb_logger as W
 from orchestrator.report import wandb_summary as S
-from orchestrator.run_folder import RunFolder
+from orchestrator.runfolder.run_folder import RunFolder
 
 FAKE_KEY = "fakekey-canary-0123456789abcdef0123456789abcdef"
 GROUP = "synthetic-sweep"
@@ -47,7 +47,7 @@ def test_mode_is_offline_unless_online_and_key_present():
 
 
 def test_importing_the_module_does_not_import_wandb():
-    code = ("import sys, orchestrator.wandb_logger as w; w.WandbResultsLogger('p', 'g'); "
+    code = ("import sys, orchestrator.report.wandb_logger as w; w.WandbResultsLogger('p', 'g'); "
             "w.make_results_logger('none').log_summary('.', None); "
             "w.WandbTrialLogger('.', project='p', group='g', config_hash='h').finish(); "
             "w.make_trial_logger('none').log_probe({}); "
@@ -539,8 +539,8 @@ def test_tune_callbacks_feed_the_trial_logger_and_are_reattached_after_a_restart
 
     from ray import cloudpickle
 
-    from orchestrator.progress import Progress
-    from orchestrator.tune_callbacks import reattach, trial_results_callback, tune_callback
+    from orchestrator.driver.progress import Progress
+    from orchestrator.driver.tune_callbacks import reattach, trial_results_callback, tune_callback
 
     trial = SimpleNamespace(config={"__trial__": {"identity": {"run_id": "r1"}}}, status="RUNNING")
     before = _RecordingTrialLogger()
@@ -620,8 +620,8 @@ def test_iclmem_resume_continues_each_trial_run_under_its_id_and_logs_each_epoch
     """A real Tune sweep (W&B offline) whose driver dies after epoch 4 of 6, then ``resume``: the trial's
     run is reopened under the same id, and across the two drivers' offline logs every epoch's training
     metrics and every checkpoint's probe row appear exactly once."""
-    from orchestrator import sweep as S
-    from orchestrator.config import parse_sweep
+    from orchestrator.driver import sweep as S
+    from orchestrator.schema.config import parse_sweep
 
     sweep = parse_sweep({
         "name": "wb-resume", "tasks": [{"name": "iris"}], "grid": {"lr": [1e-3], "q": [20]},

@@ -130,7 +130,7 @@ def test_yaml_merge_keys_merge_as_safe_load_does(capsys, here):
     and a key given twice in one mapping is still refused."""
     import yaml
 
-    from orchestrator.sweep_files import load_sweep
+    from orchestrator.schema.sweep_files import load_sweep
 
     text = ("name: weak\ntasks:\n  - &iris {name: iris}\n  - {<<: *iris, name: iris2, builtin: iris}\n"
             "grid: {q: [30]}\ndata: {context_size: 60}\n"
@@ -206,7 +206,7 @@ def _run_folder(root: Path) -> Path:
     """A sweep's run folder (the reporting tests' synthetic one), its provenance made that of its sweep.json."""
     from synthetic_run_dir import make_synthetic_run_dir
 
-    from orchestrator.config import read_stored_sweep
+    from orchestrator.schema.config import read_stored_sweep
 
     run = make_synthetic_run_dir(root / "run")
     record = json.loads((run / "provenance.json").read_text())
@@ -255,7 +255,7 @@ def test_run_and_resume_end_by_naming_the_runs_that_leaked(capsys, here, monkeyp
 
     run = _run_folder(here)
     results = pd.read_parquet(run / RESULTS_FILE)
-    monkeypatch.setattr("orchestrator.sweep.run_sweep", lambda *_a, **_k: results)
+    monkeypatch.setattr("orchestrator.driver.sweep.run_sweep", lambda *_a, **_k: results)
     argv = ["resume", str(run)] if command == "resume" else ["run", str(_sweep(here, BASE)), "--out", str(run)]
     assert main(argv) == 0
     out = capsys.readouterr().out.splitlines()
@@ -270,7 +270,7 @@ def test_run_and_resume_end_by_naming_the_runs_that_leaked(capsys, here, monkeyp
 
 # ------------------------------------------------------------------------------------------ tasks and estimators
 def test_a_target_column_with_a_colon_is_a_column_not_a_carte_folder(capsys, here):
-    from orchestrator.audit import parse_task
+    from orchestrator.audits.audit import parse_task
 
     source = parse_task("data.csv:a:b")
     assert (source.kind, source.path, source.target) == ("table", "data.csv", "a:b")
@@ -373,7 +373,7 @@ def test_the_checked_estimator_passes_a_good_one_through():
 def digits_members(here):
     """A members file of 20 row ids of the built-in digits task, as the black-box probe prepares it."""
     from iclmem.vocab import LabelDesign
-    from orchestrator.audit import DEFAULTS
+    from orchestrator.audits.audit import DEFAULTS
     from trainables.data import PrepSettings, TaskSource, load_or_prepare
 
     task = load_or_prepare(TaskSource("digits", "builtin"),
@@ -420,7 +420,7 @@ def test_a_dp_target_epsilon_too_large_to_calibrate_is_refused_at_validation(cap
     """#62: ``grid.dp: [1e308]`` hung after Stage I (Opacus's noise search never ends there); 1e6 still calibrates."""
     sweep = _sweep(here, BASE.replace("grid: {q: [30]}", "grid: {q: [30], dp: [1e308]}"))
     refused(capsys, ["validate", "--schema-only", str(sweep)], "grid.dp", "above 1e+06")
-    from orchestrator.sweep_files import load_sweep
+    from orchestrator.schema.sweep_files import load_sweep
 
     assert load_sweep(_sweep(here, BASE.replace("grid: {q: [30]}", "grid: {q: [30], dp: [1000000.0]}"),
                              "ok.yaml")).grid.dp == [1e6]

@@ -47,7 +47,7 @@ class FinetuneSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "regime", Regime(self.regime))
         if self.regime == Regime.CONTEXT:
-            raise ConfigError("regime context fine-tunes nothing: its audits run in orchestrator.context_audit")
+            raise ConfigError("regime context fine-tunes nothing: its audits run in orchestrator.audits.context_audit")
         if self.canaries is not None:
             object.__setattr__(self, "canaries", CanarySettings.from_value(self.canaries))
             if self.regime != Regime.SINGLE_FIXED:

@@ -32,7 +32,7 @@ from trainables.upstream import UpstreamEnd, UpstreamFinetuner, is_upstream
 # from was damaged: the driver prints it on the console, since the trial's own stderr may be on another node
 DAMAGED_CHECKPOINT_METRIC = "damaged_checkpoint"
 # seconds of the epoch's fine-tuning (step and evaluation) and of its checkpoint's save, reported with the
-# epoch's metrics: the driver sums them into the run's timings (orchestrator.timing). Device-seconds: the
+# epoch's metrics: the driver sums them into the run's timings (orchestrator.runfolder.timing). Device-seconds: the
 # process's CPU time on a CPU (a trial sharing its cores with others is not charged their time), wall time
 # on a GPU; the wall times beside them give the trial's own overhead (its wall time less its work)
 EPOCH_SECONDS = "epoch_seconds"
@@ -104,7 +104,7 @@ def report_checkpoint(metrics: dict[str, Any], ground_truth: dict[str, Any], sav
         started, wall = time.process_time(), time.perf_counter()
         save(tmp)
         write_json_atomic(Path(tmp) / GROUND_TRUTH_FILE, ground_truth, default=str)
-        # the save's seconds travel with the epoch's metrics (the run's timings, orchestrator.timing); a save is
+        # the save's seconds travel with the epoch's metrics (the run's timings, orchestrator.runfolder.timing); a save is
         # the CPU's work whatever the device
         metrics = {**metrics, SAVE_SECONDS: time.process_time() - started,
                    SAVE_WALL_SECONDS: time.perf_counter() - wall}

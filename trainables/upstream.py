@@ -36,7 +36,7 @@ validation and early stopping. :class:`UpstreamFinetuner` runs that fine-tuner u
   probe scores the network as for every run, since the
   package refuses the probe's zero-information contexts (copies of one row: "All features are constant").
 
-Refused at validation (``orchestrator.config``), named: DP-SGD, canaries, regimes other than single_fixed --
+Refused at validation (``orchestrator.schema.config``), named: DP-SGD, canaries, regimes other than single_fixed --
 the package's fine-tuner has no per-row clipping, no canary insertion and fits one table. Reference fine-tunes
 (``probe.references``) run through the same fine-tuner and recipe, each under its own training seed (the
 package's ``random_state``) and with that seed as its deployed classifier's ``random_state`` (docs/METHOD.md,

@@ -21,13 +21,13 @@ page and the sections each feature adds.
   (the verdict-rule section) and :mod:`~orchestrator.report.html`, which assembles ``report.html`` (and
   writes ``lm_report.html``).
 * :mod:`~orchestrator.report.wandb_summary`: what goes to W&B (the keys, the sweep-summary run's and each
-  trial run's values, the W&B Report), computed from the same public tables; ``orchestrator.wandb_logger`` is
+  trial run's values, the W&B Report), computed from the same public tables; ``orchestrator.report.wandb_logger`` is
   the shell that writes them with ``wandb``.
 
 Imports go one way: ``selection``, ``page`` and ``parts`` import no other report module; a table module imports
 only tables; the feature sections import ``parts`` (and ``page``), never the tables' or the page's other parts;
 the page's sections import the tables and ``page``; ``html`` imports them all and is imported only by this
-package. Nothing private is imported across modules. The run folder is read through :class:`orchestrator.run_folder.RunFolder` and the results row's columns are
+package. Nothing private is imported across modules. The run folder is read through :class:`orchestrator.runfolder.run_folder.RunFolder` and the results row's columns are
 :mod:`iclmem.record`'s. The names below are the package's API: ``from orchestrator import report`` then
 ``report.peak_checkpoints``.
 """

@@ -1,7 +1,7 @@
 """The report's reference-model attacks section: IclMem's calibrated score beside LiRA and RMIA.
 
 Reads only the columns in :data:`ATTACK_REPORT_COLUMNS` (ids, config, metrics and the ROC curves'
-fpr / tpr, which ``orchestrator.aggregate.attack_columns`` writes), so no raw value reaches the page.
+fpr / tpr, which ``orchestrator.report.aggregate.attack_columns`` writes), so no raw value reaches the page.
 
 * :func:`attack_table` -- one row per audited run, at its checkpoint with the highest LiRA-online AUC
   (ties: the earliest): AUC [95% interval] and TPR@1% of IclMem's calibrated score and of each attack,
@@ -32,7 +32,7 @@ __all__ = ["ATTACK_REPORT_COLUMNS", "ATTACKS_FIGURE",
 
 ATTACKS_FIGURE = "attacks_roc.png"
 _ATTACKS = [a.value for a in Attack]
-# the statistics the attacks run on (orchestrator.aggregate.ATTACK_STATISTICS): column prefix -> report name
+# the statistics the attacks run on (orchestrator.report.aggregate.ATTACK_STATISTICS): column prefix -> report name
 # (IclMem's own score on the probe is −ΔS; LiRA reads the per-manipulation logits of p(y*), RMIA p(y*) itself)
 _STATISTICS = ATTACK_CHANNELS
 ATTACK_REPORT_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys((

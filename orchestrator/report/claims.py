@@ -14,7 +14,6 @@ import pandas as pd
 
 from iclmem.record import ATTACK_VERDICT_COLUMN
 from iclmem.vocab import Outcome, OutcomeRule, VerdictRule
-from orchestrator.config import OutcomeConfig
 from orchestrator.report.null_rates import (
     null_records,
     null_records_in_scope,
@@ -30,6 +29,7 @@ from orchestrator.report.selection import (
     fine_tuned_rows,
     run_key_columns,
 )
+from orchestrator.schema.config import OutcomeConfig
 from probes.attacks.membership import attack_peak
 from probes.metrics import clopper_pearson
 

@@ -4,9 +4,9 @@ deployed context (strongest: the highest TPR at 1% FPR, ties the higher AUC, as 
 chooses it), the attack with the highest AUC beside it, and the highest TPR at 1% FPR any attack reaches on the
 never-in-context control.
 
-Reads ``RUN_DIR/context_audits.parquet`` (``orchestrator.context_audit.collect_sweep_audits``: public columns,
+Reads ``RUN_DIR/context_audits.parquet`` (``orchestrator.audits.context_audit.collect_sweep_audits``: public columns,
 ids and metrics) and each audit's ``verdict.json``, both through the run folder's reader
-(``orchestrator.run_folder.RunFolder.context_audits`` and ``context_audit_verdict``); no row value is read.
+(``orchestrator.runfolder.run_folder.RunFolder.context_audits`` and ``context_audit_verdict``); no row value is read.
 
 * :func:`context_audits_table` -- that table (pure, from the two);
 * :func:`context_audits_section_html` -- the section (empty string without audits);
@@ -25,7 +25,7 @@ from iclmem.runfolder import REPORT_FILE
 from iclmem.vocab import ContextTarget
 from orchestrator.report.page import page
 from orchestrator.report.parts import html_table, paragraph, section_html
-from orchestrator.run_folder import RunFolder
+from orchestrator.runfolder.run_folder import RunFolder
 
 __all__ = ["context_audits_section_html", "context_audits_table", "write_context_report"]
 

@@ -2,7 +2,7 @@
 
 Reads only the columns listed in :data:`EPSILON_REPORT_COLUMNS` (ids, config, metrics, verdicts: the same
 rule as ``iclmem.record``'s public columns), so no raw value can reach the page. The columns come from
-``orchestrator.epsilon_columns.epsilon_columns`` (classic ε_lb, run headline ε_lb, GDP μ_lb and its ε where the
+``orchestrator.report.epsilon_columns.epsilon_columns`` (classic ε_lb, run headline ε_lb, GDP μ_lb and its ε where the
 training is Gaussian, the accountant's figures, the consistency flags and their level), the run identity
 (``dp_*`` of DP-SGD runs), the canaries' one-run bound (``one_run_*``) and, when the probe adds them, the
 utility columns (``member_icl_accuracy``, ``nonmember_icl_accuracy``; ``trainables.finetune.icl_utility``).
@@ -27,7 +27,7 @@ import pandas as pd
 
 from iclmem.record import CHECKPOINT_KEY, EPSILON_TABLE_ORDER, NEIGHBOURS, RUN_KEY
 from iclmem.vocab import SCORE_KINDS
-from orchestrator.epsilon_columns import BEYOND_CHANCE_LEVEL, CONSISTENCY_LEVEL
+from orchestrator.report.epsilon_columns import BEYOND_CHANCE_LEVEL, CONSISTENCY_LEVEL
 from orchestrator.report.parts import paragraph, save_png, section_html
 
 __all__ = ["EPSILON_REPORT_COLUMNS", "epsilon_public", "epsilon_table", "epsilon_figure", "epsilon_section_html",
@@ -68,7 +68,7 @@ def epsilon_table(results: pd.DataFrame) -> pd.DataFrame:
     last): its last checkpoint's verdict, accountant ε and utility, and its headline ε_lb (the maximum over
     checkpoints and competing kinds, with the epoch). ``consistent``: False if any consistency check of the
     run (every checkpoint's classic, GDP and one-run checks, sharing the level
-    ``orchestrator.epsilon_columns.CONSISTENCY_LEVEL``) found a bound above the accountant's figure."""
+    ``orchestrator.report.epsilon_columns.CONSISTENCY_LEVEL``) found a bound above the accountant's figure."""
     df = _fine_tuned(epsilon_public(results))
     if df.empty or "epsilon_lb" not in df.columns:
         return pd.DataFrame()

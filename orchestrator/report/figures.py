@@ -30,7 +30,7 @@ from iclmem.record import CHECKPOINT_ID, EPOCH_CURVE_LINE, GRID_AXES, OUTCOME_GR
 from iclmem.runfolder import FIGURES_DIR, MANIPULATION_AUC_FILE, ROC_DIR
 from iclmem.vocab import Outcome
 from orchestrator.report import tables as R
-from orchestrator.run_folder import RunFolder
+from orchestrator.runfolder.run_folder import RunFolder
 
 OUTCOME_COLORS: dict[str, str] = {
     Outcome.COLLAPSE.value: "#7f7f7f",

@@ -5,7 +5,7 @@ the verdict rule (:mod:`~orchestrator.report.verdict_rule`), the feature section
 :mod:`~orchestrator.report.context_audits`), the provenance block, then every paper table
 (:mod:`~orchestrator.report.tables`) with its figure (:mod:`~orchestrator.report.figures`), linked or embedded;
 and ``lm_report.html``, the LM probes' page. Both in the shell of :mod:`~orchestrator.report.page`. The run
-folder is read only through :class:`orchestrator.run_folder.RunFolder`, and only public columns and provenance
+folder is read only through :class:`orchestrator.runfolder.run_folder.RunFolder`, and only public columns and provenance
 fields.
 """
 
@@ -59,7 +59,7 @@ from orchestrator.report.selection import BASE_MANIPULATION, FACET_AXES, MAIN_RE
 from orchestrator.report.summary import definitions_html, status_cell, summary_html
 from orchestrator.report.thresholds import rule_in_force, thresholds_in_force
 from orchestrator.report.verdict_rule import guarantee_text, verdict_rule_html
-from orchestrator.run_folder import RunFolder
+from orchestrator.runfolder.run_folder import RunFolder
 
 # leaked_lines, ledger_lines: where `iclmem run` and `iclmem report` (orchestrator/cli.py) import them from
 __all__ = ["write_html_report", "write_lm_html_report", "leaked_lines", "ledger_lines"]

@@ -1,5 +1,5 @@
 """The claim ledger as the data owner reads it: the report's first screen and the last lines of ``iclmem run`` /
-``iclmem report``, both from ``claims.parquet`` (:mod:`orchestrator.claim_ledger`). Plain sentences first (what,
+``iclmem report``, both from ``claims.parquet`` (:mod:`orchestrator.report.claim_ledger`). Plain sentences first (what,
 how much, how sure, whether it holds on rounded outputs, what to do), the statistical table below them. A claim
 whose false-positive rate is not measured is not stated; it is counted and left to the table."""
 
@@ -10,7 +10,7 @@ import html
 import pandas as pd
 
 from iclmem.vocab import ClaimReading
-from orchestrator.claim_ledger import shown_claims
+from orchestrator.report.claim_ledger import shown_claims
 from orchestrator.report.page import df_to_html
 
 __all__ = ["LEDGER_SECTION_ID", "ledger_html", "ledger_lines"]

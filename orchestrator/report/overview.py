@@ -14,7 +14,6 @@ import pandas as pd
 from iclmem.record import CHECKPOINT_ID
 from iclmem.runfolder import RunStatus
 from iclmem.vocab import Outcome
-from orchestrator.config import SweepConfig
 from orchestrator.report.selection import (
     BASE_MANIPULATION,
     fine_tuned_rows,
@@ -22,7 +21,8 @@ from orchestrator.report.selection import (
     peak_checkpoints,
     run_key_columns,
 )
-from orchestrator.run_folder import public_manipulation_auc
+from orchestrator.runfolder.run_folder import public_manipulation_auc
+from orchestrator.schema.config import SweepConfig
 from probes.metrics import allowed_false_positives
 
 __all__ = [
@@ -56,7 +56,7 @@ def scheduled_runs_per_regime(sweep: SweepConfig | None) -> dict[str, int] | Non
     once per task) the sweep's grid schedules; None without a sweep record."""
     if sweep is None:
         return None
-    from orchestrator.trials import expand_grid
+    from orchestrator.schema.trials import expand_grid
 
     out: dict[str, int] = {}
     for t in expand_grid(sweep):
@@ -78,7 +78,7 @@ def missing_runs(results: pd.DataFrame, sweep: SweepConfig | None,
     stored_ids = set(ft["run_id"].astype(str)) if "run_id" in ft.columns else set()
     ended: dict[str, int] = {}  # per regime: runs (x tasks) that diverged before storing any checkpoint
     if diverged:
-        from orchestrator.trials import expand_grid
+        from orchestrator.schema.trials import expand_grid
 
         for trial in expand_grid(sweep):
             if trial.run_id in diverged and trial.run_id not in stored_ids:

@@ -27,7 +27,7 @@ from orchestrator.report.selection import (
     peak_checkpoints,
     run_key_columns,
 )
-from orchestrator.run_folder import public_manipulation_auc, public_split_report
+from orchestrator.runfolder.run_folder import public_manipulation_auc, public_split_report
 
 __all__ = [
     "PAPER_TABLES",

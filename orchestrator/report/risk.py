@@ -1,5 +1,5 @@
 """The report's first screen for the data owner: which rows are most at risk, which groups leak more than the
-rest, and through which channel (the tables of :mod:`orchestrator.record_risk`). Row ids and group names only,
+rest, and through which channel (the tables of :mod:`orchestrator.report.record_risk`). Row ids and group names only,
 never a row's values."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pandas as pd
 
 from iclmem.record import CHECKPOINT_ID, SLICE_AUDIT_KEY
 from iclmem.vocab import Channel
-from orchestrator.record_risk import HIGH_RISK, audited_rows
 from orchestrator.report.page import df_to_html, note_html
 from orchestrator.report.parts import img_tag, save_png
+from orchestrator.report.record_risk import HIGH_RISK, audited_rows
 
 __all__ = ["RISK_FIGURE", "channel_summary", "crossing_table", "risk_by_slice_figure", "risk_section_html", "worst_runs"]
 

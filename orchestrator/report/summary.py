@@ -11,12 +11,12 @@ from typing import Any
 import pandas as pd
 
 from iclmem.runfolder import RUN_STATE_FILE, SWEEP_FILE
-from orchestrator.config import SweepConfig
 from orchestrator.report.claims import claim_error_rates
 from orchestrator.report.null_rates import null_error_rates
 from orchestrator.report.overview import blind_baseline_summary, missing_runs, outcome_summary, sample_sizes
 from orchestrator.report.selection import competing_kinds, fine_tuned_rows
 from orchestrator.report.verdict_rule import false_positive_item
+from orchestrator.schema.config import SweepConfig
 
 __all__ = ["status_cell", "summary_html", "definitions_html"]
 

@@ -109,7 +109,7 @@ from orchestrator.report.thresholds import (
     thresholds_in_force,
     verdict_rule_summary,
 )
-from orchestrator.run_folder import public_manipulation_auc, public_results, public_split_report
+from orchestrator.runfolder.run_folder import public_manipulation_auc, public_results, public_split_report
 
 __all__ = [
     "PAPER_TABLES",

@@ -12,8 +12,8 @@ import pandas as pd
 
 from iclmem.runfolder import SWEEP_FILE
 from iclmem.vocab import VerdictRule
-from orchestrator.config import OutcomeConfig, SweepConfig
 from orchestrator.report.selection import competing_kinds, fine_tuned_rows
+from orchestrator.schema.config import OutcomeConfig, SweepConfig
 
 __all__ = [
     "THRESHOLD_MEANINGS",

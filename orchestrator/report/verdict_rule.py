@@ -11,7 +11,6 @@ from typing import Any
 import pandas as pd
 
 from iclmem.vocab import VerdictRule
-from orchestrator.config import OutcomeConfig
 from orchestrator.report.claims import (
     CHECKPOINT_ANY_ATTACK,
     CLAIMS,
@@ -24,6 +23,7 @@ from orchestrator.report.claims import (
 from orchestrator.report.null_rates import null_error_rates
 from orchestrator.report.page import df_to_html, note_html
 from orchestrator.report.thresholds import THRESHOLD_MEANINGS, rule_in_force, thresholds_in_force, verdict_rule_summary
+from orchestrator.schema.config import OutcomeConfig
 
 __all__ = ["verdict_rule_html", "false_positive_item", "guarantee_text"]
 

@@ -1,5 +1,5 @@
 """What iclmem puts in W&B, computed from a run folder: pure (wandb is imported only by the W&B Report builder,
-lazily); :mod:`orchestrator.wandb_logger` is the thin shell that hands these values to ``wandb``.
+lazily); :mod:`orchestrator.report.wandb_logger` is the thin shell that hands these values to ``wandb``.
 
 * The keys every logged value goes under (the loggers write them, :func:`build_wandb_report` reads them).
 * The sweep-summary run: its config (:func:`summary_config`), the detectable-share history
@@ -28,7 +28,7 @@ from iclmem.errors import ConfigError
 from iclmem.record import CHECKPOINT_ID, IDENTITY_COLUMNS, NEIGHBOURS, WANDB_LINE_GROUP, WANDB_WORKSPACE_GROUPBY
 from iclmem.runfolder import MANIPULATION_AUC_FILE, RESULTS_FILE, SPLIT_REPORT_FILE
 from orchestrator.report import tables as R
-from orchestrator.run_folder import RunFolder
+from orchestrator.runfolder.run_folder import RunFolder
 
 if TYPE_CHECKING:  # wandb_workspaces is imported only by the builders below
     from wandb_workspaces.reports.v2 import Report
@@ -42,7 +42,7 @@ RESULTS_TABLE_KEY = "results_table"
 LM_RESULTS_TABLE_KEY = "lm_results"  # the LM probe sweep's summary run
 LM_F1_PREFIX = "mean_f1"
 PEAK_TABLE_KEY = "peak_table"
-# the data owner's risk report (orchestrator.record_risk): row ids and slice names, never row values
+# the data owner's risk report (orchestrator.report.record_risk): row ids and slice names, never row values
 RISKIEST_TABLE_KEY = "risk/riskiest_records"
 SLICE_RISK_TABLE_KEY = "risk/slice_risk"
 CLAIM_LEDGER_TABLE_KEY = "claims/ledger"  # the claim ledger's made claims (claims.parquet): how much, how sure
@@ -524,7 +524,7 @@ def alert_for(row: Mapping[str, Any]) -> tuple[str, str] | None:
                                      ("one_run_consistent", "one_run_epsilon_lb", "dp_epsilon", "one-run ε lower bound")):
         consistent = row.get(flag)
         if consistent is not None and consistent == consistent and not bool(consistent):
-            # the check reads the bound at its share of the run's level (orchestrator.epsilon_columns), which the
+            # the check reads the bound at its share of the run's level (orchestrator.report.epsilon_columns), which the
             # message states: an excess at a level is evidence against the accountant's figure, not proof of a bug
             return (f"{name} above the accountant's: {run_id}",
                     f"run {run_id}, epoch {epoch}: {name} {row.get(bound)} ({NEIGHBOURS[bound]}) exceeds DP-SGD's "

@@ -29,7 +29,7 @@ Each attack is judged by IclMem's memorization rule (:func:`probes.attacks.membe
 selection-aware family is the attacks (:data:`ATTACK_FAMILY`), since the verdict reads all of them.
 
 Pure numpy: the model is a :class:`ContextScorer` the caller gives (a torch adapter or a scikit-learn
-estimator behind it, :mod:`orchestrator.context_audit`); no Ray. Shapes: population features float32
+estimator behind it, :mod:`orchestrator.audits.context_audit`); no Ray. Shapes: population features float32
 [n, F] with labels int64 [n] and member flags bool [n] (n = 2N); a context float32 [N, F] with labels
 int64 [N]; a scorer returns log-probabilities float [m, C] of m queries over the C classes.
 """

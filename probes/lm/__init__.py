@@ -12,7 +12,7 @@ Public API:
 * units      :data:`LM_UNITS` (exposure, net, ner work units), :class:`LMUnit`, :class:`LMUnitResult`
 * report     :func:`lm_tables`, :func:`lm_report_section`
 
-The sweep driver that runs the units on the probe pool is ``orchestrator.lm_sweep`` (``iclmem lm``).
+The sweep driver that runs the units on the probe pool is ``orchestrator.driver.lm_sweep`` (``iclmem lm``).
 
 Submodules import torch / transformers lazily where they can; ``import probes.lm`` needs torch, pandas,
 pydantic and pyyaml.

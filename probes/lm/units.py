@@ -1,5 +1,5 @@
 """LM probe work units: what one worker computes for one (model, dataset[, type[, seed]]), and how its
-result is stored. Ray-free; ``probes.actors.LMUnitWorker`` runs them, ``orchestrator.lm_sweep`` plans them.
+result is stored. Ray-free; ``probes.actors.LMUnitWorker`` runs them, ``orchestrator.driver.lm_sweep`` plans them.
 
 * exposure  per (model, dataset)                      per-entity exposures and classes
 * net       per (model, dataset, entity type)         zero-shot type predictions (deterministic: no seed)
