@@ -35,7 +35,7 @@ test-avx2: install lint
 test-fast: install
 	$(PYTEST) -n 2 --dist loadgroup --no-loadscope-reorder -m "not slow" tests
 
-# ruff on the tree; mypy --strict on the core and the math (configured in pyproject.toml)
+# ruff on the tree; mypy --strict on all four packages (configured in pyproject.toml)
 lint:
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from probes.lm.model import DEFAULT_BATCH_SIZE
+    from probes.lm.settings import DEFAULT_BATCH_SIZE
 
     batch_size = args.batch_size or DEFAULT_BATCH_SIZE
     cores = os.cpu_count() or 1

@@ -36,7 +36,8 @@ def one_seed(seed: int, epochs: int, lr: float, q: int) -> list[dict]:
 
     from iclmem.stats import auc
     from iclmem.vocab import Channel
-    from orchestrator.report.record_risk import RECORD_ATTACKS, canary_rows, record_rows
+    from orchestrator.report.canary_and_value_risk import canary_rows
+    from orchestrator.report.record_risk import RECORD_ATTACKS, record_rows
     from probes.manipulations import default_suite
     from probes.probe import ProbeSettings, probe_checkpoint
     from probes.record_risk import precision_at_k

@@ -218,12 +218,12 @@ COLUMNS: dict[str, Column] = _columns(
     Column("blind_auc_high", "upper end of the blind baseline's interval"),
     Column("blind_separable", "whether the blind baseline separates the groups (interval above 0.5)"),
     Column("exchangeable", "whether members and non-members are exchangeable before training"),
-    # ---- utility with C' (probes.probe.icl_utility_columns)
+    # ---- utility with C' (probes.probe_columns.icl_utility_columns)
     Column("member_icl_accuracy", "ICL accuracy on the members with C' as context"),
     Column("nonmember_icl_accuracy", "ICL accuracy on the non-members with C' as context"),
     Column("member_icl_loss", "ICL loss on the members"),
     Column("nonmember_icl_loss", "ICL loss on the non-members"),
-    # recipe upstream: the same, scored as the package deploys the weights (probes.probe.deployed_utility_columns)
+    # recipe upstream: the same, scored as the package deploys the weights (probes.probe_columns.deployed_utility_columns)
     Column("deployed_member_icl_accuracy", "recipe upstream: ICL accuracy on the members, as the package deploys"),
     Column("deployed_nonmember_icl_accuracy", "recipe upstream: ICL accuracy on the non-members, as deployed"),
     Column("deployed_member_icl_loss", "recipe upstream: ICL loss on the members, as deployed"),

@@ -278,6 +278,11 @@ class AuditKind(Vocab):
     FILE = "file"  # what the package's saved file gives back of its context
 
 
+# the audit kinds that infer a value of a context row: ``--attack label|attribute`` and a sweep's
+# ``probe.value_inference`` (its Literal is tied to these by tests/test_audit_kinds.py)
+VALUE_ATTACKS: tuple[str, ...] = (AuditKind.LABEL.value, AuditKind.ATTRIBUTE.value)
+
+
 class InferenceAttack(Vocab):
     """The value-inference attacks against a deployed context (probes/attacks/value_inference.py)."""
 

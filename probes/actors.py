@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import ray
 
 from probes.lm.units import LMUnit, LMUnitResult
-from probes.manipulations import default_suite, suite_from_spec
+from probes.manipulations import Suite, default_suite, suite_from_spec
 from probes.probe import ProbeResult, ProbeSettings, probe_checkpoint
 from probes.scoring import ProbePlan, ProbeQueries
 
@@ -50,7 +50,7 @@ class ProbeJob:
     recipe: dict[str, Any] | None = None
 
 
-def suite_for(spec: Any) -> tuple:
+def suite_for(spec: Any) -> Suite:
     return default_suite() if spec in (None, "default") else suite_from_spec(spec)
 
 
@@ -145,7 +145,7 @@ class ProbeWorker(_PoolWorker):
             self._canaries[key] = make_canaries(self.tasks[job.task_key], settings)
         return self._canaries[key]
 
-    def _model_for(self, job: ProbeJob, notes: list[str]):
+    def _model_for(self, job: ProbeJob, notes: list[str]) -> Any:
         if job.checkpoint is None:
             return self.base
         if isinstance(job.checkpoint, (str, Path)):
@@ -153,12 +153,13 @@ class ProbeWorker(_PoolWorker):
         with job.checkpoint.as_directory() as directory:  # downloads from remote storage if needed
             return self._load_or_recompute(job, directory, notes).to(self.device)
 
-    def _load_or_recompute(self, job: ProbeJob, directory: Any, notes: list[str]):
+    def _load_or_recompute(self, job: ProbeJob, directory: Any, notes: list[str]) -> Any:
         """The checkpoint's model; one that fails its checksum is recomputed from the run's recipe (and
         must then hash as the manifest recorded, when the manifest survived)."""
         from iclmem.errors import CorruptCheckpointError
-        from trainables.finetune import FinetuneSpec, checkpoint_manifest, load_checkpoint_model
+        from trainables.finetune import checkpoint_manifest, load_checkpoint_model
         from trainables.recompute import recompute_checkpoint_model
+        from trainables.spec import FinetuneSpec
 
         try:
             return load_checkpoint_model(directory)
@@ -281,7 +282,7 @@ class ProbePool:
     submission. A job is never in flight twice, and a success clears its earlier failures."""
 
     def __init__(self, n_actors: int, actor_options: dict[str, Any], unavailable_timeout: float = 600.0,
-                 worker_class: type = ProbeWorker, **worker_kwargs: Any) -> None:
+                 worker_class: Any = ProbeWorker, **worker_kwargs: Any) -> None:
         self.actor_options = actor_options
         self.worker_kwargs = worker_kwargs
         self.unavailable_timeout = unavailable_timeout

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +23,7 @@ from iclmem.atomic import read_parquet_checked, write_json_atomic, write_parquet
 from iclmem.errors import ProbeError
 from iclmem.record import check_row
 from iclmem.runfolder import MANIPULATION_SUFFIX, NULL_QUERIES_SUFFIX, QUERIES_SUFFIX, ROC_SUFFIX, ROW_SUFFIX
-from iclmem.vocab import SCORE_KINDS, CanaryDesign, CanaryKind, ContextTarget, LabelDesign, Outcome, VerdictRule
-from probes.attacks.membership import LOGIT_PREFIX, logit_of_loss
+from iclmem.vocab import SCORE_KINDS, CanaryDesign, CanaryKind, ContextTarget, Outcome, VerdictRule
 from probes.calibration import model_digest, reference_scores, resolve_model
 from probes.canaries import canary_records, canary_tests, label_ranks, one_run_columns
 from probes.canaries import summary_columns as canary_summary_columns
@@ -34,15 +32,29 @@ from probes.metrics import (
     Calibration,
     MembershipInput,
     ScoreKind,
-    loss_ratio,
     membership_metrics,
     membership_score,
-    output_std,
     per_manipulation_auc,
     robustness_scores,
     roc_curve,
 )
 from probes.outcomes import CheckpointOutcome, OutcomeThresholds, build_evidence, classify, memorization_holds
+from probes.probe_columns import (
+    blind_columns,
+    collapse_indicators,
+    deployed_seed,
+    deployed_utility_columns,
+    icl_utility_columns,
+)
+from probes.query_tables import (
+    DEPLOYED_PREFIX,
+    deployed_statistics,
+    known_context_statistics,
+    query_table,
+    score_statistics,
+    split_scores_table,
+    with_member_flags,
+)
 from probes.scoring import (
     ROUNDED_PREFIX,
     ProbePlan,
@@ -56,7 +68,7 @@ from probes.scoring import (
 )
 from probes.settings import ProbeSettings
 from trainables.data import null_split
-from trainables.data.blind import exchangeable, task_blind_baseline
+from trainables.data.blind import task_blind_baseline
 
 
 @dataclass(frozen=True)
@@ -169,73 +181,6 @@ def base_icl(cache_dir: str | Path, task: Any, base_digest: str,
     return cached["loss"].to_numpy(), cached["p_true"].to_numpy(), cached["loss_original"].to_numpy()
 
 
-def collapse_indicators(predictions: Any, loss_base: np.ndarray, loss_base_original: np.ndarray,
-                        member: np.ndarray) -> dict[str, float]:
-    """The collapse indicators the verdict reads, and the two views they are taken from.
-
-    * ``loss_ratio_true`` / ``output_std`` : on the non-members' own (table) labels: rows the run never
-      trained on, scored on the truth, say whether the model still predicts the task.
-    * ``loss_ratio_spec`` / ``output_std_spec``: the spec's, over members and non-members on the labels as
-      probed (members: the labels trained on).
-    * ``loss_ratio`` (what the rule compares with ``collapse_loss_ratio``): the smaller of the two ratios, so
-      a checkpoint is called collapsed only when its loss exploded whichever labels it is read on. Each view
-      alone misreads a shuffled label mode (docs/METHOD.md, "Collapse"): on true labels, a model that
-      memorised permuted member labels unlearns the task for unseen rows (measured: ratio 19-46 at chance
-      accuracy, while the members are found with AUC 0.72-0.75); on the labels as probed, a model that got
-      better at the true task reads as worse on permuted labels (ratio 5.3-5.4 for a model that never saw
-      the audited rows). The true-label view also decides near-constant output (``output_std``)."""
-    member = np.asarray(member, dtype=bool)
-    ratio_true = loss_ratio(float(np.mean(predictions.loss_original[~member])),
-                            float(np.mean(np.asarray(loss_base_original)[~member])))
-    ratio_spec = loss_ratio(float(np.mean(predictions.loss)), float(np.mean(loss_base)))
-    return {"loss_ratio": min(ratio_true, ratio_spec), "output_std": output_std(np.asarray(predictions.p_original)[~member]),
-            "loss_ratio_true": ratio_true, "loss_ratio_spec": ratio_spec, "output_std_spec": output_std(predictions.p_true)}
-
-
-def blind_columns(task: Any) -> dict[str, Any]:
-    """The split's blind baseline (trainables.data.blind: members vs non-members scored by a model fitted on C'
-    alone), its label design and whether the split is exchangeable (a design that treats both groups
-    alike and a blind interval containing 0.5): no membership claim and no ε bound rests on one that is not."""
-    blind = task_blind_baseline(task)
-    design = getattr(task.split_report, "label_design", LabelDesign.MATCHED.value)
-    return {**blind.columns(), "label_design": design, "exchangeable": exchangeable(design, blind)}
-
-
-def icl_utility_columns(predictions: Any, member: np.ndarray) -> dict[str, float]:
-    """Utility of the checkpoint with C': in-context accuracy and mean loss on the members (the labels the
-    run trained on) and on the non-members -- what a DP-SGD run trades against its ε."""
-    member = np.asarray(member, dtype=bool)
-    return {f"{side}_icl_{name}": float(np.mean(values[mask]))
-            for side, mask in (("member", member), ("nonmember", ~member))
-            for name, values in (("accuracy", np.asarray(predictions.correct, dtype=np.float64)),
-                                 ("loss", np.asarray(predictions.loss, dtype=np.float64)))}
-
-
-def deployed_utility_columns(model: Any, task: Any, seed: int | None = None) -> dict[str, float]:
-    """A model fine-tuned by its package's own fine-tuner (``recipe`` upstream): the same utility as the
-    package deploys the weights (``deployed_member_icl_accuracy`` ... ``deployed_nonmember_icl_loss``; see
-    ``trainables.upstream.deployed_utility``; ``seed``: the deployed classifier's ``random_state``, default the
-    task's); empty for every other model."""
-    from trainables.upstream import deployed_utility, upstream_options
-
-    if not upstream_options(getattr(model, "options", {})):
-        return {}
-
-    return {f"deployed_{k}": v for k, v in deployed_utility(model, task, seed=seed).items()}
-
-
-def deployed_seed(identity: Mapping[str, Any]) -> int | None:
-    """The ``random_state`` of the classifier a run's package deploys: the seed the run trained under (a
-    reference fine-tune's own training seed, ``reference_training_seed``, so its deployed ensemble draws fresh
-    preprocessing and shifts as its fine-tuning drew fresh batches; a target's run seed), None when unknown (the
-    task's seed is then used)."""
-    for key in ("reference_training_seed", "seed"):
-        value = identity.get(key)
-        if value is not None and not (isinstance(value, float) and math.isnan(value)):
-            return int(value)
-    return None
-
-
 # plans over other rows than a task's own (null-split pools, canaries), built once per key in a process and
 # reused for every checkpoint
 _DERIVED_PLANS: dict[tuple[Any, ...], ProbePlan] = {}
@@ -266,14 +211,6 @@ def null_pool_plan(task: Any, splits: list[tuple[np.ndarray, np.ndarray]], plan:
     return _derived_plan(("null", task.fingerprint, hashlib.sha256(rows.tobytes()).hexdigest()), plan,
                          np.asarray(task.row_ids)[rows], np.zeros(len(rows), dtype=bool),  # each split sets its own flags
                          np.asarray(task.labels)[rows], np.asarray(task.features)[rows], task.n_classes)
-
-
-def split_scores_table(pool: pd.DataFrame, member_ids: np.ndarray, nonmember_ids: np.ndarray) -> pd.DataFrame:
-    """The rows of a pool scores table that belong to one split, with that split's member flags."""
-    keep = pool["query_id"].isin(np.concatenate([member_ids, nonmember_ids]))
-    table = pool.loc[keep].copy()
-    table["member"] = table["query_id"].isin(member_ids).to_numpy()
-    return table.reset_index(drop=True)
 
 
 def verdicts_by_rule(evidence: Any, thresholds: OutcomeThresholds, n_checkpoints: int) -> dict[VerdictRule, Any]:
@@ -446,19 +383,6 @@ def context_channel_table(model: Any, plan: ProbePlan, settings: ProbeSettings, 
     return table
 
 
-def with_member_flags(table: pd.DataFrame, plan: ProbePlan) -> pd.DataFrame:
-    """A scores table of the same queries as ``plan`` (any order, any member flags) with ``plan``'s member
-    flags; a query ``plan`` does not hold is an error, not a silent drop."""
-    q = plan.queries
-    ids = np.asarray(q.query_ids, np.int64)
-    flags = pd.Series(np.asarray(q.member, bool), index=ids)
-    if set(table["query_id"].unique()) != set(ids.tolist()):
-        raise ProbeError("the base-model scores stood in for another split hold other queries than the plan")
-    out = table.copy()
-    out["member"] = flags.loc[out["query_id"].to_numpy(np.int64)].to_numpy()
-    return out
-
-
 def canary_plan(task: Any, canaries: Any, plan: ProbePlan) -> ProbePlan:
     """The probe plan of a run's canaries (inserted ones as members, held-out ones as non-members), with
     the task's plan's suite, seed, context statistics and columns."""
@@ -506,52 +430,6 @@ def canary_columns(model: Any, task: Any, plan: ProbePlan, canaries: Any, cache_
         delta = settings.thresholds.epsilon_delta if settings.canary_delta is None else settings.canary_delta
         out.update(one_run_columns(canaries.copies, probe_stat, known_stat, delta, settings.canary_beta, tie_seed))
     return out
-
-
-def score_statistics(finetuned: pd.DataFrame, reference: pd.DataFrame, decimals: int | None = None) -> pd.DataFrame:
-    """Per query (sorted by query id): query_id, member, and S / S_ref of every score kind (``s_<kind>``,
-    ``s_ref_<kind>``: means over the suite, what the calibrated metrics read), and with ``decimals`` the same of the
-    rounded outputs (``rounded_s_<kind>``, ``rounded_s_ref_<kind>``)."""
-    s, r = robustness_scores(finetuned), robustness_scores(reference)
-    out = pd.DataFrame({"query_id": s.index.to_numpy(np.int64), "member": s["member"].to_numpy(bool)})
-    views = [("", s, r)]
-    if decimals is not None:
-        views.append((ROUNDED_PREFIX, robustness_scores(rounded_view(finetuned)),
-                      robustness_scores(rounded_view(reference))))
-    for prefix, fs, rs in views:
-        for k in SCORE_KINDS:
-            if k.value in fs.columns:
-                out[f"{prefix}s_{k.value}"] = fs[k.value].to_numpy(np.float64)
-                out[f"{prefix}s_ref_{k.value}"] = rs.loc[fs.index, k.value].to_numpy(np.float64)
-    return out
-
-
-def known_context_statistics(query_ids: np.ndarray, loss_ft: np.ndarray, loss_base: np.ndarray,
-                             decimals: int | None = None) -> pd.DataFrame:
-    """Indexed by query id: the known-context loss on the checkpoint and on the base model
-    (``known_context_loss``, ``known_context_loss_base``), and with ``decimals`` both read off p(y*) rounded to
-    them (``rounded_known_context_loss``, ``rounded_known_context_loss_base``: :func:`probes.scoring.rounded_loss`)."""
-    loss_ft, loss_base = np.asarray(loss_ft, np.float64), np.asarray(loss_base, np.float64)
-    columns = {"known_context_loss": loss_ft, "known_context_loss_base": loss_base}
-    if decimals is not None:
-        columns[f"{ROUNDED_PREFIX}known_context_loss"] = rounded_loss(loss_ft, decimals)
-        columns[f"{ROUNDED_PREFIX}known_context_loss_base"] = rounded_loss(loss_base, decimals)
-    return pd.DataFrame(columns, index=np.asarray(query_ids, np.int64))
-
-
-def query_table(finetuned: pd.DataFrame, reference: pd.DataFrame, plan: ProbePlan, loss_ft: np.ndarray,
-                loss_base: np.ndarray, decimals: int | None = None) -> pd.DataFrame:
-    """Per-query statistics of one checkpoint (see ``ProbeResult.queries``), sorted by query id: those of
-    :func:`score_statistics` and :func:`known_context_statistics`, and LiRA's per-manipulation logits."""
-    out = score_statistics(finetuned, reference, decimals)
-    known = known_context_statistics(plan.queries.query_ids, loss_ft, loss_base, decimals)
-    # LiRA's per-manipulation statistic (probes.attacks.membership): the logit of p(y*) under each manipulation, in
-    # suite order, for the fine-tuned model only (each reference trial's own table holds its own)
-    order = list(dict.fromkeys(finetuned["manipulation"]))
-    per_manip = finetuned.pivot(index="query_id", columns="manipulation", values=ScoreKind.LOSS.value)[order]
-    logits = pd.DataFrame(logit_of_loss(per_manip.to_numpy(np.float64)), index=per_manip.index.astype(np.int64),
-                          columns=[f"{LOGIT_PREFIX}{m}" for m in order])
-    return out.join(known, on="query_id").join(logits, on="query_id").reset_index(drop=True)
 
 
 def rounded_columns(finetuned: pd.DataFrame, reference: pd.DataFrame, kind: ScoreKind, loss_ft: np.ndarray,
@@ -668,8 +546,6 @@ def _known_context_flag(calibrated: Any, settings: ProbeSettings, collapsed: boo
                                                      n_competing=1))
 
 
-DEPLOYED_PREFIX = "deployed_"
-
 
 def deployed_known_context_columns(model: Any, task: Any, cache_dir: str | Path, base_digest: str,
                                    base_model: Any, settings: ProbeSettings, collapsed: bool = False,
@@ -713,15 +589,6 @@ def deployed_known_context(model: Any, task: Any, cache_dir: str | Path, base_di
     member = np.arange(len(task.member_idx) + len(task.nonmember_idx)) < len(task.member_idx)
     columns = known_context_columns(loss_ft, loss_base, member, settings, collapsed=collapsed)
     return {DEPLOYED_PREFIX + name: value for name, value in columns.items()}, (loss_ft, loss_base)
-
-
-def deployed_statistics(query_ids: np.ndarray, loss_ft: np.ndarray, loss_base: np.ndarray) -> pd.DataFrame:
-    """Indexed by query id: the deployed channel's per-row losses (``deployed_known_context_loss`` on the
-    checkpoint, ``deployed_known_context_loss_base`` on the base weights, both deployed alike), the inputs of
-    the reference attacks through the classifier the package deploys (``orchestrator.report.aggregate``)."""
-    return pd.DataFrame({f"{DEPLOYED_PREFIX}known_context_loss": np.asarray(loss_ft, np.float64),
-                         f"{DEPLOYED_PREFIX}known_context_loss_base": np.asarray(loss_base, np.float64)},
-                        index=np.asarray(query_ids, np.int64))
 
 
 def _null_known_context_losses(model: Any, task: Any, index: int, split: tuple[np.ndarray, np.ndarray],
@@ -820,7 +687,4 @@ def _null_columns(model: Any, task: Any, plan: ProbePlan, cache_dir: str | Path,
     return out, (pd.concat(frames, ignore_index=True) if frames else None)
 
 
-__all__ = ["ProbeResult", "ProbeSettings", "probe_checkpoint", "context_channel_table", "base_icl", "model_digest", "null_pool_plan", "split_scores_table",
-           "verdicts_by_rule", "known_context_columns", "deployed_known_context_columns",
-           "headline_columns", "null_query_frame", "query_table", "rounded_columns", "score_statistics",
-           "known_context_statistics"]
+__all__ = ["ProbeResult", "ProbeSettings", "probe_checkpoint", "context_channel_table", "base_icl", "model_digest", "null_pool_plan", "verdicts_by_rule", "known_context_columns", "deployed_known_context_columns", "headline_columns", "null_query_frame", "rounded_columns"]

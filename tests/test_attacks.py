@@ -765,7 +765,7 @@ def test_an_attacks_run_headline_is_its_peak_checkpoint_and_null_runs_are_picked
 
 
 def _query_tables(n: int = 40, k: int = 2, epochs=(2, 4), gap: float = 2.0, seed: int = 0):
-    """Synthetic per-query tables (probes.probe.query_table's columns) of a target run "r" and its k
+    """Synthetic per-query tables (probes.query_tables.query_table's columns) of a target run "r" and its k
     references "r-ref<i>" (complementary halves): a trained row's losses are lower by ``gap``."""
     rng = np.random.default_rng(seed)
     ids = np.arange(100, 100 + n)

@@ -80,7 +80,7 @@ def test_audit_context_runs_the_registered_kind_with_the_project_and_prints_its_
     assert main(["audit-context", "iris", "--model", "pfn-mini", "--attack", "attribute", "--sensitive", "petal",
                  "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    from orchestrator.schema.config import WandbConfig
+    from orchestrator.schema.outputs import WandbConfig
 
     assert seen == {"attack": "attribute", "sensitive": "petal", "project": WandbConfig.model_fields["project"].default}
     assert "line one of the fake audit\nline two\n" in printed
@@ -91,3 +91,17 @@ def test_audit_context_runs_the_registered_kind_with_the_project_and_prints_its_
                  "--file-pca", "--out", str(out)]) == 2
     assert "--file-pca is a setting of --attack file; --attack attribute does not read it" in capsys.readouterr().err
     assert not seen
+
+
+def test_a_sweeps_value_inference_setting_takes_exactly_the_value_inference_audit_kinds():
+    """``probe.value_inference`` (a Literal in the schema) and ``--attack label|attribute`` are the same kinds:
+    iclmem.vocab.VALUE_ATTACKS, each a registered audit kind run by the value-inference runner."""
+    import typing
+
+    from iclmem.vocab import VALUE_ATTACKS
+    from orchestrator.schema.config import ProbeConfig
+
+    (item,) = typing.get_args(ProbeConfig.model_fields["value_inference"].annotation)
+    assert typing.get_args(item) == VALUE_ATTACKS
+    runner = audit_kind(AuditKind.LABEL.value).run
+    assert tuple(k.value for k in AuditKind if audit_kind(k.value).run is runner) == VALUE_ATTACKS

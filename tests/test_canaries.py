@@ -218,7 +218,7 @@ def _planted_ranking_records(seed: int, shift_per_doubling: float = 2.5, n: int 
 def test_canary_ranking_ranks_each_copy_count_on_its_own_and_more_copies_rank_higher():
     """METHOD.md: the canaries of one copy count are ranked among the member rows and themselves. Pooled, one
     k over every count, the 8-copy canaries would carry the 1-copy ones (issue #56 finding 11)."""
-    from orchestrator.report.record_risk import canary_ranking
+    from orchestrator.report.canary_and_value_risk import canary_ranking
 
     records = _planted_ranking_records(0)
     elsewhere = records.assign(epoch=1, score=-records["score"])  # not the headline checkpoint: ignored

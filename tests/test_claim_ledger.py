@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from iclmem.vocab import ClaimKind, ClaimReading, RoundingCheck
-from orchestrator.report.claim_ledger import NullTrials, effect_of_scores, reading
+from orchestrator.report.claim_records import NullTrials, effect_of_scores, reading
 from orchestrator.report.record_risk import _correct_run_family, _run_slice_tests
 from orchestrator.schema.slices import SliceSettings
 

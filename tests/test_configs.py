@@ -190,13 +190,14 @@ def test_torch_threads_per_trial_reaches_the_trainable_and_the_recompute_recipe(
     from orchestrator.driver.probe_pools import jobs_for
     from orchestrator.runfolder.prepare import prepare_sweep, trial_config
     from orchestrator.schema.config import parse_sweep
+    from trainables.spec import TrialConfig
 
     sweep = parse_sweep({"name": "s", "tasks": [{"name": "iris"}], "grid": {"q": [20]},
                          "data": {"context_size": 30}, "resources": {"torch_threads_per_trial": 2}})
     prepared = prepare_sweep(sweep, tmp_path / "prepared", log=lambda _m: None)
     config = trial_config(prepared.trials[0], prepared)
     assert config["torch_threads"] == 2
-    assert jobs_for(config, 1, None, tmp_path / "probes")[0].recipe["torch_threads"] == 2
+    assert jobs_for(TrialConfig.from_tune(config), 1, None, tmp_path / "probes")[0].recipe["torch_threads"] == 2
 
 
 def test_a_multi_random_run_is_prepared_with_c_prime_in_its_member_pool_and_matched_non_members(tmp_path):

@@ -75,7 +75,8 @@ def test_the_audits_defaults_are_declared_once_and_every_reader_has_them():
     from orchestrator.audits.context_audit import audit_context
     from orchestrator.audits.inference_audit import audit_file, audit_inference
     from orchestrator.schema import audit_defaults as kinds
-    from orchestrator.schema.config import ProbeConfig, WandbConfig
+    from orchestrator.schema.config import ProbeConfig
+    from orchestrator.schema.outputs import WandbConfig
 
     def defaults(function):
         return {name: p.default for name, p in inspect.signature(function).parameters.items()}
@@ -105,3 +106,23 @@ def test_the_audit_context_help_states_the_declared_defaults(capsys):
     assert f"(default {kinds.DEFAULT_REFERENCES}; --attack file: {kinds.FILE_REFERENCES})" in text
     assert f"default {kinds.DEFAULT_NULL_SPLITS}; --attack membership only" in text
     assert f"(default {kinds.DEFAULT_BINS})" in text
+
+
+def test_the_lm_schemas_defaults_are_the_lm_probes_own():
+    """The LM sweep's ``ner:`` block builds :class:`probes.lm.ner.NerSettings` and reads every default from it,
+    and the exposure probe's batch size and leading space are the exposure function's: a literal written again
+    in the schema that drifts from the probe's turns this red."""
+    import inspect
+
+    from orchestrator.schema.lm_config import LMSweepConfig, NerConfig
+    from probes.lm.exposure import compute_exposure
+    from probes.lm.settings import NerSettings
+
+    assert NerConfig().settings() == NerSettings()
+    for name, field in NerConfig.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        settings_value = getattr(NerSettings(), name)
+        assert (tuple(v.value for v in default) if name == "variants" else default) == settings_value, name
+    exposure = {n: p.default for n, p in inspect.signature(compute_exposure).parameters.items()}
+    assert LMSweepConfig.model_fields["batch_size"].default == exposure["batch_size"]
+    assert LMSweepConfig.model_fields["leading_space"].default == exposure["leading_space"]

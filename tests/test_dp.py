@@ -251,7 +251,10 @@ def test_the_dp_axis_reaches_the_trainable_and_the_results_identity(tmp_path):
     assert spec.dp.epsilon_at(5) <= 2.0
     assert private["identity"]["dp_noise_multiplier"] == spec.dp.noise_multiplier
     assert private["identity"]["dp_target_epsilon"] == 2.0
-    assert jobs_for(private, 5, None, tmp_path / "probes")[0].recipe["finetune"]["dp"] == spec.dp.as_dict()
+    from trainables.spec import TrialConfig
+
+    jobs = jobs_for(TrialConfig.from_tune(private), 5, None, tmp_path / "probes")
+    assert jobs[0].recipe["finetune"]["dp"] == spec.dp.as_dict()
 
 
 # ------------------------------------------------------------------------------------------- planted truth

@@ -118,3 +118,14 @@ def test_a_tune_state_that_names_the_drivers_old_flat_modules_still_unpickles_af
     finally:
         for module, _name, _cls in old:
             sys.modules.pop(module.decode(), None)
+
+
+MAX_MODULE_LINES = 700  # past this a module holds more than one job (#59): split it where its sections part
+
+
+def test_no_module_of_the_four_packages_is_over_700_lines():
+    from layering import module_files
+
+    long = {str(path.relative_to(REPO)): n for path in module_files(REPO).values()
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"

@@ -10,7 +10,8 @@ import torch
 
 from iclmem.errors import ProbeError
 from probes.manipulations import suite_from_spec
-from probes.probe import ProbeSettings, probe_checkpoint, with_member_flags
+from probes.probe import ProbeSettings, probe_checkpoint
+from probes.query_tables import with_member_flags
 from probes.scoring import ProbePlan, ProbeQueries
 from trainables.data import PrepSettings, TaskSource, prepare_task, reference_task
 from trainables.finetune import Finetuner, FinetuneSpec

@@ -78,7 +78,8 @@ def _run(finetuner, tmp_path: Path, saved: dict[int, dict[str, torch.Tensor]] | 
 
 @pytest.mark.parametrize("model", sorted(RECIPES))
 def test_the_package_fine_tuner_trains_the_members_and_hands_over_a_checkpoint_every_epoch(model, task, tmp_path):
-    from trainables.upstream import UPSTREAM_RECIPES, UPSTREAM_STATE_FILE, UpstreamFinetuner
+    from trainables.upstream import UPSTREAM_STATE_FILE, UpstreamFinetuner
+    from trainables.upstream_recipes import UPSTREAM_RECIPES
 
     _require(model)
     finetuner = UpstreamFinetuner(_spec(model), [task])

@@ -9,15 +9,14 @@ import pytest
 import yaml
 
 from iclmem.errors import ConfigError
-from orchestrator.schema.config import (
-    MAX_TORCH_THREADS,
-    MIN_RAY_SHARE,
+from orchestrator.schema.config import parse_sweep
+from orchestrator.schema.outputs import (
     WANDB_ARTIFACT_KEY_MAX,
     WANDB_CHECKPOINT_ARTIFACT_PREFIX,
     WANDB_NAME_MAX,
     WANDB_RESULTS_ARTIFACT_PREFIX,
-    parse_sweep,
 )
+from orchestrator.schema.resources import MAX_TORCH_THREADS, MIN_RAY_SHARE
 from orchestrator.schema.sweep_files import load_sweep
 
 BASE = {"name": "s", "tasks": [{"name": "iris"}]}

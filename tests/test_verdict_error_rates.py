@@ -26,6 +26,7 @@ from probes.outcomes import OutcomeThresholds, build_evidence, classify
 from probes.probe import ProbeSettings, headline_columns, known_context_columns, probe_checkpoint
 from probes.scoring import ProbePlan, ProbeQueries
 from trainables.data import TaskSource, ground_truth_log, null_split, null_split_task, prepare_task
+from trainables.spec import TrialConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore::probes.metrics.LowResolutionWarning")
 
@@ -397,7 +398,7 @@ def test_a_multi_task_run_is_probed_on_every_one_of_its_tasks(tmp_path):
                         "mf")
     prepared = prepare_sweep(sweep, tmp_path / "prepared", log=lambda _m: None)
     (trial,) = prepared.trials
-    jobs = jobs_for(trial_config(trial, prepared), 2, None, tmp_path / "probes")
+    jobs = jobs_for(TrialConfig.from_tune(trial_config(trial, prepared)), 2, None, tmp_path / "probes")
     assert [j.identity["task"] for j in jobs] == ["iris", "wine"]
     assert [prepared.tasks[j.task_key].name for j in jobs] == ["iris", "wine"]
     assert len({j.stem for j in jobs}) == 2
@@ -492,7 +493,8 @@ def test_a_multi_fixed_checkpoint_yields_a_probe_row_for_each_of_its_tasks(tmp_p
     base = build_model("pfn-mini", weights="shipped")
     worker = ProbeWorker("pfn-mini", {"weights": "shipped"}, base.state_arrays(), model_digest(base), prepared.tasks,
                          "default", ProbeSettings(n_resamples=50, n_checkpoints=1), str(tmp_path / "ref"))
-    rows = [worker.run(job).row for job in jobs_for(config, 2, str(tmp_path / "ckpt"), tmp_path / "probes")]
+    jobs = jobs_for(TrialConfig.from_tune(config), 2, str(tmp_path / "ckpt"), tmp_path / "probes")
+    rows = [worker.run(job).row for job in jobs]
     assert [r["task"] for r in rows] == ["iris", "wine"]
     assert {r["run_id"] for r in rows} == {trial.run_id}
     assert all(r["null_splits"] == 1 for r in rows)

@@ -541,8 +541,10 @@ def test_tune_callbacks_feed_the_trial_logger_and_are_reattached_after_a_restart
 
     from orchestrator.driver.progress import Progress
     from orchestrator.driver.tune_callbacks import reattach, trial_results_callback, tune_callback
+    from trainables.spec import TUNE_AXIS, FinetuneSpec, TrialConfig
 
-    trial = SimpleNamespace(config={"__trial__": {"identity": {"run_id": "r1"}}}, status="RUNNING")
+    typed = TrialConfig(run_id="r1", task_keys=("k",), identity={"run_id": "r1"}, finetune=FinetuneSpec())
+    trial = SimpleNamespace(config={TUNE_AXIS: typed.to_tune()}, status="RUNNING")  # as Tune holds it
     before = _RecordingTrialLogger()
     callbacks = [tune_callback(_Pool([{"run_id": "r1", "epoch": 1, "outcome": "no_signal"}]), tmp_path,
                                 Progress(1, enabled=False), before), trial_results_callback(before)]
@@ -672,6 +674,7 @@ def test_a_checkpoint_is_logged_as_a_reference_artifact_with_its_inputs_and_a_me
 
     from trainables.data import TaskSource, prepare_task, save_prepared
     from trainables.finetune import Finetuner, FinetuneSpec
+    from trainables.spec import TrialConfig
 
     run_dir = tmp_path / "run"
     task = prepare_task(TaskSource("iris", "builtin"), seed=0, q=20, context_size=30)
@@ -684,7 +687,8 @@ def test_a_checkpoint_is_logged_as_a_reference_artifact_with_its_inputs_and_a_me
     manifest = json.loads((checkpoint / "checkpoint.json").read_text())
     identity = {"run_id": "iris-single_fixed-lr0.001-q20", "task": "iris", "model": "pfn-mini",
                 "regime": "single_fixed", "lr": 1e-3, "q": 20, "label_mode": "normal", "seed": 0}
-    config = {"identity": identity, "task_keys": [task.fingerprint], "finetune": finetune}
+    config = TrialConfig(run_id=identity["run_id"], task_keys=(task.fingerprint,), identity=identity,
+                         finetune=FinetuneSpec(**finetune))
     logger = W.make_trial_logger("wandb", run_dir=run_dir, project="iclmem-test", group="g", config_hash="abc123",
                                  mode="offline")
     logger.log_checkpoint(config, 1, str(checkpoint))

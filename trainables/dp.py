@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -241,6 +241,8 @@ def _log_probs_module() -> type:
         """``adapter.log_probs`` as a module's forward, with the adapter's module as a submodule, so that
         ``functional_call`` can swap its parameters for the duration of a call."""
 
+        _adapter: Any  # set in __init__ with object.__setattr__ (an annotation only: no class attribute)
+
         def __init__(self, adapter: Any) -> None:
             super().__init__()
             self.inner = adapter.module
@@ -248,7 +250,8 @@ def _log_probs_module() -> type:
 
         def forward(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
                     n_classes: int) -> torch.Tensor:
-            return self._adapter.log_probs(context_x, context_y, query_x, n_classes)
+            log_probs: torch.Tensor = self._adapter.log_probs(context_x, context_y, query_x, n_classes)
+            return log_probs
 
     return _LogProbs
 
@@ -323,7 +326,7 @@ def clipped_gradient_sum(adapter: Any, batch: Any, max_grad_norm: float, mode: P
     m = batch.query_x.shape[1]
     for lo in range(0, m, chunk_rows):
         grads, loss = per_row_gradients(adapter, batch, slice(lo, min(m, lo + chunk_rows)), mode)
-        norm = torch.sqrt(sum(g.reshape(g.shape[0], -1).pow(2).sum(1) for g in grads))
+        norm = torch.sqrt(cast(torch.Tensor, sum(g.reshape(g.shape[0], -1).pow(2).sum(1) for g in grads)))
         # the 1e-6 keeps a zero gradient at factor 1 instead of 0/0; a row's clipped norm stays <= C
         factor = torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0)
         for s, g in zip(sums, grads):

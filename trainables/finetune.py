@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from trainables.canaries import CanarySet, make_canaries
 from trainables.dp import PerRowMode, clipped_gradient_sum, noisy_gradient, vmap_unsupported, warn_loop_fallback
 from trainables.models import ModelAdapter, build_model, read_weights
 from trainables.models.base import resolve_device, weights_digest
-from trainables.spec import FinetuneSpec
+from trainables.spec import FinetuneSpec as FinetuneSpec  # re-exported: callers import it from here
 
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "trainer_state.pt"
@@ -242,7 +242,7 @@ class Finetuner:
         if not torch.isfinite(loss):
             return float("nan")
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(self.model.trainable_parameters(), self.spec.grad_clip)
         self.optimizer.step()
         return float(loss.detach())
@@ -293,7 +293,7 @@ class Finetuner:
         """In-context accuracy with the real context C', on members (their trained labels) and non-members."""
         return icl_metrics(self.model, {"member": self._eval_members, "nonmember": self._eval_nonmembers})
 
-    def train(self, callback=None) -> list[EpochResult]:
+    def train(self, callback: Callable[[EpochResult, Finetuner], Any] | None = None) -> list[EpochResult]:
         """Run to ``spec.epochs``; ``callback(result, finetuner)`` after each epoch may save checkpoints."""
         results = []
         while self.epoch < self.spec.epochs:

@@ -41,7 +41,7 @@ EPOCH_WALL_SECONDS = "epoch_wall_seconds"
 SAVE_WALL_SECONDS = "save_wall_seconds"
 
 
-def resume_or_recompute(finetuner: Finetuner, directory: str | Path, run_id: str,
+def resume_or_recompute(finetuner: Finetuner | UpstreamFinetuner, directory: str | Path, run_id: str,
                         damaged: list[str] | None = None) -> bool:
     """Restore ``finetuner`` from a checkpoint folder. A checkpoint that fails its checksum is not used:
     the run is recomputed from epoch 0 (fine-tuning is deterministic in its config and seed, so the
@@ -119,6 +119,7 @@ def finetune_trainable(config: dict[str, Any], prepared: dict[str, Any] | None =
     trial = TrialConfig.from_tune(config)  # the sweep driver passes each whole trial config as one grid value
     torch.set_num_threads(trial.torch_threads)
     spec = trial.finetune
+    assert prepared is not None  # always bound (tune.with_parameters(finetune_trainable, prepared=...))
     if is_upstream(spec):
         upstream_trainable(trial, [prepared[key] for key in trial.task_keys])
         return
@@ -177,8 +178,9 @@ def upstream_trainable(trial: TrialConfig, tasks: list[Any]) -> None:
     last = [clock(), time.perf_counter()]  # the package runs its epochs: an epoch is the time between two hook calls
 
     def on_epoch(result: EpochResult, package_file: Path, end: UpstreamEnd | None) -> None:
-        metrics = {**identity, "epoch": result.epoch, "train_loss": result.train_loss, "diverged": result.diverged,
-                   **result.metrics, EPOCH_SECONDS: clock() - last[0], EPOCH_WALL_SECONDS: time.perf_counter() - last[1]}
+        metrics: dict[str, Any] = {
+            **identity, "epoch": result.epoch, "train_loss": result.train_loss, "diverged": result.diverged,
+            **result.metrics, EPOCH_SECONDS: clock() - last[0], EPOCH_WALL_SECONDS: time.perf_counter() - last[1]}
         if damaged:
             metrics[DAMAGED_CHECKPOINT_METRIC] = damaged.pop()
         if end is not None:

@@ -209,7 +209,7 @@ def audit_context(task: str, *, out: str, model: str | None = None, estimator: s
                                                     seed=seed, bootstrap=bootstrap, null_splits=null_splits,
                                                     note=note)
         if wandb not in (None, "disabled"):
-            from orchestrator.schema.config import WandbConfig
+            from orchestrator.schema.outputs import WandbConfig
 
             # the sweep's default project (wandb.project), declared once in the schema
             log_to_wandb(out_dir, table, verdict, wandb,
@@ -227,7 +227,7 @@ def run_prepared_audit(audit: PreparedContextAudit, out_dir: Path, *, task: str,
     from probes.attacks.context import evaluate_context_audit
     from probes.metrics import LowResolutionWarning
     from probes.outcomes import OutcomeThresholds
-    from probes.probe import blind_columns
+    from probes.probe_columns import blind_columns
 
     start_audit_folder(out_dir, Provenance.collect(kind="audit", sweep_name=sweep_name, config=config,
                                                    config_hash=config_hash, seeds=[seed]))

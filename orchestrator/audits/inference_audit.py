@@ -31,14 +31,8 @@ from iclmem.atomic import write_json_atomic, write_parquet_atomic
 from iclmem.errors import ConfigError, DataError, ProbeError
 from iclmem.provenance import Provenance
 from iclmem.runfolder import INFERENCE_FILE, SAVED_DIR, SAVED_FILE_TABLE, VERDICT_FILE
-from iclmem.vocab import AuditKind, InferenceGroup
-from orchestrator.audits.value_attacks import (
-    DEFAULT_BINS,
-    VALUE_ATTACKS,
-    run_value_attack,
-    sensitive_attribute,
-    value_attack_inputs,
-)
+from iclmem.vocab import VALUE_ATTACKS, AuditKind, InferenceGroup
+from orchestrator.audits.value_attacks import DEFAULT_BINS, run_value_attack, sensitive_attribute, value_attack_inputs
 from orchestrator.schema.audit_defaults import (
     DEFAULT_CONTEXT_SIZE,
     DEFAULT_REFERENCES,
@@ -46,7 +40,7 @@ from orchestrator.schema.audit_defaults import (
     FILE_REFERENCES,
 )
 
-__all__ = ["DEFAULT_BINS", "FILE_CONTEXT_SIZE", "FILE_REFERENCES", "VALUE_ATTACKS", "audit_file", "audit_inference",
+__all__ = ["DEFAULT_BINS", "FILE_CONTEXT_SIZE", "FILE_REFERENCES", "audit_file", "audit_inference",
            "file_feature_limit", "log_value_audit_to_wandb", "rebuilt_line", "run_value_attack", "saved_file_lines", "saved_file_rows", "saved_file_verdict", "sensitive_attribute",
            "summary_lines", "value_attack_inputs", "verdict_of"]
 

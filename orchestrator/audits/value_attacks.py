@@ -15,10 +15,10 @@ from iclmem.errors import ConfigError, DataError
 from iclmem.vocab import AuditKind, ColumnKind
 from orchestrator.schema.audit_defaults import DEFAULT_BINS
 
-__all__ = ["DEFAULT_BINS", "VALUE_ATTACKS", "run_value_attack", "sensitive_attribute", "value_attack_inputs"]
+__all__ = ["DEFAULT_BINS", "run_value_attack", "sensitive_attribute", "value_attack_inputs"]
 
-# --attack: membership is the context audit (orchestrator.audits.context_audit); these two are value inference
-VALUE_ATTACKS = (AuditKind.LABEL.value, AuditKind.ATTRIBUTE.value)  # the audit kinds that infer a value
+# --attack: membership is the context audit (orchestrator.audits.context_audit); label and attribute
+# (iclmem.vocab.VALUE_ATTACKS) are value inference, run here
 
 
 def sensitive_attribute(prepared: Any, population_x: np.ndarray, name: str, bins: int) -> Any:
@@ -77,7 +77,7 @@ def run_value_attack(audit: Any, attack: str, attribute: Any, pool: Any, *, refe
     membership audit's rule: its control clean and the split's blind baseline (the membership audit's, computed
     once per process) exchangeable."""
     from probes.attacks.value_inference import attribute_inference, label_inference
-    from probes.probe import blind_columns
+    from probes.probe_columns import blind_columns
 
     inputs = audit.inputs
     exchangeable = bool(blind_columns(audit.prepared)["exchangeable"])

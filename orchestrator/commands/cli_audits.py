@@ -81,7 +81,7 @@ def cmd_audit_context(args: argparse.Namespace) -> int:
     """``iclmem audit-context``: the kind named by ``--attack`` (orchestrator/audits/audit_kinds.py), its settings checked
     before any work, then run; its lines printed and where its folder is."""
     from orchestrator.audits.audit_kinds import audit_kind, refuse_unread_settings
-    from orchestrator.schema.config import WandbConfig
+    from orchestrator.schema.outputs import WandbConfig
 
     spec = audit_kind(args.attack)
     refuse_unread_settings(spec, args)

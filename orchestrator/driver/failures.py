@@ -18,7 +18,7 @@ from iclmem.runfolder import RunStatus, write_run_state
 from orchestrator.driver.probe_pools import probe_pool_count, unsatisfiable_resources
 from orchestrator.driver.progress import console_tail
 from orchestrator.driver.storage import FULL_DISK_BYTES, disk_full_error, free_space, is_disk_full, unreachable_storage
-from orchestrator.driver.tune_callbacks import unwrap
+from orchestrator.driver.tune_callbacks import run_id_of
 
 if TYPE_CHECKING:
     from orchestrator.runfolder.prepare import PreparedSweep
@@ -85,7 +85,7 @@ def trial_failures(grid: Any) -> dict[str, list[str]]:
     for result in grid:
         if getattr(result, "error", None) is None:
             continue
-        run_id = str(unwrap(result.config or {}).get("run_id", "?"))
+        run_id = run_id_of(result.config) or "?"
         causes.setdefault(failure_cause(result.error), []).append(run_id)
     return {cause: sorted(runs) for cause, runs in causes.items()}
 

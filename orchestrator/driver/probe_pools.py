@@ -16,6 +16,7 @@ from orchestrator.schema.config import SweepConfig
 if TYPE_CHECKING:
     from orchestrator.runfolder.prepare import PreparedSweep
     from probes.actors import PoolJob, ProbeJob, ProbePool
+    from trainables.spec import TrialConfig
 
 
 def probe_pool_key(model_cfg: Any) -> tuple[str, str]:
@@ -148,14 +149,12 @@ def start_probe_pools(prepared: PreparedSweep, run_dir: Path) -> ProbePools:
     return ProbePools(pools)
 
 
-def jobs_for(config: dict[str, Any], epoch: int, checkpoint: Any, probes_dir: Path) -> list[ProbeJob]:
-    """One probe job per task of the run (``config``: the trial's config as Tune holds it): a multi-task run
+def jobs_for(trial: TrialConfig, epoch: int, checkpoint: Any, probes_dir: Path) -> list[ProbeJob]:
+    """One probe job per task of the run (``trial``: the typed trial): a multi-task run
     (multi_fixed, multi_random) is probed on every one of its tasks, one results row per task (``task`` = that
     task's name; stems ``eNNNN-tI``)."""
     from probes.actors import ProbeJob
-    from trainables.spec import TrialConfig
 
-    trial = TrialConfig.from_tune(config)
     keys = list(trial.task_keys)
     names = str(trial.identity["task"]).split("+")
     recipe = {"finetune": trial.finetune.to_dict(), "task_keys": keys, "torch_threads": trial.torch_threads}

@@ -65,9 +65,9 @@ from orchestrator.driver.tune_callbacks import (
     LogTrialResults,  # noqa: F401
     ProbeOnCheckpoint,  # noqa: F401
     reattach,
+    trial_of,
     trial_results_callback,
     tune_callback,
-    unwrap,
 )
 from orchestrator.report.folder_claims import (
     check_results_match,
@@ -396,17 +396,17 @@ def _catch_up(run: _Drive, grid: Any) -> None:
     from orchestrator.driver.checkpoint_keeping import tune_checkpoint_location
 
     for result in grid:
-        config = unwrap(result.config or {})
-        if not config:
+        trial = trial_of(result.config)
+        if trial is None:
             continue
         for checkpoint, metrics in result.best_checkpoints or []:
-            jobs = jobs_for(config, int(metrics["epoch"]), checkpoint, run.probes_dir)
+            jobs = jobs_for(trial, int(metrics["epoch"]), checkpoint, run.probes_dir)
             for job in jobs:
                 run.pool.submit(job)
-            run.keeper.add(str(config["run_id"]), int(metrics["epoch"]), *tune_checkpoint_location(checkpoint),
+            run.keeper.add(trial.run_id, int(metrics["epoch"]), *tune_checkpoint_location(checkpoint),
                            [(job.out_dir, job.stem) for job in jobs])
         if result.error is None:
-            run.keeper.finish(str(config["run_id"]))
+            run.keeper.finish(trial.run_id)
 
 
 def _keep_checkpoints(run: _Drive) -> None:
@@ -541,7 +541,7 @@ def _tuner(prepared: PreparedSweep, run_dir: Path, callbacks: list[Any], restore
 def _flat_space(configs: list[dict[str, Any]]) -> dict[str, Any]:
     # One grid axis whose values are whole trial configs: Tune then names trials by index and each
     # trial's config is exactly what ``trial_config`` built (no cross product we did not ask for);
-    # ``orchestrator.driver.tune_callbacks.unwrap`` reads a trial's config back.
+    # ``orchestrator.driver.tune_callbacks.trial_of`` reads the typed trial back.
     from ray import tune
 
     return {TUNE_AXIS: tune.grid_search(configs)}

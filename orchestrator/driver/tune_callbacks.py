@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,18 +14,26 @@ from iclmem.runfolder import record_diverged_run
 from orchestrator.driver.checkpoint_keeping import CheckpointKeeper, tune_checkpoint_location
 from orchestrator.driver.probe_pools import jobs_for
 from orchestrator.driver.progress import Progress, stall_reason
-from trainables.spec import TUNE_AXIS
+from trainables.spec import TUNE_AXIS, TrialConfig
 
 if TYPE_CHECKING:  # Tune is imported only where a callback is built
     from ray.tune import Checkpoint
     from ray.tune.experiment import Trial
 
 
-def unwrap(config: dict[str, Any]) -> dict[str, Any]:
-    """A trial's own config as Tune holds it: the value of the one grid axis (``trainables.spec.TUNE_AXIS``) the
-    driver gives Tune (``TrialConfig.from_tune`` rebuilds the typed trial from it); empty for a trial Tune has no
-    config of."""
-    return dict(config.get(TUNE_AXIS, config))
+def trial_of(config: Mapping[str, Any] | None) -> TrialConfig | None:
+    """The typed trial (:class:`trainables.spec.TrialConfig`) of a config as Tune holds it (the one grid axis,
+    ``trainables.spec.TUNE_AXIS``, the driver gives Tune); None for a trial Tune has no config of. The driver's
+    one reader of Tune's trial configs: nothing past it reads Tune's keys."""
+    raw = (config or {}).get(TUNE_AXIS, config or {})
+    return TrialConfig.from_tune(raw) if raw else None
+
+
+def run_id_of(config: Mapping[str, Any] | None) -> str | None:
+    """The run id of a config as Tune holds it, without rebuilding the whole trial (the progress line reads
+    every trial's at every step of a sweep of hundreds); None for a trial Tune has no config of."""
+    raw = (config or {}).get(TUNE_AXIS, config or {})
+    return str(raw["run_id"]) if raw else None  # TrialConfig.to_tune's key
 
 
 def checkpoint_uri(checkpoint: Any) -> str:
@@ -84,19 +93,22 @@ class ProbeOnCheckpoint:
             return
         epoch = int((trial.last_result or {}).get("epoch", -1))
         # the probe first: what W&B does with the checkpoint must never cost the audit its result
-        jobs = jobs_for(unwrap(trial.config), epoch, checkpoint, self.probes_dir)
+        typed = trial_of(trial.config)
+        if typed is None:
+            return
+        jobs = jobs_for(typed, epoch, checkpoint, self.probes_dir)
         for job in jobs:
             if (job.out_dir, job.stem) not in self.submitted:
                 self.submitted.add((job.out_dir, job.stem))
                 self.pool.submit(job)
         if self.keeper is not None and jobs:  # after the submit: the keeper may remove the previous one's resume state
-            self.keeper.add(str(unwrap(trial.config)["run_id"]), epoch, *tune_checkpoint_location(checkpoint),
+            self.keeper.add(typed.run_id, epoch, *tune_checkpoint_location(checkpoint),
                             [(job.out_dir, job.stem) for job in jobs])
         if self.trial_logger is not None:  # W&B lineage: the checkpoint by reference, with its inputs
-            self.trial_logger.log_checkpoint(unwrap(trial.config), epoch, checkpoint_uri(checkpoint))
+            self.trial_logger.log_checkpoint(typed, epoch, checkpoint_uri(checkpoint))
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        run_id = unwrap(trial.config or {}).get("run_id")
+        run_id = run_id_of(trial.config)
         if self.keeper is not None and run_id is not None:  # no resume point any more (a failed trial keeps its own)
             self.keeper.finish(str(run_id))
 
@@ -109,7 +121,7 @@ class ProbeOnCheckpoint:
         if self.keeper is not None:  # checkpoints whose probes just came in may lose their weights
             self.keeper.settle()
         for t in trials:
-            run_id = unwrap(t.config or {}).get("run_id")
+            run_id = run_id_of(t.config)
             if run_id is not None:
                 self.progress.trial_status[str(run_id)] = str(t.status)
         self.progress.running = sum(t.status == "RUNNING" for t in trials)
@@ -153,7 +165,9 @@ class LogTrialResults:
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any],
                         **info: Any) -> None:
         if self.trial_logger is not None:
-            self.trial_logger.log_training(unwrap(trial.config)["identity"], result)
+            typed = trial_of(trial.config)
+            if typed is not None:
+                self.trial_logger.log_training(typed.identity, result)
 
 
 def trial_results_callback(trial_logger: Any) -> LogTrialResults:

@@ -31,7 +31,7 @@ from iclmem.runfolder import (
 )
 from orchestrator.report.epsilon_columns import epsilon_columns
 from orchestrator.runfolder.run_folder import RunFolder
-from orchestrator.schema.config import WandbConfig
+from orchestrator.schema.outputs import WandbConfig
 
 # per-query tables of the stored probe results, by (run folder under probes/, result stem): what
 # ``ProbeResult.load`` read, handed to the attacks so each table is read once
@@ -270,12 +270,12 @@ def _deployed_logit(table: pd.DataFrame) -> Any:
     return pd.Series(logit_of_loss(table[DEPLOYED_LOSS].to_numpy(np.float64)), index=table.index)
 
 
-# recipe upstream's per-row loss as the package deploys the weights (probes.probe.deployed_statistics)
+# recipe upstream's per-row loss as the package deploys the weights (probes.query_tables.deployed_statistics)
 DEPLOYED_LOSS = "deployed_known_context_loss"
 
 
 # the statistics the attacks run on: results-column prefix -> (LiRA statistic, RMIA log p(label)), both per query
-# from a checkpoint's query table (probes.probe.query_table); higher statistic = more member-like. The probe's
+# from a checkpoint's query table (probes.query_tables.query_table); higher statistic = more member-like. The probe's
 # LiRA statistic is replaced by the per-manipulation logits when every table stores them (_lira_statistics).
 ATTACK_STATISTICS: dict[str, tuple[Callable[[pd.DataFrame], Any], Callable[[pd.DataFrame], Any]]] = {
     "": (_iclmem_statistic, lambda t: -t["s_loss"]),
@@ -435,7 +435,7 @@ def attacks_for_checkpoint(target: pd.DataFrame, references: list[pd.DataFrame],
                            thresholds: Any = None, n_checkpoints: int = 1,
                            ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The attack columns and ROC curves of one target checkpoint from its query table and its references'
-    (``probes.probe.query_table``), aligned by query id; None when a reference scored other queries.
+    (``probes.query_tables.query_table``), aligned by query id; None when a reference scored other queries.
     ``thresholds`` (``probes.outcomes.OutcomeThresholds``, default the defaults) and ``n_checkpoints`` (of
     the run's headline family) decide each attack's verdict (``probes.attacks.membership.attack_verdict``)."""
     from probes.attacks.membership import evaluate_attacks

@@ -37,7 +37,7 @@ Null paths, per kind (docs/METHOD.md, "The claim ledger"):
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -46,110 +46,16 @@ import pandas as pd
 
 from iclmem.record import ATTACK_CHANNELS, NULL_TRIAL_KEY
 from iclmem.vocab import Attack, ClaimKind, ClaimReading, Outcome, RoundingCheck
+from orchestrator.report.claim_records import LEDGER_COLUMNS, LedgerClaim, NullTrials, effect_of_scores, reading
+from orchestrator.report.claim_words import next_step, statement
 
-__all__ = ["CLAIM_LEVEL", "LEDGER_COLUMNS", "MIN_NULL_TRIALS", "LedgerClaim", "NullTrials", "claim_ledger", "effect_of_scores",
-           "reading", "run_claims", "rows_at_risk_claims", "shown_claims", "statement", "write_claim_ledger"]
+__all__ = ["claim_ledger", "run_claims", "rows_at_risk_claims", "shown_claims", "write_claim_ledger"]
 
-CLAIM_LEVEL = 0.05  # a claim is read as a leak only when its null rate is at or under this
-# ... measured on at least this many null trials: with fewer, one false positive moves the rate by more than twice
-# the level and none cannot tell 0 from 10%; `probe.null_splits` raises the count (runs x null splits per run claim)
-MIN_NULL_TRIALS = 10
 MEMORIZATION = Outcome.MEMORIZATION.value
 QueryTable = Callable[[str, int], "pd.DataFrame | None"]
 
 
-@dataclass(frozen=True)
-class LedgerClaim:
-    """One claim of the ledger (one row of ``claims.parquet``). NaN where a field does not apply."""
-
-    kind: str  # ClaimKind
-    task: str
-    subject: str  # the run id, "run id / slice", or "" for a task-level claim
-    made: bool  # the claim's rule fired on the real split
-    family: str  # what it is corrected over
-    family_size: int
-    selection: str  # what it maximises over before deciding
-    correction: str
-    # how much
-    auc: float
-    auc_low: float
-    auc_high: float
-    tpr_at_1pct: float
-    shift: float  # members' mean membership score minus the non-members', in the score's units (nats for a loss)
-    relative_shift: float  # shift / the rows' spread of the raw score under the reference (its std over rows)
-    epsilon_lb: float  # the ε lower bound of the claim's checkpoint where one is valid (an exchangeable split), else NaN
-    count: float  # count claims: what is counted on the real split (runs, rows)
-    null_count_mean: float  # ... and its mean over the null trials
-    null_count_max: float
-    # how often the same path makes it on null data
-    n_null: int
-    null_made: int
-    null_rate: float
-    null_rate_low: float
-    null_rate_high: float
-    null_path: str
-    # rounded outputs
-    rounding: str  # RoundingCheck
-    output_decimals: float
-    reading: str  # ClaimReading
-    statement: str  # the plain sentence the first screen and the console print
-    next_step: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-LEDGER_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(LedgerClaim))
 _NAN = float("nan")
-
-
-@dataclass(frozen=True)
-class NullTrials:
-    """How often the claim's path fired on null data: ``made`` of ``n`` trials (Clopper-Pearson interval)."""
-
-    n: int
-    made: int
-
-    @property
-    def rate(self) -> float:
-        return self.made / self.n if self.n else _NAN
-
-    def interval(self) -> tuple[float, float]:
-        from probes.metrics import clopper_pearson
-
-        iv = clopper_pearson(int(self.made), int(self.n))
-        return float(iv.low), float(iv.high)
-
-
-def reading(made: bool, trials: NullTrials, rounding: RoundingCheck, level: float = CLAIM_LEVEL) -> ClaimReading:
-    """How the first screen reads a claim (see :class:`iclmem.vocab.ClaimReading`)."""
-    if not made:
-        return ClaimReading.NOT_MADE
-    if trials.n == 0:
-        return ClaimReading.UNMEASURED
-    if trials.n < MIN_NULL_TRIALS:
-        return ClaimReading.TOO_FEW_NULL_TRIALS
-    if trials.rate > level:
-        return ClaimReading.WITHIN_CHANCE
-    if rounding is RoundingCheck.LOST:
-        return ClaimReading.EXACT_OUTPUTS_ONLY
-    return ClaimReading.LEAK
-
-
-def effect_of_scores(member_scores: Any, nonmember_scores: Any, raw_spread_scores: Any) -> tuple[float, float]:
-    """(shift, relative shift): the members' mean membership score minus the non-members', and that shift over
-    the rows' spread of the raw score (``raw_spread_scores``: the reference model's score of every audited row).
-    A rank test sees a shift of 1e-5 nats as well as one of 1 nat; the relative shift says which it is."""
-    m = np.asarray(member_scores, np.float64)
-    n = np.asarray(nonmember_scores, np.float64)
-    m, n = m[np.isfinite(m)], n[np.isfinite(n)]
-    if m.size == 0 or n.size == 0:
-        return _NAN, _NAN
-    shift = float(m.mean() - n.mean())
-    raw = np.asarray(raw_spread_scores, np.float64)
-    raw = raw[np.isfinite(raw)]
-    spread = float(raw.std()) if raw.size > 1 else _NAN
-    return shift, (shift / spread if spread and np.isfinite(spread) else _NAN)
 
 
 def _claim(kind: ClaimKind, task: str, subject: str, made: bool, trials: NullTrials, rounding: RoundingCheck,
@@ -170,91 +76,10 @@ def _claim(kind: ClaimKind, task: str, subject: str, made: bool, trials: NullTri
 # ------------------------------------------------------------------------------------------------ wording
 
 
-_KIND_WORDS = {
-    ClaimKind.RUN_VERDICT.value: "the zero-information probe calls run {subject} memorization",
-    ClaimKind.KNOWN_CONTEXT_FLAG.value: "whoever holds the context C' tells the members of run {subject}",
-    ClaimKind.DEPLOYED_KNOWN_CONTEXT_FLAG.value: "the package's deployed classifier gives away the members of run "
-                                                 "{subject} through C'",
-    ClaimKind.REFERENCE_ATTACK.value: "reference attacks on {channel} call run {subject} memorization",
-    ClaimKind.RUNS_LEAKED.value: "{count:.0f} run(s) of task {task} leaked (a verdict, a known-context flag or a "
-                                 "reference attack)",
-    ClaimKind.ROWS_AT_RISK.value: "{count:.0f} member rows of task {task} reach a membership risk of 0.9",
-    ClaimKind.SLICE_EXPOSED.value: "slice {subject}: its members are told from its non-members",
-    ClaimKind.SLICE_LEAKS_MORE.value: "slice {subject} leaks more than the rest of its run's rows",
-    ClaimKind.VALUE_SLICE_EXPOSED.value: "slice {subject}: its rows' values are given away",
-    ClaimKind.TASK_VERDICT.value: "task {task} leaks (the controlled task verdict)",
-}
-
-
-def _fmt(x: Any, digits: int = 3) -> str:
-    return "n/a" if x is None or not np.isfinite(float(x)) else f"{float(x):.{digits}f}"
-
-
-def _how_much(c: LedgerClaim) -> str:
-    parts = []
-    if np.isfinite(c.auc):
-        interval = (f" [{_fmt(c.auc_low)}, {_fmt(c.auc_high)}]"
-                    if np.isfinite(c.auc_low) and np.isfinite(c.auc_high) and c.auc_high > c.auc_low else "")
-        parts.append(f"AUC {_fmt(c.auc)}{interval}")
-    if np.isfinite(c.tpr_at_1pct):
-        parts.append(f"TPR@1% {_fmt(c.tpr_at_1pct, 2)}")
-    if np.isfinite(c.epsilon_lb):
-        parts.append(f"ε ≥ {c.epsilon_lb:.2f}")
-    if np.isfinite(c.shift):
-        parts.append(f"members' score shift {c.shift:.2g}"
-                     + (f" = {c.relative_shift:.2g} of the rows' spread" if np.isfinite(c.relative_shift) else ""))
-    if c.kind in (ClaimKind.ROWS_AT_RISK.value, ClaimKind.RUNS_LEAKED.value) and np.isfinite(c.null_count_mean):
-        what = "rows" if c.kind == ClaimKind.ROWS_AT_RISK.value else "runs"
-        parts.append(f"the same count on the null splits: {c.null_count_mean:.1f} {what} on average, at most "
-                     f"{c.null_count_max:.0f}")
-    return "; ".join(parts)
-
-
-def _how_sure(c: LedgerClaim) -> str:
-    if c.n_null == 0:
-        return "no false-positive rate measured"
-    return (f"the same path made it on {c.null_made} of {c.n_null} null trials ({_fmt(c.null_rate, 3)}, 95% "
-            f"interval {_fmt(c.null_rate_low, 3)}-{_fmt(c.null_rate_high, 3)})")
-
-
-def _rounding_words(c: LedgerClaim) -> str:
-    decimals = f"{int(c.output_decimals)} decimals" if np.isfinite(c.output_decimals) else "rounded outputs"
-    return {RoundingCheck.SURVIVES.value: f"it holds on probabilities rounded to {decimals}",
-            RoundingCheck.LOST.value: f"it is gone on probabilities rounded to {decimals}: detectable only with "
-                                      "exact outputs",
-            RoundingCheck.NOT_TESTED.value: "not re-tested on rounded outputs"}[c.rounding]
-
-
-def statement(c: LedgerClaim) -> str:
-    """The claim as one plain sentence: what, how much, how sure, and whether it survives rounding."""
-    what = _KIND_WORDS[c.kind].format(subject=c.subject, task=c.task, count=c.count if np.isfinite(c.count) else 0,
-                                      channel=_CHANNEL_WORDS.get(c.family.split(":")[0], c.family))
-    how_much = _how_much(c)
-    return f"{what[0].upper()}{what[1:]}" + (f" ({how_much})" if how_much else "") + f"; {_how_sure(c)}; " \
-        f"{_rounding_words(c)}."
-
-
-def next_step(c: LedgerClaim) -> str:
-    """What a data owner should do about the claim, by its reading."""
-    return {
-        ClaimReading.LEAK.value: "treat these rows as exposed: audit the recipe with a defence (DP fine-tuning, fewer "
-                                 "epochs) and re-run; do not release the weights or context as they are",
-        ClaimReading.EXACT_OUTPUTS_ONLY.value: "exposed only to whoever reads exact probabilities: serve rounded "
-                                               "outputs (or labels) and keep the exact scores internal",
-        ClaimReading.WITHIN_CHANCE.value: "no more than null data give: raise probe.null_splits or the rows audited "
-                                          "before believing it",
-        ClaimReading.TOO_FEW_NULL_TRIALS.value: f"too few null trials to say how often chance makes it: raise "
-                                                f"probe.null_splits until the claim has {MIN_NULL_TRIALS} or more",
-        ClaimReading.UNMEASURED.value: "not a claim yet: its false-positive rate is not measured",
-        ClaimReading.NOT_MADE.value: "",
-    }[c.reading]
-
-
 # ------------------------------------------------------------------------------------------------ run claims
 
 # the reference attacks' channels (iclmem.record.ATTACK_CHANNELS): column prefix -> words
 _ATTACK_CHANNELS = {prefix: f"the {name}" for prefix, name in ATTACK_CHANNELS.items()}
-_CHANNEL_WORDS = {f"channel {prefix or 'probe_'}": words for prefix, words in _ATTACK_CHANNELS.items()}
 _REFERENCE_ATTACKS = tuple(a.value for a in Attack)
 
 

@@ -32,7 +32,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import pandas as pd
 
@@ -82,6 +82,9 @@ from orchestrator.report.wandb_summary import (
     trial_run_config,
 )
 from orchestrator.runfolder.run_folder import TRIAL_RUNS_REMEDY, RunFolder, read_trial_runs
+
+if TYPE_CHECKING:
+    from trainables.spec import TrialConfig
 
 log = logging.getLogger(__name__)
 
@@ -388,7 +391,7 @@ class TrialLogger(Protocol):
 
     def log_probe(self, row: Mapping[str, Any]) -> None: ...
 
-    def log_checkpoint(self, config: Mapping[str, Any], epoch: int, checkpoint_uri: str) -> None: ...
+    def log_checkpoint(self, trial: TrialConfig, epoch: int, checkpoint_uri: str) -> None: ...
 
     def finish(self, timeout: float | None = None) -> bool: ...
 
@@ -402,7 +405,7 @@ class NullTrialLogger:
     def log_probe(self, row: Mapping[str, Any]) -> None:
         return None
 
-    def log_checkpoint(self, config: Mapping[str, Any], epoch: int, checkpoint_uri: str) -> None:
+    def log_checkpoint(self, trial: TrialConfig, epoch: int, checkpoint_uri: str) -> None:
         return None
 
     def finish(self, timeout: float | None = None) -> bool:
@@ -557,7 +560,7 @@ class WandbTrialLogger:
             entry["alerted"] = [*entry["alerted"], alert[0]]
             self.ledger.save()
 
-    def log_checkpoint(self, config: Mapping[str, Any], epoch: int, checkpoint_uri: str) -> None:
+    def log_checkpoint(self, trial: TrialConfig, epoch: int, checkpoint_uri: str) -> None:
         """W&B lineage of a checkpoint: an artifact ``checkpoint-<run id>`` (alias ``epoch-<n>``) holding a
         reference to the checkpoint's storage URI, with its weights' and files' sha256 in the metadata (read
         from the checkpoint's manifest when the driver can reach it); no weights are uploaded. The trial's
@@ -565,7 +568,7 @@ class WandbTrialLogger:
         only online, so offline runs name them in their summary, ``inputs/*``)."""
         if self.mode == "disabled":
             return
-        identity = config["identity"]
+        identity = trial.identity
         run = self._run_for(identity)
         if run is None:
             return
@@ -587,22 +590,21 @@ class WandbTrialLogger:
                                   metadata=checkpoint_metadata(run_id, int(epoch), manifest))
         artifact.add_reference(checkpoint_reference(checkpoint_uri), checksum=False)
         if not entry.get("inputs"):
-            entry["inputs"] = self._use_inputs(run, config)
+            entry["inputs"] = self._use_inputs(run, trial)
         run.log_artifact(artifact, aliases=[f"epoch-{int(epoch)}"])
         entry["checkpoints"] = sorted([*entry["checkpoints"], int(epoch)])
         self.ledger.save()
 
-    def _use_inputs(self, run: Any, config: Mapping[str, Any]) -> list[str]:
+    def _use_inputs(self, run: Any, trial: TrialConfig) -> list[str]:
         """The trial's prepared task(s) and base weights as input artifacts: used by the run online, named in
         its summary offline. References to the files (with their checksums), never their contents."""
         import wandb
 
-        finetune = config.get("finetune", {})
         inputs = []
         prepared = self.run_dir / PREPARED_DIR
-        for key in config.get("task_keys", []):
+        for key in trial.task_keys:
             art = wandb.Artifact(artifact_name("task", key), type=TASK_ARTIFACT_TYPE,
-                                 metadata={"fingerprint": key, "task": config["identity"].get("task")})
+                                 metadata={"fingerprint": key, "task": trial.identity.get("task")})
             files = sorted(prepared.glob(f"{key}.*")) if prepared.is_dir() else []
             for path in files:
                 art.add_reference(f"file://{path.resolve()}", checksum=True)
@@ -610,8 +612,8 @@ class WandbTrialLogger:
                 # a scheme W&B does not know needs an entry name (wandb refuses it without one)
                 art.add_reference(f"iclmem://prepared/{key}", name=f"prepared-{key[:16]}", checksum=False)
             inputs.append(art)
-        model = str(finetune.get("model", ""))
-        options = dict(finetune.get("model_options", {}))
+        model = str(trial.finetune.model)
+        options = dict(trial.finetune.model_options)
         base = wandb.Artifact(artifact_name("base", f"{model}-{json.dumps(options, sort_keys=True)}"),
                               type=CHECKPOINT_ARTIFACT_TYPE, metadata={"model": model, "options": options})
         try:

@@ -21,7 +21,6 @@ from pydantic import (
     BaseModel,
     Field,
     StrictInt,
-    ValidationInfo,
     create_model,
     field_serializer,
     field_validator,
@@ -29,24 +28,20 @@ from pydantic import (
 )
 
 from iclmem.errors import ConfigError, DataError
-from iclmem.vocab import (
-    CanaryDesign,
-    CanaryKind,
-    KeepCheckpoints,
-    LabelDesign,
-    LabelMode,
-    Recipe,
-    Regime,
-    SliceFamily,
-    TaskKind,
-    WandbMode,
-)
+from iclmem.vocab import AuditKind, KeepCheckpoints, LabelDesign, LabelMode, Recipe, Regime, TaskKind
 from orchestrator.schema.audit_defaults import DEFAULT_BINS, DEFAULT_REFERENCES
+from orchestrator.schema.canaries import CanaryConfig
 from orchestrator.schema.config_base import MAX_BOOTSTRAP, SEED_MAX, StrictConfig, settings_default
 from orchestrator.schema.config_reading import resolve_path, validate_config
-from orchestrator.schema.slices import SliceSettings
+from orchestrator.schema.outputs import (
+    WANDB_NAME_MAX,
+    WANDB_RESULTS_ARTIFACT_PREFIX,
+    ReportConfig,
+    SlicesConfig,
+    WandbConfig,
+)
+from orchestrator.schema.resources import ResourcesConfig
 from probes.settings import OUTPUT_DECIMALS_MAX, OUTPUT_DECIMALS_MIN, ProbeSettings
-from trainables.canaries import CanarySettings
 from trainables.data.task import PrepSettings
 from trainables.dp import DEFAULT_DP_DELTA, DPAccountant
 from trainables.spec import FinetuneSpec
@@ -188,14 +183,14 @@ class ModelConfig(StrictConfig):
     @model_validator(mode="after")
     def _recipe_has_a_fine_tuner(self) -> ModelConfig:
         if self.recipe is Recipe.UPSTREAM:
-            from trainables.upstream import UPSTREAM_RECIPES
+            from trainables.upstream_recipes import UPSTREAM_RECIPES
 
             if self.name not in UPSTREAM_RECIPES:
                 raise ValueError(f"model {self.name}: recipe upstream needs a package fine-tuner iclmem drives; models "
                                  f"with one: {', '.join(UPSTREAM_RECIPES.names())}")
             if self.options.get("finetuner"):
                 from trainables.models.extras import extra_is_installed
-                from trainables.upstream import check_finetuner_settings
+                from trainables.upstream_recipes import check_finetuner_settings
 
                 if extra_is_installed(self.name):  # without the package, building the model names what is missing
                     try:
@@ -377,18 +372,20 @@ class ProbeConfig(StrictConfig):
     two_channels: bool = False
     # regime context: value-inference attacks run on each audit beside membership (probes/attacks/value_inference.py):
     # label, and attribute on the column sensitive (numeric: sensitive_bins quantile bins)
+    # (the kinds are AuditKind's value-inference members, VALUE_INFERENCE_KINDS; tests/test_audit_kinds.py ties them)
     value_inference: list[Literal["label", "attribute"]] = Field(default_factory=list)
     sensitive: str | None = None
     sensitive_bins: int = Field(DEFAULT_BINS, ge=2, le=64)
 
     @model_validator(mode="after")
     def _sensitive_goes_with_attribute(self) -> ProbeConfig:
-        if "attribute" in self.value_inference and not self.sensitive:
+        attribute = AuditKind.ATTRIBUTE.value
+        if attribute in self.value_inference and not self.sensitive:
             raise ValueError("value_inference has attribute: set sensitive, the column the attacker infers")
-        if self.sensitive and "attribute" not in self.value_inference:
+        if self.sensitive and attribute not in self.value_inference:
             raise ValueError(f"sensitive {self.sensitive!r} is read only by value_inference: [attribute]; add it or "
                              "drop sensitive")
-        if self.sensitive_bins != DEFAULT_BINS and "attribute" not in self.value_inference:
+        if self.sensitive_bins != DEFAULT_BINS and attribute not in self.value_inference:
             raise ValueError("sensitive_bins is read only by value_inference: [attribute]")
         if len(set(self.value_inference)) != len(self.value_inference):
             raise ValueError(f"value_inference {self.value_inference}: each attack once")
@@ -422,73 +419,6 @@ class ProbeConfig(StrictConfig):
         except IclmemError as exc:  # pydantic reports ValueErrors with the field's path
             raise ValueError(str(exc)) from None
         return value
-
-
-class CanaryConfig(StrictConfig):
-    """Canary rows inserted into every audited run's fine-tuning members (trainables/canaries.py). Design
-    ``exposure``: for each kind, ``per_group`` canaries per copy count, each trained that many times per
-    step, and ``holdout`` never-trained ones that their exposure and rank test are measured against
-    (probes/canaries.py). Design ``one_run``: for each kind, ``m`` canaries each trained once with
-    probability 1/2, for the one-run ε bound (probes/one_run.py). ``beta``: the audit's error probability
-    (the one-run bound holds at 1 − beta; a rank test's p-value below beta marks the canaries detected);
-    ``delta``: the δ of the one-run claim tested (unset: ``outcome.epsilon_delta``). No kinds = off."""
-
-    kinds: list[CanaryKind] = []
-    design: CanaryDesign = settings_default(CanarySettings, "design")
-    copies: list[int] = list(settings_default(CanarySettings, "copies"))
-    per_group: int = Field(settings_default(CanarySettings, "per_group"), ge=1, le=256)
-    holdout: int = Field(settings_default(CanarySettings, "holdout"), ge=4, le=4096)
-    m: int = Field(settings_default(CanarySettings, "m"), ge=16, le=65536)
-    beta: float = Field(settings_default(ProbeSettings, "canary_beta"), gt=0, lt=0.5)
-    delta: float | None = Field(None, ge=0, lt=1)
-
-    @model_validator(mode="after")
-    def _design_fields(self) -> CanaryConfig:
-        # a field of the other design is refused, never silently ignored (one left at its default is not in
-        # force either way, and the sweep.json a run folder keeps lists every field)
-        def changed(names: tuple[str, ...]) -> list[str]:
-            return [n for n in names if getattr(self, n) != type(self).model_fields[n].default]
-
-        if self.design is CanaryDesign.ONE_RUN:
-            stray = changed(("copies", "per_group", "holdout"))
-            if stray:
-                raise ValueError(f"design one_run inserts each of m canaries once with probability 1/2 (the one-run "
-                                 f"bound's unit is one row): {', '.join(stray)} belong(s) to design exposure; "
-                                 "set m instead")
-        elif changed(("m", "delta")):
-            stray = changed(("m", "delta"))
-            raise ValueError(f"{', '.join(stray)} belong(s) to design one_run (the one-run ε bound); set "
-                             "design: one_run, or per_group / holdout / copies for design exposure")
-        return self
-
-    @field_validator("kinds", "copies")
-    @classmethod
-    def _distinct(cls, values: list[Any]) -> list[Any]:
-        if len(set(values)) != len(values):
-            raise ValueError(f"duplicate values: {[str(getattr(v, 'value', v)) for v in values]}")
-        return values
-
-    @field_validator("copies")
-    @classmethod
-    def _copy_counts(cls, values: list[int]) -> list[int]:
-        if not values or min(values) < 1:
-            raise ValueError(f"copy counts must be >= 1 and at least one, got {values}")
-        return values
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.kinds)
-
-    def settings(self) -> dict[str, Any] | None:
-        """The ``trainables.canaries.CanarySettings`` of a run (as a dict), or None when off."""
-        if not self.enabled:
-            return None
-        from trainables.canaries import CanarySettings
-
-        return CanarySettings(tuple(self.kinds), tuple(self.copies), self.per_group, self.holdout, self.design,
-                              self.m).as_dict()
-
-
 
 
 def _outcome_config() -> type[BaseModel]:
@@ -525,163 +455,6 @@ if typing.TYPE_CHECKING:
         Not an OutcomeThresholds at run time."""
 else:
     OutcomeConfig = _outcome_config()
-
-
-# A custom resource amount a trial or a probe actor asks Ray for (finite: StrictConfig refuses inf and NaN)
-ResourceAmount = Annotated[float, Field(ge=0)]
-
-# The smallest CPU or GPU share Ray reserves: it counts resources in units of 1/10,000
-# (ray_constants.MIN_RESOURCE_GRANULARITY) and refuses a smaller non-zero amount, which Tune reports as a crash
-# deep inside its event manager ("Tracked actor is not managed by this event manager"), not as a bad setting
-MIN_RAY_SHARE = 0.0001
-# The most torch threads a trial may ask for. The worker that runs it is not knowable at validation (a laptop
-# validates what a cluster runs), so the cap is fixed: above the logical CPU count of any one machine (two
-# 192-core sockets with SMT are 768), below the point where starting the threads exhausts a process's limits
-MAX_TORCH_THREADS = 1024
-
-
-def _ray_share(value: float, zero_allowed: bool) -> float:
-    """``value`` of a CPU/GPU share, refused (pydantic names the setting) when it is non-zero and below what Ray can reserve."""
-    if (value != 0 or not zero_allowed) and value < MIN_RAY_SHARE:
-        allowed = f"0 (none) or at least {MIN_RAY_SHARE}" if zero_allowed else f"at least {MIN_RAY_SHARE}"
-        raise ValueError(f"{value:g} is below the smallest share Ray reserves ({MIN_RAY_SHARE}, its "
-                         f"resource unit; Ray refuses a smaller amount and the run would crash): give {allowed}")
-    return value
-
-
-class ProbeActorsConfig(StrictConfig):
-    """The probe pool's actors: how many, and what each asks Ray for (tabular and LM sweeps alike)."""
-
-    probe_actors: int = Field(1, ge=1)
-    cpus_per_probe_actor: float = Field(1.0, gt=0)
-    gpus_per_probe_actor: float = Field(0.0, ge=0)
-    # custom Ray resources of each probe actor, e.g. {worker: 1}: amounts >= 0 (Ray would wait forever for a
-    # negative one, as for any amount no node has)
-    probe_resources: dict[str, ResourceAmount] = Field(default_factory=dict)
-
-    def actor_options(self) -> dict[str, Any]:
-        """Ray actor options of one probe actor."""
-        options: dict[str, Any] = {"num_cpus": self.cpus_per_probe_actor, "num_gpus": self.gpus_per_probe_actor}
-        if self.probe_resources:
-            options["resources"] = dict(self.probe_resources)
-        return options
-
-    @field_validator("cpus_per_probe_actor", "gpus_per_probe_actor")
-    @classmethod
-    def _probe_share_ray_can_reserve(cls, value: float, info: ValidationInfo) -> float:
-        return _ray_share(value, zero_allowed=info.field_name == "gpus_per_probe_actor")
-
-
-class ResourcesConfig(ProbeActorsConfig):
-    cpus_per_trial: float = Field(1.0, gt=0)
-    # torch threads of each fine-tuning trial (and of a probe actor recomputing a damaged checkpoint, which
-    # must repeat the run's arithmetic exactly); keep it <= cpus_per_trial
-    torch_threads_per_trial: int = Field(1, ge=1, le=MAX_TORCH_THREADS)
-    gpus_per_trial: float = Field(0.0, ge=0)
-    max_concurrent_trials: int | None = Field(None, ge=1)
-    trial_resources: dict[str, ResourceAmount] = Field(default_factory=dict)  # custom resources, e.g. {worker: 1}
-    # minutes without progress (no trial running, none started or finished, no epoch or probe result) after
-    # which the driver stops the sweep, saying what Ray waits for, and exits 1 (resumable); 0 = wait forever
-    stall_timeout_min: float = Field(30.0, ge=0)
-
-    @field_validator("cpus_per_trial", "gpus_per_trial")
-    @classmethod
-    def _trial_share_ray_can_reserve(cls, value: float, info: ValidationInfo) -> float:
-        return _ray_share(value, zero_allowed=info.field_name == "gpus_per_trial")
-
-
-# What W&B refuses in a project name (wandb's own check): a name with one of them fails at the first run
-_WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
-_WANDB_PROJECT_MAX = 128
-# W&B refuses an artifact name longer than this (wandb.sdk.artifacts._validators.NAME_MAXLEN), when the finished
-# sweep logs it. The names a tabular sweep logs: the results artifact (orchestrator.report.wandb_logger,
-# WandbResultsLogger._artifact: the prefix and the sweep's name) and each trial's checkpoint artifact
-# (orchestrator.report.wandb_summary.artifact_name: the prefix and at most 120 characters of the run id);
-# tests/test_validated_limits.py ties these to the code that builds the names
-WANDB_NAME_MAX = 128
-WANDB_RESULTS_ARTIFACT_PREFIX = "iclmem-results-"
-WANDB_CHECKPOINT_ARTIFACT_PREFIX = "checkpoint-"
-WANDB_ARTIFACT_KEY_MAX = 120
-
-
-class SlicesConfig(StrictConfig):
-    """``report.slices``: how the risk report groups a task's rows (orchestrator/schema/slices.py; docs/METHOD.md,
-    "Per-record risk"). Defaults from :class:`orchestrator.schema.slices.SliceSettings`."""
-
-    by: list[SliceFamily] = Field(default_factory=lambda: list(settings_default(SliceSettings, "by")))
-    columns: list[str] = Field(default_factory=lambda: list(settings_default(SliceSettings, "columns")))
-    outlier_quantiles: list[float] = Field(
-        default_factory=lambda: list(settings_default(SliceSettings, "outlier_quantiles")))
-    neighbours: int = Field(settings_default(SliceSettings, "neighbours"), ge=1)
-    near_duplicate_radius: float = Field(settings_default(SliceSettings, "near_duplicate_radius"), ge=0.0)
-    rare_level_rows: int = Field(settings_default(SliceSettings, "rare_level_rows"), ge=2)
-    min_group_rows: int = Field(settings_default(SliceSettings, "min_group_rows"), ge=2)
-    top_k: int = Field(settings_default(SliceSettings, "top_k"), ge=1)
-    permutations: int = Field(settings_default(SliceSettings, "permutations"), ge=19, le=100_000)
-
-    @field_validator("outlier_quantiles")
-    @classmethod
-    def _quantiles_inside(cls, value: list[float]) -> list[float]:
-        if any(not 0.0 < q < 1.0 for q in value) or value != sorted(set(value)):
-            raise ValueError(f"outlier_quantiles must rise strictly inside (0, 1), e.g. [0.5, 0.9]; got {value}")
-        return value
-
-    @field_validator("by", "columns")
-    @classmethod
-    def _distinct(cls, value: list[Any]) -> list[Any]:
-        repeated = sorted({str(v) for v in value if value.count(v) > 1})
-        if repeated:
-            raise ValueError(f"{repeated} named more than once")
-        return value
-
-    @model_validator(mode="after")
-    def _columns_need_their_family(self) -> SlicesConfig:
-        if SliceFamily.COLUMN in self.by and not self.columns:
-            raise ValueError("by names 'column' but columns is empty: name the source-table columns to slice by")
-        return self
-
-
-class ReportConfig(StrictConfig):
-    """``report:``: what the aggregator builds beside the results (the data owner's risk report)."""
-
-    slices: SlicesConfig = SlicesConfig()
-
-    def slice_settings(self) -> SliceSettings:
-        """The risk report's slicing from this block (the one place it becomes :class:`SliceSettings`)."""
-        s = self.slices
-        # naming columns is asking for their slices, whether or not ``by`` lists the family
-        by = (*s.by, SliceFamily.COLUMN) if s.columns and SliceFamily.COLUMN not in s.by else tuple(s.by)
-        return SliceSettings(by=by, columns=tuple(s.columns), outlier_quantiles=tuple(s.outlier_quantiles),
-                             neighbours=s.neighbours, near_duplicate_radius=s.near_duplicate_radius,
-                             rare_level_rows=s.rare_level_rows, min_group_rows=s.min_group_rows, top_k=s.top_k,
-                             permutations=s.permutations)
-
-
-class WandbConfig(StrictConfig):
-    mode: WandbMode = WandbMode.OFFLINE
-    project: str = "iclmem"
-    entity: str | None = None
-
-    @field_validator("project")
-    @classmethod
-    def _project_name(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError(f"the W&B project name is empty ({value!r}): name a project (default iclmem)")
-        bad = sorted({c for c in value if c in _WANDB_PROJECT_FORBIDDEN})
-        if bad:
-            raise ValueError(f"the W&B project name {value!r} holds {' '.join(bad)}, which W&B refuses in a project "
-                             "name")
-        if len(value) > _WANDB_PROJECT_MAX:
-            raise ValueError(f"the W&B project name is {len(value)} characters; W&B takes at most "
-                             f"{_WANDB_PROJECT_MAX}")
-        return value
-
-    @field_validator("entity")
-    @classmethod
-    def _entity_name(cls, value: str | None) -> str | None:
-        if value is not None and not value.strip():
-            raise ValueError(f"the W&B entity is empty ({value!r}): name one, or leave it out for your default")
-        return value
 
 
 class SweepConfig(StrictConfig):

@@ -11,12 +11,14 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from iclmem.vocab import ExposureMetric, LMProbe, NerVariant, values
-from orchestrator.schema.config import ProbeActorsConfig, WandbConfig, config_hash_of
-from orchestrator.schema.config_base import StrictConfig
+from orchestrator.schema.config import config_hash_of
+from orchestrator.schema.config_base import StrictConfig, settings_default
 from orchestrator.schema.config_reading import validate_config
+from orchestrator.schema.outputs import WandbConfig
+from orchestrator.schema.resources import ProbeActorsConfig
 from probes.lm.data import DATASET_FORMATS
 from probes.lm.exposure import ThresholdRule, default_thresholds
-from probes.lm.ner import NerSettings
+from probes.lm.settings import DEFAULT_BATCH_SIZE, NerSettings
 
 __all__ = ["LMDatasetConfig", "LMModelConfig", "LMSweepConfig", "NerConfig", "ThresholdConfig",
            "parse_lm_sweep"]
@@ -90,15 +92,18 @@ class LMDatasetConfig(StrictConfig):
 
 
 class NerConfig(StrictConfig):
-    shots: int = Field(16, ge=1)
-    positives: int = Field(9, ge=0)
-    max_new_tokens: int = Field(15, ge=1)
-    calibrate: bool = True
-    variants: list[NerVariant] = list(NerVariant)
-    test_seed: int = 0
-    negative_ratio: float = Field(2.0, gt=0)
-    max_test_sentences: int | None = Field(None, ge=1)
-    batch_size: int = Field(8, ge=1)
+    """``ner:``: the few-shot NER probe's settings; every default is :class:`probes.lm.ner.NerSettings`'s."""
+
+    shots: int = Field(settings_default(NerSettings, "shots"), ge=1)
+    positives: int = Field(settings_default(NerSettings, "positives"), ge=0)
+    max_new_tokens: int = Field(settings_default(NerSettings, "max_new_tokens"), ge=1)
+    calibrate: bool = settings_default(NerSettings, "calibrate")
+    variants: list[NerVariant] = Field(
+        default_factory=lambda: [NerVariant(v) for v in settings_default(NerSettings, "variants")])
+    test_seed: int = settings_default(NerSettings, "test_seed")
+    negative_ratio: float = Field(settings_default(NerSettings, "negative_ratio"), gt=0)
+    max_test_sentences: int | None = Field(settings_default(NerSettings, "max_test_sentences"), ge=1)
+    batch_size: int = Field(settings_default(NerSettings, "batch_size"), ge=1)
 
     @model_validator(mode="after")
     def _positives_fit(self) -> NerConfig:
@@ -123,7 +128,7 @@ class LMSweepConfig(StrictConfig):
     def config_hash(self) -> str:
         """Names a validated LM sweep (run folders, provenance): the hash of its JSON form."""
         return config_hash_of(self.model_dump(mode="json"))
-    batch_size: int = Field(32, ge=1)  # sequences per forward pass (exposure, NET)
+    batch_size: int = Field(DEFAULT_BATCH_SIZE, ge=1)  # sequences per forward pass (exposure, NET)
     leading_space: bool = False  # exposure: True encodes " " + entity (the spec: no added space; probes.lm.exposure)
     device: str = "cpu"
     resources: ProbeActorsConfig = ProbeActorsConfig()

@@ -14,12 +14,8 @@ from typing import Any
 from iclmem.errors import ConfigError
 from iclmem.record import RunIdentity
 from iclmem.vocab import LabelMode, Regime, TrialRole
-from orchestrator.schema.config import (
-    WANDB_ARTIFACT_KEY_MAX,
-    WANDB_CHECKPOINT_ARTIFACT_PREFIX,
-    WANDB_NAME_MAX,
-    SweepConfig,
-)
+from orchestrator.schema.config import SweepConfig
+from orchestrator.schema.outputs import WANDB_ARTIFACT_KEY_MAX, WANDB_CHECKPOINT_ARTIFACT_PREFIX, WANDB_NAME_MAX
 
 __all__ = ["ContextAuditSpec", "TrialSpec", "context_audit_specs", "expand_grid"]
 

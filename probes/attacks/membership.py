@@ -59,7 +59,7 @@ from probes.outcomes import OutcomeThresholds, memorization_holds, peak_checkpoi
 PER_QUERY_VARIANCE_MIN = 32
 RMIA_GAMMA = 1.0
 _SIGMA_FLOOR = 1e-12  # keeps a degenerate (constant) statistic from dividing by zero
-# A query table's per-manipulation LiRA statistics: ``logit_<manipulation name>`` (probes.probe.query_table)
+# A query table's per-manipulation LiRA statistics: ``logit_<manipulation name>`` (probes.query_tables.query_table)
 LOGIT_PREFIX = "logit_"
 _LOGIT_LOSS_FLOOR = 1e-12  # p(y*) = 1 would make the logit infinite: the loss is floored here first
 

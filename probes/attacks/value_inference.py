@@ -413,7 +413,7 @@ def label_inference(scorer: ContextScorer, inputs: ContextAuditInputs, *, n_refe
                     exchangeable: bool | None = None) -> LabelInferenceResult:
     """Label inference against the deployed context and (when ``inputs`` has one) the control: K + 1 or K + 2
     scorer calls, each on all of P (see the module's docstring). ``exchangeable``: the split's blind-baseline
-    verdict (``probes.probe.blind_columns``' ``exchangeable``, as the membership audit reads it); None, not
+    verdict (``probes.probe_columns.blind_columns``' ``exchangeable``, as the membership audit reads it); None, not
     measured, leaves the result untrusted."""
     _check_settings(n_references, n_resamples, confidence)
     x, y, c = inputs.population_x, inputs.population_y, inputs.n_classes

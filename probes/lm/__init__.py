@@ -14,45 +14,7 @@ Public API:
 
 The sweep driver that runs the units on the probe pool is ``orchestrator.driver.lm_sweep`` (``iclmem lm``).
 
-Submodules import torch / transformers lazily where they can; ``import probes.lm`` needs torch, pandas,
-pydantic and pyyaml.
+The package imports nothing itself: import the submodule that holds a name (above). Reading an LM sweep file
+(``orchestrator.schema.lm_config``) needs only the torch-free ones (data, the exposure thresholds, the NER
+settings), so a refusal of a tabular or LM sweep file never waits for torch.
 """
-
-from probes.lm.data import (
-    DATASET_FORMATS,
-    LMDataset,
-    Sentence,
-    Span,
-    canonical_type,
-    load_dataset,
-    read_bio,
-    read_entity_list,
-    write_bio,
-)
-from probes.lm.exposure import (
-    DEFAULT_THRESHOLDS,
-    ThresholdRule,
-    classify,
-    classify_table,
-    compute_exposure,
-    exposure_auc,
-    memorized_lists,
-    rank_exposures,
-)
-from probes.lm.model import LanguageModel, greedy_generate, load_lm, token_logprobs
-from probes.lm.ner import NerSettings, calibrate, is_correct, levenshtein, matches_gold, run_ner
-from probes.lm.net import NET_KEYWORDS, f1_table, predict_types
-from probes.lm.report import lm_report_section, lm_tables
-from probes.lm.units import LM_UNITS, LMUnit, LMUnitResult
-
-__all__ = [
-    "DATASET_FORMATS", "LMDataset", "Sentence", "Span", "canonical_type", "load_dataset", "read_bio",
-    "read_entity_list", "write_bio",
-    "DEFAULT_THRESHOLDS", "ThresholdRule", "classify", "classify_table", "compute_exposure", "exposure_auc",
-    "memorized_lists", "rank_exposures",
-    "LanguageModel", "greedy_generate", "load_lm", "token_logprobs",
-    "NerSettings", "calibrate", "is_correct", "levenshtein", "matches_gold", "run_ner",
-    "NET_KEYWORDS", "f1_table", "predict_types",
-    "lm_report_section", "lm_tables",
-    "LM_UNITS", "LMUnit", "LMUnitResult",
-]

@@ -241,7 +241,7 @@ def parse_bio_lines(lines: Iterable[str], fmt: DatasetFormat, source: str = "<li
         i = len(tokens)
         if prefix == "O":
             close(i)
-        elif prefix in ("B", "S") or open_type is None or typ.upper() != open_type.upper():
+        elif prefix in ("B", "S") or open_type is None or typ is None or typ.upper() != open_type.upper():
             # IOB1: an I- tag after O or after another type opens an entity
             close(i)
             open_start, open_type = i, typ

@@ -31,15 +31,18 @@ import math
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from iclmem.errors import ConfigError, ProbeError
 from iclmem.vocab import ExposureClass, ExposureMetric, values
-from probes.lm.model import DEFAULT_BATCH_SIZE, LanguageModel, token_logprobs
+from probes.lm.settings import DEFAULT_BATCH_SIZE
 from probes.metrics import auc
+
+if TYPE_CHECKING:  # the model (torch) is imported where entities are scored; reading thresholds needs none
+    from probes.lm.model import LanguageModel
 
 __all__ = [
     "EntityTokens",
@@ -164,17 +167,17 @@ def tokenize_entities(lm: LanguageModel, entities: Sequence[str], leading_space:
             out.append(EntityTokens(tuple(ids), tuple(_word_index(text, words, lead, offsets)), len(words)))
         return out
     for words in word_lists:
-        ids: list[int] = []
+        so_far: list[int] = []
         index: list[int] = []
         for w in range(len(words)):
             upto = lm.encode(lead + " ".join(words[: w + 1]))
-            if upto[: len(ids)] != ids:
+            if upto[: len(so_far)] != so_far:
                 raise ProbeError(f"{lm.name}: cannot align tokens to words for this tokenizer")
-            index.extend([w] * (len(upto) - len(ids)))
-            ids = upto
-        if not ids:
+            index.extend([w] * (len(upto) - len(so_far)))
+            so_far = upto
+        if not so_far:
             raise ProbeError("an entity encoded to no token")
-        out.append(EntityTokens(tuple(ids), tuple(index), len(words)))
+        out.append(EntityTokens(tuple(so_far), tuple(index), len(words)))
     return out
 
 
@@ -183,7 +186,7 @@ def tokenize_entity(lm: LanguageModel, entity: str, leading_space: bool = False)
     return tokenize_entities(lm, [entity], leading_space)[0]
 
 
-def exposures_from_logprobs(logprobs: Sequence[float], word_index: Sequence[int]) -> tuple[float, float]:
+def exposures_from_logprobs(logprobs: Sequence[float] | np.ndarray, word_index: Sequence[int]) -> tuple[float, float]:
     """(word exposure, transition exposure) from the entity tokens' log-probabilities.
 
     ``logprobs[k] = log p(token_k | prefix, token_<k)``, ``word_index[k]`` its word (non-decreasing)."""
@@ -234,6 +237,8 @@ def compute_exposure(lm: LanguageModel, entities: Sequence[str], entity_types: S
         raise ProbeError("entity_types must be as long as entities")
     toks = tokenize_entities(lm, entities, leading_space)
     prefix = lm.prefix_id
+    from probes.lm.model import token_logprobs
+
     lps = token_logprobs(lm, [(prefix, *t.ids) for t in toks], batch_size)
     rows = []
     for e, typ, t, lp in zip(entities, types, toks, lps):
@@ -290,7 +295,7 @@ def exposure_auc(seen: Any, unseen: Any) -> float:
 
 def exposure_counts(classified: pd.DataFrame, rules: Sequence[ThresholdRule]) -> list[Mapping[str, Any]]:
     """Per (rule, entity type, class) counts, for the results table."""
-    rows = []
+    rows: list[Mapping[str, Any]] = []
     for rule in rules:
         col = f"class_{rule.metric}"
         for typ, g in classified.groupby("entity_type"):

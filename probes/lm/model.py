@@ -14,12 +14,13 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from iclmem.errors import ModelError, ProbeError
+from probes.lm.settings import DEFAULT_BATCH_SIZE
 
 __all__ = [
     "LanguageModel",
@@ -27,10 +28,7 @@ __all__ = [
     "token_logprobs",
     "next_token_logprobs",
     "greedy_generate",
-    "DEFAULT_BATCH_SIZE",
 ]
-
-DEFAULT_BATCH_SIZE = 32
 
 
 @dataclass
@@ -79,7 +77,7 @@ class LanguageModel:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     @property
     def vocab_size(self) -> int:
@@ -107,7 +105,8 @@ class LanguageModel:
 
 
 def _logits(out: Any) -> torch.Tensor:
-    return out.logits if hasattr(out, "logits") else out[0]
+    logits: torch.Tensor = out.logits if hasattr(out, "logits") else out[0]
+    return logits
 
 
 _CACHE: dict[tuple[str, str], LanguageModel] = {}
@@ -130,11 +129,11 @@ def load_lm(path: str | Path, device: str = "cpu", name: str | None = None, cach
         raise ModelError("the LM probes need transformers: pip install 'iclmem[lm]'") from exc
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)  # type: ignore[no-untyped-call]
         model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"cannot load a causal LM from {path}: {exc}") from exc
-    model.eval().to(device)
+    model.eval().to(device)  # type: ignore[no-untyped-call]
     cfg = getattr(model, "config", None)
     max_length = None
     for attr in ("n_positions", "max_position_embeddings"):
@@ -188,10 +187,10 @@ def token_logprobs(lm: LanguageModel, sequences: Sequence[Sequence[int]],
         logits = _logits(lm.forward(ids, mask if lm.mask_right_padding else torch.ones_like(ids))).float()[:, :-1]
         target = ids[:, 1:].to(logits.device)
         lp = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-        lp = lp.double().cpu().numpy()
+        lp_np = lp.double().cpu().numpy()
         for r, i in enumerate(chunk):
-            out[i] = lp[r, : len(seqs[i]) - 1].copy()
-    return out  # type: ignore[return-value]
+            out[i] = lp_np[r, : len(seqs[i]) - 1].copy()
+    return cast("list[np.ndarray]", out)  # every index was filled above
 
 
 def _left_pad(lm: LanguageModel, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:

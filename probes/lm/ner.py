@@ -38,18 +38,17 @@ import math
 import string
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from iclmem.errors import ProbeError
-from iclmem.vocab import NerVariant, values
+from iclmem.vocab import NerVariant
 from probes.lm.data import Sentence
 from probes.lm.model import LanguageModel, greedy_generate, next_token_logprobs
+from probes.lm.settings import NER_VARIANTS, NerSettings
 
 __all__ = [
-    "VARIANTS",
     "levenshtein",
     "matches_gold",
     "is_correct",
@@ -62,11 +61,9 @@ __all__ = [
     "build_prompt",
     "random_nonword",
     "make_variant",
-    "NerSettings",
     "run_ner",
 ]
 
-VARIANTS = values(NerVariant)
 NONE = "none"
 CONTENT_FREE = "N/A"
 
@@ -140,10 +137,12 @@ def calibrate(p: np.ndarray, p_cf: np.ndarray, mode: str = "softmax") -> np.ndar
         raise ProbeError("the content-free distribution must be positive everywhere")
     q = p / p_cf
     if mode == "normalize":
-        return q / q.sum()
+        normalized: np.ndarray = q / q.sum()
+        return normalized
     if mode == "softmax":
         e = np.exp(q - q.max())
-        return e / e.sum()
+        softmax: np.ndarray = e / e.sum()
+        return softmax
     raise ProbeError(f"unknown calibration mode {mode!r}")
 
 
@@ -216,8 +215,8 @@ def make_variant(sentences: Sequence[Sentence], variant: str, seed: int,
     unseen: random non-word lowercase string)."""
     if variant == NerVariant.AS_IS:
         return list(sentences)
-    if variant not in VARIANTS:
-        raise ProbeError(f"unknown NER test variant {variant!r}; expected one of {VARIANTS}")
+    if variant not in NER_VARIANTS:
+        raise ProbeError(f"unknown NER test variant {variant!r}; expected one of {NER_VARIANTS}")
     out = []
     for k, s in enumerate(sentences):
         rng = _rng("variant", variant, seed, k)
@@ -234,19 +233,6 @@ def make_variant(sentences: Sequence[Sentence], variant: str, seed: int,
 
 
 # ------------------------------------------------------------------------------------------- run
-@dataclass(frozen=True)
-class NerSettings:
-    shots: int = 16
-    positives: int = 9
-    max_new_tokens: int = 15
-    calibrate: bool = True
-    variants: tuple[str, ...] = VARIANTS
-    test_seed: int = 0
-    negative_ratio: float = 2.0  # positives : negatives
-    max_test_sentences: int | None = None
-    batch_size: int = 8
-
-
 def _fit_prompt(lm: LanguageModel, examples: list[Sentence], entity_type: str, text: str,
                 max_new: int) -> list[int]:
     ex = list(examples)
@@ -263,8 +249,11 @@ def answer_text(lm: LanguageModel, ids: Sequence[int]) -> str:
     return lm.decode(ids).split("\n", 1)[0].strip()
 
 
+_DEFAULT_SETTINGS = NerSettings()  # frozen: one instance serves every call
+
+
 def run_ner(lm: LanguageModel, train: Sequence[Sentence], test: Sequence[Sentence], entity_type: str,
-            seed: int, settings: NerSettings = NerSettings(),
+            seed: int, settings: NerSettings = _DEFAULT_SETTINGS,
             memorized: Mapping[str, Sequence[str]] | None = None) -> pd.DataFrame:
     """One (type, seed) NER run over the requested test variants.
 

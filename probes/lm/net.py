@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from iclmem.errors import ProbeError
-from probes.lm.model import DEFAULT_BATCH_SIZE, LanguageModel, token_logprobs
+from probes.lm.model import LanguageModel, token_logprobs
+from probes.lm.settings import DEFAULT_BATCH_SIZE
 
 __all__ = ["NET_KEYWORDS", "MACRO", "keywords_for", "net_query", "predict_types", "f1_table"]
 

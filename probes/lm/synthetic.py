@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,7 @@ _TAG = {"person": "PER", "location": "LOC", "organisation": "ORG"}
 
 def _word(rng: np.random.Generator, lo: int = 2, hi: int = 3) -> str:
     n = int(rng.integers(lo, hi + 1))
-    return "".join(rng.choice(_SYLLABLES, size=n)).capitalize()
+    return str("".join(rng.choice(_SYLLABLES, size=n)).capitalize())
 
 
 def random_strings(rng: np.random.Generator, n: int, length: int = 8) -> list[str]:
@@ -64,7 +65,7 @@ def make_world(seed: int = 0, n_planted: int = 16, n_held_out: int = 8) -> Synth
     rng = np.random.default_rng(seed)
     seen: set[str] = set()
 
-    def unique(fn) -> str:
+    def unique(fn: Callable[[], str]) -> str:
         while True:
             x = fn()
             if x not in seen:
@@ -85,7 +86,7 @@ def make_world(seed: int = 0, n_planted: int = 16, n_held_out: int = 8) -> Synth
     return SyntheticWorld(planted, held, recombined, tuple(random_strings(rng, n_planted)))
 
 
-def _fill(template: str, pools: dict[str, Sequence[str]], rng: np.random.Generator) -> Sentence:
+def _fill(template: str, pools: Mapping[str, Sequence[str]], rng: np.random.Generator) -> Sentence:
     tokens: list[str] = []
     spans: list[Span] = []
     for piece in template.split():
@@ -143,7 +144,7 @@ def typing_texts(world: SyntheticWorld, n: int = 300, seed: int = 5) -> list[str
     return out
 
 
-def build_tokenizer(texts: Sequence[str], vocab_size: int = 1000):
+def build_tokenizer(texts: Sequence[str], vocab_size: int = 1000) -> Any:
     """A byte-level BPE tokenizer (GPT-2 style) trained on ``texts``, wrapped for transformers."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -154,8 +155,9 @@ def build_tokenizer(texts: Sequence[str], vocab_size: int = 1000):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                                   unk_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast_tokenizer: Any = PreTrainedTokenizerFast  # transformers' constructors are untyped
+    return fast_tokenizer(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                          unk_token="<|endoftext|>", pad_token="<|endoftext|>")
 
 
 def train_tiny_gpt2(texts: Sequence[str], out_dir: str | Path, seed: int = 0, steps: int = 300,
@@ -176,18 +178,20 @@ def train_tiny_gpt2(texts: Sequence[str], out_dir: str | Path, seed: int = 0, st
         torch.set_num_threads(threads)
 
 
-def _train(texts, out_dir, seed, steps, batch_size, lr, vocab_size, n_positions, extra_tokenizer_texts,
-           n_embd, n_layer, n_head) -> Path:
+def _train(texts: Sequence[str], out_dir: str | Path, seed: int, steps: int, batch_size: int, lr: float,
+           vocab_size: int, n_positions: int, extra_tokenizer_texts: Sequence[str], n_embd: int, n_layer: int,
+           n_head: int) -> Path:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
     tokenizer = build_tokenizer(list(texts) + list(extra_tokenizer_texts), vocab_size)
     eot = tokenizer.eos_token_id
-    cfg = GPT2Config(vocab_size=len(tokenizer), n_positions=n_positions, n_embd=n_embd, n_layer=n_layer,
-                     n_head=n_head, bos_token_id=eot, eos_token_id=eot, pad_token_id=eot,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = GPT2LMHeadModel(cfg)
+    config_class: Any = GPT2Config  # transformers' constructors are untyped
+    cfg = config_class(vocab_size=len(tokenizer), n_positions=n_positions, n_embd=n_embd, n_layer=n_layer,
+                       n_head=n_head, bos_token_id=eot, eos_token_id=eot, pad_token_id=eot,
+                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(cfg)  # type: ignore[no-untyped-call]
     encoded = [[eot, *tokenizer(t, add_special_tokens=False)["input_ids"], eot] for t in texts]
     rng = np.random.default_rng(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -207,7 +211,7 @@ def _train(texts, out_dir, seed, steps, batch_size, lr, vocab_size, n_positions,
         opt.zero_grad()
         loss.backward()
         opt.step()
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -28,8 +28,9 @@ from iclmem.vocab import LMProbe
 from probes.lm.data import LMDataset
 from probes.lm.exposure import ThresholdRule, classify_table, compute_exposure
 from probes.lm.model import LanguageModel
-from probes.lm.ner import NerSettings, run_ner
+from probes.lm.ner import run_ner
 from probes.lm.net import predict_types
+from probes.lm.settings import NerSettings
 
 __all__ = ["LM_UNITS", "LMUnit", "LMUnitResult", "unit_key"]
 

@@ -12,7 +12,7 @@ of the members are the harder ones to predict from C' when only they were permut
 unmatched design reads well above 0.5. Either direction away from 0.5 means the groups are separable
 without the model; :attr:`BlindBaseline.separable` is the two-sided test (the 95% stratified-bootstrap
 interval excludes 0.5). Stage I measures it on every draw of a split and redraws a separable one
-(:mod:`trainables.data.split`); every probe row reports it (``probes.probe.blind_columns``). Pure numpy /
+(:mod:`trainables.data.split`); every probe row reports it (``probes.probe_columns.blind_columns``). Pure numpy /
 scikit-learn (imported on use); no Ray, no torch.
 
 Shapes: context features float32 [n_context, F] with labels int64 [n_context]; query features float32

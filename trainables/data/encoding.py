@@ -113,7 +113,8 @@ def _standardize(matrix: np.ndarray) -> np.ndarray:
     mean = matrix.mean(axis=0)
     std = matrix.std(axis=0)
     # Constant columns become 0 rather than NaN.
-    return (matrix - mean) / np.where(std > 0, std, 1.0)
+    standardized: np.ndarray = (matrix - mean) / np.where(std > 0, std, 1.0)
+    return standardized
 
 
 # --------------------------------------------------------------------------------------------------

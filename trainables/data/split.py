@@ -95,7 +95,7 @@ def check_sizes(name: str, table: Table, labels: np.ndarray, settings: PrepSetti
 def _allocate(class_counts: np.ndarray, total: int) -> np.ndarray:
     """Proportional allocation of `total` draws over classes (largest remainder, ties to lower index)."""
     share = class_counts / class_counts.sum() * total
-    alloc = np.floor(share).astype(np.int64)
+    alloc: np.ndarray = np.floor(share).astype(np.int64)
     remainder = share - alloc
     order = np.lexsort((np.arange(len(share)), -remainder))
     alloc[order[: total - int(alloc.sum())]] += 1

@@ -241,7 +241,8 @@ def _infer_task(target: pd.Series) -> TaskKind:
 
 def _numeric_target(target: pd.Series, column: str, task_name: str) -> np.ndarray:
     if pd.api.types.is_bool_dtype(target):
-        return target.to_numpy(dtype=np.float64)
+        as_float: np.ndarray = target.to_numpy(dtype=np.float64)
+        return as_float
     numeric = pd.to_numeric(target, errors="coerce").astype(np.float64)
     bad = numeric.isna() | ~np.isfinite(numeric.to_numpy())
     if bad.any():
@@ -250,7 +251,8 @@ def _numeric_target(target: pd.Series, column: str, task_name: str) -> np.ndarra
             f"task {task_name!r}: regression target column {column!r} has {int(bad.sum())} non-numeric value(s), "
             f"e.g. {example!r}"
         )
-    return numeric.to_numpy()
+    values: np.ndarray = numeric.to_numpy()
+    return values
 
 
 def _quantile_bins(values: np.ndarray, n_bins: int) -> tuple[np.ndarray, tuple[float, ...], tuple[str, ...]]:

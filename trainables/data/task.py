@@ -157,7 +157,7 @@ DEFAULT_SETTINGS = PrepSettings()
 
 def effective_settings(settings: PrepSettings, q: int | None, context_size: int | None) -> PrepSettings:
     """The settings with ``q`` / ``context_size`` overridden where given (the arguments of ``prepare_task``)."""
-    changes: dict[str, int] = {}
+    changes: dict[str, Any] = {}
     if q is not None:
         changes["q"] = q
     if context_size is not None:

@@ -165,7 +165,7 @@ class ModelAdapter(abc.ABC):
         if reference_x is None or not self.normalizes_over_context:
             yield
             return
-        self._reference_x = reference_x
+        self._reference_x: torch.Tensor | None = reference_x
         try:
             yield
         finally:

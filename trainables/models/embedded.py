@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -34,18 +34,20 @@ class PfnMiniAdapter(ModelAdapter):
         self.max_features = module.config.max_features
 
     def _logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
-        return self.module(context_x, context_y, query_x)
+        logits: torch.Tensor = self.module(context_x, context_y, query_x)
+        return logits
 
     def _weighted_logits(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor,
                          context_weight: torch.Tensor) -> torch.Tensor:
-        return self.module(context_x, context_y, query_x, context_weight)
+        logits: torch.Tensor = self.module(context_x, context_y, query_x, context_weight)
+        return logits
 
     def log_probs_many(self, batches: Sequence[ContextBatch], n_classes: int) -> list[torch.Tensor]:
         self._require_classifier()
         for b in batches:
             self.check_shapes(b.context_x, b.context_y, b.query_x, n_classes)
-        logits = self.module.forward_many([(b.context_x.float(), b.context_y.long(), b.query_x.float(),
-                                            b.context_weight) for b in batches])
+        logits = cast(PfnMini, self.module).forward_many([(b.context_x.float(), b.context_y.long(),
+                                                           b.query_x.float(), b.context_weight) for b in batches])
         return [candidate_log_probs(out, n_classes) for out in logits]
 
 

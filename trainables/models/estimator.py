@@ -52,7 +52,7 @@ def load_estimator_factory(spec: str, flag: str = "--estimator") -> Callable[[],
                           f"{exc.msg})") from None
     except Exception as exc:  # the module's own code failed as it was imported
         raise ConfigError(f"{flag} {spec}: importing its module failed ({type(exc).__name__}: {exc})") from None
-    factory = getattr(module, attr, None)
+    factory: Callable[[], Any] | None = getattr(module, attr, None)
     if factory is None or not callable(factory):
         raise ConfigError(f"{flag} {spec}: {module_name} has no callable {attr!r}")
     try:

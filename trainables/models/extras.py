@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -133,7 +133,7 @@ def saved_options(path: str | Path, model_name: str) -> dict[str, Any]:
     if meta.get("model") not in (None, model_name):
         raise CheckpointError(f"{path} holds weights of model {meta.get('model')!r}, not {model_name!r}")
     try:
-        return json.loads(meta.get("options", "{}"))
+        return cast(dict[str, Any], json.loads(meta.get("options", "{}")))
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: unreadable options in the safetensors metadata: {exc}") from exc
 

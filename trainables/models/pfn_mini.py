@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -80,7 +81,8 @@ class ContextAttentionBlock(nn.Module):
         attended = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=key_bias)
         attended = attended.transpose(1, 2).reshape(batch, q.shape[1], width)
         tokens = tokens + self.out(attended)
-        return tokens + self.ff(self.norm_ff(tokens))
+        result: torch.Tensor = tokens + self.ff(self.norm_ff(tokens))
+        return result
 
     def forward_inference(self, tokens: torch.Tensor, groups: Sequence[TableGroup], split: int,
                           queries_only: bool = False) -> torch.Tensor:
@@ -158,15 +160,17 @@ class TableGroup:
 # Its fixed cost per call is higher than addmm's, so it serves products of at least _ONEDNN_MIN_ROWS rows
 # (measured: from ~300 rows on, linear + GELU ~10-15% faster than addmm + gelu; below, slower). For the
 # plain linear layers it is no faster than addmm at any size here, so those stay addmm.
-_ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+_ONEDNN_LINEAR = (torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+                  and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 _ONEDNN_MIN_ROWS = 256
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, gelu: bool = False) -> torch.Tensor:
     """F.linear(x, weight, bias), then the exact GELU if ``gelu``; x [R, in] -> [R, out], float32 on CPU."""
     if _ONEDNN_LINEAR and x.shape[0] >= _ONEDNN_MIN_ROWS:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu" if gelu else "none", [],
-                                                  "none" if gelu else "")
+        fused: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "gelu" if gelu else "none", [],
+                                                                 "none" if gelu else "")
+        return fused
     out = torch.addmm(bias, x, weight.t())
     return F.gelu(out) if gelu else out
 
@@ -220,7 +224,8 @@ class PfnMini(nn.Module):
         # the padded one on some CPUs only (on an AVX2-only machine its gradients differed in the last bits).
         n_features = x.shape[-1]
         scale = self._feature_scale(n_features)
-        return self.x_encoder(F.pad(x, (0, self.config.max_features - n_features)) * scale)
+        encoded: torch.Tensor = self.x_encoder(F.pad(x, (0, self.config.max_features - n_features)) * scale)
+        return encoded
 
     def _feature_scale(self, n_features: int) -> float:
         """sqrt(max_features / F): F features read as max_features carry the same total energy; refuses F
@@ -245,7 +250,8 @@ class PfnMini(nn.Module):
         key_bias = None if context_weight is None else context_weight.float().log()[:, None, None, :]
         for i, block in enumerate(self.blocks):
             tokens = block(tokens, n_context, key_bias, queries_only=i == last)
-        return self.head(tokens)  # [B, M, D]: the last block keeps the query rows only
+        logits: torch.Tensor = self.head(tokens)  # [B, M, D]: the last block keeps the query rows only
+        return logits
 
     def forward_many(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]
                      ) -> list[torch.Tensor]:
@@ -284,7 +290,7 @@ class PfnMini(nn.Module):
             query_start += batch * n_query
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            flat = block.forward_inference(flat, groups, split, queries_only=i == last)
+            flat = cast(ContextAttentionBlock, block).forward_inference(flat, groups, split, queries_only=i == last)
         logits = self.head(flat)  # [query rows of every batch, max_classes]
         out, start = [], 0
         for group in groups:

@@ -120,13 +120,13 @@ def split_loss_backward(logits_fn: LogitsOf, x: torch.Tensor, y: torch.Tensor, l
     batch = x.shape[0]
     if micro_batch is None or micro_batch >= batch:
         loss = _query_loss(logits_fn, x, y, n_context)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         return float(loss.detach())
     total = 0.0
     for start in range(0, batch, micro_batch):
         share = min(micro_batch, batch - start) / batch
         loss = _query_loss(logits_fn, x[start:start + micro_batch], y[start:start + micro_batch], n_context)
-        (loss * share).backward()
+        (loss * share).backward()  # type: ignore[no-untyped-call]
         total += float(loss.detach()) * share
     return total
 
@@ -178,7 +178,8 @@ def package_versions(packages: Sequence[str]) -> dict[str, str]:
 
 def _load_state(state_path: Path) -> dict[str, Any]:
     # Early pfn-mini states stored the lr as a numpy scalar; allow exactly that type, nothing else.
-    with torch.serialization.safe_globals([np._core.multiarray.scalar, np.dtype, type(np.dtype(np.float64))]):
+    with torch.serialization.safe_globals([np._core.multiarray.scalar,  # type: ignore[attr-defined]
+                                           np.dtype, type(np.dtype(np.float64))]):
         state: dict[str, Any] = torch.load(state_path, weights_only=True)
     return state
 

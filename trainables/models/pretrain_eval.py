@@ -36,7 +36,8 @@ def prepare_eval_features(x: np.ndarray, max_features: int = EVAL_FEATURES) -> n
     x = StandardScaler().fit_transform(x)
     if x.shape[1] > max_features:
         x = StandardScaler().fit_transform(PCA(n_components=max_features, random_state=0).fit_transform(x))
-    return np.clip(x, -6, 6).astype(np.float32)
+    clipped: np.ndarray = np.clip(x, -6, 6).astype(np.float32)
+    return clipped
 
 
 @torch.no_grad()

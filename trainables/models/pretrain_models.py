@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -22,6 +22,9 @@ from iclmem.registry import Registry
 from trainables.models.base import ModelAdapter
 from trainables.models.checkpoints import MINI_CHECKPOINTS
 from trainables.models.pretrain_prior import DRAW_WIDTH, POOL_TABLES
+
+if TYPE_CHECKING:
+    from trainables.models.pfn_mini import PfnMini
 
 LogitsOf = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -60,7 +63,7 @@ class Pretrainable:
 def _write_pfn_mini(adapter: ModelAdapter, path: Path) -> Path:
     from safetensors.torch import save_file
 
-    module = adapter.module
+    module = cast("PfnMini", adapter.module)
     tensors = {k: v.detach().contiguous().clone() for k, v in module.state_dict().items()}
     metadata = {"config": json.dumps(module.config.to_dict())}
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), to_path=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -58,8 +58,8 @@ class TabICLAdapter(PackageScoring, NativeRegressionAdapter):
 
     def __init__(self, module: torch.nn.Module, options: dict[str, Any] | None = None) -> None:
         super().__init__(module, options)
-        self.task = "regression" if int(module.max_classes) == 0 else "classification"
-        self.max_classes = int(module.max_classes)
+        self.task = "regression" if int(cast(Any, module).max_classes) == 0 else "classification"
+        self.max_classes = int(cast(Any, module).max_classes)
         self.max_features = int(self.options.get("max_features", DEFAULT_MAX_FEATURES))
         self.softmax_temperature = float(self.options.get("softmax_temperature", 1.0))
 
@@ -69,13 +69,13 @@ class TabICLAdapter(PackageScoring, NativeRegressionAdapter):
         n_context = context_y.shape[1]
         x = torch.cat([context_x, query_x], dim=1)
         y = context_y.float()
-        m = self.module
+        m: Any = self.module
         with float32_compute(x.device):
             # TabICL._train_forward, called per stage so the module's train/eval flag only toggles dropout
             # (its eval path would route through the autocasting InferenceManager).
             embeddings = m.col_embedder._train_forward(x, y, None, False)
             representations = m.row_interactor._train_forward(embeddings, None)
-            out = m.icl_predictor._icl_predictions(representations, y)
+            out: torch.Tensor = m.icl_predictor._icl_predictions(representations, y)
         return out[:, n_context:].float()
 
     def _require_regressor(self) -> None:
@@ -125,11 +125,12 @@ class TabICLAdapter(PackageScoring, NativeRegressionAdapter):
 
     def _candidate_log_density(self, outputs: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """TabICL's ``QuantileDistribution`` over the predicted quantiles [B, M, Q]."""
-        return self.module.quantile_dist(outputs).log_prob(z)
+        log_density: torch.Tensor = cast(Any, self.module).quantile_dist(outputs).log_prob(z)
+        return log_density
 
 
 # ------------------------------------------------------------------------------------------ loading
-def _full_config(tabicl_cls: type, config: dict[str, Any]) -> dict[str, Any]:
+def _full_config(tabicl_cls: type[Any], config: dict[str, Any]) -> dict[str, Any]:
     """Constructor arguments with the installed tabicl's defaults filled in (stored with saved weights)."""
     params = inspect.signature(tabicl_cls.__init__).parameters
     unknown = sorted(set(config) - set(params) - {"self"})

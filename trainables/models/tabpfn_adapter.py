@@ -39,7 +39,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -74,7 +74,7 @@ def classifier_kwargs(extra: Mapping[str, Any] | None) -> dict[str, Any]:
     """A fine-tuner's ``extra_classifier_kwargs`` (a sweep file's mapping) as ``TabPFNClassifier`` takes them: a
     deep copy, each mapping in ``inference_config.PREPROCESS_TRANSFORMS`` made tabpfn's ``PreprocessorConfig``
     (``tabpfn.preprocessing.PreprocessorConfig``; YAML gives ``{name: none, categorical_name: numeric}``). The
-    settings are checked before any work by ``trainables.upstream.check_finetuner_settings``."""
+    settings are checked before any work by ``trainables.upstream_recipes.check_finetuner_settings``."""
     out = copy.deepcopy(dict(extra or {}))
     config = out.get("inference_config")
     if isinstance(config, Mapping) and config.get("PREPROCESS_TRANSFORMS") is not None:
@@ -112,7 +112,8 @@ class TabPFNV2Adapter(PackageScoring, NativeRegressionAdapter):
         self.max_features = int(self.options.get("max_features", DEFAULT_MAX_FEATURES))
         self.softmax_temperature = float(self.options.get("softmax_temperature", 1.0))
         self.n_estimators = int(self.options.get("n_estimators", DEFAULT_DEPLOYED_N_ESTIMATORS))
-        module.use_multiclass_target_encoding = bool(self.options.get("densify_labels", False)) and self.task == "classification"
+        cast(Any, module).use_multiclass_target_encoding = (bool(self.options.get("densify_labels", False))
+                                                            and self.task == "classification")
 
     # -------------------------------------------------------------------------------- scored as deployed
     def package_checkpoint(self, path: str | Path) -> Path:
@@ -162,7 +163,7 @@ class TabPFNV2Adapter(PackageScoring, NativeRegressionAdapter):
         x = torch.cat([context_x, query_x], dim=1).transpose(0, 1)  # [N+M, B, F], TabPFN is rows-first
         y = context_y.float().transpose(0, 1)  # [N, B]
         with float32_compute(x.device), self._frozen_feature_statistics(getattr(self, "_reference_x", None)):
-            out = self.module(x, y, only_return_standard_out=True)  # [M, B, n_out]
+            out: torch.Tensor = self.module(x, y, only_return_standard_out=True)  # [M, B, n_out]
         return out.transpose(0, 1).float()
 
     @contextlib.contextmanager
@@ -176,7 +177,7 @@ class TabPFNV2Adapter(PackageScoring, NativeRegressionAdapter):
         if reference_x is None:
             yield
             return
-        module = self.module
+        module: Any = self.module
         reference = reference_x.float().to(self.device).transpose(0, 1)  # [R, B, F]
         x_rsf, groups, _rows, batch = module._pad_and_group_features(reference)
         _, fitted = module._embed_features(x_rsf, num_train_labels=reference.shape[0], num_feature_groups=groups,
@@ -205,6 +206,7 @@ class TabPFNV2Adapter(PackageScoring, NativeRegressionAdapter):
     def _candidate_log_density(self, outputs: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """tabpfn's bar distribution over the bucket logits [B, M, buckets]; the criterion returns
         -log density, one call per candidate to keep memory at [B, M, buckets]."""
+        assert self.criterion is not None  # candidate_log_probs calls _require_regressor first
         criterion = self.criterion.to(outputs.device)
         return torch.stack([-criterion(outputs, z[..., c]) for c in range(z.shape[-1])], dim=-1)
 
@@ -216,7 +218,7 @@ class TabPFNV2Adapter(PackageScoring, NativeRegressionAdapter):
     def state_arrays(self) -> dict[str, np.ndarray]:
         arrays = super().state_arrays()
         if self.criterion is not None:
-            arrays[self.BORDERS_KEY] = self.criterion.borders.detach().cpu().numpy()
+            arrays[self.BORDERS_KEY] = cast(torch.Tensor, self.criterion.borders).detach().cpu().numpy()
         return arrays
 
     def load_state_arrays(self, arrays: dict[str, np.ndarray], copy: bool = True) -> None:
@@ -232,7 +234,7 @@ class TabPFNV2Adapter(PackageScoring, NativeRegressionAdapter):
         meta = super().metadata()
         meta["architecture_name"] = ARCHITECTURE
         if self.criterion is not None:
-            borders = self.criterion.borders.detach().cpu()
+            borders = cast(torch.Tensor, self.criterion.borders).detach().cpu()
             meta["regression_borders"] = json.dumps({"dtype": str(borders.dtype).removeprefix("torch."),
                                                      "values": borders.tolist()})
         return meta
@@ -252,7 +254,7 @@ def _parse_config(config: dict[str, Any]) -> Any:
 def _config_dict(parsed: Any) -> dict[str, Any]:
     import dataclasses
 
-    return json.loads(json.dumps(dataclasses.asdict(parsed), default=str))
+    return cast(dict[str, Any], json.loads(json.dumps(dataclasses.asdict(parsed), default=str)))
 
 
 def _random_borders(num_buckets: int) -> torch.Tensor:
@@ -266,7 +268,7 @@ def _hub_path(task: str, allow_download: bool) -> Path:
     from tabpfn.model_loading import ModelSource, download_model, get_cache_dir
 
     source = ModelSource.get_classifier_v2() if task == "classification" else ModelSource.get_regressor_v2()
-    path = get_cache_dir() / source.default_filename
+    path: Path = get_cache_dir() / source.default_filename
     if path.is_file():
         return path
     try:
@@ -389,7 +391,7 @@ def build_tabpfn_v2(
     (``TabPFNClassifier`` with ``n_estimators`` members, default 2 as the package deploys, and the settings of
     ``finetuner``: ``TabPFNV2Adapter.deployed_settings``); ``n_estimators``
     is refused under iclmem's recipe (raw logits only); ``finetuner``: settings of the package's fine-tuner
-    other than those the sweep sets (``trainables.upstream.check_finetuner_settings``).
+    other than those the sweep sets (``trainables.upstream_recipes.check_finetuner_settings``).
     """
     if task is not None and task not in TASKS:
         raise ModelError(f"task must be one of {TASKS}, got {task!r}")
