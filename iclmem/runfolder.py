@@ -102,7 +102,17 @@ LM_EXPOSURE_DIR = "lm_exposure"  # per-entity exposures and classes, one TSV per
 LM_UNITS_DIR = "lm_units"  # one stored result per work unit (exposure, NET type, NER type x seed)
 LM_ASSETS_DIR = "lm_assets"  # the built-in synthetic model and dataset, built once per run folder
 
+# What a tabular sweep's folder holds at its top (files, folders) and under WANDB_DIR: ``iclmem resume`` and ``report``
+# refuse a folder where one of them has the other kind (a folder named run_state.json, a file named prepared), naming
+# it, before they read or write anything
+SWEEP_TOP_FILES = (RESULTS_FILE, REFERENCE_RESULTS_FILE, SPLIT_REPORT_FILE, MANIPULATION_AUC_FILE, SWEEP_FILE, REPORT_FILE,
+                   CONSOLE_LOG_FILE, RUN_STATE_FILE, LOCK_FILE, DRIVER_FILE, DIVERGED_RUNS_FILE, TIMINGS_FILE,
+                   CONTEXT_AUDITS_FILE, CLAIM_LEDGER_FILE, PROVENANCE_FILE, *RISK_TABLE_FILES)
+SWEEP_TOP_DIRS = (ROC_DIR, FIGURES_DIR, PROBES_DIR, REFERENCE_DIR, PREPARED_DIR, TUNE_DIR, WANDB_DIR, CONTEXT_AUDITS_DIR)
+SWEEP_WANDB_ENTRIES = ((TRIAL_RUNS_FILE, "file"), (WANDB_EXPORT_DIR, "folder"))
+
 __all__ = [
+    "SWEEP_TOP_FILES", "SWEEP_TOP_DIRS", "SWEEP_WANDB_ENTRIES",
     "FIGURES_DIR", "MANIPULATION_AUC_FILE", "PREPARED_DIR", "PROBES_DIR", "PROVENANCE_FILE", "REFERENCE_DIR",
     "REFERENCE_RESULTS_FILE", "REPORT_FILE", "RESULTS_FILE", "ROC_DIR", "SPLIT_REPORT_FILE", "SWEEP_FILE", "TUNE_DIR", "VERDICT_FILE",
     "WANDB_DIR", "LOCK_FILE", "DRIVER_FILE", "folder_kind", "roc_path", "existing_ancestor", "unwritable", "GROUND_TRUTH_FILE",

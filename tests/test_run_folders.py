@@ -354,3 +354,41 @@ def test_report_force_reports_a_folder_without_provenance_marked_as_forced(small
     code, err = _main(capsys, "report", str(run_dir), "--wandb", "disabled", "--force")
     assert code == 0, err
     assert "but no provenance.json" in (run_dir / REPORT_FILE).read_text()
+
+
+def _make_folder(path: Path) -> None:
+    path.unlink() if path.is_file() else None
+    path.mkdir(parents=True)
+
+
+def _make_file(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path) if path.is_dir() else None
+    path.write_text("not what iclmem keeps here")
+
+
+@pytest.mark.parametrize(("command", "entry", "damage", "message"), [
+    ("resume", "run_state.json", _make_folder, "run_state.json is a folder, not a file"),
+    ("resume", "console.log", _make_folder, "console.log is a folder, not a file"),
+    ("resume", "prepared", _make_file, "prepared is a file, not a folder"),
+    ("report", "wandb", _make_file, "wandb is a file, not a folder"),
+    ("report", "wandb/trial_runs.json", _make_folder, "trial_runs.json is a folder, not a file"),
+    ("report", "split_report.parquet", _make_file, "split_report.parquet: damaged split report"),
+])
+def test_a_damaged_run_folder_is_named_and_refused_by_resume_and_report_before_anything_is_rewritten(
+        finished, tmp_path, capsys, command, entry, damage, message):
+    """A folder where a file belongs, a file where a folder belongs, a damaged table Stage I wrote: exit 2, one
+    line naming the entry, and every other file of the folder keeps its bytes (no results, risk table or report
+    rewritten first)."""
+    from orchestrator.cli import main
+
+    run_dir = _copy(finished, tmp_path / "damaged")
+    damage(run_dir / entry)
+    before = _digests(run_dir)
+    assert main([command, str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("iclmem: error: "), err
+    assert message in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert _digests(run_dir) == before

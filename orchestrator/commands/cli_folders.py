@@ -49,33 +49,20 @@ def _path_limit(folder: Path, name: str, default: int) -> int:
 
 # Files and folders `iclmem report` and `iclmem resume` (re)write in a run folder: one that is in the way (a
 # folder where a file goes, or a file where a folder goes) is named before any work, not when it is written.
-def _run_folder_outputs() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    from iclmem.runfolder import (
-        CONTEXT_AUDITS_FILE,
-        FIGURES_DIR,
-        MANIPULATION_AUC_FILE,
-        PROBES_DIR,
-        REFERENCE_RESULTS_FILE,
-        REPORT_FILE,
-        RESULTS_FILE,
-        ROC_DIR,
-        SPLIT_REPORT_FILE,
-    )
-
-    files = (RESULTS_FILE, REFERENCE_RESULTS_FILE, SPLIT_REPORT_FILE, MANIPULATION_AUC_FILE, REPORT_FILE,
-             CONTEXT_AUDITS_FILE)
-    return files, (ROC_DIR, FIGURES_DIR, PROBES_DIR)
-
-
 def check_outputs(run_dir: Path, command: str) -> None:
-    files, folders = _run_folder_outputs()
-    for name in files:
-        path = run_dir / name
-        if path.exists() and not path.is_file():
-            raise ConfigError(f"{path} is a folder, not a file: `{command}` writes the file {name} there; move the "
-                              "folder away (nothing was changed)")
-    for name in folders:
-        path = run_dir / name
-        if path.exists() and not path.is_dir():
-            raise ConfigError(f"{path} is a file, not a folder: `{command}` keeps its {name} files there; move the "
-                              "file away (nothing was changed)")
+    """Refuse a sweep folder where an entry of its layout (``iclmem.runfolder.SWEEP_TOP_FILES`` / ``_DIRS``, and the W&B
+    folder's) has the other kind, naming it and the remedy, before anything is read or written."""
+    from iclmem.runfolder import SWEEP_TOP_DIRS, SWEEP_TOP_FILES, SWEEP_WANDB_ENTRIES, WANDB_DIR
+
+    entries = [(run_dir / name, "file") for name in SWEEP_TOP_FILES]
+    entries += [(run_dir / name, "folder") for name in SWEEP_TOP_DIRS]
+    entries += [(run_dir / WANDB_DIR / name, kind) for name, kind in SWEEP_WANDB_ENTRIES]
+    for path, kind in entries:
+        if not path.exists() and not path.is_symlink():
+            continue
+        if kind == "file" and not path.is_file():
+            raise ConfigError(f"{path} is a folder, not a file: `{command}` reads and writes the file {path.name} "
+                              "there; move the folder away (nothing was changed)")
+        if kind == "folder" and not path.is_dir():
+            raise ConfigError(f"{path} is a file, not a folder: `{command}` keeps its {path.name} files there; move "
+                              "the file away (nothing was changed)")

@@ -29,7 +29,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     if folder_kind(run_dir) != "tabular":  # never write tables and a report into someone else's folder
         raise ConfigError(f"{run_dir} is not an iclmem sweep folder (it holds no sweep.json); `iclmem report` "
                           "rebuilds the results of a folder `iclmem run` wrote")
-    sweep = RunFolder(run_dir).sweep  # a damaged sweep.json is named before anything is rewritten
+    folder = RunFolder(run_dir)
+    sweep = folder.sweep  # a damaged sweep.json is named before anything is rewritten
+    folder.split_report()  # ... and a damaged split report (Stage I's, which report reads and never rewrites)
     problem = unwritable(run_dir)
     if problem:
         raise ConfigError(f"{run_dir}: {problem}; `iclmem report` rewrites the tables and the report there")
