@@ -94,6 +94,26 @@ class TrialsFailed(IclmemError):
         self.causes = dict(causes or {})
 
 
+# how a full disk or quota reads in an error's text (a trial's error as Tune reports it, pyarrow's OSError)
+_NO_SPACE = ("No space left on device", "[Errno 28]", "errno 28", "Disk quota exceeded", "[Errno 122]")
+
+
+def is_disk_full(error: BaseException | str) -> bool:
+    """Whether ``error`` (an exception with its causes, or a trial's error text) is a full disk or quota."""
+    import errno
+
+    seen: set[int] = set()
+    current: BaseException | str | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(marker in str(current) for marker in _NO_SPACE):
+            return True
+        current = (current.__cause__ or current.__context__) if isinstance(current, BaseException) else None
+    return False
+
+
 class DiskFull(IclmemError):
     """A disk the sweep writes to (the run folder, Tune's storage) ran full: the sweep stopped with what it
     had stored kept, ``run_state.json`` says interrupted, and ``iclmem resume`` continues once there is room

@@ -266,7 +266,7 @@ def undo_if_refused(folder: str | Path) -> Iterator[None]:
     what the block wrote there: a refusal leaves nothing behind (no provenance record, no prepared rows). A
     folder that held content already (an earlier run of the same work) is left to the command, which checks
     before it writes. Any other end (a crash, Ctrl-C) keeps what was written, for the command to continue."""
-    from iclmem.errors import EXIT_BAD_INPUT
+    from iclmem.errors import EXIT_BAD_INPUT, DiskFull, is_disk_full
 
     path = Path(folder)
     kind = folder_kind(path)
@@ -277,7 +277,9 @@ def undo_if_refused(folder: str | Path) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        if getattr(exc, "exit_code", None) == EXIT_BAD_INPUT and path.is_dir():
+        # a disk that ran full mid-way leaves half an audit, which no command continues: undone like a refusal
+        full = isinstance(exc, OSError) and is_disk_full(exc)
+        if (full or getattr(exc, "exit_code", None) == EXIT_BAD_INPUT) and path.is_dir():
             if before is None:
                 for entry in path.iterdir():
                     if entry.name not in LOCK_NAMES:  # a lock held around the block is its holder's to remove
@@ -288,6 +290,9 @@ def undo_if_refused(folder: str | Path) -> Iterator[None]:
                 for entry in path.iterdir():
                     if entry.name not in before and entry.name not in LOCK_NAMES:
                         _remove(entry)
+        if full:
+            raise DiskFull(f"{path}: the disk ran full while this command wrote there ({str(exc).strip()[:200]}); what it "
+                           "had written there was removed. Free some space and run the command again") from exc
         raise
 
 

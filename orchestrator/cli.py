@@ -14,7 +14,15 @@ import textwrap
 from collections.abc import Iterator
 from typing import Any
 
-from iclmem.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, IclmemError, SweepInterrupted
+from iclmem.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    DiskFull,
+    IclmemError,
+    SweepInterrupted,
+    is_disk_full,
+)
 from iclmem.vocab import AuditKind, LabelMode, WandbMode, values
 from orchestrator.commands.cli_audits import cmd_audit_context, cmd_models, cmd_probe
 from orchestrator.commands.cli_folders import check_folder_name
@@ -339,6 +347,13 @@ def main(argv: list[str] | None = None) -> int:
     except IclmemError as exc:
         print(f"iclmem: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # a full disk under a command that has no handler of its own: named, not a traceback
+        if not is_disk_full(exc):
+            raise
+        where = f" writing {exc.filename}" if getattr(exc, "filename", None) else ""
+        print(f"iclmem: error: the disk ran full{where} ({str(exc).strip()[:200]}); free some space and run the "
+              "command again", file=sys.stderr)
+        return DiskFull.exit_code
     except KeyboardInterrupt:  # a command without a sweep of its own (probe, report, validate, lm ...)
         print("iclmem: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED

@@ -392,3 +392,65 @@ def test_a_damaged_run_folder_is_named_and_refused_by_resume_and_report_before_a
     assert message in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert _digests(run_dir) == before
+
+
+def _fills_the_disk_after(path: Path) -> None:
+    import errno
+
+    (path / "context_audit.parquet").write_bytes(b"half an audit")
+    raise OSError(errno.ENOSPC, "No space left on device", str(path / "context_scores.parquet"))
+
+
+@pytest.mark.parametrize("start", ["missing", "empty"])
+def test_a_disk_that_runs_full_mid_audit_leaves_no_half_audit_and_says_so(tmp_path, start):
+    """undo_if_refused, as every audit command writes its folder: a full disk mid-way removes what the command
+    wrote in a folder it found new or empty, and ends as DiskFull (exit 1) naming the folder; an error that is not
+    a full disk keeps what was written."""
+    from iclmem.errors import DiskFull
+    from iclmem.runfolder import undo_if_refused
+
+    out = tmp_path / "audit"
+    if start == "empty":
+        out.mkdir()
+    def audit(folder: Path) -> None:
+        with undo_if_refused(folder):
+            folder.mkdir(exist_ok=True)
+            _fills_the_disk_after(folder)
+
+    with pytest.raises(DiskFull, match=r"audit: the disk ran full .* removed") as caught:
+        audit(out)
+    assert caught.value.exit_code == 1
+    assert not out.exists() if start == "missing" else list(out.iterdir()) == []
+
+    def crashes(folder: Path) -> None:
+        with undo_if_refused(folder):
+            folder.mkdir()
+            (folder / "kept.parquet").write_bytes(b"kept")
+            raise RuntimeError("a crash is not a full disk")
+
+    with pytest.raises(RuntimeError):
+        crashes(tmp_path / "crash")
+    assert (tmp_path / "crash" / "kept.parquet").read_bytes() == b"kept"
+
+
+def test_a_full_disk_under_any_command_is_one_line_and_exit_1_not_a_traceback(monkeypatch, capsys):
+    import errno
+
+    from orchestrator import cli
+
+    def fills(args):
+        raise OSError(errno.ENOSPC, "No space left on device", "/runs/x/results.parquet")
+
+    monkeypatch.setattr(cli, "cmd_report", fills)
+    assert cli.main(["report", "somewhere"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("iclmem: error: the disk ran full writing /runs/x/results.parquet"), err
+    assert err.endswith("free some space and run the command again"), err
+    assert len(err.splitlines()) == 1
+
+    def breaks(args):
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(cli, "cmd_report", breaks)
+    with pytest.raises(OSError, match="Permission denied"):  # only a full disk is turned into a message here
+        cli.main(["report", "somewhere"])

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from iclmem.errors import ConfigError, DiskFull, ProbeError, TrialsFailed
+from iclmem.errors import ConfigError, DiskFull, ProbeError, TrialsFailed, is_disk_full
 from iclmem.runfolder import RunStatus, write_run_state
 from orchestrator.driver.probe_pools import probe_pool_count, unsatisfiable_resources
 from orchestrator.driver.progress import console_tail
-from orchestrator.driver.storage import FULL_DISK_BYTES, disk_full_error, free_space, is_disk_full, unreachable_storage
+from orchestrator.driver.storage import FULL_DISK_BYTES, disk_full_error, free_space, unreachable_storage
 from orchestrator.driver.tune_callbacks import run_id_of
 
 if TYPE_CHECKING:

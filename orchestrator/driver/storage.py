@@ -2,7 +2,7 @@
 it, and whether a disk ran full (and the resumable error a sweep then ends with).
 
 Checked before Ray starts (:func:`unreachable_storage`), once Ray is up (:func:`check_storage`: a local path on a
-multi-host cluster) and when a sweep fails (:func:`is_disk_full`, :func:`free_space`, :func:`disk_full_error`).
+multi-host cluster) and when a sweep fails (:func:`iclmem.errors.is_disk_full`, :func:`free_space`, :func:`disk_full_error`).
 """
 
 from __future__ import annotations
@@ -43,25 +43,6 @@ def check_storage(storage_path: str) -> None:
             "on every node (export ICLMEM_STORAGE=<shared root> as cluster.yaml does, or ICLMEM_SHARED_STORAGE=1 to "
             "confirm that storage_path is a shared mount)."
         )
-
-
-_NO_SPACE = ("No space left on device", "[Errno 28]", "errno 28", "Disk quota exceeded", "[Errno 122]")
-
-
-def is_disk_full(error: BaseException | str) -> bool:
-    """Whether ``error`` (an exception with its causes, or a trial's error text) is a full disk or quota."""
-    import errno
-
-    seen: set[int] = set()
-    current: BaseException | str | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if any(marker in str(current) for marker in _NO_SPACE):
-            return True
-        current = (current.__cause__ or current.__context__) if isinstance(current, BaseException) else None
-    return False
 
 
 FULL_DISK_BYTES = 2**20  # a folder with less room than this counts as full
