@@ -226,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
         DEFAULT_REFERENCES,
         FILE_CONTEXT_SIZE,
         FILE_REFERENCES,
+        MAX_BINS,
+        MIN_BINS,
     )
 
     ca = parser(sub, "audit-context", help="was a row in a fitted estimator's context? (no fine-tuning, no Ray)",
@@ -273,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="--attack attribute: the column the attacker infers (a column the model reads as itself)")
     ca.add_argument("--bins", type=_positive, default=None,
                     help="--attack attribute: quantile bins of a numeric sensitive column with more values than this "
-                         f"(default {DEFAULT_BINS})")
+                         f"in the table, {MIN_BINS} to {MAX_BINS} (default {DEFAULT_BINS})")
     ca.set_defaults(func=cmd_audit_context)
 
     e = parser(sub, "estimate", help="the grid's work, unit costs measured on this device, and the predicted "

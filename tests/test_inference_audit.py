@@ -90,6 +90,22 @@ def test_pfn_mini_gives_away_the_labels_of_the_rows_in_its_context(tmp_path):
     assert _value(v, "deployed/label/members_minus_nonmembers/accuracy_gain") > 0.25
 
 
+def test_a_sensitive_column_with_values_only_outside_the_audited_rows_is_attacked_over_the_tables_values(tmp_path):
+    """A number column of at most --bins values in the table, some of them only among the rows outside the audit
+    (the imputation pool): its candidates are the table's values, so the baseline is fitted and the audit runs,
+    where it used to end with "imputation pool values ... are not among the candidates"."""
+    rng = np.random.default_rng(0)
+    n = 300
+    frame = pd.DataFrame(rng.normal(size=(n, 3)), columns=["f0", "f1", "f2"])
+    frame["age"] = rng.integers(20, 80, n)  # 60 values: the 120 audited rows hold fewer of them than the table
+    frame["label"] = rng.integers(0, 3, n)
+    path = tmp_path / "ages.csv"
+    frame.to_csv(path, index=False)
+    verdict = _audit(tmp_path, f"{path}:label", "--estimator", "tests.audit_estimators:nearest_rows", "--attack",
+                     "attribute", "--sensitive", "age", "--bins", "64")
+    assert verdict["table"]["value"].notna().any()
+
+
 def test_value_inference_settings_are_refused_before_any_work_naming_the_flag(tmp_path, capsys):
     from orchestrator.cli import main
 
@@ -102,6 +118,8 @@ def test_value_inference_settings_are_refused_before_any_work_naming_the_flag(tm
          "reads no column of that name"),
         (["--estimator", "tests.audit_estimators:class_prior", "--sensitive", "secret"],
          "settings of --attack attribute"),
+        (["--estimator", "tests.audit_estimators:class_prior", "--attack", "attribute", "--sensitive", "secret",
+          "--bins", "200"], "--bins 200: from 2 to 64"),
     ]
     for i, (args, words) in enumerate(cases):
         out = tmp_path / f"refused{i}"

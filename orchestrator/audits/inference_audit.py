@@ -38,6 +38,8 @@ from orchestrator.schema.audit_defaults import (
     DEFAULT_REFERENCES,
     FILE_CONTEXT_SIZE,
     FILE_REFERENCES,
+    MAX_BINS,
+    MIN_BINS,
 )
 
 __all__ = ["DEFAULT_BINS", "FILE_CONTEXT_SIZE", "FILE_REFERENCES", "audit_file", "audit_inference",
@@ -64,8 +66,9 @@ def audit_inference(task: str, attack: str, *, out: str, model: str | None = Non
         raise ConfigError("--attack attribute needs --sensitive COLUMN: the column the attacker infers")
     if attack == AuditKind.LABEL and sensitive:
         raise ConfigError("--sensitive is the column of --attack attribute; --attack label infers the target column")
-    if bins < 2:
-        raise ConfigError(f"--bins {bins}: at least 2")
+    if not MIN_BINS <= bins <= MAX_BINS:
+        raise ConfigError(f"--bins {bins}: from {MIN_BINS} to {MAX_BINS} (each candidate value is a forward pass "
+                          "over every audited row under every context)")
     bootstrap = check_audit_settings(model, estimator, references, context_size, bootstrap)
     source = parse_task(task)
     config = {"audit": f"{attack}_inference", "task": task, "model": model, "estimator": estimator,

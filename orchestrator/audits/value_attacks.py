@@ -21,10 +21,13 @@ __all__ = ["DEFAULT_BINS", "run_value_attack", "sensitive_attribute", "value_att
 # (iclmem.vocab.VALUE_ATTACKS) are value inference, run here
 
 
-def sensitive_attribute(prepared: Any, population_x: np.ndarray, name: str, bins: int) -> Any:
+def sensitive_attribute(prepared: Any, population_x: np.ndarray, name: str, bins: int,
+                        table_x: np.ndarray | None = None) -> Any:
     """The :class:`probes.attacks.value_inputs.SensitiveAttribute` of the prepared column ``name``: a text column's
-    codes, a number column with at most ``bins`` values in the population as its values, any other number column
-    in ``bins`` quantile bins. A column the model does not read as itself is a :class:`ConfigError` naming it."""
+    codes, a number column with at most ``bins`` values in the table (``table_x``: every prepared row, the
+    imputation pool's included; default the population) as its values, any other number column in ``bins``
+    quantile bins of the population. A column the model does not read as itself is a :class:`ConfigError` naming
+    it."""
     from probes.attacks.value_inputs import SensitiveAttribute
 
     columns: Any = getattr(prepared, "columns", None)
@@ -44,9 +47,10 @@ def sensitive_attribute(prepared: Any, population_x: np.ndarray, name: str, bins
     if kind == ColumnKind.COMPONENT:
         raise ConfigError(f"--sensitive {name!r}: the model reads it as a PCA component mixing every column, not as "
                           "a column of the table; attribute inference needs a model that reads the column itself")
-    values = np.unique(population_x[:, column])
-    if kind == ColumnKind.TEXT or len(values) <= bins:
-        return SensitiveAttribute.categorical(population_x, column)
+    table = population_x if table_x is None else table_x
+    # categorical over the table's values, so that every row the imputation baseline is fitted on has a candidate
+    if kind == ColumnKind.TEXT or len(np.unique(table[:, column])) <= bins:
+        return SensitiveAttribute.categorical(table, column)
     return SensitiveAttribute.binned(population_x, column, bins)
 
 
@@ -62,12 +66,12 @@ def value_attack_inputs(audit: Any, attack: str, sensitive: str | None, bins: in
     if not sensitive:
         raise ConfigError("attribute inference needs the sensitive column")
     prepared = audit.prepared
-    attribute = sensitive_attribute(prepared, np.asarray(audit.inputs.population_x), sensitive, bins)
+    features = np.asarray(prepared.features, dtype=np.float32)
+    attribute = sensitive_attribute(prepared, np.asarray(audit.inputs.population_x), sensitive, bins, features)
     outside = np.setdiff1d(np.arange(len(prepared.labels)), audit.population)
     if len(outside) < 10:
         raise DataError(f"{task}: {len(outside)} rows outside the audited ones to fit the imputation baseline on, at "
                         "least 10 needed; audit fewer rows")
-    features = np.asarray(prepared.features, dtype=np.float32)
     return attribute, ImputationPool(features[outside], np.asarray(prepared.labels, dtype=np.int64)[outside])
 
 

@@ -29,7 +29,7 @@ from pydantic import (
 
 from iclmem.errors import ConfigError, DataError
 from iclmem.vocab import AuditKind, KeepCheckpoints, LabelDesign, LabelMode, Recipe, Regime, TaskKind
-from orchestrator.schema.audit_defaults import DEFAULT_BINS, DEFAULT_REFERENCES
+from orchestrator.schema.audit_defaults import DEFAULT_BINS, DEFAULT_REFERENCES, MAX_BINS, MIN_BINS
 from orchestrator.schema.canaries import CanaryConfig
 from orchestrator.schema.config_base import MAX_BOOTSTRAP, SEED_MAX, StrictConfig, settings_default
 from orchestrator.schema.config_reading import resolve_path, validate_config
@@ -375,7 +375,7 @@ class ProbeConfig(StrictConfig):
     # (the kinds are AuditKind's value-inference members, VALUE_INFERENCE_KINDS; tests/test_audit_kinds.py ties them)
     value_inference: list[Literal["label", "attribute"]] = Field(default_factory=list)
     sensitive: str | None = None
-    sensitive_bins: int = Field(DEFAULT_BINS, ge=2, le=64)
+    sensitive_bins: int = Field(DEFAULT_BINS, ge=MIN_BINS, le=MAX_BINS)
 
     @model_validator(mode="after")
     def _sensitive_goes_with_attribute(self) -> ProbeConfig:
