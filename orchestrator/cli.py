@@ -272,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="--attack file: fit and audit the file on Stage I's 16 whitened PCA components instead of "
                          "the table's own columns (the default; a table wider than the package's limit is refused)")
     ca.add_argument("--sensitive", default=None, metavar="COLUMN",
-                    help="--attack attribute: the column the attacker infers (a column the model reads as itself)")
+                    help="--attack attribute: the column the attacker infers (a column the model reads as itself; a "
+                         "one-hot encoded text column by its name, every level's indicator set at once)")
     ca.add_argument("--bins", type=_positive, default=None,
                     help="--attack attribute: quantile bins of a numeric sensitive column with more values than this "
                          f"in the table, {MIN_BINS} to {MAX_BINS} (default {DEFAULT_BINS})")

@@ -109,7 +109,7 @@ def test_the_audit_context_help_states_the_declared_defaults(capsys):
 
 
 def test_the_lm_schemas_defaults_are_the_lm_probes_own():
-    """The LM sweep's ``ner:`` block builds :class:`probes.lm.ner.NerSettings` and reads every default from it,
+    """The LM sweep's ``ner:`` block builds :class:`probes.lm.settings.NerSettings` and reads every default from it,
     and the exposure probe's batch size and leading space are the exposure function's: a literal written again
     in the schema that drifts from the probe's turns this red."""
     import inspect

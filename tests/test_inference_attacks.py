@@ -175,13 +175,13 @@ def test_the_audit_shell_reads_the_splits_blind_baseline_into_value_inference_tr
     why."""
     from types import SimpleNamespace
 
-    import probes.probe
+    import probes.probe_columns
     from orchestrator.audits.inference_audit import summary_lines, verdict_of
     from orchestrator.audits.value_attacks import run_value_attack
 
     inputs, _ = _table(0)
     for exchangeable in (True, False):
-        monkeypatch.setattr(probes.probe, "blind_columns", lambda _task, ex=exchangeable: {"exchangeable": ex})
+        monkeypatch.setattr(probes.probe_columns, "blind_columns", lambda _task, ex=exchangeable: {"exchangeable": ex})
         audit = SimpleNamespace(inputs=inputs, scorer=FixedLogistic(), prepared=object())
         result = run_value_attack(audit, "label", None, None, references=K, seed=0, bootstrap=50,
                                   note=lambda _line: None, what="t")

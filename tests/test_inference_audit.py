@@ -69,6 +69,39 @@ def test_a_model_that_holds_its_rows_gives_away_a_sensitive_column_beyond_imputa
         assert table.loc[table["statistic"] == "imputation_accuracy", "value"].between(0.05, 0.5).all()
 
 
+def _categorical_table(folder, seed: int) -> str:
+    """:func:`_table` with the secret a text column of 4 levels (one-hot encoded by Stage I into 4 indicators)."""
+    frame = pd.read_csv(_table(folder, seed).rsplit(":", 1)[0])
+    frame["secret"] = frame["secret"].map(lambda v: f"level-{v}")
+    path = folder / f"categorical{seed}.csv"
+    frame.to_csv(path, index=False)
+    return f"{path}:label"
+
+
+def test_a_categorical_sensitive_column_is_inferred_as_the_column_every_indicator_set_at_once(tmp_path, capsys):
+    """``--sensitive secret`` of a one-hot encoded text column: the attacker sets all 4 indicators to each level in
+    turn (never knowing any of them), the imputer sees none of them. A model that holds its rows gives the level away
+    on every seed, the class prior never; one level's indicator alone is refused, naming the column to give."""
+    from orchestrator.cli import main
+
+    for seed in SEEDS:
+        task = _categorical_table(tmp_path, seed)
+        held = _audit(tmp_path, task, "--estimator", "tests.audit_estimators:nearest_rows", "--attack", "attribute",
+                      "--sensitive", "secret", "--seed", str(seed))
+        assert held["found"], seed
+        assert held["trusted"], seed
+        # measured on seeds 0-4: members' gain 0.64-0.68 (interval low 0.50-0.55); the class prior's -0.03-0.02
+        assert _value(held, "deployed/attribute_model/members/gain") > 0.35, seed
+        prior = _audit(tmp_path, task, "--estimator", "tests.audit_estimators:class_prior", "--attack", "attribute",
+                       "--sensitive", "secret", "--seed", str(seed))
+        assert not prior["found"], seed
+    out = tmp_path / "one-level"
+    assert main(["audit-context", task, "--estimator", "tests.audit_estimators:nearest_rows", "--attack", "attribute",
+                 "--sensitive", "secret = level-0", "--context-size", "60", "--references", "8", "--out", str(out)]) == 2
+    assert "one level of the one-hot encoded column 'secret'" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_a_model_that_keeps_nothing_of_any_row_gives_nothing_away(tmp_path):
     """The class-prior classifier predicts the context's label counts for every row: the control of the model side."""
     found = []

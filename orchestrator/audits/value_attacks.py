@@ -24,7 +24,8 @@ __all__ = ["DEFAULT_BINS", "run_value_attack", "sensitive_attribute", "value_att
 def sensitive_attribute(prepared: Any, population_x: np.ndarray, name: str, bins: int,
                         table_x: np.ndarray | None = None) -> Any:
     """The :class:`probes.attacks.value_inputs.SensitiveAttribute` of the prepared column ``name``: a text column's
-    codes, a number column with at most ``bins`` values in the table (``table_x``: every prepared row, the
+    codes, a one-hot encoded column's levels (every indicator set at once), a number column with at most ``bins``
+    values in the table (``table_x``: every prepared row, the
     imputation pool's included; default the population) as its values, any other number column in ``bins``
     quantile bins of the population. A column the model does not read as itself is a :class:`ConfigError` naming
     it."""
@@ -34,8 +35,21 @@ def sensitive_attribute(prepared: Any, population_x: np.ndarray, name: str, bins
     if columns is None:
         raise ConfigError(f"--sensitive {name!r}: the prepared table has no column description")
     names = tuple(columns.names)
+    table = population_x if table_x is None else table_x
+    # a categorical column one-hot encoded ("sex = F", "sex = M"): attacked as the column, every indicator at once
+    levels = [i for i, c in enumerate(columns.columns) if c.source == name and c.name.startswith(f"{name} = ")]
+    if name not in names and len(levels) >= 2:
+        return SensitiveAttribute.one_hot(table, levels)
+    if name in names:
+        source = columns.columns[names.index(name)].source
+        if source is not None and source != name and name.startswith(f"{source} = "):
+            raise ConfigError(f"--sensitive {name!r} is one level of the one-hot encoded column {source!r}: an attacker "
+                              f"who knows the row's other indicators knows this one too; name the column, --sensitive "
+                              f"{source!r}, to infer its value")
     if name not in names:
-        readable = [n for n, k in zip(names, columns.kinds, strict=True) if k != ColumnKind.COMPONENT]
+        readable = list(dict.fromkeys(
+            c.source if c.source is not None and c.name.startswith(f"{c.source} = ") else c.name
+            for c in columns.columns if c.kind != ColumnKind.COMPONENT))
         if not readable:
             raise ConfigError(f"--sensitive {name!r}: the model reads PCA components of the whole row, no column of "
                               "the table as itself, so no column can be attacked one by one (a model with the "
@@ -47,7 +61,6 @@ def sensitive_attribute(prepared: Any, population_x: np.ndarray, name: str, bins
     if kind == ColumnKind.COMPONENT:
         raise ConfigError(f"--sensitive {name!r}: the model reads it as a PCA component mixing every column, not as "
                           "a column of the table; attribute inference needs a model that reads the column itself")
-    table = population_x if table_x is None else table_x
     # categorical over the table's values, so that every row the imputation baseline is fitted on has a candidate
     if kind == ColumnKind.TEXT or len(np.unique(table[:, column])) <= bins:
         return SensitiveAttribute.categorical(table, column)

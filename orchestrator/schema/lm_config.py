@@ -92,7 +92,7 @@ class LMDatasetConfig(StrictConfig):
 
 
 class NerConfig(StrictConfig):
-    """``ner:``: the few-shot NER probe's settings; every default is :class:`probes.lm.ner.NerSettings`'s."""
+    """``ner:``: the few-shot NER probe's settings; every default is :class:`probes.lm.settings.NerSettings`'s."""
 
     shots: int = Field(settings_default(NerSettings, "shots"), ge=1)
     positives: int = Field(settings_default(NerSettings, "positives"), ge=0)

@@ -458,9 +458,10 @@ def _frozen(a: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------
 
 
-def _imputer_features(x: np.ndarray, y: np.ndarray, column: int, n_classes: int) -> np.ndarray:
-    """The imputer's inputs: every feature but the sensitive one, and the one-hot label."""
-    return np.hstack([np.delete(x, column, axis=1).astype(np.float64), np.eye(n_classes)[y]])
+def _imputer_features(x: np.ndarray, y: np.ndarray, columns: tuple[int, ...], n_classes: int) -> np.ndarray:
+    """The imputer's inputs: every feature but the sensitive ones (a one-hot column's every indicator), and the
+    one-hot label."""
+    return np.hstack([np.delete(x, list(columns), axis=1).astype(np.float64), np.eye(n_classes)[y]])
 
 
 def _default_imputer() -> Any:
@@ -479,8 +480,8 @@ def _imputation_scores(pool: ImputationPool, attribute: SensitiveAttribute, inpu
                        imputer: Any) -> np.ndarray:
     """float64 [V, n]: the imputer's probability of each candidate for each row of P (0 for a candidate the
     pool never shows, so it is never the imputer's guess)."""
-    s, c = attribute.column, inputs.n_classes
-    truth = attribute.index_of(pool.x[:, s], "imputation pool values")
+    s, c = attribute.feature_columns, inputs.n_classes
+    truth = attribute.truth(pool.x, "imputation pool values")
     if pool.y.min() < 0 or pool.y.max() >= c:
         raise DataError(f"attribute inference: imputation pool labels must lie in 0..{c - 1}")
     query = _imputer_features(inputs.population_x, inputs.population_y, s, c)
@@ -509,17 +510,15 @@ def attribute_inference(scorer: ContextScorer, inputs: ContextAuditInputs, attri
     ``exchangeable``: as for :func:`label_inference`."""
     _check_settings(n_references, n_resamples, confidence)
     x, y, c = inputs.population_x, inputs.population_y, inputs.n_classes
-    check_column(attribute.column, x.shape[1])
+    for column in attribute.feature_columns:
+        check_column(column, x.shape[1])
     if pool.x.shape[1] != x.shape[1]:
         raise DataError(f"attribute inference: the imputation pool has {pool.x.shape[1]} features, the population "
                         f"{x.shape[1]}")
-    truth = attribute.index_of(x[:, attribute.column], "population values")
+    truth = attribute.truth(x, "population values")
     imputation_hit = _expected_hit(_imputation_scores(pool, attribute, inputs, imputer), truth)
-    queries = []
-    for v in attribute.candidates:  # P with the sensitive column set to each candidate: [V] x [n, F]
-        q = x.copy()
-        q[:, attribute.column] = v
-        queries.append(q)
+    # P with the sensitive column set to each candidate: [V] x [n, F]
+    queries = [attribute.with_candidate(x, j) for j in range(attribute.n_candidates)]
 
     def candidate_log_p(cx: np.ndarray, cy: np.ndarray) -> np.ndarray:  # [V, n]: log p(y* | x_v, context)
         return np.stack([true_label_log_p(_log_probs(scorer, cx, cy, q, c), y) for q in queries])

@@ -60,11 +60,17 @@ class SensitiveAttribute:
     """The column the attacker wants and the values it tries. ``candidates`` float [V]: the codes of a categorical
     column, or the bin centres of a binned numeric one. ``edges`` None: a row's true candidate is the candidate
     its value equals (any other value is refused); else float64 [V - 1], the interior bin edges, and a row's true
-    candidate is its bin. Build one with :meth:`categorical` or :meth:`binned`."""
+    candidate is its bin. ``group`` (a one-hot encoded column, :meth:`one_hot`): the V indicator columns, candidate
+    j being "indicator j on, the others off" (``on`` / ``off`` float32 [V]: each indicator's two encoded values), so
+    the attacker sets, and never knows, every indicator of the column. Build one with :meth:`categorical`,
+    :meth:`binned` or :meth:`one_hot`."""
 
     column: int
     candidates: np.ndarray  # float32 [V]
     edges: np.ndarray | None = None  # float64 [V - 1] (binned numeric)
+    group: tuple[int, ...] = ()  # one-hot: the indicator column of each candidate (column = group[0])
+    on: np.ndarray | None = None  # float32 [V]: indicator j's value in a row of level j
+    off: np.ndarray | None = None  # float32 [V]: ... in a row of another level
 
     def __post_init__(self) -> None:
         if isinstance(self.column, bool) or not isinstance(self.column, (int, np.integer)) or self.column < 0:
@@ -84,6 +90,49 @@ class SensitiveAttribute:
                                  f" {c.size} candidates, got {e.size}")
             e.flags.writeable = False
             object.__setattr__(self, "edges", e)
+        if self.group:
+            group = tuple(int(g) for g in self.group)
+            if len(group) != c.size or len(set(group)) != len(group) or group[0] != self.column:
+                raise ProbeError(f"attribute inference: a one-hot column needs {c.size} distinct indicator columns, "
+                                 f"the first its column, got {group}")
+            if self.on is None or self.off is None:
+                raise ProbeError("attribute inference: a one-hot column needs its indicators' on and off values")
+            on, off = (np.asarray(a, dtype=np.float32).reshape(-1) for a in (self.on, self.off))
+            if on.size != c.size or off.size != c.size or (on == off).any():
+                raise ProbeError("attribute inference: each indicator needs two distinct values, on and off")
+            object.__setattr__(self, "group", group)
+            object.__setattr__(self, "on", on)
+            object.__setattr__(self, "off", off)
+
+    @property
+    def feature_columns(self) -> tuple[int, ...]:
+        """The feature columns the attribute is: its indicators (one-hot), else its one column."""
+        return self.group or (self.column,)
+
+    def truth(self, x: Any, name: str = "values") -> np.ndarray:
+        """int64 [m]: each row's true candidate, read off its feature columns (float [m, F])."""
+        x = as_matrix(x, f"attribute inference: {name}")
+        if not self.group:
+            return self.index_of(x[:, self.column], name)
+        assert self.on is not None
+        lit = np.isclose(x[:, list(self.group)], self.on[None, :])  # [m, V]
+        bad = np.flatnonzero(lit.sum(axis=1) != 1)
+        if bad.size:
+            raise DataError(f"attribute inference: {bad.size} of {len(x)} {name} have no or several levels of the "
+                            f"one-hot column (first at row {int(bad[0])})")
+        return np.asarray(lit.argmax(axis=1), dtype=np.int64)
+
+    def with_candidate(self, x: np.ndarray, j: int) -> np.ndarray:
+        """A copy of float [m, F] with the attribute set to candidate ``j`` in every row."""
+        q = np.array(x, copy=True)
+        if self.group:
+            assert self.on is not None
+            assert self.off is not None
+            q[:, list(self.group)] = self.off[None, :]
+            q[:, self.group[j]] = self.on[j]
+        else:
+            q[:, self.column] = self.candidates[j]
+        return q
 
     @property
     def n_candidates(self) -> int:
@@ -119,6 +168,23 @@ class SensitiveAttribute:
         c = np.unique(values.astype(np.float32)) if candidates is None else candidates
         attribute = cls(column, np.asarray(c))
         attribute.index_of(values, "population values")  # refuses a population value that is not a candidate
+        return attribute
+
+    @classmethod
+    def one_hot(cls, table_x: Any, indicators: Any) -> SensitiveAttribute:
+        """A categorical column one-hot encoded into ``indicators`` (feature column indices, one per level, >= 2):
+        each indicator's on and off values are the larger and the smaller of the two it takes in ``table_x``."""
+        x = as_matrix(table_x, "table_x")
+        columns = [int(c) for c in indicators]
+        for c in columns:
+            check_column(c, x.shape[1])
+        values = [np.unique(_finite_column(x[:, c], f"attribute inference: column {c}")) for c in columns]
+        if len(columns) < 2 or any(v.size != 2 for v in values):
+            raise DataError(f"attribute inference: a one-hot column needs >= 2 indicators of two values each, got "
+                            f"{[v.size for v in values]} values in columns {columns}")
+        attribute = cls(columns[0], np.arange(len(columns), dtype=np.float32), None, tuple(columns),
+                        np.array([v[1] for v in values]), np.array([v[0] for v in values]))
+        attribute.truth(x, "table rows")  # refuses rows with no or several levels
         return attribute
 
     @classmethod
