@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # a full disk under a command that has no handler of its own: named, not a traceback
         if not is_disk_full(exc):
             raise
-        where = f" writing {exc.filename}" if getattr(exc, "filename", None) else ""
+        where = f" writing {exc.filename}" if exc.filename else ""
         print(f"iclmem: error: the disk ran full{where} ({str(exc).strip()[:200]}); free some space and run the "
               "command again", file=sys.stderr)
         return DiskFull.exit_code

@@ -37,19 +37,18 @@ def sensitive_attribute(prepared: Any, population_x: np.ndarray, name: str, bins
     names = tuple(columns.names)
     table = population_x if table_x is None else table_x
     # a categorical column one-hot encoded ("sex = F", "sex = M"): attacked as the column, every indicator at once
-    levels = [i for i, c in enumerate(columns.columns) if c.source == name and c.name.startswith(f"{name} = ")]
+    levels = [i for i, c in enumerate(columns.columns) if c.one_hot_source == name]
     if name not in names and len(levels) >= 2:
         return SensitiveAttribute.one_hot(table, levels)
     if name in names:
-        source = columns.columns[names.index(name)].source
-        if source is not None and source != name and name.startswith(f"{source} = "):
+        source = columns.columns[names.index(name)].one_hot_source
+        if source is not None:
             raise ConfigError(f"--sensitive {name!r} is one level of the one-hot encoded column {source!r}: an attacker "
                               f"who knows the row's other indicators knows this one too; name the column, --sensitive "
                               f"{source!r}, to infer its value")
     if name not in names:
-        readable = list(dict.fromkeys(
-            c.source if c.source is not None and c.name.startswith(f"{c.source} = ") else c.name
-            for c in columns.columns if c.kind != ColumnKind.COMPONENT))
+        readable = list(dict.fromkeys(c.one_hot_source or c.name for c in columns.columns
+                                      if c.kind != ColumnKind.COMPONENT))
         if not readable:
             raise ConfigError(f"--sensitive {name!r}: the model reads PCA components of the whole row, no column of "
                               "the table as itself, so no column can be attacked one by one (a model with the "

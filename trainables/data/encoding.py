@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from iclmem.vocab import ColumnKind
-from trainables.data.task import FeatureColumn
+from trainables.data.task import ONE_HOT_SEPARATOR, FeatureColumn
 
 __all__ = [
     "ONE_HOT_MAX_CATEGORIES",
@@ -173,7 +173,8 @@ def encode_features(features: pd.DataFrame) -> Encoded:
             codes = np.searchsorted(categories, text.to_numpy()).astype(np.int64)
             if len(categories) <= ONE_HOT_MAX_CATEGORIES:
                 blocks.append(np.eye(len(categories), dtype=np.float64)[codes])
-                columns.extend(FeatureColumn(f"{name} = {c}", ColumnKind.NUMBER, name) for c in categories)
+                columns.extend(FeatureColumn(f"{name}{ONE_HOT_SEPARATOR}{c}", ColumnKind.NUMBER, name)
+                               for c in categories)
             else:
                 # High cardinality: one ordinal column (rank of the value among the sorted distinct
                 # strings). Ordinal rather than frequency encoding because frequency maps every

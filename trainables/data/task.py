@@ -246,6 +246,10 @@ class SplitReport:
         return cls(**values)
 
 
+# a text column's one-hot indicators are named "<source> = <level>" (trainables.data.encoding writes them)
+ONE_HOT_SEPARATOR = " = "
+
+
 @dataclass(frozen=True)
 class FeatureColumn:
     """One column of a prepared feature matrix: what a model that reads columns needs to know about it."""
@@ -261,6 +265,13 @@ class FeatureColumn:
         if (self.kind is ColumnKind.TEXT) != bool(self.vocabulary):
             raise DataError(f"feature column {self.name!r}: a text column needs its vocabulary, and only a text "
                             f"column has one")
+
+    @property
+    def one_hot_source(self) -> str | None:
+        """The table column this is one level's one-hot indicator of; None for any other column."""
+        if self.source is not None and self.name.startswith(f"{self.source}{ONE_HOT_SEPARATOR}"):
+            return self.source
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "kind": self.kind.value, "source": self.source}
