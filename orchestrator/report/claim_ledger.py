@@ -44,10 +44,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from iclmem.record import ATTACK_CHANNELS, NULL_TRIAL_KEY
+from iclmem.record import NULL_TRIAL_KEY
 from iclmem.vocab import Attack, ClaimKind, ClaimReading, Outcome, RoundingCheck
 from orchestrator.report.claim_records import LEDGER_COLUMNS, LedgerClaim, NullTrials, effect_of_scores, reading
-from orchestrator.report.claim_words import next_step, statement
+from orchestrator.report.claim_words import ATTACK_CHANNEL_WORDS, next_step, statement
 
 __all__ = ["claim_ledger", "run_claims", "rows_at_risk_claims", "shown_claims", "write_claim_ledger"]
 
@@ -73,13 +73,7 @@ def _claim(kind: ClaimKind, task: str, subject: str, made: bool, trials: NullTri
     return LedgerClaim(**{**claim.as_dict(), "statement": statement(claim), "next_step": next_step(claim)})
 
 
-# ------------------------------------------------------------------------------------------------ wording
-
-
 # ------------------------------------------------------------------------------------------------ run claims
-
-# the reference attacks' channels (iclmem.record.ATTACK_CHANNELS): column prefix -> words
-_ATTACK_CHANNELS = {prefix: f"the {name}" for prefix, name in ATTACK_CHANNELS.items()}
 _REFERENCE_ATTACKS = tuple(a.value for a in Attack)
 
 
@@ -110,7 +104,7 @@ def _reference_attack_claims(run_rows: pd.DataFrame, key_values: tuple[Any, ...]
     attack's headline verdict memorization, its null hits indexed by (run key..., null_index)); the caller pools
     the hits over the task's runs into the claim's trials."""
     out = []
-    for prefix, words in _ATTACK_CHANNELS.items():
+    for prefix, words in ATTACK_CHANNEL_WORDS.items():
         heads = [f"{prefix}{a}_run_outcome" for a in _REFERENCE_ATTACKS if f"{prefix}{a}_run_outcome" in run_rows.columns]
         if not heads or run_rows[heads].isna().all().all():
             continue

@@ -12,10 +12,12 @@ from iclmem.record import ATTACK_CHANNELS
 from iclmem.vocab import ClaimKind, ClaimReading, RoundingCheck
 from orchestrator.report.claim_records import MIN_NULL_TRIALS, LedgerClaim
 
-__all__ = ["next_step", "statement"]
+__all__ = ["ATTACK_CHANNEL_WORDS", "next_step", "statement"]
 
-# a reference attack's family names its channel ("channel deployed_known_context_: ..."): the channel in words
-_CHANNEL_WORDS = {f"channel {prefix or 'probe_'}": f"the {name}" for prefix, name in ATTACK_CHANNELS.items()}
+# the reference attacks' channels (iclmem.record.ATTACK_CHANNELS): column prefix -> words
+ATTACK_CHANNEL_WORDS = {prefix: f"the {name}" for prefix, name in ATTACK_CHANNELS.items()}
+# ... as a reference-attack claim's family names its channel ("channel deployed_known_context_: ...")
+_CHANNEL_WORDS = {f"channel {prefix or 'probe_'}": words for prefix, words in ATTACK_CHANNEL_WORDS.items()}
 
 
 _KIND_WORDS = {
