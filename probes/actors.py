@@ -2,7 +2,7 @@
 
 One pool (:class:`ProbePool`: retries, resends to restarted actors, stored results, notes, failures) serves
 every probe family; the worker kind is pluggable. A worker class has ``run(job) -> result``, the
-``result_type`` its results are stored as (``save(dir, stem)``, ``load(dir, stem)``, ``row``, ``notes``),
+``result_type()`` its results are stored as (``save(dir, stem)``, ``load(dir, stem)``, ``row``, ``notes``),
 and ``node_id``. Two kinds:
 
 * :class:`ProbeWorker` (tabular): ``probes.probe.probe_checkpoint`` per checkpoint. Each actor builds the
@@ -24,14 +24,16 @@ import warnings
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ray
 
-from probes.lm.units import LMUnit, LMUnitResult
 from probes.manipulations import Suite, default_suite, suite_from_spec
 from probes.probe import ProbeResult, ProbeSettings, probe_checkpoint
 from probes.scoring import ProbePlan, ProbeQueries
+
+if TYPE_CHECKING:
+    from probes.lm.units import LMUnit, LMUnitResult
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,9 @@ class _PoolWorker:
 class ProbeWorker(_PoolWorker):
     """Holds the reference model and per-task probe plans; scores checkpoints on request."""
 
-    result_type = ProbeResult
+    @staticmethod
+    def result_type() -> type[ProbeResult]:
+        return ProbeResult
 
     def __init__(self, base_model_name: str, base_options: dict[str, Any], base_weights: Any,
                  base_digest: str, tasks: dict[str, Any], suite_spec: Any, settings: ProbeSettings,
@@ -244,7 +248,13 @@ class LMUnitWorker(_PoolWorker):
     """Runs LM probe units (``probes.lm.units.LM_UNITS``) by name. The datasets arrive once from the object
     store; each model is loaded once per actor process (``load_lm`` caches it)."""
 
-    result_type = LMUnitResult
+    @staticmethod
+    def result_type() -> type[LMUnitResult]:
+        # imported on use, as in run(): a tabular probe actor imports this module and must not pay for the LM
+        # probe modules (about 0.4 s an actor start)
+        from probes.lm.units import LMUnitResult
+
+        return LMUnitResult
 
     def __init__(self, models: dict[str, str], datasets: dict[str, Any], device: str = "cpu",
                  torch_threads: int = 1) -> None:
@@ -257,6 +267,7 @@ class LMUnitWorker(_PoolWorker):
 
     def run(self, unit: LMUnit) -> LMUnitResult:
         from probes.lm.model import load_lm
+        from probes.lm.units import LMUnitResult
 
         started = time.perf_counter()
         table = unit.run(load_lm(self.models[unit.model], self.device), self.datasets[unit.dataset])
@@ -286,7 +297,7 @@ class ProbePool:
         self.actor_options = actor_options
         self.worker_kwargs = worker_kwargs
         self.unavailable_timeout = unavailable_timeout
-        self.result_type = worker_class.result_type
+        self.result_type = worker_class.result_type()
         actor_class = remote_worker(worker_class)
         self.actors = [actor_class.options(**actor_options).remote(**worker_kwargs) for _ in range(n_actors)]
         self._next = 0

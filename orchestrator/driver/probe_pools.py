@@ -149,6 +149,19 @@ def start_probe_pools(prepared: PreparedSweep, run_dir: Path) -> ProbePools:
     return ProbePools(pools)
 
 
+def portable_checkpoint(checkpoint: Any) -> Any:
+    """What a probe job carries of a Tune checkpoint: the folder's path when it lies on a local (or shared,
+    mounted) disk, the ``tune.Checkpoint`` itself on remote storage. A path is what ``as_directory`` gives for a
+    local checkpoint anyway, and unpickling a ``tune.Checkpoint`` makes a fresh probe actor import Ray Tune, Train
+    and Data first (about 1 CPU-s an actor, more than the probe of a small checkpoint)."""
+    import pyarrow.fs as pafs
+
+    filesystem = getattr(checkpoint, "filesystem", None)
+    if filesystem is not None and isinstance(filesystem, pafs.LocalFileSystem):
+        return str(checkpoint.path)
+    return checkpoint
+
+
 def jobs_for(trial: TrialConfig, epoch: int, checkpoint: Any, probes_dir: Path) -> list[ProbeJob]:
     """One probe job per task of the run (``trial``: the typed trial): a multi-task run
     (multi_fixed, multi_random) is probed on every one of its tasks, one results row per task (``task`` = that
@@ -165,6 +178,6 @@ def jobs_for(trial: TrialConfig, epoch: int, checkpoint: Any, probes_dir: Path) 
         if len(keys) > 1:
             identity["task"] = names[i] if len(names) == len(keys) else f"{identity['task']}[{i}]"
             stem = f"{stem}-t{i}"
-        jobs.append(ProbeJob(identity=identity, epoch=epoch, checkpoint=checkpoint, task_key=key,
+        jobs.append(ProbeJob(identity=identity, epoch=epoch, checkpoint=portable_checkpoint(checkpoint), task_key=key,
                              out_dir=str(probes_dir / trial.run_id), stem=stem, recipe=recipe))
     return jobs
