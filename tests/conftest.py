@@ -48,6 +48,15 @@ def real_sweep(tmp_path_factory, ray_session):
     return run_real_sweep(tmp_path_factory.mktemp("e2e"))
 
 
+@pytest.fixture(scope="session")
+def rehearsal_reference(tmp_path_factory, ray_session):
+    """The results table of the cluster rehearsals' sweep run uninterrupted on the session's Ray
+    (tests/rehearsal_sweep.py), built once for the node-loss and the Slurm rehearsals that must equal it."""
+    from rehearsal_sweep import run_reference
+
+    return run_reference(tmp_path_factory.mktemp("rehearsal"))
+
+
 # ------------------------------------------------------------------------------- xdist scheduling
 # `make test` runs two xdist workers with --dist loadgroup. A module whose tests share a fixture wider than one
 # test (module, class, or the session's real sweep) goes to one worker as one unit: split between the two, each
@@ -58,7 +67,7 @@ _SHARED_SCOPES = ("module", "class")
 # for the schedule only (a stale entry costs minutes, never a result)
 _LONGEST_FIRST = ("test_node_loss", "test_pipeline", "test_interrupt", "test_dp", "test_tune_faults", "test_console",
                   "test_cluster_jobs", "test_slurm_rehearsal", "test_exchangeability")
-_SHARED_SESSION_FIXTURES = ("real_sweep",)
+_SHARED_SESSION_FIXTURES = ("real_sweep", "rehearsal_reference")
 
 
 def _shares_a_fixture(item: pytest.Item) -> bool:
@@ -73,12 +82,12 @@ def _shares_a_fixture(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    # a module sharing the session's real sweep joins the other readers of it (one group, one build)
+    # a module sharing a session fixture joins the other readers of it (one group per fixture, one build)
     grouped: dict[str, str] = {}
     for item in items:
         name = item.module.__name__
-        if any(f in item.fixturenames for f in _SHARED_SESSION_FIXTURES):
-            grouped[name] = _SHARED_SESSION_FIXTURES[0]
+        if shared := [f for f in _SHARED_SESSION_FIXTURES if f in item.fixturenames]:
+            grouped[name] = shared[0]
         elif _shares_a_fixture(item):
             grouped.setdefault(name, name)
     for item in items:

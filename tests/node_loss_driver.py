@@ -4,7 +4,7 @@ Used by ``tests/test_node_loss.py`` in a subprocess, never imported by pytest: i
 ``ray.cluster_utils.Cluster`` (a head plus two worker nodes, all on this host, each a separate raylet
 with its own node id) and must not share a process with the test session's embedded Ray.
 
-    python3 tests/node_loss_driver.py SWEEP_JSON RUN_DIR REFERENCE_DIR
+    python3 tests/node_loss_driver.py SWEEP_JSON RUN_DIR
 
 The head gets CPUs but no ``worker`` resource; the workers get ``worker`` slots, and the sweep asks for
 ``worker`` in ``trial_resources`` and ``probe_resources``, so trials and probe actors run on the workers.
@@ -12,11 +12,11 @@ The sweep runs in the main thread; a watcher thread waits until a trained checkp
 stored while a trial is still running, records every finished probe result file with its sha256, and
 kills one worker node (``Cluster.remove_node(..., allow_graceful=False)``: its raylet, object store and
 every worker process on it die at once), preferring one that hosts a running trial and probe actors
-(see ``Watcher``). After the sweep, the same sweep runs again, uninterrupted, into REFERENCE_DIR on what
-is left of the cluster. The last stdout line is ``NODE_LOSS_RESULT {json}``: node ids, what the removed
-node hosted, the finished result files with their digests before the removal and after the sweep, both
-results tables (main columns; the full tables are the two ``results.parquet``), errors and timings.
-Exit status 0 when both sweeps completed.
+(see ``Watcher``). The uninterrupted reference the table must equal is the test's (the same sweep on the
+session's Ray, ``tests/rehearsal_sweep.py``). The last stdout line is ``NODE_LOSS_RESULT {json}``: node ids,
+what the removed node hosted, the finished result files with their digests before the removal and after the
+sweep, the results table (main columns; the full table is ``results.parquet``), errors and timings.
+Exit status 0 when the sweep completed.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def _alive_nodes() -> list[str]:
     return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
 
 
-def main(sweep_json: str, run_dir: str, reference_dir: str) -> int:
+def main(sweep_json: str, run_dir: str) -> int:
     import ray
     from simulated_cluster import start_cluster
 
@@ -221,7 +221,7 @@ def main(sweep_json: str, run_dir: str, reference_dir: str) -> int:
 
     started = time.monotonic()
     sweep = parse_sweep(json.loads(Path(sweep_json).read_text()), sweep_json)
-    run_path, reference_path = Path(run_dir).resolve(), Path(reference_dir).resolve()
+    run_path = Path(run_dir).resolve()
     cluster, workers = start_cluster(HEAD_SYSTEM_CONFIG)
     try:
         head_id = cluster.head_node.node_id
@@ -241,10 +241,7 @@ def main(sweep_json: str, run_dir: str, reference_dir: str) -> int:
             watcher.join(timeout=60)
         fault = watcher.report
         after = {name: _sha256(run_path / "probes" / name) for name in fault.get("before", {})}
-        _log(f"sweep with node loss ended in {sweep_s:.1f}s; running the uninterrupted reference")
-
-        # The same sweep, uninterrupted, on what is left of the cluster (the head and the surviving worker).
-        reference, reference_error, reference_s = _run(run_sweep, sweep, reference_path, progress=False)
+        _log(f"sweep with node loss ended in {sweep_s:.1f}s")
         alive_after = _alive_nodes()
         deadline = time.monotonic() + 60  # the GCS declares the killed node dead once its health checks fail
         while fault.get("removed_node") in alive_after and time.monotonic() < deadline:
@@ -256,24 +253,21 @@ def main(sweep_json: str, run_dir: str, reference_dir: str) -> int:
             "workers": worker_ids,
             "alive_after": alive_after,
             "sweep_error": sweep_error,
-            "reference_error": reference_error,
             **{k: v for k, v in fault.items() if k != "before"},
             "before": fault.get("before", {}),
             "after": after,
             "final_files": finished_probe_files(run_path / "probes"),
             "results_file": str(run_path / RESULTS_FILE),
-            "reference_file": str(reference_path / RESULTS_FILE),
             "results": _rows(results),
-            "reference": _rows(reference),
             "seconds": {"cluster_up": round(cluster_up, 1), "sweep": round(sweep_s, 1),
-                        "reference": round(reference_s, 1), "total": round(time.monotonic() - started, 1)},
+                        "total": round(time.monotonic() - started, 1)},
         }
         print("NODE_LOSS_RESULT " + json.dumps(out, default=str), flush=True)
-        return 0 if sweep_error is None and reference_error is None else 1
+        return 0 if sweep_error is None else 1
     finally:
         ray.shutdown()
         cluster.shutdown()
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2], sys.argv[3]))
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -6,7 +6,8 @@ actors ask for the workers' ``worker`` resource. Once a trained checkpoint's pro
 trial still runs, the driver kills one worker node outright (raylet, object store and every worker
 process on it), preferring one that hosts a running trial and probe actors. Tune must resume the lost
 trial from its last checkpoint on the surviving worker, the probe pool must get its actors back and
-finish every probe, and then the same sweep runs again, uninterrupted, as the reference.
+finish every probe, and the table must equal the same sweep's run uninterrupted on the session's Ray
+(``rehearsal_reference``, shared with the Slurm rehearsal: tests/rehearsal_sweep.py).
 
 Isolation from other Ray instances on the machine is that of ``tests/test_cluster_jobs.py``: its own
 temp dir (``RAY_TMPDIR``), its own token file and a marker variable in the environment of every process
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from rehearsal_sweep import CHECKPOINT_EPOCHS, LRS, rehearsal_sweep
 
 from iclmem.record import VOLATILE_COLUMNS
 
@@ -33,43 +35,33 @@ pytestmark = pytest.mark.slow  # end to end: real Ray Tune sweeps (`make test-fa
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = REPO / "tests" / "node_loss_driver.py"
 OUTCOMES = {"collapse", "memorization", "inversion", "overfitting", "no_signal"}
-VOLATILE = list(VOLATILE_COLUMNS)  # how long a probe took and where it ran
-EPOCHS, CHECKPOINT_EPOCHS = 30, [1, 15, 30]
-LRS = [1e-1, 1e-2, 1e-3]
+# how long a probe took and where it ran; the hash names the resources too (the reference runs on one node)
+VOLATILE = [*VOLATILE_COLUMNS, "config_hash"]
 TIMEOUT_S = 360
 
 
 # ------------------------------------------------------------------------------------------- the test
 def _sweep() -> dict:
-    return {
-        "name": "node-loss",
-        "tasks": [{"name": "iris"}],
-        "grid": {"lr": LRS, "q": [30]},
-        "data": {"context_size": 60},
-        "training": {"epochs": EPOCHS, "checkpoint_epochs": CHECKPOINT_EPOCHS},
-        "probe": {"suite": ["base", "position_first", "skew_true_x2"], "bootstrap": 50},
-        "wandb": {"mode": "disabled"},
-        "max_failures": 2,
+    return rehearsal_sweep(
         # Trials and probe actors can only run on the workers (the head has no `worker`). Two trials at a
         # time: the third is still to come when the node goes. The surviving worker (2 CPUs, 2 `worker`)
         # holds both probe actors and one trial, so nothing waits forever for resources after the loss.
-        "resources": {"cpus_per_trial": 1, "probe_actors": 2, "cpus_per_probe_actor": 0.25,
-                      "max_concurrent_trials": 2,
-                      "trial_resources": {"worker": 1}, "probe_resources": {"worker": 0.5}},
-    }
+        {"cpus_per_trial": 1, "probe_actors": 2, "cpus_per_probe_actor": 0.25, "max_concurrent_trials": 2,
+         "trial_resources": {"worker": 1}, "probe_resources": {"worker": 0.5}})
 
 
 def _comparable(results: pd.DataFrame) -> pd.DataFrame:
     return results.drop(columns=VOLATILE).sort_values(["run_id", "epoch"]).reset_index(drop=True)
 
 
-def test_a_node_removed_mid_sweep_loses_no_finished_result(isolated_ray_env, tmp_path, fault_ledger):
+def test_a_node_removed_mid_sweep_loses_no_finished_result(isolated_ray_env, tmp_path, fault_ledger,
+                                                           rehearsal_reference):
     env, _root, _token = isolated_ray_env
     sweep_file = tmp_path / "node_loss.json"
     sweep_file.write_text(json.dumps(_sweep()))
-    run_dir, reference_dir = tmp_path / "run", tmp_path / "reference"
+    run_dir = tmp_path / "run"
     started = time.monotonic()
-    driver = subprocess.Popen([sys.executable, str(DRIVER), str(sweep_file), str(run_dir), str(reference_dir)],
+    driver = subprocess.Popen([sys.executable, str(DRIVER), str(sweep_file), str(run_dir)],
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True)
     try:
@@ -102,10 +94,10 @@ def test_a_node_removed_mid_sweep_loses_no_finished_result(isolated_ray_env, tmp
     # The sweep completed, and its table equals the uninterrupted run's.
     completed = got["sweep_error"] is None and Path(got["results_file"]).is_file()
     identical, difference = False, "no results table"
-    if completed and got["reference_error"] is None:
-        results, reference = pd.read_parquet(got["results_file"]), pd.read_parquet(got["reference_file"])
+    if completed:
         try:
-            pd.testing.assert_frame_equal(_comparable(results), _comparable(reference))
+            pd.testing.assert_frame_equal(_comparable(pd.read_parquet(got["results_file"])),
+                                          _comparable(rehearsal_reference))
             identical, difference = True, ""
         except AssertionError as exc:
             difference = str(exc)
@@ -115,7 +107,7 @@ def test_a_node_removed_mid_sweep_loses_no_finished_result(isolated_ray_env, tmp
     assert not changed, f"finished probe results rewritten after the node removal: {changed}"
     assert completed, (f"the sweep with a node removed did not complete:\n{got['sweep_error']}\n"
                        f"--- driver output ---\n{tail}")
-    assert driver.returncode == 0, f"driver exited {driver.returncode}:\n{got['reference_error']}\n{tail}"
+    assert driver.returncode == 0, f"driver exited {driver.returncode}:\n{tail}"
 
     results = pd.read_parquet(got["results_file"])
     trained, controls = results[results["regime"] != "base"], results[results["regime"] == "base"]

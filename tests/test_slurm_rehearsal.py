@@ -1,6 +1,7 @@
 """A rehearsal of slurm/iclmem.sbatch on this machine: the script's own body (not a copy) in its head-worker
 launch, on a fake two-node allocation, with the worker node stopped mid-sweep; the sweep completes on the head
-and its results equal a single-node run of the same sweep.
+and its results equal a single-node run of the same sweep (``rehearsal_reference``, shared with the node-loss
+rehearsal: tests/rehearsal_sweep.py).
 
 What stands in for Slurm, on ``PATH`` (tests only): ``scontrol show hostnames`` names three nodes; ``srun -w NODE
 CMD`` runs CMD here, giving each node's ``ray start`` its own ports (the defaults 52365 and 10001 are fixed, so
@@ -27,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from rehearsal_sweep import CHECKPOINT_EPOCHS, EPOCHS, rehearsal_sweep
 
 from iclmem.record import VOLATILE_COLUMNS
 from iclmem.runfolder import RESULTS_FILE
@@ -74,20 +76,10 @@ def _free_port() -> int:
 
 
 def _sweep() -> dict:
-    return {
-        "name": "slurm-rehearsal",
-        "tasks": [{"name": "iris"}],
-        "grid": {"lr": [1e-1, 1e-2, 1e-3], "q": [30]},
-        "data": {"context_size": 60},
-        "training": {"epochs": 60, "checkpoint_epochs": [1, 30, 60]},
-        "probe": {"suite": ["base", "position_first", "skew_true_x2"], "bootstrap": 50},
-        "wandb": {"mode": "disabled"},
-        "max_failures": 2,
-        # trials and probe actors only where there is `worker` (see the module docstring)
-        "resources": {"cpus_per_trial": 1, "probe_actors": 2, "cpus_per_probe_actor": 0.25,
-                      "max_concurrent_trials": 2, "trial_resources": {"worker": 2},
-                      "probe_resources": {"worker": 0.5}, "stall_timeout_min": 3},
-    }
+    # trials and probe actors only where there is `worker` (see the module docstring)
+    return rehearsal_sweep({"cpus_per_trial": 1, "probe_actors": 2, "cpus_per_probe_actor": 0.25,
+                            "max_concurrent_trials": 2, "trial_resources": {"worker": 2},
+                            "probe_resources": {"worker": 0.5}, "stall_timeout_min": 3})
 
 
 def _shims(folder: Path) -> Path:
@@ -156,7 +148,7 @@ def _comparable(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_the_sbatch_script_runs_a_sweep_across_its_nodes_and_survives_losing_one(isolated_ray_env, tmp_path,
-                                                                                    ray_session, fault_ledger):
+                                                                                    rehearsal_reference, fault_ledger):
     env, root, _token = isolated_ray_env
     sweep_file = tmp_path / "rehearsal.yaml"
     sweep_file.write_text(yaml.safe_dump(_sweep()))
@@ -204,7 +196,7 @@ def test_the_sbatch_script_runs_a_sweep_across_its_nodes_and_survives_losing_one
     trained = results[results["regime"] != "base"]
     assert trained["run_id"].nunique() == 3
     for run_id, group in trained.groupby("run_id"):
-        assert sorted(group["epoch"]) == [1, 30, 60], run_id
+        assert sorted(group["epoch"]) == CHECKPOINT_EPOCHS, run_id
     # the lost node was running a trial that had saved its checkpoints: Tune recorded the trial's failure, restored
     # it from a checkpoint on the head, and it reported every epoch to the last. The reports of the processes
     # that survived start just past a checkpointed epoch (1 or 30), where a rerun from scratch would start at 1
@@ -218,20 +210,14 @@ def test_the_sbatch_script_runs_a_sweep_across_its_nodes_and_survives_losing_one
         after = [r["epoch"] for r in reports if r["pid"] not in killed]
         assert [r["epoch"] for r in reports] == before + after, (trial, before, after)
         assert after, (trial, before)
-        assert after[0] - 1 in (1, 30), (trial, before, after)
-        assert after == list(range(after[0], 61)), (trial, before, after)
+        assert after[0] - 1 in CHECKPOINT_EPOCHS[:2], (trial, before, after)
+        assert after == list(range(after[0], EPOCHS + 1)), (trial, before, after)
     assert not results.duplicated(["run_id", "epoch"]).any()
 
     # the same sweep on one node (the session's Ray, no `worker` resource asked for): the same table
-    from orchestrator.driver.sweep import run_sweep
-    from orchestrator.schema.config import parse_sweep
-
-    single = _sweep()
-    single["resources"] = {"cpus_per_trial": 0.5, "probe_actors": 1, "cpus_per_probe_actor": 0.5}
-    reference = run_sweep(None, tmp_path / "single", sweep=parse_sweep(single), progress=False)
     identical = False
     try:
-        pd.testing.assert_frame_equal(_comparable(results), _comparable(reference))
+        pd.testing.assert_frame_equal(_comparable(results), _comparable(rehearsal_reference))
         identical = True
     finally:
         fault_ledger(injected=1, completed=True, identical=identical)
