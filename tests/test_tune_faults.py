@@ -134,36 +134,53 @@ def _kill_driver_once_a_trial_reaches(driver: subprocess.Popen, run_dir: Path, e
     return finished
 
 
-def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, tmp_path, fault_ledger):
-    """The driver joins the session's Ray, is SIGKILLed after the first trial finished, and
-    ``iclmem resume`` completes the sweep; the finished trial reported each epoch exactly once. Under
+def _finished_trial_results(run_dir: Path, epochs: int) -> dict[str, Path]:
+    """run id -> ``result.json`` of every trial under ``run_dir/tune`` whose last report is epoch ``epochs``."""
+    found = {}
+    for result in (run_dir / "tune").rglob("result.json"):
+        lines = [json.loads(line) for line in result.read_text().splitlines() if line.strip()]
+        if lines and lines[-1].get("epoch") == epochs:
+            found[str(lines[-1]["run_id"])] = result
+    return found
+
+
+def test_a_killed_driver_resumes_without_rerunning_finished_trials_reference_trials_included(
+        ray_session, tmp_path, fault_ledger):
+    """The driver joins the session's Ray and is SIGKILLed once a *reference* trial (probe.references) has
+    finished, after its audited run (each run is followed by its references, one trial at a time);
+    ``iclmem resume`` completes the sweep and neither finished trial reports an epoch twice. Under
     ``training.keep_checkpoints: last``, a checkpoint whose weights were removed and whose result is then lost is
-    recomputed from the run's config, and the table equals an uninterrupted run's."""
+    recomputed from the run's config; the table, its attack columns included, equals an uninterrupted run's."""
     address = ray_session.get_runtime_context().gcs_address
     config = tmp_path / "sweep.yaml"
     config.write_text(yaml.safe_dump({
         "name": "killme",
         "tasks": [{"name": "iris"}],
-        "grid": {"lr": [1e-3, 1e-2, 3e-3], "q": [30]},
+        "grid": {"q": [30], "label_mode": ["shuffled_members"]},
         "data": {"context_size": 60},
         "training": {"epochs": 8, "checkpoint_epochs": [2, 8], "keep_checkpoints": "last"},
-        "probe": {"bootstrap": 50, "suite": ["base", "position_first", "skew_true_x2"], "base_as_checkpoint": False},
+        "probe": {"bootstrap": 50, "suite": ["base", "position_first", "skew_true_x2"], "base_as_checkpoint": False,
+                  "references": 2},
         "resources": {"max_concurrent_trials": 1, "cpus_per_probe_actor": 0.5},
         "wandb": {"mode": "disabled"},
     }))
     run_dir = tmp_path / "run"
     driver = _cli("run", str(config), "--out", str(run_dir), "--address", address, start_new_session=True)
-    finished = _kill_driver_once_a_trial_reaches(driver, run_dir, 8)
-    # the finished trial's epoch-2 checkpoint loses its weights (as the keeper does once it is probed, which the
+    _kill_driver_once_a_trial_reaches(driver, run_dir, 8, lambda run_id: "-ref" in run_id)
+    finished = _finished_trial_results(run_dir, 8)
+    audited = [run_id for run_id in finished if "-ref" not in run_id]
+    assert audited, finished  # the audited run finished before its references...
+    assert len(finished) >= 2, finished  # ... and at least one of them
+    # the audited run's epoch-2 checkpoint loses its weights (as the keeper does once it is probed, which the
     # killed driver may or may not have got to) and then its stored result: resume must recompute both
     import pyarrow.fs as pafs
 
     from trainables.finetune import MODEL_FILE, remove_checkpoint_files
 
-    early = next(p for p in finished.parent.glob("checkpoint_*") if json.loads((p / "checkpoint.json").read_text())["epoch"] == 2)
+    target = finished[audited[0]]
+    early = next(p for p in target.parent.glob("checkpoint_*") if json.loads((p / "checkpoint.json").read_text())["epoch"] == 2)
     remove_checkpoint_files(pafs.LocalFileSystem(), str(early), [MODEL_FILE], "training.keep_checkpoints: last")
-    run_id = json.loads(finished.read_text().splitlines()[-1])["run_id"]
-    for stored in (run_dir / "probes" / run_id).glob("e0002*"):
+    for stored in (run_dir / "probes" / audited[0]).glob("e0002*"):
         stored.unlink()
 
     resumed = _cli("resume", str(run_dir), "--address", address)
@@ -175,65 +192,28 @@ def test_a_killed_driver_resumes_without_rerunning_finished_trials(ray_session, 
         kept = {p.name for p in meta.parent.iterdir()}
         assert (MODEL_FILE in kept) == (json.loads(meta.read_text())["epoch"] == 8), (meta, kept)
         assert "trainer_state.pt" not in kept, (meta, kept)
-    epochs = [json.loads(line)["epoch"] for line in finished.read_text().splitlines() if line.strip()]
-    assert epochs == list(range(1, 9))  # not one epoch re-run
-    import pandas as pd
-
-    results = pd.read_parquet(run_dir / RESULTS_FILE)
-    assert results["run_id"].nunique() == 3
-    assert sorted(results.groupby("run_id")["epoch"].apply(list).map(sorted).map(tuple).unique()) == [(2, 8)]
-
-    # The resumed sweep's results equal an uninterrupted run of the same config and seed.
-    from orchestrator.driver.sweep import run_sweep
-
-    clean = run_sweep(config, tmp_path / "clean", progress=False)
-    volatile = list(VOLATILE_COLUMNS)
-    a = results.drop(columns=volatile).sort_values(["run_id", "epoch"]).reset_index(drop=True)
-    b = clean.drop(columns=volatile).sort_values(["run_id", "epoch"]).reset_index(drop=True)
-    pd.testing.assert_frame_equal(a, b)
-    fault_ledger(injected=1, completed=True, identical=True)
-
-
-def test_a_killed_driver_resumes_reference_trials_like_any_other(ray_session, tmp_path, fault_ledger):
-    """probe.references: the driver is SIGKILLed once a *reference* trial has finished; ``iclmem resume``
-    completes the sweep without re-running it, and the attack columns equal an uninterrupted run's."""
-    address = ray_session.get_runtime_context().gcs_address
-    config = tmp_path / "sweep.yaml"
-    config.write_text(yaml.safe_dump({
-        "name": "killrefs",
-        "tasks": [{"name": "iris"}],
-        "grid": {"q": [30], "label_mode": ["shuffled_members"]},
-        "data": {"context_size": 60},
-        "training": {"epochs": 6, "checkpoint_epochs": [3, 6]},
-        "probe": {"bootstrap": 50, "suite": ["base", "skew_true_x2"], "base_as_checkpoint": False, "references": 2},
-        "resources": {"max_concurrent_trials": 1, "cpus_per_probe_actor": 0.5},
-        "wandb": {"mode": "disabled"},
-    }))
-    run_dir = tmp_path / "run"
-    driver = _cli("run", str(config), "--out", str(run_dir), "--address", address, start_new_session=True)
-    finished = _kill_driver_once_a_trial_reaches(driver, run_dir, 6, lambda run_id: "-ref" in run_id)
-
-    resumed = _cli("resume", str(run_dir), "--address", address)
-    out, _ = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0, out
-    epochs = [json.loads(line)["epoch"] for line in finished.read_text().splitlines() if line.strip()]
-    assert epochs == list(range(1, 7))  # the finished reference trial was not re-run
+    for run_id, result in finished.items():  # not one epoch of a finished trial re-run
+        epochs = [json.loads(line)["epoch"] for line in result.read_text().splitlines() if line.strip()]
+        assert epochs == list(range(1, 9)), (run_id, epochs)
     import pandas as pd
 
     results = pd.read_parquet(run_dir / RESULTS_FILE)
     references = pd.read_parquet(run_dir / REFERENCE_RESULTS_FILE)
     assert results["run_id"].nunique() == 1
+    assert sorted(results["epoch"]) == [2, 8]
     assert references["run_id"].nunique() == 2
-    assert sorted(references["epoch"]) == [3, 3, 6, 6]
+    assert sorted(references["epoch"]) == [2, 2, 8, 8]
     assert (results["attack_references"] == 2).all()
 
+    # The resumed sweep's results equal an uninterrupted run of the same config and seed.
     from orchestrator.driver.sweep import run_sweep
 
     clean = run_sweep(config, tmp_path / "clean", progress=False)
     attack = [c for c in results.columns if c.startswith(("lira_", "rmia_", "known_context_lira", "known_context_rmia"))]
     assert len(attack) > 60
-    a = results[["run_id", "epoch", *attack]].sort_values(["run_id", "epoch"]).reset_index(drop=True)
-    b = clean[["run_id", "epoch", *attack]].sort_values(["run_id", "epoch"]).reset_index(drop=True)
+    volatile = list(VOLATILE_COLUMNS)
+    a = results.drop(columns=volatile).sort_values(["run_id", "epoch"]).reset_index(drop=True)
+    b = clean.drop(columns=volatile).sort_values(["run_id", "epoch"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(a, b)
     fault_ledger(injected=1, completed=True, identical=True)
 
