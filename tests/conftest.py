@@ -17,6 +17,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
+pytest_plugins = ["suite_profile_hook"]  # per-test times with ICLMEM_SUITE_PROFILE set (benchmarks/suite_profile.py)
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 CARTE_DIR = SHARED / "data" / "carte"
 
