@@ -183,7 +183,7 @@ def test_the_audit_shell_reads_the_splits_blind_baseline_into_value_inference_tr
     for exchangeable in (True, False):
         monkeypatch.setattr(probes.probe_columns, "blind_columns", lambda _task, ex=exchangeable: {"exchangeable": ex})
         audit = SimpleNamespace(inputs=inputs, scorer=FixedLogistic(), prepared=object())
-        result = run_value_attack(audit, "label", None, None, references=K, seed=0, bootstrap=50,
+        result = run_value_attack(audit, "label", None, references=K, seed=0, bootstrap=50,
                                   note=lambda _line: None, what="t")
         assert not result.control.found
         assert result.trusted is exchangeable

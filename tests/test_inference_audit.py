@@ -69,6 +69,35 @@ def test_a_model_that_holds_its_rows_gives_away_a_sensitive_column_beyond_imputa
         assert table.loc[table["statistic"] == "imputation_accuracy", "value"].between(0.05, 0.5).all()
 
 
+def test_rows_whose_sensitive_cell_is_missing_in_the_table_are_left_out_of_the_scoring_and_the_baseline(tmp_path,
+                                                                                                        capsys):
+    """A quarter of the ``secret`` cells empty: Stage I fills them in (the column's median, its missing-value
+    indicator beside it), so the feature there is no value the row has. Those audited rows are left out of every
+    statistic and said; the imputation baseline is fitted on the rows outside the audit that have a value."""
+    import re
+
+    path = _table(tmp_path, 0).rsplit(":", 1)[0]
+    frame = pd.read_csv(path)
+    empty = np.random.default_rng(1).random(len(frame)) < 0.25
+    frame.loc[empty, "secret"] = np.nan
+    frame.to_csv(path, index=False)
+    verdict = _audit(tmp_path, f"{path}:label", "--estimator", "tests.audit_estimators:nearest_rows", "--attack",
+                     "attribute", "--sensitive", "secret")
+    captured = capsys.readouterr()
+    out = captured.out + captured.err  # the notes go to stderr
+    left_out = re.search(r"(\d+) of the 120 audited rows have no value in 'secret'", out)
+    assert left_out, out
+    n_left_out = int(left_out.group(1))
+    assert 0 < n_left_out < 60
+    fitted = int(re.search(r"imputation fitted on (\d+) rows", out).group(1))
+    assert fitted == (len(frame) - 120) - (int(empty.sum()) - n_left_out)  # the rows outside with a value
+    table = verdict["table"]
+    scored = table[(table["statistic"] == "gain") & table["group"].isin(["members", "nonmembers"])]
+    for _, rows in scored.groupby(["target", "attack"]):
+        assert int(rows["n_rows"].sum()) == 120 - n_left_out
+    assert verdict["found"]  # the rows with a value still give theirs away
+
+
 def _categorical_table(folder, seed: int) -> str:
     """:func:`_table` with the secret a text column of 4 levels (one-hot encoded by Stage I into 4 indicators)."""
     frame = pd.read_csv(_table(folder, seed).rsplit(":", 1)[0])

@@ -66,6 +66,9 @@ class PreparedContextAudit:
     scorer: Any  # a probes.attacks.context.ContextScorer
     prepared: Any  # trainables.data.PreparedTask
     population: np.ndarray  # int64 [2N]: positions of P in the prepared task, members first
+    # the table it was prepared from (trainables.data.TaskSource), for what Stage I does not keep: which cells were
+    # missing before it filled them in (orchestrator.audits.value_attacks.filled_in_rows); None: built by hand
+    source: Any = None
 
 
 def prepare_context_audit(source: Any, task: str, context_size: int, seed: int, *, adapter: Any = None,
@@ -125,7 +128,7 @@ def prepare_context_audit(source: Any, task: str, context_size: int, seed: int, 
     else:
         assert factory is not None  # one of adapter and factory, checked above
         scorer = EstimatorScorer(factory, prepared.n_classes, str(estimator))
-    return PreparedContextAudit(inputs, scorer, prepared, population)
+    return PreparedContextAudit(inputs, scorer, prepared, population, source)
 
 
 def check_audit_settings(model: str | None, estimator: str | None, references: int, context_size: int,
@@ -429,15 +432,18 @@ def run_sweep_audit(spec: Any, sweep: Any, run_dir: str) -> dict[str, Any]:
         frames, found = [], {}
         per_row: list[pd.DataFrame] = []
         row_ids = np.asarray(audit.prepared.row_ids)[audit.population].astype(np.int64)
-        for attack, (attribute, pool) in value_inputs.items():
-            result = value_attacks.run_value_attack(audit, attack, attribute, pool,
+        for attack, attack_inputs in value_inputs.items():
+            result = value_attacks.run_value_attack(audit, attack, attack_inputs,
                                                       references=sweep.probe.context_references, seed=spec.seed,
                                                       bootstrap=sweep.probe.bootstrap, note=lines.append,
                                                       what=spec.task)
             frames.append(pd.DataFrame(result.to_rows()))
             found[attack] = {"found": bool(result.found), "trusted": bool(result.trusted)}
-            per_row.extend(pd.DataFrame({"row_id": row_ids, "member": audit.inputs.member,
-                                         "attack": name, "gain": gains})
+            # a row whose sensitive cell was missing in the table has no gain to slice: it was not scored
+            scored = (attack_inputs.scored if attack_inputs is not None and attack_inputs.scored is not None
+                      else np.ones(len(row_ids), dtype=bool))
+            per_row.extend(pd.DataFrame({"row_id": row_ids[scored], "member": audit.inputs.member[scored],
+                                         "attack": name, "gain": np.asarray(gains)[scored]})
                            for name, gains in result.row_gains().items())
         # per row (ids and gains only): the risk report's per-slice breakdown reads it
         write_parquet_atomic(pd.concat(per_row, ignore_index=True), out_dir / INFERENCE_ROWS_FILE)

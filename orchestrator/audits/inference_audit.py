@@ -80,11 +80,11 @@ def audit_inference(task: str, attack: str, *, out: str, model: str | None = Non
     claim_audit_folder(out_dir, config_hash, "--out", "set of settings")  # checks only: nothing written yet
     audit = prepare_context_audit(source, task, context_size, seed, adapter=adapter, factory=factory,
                                   estimator=estimator, note=note, whole_columns=attack == AuditKind.ATTRIBUTE)
-    attribute, pool = value_attack_inputs(audit, attack, sensitive, bins, task)
+    value_inputs = value_attack_inputs(audit, attack, sensitive, bins, task)
     with undo_if_refused(out_dir), hold_run_folder(out_dir, "iclmem audit-context"):
         start_audit_folder(out_dir, Provenance.collect(kind="audit", sweep_name=f"{attack}-inference-{source.name}",
                                                        config=config, config_hash=config_hash, seeds=[seed]))
-        result = run_value_attack(audit, attack, attribute, pool, references=references, seed=seed,
+        result = run_value_attack(audit, attack, value_inputs, references=references, seed=seed,
                                   bootstrap=bootstrap, note=note, what=task)
         rows = pd.DataFrame(result.to_rows())
         rows.insert(0, "config_hash", config_hash)

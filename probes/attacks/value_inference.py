@@ -357,9 +357,12 @@ class _Resamples:
     """The stratified bootstrap of one target: every statistic is a mean over members, over non-members, or the
     difference of the two, each taken on the same resamples."""
 
-    def __init__(self, member: np.ndarray, n_resamples: int, seed: int, confidence: float) -> None:
-        self.members = np.flatnonzero(member)
-        self.nonmembers = np.flatnonzero(~member)
+    def __init__(self, member: np.ndarray, n_resamples: int, seed: int, confidence: float,
+                 scored: np.ndarray | None = None) -> None:
+        # scored (bool, aligned with member): the rows a statistic is taken over; None: every row
+        kept = np.ones(len(member), dtype=bool) if scored is None else np.asarray(scored, dtype=bool)
+        self.members = np.flatnonzero(member & kept)
+        self.nonmembers = np.flatnonzero(~member & kept)
         mi, ni = bootstrap_indices(self.members.size, self.nonmembers.size, n_resamples, seed)
         self.member_idx = self.members[mi]  # [B, n_members], positions in P
         self.nonmember_idx = self.nonmembers[ni]
@@ -502,14 +505,27 @@ def _imputation_scores(pool: ImputationPool, attribute: SensitiveAttribute, inpu
 def attribute_inference(scorer: ContextScorer, inputs: ContextAuditInputs, attribute: SensitiveAttribute,
                         pool: ImputationPool, *, n_references: int, seed: int = 0,
                         n_resamples: int = DEFAULT_RESAMPLES, confidence: float = DEFAULT_CONFIDENCE,
-                        imputer: Any = None, exchangeable: bool | None = None) -> AttributeInferenceResult:
+                        imputer: Any = None, exchangeable: bool | None = None,
+                        scored: np.ndarray | None = None) -> AttributeInferenceResult:
     """Attribute inference on ``attribute``'s column against the deployed context and (when ``inputs`` has one)
     the control, with the imputation baseline fitted on ``pool`` (``imputer``: an unfitted scikit-learn
     classifier with ``predict_proba``, cloned; default standardised logistic regression). (K + 2) * V scorer
     calls, each on all of P with the sensitive column set to one candidate (see the module's docstring).
-    ``exchangeable``: as for :func:`label_inference`."""
+    ``exchangeable``: as for :func:`label_inference`. ``scored`` (bool [n], aligned with P; None: every row): the
+    rows whose sensitive value is their own; a row whose cell was missing in the table holds what Stage I filled
+    in, no secret to infer, so it stays in the contexts (as the deployed model holds it) and out of every
+    statistic."""
     _check_settings(n_references, n_resamples, confidence)
     x, y, c = inputs.population_x, inputs.population_y, inputs.n_classes
+    if scored is not None:
+        scored = np.asarray(scored, dtype=bool).reshape(-1)
+        if scored.size != len(y):
+            raise DataError(f"attribute inference: {scored.size} scored flags for {len(y)} rows of P")
+        for group, rows in (("members", inputs.member), ("non-members", ~inputs.member)):
+            if int((scored & rows).sum()) < 2:
+                raise DataError(f"attribute inference: {int((scored & rows).sum())} of the {int(rows.sum())} audited "
+                                f"{group} have a value in the sensitive column (the others were missing in the "
+                                "table); at least 2 needed")
     for column in attribute.feature_columns:
         check_column(column, x.shape[1])
     if pool.x.shape[1] != x.shape[1]:
@@ -529,7 +545,7 @@ def attribute_inference(scorer: ContextScorer, inputs: ContextAuditInputs, attri
     targets = []
     for target, cx, cy in _contexts(inputs):
         target_lp = candidate_log_p(cx, cy)
-        boot = _Resamples(inputs.member, int(n_resamples), seed, level)
+        boot = _Resamples(inputs.member, int(n_resamples), seed, level, scored)
         attacks = []
         for attack, scores in ((InferenceAttack.ATTRIBUTE_MODEL, target_lp),
                                (InferenceAttack.ATTRIBUTE_CALIBRATED, target_lp - ref_without)):

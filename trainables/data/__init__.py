@@ -24,6 +24,7 @@ from trainables.data.encoding import (
     DATE_PARSE_MIN_SHARE,
     NUMERIC_PARSE_MIN_SHARE,
     ONE_HOT_MAX_CATEGORIES,
+    missing_cells,
 )
 from trainables.data.prepare import load_or_prepare, prepare_task
 from trainables.data.sources import BUILTIN_TASKS, BuiltinTask, load_table
@@ -56,6 +57,7 @@ __all__ = [
     "BuiltinTask",
     "BUILTIN_TASKS",
     "load_table",
+    "missing_cells",
     "prepare_task",
     "load_or_prepare",
     "task_fingerprint",

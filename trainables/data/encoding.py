@@ -26,6 +26,7 @@ __all__ = [
     "Encoded",
     "encode_features",
     "encode_cells",
+    "missing_cells",
     "reduce_features",
 ]
 
@@ -90,6 +91,19 @@ def _dates_to_days(values: pd.Series) -> pd.Series:
     as_ns = values.astype("datetime64[ns]")
     days = as_ns.astype("int64").astype(np.float64) / 86_400e9
     return days.where(as_ns.notna(), np.nan)
+
+
+def missing_cells(series: pd.Series) -> np.ndarray:
+    """bool [n]: the cells of a table column that hold no value as Stage I reads it (empty, or a number or date
+    column's entry that does not parse): the encoders fill them in (a number column's median or mean) or code them
+    as a category of their own, so the feature there is no value the row has."""
+    kind, values = _column_type(series)
+    missing = series.isna().to_numpy(dtype=bool)
+    if values is not None:
+        missing |= values.isna().to_numpy(dtype=bool)
+        if kind is ColumnKind.NUMBER:
+            missing |= ~np.isfinite(values.to_numpy(dtype=np.float64, na_value=np.nan))
+    return np.asarray(missing, dtype=bool)
 
 
 def _column_type(series: pd.Series) -> tuple[ColumnKind, pd.Series | None]:
